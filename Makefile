@@ -1,0 +1,11 @@
+# The two commands of the README.
+.PHONY: run test setup
+
+setup:
+	bash scripts/setup.sh
+
+run: setup
+	.venv/bin/vtui
+
+test: setup
+	.venv/bin/python -m pytest -q

@@ -1,0 +1,86 @@
+"""The ``vtui`` console script.
+
+``vtui`` alone opens the TUI; subcommands run headless. Each subcommand lives in
+its own module under ``tui/commands/`` with two functions::
+
+    def add_parser(subparsers) -> None   # registers the subcommand
+    def run(args) -> int                 # returns the exit code
+
+Commands stay thin: they parse arguments, call ``engine``/``loadgen`` and print.
+Heavy imports (vLLM, textual) happen inside ``run`` so ``vtui --help`` is fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# Order is the order shown in --help.
+COMMANDS = (
+    "serve",
+    "bench",
+    "sweep",
+    "compare",
+    "history",
+    "preset",
+    "export",
+    "plan",
+    "models",
+)
+
+
+class UserError(Exception):
+    """A mistake the user can fix: printed as ``error:`` plus ``hint:``, no traceback."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+def print_error(message: str, hint: str = "") -> None:
+    print(f"error: {message}", file=sys.stderr)
+    if hint:
+        print(f"hint: {hint}", file=sys.stderr)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vtui",
+        description="Tune a vLLM server live. Without a subcommand, opens the terminal UI.",
+    )
+    parser.add_argument("--version", action="version", version="vtui 0.1.0")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"tui.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"tui.commands.{name}":
+                continue  # not built yet
+            raise
+        module.add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "allow_extra", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.extra = extra
+    if args.command is None:
+        from tui.app import run_app
+
+        return run_app(args)
+    try:
+        return int(args.func(args))
+    except UserError as exc:
+        print_error(str(exc), exc.hint)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
