@@ -1,0 +1,122 @@
+"""Host CPU and memory, and the vLLM server's process tree, through psutil.
+
+On the CPU backend the "GPU" is the host, so these are the numbers that matter there.
+psutil's cpu_percent is a delta since the previous call on the same object, so the
+Process objects are kept between samples; the first reading of a new process is 0.0
+and is reported as None.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import psutil
+
+
+@dataclass(frozen=True, slots=True)
+class HostSample:
+    """The host and (optionally) one process tree at one instant."""
+
+    t: float
+    cpu_percent: float  # whole machine, 0..100 (mean over cores)
+    cpu_count: int
+    mem_used_bytes: int
+    mem_total_bytes: int
+    mem_available_bytes: int
+    proc_root_pid: int | None = None
+    proc_alive: bool = False
+    proc_count: int = 0  # processes in the tree (root + descendants)
+    proc_rss_bytes: int | None = None  # summed resident set size of the tree
+    proc_cpu_percent: float | None = None  # summed, of one core (a busy tree on 2 cores reads up to 200)
+
+
+class HostSampler:
+    """Takes :class:`HostSample` readings; keeps psutil.Process objects between calls."""
+
+    def __init__(self, root_pid: int | None = None) -> None:
+        self._root_pid = root_pid
+        self._procs: dict[int, psutil.Process] = {}
+        self._pids: frozenset[int] = frozenset()
+        self._cpu_count = psutil.cpu_count() or 1
+        psutil.cpu_percent(interval=None)  # prime: the first call only sets the baseline
+
+    @property
+    def root_pid(self) -> int | None:
+        """The process tree being watched (the vLLM server's pid), or None."""
+        return self._root_pid
+
+    def set_root(self, pid: int | None) -> None:
+        """Watch another process tree (after a server restart), or none."""
+        if pid != self._root_pid:
+            self._root_pid = pid
+            self._procs = {}
+            self._pids = frozenset()
+
+    def tree_pids(self) -> frozenset[int]:
+        """Pids of the tree seen at the last sample (for NVML's per-process memory)."""
+        return self._pids
+
+    def sample(self, t: float | None = None) -> HostSample:
+        """One reading; never raises for a vanished process."""
+        now = time.time() if t is None else t
+        vm = psutil.virtual_memory()
+        base = HostSample(
+            t=now,
+            cpu_percent=psutil.cpu_percent(interval=None),
+            cpu_count=self._cpu_count,
+            mem_used_bytes=int(vm.total - vm.available),
+            mem_total_bytes=int(vm.total),
+            mem_available_bytes=int(vm.available),
+            proc_root_pid=self._root_pid,
+        )
+        if self._root_pid is None:
+            return base
+        tree = self._tree()
+        if tree is None:
+            self._procs, self._pids = {}, frozenset()
+            return base
+        rss = 0
+        cpu = 0.0
+        alive: dict[int, psutil.Process] = {}
+        for proc in tree:
+            cached = self._procs.get(proc.pid)
+            # Process equality includes create time, so a reused pid is a new process.
+            if cached is not None and cached == proc:
+                proc = cached
+            try:
+                with proc.oneshot():
+                    rss += proc.memory_info().rss
+                    pct = proc.cpu_percent(interval=None)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+            cpu += pct
+            alive[proc.pid] = proc
+        root_fresh = self._root_pid not in self._procs
+        self._procs = alive
+        self._pids = frozenset(alive)
+        if not alive:
+            return base
+        return HostSample(
+            t=base.t,
+            cpu_percent=base.cpu_percent,
+            cpu_count=base.cpu_count,
+            mem_used_bytes=base.mem_used_bytes,
+            mem_total_bytes=base.mem_total_bytes,
+            mem_available_bytes=base.mem_available_bytes,
+            proc_root_pid=self._root_pid,
+            proc_alive=self._root_pid in alive,
+            proc_count=len(alive),
+            proc_rss_bytes=rss,
+            # A process seen for the first time has no CPU baseline yet; a tree whose
+            # root is new reads as unknown rather than a misleading 0 %.
+            proc_cpu_percent=None if root_fresh else cpu,
+        )
+
+    def _tree(self) -> list[psutil.Process] | None:
+        assert self._root_pid is not None
+        try:
+            root = psutil.Process(self._root_pid)
+            return [root, *root.children(recursive=True)]
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            return None

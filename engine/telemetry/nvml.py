@@ -1,0 +1,276 @@
+"""The only module that calls NVML.
+
+Design (after nvitop): NVML is initialised lazily on the first sample, shut down at
+interpreter exit, and every NVML call goes through one choke point, ``_call``, which
+turns any NVML error into ``None`` ("not available"). A box without a driver or GPU
+yields one typed :class:`GpuUnavailable` value that the UI shows once; a GPU lost in
+the middle of a run reads as not available. Nothing in this module raises into callers.
+
+NVML calls block for 1 to 5 ms each, so callers run :class:`NvmlReader` from the
+sampler thread, never from an event loop.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import time
+import warnings
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+# NVML constants, copied so the fake module in tests need not define them. Their
+# values are fixed by the NVML C API.
+_NVML_TEMPERATURE_GPU = 0
+_NVML_CLOCK_SM = 1
+
+# Errors after which a device is treated as gone until the reader is reopened.
+_LOST_ERRORS = ("NVMLError_GpuIsLost", "NVMLError_Unknown", "NVMLError_Uninitialized")
+
+
+@dataclass(frozen=True)
+class GpuUnavailable:
+    """Why there are no GPU samples at all (no driver, no GPU, none visible)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One device at one instant. ``None`` in a field means "not available"."""
+
+    t: float
+    index: int  # NVML (physical) index
+    uuid: str | None
+    name: str | None
+    available: bool  # False when the device was lost or every read failed
+    reason: str | None  # why not available, else None
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    util_gpu_pct: float | None = None
+    util_mem_pct: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    temp_c: float | None = None
+    sm_clock_mhz: float | None = None
+    server_mem_bytes: int | None = None  # held by the given process tree (the vLLM server)
+    other_mem_bytes: int | None = None  # held by every other compute process
+    nprocs: int | None = None  # compute processes on the device
+
+
+def _text(value: object) -> str:
+    # Old pynvml returned bytes for names and UUIDs; nvidia-ml-py returns str.
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return str(value)
+
+
+def _import_pynvml() -> Any:
+    with warnings.catch_warnings():
+        # The deprecated "pynvml" wheel warns on import; nvidia-ml-py provides the module.
+        warnings.simplefilter("ignore", FutureWarning)
+        import pynvml  # noqa: PLC0415 - deferred so importing vtui needs no NVML
+
+    return pynvml
+
+
+def parse_visible_devices(value: str) -> list[str]:
+    """Split a CUDA_VISIBLE_DEVICES value into entries (indices or UUID prefixes)."""
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+class NvmlReader:
+    """Reads the visible NVIDIA devices through NVML; never raises.
+
+    ``module`` is the NVML binding (``pynvml`` by default); tests pass a fake.
+    ``devices`` is an explicit device list (for example the server's tensor-parallel
+    GPUs) in CUDA_VISIBLE_DEVICES syntax: physical indices or UUID prefixes. Without it
+    the ``CUDA_VISIBLE_DEVICES`` of ``env`` decides, and without that every device.
+    """
+
+    def __init__(
+        self,
+        module: Any = None,
+        *,
+        devices: Sequence[int | str] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        # Any: the binding is either pynvml or a duck-typed fake; it has no stubs.
+        self._module: Any = module
+        self._devices = None if devices is None else [str(d) for d in devices]
+        self._env = os.environ if env is None else env
+        self._lock = threading.Lock()
+        self._initialised = False
+        self._unavailable: GpuUnavailable | None = None
+        self._handles: list[tuple[int, Any]] = []
+        self._ident: dict[int, tuple[str | None, str | None]] = {}
+        self._lost: dict[int, str] = {}
+        self._unsupported: set[tuple[int, str]] = set()
+        self._last_error: str | None = None
+        self._last_error_kind = ""
+
+    # -- lifecycle ---------------------------------------------------------------
+    def status(self) -> GpuUnavailable | None:
+        """Initialise NVML if needed; return why GPUs are unavailable, or None."""
+        with self._lock:
+            self._ensure_init()
+            return self._unavailable
+
+    def close(self) -> None:
+        """Shut NVML down (idempotent). Registered with atexit on init."""
+        with self._lock:
+            if self._initialised and self._unavailable is None:
+                try:
+                    self._module.nvmlShutdown()
+                except Exception:  # noqa: BLE001 - shutting down must never raise
+                    pass
+            if self._initialised:
+                atexit.unregister(self.close)
+            self._initialised = False
+            self._handles = []
+
+    def _ensure_init(self) -> None:
+        if self._initialised:
+            return
+        self._initialised = True
+        try:
+            if self._module is None:
+                self._module = _import_pynvml()
+            self._module.nvmlInit()
+        except Exception as exc:  # noqa: BLE001 - ImportError, NVMLError_LibraryNotFound, DriverNotLoaded...
+            self._unavailable = GpuUnavailable(f"NVML could not start: {_describe(exc)}")
+            return
+        atexit.register(self.close)
+        count = self._call(self._module.nvmlDeviceGetCount)
+        if count is None:
+            self._unavailable = GpuUnavailable(f"NVML could not count devices: {self._last_error}")
+            return
+        handles = [(i, self._call(self._module.nvmlDeviceGetHandleByIndex, i)) for i in range(count)]
+        present = [(i, h) for i, h in handles if h is not None]
+        for i, h in present:
+            uuid = self._call(self._module.nvmlDeviceGetUUID, h)
+            name = self._call(self._module.nvmlDeviceGetName, h)
+            self._ident[i] = (None if uuid is None else _text(uuid), None if name is None else _text(name))
+        wanted = self._devices
+        source = "the device list"
+        if wanted is None and "CUDA_VISIBLE_DEVICES" in self._env:
+            wanted = parse_visible_devices(self._env["CUDA_VISIBLE_DEVICES"])
+            source = "CUDA_VISIBLE_DEVICES"
+        if wanted is None:
+            self._handles = present
+        else:
+            self._handles = self._select(present, wanted)
+        if not present:
+            self._unavailable = GpuUnavailable("NVML found no NVIDIA GPU")
+        elif not self._handles:
+            self._unavailable = GpuUnavailable(f"no GPU matches {source} ({','.join(wanted or []) or 'empty'})")
+
+    def _select(self, present: list[tuple[int, Any]], wanted: list[str]) -> list[tuple[int, Any]]:
+        by_index = dict(present)
+        chosen: list[tuple[int, Any]] = []
+        for entry in wanted:
+            match: tuple[int, Any] | None = None
+            if entry.lstrip("-").isdigit():
+                idx = int(entry)
+                if idx in by_index:
+                    match = (idx, by_index[idx])
+            else:
+                for i, h in present:
+                    uuid = self._ident.get(i, (None, None))[0] or ""
+                    if uuid.startswith(entry) or uuid.startswith("GPU-" + entry):
+                        match = (i, h)
+                        break
+            if match is None:
+                # CUDA ignores every entry after the first invalid one; do the same so we
+                # watch the devices the server really sees.
+                break
+            if match not in chosen:
+                chosen.append(match)
+        return chosen
+
+    # -- the choke point ---------------------------------------------------------
+    def _call(self, fn: Callable[..., T], *args: Any) -> T | None:
+        """Call one NVML function; any error becomes None and is remembered."""
+        try:
+            return fn(*args)
+        except Exception as exc:  # noqa: BLE001 - NVMLError subclasses and anything a binding throws
+            self._last_error = _describe(exc)
+            self._last_error_kind = type(exc).__name__
+            return None
+
+    def _dev(self, index: int, handle: Any, name: str, *args: Any) -> Any:
+        """A per-device read; remembers NotSupported so it is not retried each tick."""
+        if (index, name) in self._unsupported or index in self._lost:
+            return None
+        self._last_error_kind = ""
+        value = self._call(getattr(self._module, name), handle, *args)
+        if value is None:
+            kind = self._last_error_kind
+            if kind == "NVMLError_NotSupported":
+                self._unsupported.add((index, name))
+            elif kind in _LOST_ERRORS:
+                self._lost[index] = self._last_error or kind
+        return value
+
+    # -- sampling ----------------------------------------------------------------
+    def sample(self, server_pids: Collection[int] = (), t: float | None = None) -> tuple[GpuSample, ...]:
+        """One sample per selected device; empty when GPUs are unavailable."""
+        with self._lock:
+            self._ensure_init()
+            if self._unavailable is not None:
+                return ()
+            now = time.time() if t is None else t
+            return tuple(self._sample_one(i, h, server_pids, now) for i, h in self._handles)
+
+    def _sample_one(self, index: int, handle: Any, server_pids: Collection[int], t: float) -> GpuSample:
+        uuid, name = self._ident.get(index, (None, None))
+        mem = self._dev(index, handle, "nvmlDeviceGetMemoryInfo")
+        util = self._dev(index, handle, "nvmlDeviceGetUtilizationRates")
+        power = self._dev(index, handle, "nvmlDeviceGetPowerUsage")
+        limit = self._dev(index, handle, "nvmlDeviceGetEnforcedPowerLimit")
+        temp = self._dev(index, handle, "nvmlDeviceGetTemperature", _NVML_TEMPERATURE_GPU)
+        clock = self._dev(index, handle, "nvmlDeviceGetClockInfo", _NVML_CLOCK_SM)
+        procs = self._dev(index, handle, "nvmlDeviceGetComputeRunningProcesses")
+        if index in self._lost:
+            return GpuSample(t, index, uuid, name, False, f"GPU lost: {self._lost[index]}")
+        server_mem = other_mem = None
+        nprocs = None
+        if procs is not None:
+            nprocs = len(procs)
+            server_mem, other_mem = 0, 0
+            for proc in procs:
+                # usedGpuMemory is None when the driver hides it (e.g. inside some
+                # containers, where NVML pids are also host pids and may not match ours).
+                used = getattr(proc, "usedGpuMemory", None) or 0
+                if getattr(proc, "pid", None) in server_pids:
+                    server_mem += int(used)
+                else:
+                    other_mem += int(used)
+        return GpuSample(
+            t=t,
+            index=index,
+            uuid=uuid,
+            name=name,
+            available=mem is not None or util is not None,
+            reason=None if (mem is not None or util is not None) else f"no readings: {self._last_error}",
+            mem_used_bytes=None if mem is None else int(mem.used),
+            mem_total_bytes=None if mem is None else int(mem.total),
+            util_gpu_pct=None if util is None else float(util.gpu),
+            util_mem_pct=None if util is None else float(util.memory),
+            power_w=None if power is None else power / 1000.0,  # NVML reports milliwatts
+            power_limit_w=None if limit is None else limit / 1000.0,
+            temp_c=None if temp is None else float(temp),
+            sm_clock_mhz=None if clock is None else float(clock),
+            server_mem_bytes=server_mem,
+            other_mem_bytes=other_mem,
+            nprocs=nprocs,
+        )
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}" if type(exc).__name__ not in text else text

@@ -1,0 +1,150 @@
+"""Per-run telemetry summary computed from a time range of the SeriesStore.
+
+Server-side percentiles over the whole run come from the difference between the
+first and the last cumulative histogram in the range, so the run's first scrape
+should be taken just before the load starts. Counters are summed over the range
+with restarts treated as fresh starts (like PromQL ``increase`` without extrapolation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from engine.telemetry.metrics import Quantiles
+from engine.telemetry.store import F64, SeriesStore
+
+
+def counter_increase(values: F64) -> float | None:
+    """Increase of a counter over samples; a drop is a restart counted from zero."""
+    v = values[~np.isnan(values)]
+    if len(v) == 0:
+        return None
+    d = np.diff(v)
+    return float(np.where(d >= 0, d, v[1:]).sum())
+
+
+def _max(v: F64) -> float | None:
+    v = v[~np.isnan(v)]
+    return float(v.max()) if len(v) else None
+
+
+def _mean(v: F64) -> float | None:
+    v = v[~np.isnan(v)]
+    return float(v.mean()) if len(v) else None
+
+
+@dataclass(frozen=True)
+class GpuSummary:
+    """One device over a run."""
+
+    index: int
+    name: str | None
+    samples: int
+    peak_mem_bytes: float | None
+    mean_mem_bytes: float | None
+    mem_total_bytes: float | None
+    mean_util_pct: float | None
+    peak_server_mem_bytes: float | None
+    mean_power_w: float | None
+    peak_temp_c: float | None
+
+
+@dataclass(frozen=True)
+class TelemetrySummary:
+    """What the GPU(s), host and server did over one run; ``to_dict()`` for JSON results."""
+
+    t0: float | None
+    t1: float | None
+    gpus: tuple[GpuSummary, ...]
+    gpu_unavailable: str | None
+    peak_gpu_mem_bytes: float | None  # the largest peak over devices
+    mean_gpu_util_pct: float | None  # mean over devices and time
+    host_mean_cpu_pct: float | None
+    host_peak_mem_bytes: float | None
+    server_peak_rss_bytes: float | None
+    server_mean_cpu_pct: float | None
+    peak_kv_cache_usage: float | None  # 0..1
+    peak_running: float | None
+    peak_waiting: float | None
+    preemptions: float | None
+    prefix_hit_rate: float | None  # 0..1 over the run
+    prompt_tokens: float | None
+    generation_tokens: float | None
+    server_ttft: Quantiles | None
+    server_itl: Quantiles | None
+    server_e2e: Quantiles | None
+    stale_scrapes: int
+    cache_config: dict[str, str]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict; latency percentiles in milliseconds."""
+        out = asdict(self)
+        for key in ("server_ttft", "server_itl", "server_e2e"):
+            q = getattr(self, key)
+            out[key] = None if q is None else q.to_dict()
+        out["gpus"] = [asdict(g) for g in self.gpus]
+        return out
+
+
+def summarize(store: SeriesStore, t0: float | None = None, t1: float | None = None) -> TelemetrySummary:
+    """Summarise [t0, t1] (the whole store when omitted)."""
+    gpus: list[GpuSummary] = []
+    for idx in store.gpu_indices():
+        def s(f: str, idx: int = idx) -> F64:
+            return store.series(f"gpu{idx}.{f}", t0, t1)[1]
+
+        mem = s("mem_used_bytes")
+        gpus.append(GpuSummary(
+            index=idx, name=store.gpu_names.get(idx), samples=len(mem),
+            peak_mem_bytes=_max(mem), mean_mem_bytes=_mean(mem), mem_total_bytes=_max(s("mem_total_bytes")),
+            mean_util_pct=_mean(s("util_gpu_pct")), peak_server_mem_bytes=_max(s("server_mem_bytes")),
+            mean_power_w=_mean(s("power_w")), peak_temp_c=_max(s("temp_c")),
+        ))
+    peaks = [g.peak_mem_bytes for g in gpus if g.peak_mem_bytes is not None]
+    utils = [g.mean_util_pct for g in gpus if g.mean_util_pct is not None]
+
+    def h(f: str) -> F64:
+        return store.series(f"host.{f}", t0, t1)[1]
+
+    def sv(f: str) -> F64:
+        return store.series(f"server.{f}", t0, t1)[1]
+
+    queries, hits = counter_increase(sv("prefix_queries_total")), counter_increase(sv("prefix_hits_total"))
+    hit_rate = None if queries is None or hits is None or queries <= 0 else hits / queries
+
+    def latency(key: str) -> Quantiles | None:
+        first, last = store.histograms(key, t0, t1)
+        if last is None:
+            return None
+        return Quantiles.of(last.minus(first))
+
+    stale = sv("stale")
+    unavailable = store.gpu_unavailable
+    return TelemetrySummary(
+        t0=t0, t1=t1, gpus=tuple(gpus),
+        gpu_unavailable=None if unavailable is None else unavailable.reason,
+        peak_gpu_mem_bytes=max(peaks) if peaks else None,
+        mean_gpu_util_pct=float(np.mean(utils)) if utils else None,
+        host_mean_cpu_pct=_mean(h("cpu_percent")),
+        host_peak_mem_bytes=_max(h("mem_used_bytes")),
+        server_peak_rss_bytes=_max(h("proc_rss_bytes")),
+        server_mean_cpu_pct=_mean(h("proc_cpu_percent")),
+        peak_kv_cache_usage=_max(sv("kv_cache_usage")),
+        peak_running=_max(sv("running")),
+        peak_waiting=_max(sv("waiting")),
+        preemptions=counter_increase(sv("preemptions_total")),
+        prefix_hit_rate=hit_rate,
+        prompt_tokens=counter_increase(sv("prompt_tokens_total")),
+        generation_tokens=counter_increase(sv("generation_tokens_total")),
+        server_ttft=latency("ttft"),
+        server_itl=latency("itl"),
+        server_e2e=latency("e2e"),
+        stale_scrapes=int(np.nansum(stale)) if len(stale) else 0,
+        cache_config=dict(store.cache_config),
+    )
+
+
+__all__ = ["GpuSummary", "TelemetrySummary", "counter_increase", "summarize"]
