@@ -8,12 +8,14 @@ A preset file looks like this (every key but ``name`` is optional)::
     [flags]                      # vLLM flag names without the leading dashes
     enable-chunked-prefill = true
     max-num-batched-tokens = 512
-    [workload]                   # the dict form loadgen's WorkloadSpec/ArrivalSpec read
+    [workload]                   # loadgen's WorkloadSpec.from_dict form
     kind = "random"
     input_len = 256
+    [arrivals]                   # loadgen's ArrivalSpec.from_dict form
+    mode = "closed"
     concurrency = 16
     num_requests = 200
-    [slo]
+    [slo]                        # loadgen's SLO.from_dict form
     ttft_ms = 500
     percentile = 99
     [tiny]                       # explicit scaling for the tiny model on a CPU box
@@ -21,7 +23,7 @@ A preset file looks like this (every key but ``name`` is optional)::
     unset = ["quantization"]
     [tiny.flags]
     gpu-memory-utilization = 0.2
-    [tiny.workload]
+    [tiny.arrivals]
     num_requests = 32
 
 Shipped presets live in the repository's ``presets/`` folder, user presets in
@@ -44,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import paths
+from loadgen.spec import SLO, ArrivalSpec, SpecError, WorkloadSpec
 
 MAX_PRESET_BYTES = 1024 * 1024
 """Preset files above 1 MiB are refused: a scenario is a few hundred bytes."""
@@ -75,66 +78,11 @@ class PresetError(Exception):
 
 
 # --------------------------------------------------------------------------- workload schema
-# The [workload] table is the dict that loadgen's WorkloadSpec.from_dict and
-# ArrivalSpec.from_dict read. This table mirrors that interface so a preset is
-# checked even where loadgen is absent; where loadgen is importable its own
-# from_dict is run too (see _validate_with_loadgen).
+# [workload], [arrivals] and [slo] are the dict forms of loadgen's WorkloadSpec,
+# ArrivalSpec and SLO: loadgen's own from_dict validates them, so the two never drift.
 
-
-@dataclass(frozen=True)
-class _Field:
-    kind: type | tuple[type, ...]
-    minimum: float | None = None
-    maximum: float | None = None
-    choices: tuple[str, ...] = ()
-    help: str = ""
-
-
-WORKLOAD_FIELDS: dict[str, _Field] = {
-    "kind": _Field(str, choices=("random", "prefix", "dataset", "fixed"), help="how prompts are made"),
-    "input_len": _Field(int, 1, 1_000_000, help="prompt tokens (centre of the range)"),
-    "output_len": _Field(int, 1, 1_000_000, help="output tokens (centre of the range)"),
-    "range_ratio": _Field((int, float), 0.0, 1.0, help="lengths uniform in len*(1-r)..len*(1+r)"),
-    "dataset": _Field(str, help="path of a dataset file (kind = dataset)"),
-    "prefix_len": _Field(int, 0, 1_000_000, help="shared prefix tokens"),
-    "num_prefixes": _Field(int, 1, 1_000_000, help="distinct shared prefixes"),
-    "concurrency": _Field(int, 1, 100_000, help="requests in flight (closed loop)"),
-    "rate": _Field((int, float), 0.0, 1_000_000.0, help="requests per second (open loop); inf = all at once"),
-    "burstiness": _Field((int, float), 0.0, 1000.0, help="gamma shape of the gaps; 1.0 = Poisson"),
-    "num_requests": _Field(int, 1, 10_000_000, help="requests to send"),
-    "duration_s": _Field((int, float), 0.0, 7 * 24 * 3600.0, help="seconds to run"),
-    "warmup": _Field(int, 0, 1_000_000, help="requests sent first and not counted"),
-    "seed": _Field(int, 0, 2**63 - 1, help="random seed"),
-}
-
-SLO_FIELDS: dict[str, _Field] = {
-    "ttft_ms": _Field((int, float), 0.0, 1e9),
-    "tpot_ms": _Field((int, float), 0.0, 1e9),
-    "e2el_ms": _Field((int, float), 0.0, 1e9),
-    "percentile": _Field((int, float), 1.0, 100.0),
-}
-
-_TOP_KEYS = ("name", "description", "model", "flags", "workload", "slo", "tiny")
-_TINY_KEYS = ("note", "unset", "flags", "workload")
-
-
-@dataclass(frozen=True)
-class SLOLimits:
-    """Latency limits a run is judged against (milliseconds, at ``percentile``)."""
-
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
-    e2el_ms: float | None = None
-    percentile: float = 99.0
-
-    def to_dict(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for key in ("ttft_ms", "tpot_ms", "e2el_ms"):
-            value = getattr(self, key)
-            if value is not None:
-                out[key] = value
-        out["percentile"] = self.percentile
-        return out
+_TOP_KEYS = ("name", "description", "model", "flags", "workload", "arrivals", "slo", "tiny")
+_TINY_KEYS = ("note", "unset", "flags", "workload", "arrivals")
 
 
 @dataclass(frozen=True)
@@ -145,21 +93,24 @@ class TinyScaling:
     unset: tuple[str, ...] = ()
     flags: Mapping[str, FlagValue] = field(default_factory=dict)
     workload: Mapping[str, Any] = field(default_factory=dict)
+    arrivals: Mapping[str, Any] = field(default_factory=dict)
 
     def is_empty(self) -> bool:
-        return not (self.note or self.unset or self.flags or self.workload)
+        return not (self.note or self.unset or self.flags or self.workload or self.arrivals)
 
 
 @dataclass(frozen=True)
 class Preset:
-    """One scenario: flags (names without dashes), workload dict, SLO limits, expected model."""
+    """One scenario: flags (names without dashes), workload and arrivals dicts (loadgen's
+    dict forms, as written in the file), SLO limits, expected model."""
 
     name: str
     description: str = ""
     model: str = DEFAULT_MODEL
     flags: Mapping[str, FlagValue] = field(default_factory=dict)
     workload: Mapping[str, Any] = field(default_factory=dict)
-    slo: SLOLimits | None = None
+    arrivals: Mapping[str, Any] = field(default_factory=dict)
+    slo: SLO | None = None
     tiny: TinyScaling = field(default_factory=TinyScaling)
     source: Path | None = None
     """The file it was read from (None for a preset made in memory)."""
@@ -185,10 +136,12 @@ class Preset:
                 changes.append(f"--{name} {_show(before) if before is not None else '(unset)'} -> {_show(value)}")
             flags[name] = value
         workload = dict(self.workload)
-        for key, value in self.tiny.workload.items():
-            if workload.get(key) != value:
-                changes.append(f"workload {key} {workload.get(key)!r} -> {value!r}")
-            workload[key] = value
+        arrivals = dict(self.arrivals)
+        for table, target, over in (("workload", workload, self.tiny.workload), ("arrivals", arrivals, self.tiny.arrivals)):
+            for key, value in over.items():
+                if target.get(key) != value:
+                    changes.append(f"{table} {key} {target.get(key)!r} -> {value!r}")
+                target[key] = value
         if self.tiny.note:
             changes.insert(0, self.tiny.note)
         return Preset(
@@ -197,11 +150,20 @@ class Preset:
             model=self.model,
             flags=flags,
             workload=workload,
+            arrivals=arrivals,
             slo=self.slo,
             tiny=TinyScaling(),
             source=self.source,
             scaled=tuple(changes),
         )
+
+    def workload_spec(self) -> WorkloadSpec:
+        """The ``[workload]`` table as loadgen's :class:`WorkloadSpec`."""
+        return WorkloadSpec.from_dict(dict(self.workload), source=f"{self.name} [workload]")
+
+    def arrival_spec(self) -> ArrivalSpec:
+        """The ``[arrivals]`` table as loadgen's :class:`ArrivalSpec`."""
+        return ArrivalSpec.from_dict(dict(self.arrivals), source=f"{self.name} [arrivals]")
 
     def argv(self) -> list[str]:
         """The flags as vLLM command-line arguments (booleans as --x / --no-x)."""
@@ -226,6 +188,8 @@ class Preset:
             doc["flags"] = dict(self.flags)
         if self.workload:
             doc["workload"] = dict(self.workload)
+        if self.arrivals:
+            doc["arrivals"] = dict(self.arrivals)
         if self.slo is not None:
             doc["slo"] = self.slo.to_dict()
         if not self.tiny.is_empty():
@@ -238,6 +202,8 @@ class Preset:
                 tiny["flags"] = dict(self.tiny.flags)
             if self.tiny.workload:
                 tiny["workload"] = dict(self.tiny.workload)
+            if self.tiny.arrivals:
+                tiny["arrivals"] = dict(self.tiny.arrivals)
             doc["tiny"] = tiny
         return doc
 
@@ -359,17 +325,12 @@ def preset_from_dict(doc: Mapping[str, Any], *, source: str | Path | None = None
         raise fail("", "model", "must be a non-empty string (\"default\" = the tiny model)")
 
     flags = _check_flags(doc.get("flags", {}), "flags", fail)
-    workload = _check_table(doc.get("workload", {}), "workload", WORKLOAD_FIELDS, fail)
-    _check_workload_combination(workload, "workload", fail)
+    workload = _check_spec(doc.get("workload", {}), "workload", WorkloadSpec, fail)
+    arrivals = _check_spec(doc.get("arrivals", {}), "arrivals", ArrivalSpec, fail)
     slo = None
     if "slo" in doc:
-        slo_d = _check_table(doc["slo"], "slo", SLO_FIELDS, fail)
-        slo = SLOLimits(
-            ttft_ms=_opt_float(slo_d.get("ttft_ms")),
-            tpot_ms=_opt_float(slo_d.get("tpot_ms")),
-            e2el_ms=_opt_float(slo_d.get("e2el_ms")),
-            percentile=float(slo_d.get("percentile", 99.0)),
-        )
+        _check_spec(doc["slo"], "slo", SLO, fail)
+        slo = SLO.from_dict(doc["slo"], source="slo")
 
     tiny = TinyScaling()
     if "tiny" in doc:
@@ -386,9 +347,9 @@ def preset_from_dict(doc: Mapping[str, Any], *, source: str | Path | None = None
         if not isinstance(unset, list) or not all(isinstance(u, str) and _FLAG_RE.match(u) for u in unset):
             raise fail("tiny", "unset", "must be a list of flag names without dashes")
         tiny_flags = _check_flags(tiny_d.get("flags", {}), "tiny.flags", fail)
-        tiny_work = _check_table(tiny_d.get("workload", {}), "tiny.workload", WORKLOAD_FIELDS, fail)
-        _check_workload_combination({**workload, **tiny_work}, "tiny.workload", fail)
-        tiny = TinyScaling(note=note, unset=tuple(unset), flags=tiny_flags, workload=tiny_work)
+        tiny_work = _check_spec(tiny_d.get("workload", {}), "tiny.workload", WorkloadSpec, fail, base=workload)
+        tiny_arr = _check_spec(tiny_d.get("arrivals", {}), "tiny.arrivals", ArrivalSpec, fail, base=arrivals)
+        tiny = TinyScaling(note=note, unset=tuple(unset), flags=tiny_flags, workload=tiny_work, arrivals=tiny_arr)
 
     preset = Preset(
         name=name,
@@ -396,23 +357,41 @@ def preset_from_dict(doc: Mapping[str, Any], *, source: str | Path | None = None
         model=model,
         flags=flags,
         workload=workload,
+        arrivals=arrivals,
         slo=slo,
         tiny=tiny,
         source=Path(source) if source is not None else None,
     )
     _validate_flags_with_schema(preset, text, fail)
-    _validate_with_loadgen(preset, fail)
     return preset
+
+
+def _check_spec(
+    value: object, table: str, cls: Any, fail: Any, base: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Validate a table with loadgen's own ``from_dict`` (merged over ``base`` for [tiny.*])."""
+    if not isinstance(value, dict):
+        raise fail("", table, f"must be a table, not {_tname(value)}")
+    for key, item in value.items():
+        if isinstance(item, (dict, list)) or not isinstance(item, (str, int, float, bool)):
+            raise fail(table, key, f"must be a single value, not {_tname(item)}")
+        if isinstance(item, float) and math.isnan(item):
+            raise fail(table, key, "nan is not a value")
+    if not value and not base:
+        return {}  # absent table: the run's command line supplies it
+    try:
+        cls.from_dict({**(base or {}), **value}, source=table)
+    except SpecError as exc:
+        raise fail(table, exc.key, exc.reason) from None
+    except (TypeError, ValueError) as exc:
+        raise fail(table, None, str(exc)) from None
+    return dict(value)
 
 
 def _tname(value: object) -> str:
     return {dict: "a table", list: "an array", str: "a string", bool: "a boolean", int: "an integer", float: "a float"}.get(
         type(value), type(value).__name__
     )
-
-
-def _opt_float(value: object) -> float | None:
-    return None if value is None else float(value)  # type: ignore[arg-type]  # checked by _check_table
 
 
 def _check_flags(value: object, table: str, fail: Any) -> dict[str, FlagValue]:
@@ -440,44 +419,6 @@ def _check_flags(value: object, table: str, fail: Any) -> dict[str, FlagValue]:
     return out
 
 
-def _check_table(value: object, table: str, fields: Mapping[str, _Field], fail: Any) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise fail("", table, f"must be a table, not {_tname(value)}")
-    out: dict[str, Any] = {}
-    for key, item in value.items():
-        spec = fields.get(key)
-        if spec is None:
-            close = [k for k in fields if k.split("_")[0] == key.split("_")[0]]
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            raise fail(table, key, f"unknown key{hint}; expected one of {', '.join(fields)}")
-        kinds = spec.kind if isinstance(spec.kind, tuple) else (spec.kind,)
-        if isinstance(item, bool) or not isinstance(item, kinds):
-            want = " or ".join(_tname(k()) for k in kinds)
-            raise fail(table, key, f"must be {want}, not {_tname(item)} ({item!r})")
-        if spec.choices and item not in spec.choices:
-            raise fail(table, key, f"{item!r} is not one of {', '.join(spec.choices)}")
-        if isinstance(item, float) and math.isnan(item):
-            raise fail(table, key, "nan is not a value")
-        if isinstance(item, (int, float)) and not (key == "rate" and item == math.inf):
-            if spec.minimum is not None and item < spec.minimum:
-                raise fail(table, key, f"{item} is below the minimum {spec.minimum:g}")
-            if spec.maximum is not None and item > spec.maximum:
-                raise fail(table, key, f"{item} is above the maximum {spec.maximum:g}")
-        out[key] = item
-    return out
-
-
-def _check_workload_combination(work: Mapping[str, Any], table: str, fail: Any) -> None:
-    if "concurrency" in work and "rate" in work and table == "workload":
-        pass  # both is allowed: rate of arrivals capped by concurrency (as vllm bench serve)
-    if "burstiness" in work and "rate" not in work:
-        raise fail(table, "burstiness", "needs rate: burstiness shapes the gaps of an open-loop rate")
-    if work.get("kind") == "dataset" and "dataset" not in work:
-        raise fail(table, "kind", "kind = \"dataset\" needs dataset = \"path\"")
-    if "num_prefixes" in work and not work.get("prefix_len"):
-        raise fail(table, "num_prefixes", "needs prefix_len > 0")
-
-
 def _validate_flags_with_schema(preset: Preset, text: str | None, fail: Any) -> None:
     """Check flag names and values against engine.flags' schema where it is importable."""
     try:
@@ -499,20 +440,6 @@ def _validate_flags_with_schema(preset: Preset, text: str | None, fail: Any) -> 
         for error in flagmod.validate(flag_set, schema):
             if error.flag in flags or error.flag.lstrip("-") in flags:
                 raise fail(table, error.flag.lstrip("-"), error.reason)
-
-
-def _validate_with_loadgen(preset: Preset, fail: Any) -> None:
-    """Run loadgen's own from_dict on the workload where loadgen is importable."""
-    try:
-        from loadgen import ArrivalSpec, WorkloadSpec  # type: ignore[attr-defined]  # lands with loadgen
-    except ImportError:
-        return
-    for table, work in (("workload", preset.workload), ("tiny.workload", preset.for_tiny_model().workload)):
-        for spec in (WorkloadSpec, ArrivalSpec):
-            try:
-                spec.from_dict(dict(work), source=f"{preset.source or preset.name} [{table}]")
-            except (ValueError, TypeError, KeyError) as exc:
-                raise fail(table, None, str(exc)) from None
 
 
 # --------------------------------------------------------------------------- listing and saving
@@ -590,10 +517,11 @@ def preset_from_flags(
     name: str,
     flags: Mapping[str, Any],
     workload: Mapping[str, Any] | None = None,
+    arrivals: Mapping[str, Any] | None = None,
     *,
     description: str = "",
     model: str = DEFAULT_MODEL,
-    slo: SLOLimits | None = None,
+    slo: SLO | None = None,
 ) -> Preset:
     """Build and validate a preset from current flags (names with or without dashes)."""
     doc: dict[str, Any] = {"name": name, "model": model, "flags": {k.lstrip("-"): v for k, v in flags.items()}}
@@ -601,6 +529,8 @@ def preset_from_flags(
         doc["description"] = description
     if workload:
         doc["workload"] = dict(workload)
+    if arrivals:
+        doc["arrivals"] = dict(arrivals)
     if slo is not None:
         doc["slo"] = slo.to_dict()
     # Validate through the same path a file takes, including the TOML writer.

@@ -1,0 +1,246 @@
+"""Presets: every shipped file loads and validates; bad files are refused with file, line, key."""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine import presets
+from engine.presets import (
+    Preset,
+    PresetError,
+    check_applicable,
+    dumps_toml,
+    find_preset,
+    list_presets,
+    load_preset,
+    loads_preset,
+    parse_flag_args,
+    preset_from_flags,
+    save_user_preset,
+    scan_presets,
+)
+
+SHIPPED = sorted(presets.SHIPPED_DIR.glob("*.toml"))
+TINY_CONFIG = {"max_position_embeddings": 4096, "torch_dtype": "bfloat16"}  # engine.tinymodel's config
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VTUI_HOME", str(tmp_path / "home"))
+
+
+def test_the_issue_scenarios_are_all_shipped() -> None:
+    names = {p.name for p in list_presets()}
+    assert names >= {
+        "online-chat",
+        "batch-throughput",
+        "mixed-long-short",
+        "chunked-enable-256",
+        "chunked-enable-2048",
+        "chunked-disable-2048",
+        "chunked-disable-512",
+        "high-concurrency-chat",
+        "long-document",
+    }
+    assert scan_presets()[1] == []
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_shipped_preset_loads_and_runs_on_the_tiny_cpu_model(path: Path) -> None:
+    preset = load_preset(path)
+    assert preset.name == path.stem
+    assert re.search(r"\d", preset.description), "the article's numbers belong in the description"
+    preset.workload_spec()
+    preset.arrival_spec()
+    tiny = preset.for_tiny_model()
+    tiny.workload_spec()
+    arrivals = tiny.arrival_spec()
+    # Small enough for 2 CPU cores, and nothing left that cannot apply there.
+    assert arrivals.num_requests <= 128
+    assert check_applicable(tiny, 0, TINY_CONFIG, "cpu") == []
+    # What [tiny] changed is spelled out, never silent.
+    assert tiny.scaled and tiny.scaled[0] == preset.tiny.note
+    max_len = tiny.flags.get("max-model-len", TINY_CONFIG["max_position_embeddings"])
+    if preset.name != "chunked-disable-512":  # exceeds on purpose: see its description
+        assert tiny.workload_spec().max_request_len() <= max_len
+
+
+def test_article_flags_are_kept_as_written() -> None:
+    chat = find_preset("high-concurrency-chat")
+    assert dict(chat.flags) == {
+        "tensor-parallel-size": 2,
+        "gpu-memory-utilization": 0.88,
+        "max-model-len": 4096,
+        "enable-chunked-prefill": True,
+        "max-num-batched-tokens": 6144,
+    }
+    doc = find_preset("long-document")
+    assert doc.flags["quantization"] == "awq" and doc.flags["dtype"] == "bfloat16"
+    assert doc.flags["gpu-memory-utilization"] == 0.82 and doc.flags["max-model-len"] == 16384
+    table = {n: find_preset(f"chunked-{n}").flags for n in ("enable-256", "enable-2048", "disable-2048", "disable-512")}
+    assert [(f["enable-chunked-prefill"], f["max-num-batched-tokens"]) for f in table.values()] == [
+        (True, 256),
+        (True, 2048),
+        (False, 2048),
+        (False, 512),
+    ]
+    assert find_preset("batch-throughput").argv()[:2] == ["--no-enable-chunked-prefill", "--max-num-batched-tokens"]
+
+
+@pytest.mark.parametrize(
+    ("name", "gpus", "config", "backend", "expected"),
+    [
+        ("high-concurrency-chat", 1, None, "cuda", {"tensor-parallel-size"}),
+        ("high-concurrency-chat", 2, None, "cuda", set()),
+        ("high-concurrency-chat", None, None, "cuda", set()),
+        ("high-concurrency-chat", 0, TINY_CONFIG, "cpu", {"tensor-parallel-size", "gpu-memory-utilization"}),
+        ("long-document", 1, TINY_CONFIG, "cuda", {"quantization", "max-model-len"}),
+        ("long-document", 1, {"quantization_config": {"quant_method": "awq"}, "max_position_embeddings": 32768}, "cuda", set()),
+        ("long-document", 1, {"quantization_config": {"quant_method": "gptq"}}, "cuda", {"quantization"}),
+        ("long-document", 0, TINY_CONFIG, "cpu", {"quantization", "max-model-len", "gpu-memory-utilization"}),
+        ("online-chat", 0, TINY_CONFIG, "cpu", {"gpu-memory-utilization"}),  # unset: 0.92 default fails
+        ("online-chat", 1, TINY_CONFIG, "cuda", set()),
+    ],
+)
+def test_check_applicable_reports_with_reasons(
+    name: str, gpus: int | None, config: dict | None, backend: str, expected: set[str]
+) -> None:
+    found = check_applicable(find_preset(name), gpus, config, backend)
+    assert {f.flag for f in found} == expected
+    assert all(f.reason for f in found)
+
+
+def test_disable_512_at_2048_is_reported_as_refused_at_start() -> None:
+    preset = preset_from_flags("d512", {"enable-chunked-prefill": False, "max-num-batched-tokens": 512, "max-model-len": 2048})
+    (found,) = check_applicable(preset, 1, None, "cuda")
+    assert found.flag == "max-num-batched-tokens" and "refuses to start" in found.reason
+
+
+GOOD = 'name = "x"\n[flags]\nmax-num-seqs = 8\n[arrivals]\nconcurrency = 2\nnum_requests = 4\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "key", "reason"),
+    [
+        ('name = "x"\n[flags]\nmax-num-seqs = \n', 3, None, "TOML syntax"),
+        ('name = "x"\nfoo = 1\n', 2, "foo", "unknown key"),
+        ('name = "x"\n\n[workload]\nkind = "random"\ninput_lenn = 5\n', 5, "workload.input_lenn", "unknown key"),
+        ('name = "x"\n[arrivals]\nconcurrency = "many"\nnum_requests = 2\n', 3, "arrivals.concurrency", "integer"),
+        ('name = "x"\n[arrivals]\nconcurrency = 0\nnum_requests = 2\n', 3, "arrivals.concurrency", "at least 1"),
+        ('name = "x"\n[workload]\nkind = "pictures"\n', 3, "workload.kind", "must be one of"),
+        ('name = "x"\n[slo]\nttft_ms = -5\n', 3, "slo.ttft_ms", "> 0"),
+        ('name = 5\n', 1, "name", "string"),
+        ('name = "has space"\n', 1, "name", "usable name"),
+        ('description = "no name"\n', None, "name", "missing"),
+        ('name = "x"\n[flags]\n"--max-num-seqs" = 3\n', 3, "flags.--max-num-seqs", "without dashes"),
+        ('name = "x"\n[flags]\n[flags.compilation-config]\nlevel = 3\n', 3, "flags.compilation-config", "JSON"),
+        ('name = "x"\nflags = 3\n', 2, "flags", "table"),
+        ('name = "x"\n[tiny]\nunset = "tp"\n', 3, "tiny.unset", "list"),
+        ('name = "x"\n[tiny.arrivals]\nwarmup = 2\n', 3, "tiny.arrivals.warmup", "unknown key"),
+        ('name = "x"\n[arrivals]\nmode = "closed"\n', None, "arrivals.num_requests", "num_requests or duration_s"),
+    ],
+)
+def test_bad_preset_text_names_file_line_key_reason(
+    tmp_path: Path, text: str, line: int | None, key: str | None, reason: str
+) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(PresetError) as info:
+        load_preset(path)
+    err = info.value
+    assert err.file == str(path)
+    assert err.line == line
+    assert err.key == key
+    assert reason in err.reason
+    assert str(path) in str(err)
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"", "empty"),
+        (b"  \n\n", "empty"),
+        (b'name = "x"\ndescription = "caf\xe9"\n', "not UTF-8"),
+        (b'name = "x"\n' + b"# pad\n" * 200_000, "1 MiB"),
+    ],
+)
+def test_bad_files(tmp_path: Path, data: bytes, reason: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_bytes(data)
+    with pytest.raises(PresetError, match=reason) as info:
+        load_preset(path)
+    if reason == "not UTF-8":
+        assert info.value.line == 2
+
+
+def test_missing_file_is_a_preset_error(tmp_path: Path) -> None:
+    with pytest.raises(PresetError, match="cannot read"):
+        load_preset(tmp_path / "nope.toml")
+
+
+def test_a_bad_user_file_does_not_hide_the_others() -> None:
+    (presets.user_presets_dir() / "broken.toml").write_text("name = \n", encoding="utf-8")
+    good, errors = scan_presets()
+    assert len(good) == len(SHIPPED)
+    assert len(errors) == 1 and errors[0].file.endswith("broken.toml") and errors[0].line == 1
+
+
+def test_save_from_flags_then_load_back_and_shadow_a_shipped_name() -> None:
+    flags = parse_flag_args(["--max-num-seqs", "32", "--enable-chunked-prefill", "--no-enable-prefix-caching", "--dtype=half"])
+    assert flags == {"max-num-seqs": 32, "enable-chunked-prefill": True, "enable-prefix-caching": False, "dtype": "half"}
+    preset = preset_from_flags(
+        "online-chat",
+        flags,
+        {"kind": "random", "input_len": 100, "output_len": 20},
+        {"mode": "closed", "concurrency": 4, "num_requests": 10},
+        description='mine: "quoted", tab\tand ünïcode',
+    )
+    path = save_user_preset(preset)
+    assert path.parent == presets.user_presets_dir()
+    again = find_preset("online-chat")
+    assert again.is_user and again.to_dict() == preset.to_dict()
+    assert [p for p in list_presets() if p.name == "online-chat"][0].is_user
+    with pytest.raises(PresetError, match="exists"):
+        save_user_preset(preset)
+    save_user_preset(preset, overwrite=True)
+
+
+def test_unknown_preset_name_lists_known_ones() -> None:
+    with pytest.raises(PresetError, match="online-chat"):
+        find_preset("no-such-thing")
+
+
+_scalar = st.one_of(
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.floats(allow_nan=False),
+    st.text(),
+)
+_key = st.text(min_size=1, max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(_key, st.one_of(_scalar, st.lists(st.text(), max_size=3), st.dictionaries(_key, _scalar, max_size=4)), max_size=6))
+def test_toml_writer_round_trips(doc: dict) -> None:
+    back = tomllib.loads(dumps_toml(doc))
+    assert back == doc or _same_with_nan(back, doc)
+
+
+def _same_with_nan(a: object, b: object) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    return a == b
+
+
+def test_preset_is_frozen() -> None:
+    preset = find_preset("online-chat")
+    with pytest.raises(AttributeError):
+        preset.name = "other"  # type: ignore[misc]
+    assert isinstance(preset, Preset)
