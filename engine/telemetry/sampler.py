@@ -18,10 +18,15 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from engine.telemetry.host import HostSample, HostSampler
-from engine.telemetry.metrics import MetricsScraper, ServerSample
 from engine.telemetry.nvml import GpuSample, GpuUnavailable, NvmlReader
+
+if TYPE_CHECKING:
+    # Only for annotations: the sampler thread itself needs neither httpx nor
+    # prometheus_client, so GPU boxes can run it with psutil and NVML alone.
+    from engine.telemetry.metrics import MetricsScraper, ServerSample
 
 log = logging.getLogger(__name__)
 
