@@ -1,0 +1,675 @@
+"""Run history in SQLite: every run, its per-request records and telemetry series.
+
+One file, ``engine.paths.data_dir()/history.sqlite``, in WAL mode. A run is written
+while it happens by a :class:`RunRecorder`: callers hand it records (cheap, never
+blocking on disk) and a writer thread commits them at least every
+:data:`COMMIT_INTERVAL_S`, so a crash or ``kill -9`` loses at most the last second.
+Each run row carries the writer's pid and process start time; on open, runs still
+marked ``running`` whose writer is gone are marked ``cut_short``.
+
+Disk full, a read-only file or any other SQLite failure becomes a
+:class:`HistoryError` naming the file: opening raises it (the caller keeps its
+results in memory), a recorder stores it in ``.error`` and stops writing without
+disturbing the run.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import enum
+import json
+import math
+import os
+import queue
+import sqlite3
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from engine import paths
+
+COMMIT_INTERVAL_S = 0.25
+"""How often the writer thread commits; four times inside the one-second promise."""
+
+STATUSES = ("running", "complete", "cut_short", "failed")
+
+
+class HistoryError(Exception):
+    """The history file cannot be used: names the file and the reason."""
+
+    def __init__(self, path: str | Path, reason: str) -> None:
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
+# --------------------------------------------------------------------------- schema
+# MIGRATIONS[i] takes a database from user_version i to i + 1. Never edit a shipped
+# step: add a new one, so every older file upgrades the same way.
+
+MIGRATIONS: tuple[str, ...] = (
+    # 0 -> 1: the first schema.
+    """
+    CREATE TABLE runs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        name TEXT NOT NULL,
+        preset TEXT,
+        started REAL NOT NULL,
+        ended REAL,
+        status TEXT NOT NULL,
+        flags TEXT NOT NULL DEFAULT '{}',
+        vllm_version TEXT,
+        model TEXT,
+        gpus TEXT NOT NULL DEFAULT '[]',
+        workload TEXT NOT NULL DEFAULT '{}',
+        summary TEXT NOT NULL DEFAULT '{}',
+        baseline INTEGER NOT NULL DEFAULT 0,
+        writer_pid INTEGER,
+        writer_started REAL
+    );
+    CREATE TABLE requests (
+        run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+        req_id INTEGER,
+        t_start REAL NOT NULL,
+        ttft_s REAL,
+        e2el_s REAL,
+        itl_s TEXT NOT NULL DEFAULT '[]',
+        input_tokens INTEGER,
+        output_tokens INTEGER,
+        ok INTEGER NOT NULL,
+        error TEXT,
+        cancelled INTEGER NOT NULL DEFAULT 0,
+        extra TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE TABLE samples (
+        run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+        kind TEXT NOT NULL,
+        t REAL NOT NULL,
+        data TEXT NOT NULL
+    );
+    """,
+    # 1 -> 2: free-form tags on runs, and indexes once histories grew past a few runs.
+    """
+    ALTER TABLE runs ADD COLUMN tags TEXT NOT NULL DEFAULT '[]';
+    CREATE INDEX requests_run ON requests(run_id, t_start);
+    CREATE INDEX samples_run ON samples(run_id, kind, t);
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One stored run (the ``runs`` row, JSON columns decoded)."""
+
+    id: int
+    name: str
+    preset: str | None
+    started: float
+    ended: float | None
+    status: str
+    flags: Mapping[str, Any]
+    vllm_version: str | None
+    model: str | None
+    gpus: Sequence[Any]
+    workload: Mapping[str, Any]
+    summary: Mapping[str, Any]
+    baseline: bool
+    tags: tuple[str, ...]
+    requests: int = 0
+    """How many per-request records are stored."""
+
+    @property
+    def duration_s(self) -> float | None:
+        return None if self.ended is None else self.ended - self.started
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["flags"] = dict(self.flags)
+        out["workload"] = dict(self.workload)
+        out["summary"] = dict(self.summary)
+        out["gpus"] = list(self.gpus)
+        out["tags"] = list(self.tags)
+        return out
+
+
+def to_jsonable(value: Any) -> Any:
+    """Dataclasses, enums, tuples, paths and inf/nan into plain JSON values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        if hasattr(value, "to_dict"):
+            return to_jsonable(value.to_dict())
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return to_jsonable(value.value)
+    if isinstance(value, Mapping):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no inf/nan; None reads as "not measured"
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(to_jsonable(value), separators=(",", ":"), allow_nan=False)
+
+
+def _request_row(run_id: int, record: Any) -> tuple[Any, ...]:
+    """A loadgen ``RequestResult`` (or a dict of its fields) as a ``requests`` row."""
+    get = record.get if isinstance(record, Mapping) else lambda k, d=None: getattr(record, k, d)
+    known = {"id", "t_start", "ttft_s", "e2el_s", "itl_s", "input_tokens", "output_tokens", "ok", "error", "cancelled"}
+    if isinstance(record, Mapping):
+        extra = {k: v for k, v in record.items() if k not in known}
+    elif dataclasses.is_dataclass(record):
+        extra = {f.name: getattr(record, f.name) for f in dataclasses.fields(record) if f.name not in known}
+    else:
+        extra = {}
+    return (
+        run_id,
+        get("id"),
+        float(get("t_start")),
+        get("ttft_s"),
+        get("e2el_s"),
+        _dumps(list(get("itl_s", ()) or ())),
+        get("input_tokens"),
+        get("output_tokens"),
+        1 if get("ok") else 0,
+        get("error"),
+        1 if get("cancelled", False) else 0,
+        _dumps(extra),
+    )
+
+
+def _process_start(pid: int) -> float | None:
+    try:
+        return float(psutil.Process(pid).create_time())
+    except (psutil.Error, OSError):
+        return None
+
+
+def _writer_alive(pid: int | None, started: float | None) -> bool:
+    """Whether the process that wrote a run still exists (same pid AND same start time,
+    since pids are reused)."""
+    if pid is None:
+        return False
+    now_started = _process_start(pid)
+    if now_started is None:
+        return False
+    return started is None or abs(now_started - started) < 1.0
+
+
+# --------------------------------------------------------------------------- store
+
+
+def default_path() -> Path:
+    return paths.data_dir() / "history.sqlite"
+
+
+_PAGE_SIZE = 4096
+
+
+def _connect(path: Path, *, read_only: bool = False, max_bytes: int | None = None) -> sqlite3.Connection:
+    if read_only:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=10.0, isolation_level=None,
+                               check_same_thread=False)
+    else:
+        conn = sqlite3.connect(str(path), timeout=10.0, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA foreign_keys = ON")
+    conn.execute("PRAGMA busy_timeout = 10000")
+    if max_bytes is not None:
+        # SQLite answers SQLITE_FULL past this size, exactly as on a full disk.
+        conn.execute(f"PRAGMA max_page_count = {max(1, int(max_bytes) // _PAGE_SIZE)}")
+    return conn
+
+
+def _explain(path: Path, exc: BaseException) -> HistoryError:
+    text = str(exc)
+    lowered = text.lower()
+    if "readonly" in lowered or "read-only" in lowered:
+        reason = "the history file is read-only; results stay in memory only (check the file's permissions)"
+    elif "disk is full" in lowered or "database or disk is full" in lowered:
+        reason = "the disk is full; results from here on stay in memory only"
+    elif "unable to open" in lowered:
+        reason = "cannot open the history file (missing folder or no permission)"
+    elif "not a database" in lowered or "malformed" in lowered:
+        reason = f"not a vtui history file or damaged ({text}); move it away to start a new one"
+    else:
+        reason = text
+    return HistoryError(path, reason)
+
+
+class History:
+    """The run store. ``History()`` opens the user's file; ``History(path)`` any other.
+
+    ``read_only`` opens without writing anything (no migration, no recovery);
+    ``max_bytes`` caps the file's size (past it writes fail as on a full disk).
+    """
+
+    def __init__(self, path: str | Path | None = None, *, read_only: bool = False, max_bytes: int | None = None) -> None:
+        self.path = Path(path) if path is not None else default_path()
+        self.read_only = read_only
+        self.max_bytes = max_bytes
+        try:
+            if read_only:
+                if not self.path.exists():
+                    raise HistoryError(self.path, "no history file yet (no run has been recorded)")
+                self._conn = _connect(self.path, read_only=True)
+                if self.schema_version != SCHEMA_VERSION:
+                    self._migrate_check_only()
+            else:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._conn = _connect(self.path, max_bytes=max_bytes)
+                self._conn.execute("PRAGMA page_size = 4096")  # before the first table: max_bytes counts these
+                self._conn.execute("PRAGMA journal_mode = WAL")
+                # NORMAL in WAL mode: a committed transaction survives a process kill
+                # (only a power loss can take the last commits back).
+                self._conn.execute("PRAGMA synchronous = NORMAL")
+                self._migrate()
+                self.recover()
+        except sqlite3.Error as exc:
+            raise _explain(self.path, exc) from None
+        except OSError as exc:
+            raise HistoryError(self.path, exc.strerror or str(exc)) from None
+
+    # ------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        try:
+            self._conn.close()
+        except sqlite3.Error:
+            pass
+
+    def __enter__(self) -> History:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def schema_version(self) -> int:
+        return int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+
+    def _migrate_check_only(self) -> None:
+        version = self.schema_version
+        if version > SCHEMA_VERSION:
+            raise HistoryError(
+                self.path, f"schema version {version} is newer than this vtui understands ({SCHEMA_VERSION}); upgrade vtui"
+            )
+        raise HistoryError(self.path, f"schema version {version} needs an upgrade; open it once writable")
+
+    def _migrate(self) -> None:
+        version = self.schema_version
+        if version > SCHEMA_VERSION:
+            raise HistoryError(
+                self.path, f"schema version {version} is newer than this vtui understands ({SCHEMA_VERSION}); upgrade vtui"
+            )
+        while version < SCHEMA_VERSION:
+            # executescript commits first; the whole step and its version bump are one transaction.
+            self._conn.executescript(
+                f"BEGIN IMMEDIATE;\n{MIGRATIONS[version]}\nPRAGMA user_version = {version + 1};\nCOMMIT;"
+            )
+            version += 1
+
+    def recover(self) -> list[int]:
+        """Mark runs left ``running`` by a writer that no longer exists as ``cut_short``.
+
+        ``ended`` becomes the last thing stored for the run. Returns the run ids changed.
+        """
+        rows = self._conn.execute(
+            "SELECT id, writer_pid, writer_started, started FROM runs WHERE status = 'running'"
+        ).fetchall()
+        changed = []
+        for run_id, pid, started_at, started in rows:
+            if _writer_alive(pid, started_at):
+                continue
+            last = self._conn.execute(
+                "SELECT MAX(t) FROM (SELECT MAX(t_start + COALESCE(e2el_s, 0)) AS t FROM requests WHERE run_id = ?"
+                " UNION ALL SELECT MAX(t) FROM samples WHERE run_id = ?)",
+                (run_id, run_id),
+            ).fetchone()[0]
+            self._conn.execute(
+                "UPDATE runs SET status = 'cut_short', ended = ? WHERE id = ? AND status = 'running'",
+                (last if last is not None else started, run_id),
+            )
+            changed.append(int(run_id))
+        return changed
+
+    # ------------------------------------------------------------- writing
+    def start_run(
+        self,
+        name: str,
+        *,
+        preset: str | None = None,
+        flags: Mapping[str, Any] | None = None,
+        model: str | None = None,
+        vllm_version: str | None = None,
+        gpus: Sequence[Any] = (),
+        workload: Mapping[str, Any] | None = None,
+        tags: Iterable[str] = (),
+        started: float | None = None,
+    ) -> RunRecorder:
+        """Insert a ``running`` run and return the recorder that fills it in."""
+        pid = os.getpid()
+        row = (
+            name,
+            preset,
+            started if started is not None else time.time(),
+            "running",
+            _dumps(flags or {}),
+            vllm_version,
+            model,
+            _dumps(list(gpus)),
+            _dumps(workload or {}),
+            _dumps(sorted(set(tags))),
+            pid,
+            _process_start(pid),
+        )
+        try:
+            cur = self._conn.execute(
+                "INSERT INTO runs (name, preset, started, status, flags, vllm_version, model, gpus, workload, tags,"
+                " writer_pid, writer_started) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                row,
+            )
+        except sqlite3.Error as exc:
+            raise _explain(self.path, exc) from None
+        run_id = cur.lastrowid
+        assert run_id is not None
+        return RunRecorder(self.path, int(run_id), max_bytes=self.max_bytes)
+
+    # ------------------------------------------------------------- reading
+    def _row_to_info(self, row: sqlite3.Row | tuple[Any, ...]) -> RunInfo:
+        (rid, name, preset, started, ended, status, flags, vv, model, gpus, workload, summary, baseline, tags, n) = row
+        return RunInfo(
+            id=int(rid),
+            name=name,
+            preset=preset,
+            started=float(started),
+            ended=None if ended is None else float(ended),
+            status=status,
+            flags=json.loads(flags),
+            vllm_version=vv,
+            model=model,
+            gpus=json.loads(gpus),
+            workload=json.loads(workload),
+            summary=json.loads(summary),
+            baseline=bool(baseline),
+            tags=tuple(json.loads(tags)),
+            requests=int(n),
+        )
+
+    _SELECT = (
+        "SELECT r.id, r.name, r.preset, r.started, r.ended, r.status, r.flags, r.vllm_version, r.model, r.gpus,"
+        " r.workload, r.summary, r.baseline, r.tags, (SELECT COUNT(*) FROM requests q WHERE q.run_id = r.id)"
+        " FROM runs r"
+    )
+
+    def list_runs(self, limit: int | None = None) -> list[RunInfo]:
+        """Newest first."""
+        sql = self._SELECT + " ORDER BY r.id DESC" + (f" LIMIT {int(limit)}" if limit else "")
+        return [self._row_to_info(r) for r in self._conn.execute(sql).fetchall()]
+
+    def get_run(self, run_id: int) -> RunInfo:
+        row = self._conn.execute(self._SELECT + " WHERE r.id = ?", (int(run_id),)).fetchone()
+        if row is None:
+            raise HistoryError(self.path, f"no run with id {run_id}")
+        return self._row_to_info(row)
+
+    def resolve(self, ref: str | int) -> RunInfo:
+        """A run by id, ``last``/``-1`` (newest), ``baseline``, or exact name (newest of that name)."""
+        text = str(ref).strip()
+        if text.lstrip("-").isdigit() and int(text) > 0:
+            return self.get_run(int(text))
+        if text in ("last", "latest", "-1"):
+            runs = self.list_runs(limit=1)
+            if not runs:
+                raise HistoryError(self.path, "no runs stored yet")
+            return runs[0]
+        if text == "baseline":
+            base = self.baseline()
+            if base is None:
+                raise HistoryError(self.path, "no run is tagged as baseline (vtui history baseline ID)")
+            return base
+        row = self._conn.execute(self._SELECT + " WHERE r.name = ? ORDER BY r.id DESC LIMIT 1", (text,)).fetchone()
+        if row is None:
+            raise HistoryError(self.path, f"no run with id or name {text!r}")
+        return self._row_to_info(row)
+
+    def requests(self, run_id: int) -> list[dict[str, Any]]:
+        """Per-request records of a run, in start order (loadgen ``RequestResult`` field names)."""
+        rows = self._conn.execute(
+            "SELECT req_id, t_start, ttft_s, e2el_s, itl_s, input_tokens, output_tokens, ok, error, cancelled, extra"
+            " FROM requests WHERE run_id = ? ORDER BY t_start, rowid",
+            (int(run_id),),
+        ).fetchall()
+        out = []
+        for rid, t0, ttft, e2el, itl, n_in, n_out, ok, err, cancelled, extra in rows:
+            rec = {
+                "id": rid,
+                "t_start": t0,
+                "ttft_s": ttft,
+                "e2el_s": e2el,
+                "itl_s": json.loads(itl),
+                "input_tokens": n_in,
+                "output_tokens": n_out,
+                "ok": bool(ok),
+                "error": err,
+                "cancelled": bool(cancelled),
+            }
+            rec.update(json.loads(extra))
+            out.append(rec)
+        return out
+
+    def samples(self, run_id: int, kind: str | None = None) -> list[tuple[str, float, dict[str, Any]]]:
+        """``(kind, t, data)`` series of a run in time order; kind e.g. ``telemetry`` or ``window``."""
+        if kind is None:
+            rows = self._conn.execute(
+                "SELECT kind, t, data FROM samples WHERE run_id = ? ORDER BY t, rowid", (int(run_id),)
+            ).fetchall()
+        else:
+            rows = self._conn.execute(
+                "SELECT kind, t, data FROM samples WHERE run_id = ? AND kind = ? ORDER BY t, rowid", (int(run_id), kind)
+            ).fetchall()
+        return [(k, float(t), json.loads(d)) for k, t, d in rows]
+
+    # ------------------------------------------------------------- editing
+    @contextmanager
+    def _writing(self) -> Iterator[sqlite3.Connection]:
+        try:
+            yield self._conn
+        except sqlite3.Error as exc:
+            raise _explain(self.path, exc) from None
+
+    def delete_run(self, run_id: int) -> None:
+        self.get_run(run_id)
+        with self._writing() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("DELETE FROM requests WHERE run_id = ?", (int(run_id),))
+            conn.execute("DELETE FROM samples WHERE run_id = ?", (int(run_id),))
+            conn.execute("DELETE FROM runs WHERE id = ?", (int(run_id),))
+            conn.execute("COMMIT")
+
+    def set_baseline(self, run_id: int | None) -> None:
+        """Make ``run_id`` the one baseline run (None clears it)."""
+        if run_id is not None:
+            self.get_run(run_id)
+        with self._writing() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("UPDATE runs SET baseline = 0 WHERE baseline != 0")
+            if run_id is not None:
+                conn.execute("UPDATE runs SET baseline = 1 WHERE id = ?", (int(run_id),))
+            conn.execute("COMMIT")
+
+    def baseline(self) -> RunInfo | None:
+        row = self._conn.execute(self._SELECT + " WHERE r.baseline = 1 ORDER BY r.id DESC LIMIT 1").fetchone()
+        return None if row is None else self._row_to_info(row)
+
+    def tag(self, run_id: int, *tags: str, remove: bool = False) -> RunInfo:
+        info = self.get_run(run_id)
+        new = set(info.tags) - set(tags) if remove else set(info.tags) | set(tags)
+        with self._writing() as conn:
+            conn.execute("UPDATE runs SET tags = ? WHERE id = ?", (_dumps(sorted(new)), int(run_id)))
+        return self.get_run(run_id)
+
+
+# --------------------------------------------------------------------------- recorder
+
+_STOP = object()
+_live_recorders: weakref.WeakSet[RunRecorder] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_recorders_at_exit() -> None:
+    # A normal interpreter exit (including Ctrl-C) with a run still open: keep what
+    # was recorded and say the run was cut short.
+    for rec in list(_live_recorders):
+        rec.finish("cut_short")
+
+
+class RunRecorder:
+    """Writes one run as it happens. Every ``add_*`` only queues (microseconds, no disk);
+    the writer thread commits at least every :data:`COMMIT_INTERVAL_S`.
+
+    On any SQLite failure ``.error`` holds a :class:`HistoryError` and later records are
+    dropped: the run itself goes on, in memory.
+    """
+
+    def __init__(self, path: Path, run_id: int, *, max_bytes: int | None = None) -> None:
+        self.path = path
+        self.run_id = run_id
+        self._max_bytes = max_bytes
+        self.error: HistoryError | None = None
+        self.finished = False
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"history-run-{run_id}", daemon=True)
+        self._thread.start()
+        _live_recorders.add(self)
+
+    # ------------------------------------------------------------- producer side
+    def add_request(self, record: Any) -> None:
+        """A loadgen ``RequestResult`` (or dict with its field names)."""
+        if not self.finished:
+            self._queue.put(("request", record))
+
+    def add_sample(self, kind: str, t: float, data: Any) -> None:
+        """A point of a series: ``kind`` e.g. ``telemetry`` or ``window``; ``t`` epoch seconds."""
+        if not self.finished:
+            self._queue.put(("sample", (kind, float(t), data)))
+
+    def add_window(self, window: Any) -> None:
+        """A loadgen ``StatsWindow`` (its ``t`` is the sample time)."""
+        self.add_sample("window", float(getattr(window, "t", None) or time.time()), window)
+
+    def add_telemetry(self, snapshot: Any) -> None:
+        """A telemetry ``TelemetrySnapshot`` (its ``t`` is the sample time)."""
+        self.add_sample("telemetry", float(getattr(snapshot, "t", None) or time.time()), snapshot)
+
+    def update(self, **fields: Any) -> None:
+        """Change run columns while it runs (``summary``, ``vllm_version``, ``gpus``, ``flags``...)."""
+        if not self.finished:
+            self._queue.put(("update", fields))
+
+    def finish(self, status: str = "complete", summary: Mapping[str, Any] | None = None, timeout: float = 10.0) -> None:
+        """Write everything queued, set the status and end time, stop the writer thread."""
+        if status not in STATUSES or status == "running":
+            raise ValueError(f"finish status must be one of complete, cut_short, failed; got {status!r}")
+        if self.finished:
+            return
+        fields: dict[str, Any] = {"status": status, "ended": time.time()}
+        if summary is not None:
+            fields["summary"] = summary
+        self._queue.put(("update", fields))
+        self.finished = True
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+        _live_recorders.discard(self)
+
+    def flush(self, timeout: float = 5.0) -> None:
+        """Block until everything queued so far is committed (tests, exports)."""
+        event = threading.Event()
+        self._queue.put(("flush", event))
+        event.wait(timeout)
+
+    # ------------------------------------------------------------- writer thread
+    _COLUMNS = {"name", "preset", "status", "ended", "flags", "vllm_version", "model", "gpus", "workload", "summary"}
+
+    def _loop(self) -> None:
+        try:
+            conn = _connect(self.path, max_bytes=self._max_bytes)
+        except sqlite3.Error as exc:
+            self.error = _explain(self.path, exc)
+            return
+        stop = False
+        try:
+            while not stop:
+                batch: list[Any] = []
+                deadline = time.monotonic() + COMMIT_INTERVAL_S
+                while True:
+                    wait = deadline - time.monotonic()
+                    if wait <= 0:
+                        break
+                    try:
+                        item = self._queue.get(timeout=wait)
+                    except queue.Empty:
+                        break
+                    if item is _STOP:
+                        stop = True
+                        break
+                    batch.append(item)
+                    if item[0] == "flush":
+                        break
+                self._write(conn, batch)
+        finally:
+            conn.close()
+
+    def _write(self, conn: sqlite3.Connection, batch: list[Any]) -> None:
+        events = [item[1] for item in batch if item[0] == "flush"]
+        if self.error is None and batch:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                requests = [_request_row(self.run_id, rec) for kind, rec in batch if kind == "request"]
+                if requests:
+                    conn.executemany(
+                        "INSERT INTO requests (run_id, req_id, t_start, ttft_s, e2el_s, itl_s, input_tokens,"
+                        " output_tokens, ok, error, cancelled, extra) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                        requests,
+                    )
+                samples = [(self.run_id, k, t, _dumps(d)) for kind, (k, t, d) in
+                           ((kind, rec) for kind, rec in batch if kind == "sample")]
+                if samples:
+                    conn.executemany("INSERT INTO samples (run_id, kind, t, data) VALUES (?,?,?,?)", samples)
+                for kind, fields in batch:
+                    if kind != "update":
+                        continue
+                    for column, value in fields.items():
+                        if column not in self._COLUMNS:
+                            raise ValueError(f"unknown run column {column!r}")
+                        stored = _dumps(value) if column in ("flags", "gpus", "workload", "summary") else value
+                        conn.execute(f"UPDATE runs SET {column} = ? WHERE id = ?", (stored, self.run_id))
+                conn.execute("COMMIT")
+            except (sqlite3.Error, OSError) as exc:
+                self.error = _explain(self.path, exc)
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+            except (ValueError, TypeError) as exc:  # a record we cannot store: keep the run, report it
+                self.error = HistoryError(self.path, f"cannot store a record: {exc}")
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+        for event in events:
+            event.set()
