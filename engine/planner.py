@@ -1,0 +1,365 @@
+"""Memory planner: how much KV cache a launch will get, before launching it.
+
+vLLM's own arithmetic (``vllm/v1/worker/gpu_worker.py`` and ``kv_cache_utils.py``):
+the worker may use ``gpu_memory_utilization x total`` bytes; weights, the activation
+peak of a profiling run and non-torch memory (CUDA context, NCCL, CUDA graphs) come
+off that; what remains is KV cache, cut into blocks of ``block_size`` tokens. The KV
+bytes per token are ``2 (K and V) x layers x KV heads x head_dim x bytes``.
+
+The KV part is exact (checked against a real H200 line: 111.38 GiB / 57,344 bytes per
+token = 2,085,488 tokens); the overhead part is an estimate (within ~1 GiB on an H200),
+so :func:`compare_to_reported` shows the prediction beside what vLLM printed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.modelconfig import DTYPE_BYTES, ModelConfig
+
+__all__ = [
+    "GIB",
+    "MemoryPlan",
+    "PlanComparison",
+    "PlanError",
+    "compare_to_reported",
+    "kv_bytes_per_token",
+    "kv_tokens_for_memory",
+    "load_model_config",
+    "parse_size",
+    "plan",
+    "shipped_configs",
+    "weight_bytes",
+]
+
+GIB = 1024**3
+_CONFIGS_DIR = Path(__file__).parent / "models" / "configs"
+
+# Bytes per parameter of quantized weights. AWQ/GPTQ pack 4-bit weights plus
+# group scales (about 0.5 byte); FP8 is one byte. Embeddings and LM head stay in the
+# model dtype, which weight_bytes accounts for separately.
+_QUANT_BYTES: dict[str, float] = {
+    "awq": 0.5,
+    "awq_marlin": 0.5,
+    "auto_awq": 0.5,
+    "gptq": 0.5,
+    "gptq_marlin": 0.5,
+    "auto_gptq": 0.5,
+    "bitsandbytes": 0.5,
+    "mxfp4": 0.5,
+    "modelopt_fp4": 0.5,
+    "fp8": 1.0,
+    "fbgemm_fp8": 1.0,
+    "fp8_per_tensor": 1.0,
+    "fp8_per_block": 1.0,
+    "fp8_per_channel": 1.0,
+    "modelopt": 1.0,
+    "experts_int8": 1.0,
+    "int8_per_channel_weight_only": 1.0,
+}
+
+# vLLM's non-torch memory (CUDA context, cuBLAS workspaces, NCCL buffers) plus its
+# CUDA graph estimate: about 1.5 GiB on an H200 (the 0.24.0 capture shows a 0.51 GiB
+# graph estimate on top of roughly 1 GiB of context).
+_FIXED_OVERHEAD = int(1.5 * GIB)
+# Default scheduler budgets vLLM profiles the activation peak with (OpenAI server, GPU).
+_DEFAULT_BATCHED_TOKENS = 8192
+_DEFAULT_NUM_SEQS = 256
+
+
+class PlanError(ValueError):
+    """Inputs the planner cannot work with (unknown dtype, bad size, bad model)."""
+
+    def __init__(self, what: str, reason: str) -> None:
+        self.what = what
+        self.reason = reason
+        super().__init__(f"{what}: {reason}")
+
+
+def shipped_configs() -> dict[str, Path]:
+    """Shipped config.json files of real architectures, by name (e.g. ``qwen2.5-7b``)."""
+    return {
+        p.parent.name: p
+        for p in sorted(_CONFIGS_DIR.glob("*/config.json"))
+    }
+
+
+def load_model_config(name_or_path: str | Path) -> ModelConfig:
+    """A ModelConfig from a folder, a config.json file or a shipped name."""
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        return ModelConfig.load(path)
+    shipped = shipped_configs()
+    key = str(name_or_path).lower()
+    if key in shipped:
+        return ModelConfig.load(shipped[key])
+    raise PlanError(
+        "model",
+        f"{str(name_or_path)!r} is neither a folder, a config.json, nor a shipped config"
+        f" (shipped: {', '.join(shipped)})",
+    )
+
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str | int | float) -> int:
+    """Bytes from ``141GiB``, ``80G`` (GiB), ``80GB`` (10^9), ``1.5TiB`` or a plain number.
+
+    A bare ``G``/``M`` means binary units, as nvidia-smi's "MiB" and vLLM's "GiB" do.
+    """
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        if text <= 0:
+            raise PlanError("size", f"must be positive, got {text}")
+        return int(text)
+    m = _SIZE.match(str(text))
+    if not m:
+        raise PlanError("size", f"cannot read {text!r}; write e.g. 141GiB, 80GB or 24G")
+    number = float(m.group(1))
+    unit = (m.group(2) or "").lower()
+    powers = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
+    prefix = unit[:1] if unit[:1] in "kmgt" and unit else ""
+    decimal = unit.endswith("b") and "i" not in unit and prefix != ""
+    base = 1000 if decimal else 1024
+    value = int(number * base ** powers[prefix])
+    if value <= 0:
+        raise PlanError("size", f"must be positive, got {text!r}")
+    return value
+
+
+def _model_dtype(model: ModelConfig, dtype: str) -> str:
+    """The dtype vLLM runs the model in for ``--dtype``: "auto" keeps fp16/bf16 and
+    turns float32 checkpoints into bfloat16, as vLLM does on GPUs."""
+    if dtype in ("auto", "", None):
+        return model.torch_dtype if model.torch_dtype in ("float16", "bfloat16") else "bfloat16"
+    return {"half": "float16", "float": "float32"}.get(dtype, dtype)
+
+
+def _dtype_bytes(dtype: str, what: str) -> float:
+    try:
+        return DTYPE_BYTES[dtype]
+    except KeyError:
+        raise PlanError(what, f"unknown dtype {dtype!r}") from None
+
+
+def kv_bytes_per_token(
+    model: ModelConfig,
+    *,
+    kv_cache_dtype: str = "auto",
+    dtype: str = "auto",
+    tensor_parallel_size: int = 1,
+) -> int:
+    """KV cache bytes one token takes on ONE GPU under tensor parallelism.
+
+    KV heads are split across the ``tp`` GPUs; when there are fewer KV heads than GPUs
+    each GPU holds one replicated head (vLLM replicates rather than splitting a head).
+    """
+    if tensor_parallel_size < 1:
+        raise PlanError("tensor-parallel-size", f"must be >= 1, got {tensor_parallel_size}")
+    kv_dtype = _model_dtype(model, dtype) if kv_cache_dtype in ("auto", "") else kv_cache_dtype
+    nbytes = _dtype_bytes(kv_dtype, "kv-cache-dtype")
+    heads_per_gpu = max(1, math.ceil(model.num_kv_heads / tensor_parallel_size))
+    return int(2 * model.num_layers * heads_per_gpu * model.head_dim * nbytes)
+
+
+def weight_bytes(model: ModelConfig, *, dtype: str = "auto", quantization: str | None = None) -> int:
+    """Bytes of the weights on all GPUs together.
+
+    Quantized checkpoints (AWQ/GPTQ ~0.5 byte per parameter, FP8 1 byte) keep the
+    embeddings and the LM head in the model dtype.
+    """
+    model_bytes = _dtype_bytes(_model_dtype(model, dtype), "dtype")
+    if not quantization:
+        return int(model.num_params * model_bytes)
+    q_bytes = _QUANT_BYTES.get(quantization)
+    if q_bytes is None:
+        raise PlanError(
+            "quantization",
+            f"no size rule for {quantization!r} (known: {', '.join(sorted(_QUANT_BYTES))})",
+        )
+    embed = model.vocab_size * model.hidden_size * (1 if model.tie_word_embeddings else 2)
+    body = max(0, model.num_params - embed)
+    return int(body * q_bytes + embed * model_bytes)
+
+
+def kv_tokens_for_memory(kv_memory_bytes: float, bytes_per_token: int, block_size: int = 16) -> int:
+    """Tokens that fit in ``kv_memory_bytes``: whole blocks only, as vLLM allocates."""
+    if bytes_per_token <= 0 or block_size <= 0:
+        raise PlanError("kv", "bytes per token and block size must be positive")
+    blocks = int(kv_memory_bytes // (bytes_per_token * block_size))
+    return max(0, blocks) * block_size
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Predicted memory split of one vLLM launch, per GPU unless named ``total``."""
+
+    model: str
+    gpu_memory_bytes: int
+    gpu_memory_utilization: float
+    tensor_parallel_size: int
+    dtype: str
+    kv_cache_dtype: str
+    quantization: str | None
+    block_size: int
+    max_model_len: int
+    kv_bytes_per_token: int
+    """Per GPU: 2 x layers x (KV heads / tp) x head_dim x bytes."""
+    weight_bytes_total: int
+    weight_bytes_per_gpu: int
+    overhead_bytes: int
+    """Activation peak plus non-torch memory (an estimate; vLLM measures it)."""
+    budget_bytes: int
+    """gpu_memory_bytes x gpu_memory_utilization."""
+    kv_memory_bytes: int
+    kv_tokens: int
+    max_concurrency: float
+    """kv_tokens / max_model_len, as vLLM's "Maximum concurrency" line."""
+
+    @property
+    def fits(self) -> bool:
+        """True when at least one request of max_model_len fits in the KV cache."""
+        return self.kv_tokens >= self.max_model_len
+
+    @property
+    def max_model_len_that_fits(self) -> int:
+        """The longest context the predicted KV cache can hold for one request."""
+        return self.kv_tokens
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(label, value) pairs for a table, in reading order."""
+        return [
+            ("model", self.model),
+            ("tensor parallel", str(self.tensor_parallel_size)),
+            ("GPU memory", f"{self.gpu_memory_bytes / GIB:.2f} GiB"),
+            ("utilization", f"{self.gpu_memory_utilization:g} -> {self.budget_bytes / GIB:.2f} GiB"),
+            (
+                "weights",
+                f"{self.weight_bytes_per_gpu / GIB:.2f} GiB per GPU"
+                + (f" ({self.quantization})" if self.quantization else f" ({self.dtype})"),
+            ),
+            ("overhead (est.)", f"{self.overhead_bytes / GIB:.2f} GiB"),
+            ("KV cache memory", f"{self.kv_memory_bytes / GIB:.2f} GiB"),
+            ("KV bytes/token", f"{self.kv_bytes_per_token:,} ({self.kv_cache_dtype})"),
+            ("KV cache tokens", f"{self.kv_tokens:,}"),
+            (
+                "max concurrency",
+                f"{self.max_concurrency:.2f}x at {self.max_model_len:,} tokens/request",
+            ),
+        ]
+
+
+def _overhead_bytes(model: ModelConfig, dtype_bytes: float, tp: int, max_num_batched_tokens: int, max_num_seqs: int) -> int:
+    # Activation peak of the profiling forward pass: about two MLP-wide and four
+    # hidden-wide tensors per batched token, split across tp; plus fp32 logits of
+    # the sampler's dummy batch. Calibrated to the H200 capture (~2.9 GiB measured,
+    # 2.45 GiB estimated for Qwen2.5-7B: the KV figure comes out 0.5% high).
+    act = max_num_batched_tokens * (2 * model.intermediate_size + 4 * model.hidden_size) * dtype_bytes / tp
+    logits = max_num_seqs * model.vocab_size * 4 / tp
+    return int(_FIXED_OVERHEAD + act + logits)
+
+
+def plan(
+    model: ModelConfig,
+    *,
+    gpu_memory: int | str,
+    gpu_memory_utilization: float = 0.92,
+    max_model_len: int | None = None,
+    tensor_parallel_size: int = 1,
+    kv_cache_dtype: str = "auto",
+    dtype: str = "auto",
+    quantization: str | None = None,
+    block_size: int = 16,
+    max_num_batched_tokens: int | None = None,
+    max_num_seqs: int | None = None,
+    overhead_bytes: int | None = None,
+) -> MemoryPlan:
+    """Predict the KV cache of a launch on GPUs of ``gpu_memory`` bytes each.
+
+    ``max_model_len`` defaults to the model's max_position_embeddings, as vLLM's does.
+    ``overhead_bytes`` replaces the activation/non-torch estimate when known (for a CPU
+    backend, or from a previous launch's log).
+    """
+    total = parse_size(gpu_memory)
+    if not 0 < gpu_memory_utilization <= 1:
+        raise PlanError("gpu-memory-utilization", f"must be in (0, 1], got {gpu_memory_utilization}")
+    if tensor_parallel_size < 1:
+        raise PlanError("tensor-parallel-size", f"must be >= 1, got {tensor_parallel_size}")
+    if block_size < 1:
+        raise PlanError("block-size", f"must be >= 1, got {block_size}")
+    mml = max_model_len or model.max_position_embeddings
+    if not mml or mml < 1:
+        raise PlanError("max-model-len", "not given and the config has no max_position_embeddings")
+    run_dtype = _model_dtype(model, dtype)
+    kv_dtype = run_dtype if kv_cache_dtype in ("auto", "") else kv_cache_dtype
+    per_token = kv_bytes_per_token(
+        model, kv_cache_dtype=kv_cache_dtype, dtype=dtype, tensor_parallel_size=tensor_parallel_size
+    )
+    weights = weight_bytes(model, dtype=dtype, quantization=quantization)
+    weights_gpu = weights // tensor_parallel_size
+    if overhead_bytes is None:
+        overhead_bytes = _overhead_bytes(
+            model,
+            _dtype_bytes(run_dtype, "dtype"),
+            tensor_parallel_size,
+            max_num_batched_tokens or max(_DEFAULT_BATCHED_TOKENS, 0),
+            max_num_seqs or _DEFAULT_NUM_SEQS,
+        )
+    budget = int(total * gpu_memory_utilization)
+    kv_memory = max(0, budget - weights_gpu - overhead_bytes)
+    tokens = kv_tokens_for_memory(kv_memory, per_token, block_size)
+    return MemoryPlan(
+        model=model.name,
+        gpu_memory_bytes=total,
+        gpu_memory_utilization=gpu_memory_utilization,
+        tensor_parallel_size=tensor_parallel_size,
+        dtype=run_dtype,
+        kv_cache_dtype=kv_dtype,
+        quantization=quantization,
+        block_size=block_size,
+        max_model_len=mml,
+        kv_bytes_per_token=per_token,
+        weight_bytes_total=weights,
+        weight_bytes_per_gpu=weights_gpu,
+        overhead_bytes=overhead_bytes,
+        budget_bytes=budget,
+        kv_memory_bytes=kv_memory,
+        kv_tokens=tokens,
+        max_concurrency=tokens / mml,
+    )
+
+
+@dataclass(frozen=True)
+class PlanComparison:
+    """The planner's KV token prediction beside the figure vLLM printed."""
+
+    predicted_kv_tokens: int
+    reported_kv_tokens: int
+
+    @property
+    def difference(self) -> int:
+        """Predicted minus reported tokens (positive: the plan was optimistic)."""
+        return self.predicted_kv_tokens - self.reported_kv_tokens
+
+    @property
+    def relative_error(self) -> float:
+        """difference / reported (0.01 = prediction 1% high)."""
+        if self.reported_kv_tokens == 0:
+            return math.inf if self.predicted_kv_tokens else 0.0
+        return self.difference / self.reported_kv_tokens
+
+    def describe(self) -> str:
+        """One line such as ``predicted 2,096,000 tokens, vLLM 2,085,488 (+0.50%)``."""
+        return (
+            f"predicted {self.predicted_kv_tokens:,} tokens, vLLM {self.reported_kv_tokens:,}"
+            f" ({self.relative_error:+.2%})"
+        )
+
+
+def compare_to_reported(plan: MemoryPlan | int, reported_kv_tokens: int) -> PlanComparison:
+    """Compare a plan (or a predicted token count) with vLLM's ``KV cache size`` figure."""
+    predicted = plan.kv_tokens if isinstance(plan, MemoryPlan) else int(plan)
+    return PlanComparison(predicted_kv_tokens=predicted, reported_kv_tokens=int(reported_kv_tokens))
