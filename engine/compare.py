@@ -1,0 +1,329 @@
+"""Side-by-side comparison of stored runs: one column per run, one row per differing
+flag and per metric, the best value per row marked, the delta to the baseline in percent.
+
+Latency numbers use ``vllm bench serve``'s definitions (see loadgen): TTFT to the first
+chunk carrying ``choices``; TPOT = (E2EL - TTFT) / (output tokens - 1) per request;
+ITL = gaps between chunks. A run's stored summary is ``{"load": RunResult.summary,
+"telemetry": TelemetrySummary.to_dict()}`` (a flat vLLM-bench dict is read as ``load``).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from engine.history import RunInfo
+
+GIB = 1024**3
+FORMATS = ("text", "markdown", "csv", "json")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric row: how to read it from a summary and which way is better."""
+
+    key: str
+    label: str
+    unit: str
+    better: str | None  # "lower", "higher", or None (informative: no best, no judgement)
+    read: Callable[[Mapping[str, Any], Mapping[str, Any]], float | None]
+
+
+def _get(section: Mapping[str, Any], key: str, scale: float = 1.0) -> float | None:
+    value = section.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value) * scale
+
+
+def _load(key: str, scale: float = 1.0) -> Callable[[Mapping[str, Any], Mapping[str, Any]], float | None]:
+    return lambda load, tel: _get(load, key, scale)
+
+
+def _tel(key: str, scale: float = 1.0) -> Callable[[Mapping[str, Any], Mapping[str, Any]], float | None]:
+    return lambda load, tel: _get(tel, key, scale)
+
+
+def _failure_rate(load: Mapping[str, Any], tel: Mapping[str, Any]) -> float | None:
+    done, failed = _get(load, "completed"), _get(load, "failed")
+    if done is None or failed is None or done + failed == 0:
+        return None
+    return 100.0 * failed / (done + failed)
+
+
+METRICS: tuple[Metric, ...] = (
+    *(
+        Metric(f"{name}_{p}", f"{name.upper()} {p}", "ms", "lower", _load(f"{'median' if p == 'p50' else p}_{name}_ms"))
+        for name in ("ttft", "tpot", "itl", "e2el")
+        for p in ("p50", "p99")
+    ),
+    Metric("request_throughput", "requests/s", "req/s", "higher", _load("request_throughput")),
+    Metric("output_throughput", "output tokens/s", "tok/s", "higher", _load("output_throughput")),
+    Metric("request_goodput", "goodput", "req/s", "higher", _load("request_goodput")),
+    Metric("failure_rate", "failure rate", "%", "lower", _failure_rate),
+    Metric("peak_gpu_mem", "peak GPU memory", "GiB", "lower", _tel("peak_gpu_mem_bytes", 1 / GIB)),
+    Metric("mean_gpu_util", "mean GPU utilization", "%", "higher", _tel("mean_gpu_util_pct")),
+    Metric("peak_kv_usage", "peak KV cache usage", "%", None, _tel("peak_kv_cache_usage", 100.0)),
+    Metric("preemptions", "preemptions", "", "lower", _tel("preemptions")),
+    Metric("server_peak_rss", "peak server RSS", "GiB", None, _tel("server_peak_rss_bytes", 1 / GIB)),
+)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row: ``values[i]`` belongs to run ``i``; ``best`` holds the winning indexes."""
+
+    kind: str  # "flag" or "metric"
+    key: str
+    label: str
+    unit: str
+    better: str | None
+    values: tuple[Any, ...]
+    best: frozenset[int]
+    deltas: tuple[float | None, ...]  # percent against the baseline column; None where meaningless
+
+
+@dataclass(frozen=True)
+class Comparison:
+    runs: tuple[RunInfo, ...]
+    baseline: int  # index into runs
+    rows: tuple[Row, ...]
+
+    def row(self, key: str) -> Row:
+        for row in self.rows:
+            if row.key == key:
+                return row
+        raise KeyError(key)
+
+
+def split_summary(summary: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """``(load, telemetry)`` parts of a stored summary."""
+    if "load" in summary or "telemetry" in summary:
+        load = summary.get("load") or {}
+        tel = summary.get("telemetry") or {}
+        return (load if isinstance(load, Mapping) else {}), (tel if isinstance(tel, Mapping) else {})
+    return summary, {}
+
+
+def delta_pct(value: float | None, base: float | None) -> float | None:
+    """(value - base) / |base| in percent; None when either is missing or base is 0 (0 vs 0 is 0)."""
+    if value is None or base is None:
+        return None
+    if base == 0:
+        return 0.0 if value == 0 else None
+    return (value - base) / abs(base) * 100.0
+
+
+def best_indexes(values: Sequence[float | None], better: str | None) -> frozenset[int]:
+    """Indexes holding the best value; empty when there is no judgement or nothing differs."""
+    present = [(i, v) for i, v in enumerate(values) if v is not None]
+    if better is None or len(present) < 2:
+        return frozenset()
+    pick = min if better == "lower" else max
+    target = pick(v for _, v in present)
+    if all(v == target for _, v in present):
+        return frozenset()  # all equal: no winner
+    return frozenset(i for i, v in present if v == target)
+
+
+_DEFAULT = "(default)"
+
+
+def compare(runs: Sequence[RunInfo], baseline: int | None = None, *, all_flags: bool = False) -> Comparison:
+    """Build the comparison. ``baseline`` is an index into ``runs``; by default the run
+    tagged baseline in the history, else the first."""
+    if not runs:
+        raise ValueError("nothing to compare: give at least one run")
+    if baseline is None:
+        baseline = next((i for i, r in enumerate(runs) if r.baseline), 0)
+    if not 0 <= baseline < len(runs):
+        raise ValueError(f"baseline index {baseline} outside 0..{len(runs) - 1}")
+    rows: list[Row] = []
+    none = tuple(None for _ in runs)
+
+    models = tuple(r.model or "" for r in runs)
+    if all_flags or len(set(models)) > 1:
+        rows.append(Row("flag", "model", "model", "", None, models, frozenset(), none))
+    names: list[str] = []
+    for run in runs:
+        for name in run.flags:
+            if name not in names:
+                names.append(name)
+    for name in sorted(names):
+        values = tuple(_flag_text(run.flags[name]) if name in run.flags else _DEFAULT for run in runs)
+        if all_flags or len(set(values)) > 1:
+            rows.append(Row("flag", name, f"--{name}", "", None, values, frozenset(), none))
+
+    parts = [split_summary(run.summary) for run in runs]
+    for metric in METRICS:
+        values_m = tuple(metric.read(load, tel) for load, tel in parts)
+        if all(v is None for v in values_m):
+            continue  # e.g. GPU rows on a CPU box: say nothing rather than a row of n/a
+        base = values_m[baseline]
+        deltas = tuple(None if i == baseline else delta_pct(v, base) for i, v in enumerate(values_m))
+        rows.append(
+            Row("metric", metric.key, metric.label, metric.unit, metric.better, values_m,
+                best_indexes(values_m, metric.better), deltas)
+        )
+    return Comparison(tuple(runs), baseline, tuple(rows))
+
+
+def _flag_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return " ".join(str(v) for v in value)
+    if isinstance(value, (dict)):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def fmt_number(value: float | None) -> str:
+    """Three significant figures or so: 0.0123, 1.23, 12.3, 123, 12345."""
+    if value is None:
+        return "n/a"
+    magnitude = abs(value)
+    if magnitude == 0:
+        return "0"
+    if float(value).is_integer() and magnitude < 1e15:
+        return f"{int(value):,}"
+    if magnitude >= 100:
+        return f"{value:,.0f}"
+    if magnitude >= 10:
+        return f"{value:.1f}"
+    if magnitude >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3g}"
+
+
+def fmt_delta(delta: float | None) -> str:
+    if delta is None:
+        return ""
+    return f"{delta:+.1f}%"
+
+
+def run_header(run: RunInfo, is_baseline: bool) -> str:
+    label = f"#{run.id} {run.name}"
+    return label + (" (baseline)" if is_baseline else "")
+
+
+def _cell(cmp: Comparison, row: Row, i: int, mark: str) -> str:
+    if row.kind == "flag":
+        return str(row.values[i])
+    text = fmt_number(row.values[i])
+    if i in row.best:
+        text = mark.format(text)
+    delta = fmt_delta(row.deltas[i])
+    return f"{text} ({delta})" if delta else text
+
+
+def _label(row: Row) -> str:
+    if row.kind == "flag":
+        return row.label
+    arrow = {"lower": " ↓", "higher": " ↑"}.get(row.better or "", "")
+    unit = f" ({row.unit})" if row.unit else ""
+    return f"{row.label}{unit}{arrow}"
+
+
+def render(cmp: Comparison, fmt: str = "text") -> str:
+    """The comparison as ``text`` (aligned table), ``markdown``, ``csv`` or ``json``."""
+    if fmt == "text":
+        return render_text(cmp)
+    if fmt == "markdown":
+        return render_markdown(cmp)
+    if fmt == "csv":
+        return render_csv(cmp)
+    if fmt == "json":
+        return json.dumps(to_json(cmp), indent=2) + "\n"
+    raise ValueError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
+
+
+def render_text(cmp: Comparison) -> str:
+    headers = ["", *(run_header(r, i == cmp.baseline) for i, r in enumerate(cmp.runs))]
+    body = [[_label(row), *(_cell(cmp, row, i, "*{}") for i in range(len(cmp.runs)))] for row in cmp.rows]
+    widths = [max(len(line[c]) for line in [headers, *body]) for c in range(len(headers))]
+    out = []
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(cells[0].ljust(widths[0]) if c == 0 else cells[c].rjust(widths[c]) for c in range(len(cells))).rstrip()
+
+    out.append(line(headers))
+    out.append("  ".join("-" * w for w in widths))
+    previous = None
+    for row, cells in zip(cmp.rows, body, strict=True):
+        if previous == "flag" and row.kind == "metric":
+            out.append("")
+        out.append(line(cells))
+        previous = row.kind
+    out.append("")
+    out.append("* best per row; ↓ lower is better, ↑ higher is better; (±%) against the baseline run.")
+    out.append("TPOT = (E2EL - TTFT) / (output tokens - 1) per request; ITL = gaps between streamed chunks.")
+    return "\n".join(out) + "\n"
+
+
+def render_markdown(cmp: Comparison) -> str:
+    headers = ["", *(run_header(r, i == cmp.baseline) for i, r in enumerate(cmp.runs))]
+
+    def esc(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    out = ["| " + " | ".join(esc(h) for h in headers) + " |", "|" + "|".join(["---"] + ["---:"] * len(cmp.runs)) + "|"]
+    for row in cmp.rows:
+        label = f"`{row.label}`" if row.kind == "flag" else _label(row)
+        cells = [esc(label), *(esc(_cell(cmp, row, i, "**{}**")) for i in range(len(cmp.runs)))]
+        out.append("| " + " | ".join(cells) + " |")
+    out.append("")
+    out.append("Bold: best per row. ↓ lower is better, ↑ higher is better. (±%): against the baseline run.")
+    return "\n".join(out) + "\n"
+
+
+def render_csv(cmp: Comparison) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    header = ["kind", "key", "label", "unit", "better"]
+    for run in cmp.runs:
+        header += [f"run{run.id}", f"run{run.id}_delta_pct", f"run{run.id}_best"]
+    writer.writerow(header)
+    for row in cmp.rows:
+        cells: list[Any] = [row.kind, row.key, row.label, row.unit, row.better or ""]
+        for i in range(len(cmp.runs)):
+            value = row.values[i]
+            cells += [
+                "" if value is None else value,
+                "" if row.deltas[i] is None else round(row.deltas[i] or 0.0, 3),
+                "1" if i in row.best else "",
+            ]
+        writer.writerow(cells)
+    return buf.getvalue()
+
+
+def to_json(cmp: Comparison) -> dict[str, Any]:
+    return {
+        "runs": [
+            {"id": r.id, "name": r.name, "preset": r.preset, "model": r.model, "status": r.status,
+             "started": r.started, "baseline": i == cmp.baseline}
+            for i, r in enumerate(cmp.runs)
+        ],
+        "baseline_run": cmp.runs[cmp.baseline].id,
+        "rows": [
+            {
+                "kind": row.kind,
+                "key": row.key,
+                "label": row.label,
+                "unit": row.unit,
+                "better": row.better,
+                "values": list(row.values),
+                "best_runs": sorted(cmp.runs[i].id for i in row.best),
+                "delta_pct": list(row.deltas),
+            }
+            for row in cmp.rows
+        ],
+    }

@@ -1,0 +1,123 @@
+"""Comparison arithmetic: deltas, best per row, flag rows, and the four renderings."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+from engine.compare import FORMATS, best_indexes, compare, delta_pct, render
+from engine.history import RunInfo
+
+GIB = 1024**3
+
+
+def run(rid: int, flags: dict, load: dict, tel: dict | None = None, baseline: bool = False, model: str = "tiny") -> RunInfo:
+    return RunInfo(
+        id=rid, name=f"r{rid}", preset=None, started=1.0, ended=2.0, status="complete", flags=flags,
+        vllm_version="0.32.0", model=model, gpus=[], workload={},
+        summary={"load": load, "telemetry": tel or {}}, baseline=baseline, tags=(),
+    )
+
+
+A = run(
+    1,
+    {"max-num-seqs": 128, "enable-chunked-prefill": True, "max-model-len": 2048},
+    {"median_ttft_ms": 100.0, "p99_ttft_ms": 400.0, "median_tpot_ms": 5.0, "p99_tpot_ms": 8.0,
+     "request_throughput": 10.0, "output_throughput": 1000.0, "completed": 90, "failed": 10, "request_goodput": None},
+    {"peak_gpu_mem_bytes": 80 * GIB, "mean_gpu_util_pct": 50.0, "peak_kv_cache_usage": 0.5, "preemptions": 0.0},
+)
+B = run(
+    2,
+    {"max-num-seqs": 64, "enable-chunked-prefill": False, "max-model-len": 2048},
+    {"median_ttft_ms": 80.0, "p99_ttft_ms": 600.0, "median_tpot_ms": 5.0, "p99_tpot_ms": 8.0,
+     "request_throughput": 12.5, "output_throughput": 900.0, "completed": 100, "failed": 0},
+    {"peak_gpu_mem_bytes": 70 * GIB, "mean_gpu_util_pct": 75.0, "peak_kv_cache_usage": 0.9, "preemptions": 3.0},
+)
+C = run(3, {"max-num-seqs": 128, "max-model-len": 2048, "enable-chunked-prefill": True, "dtype": "half"},
+        {"median_ttft_ms": 100.0, "request_throughput": 0.0, "completed": 0, "failed": 0})
+
+
+@pytest.mark.parametrize(
+    ("value", "base", "expected"),
+    [(12.5, 10.0, 25.0), (80.0, 100.0, -20.0), (5.0, 5.0, 0.0), (0.0, 0.0, 0.0), (3.0, 0.0, None),
+     (None, 1.0, None), (1.0, None, None), (-2.0, -4.0, 50.0)],
+)
+def test_delta_pct(value, base, expected) -> None:
+    assert delta_pct(value, base) == (pytest.approx(expected) if expected is not None else None)
+
+
+@pytest.mark.parametrize(
+    ("values", "better", "expected"),
+    [([1, 2, 3], "lower", {0}), ([1, 2, 3], "higher", {2}), ([2, 1, 1], "lower", {1, 2}),
+     ([4, 4], "lower", set()), ([None, 3, 5], "lower", {1}), ([None, 3], "lower", set()), ([1, 2], None, set())],
+)
+def test_best_indexes(values, better, expected) -> None:
+    assert best_indexes(values, better) == frozenset(expected)
+
+
+def test_rows_values_best_and_deltas() -> None:
+    cmp = compare([A, B])
+    assert cmp.baseline == 0
+    flag_rows = [r.key for r in cmp.rows if r.kind == "flag"]
+    assert flag_rows == ["enable-chunked-prefill", "max-num-seqs"]  # max-model-len is equal: not shown
+    assert cmp.row("max-num-seqs").values == ("128", "64")
+    ttft = cmp.row("ttft_p50")
+    assert ttft.values == (100.0, 80.0) and ttft.best == {1} and ttft.deltas == (None, pytest.approx(-20.0))
+    assert cmp.row("ttft_p99").best == {0} and cmp.row("ttft_p99").deltas[1] == pytest.approx(50.0)
+    assert cmp.row("tpot_p50").best == frozenset()  # equal: no winner
+    assert cmp.row("request_throughput").best == {1} and cmp.row("request_throughput").deltas[1] == pytest.approx(25.0)
+    assert cmp.row("failure_rate").values == (pytest.approx(10.0), 0.0) and cmp.row("failure_rate").best == {1}
+    assert cmp.row("peak_gpu_mem").values == (80.0, 70.0) and cmp.row("peak_gpu_mem").best == {1}
+    assert cmp.row("mean_gpu_util").best == {1}
+    assert cmp.row("peak_kv_usage").values == (50.0, 90.0) and cmp.row("peak_kv_usage").best == frozenset()
+    assert cmp.row("preemptions").best == {0}
+    with pytest.raises(KeyError):
+        cmp.row("request_goodput")  # no SLO in either run: no row
+    with pytest.raises(KeyError):
+        cmp.row("itl_p50")
+
+
+def test_baseline_from_history_tag_and_missing_flags() -> None:
+    b = run(2, dict(B.flags), dict(B.summary["load"]), baseline=True)
+    cmp = compare([A, b, C])
+    assert cmp.baseline == 1
+    assert cmp.row("dtype").values == ("(default)", "(default)", "half")
+    rps = cmp.row("request_throughput")
+    assert rps.deltas == (pytest.approx(-20.0), None, pytest.approx(-100.0))
+    assert cmp.row("failure_rate").values[2] is None  # 0 of 0: no rate
+    assert compare([A, b, C], baseline=0).baseline == 0
+    with pytest.raises(ValueError):
+        compare([])
+
+
+def test_model_row_only_when_models_differ() -> None:
+    assert "model" not in [r.key for r in compare([A, B]).rows]
+    other = run(4, dict(A.flags), dict(A.summary["load"]), model="Qwen2.5-7B")
+    assert compare([A, other]).row("model").values == ("tiny", "Qwen2.5-7B")
+
+
+def test_flat_vllm_bench_summary_is_read_as_load() -> None:
+    flat = RunInfo(**{**A.__dict__, "id": 9, "summary": {"request_throughput": 20.0}})
+    assert compare([A, flat]).row("request_throughput").values == (10.0, 20.0)
+
+
+def test_renderings() -> None:
+    cmp = compare([A, B])
+    text = render(cmp, "text")
+    assert "#1 r1 (baseline)" in text and "*80 (-20.0%)" in text and "--max-num-seqs" in text
+    md = render(cmp, "markdown").splitlines()
+    assert md[0].count("|") == 4 and md[1] == "|---|---:|---:|"
+    assert any("**12.5** (+25.0%)" in line for line in md)
+    rows = list(csv.DictReader(io.StringIO(render(cmp, "csv"))))
+    rps = next(r for r in rows if r["key"] == "request_throughput")
+    assert (float(rps["run2"]), float(rps["run2_delta_pct"]), rps["run2_best"], rps["run1_delta_pct"]) == (12.5, 25.0, "1", "")
+    data = json.loads(render(cmp, "json"))
+    assert data["baseline_run"] == 1
+    row = next(r for r in data["rows"] if r["key"] == "ttft_p50")
+    assert row["values"] == [100.0, 80.0] and row["best_runs"] == [2] and row["delta_pct"][1] == pytest.approx(-20.0)
+    assert set(FORMATS) == {"text", "markdown", "csv", "json"}
+    with pytest.raises(ValueError):
+        render(cmp, "html")
