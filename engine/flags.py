@@ -709,6 +709,16 @@ def load_schema(*, use_vllm: bool = True, refresh: bool = False, timeout: float 
     return schema
 
 
+def _current_schema() -> Schema:
+    """The schema already loaded in this process, else the built-in one.
+
+    Used where no schema was passed: it never starts the (slow) vLLM extraction.
+    """
+    if _SCHEMAS:
+        return next(reversed(_SCHEMAS.values()))
+    return builtin_schema()
+
+
 def _safe_name(version: str) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]", "_", version)
 
@@ -769,7 +779,7 @@ class FlagSet:
         return f"FlagSet(model={self.model!r}, values={shown!r})"
 
     def _schema(self) -> Schema:
-        return self.schema or builtin_schema()
+        return self.schema or _current_schema()
 
     def _spec(self, name: str) -> FlagSpec | None:
         return self._schema().get(name)
@@ -938,8 +948,13 @@ class FlagSet:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], schema: Schema | None = None) -> FlagSet:
-        """Inverse of to_dict(); keys may use dashes or underscores. Raises FlagError."""
-        sch = schema or builtin_schema()
+        """Inverse of to_dict(); keys may use dashes or underscores. Raises FlagError.
+
+        Also accepts the nested form ``{"model": ..., "values": {...}}``.
+        """
+        sch = schema or _current_schema()
+        if isinstance(data.get("values"), Mapping) and sch.get("values") is None:
+            data = {"model": data.get("model", ""), **data["values"]}
         model = data.get("model", "")
         if not isinstance(model, str):
             raise FlagError("model", f"expected text, got {model!r}")

@@ -1,0 +1,111 @@
+"""``vtui export``: print a flag set as a docker run line, a vllm serve line, JSON or argv.
+
+Input: flags after ``--`` (``vtui export --model M -- --max-num-seqs 64``), a whole
+command line (``--line "vllm serve M ..."``, also docker run and python -m lines), or a
+preset file (``--preset FILE``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "export",
+        help="print flags as a docker run / vllm serve line, JSON or argv",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--line", help="a 'vllm serve ...', 'python -m vllm...' or 'docker run ...' line")
+    parser.add_argument("--preset", help="a preset TOML file whose [server] flags to export")
+    parser.add_argument("--model", help="the model (folder or Hugging Face id) when flags come after --")
+    parser.add_argument(
+        "--format", choices=("docker", "serve", "json", "argv"), default="docker", help="output form"
+    )
+    parser.add_argument("--port", type=int, default=None, help="host port for docker -p (default: the server port)")
+    parser.add_argument(
+        "--gpus", default="all", help="docker GPUs: 'all', a count, or device ids like 0,1"
+    )
+    parser.add_argument("--image", default=None, help="docker image (default vllm/vllm-openai:v<installed vLLM>)")
+    parser.add_argument("--no-check", action="store_true", help="export even if validation finds problems")
+    parser.set_defaults(func=run, allow_extra=True)
+
+
+def _gpus(text: str) -> str | int | list[int]:
+    if text == "all":
+        return "all"
+    parts = [p for p in text.split(",") if p.strip()]
+    if not parts or not all(p.strip().isdigit() for p in parts):
+        from tui.cli import UserError
+
+        raise UserError(f"--gpus {text!r} is not 'all', a count or device ids", "write e.g. --gpus all or --gpus 0,1")
+    if len(parts) == 1 and "," not in text:
+        return int(parts[0])
+    return [int(p) for p in parts]
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.flags import FlagError, FlagSet, load_schema, parse_argv, parse_command_line, validate
+    from tui.cli import UserError
+
+    extra = [a for a in getattr(args, "extra", []) if a != "--"]
+    sources = sum(bool(x) for x in (args.line, args.preset, extra or args.model))
+    if sources != 1:
+        raise UserError(
+            "give exactly one input: --line, --preset, or --model with flags after --",
+            'e.g. vtui export --line "vllm serve Qwen/Qwen2.5-7B --max-num-seqs 64" --format docker',
+        )
+    schema = load_schema()
+    try:
+        if args.line:
+            flags = parse_command_line(args.line, schema)
+        elif args.preset:
+            flags = _from_preset(args.preset, schema)
+        else:
+            if not args.model:
+                raise UserError("flags after -- need --model", "e.g. vtui export --model M -- --max-num-seqs 64")
+            flags = parse_argv(["vllm", "serve", args.model, *extra], schema)
+    except FlagError as exc:
+        raise UserError(str(exc), exc.hint or "check the flag against `vllm serve --help`") from None
+    if not args.no_check:
+        problems = validate(flags, schema)
+        if problems:
+            first = problems[0]
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise UserError(f"{first}{more}", "fix the flag, or pass --no-check to export anyway")
+    try:
+        if args.format == "docker":
+            print(flags.to_docker_line(host_port=args.port, gpus=_gpus(args.gpus), image=args.image))
+        elif args.format == "serve":
+            print(flags.to_serve_line(multiline=True))
+        elif args.format == "json":
+            print(json.dumps(flags.to_dict(), indent=2, ensure_ascii=False))
+        else:
+            print(json.dumps([flags.model, *flags.to_argv(include_secrets=False)], ensure_ascii=False))
+    except FlagError as exc:
+        raise UserError(str(exc), exc.hint or "change the value so it can be written on a command line") from None
+    return 0
+
+
+def _from_preset(path: str, schema: Any) -> Any:
+    from engine.flags import FlagSet
+    from tui.cli import UserError
+
+    try:
+        from engine.presets import load_preset
+    except ImportError:
+        raise UserError("presets are not available in this build", "use --line or flags after --") from None
+    try:
+        preset = load_preset(path)
+    except Exception as exc:  # PresetError and OSError: both are the user's file
+        raise UserError(str(exc), "check the preset file") from None
+    flags = getattr(preset, "flags", None)
+    if isinstance(flags, FlagSet):
+        return flags.with_schema(schema)
+    server = getattr(preset, "server", None)
+    if isinstance(server, dict):
+        return FlagSet.from_dict(server, schema)
+    raise UserError(f"{path}: the preset has no server flags", "add a [server] table")

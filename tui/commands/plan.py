@@ -1,0 +1,76 @@
+"""``vtui plan``: predict KV cache memory, tokens and concurrency before launching vLLM.
+
+The model is a folder holding config.json, the file itself, or a shipped architecture
+name (``qwen2.5-7b``, ``llama-3-8b`` ...: see ``vtui plan --list``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "plan",
+        help="predict KV cache tokens and max concurrency for a model on a GPU",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--model", help="model folder, config.json, or shipped name (see --list)")
+    parser.add_argument("--list", action="store_true", help="list the shipped model configs")
+    parser.add_argument("--gpu-mem", default="141GiB", help="memory of one GPU, e.g. 141GiB, 80GB, 24G (default 141GiB, an H200)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.92, help="vLLM's flag (default 0.92, vLLM's default)")
+    parser.add_argument("--max-model-len", type=int, default=None, help="tokens per request (default: the model's context length)")
+    parser.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, default=1, help="tensor parallel size")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="auto (= model dtype), fp8, bfloat16 ...")
+    parser.add_argument("--dtype", default="auto", help="model dtype (auto = config.json's)")
+    parser.add_argument("--quantization", default=None, help="awq, gptq (~0.5 byte/param), fp8 (1 byte)")
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
+    parser.add_argument("--overhead", default=None, help="replace the activation/runtime estimate, e.g. 3GiB")
+    parser.add_argument("--reported-kv-tokens", type=int, default=None, help="vLLM's 'KV cache size' figure, to compare")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.modelconfig import ModelConfigError
+    from engine.planner import PlanError, compare_to_reported, load_model_config, parse_size, plan, shipped_configs
+    from tui.cli import UserError
+
+    if args.list:
+        for name, path in shipped_configs().items():
+            print(f"{name:<16} {path}")
+        return 0
+    if not args.model:
+        raise UserError("--model is required", "give a model folder or a shipped name, e.g. --model qwen2.5-7b")
+    try:
+        model = load_model_config(args.model)
+        result = plan(
+            model,
+            gpu_memory=args.gpu_mem,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            max_model_len=args.max_model_len,
+            tensor_parallel_size=args.tp,
+            kv_cache_dtype=args.kv_cache_dtype,
+            dtype=args.dtype,
+            quantization=args.quantization,
+            block_size=args.block_size,
+            overhead_bytes=parse_size(args.overhead) if args.overhead else None,
+        )
+    except ModelConfigError as exc:
+        raise UserError(str(exc), "point --model at a folder with a Hugging Face config.json") from None
+    except PlanError as exc:
+        raise UserError(str(exc), "see vtui plan --help for the accepted values") from None
+    rows = result.rows()
+    width = max(len(label) for label, _ in rows)
+    for label, value in rows:
+        print(f"{label:<{width}}  {value}")
+    if not result.fits:
+        print(
+            f"warning: one request of {result.max_model_len:,} tokens does not fit;"
+            f" the KV cache holds {result.kv_tokens:,} tokens. Lower --max-model-len,"
+            " raise --gpu-memory-utilization or use more GPUs (--tp)."
+        )
+    if args.reported_kv_tokens is not None:
+        print(compare_to_reported(result, args.reported_kv_tokens).describe())
+    return 0
