@@ -232,8 +232,11 @@ def user_presets_dir() -> Path:
     return path
 
 
-def load_preset(path: str | Path) -> Preset:
-    """Read and validate one preset file; raises :class:`PresetError` naming file, line, key."""
+def load_preset(path: str | Path, *, schema: Any = None) -> Preset:
+    """Read and validate one preset file; raises :class:`PresetError` naming file, line, key.
+
+    ``schema``: an ``engine.flags.Schema`` to check flags against (default: the one
+    already loaded, else the built-in tuning schema)."""
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -245,10 +248,10 @@ def load_preset(path: str | Path) -> Preset:
         raw = path.read_bytes()
     except OSError as exc:
         raise PresetError(path, None, f"cannot read: {exc.strerror or exc}") from None
-    return loads_preset(raw, source=path)
+    return loads_preset(raw, source=path, schema=schema)
 
 
-def loads_preset(data: bytes | str, *, source: str | Path | None = None) -> Preset:
+def loads_preset(data: bytes | str, *, source: str | Path | None = None, schema: Any = None) -> Preset:
     """Parse and validate preset text (bytes must be UTF-8)."""
     if isinstance(data, bytes):
         if len(data) > MAX_PRESET_BYTES:
@@ -267,7 +270,7 @@ def loads_preset(data: bytes | str, *, source: str | Path | None = None) -> Pres
     except tomllib.TOMLDecodeError as exc:
         message, line = _toml_position(str(exc), text)
         raise PresetError(source, None, f"TOML syntax: {message}", line) from None
-    return preset_from_dict(doc, source=source, text=text)
+    return preset_from_dict(doc, source=source, text=text, schema=schema)
 
 
 def _toml_position(message: str, text: str) -> tuple[str, int | None]:
@@ -299,7 +302,9 @@ def _key_line(text: str | None, table: str, key: str) -> int | None:
     return None
 
 
-def preset_from_dict(doc: Mapping[str, Any], *, source: str | Path | None = None, text: str | None = None) -> Preset:
+def preset_from_dict(
+    doc: Mapping[str, Any], *, source: str | Path | None = None, text: str | None = None, schema: Any = None
+) -> Preset:
     """Validate a parsed TOML document and build the :class:`Preset`."""
 
     def fail(table: str, key: str | None, reason: str) -> PresetError:
@@ -362,7 +367,7 @@ def preset_from_dict(doc: Mapping[str, Any], *, source: str | Path | None = None
         tiny=tiny,
         source=Path(source) if source is not None else None,
     )
-    _validate_flags_with_schema(preset, text, fail)
+    _validate_flags_with_schema(preset, fail, schema)
     return preset
 
 
@@ -419,27 +424,30 @@ def _check_flags(value: object, table: str, fail: Any) -> dict[str, FlagValue]:
     return out
 
 
-def _validate_flags_with_schema(preset: Preset, text: str | None, fail: Any) -> None:
-    """Check flag names and values against engine.flags' schema where it is importable."""
-    try:
-        from engine import flags as flagmod
-    except ImportError:  # engine.flags not present: names and types were checked above
-        return
-    schema = flagmod.load_schema()
-    for table, values in (("flags", preset.flags), ("tiny.flags", preset.tiny.flags)):
-        for name, value in values.items():
-            if schema.get(name) is None:
-                raise fail(table, name, "not a vLLM flag known to this vLLM version")
-    for table, flags in (("flags", preset.flags), ("tiny.flags", preset.for_tiny_model().flags)):
+def _validate_flags_with_schema(preset: Preset, fail: Any, schema: Any = None) -> None:
+    """Check flag names, types and values with engine.flags.
+
+    Without ``schema`` the schema already loaded in this process (else the built-in
+    tuning schema) is used, so listing presets never starts the slow vLLM extraction;
+    pass ``engine.flags.load_schema()`` for the installed vLLM's full check.
+    """
+    from engine import flags as flagmod
+
+    tables: list[tuple[str, Mapping[str, FlagValue]]] = [("flags", preset.flags)]
+    if not preset.tiny.is_empty():
+        tables.append(("tiny.flags", preset.for_tiny_model().flags))
+    for table, values in tables:
+
+        def where(flag: str) -> str:
+            in_tiny = table == "tiny.flags" and flag in preset.tiny.flags
+            return "tiny.flags" if in_tiny else "flags"
+
         try:
-            flag_set = flagmod.FlagSet.from_dict({"model": "preset", "values": dict(flags)})
+            flag_set = flagmod.FlagSet.from_dict({"model": "preset", "values": dict(values)}, schema)
         except flagmod.FlagError as exc:
-            raise fail(table, exc.flag, exc.reason) from None
-        except (ValueError, TypeError) as exc:
-            raise fail(table, None, str(exc)) from None
-        for error in flagmod.validate(flag_set, schema):
-            if error.flag in flags or error.flag.lstrip("-") in flags:
-                raise fail(table, error.flag.lstrip("-"), error.reason)
+            raise fail(where(exc.flag), exc.flag or None, exc.reason) from None
+        for error in flagmod.validate(flag_set, schema or flag_set.schema):
+            raise fail(where(error.flag), error.flag or None, error.reason)
 
 
 # --------------------------------------------------------------------------- listing and saving
