@@ -6,9 +6,10 @@ NaN for "not available". Each server latency histogram (cumulative bucket counts
 sum) is a ring of its own, so whole-run percentiles can be taken from the first and
 last histogram of any time range.
 
-Bound: ``capacity`` rows per source, default 7200 = one hour at 2 Hz. With 8 GPUs,
-host and server at that capacity the store holds about 11 MB once full
-(tests/perf/store_memory.py measures it with tracemalloc); older rows are overwritten.
+Bound: ``capacity`` rows per source, default 7200 = one hour at 2 Hz; older rows are
+overwritten. With 8 GPUs, host, server and three 25-bucket latency histograms at that
+capacity the store holds 12.1 MB, allocated per source on its first sample (measured
+with tracemalloc in tests/test_telemetry_store.py, which asserts < 16 MB).
 All methods are thread-safe: the sampler thread writes while the UI reads.
 """
 

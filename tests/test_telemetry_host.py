@@ -1,0 +1,69 @@
+"""Host sampler on real processes (psutil)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from engine.telemetry.host import HostSampler
+
+BUSY = "import time\nend = time.time() + 30\nwhile time.time() < end: pass\n"
+
+
+def test_machine_numbers() -> None:
+    s = HostSampler().sample(t=5.0)
+    assert s.t == 5.0 and s.cpu_count == psutil.cpu_count()
+    assert 0 < s.mem_used_bytes < s.mem_total_bytes and 0.0 <= s.cpu_percent <= 100.0
+    assert s.proc_root_pid is None and s.proc_rss_bytes is None
+
+
+def test_process_tree_rss_and_cpu() -> None:
+    # a parent that spins up one busy child: the tree is parent + child
+    parent = subprocess.Popen(
+        [sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', {BUSY!r}])"]
+    )
+    try:
+        sampler = HostSampler(parent.pid)
+        deadline = time.time() + 10
+        first = sampler.sample()
+        while first.proc_count < 2 and time.time() < deadline:
+            time.sleep(0.1)
+            first = sampler.sample()
+        assert first.proc_count == 2 and first.proc_alive
+        assert sampler.tree_pids() == {parent.pid, *(c.pid for c in psutil.Process(parent.pid).children())}
+        time.sleep(1.0)
+        second = sampler.sample()
+        assert second.proc_rss_bytes is not None and second.proc_rss_bytes > 5 * 1024 * 1024
+        # the busy child burns up to a core (less on a shared box); cpu_percent needs the cached Process objects to see it
+        assert second.proc_cpu_percent is not None and second.proc_cpu_percent > 5.0
+    finally:
+        for child in psutil.Process(parent.pid).children(recursive=True):
+            child.kill()
+        parent.kill()
+        parent.wait()
+    gone = sampler.sample()
+    assert not gone.proc_alive and gone.proc_rss_bytes is None and sampler.tree_pids() == frozenset()
+
+
+def test_first_reading_of_a_new_tree_has_no_cpu_yet() -> None:
+    s = HostSampler(psutil.Process().pid).sample()
+    assert s.proc_alive and s.proc_cpu_percent is None and s.proc_rss_bytes
+
+
+def test_missing_pid_does_not_raise() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    s = HostSampler(proc.pid).sample()
+    assert not s.proc_alive and s.proc_count == 0
+
+
+@pytest.mark.parametrize("pid", [None, 1])
+def test_set_root_switches_tree(pid: int | None) -> None:
+    sampler = HostSampler(psutil.Process().pid)
+    sampler.sample()
+    sampler.set_root(pid)
+    assert sampler.root_pid == pid and sampler.tree_pids() == frozenset()
