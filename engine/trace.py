@@ -56,11 +56,18 @@ def assign_lanes(spans: Sequence[tuple[float, float]]) -> list[int]:
 
 
 def build_trace(
-    run: RunInfo,
-    requests: Sequence[Mapping[str, Any]],
+    run: RunInfo | Any,
+    requests: Sequence[Mapping[str, Any]] | None = None,
     samples: Iterable[tuple[str, float, Mapping[str, Any]]] = (),
 ) -> dict[str, Any]:
-    """The trace document: ``{"traceEvents": [...], "displayTimeUnit": "ms", ...}``."""
+    """The trace document: ``{"traceEvents": [...], "displayTimeUnit": "ms", ...}``.
+
+    ``run`` is a stored :class:`RunInfo` with its ``requests`` and ``samples`` from the
+    history, or a loadgen ``RunResult`` alone (its kept requests and windows are used).
+    """
+    if not isinstance(run, RunInfo):
+        run, requests, samples = _from_run_result(run, samples)
+    requests = list(requests or [])
     samples = list(samples)
     starts = [float(r["t_start"]) for r in requests if _num(r.get("t_start")) is not None]
     t0 = min([run.started, *starts, *(t for _, t, _ in samples)])
@@ -181,6 +188,28 @@ def build_trace(
             "t0_epoch_s": t0,
         },
     }
+
+
+def _from_run_result(
+    result: Any, samples: Iterable[tuple[str, float, Mapping[str, Any]]]
+) -> tuple[RunInfo, list[Mapping[str, Any]], list[tuple[str, float, Mapping[str, Any]]]]:
+    """A loadgen ``RunResult`` (not stored in the history) as trace inputs."""
+    from engine.history import to_jsonable
+
+    reqs = [to_jsonable(r) for r in getattr(result, "requests", ())]
+    # RequestResult.to_dict() is in ms; the trace reads the dataclass fields in seconds.
+    reqs = [
+        {"id": r.id, "t_start": r.t_start, "ttft_s": r.ttft_s, "e2el_s": r.e2el_s, "input_tokens": r.input_tokens,
+         "output_tokens": r.output_tokens, "ok": r.ok, "error": r.error, "cancelled": r.cancelled}
+        for r in getattr(result, "requests", ())
+    ] or reqs
+    windows = [("window", float(w.t), to_jsonable(w)) for w in getattr(result, "windows", ())]
+    starts = [r["t_start"] for r in reqs] + [t for _, t, _ in windows]
+    started = min(starts) if starts else 0.0
+    info = RunInfo(id=0, name="run", preset=None, started=started, ended=None, status="complete", flags={},
+                   vllm_version=None, model=None, gpus=[], workload={}, summary=dict(getattr(result, "summary", {})),
+                   baseline=False, tags=())
+    return info, reqs, [*windows, *samples]
 
 
 def write_trace(path: str | Path, trace: Mapping[str, Any]) -> Path:

@@ -121,3 +121,21 @@ def test_trace_from_history_file(tmp_path: Path) -> None:
     loaded = json.loads(path.read_text())
     check_trace_event_format(loaded)
     assert sum(1 for e in loaded["traceEvents"] if e.get("cat") == "request") == 4
+
+
+def test_trace_of_a_loadgen_run_result_alone() -> None:
+    from loadgen.records import RequestResult
+    from loadgen.run import RunResult
+
+    reqs = tuple(
+        RequestResult(id=i, t_start=T0 + i * 0.1, ttft_s=0.05, itl_s=(0.01,), e2el_s=0.2, input_tokens=10,
+                      output_tokens=5, ok=True)
+        for i in range(3)
+    )
+    result = RunResult(summary={"completed": 3}, windows=(), requests=reqs, failures_by_reason={}, failure_examples={},
+                       client_bound=False, client_lag_p99_ms=0.0, client_cpu_max=0.0, cancelled=False, workers=1)
+    doc = build_trace(result)
+    check_trace_event_format(doc)
+    parents = [e for e in doc["traceEvents"] if e.get("cat") == "request"]
+    assert [p["ts"] for p in parents] == [0, 100_000, 200_000] and parents[0]["dur"] == 200_000
+    assert len({p["tid"] for p in parents}) == 2  # 0 and 2 share a slot; 1 overlaps both
