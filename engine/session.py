@@ -1,0 +1,1343 @@
+"""The headless controller that the TUI drives.
+
+A :class:`Session` holds what one vtui window is about: the flags being edited, the
+chosen workload, the vLLM server (started here or attached), the load run in
+progress, the telemetry sampler and the runs measured so far. Every action is an
+async method; the state is published as ONE immutable :class:`SessionSnapshot`
+a few times a second. Nothing here imports Textual, so the same object can be
+driven from a script or a test.
+
+Threads: the telemetry sampler is a thread of its own (NVML and psutil block), and
+a load run gets a thread with its own event loop, so that hundreds of requests per
+second never share the UI's loop. Both only hand frozen objects over (an attribute
+assignment, atomic under the GIL); the snapshot is built on the caller's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine import paths
+
+# Sparklines show the last 120 points: one minute at the 2 Hz telemetry rate.
+SERIES_POINTS = 120
+# The log pane keeps the last 1000 lines; the full log is in the supervisor's file.
+LOG_LINES = 1000
+EXPORT_KINDS = ("docker", "serve", "results", "perfetto")
+
+
+class SessionError(Exception):
+    """An action the session refused or that failed, with a hint for the user."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+# --------------------------------------------------------------------------- snapshot
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One line of the server's output. ``n`` numbers lines from 1 for incremental display."""
+
+    n: int
+    t: float
+    text: str
+    level: str  # "error" | "warning" | "info"
+
+
+@dataclass(frozen=True)
+class ServerView:
+    """What the Server panel shows: state, phase, facts and the planner's prediction."""
+
+    state: str = "STOPPED"  # engine.supervisor.ServerState name, or "ATTACHED"
+    phase: str = ""
+    base_url: str | None = None
+    model: str | None = None  # the served model name (what requests ask for)
+    version: str | None = None
+    pid: int | None = None
+    attached: bool = False
+    started_here: bool = False
+    kv_tokens: int | None = None
+    max_concurrency: float | None = None
+    predicted_kv_tokens: int | None = None
+    predicted_concurrency: float | None = None
+    restart_downtime_s: float | None = None
+    error_line: str | None = None
+    error_hint: str | None = None
+    log_path: str | None = None
+
+
+@dataclass(frozen=True)
+class DeviceView:
+    """One row of the resource table: a GPU, or the host when no GPU is visible."""
+
+    name: str
+    mem_used_gib: float | None
+    mem_total_gib: float | None
+    vllm_mem_gib: float | None  # the vLLM process tree's share (RSS on the CPU backend)
+    util_pct: float | None  # GPU utilization, or host CPU percent
+
+
+@dataclass(frozen=True)
+class ServerMetricsView:
+    """The server's own figures from /metrics over the last window."""
+
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage_pct: float | None = None
+    preemptions_per_s: float | None = None
+    prefix_hit_pct: float | None = None
+    ttft_ms: Mapping[str, float] = field(default_factory=dict)  # "p50"/"p90"/"p99"
+    itl_ms: Mapping[str, float] = field(default_factory=dict)
+    e2el_ms: Mapping[str, float] = field(default_factory=dict)
+    error: str | None = None  # why the scrape failed, when it did
+
+
+@dataclass(frozen=True)
+class RunProgress:
+    """The load run in progress."""
+
+    label: str
+    started_t: float
+    elapsed_s: float
+    completed: int
+    planned: int | None  # planned request count, when the workload stops on a count
+    duration_s: float | None  # planned duration, when it stops on time
+    fraction: float | None  # 0..1, None when open-ended
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A run measured in this session."""
+
+    index: int  # 1-based, in the order runs were started
+    label: str
+    flags: Any  # engine.flags.FlagSet
+    started_t: float
+    status: str  # "done" | "cancelled" | "server died" | "failed"
+    summary: Mapping[str, Any]  # {"load": RunResult.summary, "telemetry": TelemetrySummary dict}
+    result: Any = None  # loadgen.RunResult, None when the run failed before measuring
+    history_id: Any = None
+    error: str | None = None
+    ended_t: float | None = None
+
+
+@dataclass(frozen=True)
+class ComparisonView:
+    """Runs side by side: one column per run, best value and baseline delta per row."""
+
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, tuple[str, ...], frozenset[int]], ...]  # label, cells, best columns
+    baseline: int | None  # column index
+    flag_rows: int = 0  # the first rows are the flags that differ between runs
+
+
+@dataclass(frozen=True)
+class SessionSnapshot:
+    """Everything the screen shows, frozen. Built a few times a second."""
+
+    t: float
+    seq: int  # grows whenever something changed; a renderer may skip equal seqs
+    model: str
+    flags: Any  # the edited engine.flags.FlagSet
+    running_flags: Any  # the FlagSet the server runs with, None when no server
+    flag_errors: Mapping[str, str]  # flag name -> reason, as typed
+    dirty: bool  # edited flags differ from the preset or run they were loaded from
+    workload_label: str
+    preset_name: str | None
+    server: ServerView
+    window: Any  # latest loadgen.StatsWindow, or None
+    devices: tuple[DeviceView, ...]
+    gpu_unavailable: str | None  # the reason, shown once
+    server_metrics: ServerMetricsView
+    series: Mapping[str, tuple[float, ...]]  # sparkline name -> last points
+    logs: tuple[LogLine, ...]
+    run: RunProgress | None
+    runs: tuple[RunRecord, ...]
+    baseline: int | None  # RunRecord.index of the baseline
+    comparison: ComparisonView | None
+    notice: str | None  # the last thing that happened worth a line (run stopped, ...)
+    busy: str | None  # the action in progress ("starting", "restarting", ...)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def classify_log_line(text: str) -> str:
+    """Level of a server log line for highlighting: vLLM prefixes ERROR/WARNING."""
+    head = text[:60]
+    if "ERROR" in head or "Traceback" in text or text.startswith(("ValueError", "RuntimeError")):
+        return "error"
+    if "WARNING" in head:
+        return "warning"
+    return "info"
+
+
+def _pcts(obj: Any) -> dict[str, float]:
+    """p50/p90/p99 of a Percentiles-like object or mapping, in ms, skipping missing ones."""
+    out: dict[str, float] = {}
+    if obj is None:
+        return out
+    for key in ("p50", "p90", "p99"):
+        value = obj.get(key) if isinstance(obj, Mapping) else getattr(obj, key, None)
+        if value is not None:
+            out[key] = float(value)
+    return out
+
+
+def _num(obj: Any, *names: str) -> float | None:
+    for name in names:
+        value = obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+        if value is not None:
+            try:
+                return float(value)
+            except (TypeError, ValueError):
+                continue
+    return None
+
+
+# --------------------------------------------------------------------------- session
+
+
+class Session:
+    """Holds flags, workload, server, load run, telemetry and runs; see module doc."""
+
+    def __init__(
+        self,
+        flags: Any,
+        *,
+        workload: Any = None,
+        arrivals: Any = None,
+        slo: Any = None,
+        workload_label: str = "",
+        preset_name: str | None = None,
+        launcher: Sequence[str] = (),
+        port: int | None = None,
+        record_history: bool = True,
+        telemetry: bool = True,
+        tiny: bool = False,
+        schema: Any = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._clock = clock
+        self._schema_obj = schema
+        self._flags = flags
+        self._loaded_flags = flags  # what "dirty" compares against
+        self._flag_text_errors: dict[str, str] = {}
+        self._flag_errors: dict[str, str] = {}
+        self._workload = workload
+        self._arrivals = arrivals
+        self._slo = slo
+        self._workload_label = workload_label
+        self._preset_name = preset_name
+        self._launcher = tuple(launcher)
+        self._port = port
+        self._record_history = record_history
+        self._telemetry_enabled = telemetry
+
+        self._seq = 0
+        self._subscribers: list[Callable[[SessionSnapshot], None]] = []
+        self._supervisor: Any = None
+        self._attached: Any = None
+        self._running_flags: Any = None
+        self._server_error: tuple[str, str] | None = None
+        self._downtime: float | None = None
+        self._busy: str | None = None
+        self._notice: str | None = None
+        self._logs: collections.deque[LogLine] = collections.deque(maxlen=LOG_LINES)
+        self._log_n = 0
+        self._log_lock = threading.Lock()
+
+        self._window: Any = None
+        self._telemetry: Any = None
+        self._tiny = tiny
+        from engine.telemetry.store import SeriesStore
+
+        self.store = SeriesStore()
+        self._sampler: Any = None
+        self._series: dict[str, collections.deque[float]] = {}
+
+        self._run_thread: threading.Thread | None = None
+        self._run_loop: asyncio.AbstractEventLoop | None = None
+        self._loadrun: Any = None
+        self._run_label = ""
+        self._run_started = 0.0
+        self._run_completed = 0
+        self._runs: list[RunRecord] = []
+        self._baseline: int | None = None
+        self._history: Any = None
+        self._server_died_during_run = False
+        self._revalidate()
+
+    # ------------------------------------------------------------------ state access
+
+    @property
+    def flags(self) -> Any:
+        """The edited FlagSet."""
+        return self._flags
+
+    @property
+    def supervisor(self) -> Any:
+        """The Supervisor of the server started here, or None."""
+        return self._supervisor
+
+    @property
+    def runs(self) -> tuple[RunRecord, ...]:
+        return tuple(self._runs)
+
+    @property
+    def server_started_here(self) -> bool:
+        """True while a server this session launched may still be running."""
+        sup = self._supervisor
+        return sup is not None and self._state_name() not in ("STOPPED", "DEAD", "FAILED")
+
+    @property
+    def run_active(self) -> bool:
+        return self._run_thread is not None and self._run_thread.is_alive()
+
+    def changed(self) -> None:
+        """Mark the state changed so the next publish sends a new snapshot."""
+        self._seq += 1
+
+    def subscribe(self, callback: Callable[[SessionSnapshot], None]) -> None:
+        """Call ``callback(snapshot)`` on every publish that has something new."""
+        self._subscribers.append(callback)
+
+    async def publish_forever(self, hz: float = 4.0) -> None:
+        """Build and hand out a snapshot ``hz`` times a second while something changes."""
+        last = -1
+        while True:
+            if self._seq != last:
+                last = self._seq
+                snap = self.snapshot()
+                for callback in list(self._subscribers):
+                    callback(snap)
+            await asyncio.sleep(1.0 / hz)
+
+    # ------------------------------------------------------------------ flags
+
+    def _schema(self) -> Any:
+        if self._schema_obj is None:
+            from engine.flags import load_schema
+
+            self._schema_obj = load_schema()
+        return self._schema_obj
+
+    _schema_obj: Any = None
+
+    def set_flag_text(self, name: str, text: str) -> str | None:
+        """Set a flag from what the user typed; returns the reason it is invalid, or None.
+
+        Text is parsed as vLLM would (engine.flags); empty text unsets the flag, so
+        vLLM's default applies. Text that does not parse keeps the last good value and
+        the reason is shown under the flag.
+        """
+        from engine.flags import FlagError
+
+        self.changed()
+        text = text.strip()
+        self._flag_text_errors.pop(name, None)
+        try:
+            self._flags = self._flags.set(name, text) if text else self._flags.unset(name)
+        except FlagError as exc:
+            self._flag_text_errors[name] = exc.reason
+        self._revalidate()
+        return self._flag_errors.get(name)
+
+    def set_flag(self, name: str, value: Any) -> str | None:
+        """Set a typed flag value; returns the reason it is invalid, or None."""
+        from engine.flags import FlagError
+
+        self.changed()
+        self._flag_text_errors.pop(name, None)
+        try:
+            self._flags = self._flags.set(name, value)
+        except FlagError as exc:
+            self._flag_text_errors[name] = exc.reason
+        self._revalidate()
+        return self._flag_errors.get(name)
+
+    def unset_flag(self, name: str) -> None:
+        self.changed()
+        self._flag_text_errors.pop(name, None)
+        self._flags = self._flags.unset(name)
+        self._revalidate()
+
+    def _revalidate(self) -> None:
+        from engine.flags import validate
+
+        errors: dict[str, str] = {}
+        for err in validate(self._flags, self._schema(), max_request_len=self._max_request_len()):
+            errors.setdefault(err.flag or "model", err.reason)
+        errors.update(self._flag_text_errors)
+        self._flag_errors = errors
+
+    def _max_request_len(self) -> int | None:
+        """Longest prompt + output the workload asks for (synthetic kinds), for validate()."""
+        wl = self._workload
+        if wl is None or wl.kind in ("sharegpt", "jsonl", "trace"):
+            return None
+        return int(wl.max_request_len())
+
+    def flag_errors(self) -> dict[str, str]:
+        return dict(self._flag_errors)
+
+    def launch_argv(self) -> list[str]:
+        """The argv after the model that a start or apply would launch with."""
+        return list(self._flags.to_argv())
+
+    def flags_diff(self) -> list[tuple[str, Any, Any]]:
+        """(flag, running value, edited value) for every flag an apply would change."""
+        if self._running_flags is None:
+            return []
+        return _diff_rows(self._running_flags, self._flags)
+
+    def revert_flags(self) -> None:
+        """Throw the edits away: back to the running server's flags or the loaded ones."""
+        self.changed()
+        self._flags = self._running_flags or self._loaded_flags
+        self._flag_text_errors.clear()
+        self._revalidate()
+
+    @property
+    def dirty(self) -> bool:
+        return bool(self._flag_text_errors) or _flags_differ(self._flags, self._loaded_flags)
+
+    # ------------------------------------------------------------------ presets
+
+    def list_presets(self) -> list[Any]:
+        from engine.presets import list_presets
+
+        return list(list_presets())
+
+    def load_preset(self, preset: Any) -> Any:
+        """Take a preset's flags (on this session's model) and its workload.
+
+        On the tiny model the preset's explicit ``[tiny]`` scaling applies; what it
+        changed is in the notice. Returns the preset as applied.
+        """
+        from engine import presets as pr
+        from loadgen import ArrivalSpec, WorkloadSpec
+
+        if isinstance(preset, (str, Path)):
+            try:
+                preset = pr.find_preset(str(preset))
+            except pr.PresetError as exc:
+                raise SessionError(str(exc), "see the Presets list") from None
+        if self._tiny:
+            preset = preset.for_tiny_model()
+        source = str(preset.source or preset.name)
+        try:
+            workload = WorkloadSpec.from_dict(dict(preset.workload), source=f"{source} [workload]")
+            arrivals = ArrivalSpec.from_dict(dict(preset.arrivals), source=f"{source} [arrivals]")
+        except ValueError as exc:
+            raise SessionError(str(exc), "fix the preset file") from None
+        self.changed()
+        flags = _flagset(self._flags.model, preset.flags)
+        self._flags = flags
+        self._loaded_flags = flags
+        self._workload = workload
+        self._arrivals = arrivals
+        self._slo = preset.slo
+        self._preset_name = preset.name
+        self._workload_label = preset.name
+        self._flag_text_errors.clear()
+        self._revalidate()
+        scaled = f" (tiny model: {'; '.join(preset.scaled)})" if preset.scaled else ""
+        self._notice = f"loaded preset {preset.name}{scaled}"
+        return preset
+
+    def save_preset(self, name: str, description: str = "") -> Path:
+        """Save the edited flags and the workload as a user preset."""
+        from engine.presets import PresetError, preset_from_flags, save_user_preset
+
+        values = {k: v for k, v in _flag_values(self._flags).items()}
+        try:
+            preset = preset_from_flags(
+                name,
+                values,
+                self._workload.to_dict() if self._workload is not None else None,
+                self._arrivals.to_dict() if self._arrivals is not None else None,
+                description=description,
+                slo=self._slo,
+            )
+            path = save_user_preset(preset, overwrite=True)
+        except PresetError as exc:
+            raise SessionError(str(exc), "use letters, digits, . _ - in the name") from None
+        self.changed()
+        self._loaded_flags = self._flags
+        self._preset_name = name
+        self._workload_label = name
+        self._notice = f"saved preset {name} to {path}"
+        return Path(path)
+
+    # ------------------------------------------------------------------ server
+
+    def _state_name(self) -> str:
+        if self._attached is not None and self._supervisor is None:
+            return "ATTACHED"
+        if self._supervisor is None:
+            return "STOPPED"
+        state = getattr(self._supervisor, "state", None)
+        return str(getattr(state, "name", state or "STOPPED"))
+
+    def _on_server_event(self, event: Any) -> None:
+        """Supervisor callback (on the loop): record log lines, notice death."""
+        if event.kind == "log" and event.line is not None:
+            self._add_log(event.line)
+        elif event.kind == "health" and event.message:
+            self._add_log(f"vtui: {event.message}", "warning")
+        elif event.kind == "state" and event.state is not None and event.state.name == "DEAD":
+            err = event.error
+            self._server_error = (
+                str(getattr(err, "vllm_line", "") or err or "the server died"),
+                str(getattr(err, "hint", "") or ""),
+            )
+            self._on_server_dead()
+        self.changed()
+
+    def _add_log(self, text: str, level: str | None = None) -> None:
+        text = text.rstrip("\n")
+        with self._log_lock:
+            self._log_n += 1
+            self._logs.append(LogLine(self._log_n, self._clock(), text, level or classify_log_line(text)))
+
+    def _on_server_dead(self) -> None:
+        if self.run_active:
+            self._server_died_during_run = True
+            self.stop_workload()
+        self._notice = "server died; what was measured is kept (press s to start it again)"
+
+    async def start_server(self, timeout: float = 600.0) -> Any:
+        """Launch vLLM with the edited flags; refuses when a flag is invalid.
+
+        On a failed start the server view carries vLLM's own line and the hint.
+        """
+        from engine.errors import StartupError
+        from engine.supervisor import Supervisor
+
+        if self._flag_errors:
+            name, reason = next(iter(self._flag_errors.items()))
+            raise SessionError(f"--{name}: {reason}", "fix the flag before starting the server")
+        if self.server_started_here:
+            raise SessionError("the server is already running", "apply flags to restart it")
+        self.changed()
+        self._server_error = None
+        self._downtime = None
+        self._attached = None
+        sup = Supervisor(
+            self._flags, port=self._port, launcher=self._launcher, log_dir=paths.logs_dir()
+        )
+        sup.subscribe(self._on_server_event)
+        self._supervisor = sup
+        self._busy = "starting"
+        try:
+            facts = await sup.start(timeout=timeout)
+        except StartupError as exc:
+            self._server_error = (
+                str(getattr(exc, "vllm_line", "") or exc),
+                str(getattr(exc, "hint", "") or ""),
+            )
+            self._notice = "server failed to start"
+            raise SessionError(self._server_error[0], self._server_error[1]) from exc
+        finally:
+            self._busy = None
+            self.changed()
+        self._running_flags = self._flags
+        self._loaded_flags = self._flags
+        self._notice = f"server ready at {sup.base_url}"
+        self._start_telemetry()
+        return facts
+
+    async def stop_server(self) -> None:
+        """Stop the run (if any) and the server this session started."""
+        if self.run_active:
+            self.stop_workload()
+        sup = self._supervisor
+        if sup is None:
+            self._attached = None
+            self._running_flags = None
+            self.changed()
+            return
+        self._busy = "stopping"
+        self.changed()
+        try:
+            await sup.stop()
+        finally:
+            self._busy = None
+            self._running_flags = None
+            self._notice = "server stopped"
+            self.changed()
+
+    async def apply_flags(self, timeout: float = 600.0) -> Any:
+        """Restart the server with the edited flags (see :meth:`flags_diff` first).
+
+        With no server running this is a start.
+        """
+        if self._flag_errors:
+            name, reason = next(iter(self._flag_errors.items()))
+            raise SessionError(f"--{name}: {reason}", "fix the flag before applying")
+        if self._supervisor is None or self._state_name() in ("STOPPED", "FAILED", "DEAD"):
+            if self._attached is not None:
+                raise SessionError(
+                    "this server was attached, not started by vtui",
+                    "stop it yourself and start one here (s), or keep it and only run load",
+                )
+            self._supervisor = None
+            return await self.start_server(timeout=timeout)
+        if self.run_active:
+            self.stop_workload()
+        from engine.errors import StartupError
+
+        self._busy = "restarting"
+        self._server_error = None
+        self.changed()
+        try:
+            result = await self._supervisor.restart(self._flags)
+        except StartupError as exc:
+            self._server_error = (
+                str(getattr(exc, "vllm_line", "") or exc),
+                str(getattr(exc, "hint", "") or ""),
+            )
+            self._running_flags = None
+            raise SessionError(self._server_error[0], self._server_error[1]) from exc
+        finally:
+            self._busy = None
+            self.changed()
+        self._downtime = float(getattr(result, "downtime_s", 0.0))
+        self._running_flags = self._flags
+        self._loaded_flags = self._flags
+        self._notice = f"restarted in {self._downtime:.1f} s"
+        self._restart_telemetry()
+        return result
+
+    async def attach(self, url: str) -> Any:
+        """Watch and load a server that is already running (not started here)."""
+        from engine.attach import attach
+
+        if self.server_started_here:
+            raise SessionError("a server started here is running", "stop it first (x)")
+        self._busy = "attaching"
+        self.changed()
+        try:
+            server = await attach(url)
+        except Exception as exc:  # noqa: BLE001 - shown to the user with the URL
+            raise SessionError(f"could not attach to {url}: {exc}", "check the URL and that /health answers") from exc
+        finally:
+            self._busy = None
+            self.changed()
+        self._supervisor = None
+        self._attached = server
+        recovered = getattr(server, "flags", None)
+        self._running_flags = recovered
+        if recovered is not None:
+            self._flags = recovered
+            self._loaded_flags = recovered
+            self._revalidate()
+        self._notice = f"attached to {url}"
+        self._start_telemetry()
+        return server
+
+    def _base_url(self) -> str | None:
+        if self._supervisor is not None:
+            return str(self._supervisor.base_url)
+        if self._attached is not None:
+            return str(getattr(self._attached, "base_url", None) or getattr(self._attached, "url", ""))
+        return None
+
+    def _served_model(self) -> str | None:
+        if self._supervisor is not None:
+            return str(self._supervisor.model)
+        if self._attached is not None:
+            return getattr(self._attached, "model", None)
+        return None
+
+    # ------------------------------------------------------------------ telemetry
+
+    def _start_telemetry(self) -> None:
+        """Start the sampler thread (GPU/host) and the /metrics scrape task."""
+        if not self._telemetry_enabled:
+            return
+        self._stop_telemetry()
+        from engine.telemetry.sampler import Sampler
+
+        self._sampler = Sampler(self._on_telemetry, root_pid=self._server_pid())
+        self._sampler.start()
+        base_url = self._base_url()
+        if base_url:
+            self._scrape_stop = asyncio.Event()
+            # Kept referenced here and cancelled in _stop_telemetry.
+            self._scrape_task = asyncio.get_running_loop().create_task(
+                self._scrape(base_url, self._scrape_stop), name="vtui-metrics-scrape"
+            )
+
+    async def _scrape(self, base_url: str, stop: asyncio.Event) -> None:
+        from engine.telemetry.metrics import MetricsScraper
+        from engine.telemetry.sampler import scrape_loop
+
+        await scrape_loop(MetricsScraper(base_url), self._on_server_sample, interval_s=1.0, stop=stop)
+
+    def _restart_telemetry(self) -> None:
+        self._start_telemetry()
+
+    def _stop_telemetry(self) -> None:
+        sampler, self._sampler = self._sampler, None
+        if sampler is not None:
+            sampler.stop()
+        task, self._scrape_task = self._scrape_task, None
+        if self._scrape_stop is not None:
+            self._scrape_stop.set()
+        if task is not None:
+            task.cancel()
+
+    _scrape_task: asyncio.Task[None] | None = None
+    _scrape_stop: asyncio.Event | None = None
+
+    def _server_pid(self) -> int | None:
+        if self._supervisor is not None:
+            return getattr(self._supervisor, "pid", None)
+        return getattr(self._attached, "pid", None)
+
+    def _on_telemetry(self, snap: Any) -> None:
+        """Sampler thread callback: keep the latest snapshot and extend the sparklines."""
+        self._telemetry = snap
+        self.store.add_snapshot(snap.gpus, snap.host, snap.gpu_unavailable)
+        devices, _ = _devices_view(snap)
+        if devices:
+            if devices[0].util_pct is not None:
+                self._push("util", devices[0].util_pct)
+            if devices[0].mem_used_gib is not None:
+                self._push("mem", devices[0].mem_used_gib)
+        self.changed()
+
+    def _on_server_sample(self, sample: Any) -> None:
+        """A /metrics scrape (on the session's loop)."""
+        self._server_sample = sample
+        self.store.add_server(sample)
+        if sample.kv_cache_usage is not None:
+            self._push("kv", sample.kv_cache_usage * 100)
+        if sample.running is not None:
+            self._push("running", sample.running)
+        self.changed()
+
+    _server_sample: Any = None
+
+    def inject_telemetry(self, snap: Any) -> None:
+        """Feed a telemetry snapshot by hand (headless tests, replay)."""
+        self._on_telemetry(snap)
+
+    def _push(self, name: str, value: float) -> None:
+        series = self._series.get(name)
+        if series is None:
+            series = self._series[name] = collections.deque(maxlen=SERIES_POINTS)
+        series.append(float(value))
+
+    # ------------------------------------------------------------------ load runs
+
+    def _on_window(self, window: Any) -> None:
+        """Load-run thread callback: keep the latest window, extend the sparklines."""
+        self._window = window
+        recorder = self._recorder
+        if recorder is not None:
+            recorder.add_window(window)
+        self._push("req_s", _num(window, "req_s") or 0.0)
+        self._push("tok_s", _num(window, "output_tok_s") or 0.0)
+        ttft = _pcts(getattr(window, "ttft", None)).get("p50")
+        if ttft is not None:
+            self._push("ttft_p50", ttft)
+        tpot = _pcts(getattr(window, "tpot", None)).get("p50")
+        if tpot is not None:
+            self._push("tpot_p50", tpot)
+        self.changed()
+
+    def inject_window(self, window: Any) -> None:
+        """Feed a stats window by hand (headless tests, replay)."""
+        self._on_window(window)
+
+    async def run_workload(self, label: str | None = None) -> RunRecord:
+        """Run the chosen workload against the server; returns the recorded run.
+
+        The load generator runs in a thread with its own event loop; this coroutine
+        only waits for it. The run is written to the history as it goes. A server
+        that dies mid-run stops the run and the measured part is kept
+        (status "server died").
+        """
+        from loadgen import LoadRun, ServerError
+
+        base_url = self._base_url()
+        if base_url is None or self._state_name() not in ("READY", "ATTACHED"):
+            raise SessionError("no server is ready", "start one (s) or attach to a URL (t)")
+        if self._workload is None or self._arrivals is None:
+            raise SessionError("no workload chosen", "load a preset first")
+        if self.run_active:
+            raise SessionError("a run is already going", "stop it first (c)")
+        model = self._served_model()
+        label = label or f"#{len(self._runs) + 1} {self._workload_label or 'run'}"
+        flags = self._running_flags or self._flags
+        tokenizer = flags.model if Path(flags.model).is_dir() else None
+        kwargs: dict[str, Any] = {"slo": self._slo, "tokenizer": tokenizer}
+        api_key = getattr(self._attached, "api_key", None)
+        if api_key:
+            kwargs["api_key"] = api_key
+        lr = LoadRun(base_url, model, self._workload, self._arrivals, **kwargs)
+        self._run_label = label
+        self._run_started = self._clock()
+        self._run_completed = 0
+        self._window = None
+        self._server_died_during_run = False
+        self._cancel_requested = False
+        for name in ("req_s", "tok_s", "ttft_p50", "tpot_p50"):
+            self._series.pop(name, None)
+        self._recorder = self._start_recording(label, flags)
+        self._notice = f"running {label}"
+        self._loadrun = lr
+        self.changed()
+
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Any] = loop.create_future()
+
+        def finish(outcome: Any, error: BaseException | None) -> None:
+            if done.done():
+                return
+            if error is not None:
+                done.set_exception(error)
+            else:
+                done.set_result(outcome)
+
+        def thread_main() -> None:
+            run_loop = asyncio.new_event_loop()
+            self._run_loop = run_loop
+            try:
+                outcome = run_loop.run_until_complete(lr.run(on_window=self._on_window, on_request=self._on_request))
+                loop.call_soon_threadsafe(finish, outcome, None)
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+                loop.call_soon_threadsafe(finish, None, exc)
+            finally:
+                self._run_loop = None
+                run_loop.close()
+
+        thread = threading.Thread(target=thread_main, name="vtui-loadrun", daemon=True)
+        self._run_thread = thread
+        thread.start()
+        error: BaseException | None = None
+        result: Any = None
+        try:
+            result = await done
+        except Exception as exc:  # noqa: BLE001 - recorded as a failed run
+            error = exc
+        finally:
+            await asyncio.to_thread(thread.join)
+            self._run_thread = None
+            self._loadrun = None
+        ended = self._clock()
+
+        recorder, self._recorder = self._recorder, None
+        if isinstance(error, ServerError) and result is None:
+            # Refused before any load was sent (unreachable, lengths too long): not a run.
+            if recorder is not None:
+                recorder.finish("failed", {"error": str(error)})
+            self._notice = f"run refused: {error}"
+            self.changed()
+            raise SessionError(str(error), getattr(error, "hint", "")) from None
+
+        status = "done"
+        if self._server_died_during_run:
+            status = "server died"
+        elif error is not None:
+            status = "failed"
+        elif getattr(result, "cancelled", False) or self._cancel_requested:
+            status = "cancelled"
+        summary: dict[str, Any] = {}
+        if result is not None:
+            summary["load"] = dict(result.summary)
+            summary["telemetry"] = self._telemetry_summary(self._run_started, ended)
+        record = RunRecord(
+            index=len(self._runs) + 1,
+            label=label,
+            flags=flags,
+            started_t=self._run_started,
+            status=status,
+            summary=summary,
+            result=result,
+            history_id=getattr(recorder, "run_id", None),
+            error=None if error is None else f"{type(error).__name__}: {error}",
+            ended_t=ended,
+        )
+        if recorder is not None:
+            hist_status = {"done": "complete", "failed": "failed"}.get(status, "cut_short")
+            recorder.finish(hist_status, summary or {"error": record.error})
+        self._runs.append(record)
+        if self._baseline is None:
+            self._baseline = record.index
+        self._notice = f"run {label}: {status}" + (f" ({record.error})" if record.error else "")
+        self.changed()
+        return record
+
+    _recorder: Any = None
+
+    def _on_request(self, result: Any) -> None:
+        """Load-run thread callback, once per finished request: count and record it."""
+        self._run_completed += 1
+        recorder = self._recorder
+        if recorder is not None:
+            recorder.add_request(result)
+
+    def _telemetry_summary(self, t0: float, t1: float) -> dict[str, Any]:
+        from engine.telemetry.summary import summarize
+
+        try:
+            return dict(summarize(self.store, t0, t1).to_dict())
+        except Exception:  # noqa: BLE001 - a run without telemetry still has its load figures
+            return {}
+
+    def _start_recording(self, label: str, flags: Any) -> Any:
+        history = self._get_history()
+        if history is None:
+            return None
+        try:
+            return history.start_run(
+                label,
+                preset=self._preset_name,
+                flags=_flag_values(flags),
+                model=str(flags.model),
+                vllm_version=self._version(),
+                workload={
+                    "workload": self._workload.to_dict(),
+                    "arrivals": self._arrivals.to_dict(),
+                },
+                started=self._run_started,
+            )
+        except Exception as exc:  # noqa: BLE001 - history trouble never stops a run
+            self._notice = f"history not written: {exc}"
+            return None
+
+    _cancel_requested = False
+
+    def stop_workload(self) -> None:
+        """Cancel the run in progress; what was measured so far is kept."""
+        lr, run_loop = self._loadrun, self._run_loop
+        if lr is None or run_loop is None:
+            return
+        self._cancel_requested = True
+        try:
+            run_loop.call_soon_threadsafe(lr.cancel)
+        except RuntimeError:
+            pass  # the run's loop has just closed: the run ended anyway
+        self._notice = "stopping the run"
+        self.changed()
+
+    def set_baseline(self, index: int | None = None) -> None:
+        """Mark a run (default: the last one) as the baseline of the comparison."""
+        if not self._runs:
+            raise SessionError("no run yet", "run a workload first (r)")
+        index = index if index is not None else self._runs[-1].index
+        self._baseline = index
+        record = self._runs[index - 1]
+        history = self._get_history()
+        if history is not None and record.history_id is not None:
+            for name in ("set_baseline", "tag_baseline"):
+                fn = getattr(history, name, None)
+                if fn is not None:
+                    try:
+                        fn(record.history_id)
+                    except Exception:  # noqa: BLE001 - the marker in this session still holds
+                        pass
+                    break
+        self._notice = f"baseline: {record.label}"
+        self.changed()
+
+    async def sweep(self, presets: Sequence[Any]) -> list[RunRecord]:
+        """Run several presets in a row, restarting only when the flags differ."""
+        records = []
+        for preset in presets:
+            self.load_preset(preset)
+            if self._running_flags is None or _flags_differ(self._flags, self._running_flags):
+                await self.apply_flags()
+            records.append(await self.run_workload())
+        return records
+
+    # ------------------------------------------------------------------ history
+
+    def _get_history(self) -> Any:
+        if not self._record_history:
+            return None
+        if self._history is None:
+            try:
+                from engine.history import History
+
+                self._history = History()
+            except Exception:  # noqa: BLE001 - history is optional for the live view
+                self._record_history = False
+                return None
+        return self._history
+
+    # ------------------------------------------------------------------ export
+
+    def export(self, kind: str, run_index: int | None = None) -> str:
+        """Text for an export: "docker", "serve", "results" (JSON) or "perfetto" (JSON)."""
+        if kind not in EXPORT_KINDS:
+            raise SessionError(f"unknown export {kind!r}", f"one of {', '.join(EXPORT_KINDS)}")
+        if kind == "docker":
+            return str(self._flags.to_docker_line())
+        if kind == "serve":
+            return str(self._flags.to_serve_line())
+        if not self._runs:
+            raise SessionError("no run to export", "run a workload first (r)")
+        record = self._runs[(run_index or len(self._runs)) - 1]
+        if kind == "results":
+            out: dict[str, Any] = dict(record.result.to_json()) if record.result is not None else {}
+            out["telemetry"] = record.summary.get("telemetry", {})
+            out["label"] = record.label
+            out["status"] = record.status
+            out["flags"] = _flag_values(record.flags)
+            out["model"] = str(record.flags.model)
+            return json.dumps(out, indent=2, default=str)
+        from engine import trace
+
+        make = getattr(trace, "build_trace", None) or getattr(trace, "to_perfetto", None)
+        if make is None:
+            raise SessionError("the Perfetto export is not available", "update vtui")
+        data = make(record.result)
+        return data if isinstance(data, str) else json.dumps(data)
+
+    def save_export(self, kind: str, path: Path | None = None) -> Path:
+        """Write an export to ``path`` (default: the data folder) and return the path."""
+        text = self.export(kind)
+        if path is None:
+            suffix = {"docker": "sh", "serve": "sh", "results": "json", "perfetto": "trace.json"}[kind]
+            stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self._clock()))
+            path = paths.data_dir() / "exports" / f"{kind}-{stamp}.{suffix}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + ("\n" if not text.endswith("\n") else ""))
+        self._notice = f"saved {kind} to {path}"
+        self.changed()
+        return path
+
+    # ------------------------------------------------------------------ shutdown
+
+    async def close(self, *, stop_server: bool = True) -> None:
+        """Stop the run, the sampler and (unless told to leave it) the server started here."""
+        if self.run_active:
+            self.stop_workload()
+            thread = self._run_thread
+            if thread is not None:
+                await asyncio.to_thread(thread.join, 30)
+        self._stop_telemetry()
+        if stop_server and self._supervisor is not None:
+            await self._supervisor.stop()
+        history = self._history
+        if history is not None and hasattr(history, "close"):
+            history.close()
+
+    # ------------------------------------------------------------------ snapshot
+
+    def _version(self) -> str | None:
+        if self._attached is not None and self._supervisor is None:
+            return getattr(self._attached, "version", None)
+        facts = getattr(self._supervisor, "facts", None)
+        return getattr(facts, "vllm_version", None) or getattr(facts, "version", None)
+
+    def _server_view(self) -> ServerView:
+        sup = self._supervisor
+        facts = getattr(sup, "facts", None) if sup is not None else getattr(self._attached, "facts", None)
+        kv_tokens = _num(facts, "kv_cache_tokens", "kv_tokens") if facts is not None else None
+        max_conc = _num(facts, "max_concurrency") if facts is not None else None
+        if self._attached is not None and sup is None:
+            kv_tokens = kv_tokens or _num(self._attached, "kv_cache_tokens", "kv_tokens")
+            max_conc = max_conc or _num(self._attached, "max_concurrency")
+        pred_tokens, pred_conc = self._prediction()
+        error_line, error_hint = self._server_error or (None, None)
+        if error_line is None and sup is not None and self._state_name() in ("FAILED", "DEAD"):
+            err = getattr(sup, "error", None)
+            if err is not None:
+                error_line = str(getattr(err, "vllm_line", "") or err)
+                error_hint = str(getattr(err, "hint", "") or "")
+        phase = sup.phase.label if sup is not None and sup.phase is not None else ""
+        return ServerView(
+            state=self._state_name(),
+            phase=phase,
+            base_url=self._base_url(),
+            model=self._served_model(),
+            version=self._version(),
+            pid=getattr(sup, "pid", None) if sup is not None else getattr(self._attached, "pid", None),
+            attached=self._attached is not None and sup is None,
+            started_here=sup is not None,
+            kv_tokens=int(kv_tokens) if kv_tokens is not None else None,
+            max_concurrency=max_conc,
+            predicted_kv_tokens=pred_tokens,
+            predicted_concurrency=pred_conc,
+            restart_downtime_s=self._downtime,
+            error_line=error_line,
+            error_hint=error_hint,
+            log_path=str(getattr(sup, "log_path", "") or "") or None,
+        )
+
+    def _prediction(self) -> tuple[int | None, float | None]:
+        """The planner's KV tokens and max concurrency for the running (else edited) flags,
+        on the memory the sampler saw (first GPU, or the host's RAM on the CPU backend)."""
+        flags = self._running_flags or self._flags
+        devices, _ = _devices_view(self._telemetry)
+        memory = devices[0].mem_total_gib if devices else None
+        key = (id(flags), memory)
+        cached = self._prediction_cache
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        out: tuple[int | None, float | None] = (None, None)
+        if memory is not None:
+            try:
+                from engine.planner import load_model_config, plan
+
+                p = plan(
+                    load_model_config(flags.model),
+                    gpu_memory=int(memory * 2**30),
+                    gpu_memory_utilization=float(flags.get("gpu-memory-utilization") or 0.92),
+                    max_model_len=flags.get("max-model-len"),
+                    tensor_parallel_size=int(flags.get("tensor-parallel-size") or 1),
+                    kv_cache_dtype=str(flags.get("kv-cache-dtype") or "auto"),
+                    dtype=str(flags.get("dtype") or "auto"),
+                    quantization=flags.get("quantization"),
+                    block_size=int(flags.get("block-size") or 16),
+                    max_num_batched_tokens=flags.get("max-num-batched-tokens"),
+                    max_num_seqs=flags.get("max-num-seqs"),
+                )
+                out = (p.kv_tokens, p.max_concurrency)
+            except Exception:  # noqa: BLE001 - no prediction shows as "-", never an error
+                out = (None, None)
+        self._prediction_cache = (key, out)
+        return out
+
+    _prediction_cache: tuple[Any, tuple[int | None, float | None]] | None = None
+
+    def _progress(self) -> RunProgress | None:
+        if not self.run_active:
+            return None
+        now = self._clock()
+        elapsed = now - self._run_started
+        wl = self._workload
+        planned = _num(wl, "num_requests", "count", "requests") if wl is not None else None
+        duration = _num(wl, "duration_s", "duration") if wl is not None else None
+        if duration is None and self._arrivals is not None:
+            duration = _num(self._arrivals, "duration_s", "duration")
+        if planned is None and self._arrivals is not None:
+            planned = _num(self._arrivals, "num_requests", "count", "requests")
+        fraction = None
+        if planned:
+            fraction = min(1.0, self._run_completed / planned)
+        elif duration:
+            fraction = min(1.0, elapsed / duration)
+        return RunProgress(
+            label=self._run_label,
+            started_t=self._run_started,
+            elapsed_s=elapsed,
+            completed=self._run_completed,
+            planned=int(planned) if planned else None,
+            duration_s=duration,
+            fraction=fraction,
+        )
+
+    def comparison(self) -> ComparisonView | None:
+        """The runs of this session side by side (engine.compare when it can)."""
+        key = (len(self._runs), self._baseline)
+        if self._comparison_cache is not None and self._comparison_cache[0] == key:
+            return self._comparison_cache[1]
+        records = [r for r in self._runs if r.summary]
+        view = compare_view(records, self._baseline) if records else None
+        self._comparison_cache = (key, view)
+        return view
+
+    _comparison_cache: tuple[tuple[int, int | None], ComparisonView | None] | None = None
+
+    def snapshot(self) -> SessionSnapshot:
+        """The current state, frozen."""
+        with self._log_lock:
+            logs = tuple(self._logs)
+        devices, unavailable = _devices_view(self._telemetry)
+        return SessionSnapshot(
+            t=self._clock(),
+            seq=self._seq,
+            model=str(self._flags.model),
+            flags=self._flags,
+            running_flags=self._running_flags,
+            flag_errors=dict(self._flag_errors),
+            dirty=self.dirty,
+            workload_label=self._workload_label,
+            preset_name=self._preset_name,
+            server=self._server_view(),
+            window=self._window,
+            devices=devices,
+            gpu_unavailable=unavailable,
+            server_metrics=_server_metrics_view(self._server_sample),
+            series={k: tuple(v) for k, v in self._series.items()},
+            logs=logs,
+            run=self._progress(),
+            runs=tuple(self._runs),
+            baseline=self._baseline,
+            comparison=self.comparison(),
+            notice=self._notice,
+            busy=self._busy,
+        )
+
+
+# --------------------------------------------------------------------------- adapters
+# These translate the other core modules' objects into the snapshot's views. They
+# read attributes by name so a missing figure shows as "-" instead of crashing.
+
+
+def _flags_differ(a: Any, b: Any) -> bool:
+    if a is b:
+        return False
+    if a is None or b is None:
+        return True
+    return bool(a.to_argv() != b.to_argv() or a.model != b.model)
+
+
+def _diff_rows(old: Any, new: Any) -> list[tuple[str, Any, Any]]:
+    """Rows of FlagSet.diff normalised to (name, old, new)."""
+    diff = old.diff(new)
+    rows: list[tuple[str, Any, Any]] = []
+    if isinstance(diff, Mapping):
+        for name, pair in diff.items():
+            a, b = pair if isinstance(pair, tuple) else (None, pair)
+            rows.append((str(name), a, b))
+        return rows
+    for item in diff:
+        if isinstance(item, tuple) and len(item) == 3:
+            rows.append((str(item[0]), item[1], item[2]))
+        else:
+            rows.append(
+                (
+                    str(getattr(item, "name", getattr(item, "flag", item))),
+                    getattr(item, "old", getattr(item, "before", None)),
+                    getattr(item, "new", getattr(item, "after", None)),
+                )
+            )
+    return rows
+
+
+def _flagset(model: str, values: Mapping[str, Any]) -> Any:
+    from engine.flags import FlagSet
+
+    return FlagSet(model=model, values=dict(values))
+
+
+def _flag_values(flags: Any) -> dict[str, Any]:
+    return dict(getattr(flags, "values", {}) or {})
+
+
+def _gib(value: float | None) -> float | None:
+    return None if value is None else float(value) / 2**30
+
+
+def _devices_view(snap: Any) -> tuple[tuple[DeviceView, ...], str | None]:
+    """GPU rows from a TelemetrySnapshot, or the host row when NVML gave none."""
+    if snap is None:
+        return (), None
+    unavailable = snap.gpu_unavailable.reason if snap.gpu_unavailable is not None else None
+    rows: list[DeviceView] = []
+    for g in snap.gpus:
+        name = f"GPU{g.index}" + ("" if g.available else f" ({g.reason or 'lost'})")
+        rows.append(
+            DeviceView(
+                name=name,
+                mem_used_gib=_gib(g.mem_used_bytes),
+                mem_total_gib=_gib(g.mem_total_bytes),
+                vllm_mem_gib=_gib(g.server_mem_bytes),
+                util_pct=g.util_gpu_pct,
+            )
+        )
+    host = snap.host
+    if not rows and host is not None:
+        rows.append(
+            DeviceView(
+                name="host",
+                mem_used_gib=_gib(host.mem_used_bytes),
+                mem_total_gib=_gib(host.mem_total_bytes),
+                vllm_mem_gib=_gib(host.proc_rss_bytes),
+                util_pct=host.cpu_percent,
+            )
+        )
+    return tuple(rows), unavailable
+
+
+def _ms(q: Any) -> dict[str, float]:
+    """Server Quantiles (seconds) to {"p50": ms, ...}."""
+    if q is None:
+        return {}
+    return {k: v * 1000.0 for k in ("p50", "p90", "p99") if (v := getattr(q, k, None)) is not None}
+
+
+def _server_metrics_view(s: Any) -> ServerMetricsView:
+    """The Live panel's server figures from the latest ServerSample."""
+    if s is None:
+        return ServerMetricsView()
+    if s.stale:
+        return ServerMetricsView(error=s.reason or "no answer")
+    return ServerMetricsView(
+        running=s.running,
+        waiting=s.waiting,
+        kv_usage_pct=None if s.kv_cache_usage is None else s.kv_cache_usage * 100,
+        preemptions_per_s=s.preemptions_per_s,
+        prefix_hit_pct=None if s.prefix_hit_rate is None else s.prefix_hit_rate * 100,
+        ttft_ms=_ms(s.ttft),
+        itl_ms=_ms(s.itl),
+        e2el_ms=_ms(s.e2e),
+    )
+
+
+def run_info(record: RunRecord, *, baseline: bool = False, vllm_version: str | None = None) -> Any:
+    """A session run as engine.history's RunInfo, so engine.compare can lay it out."""
+    from engine.history import RunInfo
+
+    return RunInfo(
+        id=record.history_id if record.history_id is not None else record.index,
+        name=record.label,
+        preset=None,
+        started=record.started_t,
+        ended=record.ended_t,
+        status=record.status,
+        flags=_flag_values(record.flags),
+        vllm_version=vllm_version,
+        model=str(record.flags.model) if record.flags is not None else None,
+        gpus=(),
+        workload={},
+        summary=record.summary,
+        baseline=baseline,
+        tags=(),
+    )
+
+
+def compare_view(records: Sequence[RunRecord], baseline: int | None) -> ComparisonView:
+    """engine.compare's table of ``records``, formatted for display (strings only)."""
+    from engine.compare import compare, fmt_delta, fmt_number
+
+    base_col = next((i for i, r in enumerate(records) if r.index == baseline), 0)
+    infos = [run_info(r, baseline=i == base_col) for i, r in enumerate(records)]
+    cmp = compare(infos, base_col)
+    rows: list[tuple[str, tuple[str, ...], frozenset[int]]] = []
+    flag_rows = 0
+    for row in cmp.rows:
+        if row.kind == "flag":
+            rows.append((row.label, tuple(str(v) for v in row.values), frozenset()))
+            flag_rows += 1
+            continue
+        arrow = {"lower": " ↓", "higher": " ↑"}.get(row.better or "", "")
+        unit = f" {row.unit}" if row.unit and row.unit not in row.label else ""
+        cells = []
+        for v, d in zip(row.values, row.deltas, strict=True):
+            delta = fmt_delta(d)
+            cells.append(fmt_number(v) + (f" ({delta})" if delta else ""))
+        rows.append((f"{row.label}{unit}{arrow}", tuple(cells), row.best))
+    return ComparisonView(
+        columns=tuple(r.label for r in records), rows=tuple(rows), baseline=base_col, flag_rows=flag_rows
+    )

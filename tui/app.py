@@ -1,0 +1,436 @@
+"""The vtui application: one thin screen over an ``engine.session.Session``.
+
+Every action calls the session in a worker (the screen never waits on HTTP or on the
+server's pipes); the session publishes a frozen snapshot a few times a second and
+the screen renders it in one ``batch_update``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable
+from typing import Any
+
+from textual import on, work
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.reactive import reactive
+from textual.screen import Screen
+from textual.widgets import Footer, TabbedContent, TabPane
+
+from engine.session import Session, SessionError, SessionSnapshot
+from tui.messages import SessionUpdated
+from tui.widgets.flags import FlagEditor
+from tui.widgets.live import LivePanel
+from tui.widgets.modals import ConfirmScreen, DiffScreen, ExportScreen, PromptScreen, QuitScreen
+from tui.widgets.presets import PresetList
+from tui.widgets.runs import RunsPanel
+from tui.widgets.server import ServerPanel
+from tui.widgets.status import StatusBar
+
+# At this width and above the flags sit beside the live view; below, every panel is a tab.
+WIDE_COLUMNS = 110
+
+PANELS = (FlagEditor, PresetList, LivePanel, ServerPanel, RunsPanel)
+
+
+class MainScreen(Screen[None]):
+    """Status line, the panels (side by side when wide, tabs when narrow), footer."""
+
+    wide: reactive[bool] = reactive(True, recompose=True)
+    """Whether the terminal is wide enough for the two-column layout."""
+
+    def __init__(self, schema: Any, presets: list[Any], *, cursor_blink: bool = True) -> None:
+        super().__init__()
+        self.schema = schema
+        self.presets = presets
+        self.cursor_blink = cursor_blink
+
+    def compose(self) -> ComposeResult:
+        yield StatusBar(id="status")
+        flags = FlagEditor(self.schema, cursor_blink=self.cursor_blink, id="flags")
+        presets = PresetList(self.presets, id="presets")
+        if self.wide:
+            with Horizontal(id="columns"):
+                with TabbedContent(id="left", initial="tab-flags"):
+                    with TabPane("Flags", id="tab-flags"):
+                        yield flags
+                    with TabPane("Presets", id="tab-presets"):
+                        yield presets
+                with TabbedContent(id="main", initial="tab-live"):
+                    with TabPane("Live", id="tab-live"):
+                        yield LivePanel(id="live")
+                    with TabPane("Server", id="tab-server"):
+                        yield ServerPanel(id="server")
+                    with TabPane("Runs", id="tab-runs"):
+                        yield RunsPanel(id="runs")
+        else:
+            with TabbedContent(id="main", initial="tab-live"):
+                with TabPane("Live", id="tab-live"):
+                    yield LivePanel(id="live")
+                with TabPane("Flags", id="tab-flags"):
+                    yield flags
+                with TabPane("Presets", id="tab-presets"):
+                    yield presets
+                with TabPane("Server", id="tab-server"):
+                    yield ServerPanel(id="server")
+                with TabPane("Runs", id="tab-runs"):
+                    yield RunsPanel(id="runs")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.wide = self.size.width >= WIDE_COLUMNS
+        self.call_after_refresh(self.app.rerender)  # type: ignore[attr-defined]
+
+    def on_resize(self) -> None:
+        wide = self.size.width >= WIDE_COLUMNS
+        if wide != self.wide:
+            self.wide = wide
+            self.call_after_refresh(self.app.rerender)  # type: ignore[attr-defined]
+
+    def show_tab(self, tab: str) -> None:
+        """Bring a panel to front, whichever layout is showing."""
+        for tc in self.query(TabbedContent):
+            if tc.query(f"#{tab}"):
+                tc.active = tab
+
+    def render_snapshot(self, snap: SessionSnapshot) -> None:
+        """One batched update of every panel."""
+        with self.app.batch_update():
+            for widget in self.query("StatusBar, FlagEditor, LivePanel, ServerPanel, RunsPanel"):
+                widget.snapshot = snap  # type: ignore[attr-defined]
+
+
+class VtuiApp(App[int]):
+    """Tune a vLLM server live."""
+
+    CSS_PATH = "vtui.tcss"
+    TITLE = "vtui"
+
+    BINDINGS = [
+        Binding("s", "start_server", "Start"),
+        Binding("x", "stop_server", "Stop srv"),
+        Binding("a", "apply", "Apply"),
+        Binding("r", "run", "Run"),
+        Binding("c", "stop_run", "Cancel run"),
+        Binding("e", "export", "Export"),
+        Binding("q", "quit", "Quit"),
+        Binding("p", "save_preset", "Save preset", show=False),
+        Binding("b", "baseline", "Baseline", show=False),
+        Binding("w", "sweep", "Sweep", show=False),
+        Binding("t", "attach", "Attach URL", show=False),
+        Binding("l", "show('tab-server')", "Log", show=False),
+        Binding("escape", "blur", "Leave field", show=False),
+        Binding("f1", "show('tab-live')", "Live", show=False),
+        Binding("f2", "show('tab-flags')", "Flags", show=False),
+        Binding("f3", "show('tab-presets')", "Presets", show=False),
+        Binding("f4", "show('tab-server')", "Server", show=False),
+        Binding("f5", "show('tab-runs')", "Runs", show=False),
+    ]
+
+    def __init__(
+        self,
+        session: Session,
+        *,
+        schema: Any = None,
+        presets: list[Any] | None = None,
+        publish: bool = True,
+        cursor_blink: bool = True,
+    ) -> None:
+        super().__init__()
+        self.session = session
+        self.schema = schema if schema is not None else session._schema()
+        self.presets = presets if presets is not None else _safe_presets(session)
+        self.publish = publish
+        self.cursor_blink = cursor_blink
+        self.last_snapshot: SessionSnapshot | None = None
+        self.exit_code = 0
+
+    # ------------------------------------------------------------------ wiring
+
+    def on_mount(self) -> None:
+        self.push_screen(MainScreen(self.schema, self.presets, cursor_blink=self.cursor_blink))
+        if self.publish:
+            self.session.subscribe(self._publish)
+            self.run_worker(self.session.publish_forever(4.0), group="publish", exit_on_error=False)
+
+    def _publish(self, snap: SessionSnapshot) -> None:
+        # Called on this loop by the session's publisher; a message keeps the order.
+        self.post_message(SessionUpdated(snap))
+
+    def on_session_updated(self, message: SessionUpdated) -> None:
+        self.show_snapshot(message.snapshot)
+
+    def show_snapshot(self, snap: SessionSnapshot) -> None:
+        """Render a snapshot now (tests inject fixed ones through this)."""
+        self.last_snapshot = snap
+        if isinstance(self.screen, MainScreen):
+            self.screen.render_snapshot(snap)
+        else:
+            main = self._main_screen()
+            if main is not None:
+                main.render_snapshot(snap)
+
+    def rerender(self) -> None:
+        """Render the last snapshot again (after the layout was rebuilt)."""
+        snap = self.last_snapshot or (self.session.snapshot() if self.publish else None)
+        if snap is not None:
+            self.show_snapshot(snap)
+
+    def refresh_now(self) -> None:
+        """After an action, show its effect at once instead of on the next tick."""
+        if self.publish:
+            self.show_snapshot(self.session.snapshot())
+
+    def _main_screen(self) -> MainScreen | None:
+        for screen in self.screen_stack:
+            if isinstance(screen, MainScreen):
+                return screen
+        return None
+
+    def _error(self, exc: BaseException) -> None:
+        hint = getattr(exc, "hint", "")
+        self.notify(f"{exc}" + (f"\nhint: {hint}" if hint else ""), severity="error", timeout=8)
+        self.refresh_now()
+
+    # ------------------------------------------------------------------ widget messages
+
+    @on(FlagEditor.FlagEdited)
+    def _flag_edited(self, event: FlagEditor.FlagEdited) -> None:
+        self.session.set_flag_text(event.name, event.text)
+        self.refresh_now()
+
+    @on(PresetList.PresetChosen)
+    def _preset_chosen(self, event: PresetList.PresetChosen) -> None:
+        if self.session.dirty:
+            self.push_screen(
+                ConfirmScreen(f"Load preset {event.name}? Your flag edits will be discarded.", yes="Load"),
+                lambda ok: self._load_preset(event.name) if ok else None,
+            )
+        else:
+            self._load_preset(event.name)
+
+    def _load_preset(self, name: str) -> None:
+        try:
+            self.session.load_preset(name)
+        except SessionError as exc:
+            self._error(exc)
+            return
+        self.refresh_now()
+        self.notify(f"loaded preset {name}: a applies its flags, r runs its workload")
+
+    # ------------------------------------------------------------------ actions
+
+    def action_blur(self) -> None:
+        self.screen.set_focus(None)
+
+    def action_show(self, tab: str) -> None:
+        main = self._main_screen()
+        if main is not None:
+            main.show_tab(tab)
+
+    def action_start_server(self) -> None:
+        errors = self.session.flag_errors()
+        if errors:
+            name, reason = next(iter(errors.items()))
+            self.notify(f"not starting: --{name}: {reason}", severity="error", timeout=8)
+            self.action_show("tab-flags")
+            return
+        self._start_server()
+
+    @work(exclusive=True, group="server", exit_on_error=False)
+    async def _start_server(self) -> None:
+        self.action_show("tab-server")
+        try:
+            await self.session.start_server()
+        except SessionError as exc:
+            self._error(exc)
+            return
+        self.notify("server ready: r runs the workload")
+
+    def action_stop_server(self) -> None:
+        self._stop_server()
+
+    @work(exclusive=True, group="server", exit_on_error=False)
+    async def _stop_server(self) -> None:
+        await self.session.stop_server()
+
+    def action_apply(self) -> None:
+        errors = self.session.flag_errors()
+        if errors:
+            name, reason = next(iter(errors.items()))
+            self.notify(f"not applying: --{name}: {reason}", severity="error", timeout=8)
+            return
+        snap = self.session.snapshot()
+        if snap.running_flags is None:
+            self.action_start_server()
+            return
+        self.push_screen(
+            DiffScreen(self.session.flags_diff(), self.session.launch_argv()),
+            lambda ok: self._apply() if ok else None,
+        )
+
+    @work(exclusive=True, group="server", exit_on_error=False)
+    async def _apply(self) -> None:
+        self.action_show("tab-server")
+        try:
+            await self.session.apply_flags()
+        except SessionError as exc:
+            self._error(exc)
+            return
+        self.notify("restarted with the new flags")
+
+    def action_run(self) -> None:
+        self._run()
+
+    @work(exclusive=True, group="run", exit_on_error=False)
+    async def _run(self) -> None:
+        self.action_show("tab-live")
+        try:
+            record = await self.session.run_workload()
+        except SessionError as exc:
+            self._error(exc)
+            return
+        self.notify(f"run {record.label}: {record.status}", severity="warning" if record.status != "done" else "information")
+
+    def action_stop_run(self) -> None:
+        self.session.stop_workload()
+        self.refresh_now()
+
+    def action_baseline(self) -> None:
+        try:
+            self.session.set_baseline()
+        except SessionError as exc:
+            self._error(exc)
+        self.refresh_now()
+
+    def action_save_preset(self) -> None:
+        def save(name: str | None) -> None:
+            if not name:
+                return
+            try:
+                path = self.session.save_preset(name)
+            except SessionError as exc:
+                self._error(exc)
+                return
+            self.notify(f"saved {path}")
+            main = self._main_screen()
+            if main is not None:
+                main.query_one(PresetList).set_presets(_safe_presets(self.session))
+
+        self.push_screen(PromptScreen("Save flags and workload as preset", placeholder="name"), save)
+
+    def action_attach(self) -> None:
+        def attach(url: str | None) -> None:
+            if url:
+                self._attach(url)
+
+        self.push_screen(PromptScreen("Attach to a running vLLM server", placeholder="http://127.0.0.1:8000"), attach)
+
+    @work(exclusive=True, group="server", exit_on_error=False)
+    async def _attach(self, url: str) -> None:
+        try:
+            await self.session.attach(url)
+        except SessionError as exc:
+            self._error(exc)
+
+    def action_sweep(self) -> None:
+        names = " ".join(p.name for p in self.presets[:2])
+
+        def sweep(text: str | None) -> None:
+            if text:
+                self._sweep(text.replace(",", " ").split())
+
+        self.push_screen(PromptScreen("Presets to run in a row (space separated)", value=names), sweep)
+
+    @work(exclusive=True, group="run", exit_on_error=False)
+    async def _sweep(self, names: list[str]) -> None:
+        try:
+            await self.session.sweep(names)
+        except SessionError as exc:
+            self._error(exc)
+            return
+        self.action_show("tab-runs")
+
+    def action_export(self) -> None:
+        self.push_screen(ExportScreen(self.session.export, lambda kind: str(self.session.save_export(kind))))
+
+    async def action_quit(self) -> None:
+        snap = self.session.snapshot()
+        if self.session.server_started_here:
+            self.push_screen(QuitScreen(snap.server.base_url, snap.server.pid), self._quit_chosen)
+            return
+        await self._close_and_exit(stop_server=True)
+
+    def _quit_chosen(self, choice: str | None) -> None:
+        if choice is None:
+            return
+        self._quit_worker(choice == "stop")
+
+    @work(exclusive=True, group="quit", exit_on_error=False)
+    async def _quit_worker(self, stop_server: bool) -> None:
+        await self._close_and_exit(stop_server=stop_server)
+
+    async def _close_and_exit(self, *, stop_server: bool) -> None:
+        if stop_server:
+            self.notify("stopping the server…")
+        elif self.session.supervisor is not None:
+            # The user chose to leave it: tell the supervisor not to kill it at exit.
+            self.session.supervisor.leave_running = True
+        await self.session.close(stop_server=stop_server)
+        self.exit(self.exit_code)
+
+    # ------------------------------------------------------------------ command palette
+
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        for binding in self.BINDINGS:
+            assert isinstance(binding, Binding)
+            if binding.action in ("blur",):
+                continue
+            yield SystemCommand(
+                binding.description,
+                f"key {binding.key}",
+                lambda action=binding.action: self.run_action(action),  # type: ignore[misc]
+            )
+
+
+def _safe_presets(session: Session) -> list[Any]:
+    try:
+        return session.list_presets()
+    except Exception:  # noqa: BLE001 - a broken preset folder must not stop the app
+        return []
+
+
+def build_session(args: argparse.Namespace | None = None) -> Session:
+    """The session ``vtui`` opens with: the tiny model and the online-chat preset on a
+    CPU box, or what the arguments say."""
+    from engine.flags import FlagSet
+    from engine.telemetry.nvml import NvmlReader
+
+    model = getattr(args, "model", None)
+    tiny = model is None
+    if model is None:
+        from engine.tinymodel import ensure_tiny_model
+
+        model = str(ensure_tiny_model())
+    no_gpu = NvmlReader().status() is not None
+    session = Session(FlagSet(model=str(model)), tiny=tiny and no_gpu)
+    preset = getattr(args, "preset", None) or "online-chat"
+    try:
+        session.load_preset(preset)
+    except SessionError:
+        pass
+    return session
+
+
+def run_app(args: argparse.Namespace) -> int:
+    """``vtui`` with no subcommand: open the TUI. Returns the exit code."""
+    session = build_session(args)
+    url = getattr(args, "url", None)
+    app = VtuiApp(session)
+    if url:
+        app.call_later(app._attach, url)
+    result = app.run()
+    return int(result or 0)

@@ -1,0 +1,1 @@
+"""The panels of the vtui screen. Each renders a SessionSnapshot and sends past-tense messages."""

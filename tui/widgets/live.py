@@ -1,0 +1,159 @@
+"""The live view: resources (GPU or host), server queue and KV cache, latency from the
+client beside the server's own, throughput, progress and SLO, sparklines over time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.reactive import reactive
+from textual.widgets import Label, ProgressBar, Sparkline, Static
+
+from engine.session import SessionSnapshot
+
+# (series name in the snapshot, label)
+SPARKS = (
+    ("req_s", "req/s"),
+    ("ttft_p50", "TTFT p50"),
+    ("kv", "KV %"),
+    ("util", "util %"),
+)
+
+
+def _f(value: float | None, fmt: str = "{:.1f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _p(pcts: Any, key: str) -> float | None:
+    if pcts is None:
+        return None
+    if isinstance(pcts, dict):
+        return pcts.get(key)
+    value = getattr(pcts, key, None)
+    if value is None or getattr(pcts, "count", 1) == 0:
+        return None
+    return float(value)
+
+
+class LivePanel(VerticalScroll):
+    """Everything measured right now, redrawn from each snapshot."""
+
+    BORDER_TITLE = "Live"
+
+    snapshot: reactive[SessionSnapshot | None] = reactive(None, always_update=True)
+    """The latest session snapshot."""
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="live-resources")
+        yield Static("", id="live-server")
+        yield Static("", id="live-latency")
+        yield Static("", id="live-throughput")
+        with Horizontal(id="live-progress-row"):
+            yield Label("no run", id="live-progress-label")
+            yield ProgressBar(total=100, show_eta=False, id="live-progress")
+        with Vertical(id="live-sparks"):
+            for name, label in SPARKS:
+                with Horizontal(classes="spark-row"):
+                    yield Label(label, classes="spark-label")
+                    yield Sparkline([], id=f"spark-{name}", classes="spark")
+                    yield Label("", id=f"spark-last-{name}", classes="spark-last")
+
+    def watch_snapshot(self, snap: SessionSnapshot | None) -> None:
+        if snap is None or not self.is_mounted:
+            return
+        self.query_one("#live-resources", Static).update(self._resources(snap))
+        self.query_one("#live-server", Static).update(self._server(snap))
+        self.query_one("#live-latency", Static).update(self._latency(snap))
+        self.query_one("#live-throughput", Static).update(self._throughput(snap))
+        self._progress(snap)
+        for name, _ in SPARKS:
+            data = snap.series.get(name, ())
+            self.query_one(f"#spark-{name}", Sparkline).data = list(data)
+            self.query_one(f"#spark-last-{name}", Label).update(_f(data[-1]) if data else "-")
+
+    def _resources(self, snap: SessionSnapshot) -> Text:
+        text = Text()
+        if snap.gpu_unavailable:
+            # Shown once, in its own line, instead of an empty GPU table.
+            text.append(f"No GPU: {snap.gpu_unavailable}; host figures shown\n", style="italic")
+        if not snap.devices:
+            text.append("resources: waiting for the first sample")
+            return text
+        for d in snap.devices:
+            mem = f"{_f(d.mem_used_gib)}/{_f(d.mem_total_gib)} GiB"
+            vllm = f" (vLLM {_f(d.vllm_mem_gib, '{:.2f}')} GiB)" if d.vllm_mem_gib is not None else ""
+            util = f"  {'CPU' if d.name.startswith('host') else 'util'} {_f(d.util_pct, '{:.0f}')}%"
+            text.append(f"{d.name:<12}", style="bold")
+            text.append(f" mem {mem}{vllm}{util}\n")
+        text.rstrip()
+        return text
+
+    def _server(self, snap: SessionSnapshot) -> Text:
+        m = snap.server_metrics
+        text = Text()
+        text.append("server      ", style="bold")
+        text.append(
+            f" KV {_f(m.kv_usage_pct)}%  running {_f(m.running, '{:.0f}')}"
+            f"  waiting {_f(m.waiting, '{:.0f}')}  preempt {_f(m.preemptions_per_s)}/s"
+            f"  prefix hit {_f(m.prefix_hit_pct, '{:.0f}')}%"
+        )
+        if m.error:
+            text.append(f"\n/metrics: {m.error}", style="italic")
+        return text
+
+    def _latency(self, snap: SessionSnapshot) -> Table:
+        table = Table(box=None, padding=(0, 1), show_edge=False, expand=False)
+        table.add_column("ms", style="bold")
+        for col in ("p50", "p90", "p99"):
+            table.add_column(col, justify="right")
+        table.add_column("server p50", justify="right")
+        table.add_column("p99", justify="right")
+        w = snap.window
+        m = snap.server_metrics
+        server = {"TTFT": m.ttft_ms, "ITL": m.itl_ms, "E2EL": m.e2el_ms}
+        for label, attr in (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl"), ("E2EL", "e2el")):
+            pcts = getattr(w, attr, None) if w is not None else None
+            srv = server.get(label) or {}
+            table.add_row(
+                label,
+                *(_f(_p(pcts, k)) for k in ("p50", "p90", "p99")),
+                _f(srv.get("p50")),
+                _f(srv.get("p99")),
+            )
+        return table
+
+    def _throughput(self, snap: SessionSnapshot) -> Text:
+        w = snap.window
+        text = Text()
+        if w is None:
+            text.append("throughput  no run yet (r runs the workload)")
+            return text
+        text.append(f"{w.req_s:.1f} req/s  {w.output_tok_s:.0f} out tok/s  in flight {w.in_flight}")
+        if w.slo_attainment is not None:
+            text.append(f"  SLO met {w.slo_attainment * 100:.0f}%")
+        if w.goodput is not None:
+            text.append(f"  goodput {w.goodput:.1f}/s")
+        failed = getattr(w, "total_failed", 0)
+        if failed:
+            text.append(f"  failed {failed}", style="bold")
+        if getattr(w, "client_bound", False):
+            text.append(f"  CLIENT-BOUND (lag {w.client_lag_ms:.0f} ms)", style="bold")
+        return text
+
+    def _progress(self, snap: SessionSnapshot) -> None:
+        bar = self.query_one("#live-progress", ProgressBar)
+        label = self.query_one("#live-progress-label", Label)
+        run = snap.run
+        if run is None:
+            label.update("no run" if not snap.runs else f"last: {snap.runs[-1].label} ({snap.runs[-1].status})")
+            bar.update(total=100, progress=100 if snap.runs else 0)
+            return
+        planned = f"/{run.planned}" if run.planned else ""
+        label.update(f"{run.label}: {run.completed}{planned} done, {run.elapsed_s:.0f} s")
+        if run.fraction is None:
+            bar.update(total=None)
+        else:
+            bar.update(total=100, progress=run.fraction * 100)
