@@ -429,6 +429,8 @@ def _spec_from_json(d: Mapping[str, Any]) -> FlagSpec:
     kw = dict(d)
     for key in ("choices", "aliases"):
         kw[key] = tuple(kw.get(key) or ())
+    if kw.get("kind") == "list" and isinstance(kw.get("default"), list):
+        kw["default"] = tuple(kw["default"])
     return FlagSpec(**kw)
 
 
@@ -701,9 +703,11 @@ def load_schema(*, use_vllm: bool = True, refresh: bool = False, timeout: float 
                 fallback.flags,
                 source=f"built-in (vLLM {version} schema unavailable: {exc.reason})",
             )
-        schema = _schema_from_extract(raw)
+        text = json.dumps(_schema_from_extract(raw).to_json())
+        # Read back through JSON so a fresh and a cached schema are identical.
+        schema = _schema_from_cache(json.loads(text))
         tmp = cache.with_suffix(".tmp")
-        tmp.write_text(json.dumps(schema.to_json()), encoding="utf-8")
+        tmp.write_text(text, encoding="utf-8")
         tmp.replace(cache)  # atomic: a concurrent reader never sees half a file
     _SCHEMAS[key] = schema
     return schema
@@ -864,7 +868,11 @@ class FlagSet:
 
         Secrets appear as ``"$VLLM_API_KEY"``-style references, never as values.
         """
-        head = program.split() + ([self.model] if self.model else [])
+        head = program.split()
+        if self.model and _looks_like_option(self.model):
+            head += [f"--model={self.model}"]  # a positional "-x" would read as a flag
+        elif self.model:
+            head.append(self.model)
         return _join_line([head, *self._chunks(secrets="ref")], multiline=multiline)
 
     def to_docker_line(
@@ -1054,6 +1062,35 @@ _DOCKER_VALUE_OPTS = {
 }
 
 
+# An unquoted "\ --flag": a pasted multi-line command whose newlines were lost.
+_LOST_BREAK = re.compile(r"(?<!\\)\\ +-")
+
+
+def _mask_quoted(text: str) -> str:
+    """``text`` with everything inside quotes replaced by "_" (same length)."""
+    out = list(text)
+    quote = ""
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            if ch == "\\" and quote == '"' and i + 1 < len(text):
+                out[i] = out[i + 1] = "_"
+                i += 2
+                continue
+            if ch == quote:
+                quote = ""
+            else:
+                out[i] = "_"
+        elif ch == "\\":
+            i += 2
+            continue
+        elif ch in "'\"":
+            quote = ch
+        i += 1
+    return "".join(out)
+
+
 def _join_continuations(text: str) -> str:
     """Drop backslash-newline pairs as a POSIX shell does (not inside single quotes)."""
     out: list[str] = []
@@ -1082,6 +1119,14 @@ def _join_continuations(text: str) -> str:
 
 
 def _split(text: str) -> list[str]:
+    lost = _LOST_BREAK.search(_mask_quoted(text))
+    if lost:
+        raise FlagError(
+            "",
+            "a backslash followed by a space: was the line break after '\\' lost?"
+            " (write each continuation as backslash + newline)",
+            token=text[lost.start() : lost.end() + 20].strip(),
+        )
     joined = _join_continuations(text)
     lex = shlex.shlex(joined, posix=True)
     lex.whitespace_split = True
@@ -1093,12 +1138,6 @@ def _split(text: str) -> list[str]:
     for tok in tokens:
         if tok in _SHELL_OPS:
             raise FlagError("", "shell operators are not part of a vLLM command line", token=tok)
-        if tok[:1].isspace() and tok.strip().startswith("-"):
-            raise FlagError(
-                "",
-                "a flag glued to an escaped space: was a line break after '\\' lost?",
-                token=tok,
-            )
     return tokens
 
 
@@ -1200,6 +1239,8 @@ def _parse_docker(toks: list[str], sch: Schema) -> FlagSet:
     model = fs.model
     if model.startswith("/"):
         for src, dst in sorted(mounts, key=lambda m: -len(m[1])):
+            if dst.rstrip("/") == _CONTAINER_HF_CACHE:
+                continue  # the HF cache holds downloads, not a model folder passed by path
             dst_clean = dst.rstrip("/") or "/"
             if model == dst_clean or model.startswith(dst_clean + "/"):
                 if src.startswith("/") or src.startswith("~"):
