@@ -1,0 +1,305 @@
+"""What to send and when: ``WorkloadSpec``, ``ArrivalSpec`` and ``SLO``.
+
+The dict form of each (``to_dict``/``from_dict``) is what preset TOML files hold under
+``[workload]``; ``from_dict`` names the source and the key of every bad value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+WORKLOAD_KINDS = ("random", "sharegpt", "jsonl", "trace", "chat")
+LENGTH_DISTS = ("fixed", "uniform", "normal")
+ARRIVAL_MODES = ("closed", "poisson", "constant", "ramp", "trace")
+ENDPOINTS = ("completions", "chat")
+
+
+class SpecError(ValueError):
+    """A bad workload/arrival/SLO value; names where it came from and which key."""
+
+    def __init__(self, source: str, key: str, reason: str) -> None:
+        super().__init__(f"{source}: {key}: {reason}")
+        self.source = source
+        self.key = key
+        self.reason = reason
+
+
+def _coerce(source: str, key: str, value: Any, typ: type) -> Any:
+    """Convert a TOML/JSON/flag value to the field's type, or raise SpecError naming the key."""
+    if value is None:
+        return None
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        raise SpecError(source, key, f"expected true or false, got {value!r}")
+    if typ is int:
+        if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+            raise SpecError(source, key, f"expected an integer, got {value!r}")
+        return int(value)
+    if typ is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            if isinstance(value, str) and value.strip().lower() in ("inf", "infinity"):
+                return math.inf
+            raise SpecError(source, key, f"expected a number, got {value!r}")
+        return float(value)
+    if typ is str:
+        if not isinstance(value, str):
+            raise SpecError(source, key, f"expected a string, got {value!r}")
+        return value
+    return value
+
+
+def _from_dict(cls: type, d: Mapping[str, Any], source: str) -> Any:
+    if not isinstance(d, Mapping):
+        raise SpecError(source, cls.__name__, f"expected a table, got {type(d).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in d.items():
+        name = key.replace("-", "_")
+        if name not in fields:
+            known = ", ".join(sorted(fields))
+            raise SpecError(source, key, f"unknown key (known: {known})")
+        typ = _TYPES[cls.__name__][name]
+        kwargs[name] = _coerce(source, key, value, typ)
+    try:
+        obj = cls(**kwargs)
+    except SpecError as exc:
+        raise SpecError(source, exc.key, exc.reason) from None
+    return obj
+
+
+def _to_dict(obj: Any) -> dict[str, Any]:
+    """Only the fields that differ from the defaults, so preset files stay short."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        default = f.default if f.default is not dataclasses.MISSING else None
+        if value != default:
+            out[f.name] = value
+    return out
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """What each request carries.
+
+    ``kind``: ``random`` (synthetic lengths, prompts built from the served model's tokenizer
+    so input lengths are exact), ``sharegpt`` (ShareGPT JSON: first human turn as prompt,
+    the reply's length as output length), ``jsonl`` (one ``{"prompt", "output_len"?}`` per
+    line), ``trace`` (JSONL of ``timestamp`` s, ``input_len``, ``output_len``, ``prompt``?
+    replayed at ``time_scale``), ``chat`` (multi-turn sessions; each turn carries the
+    conversation so far, including the server's real replies).
+    """
+
+    kind: str = "random"
+    input_len: int = 512
+    output_len: int = 128
+    # "fixed": exact lengths; "uniform": within +-range_ratio of the mean (vLLM's
+    # --random-range-ratio); "normal": gaussian with *_std, clipped to [min_len, max_len].
+    length_dist: str = "fixed"
+    range_ratio: float = 0.0
+    input_std: float = 0.0
+    output_std: float = 0.0
+    min_len: int = 1
+    max_len: int = 0  # 0 = no upper clip
+    prefix_len: int = 0  # shared prefix tokens in front of each prompt
+    num_prefixes: int = 1  # distinct shared prefixes (requests pick one round-robin)
+    dataset: str = ""  # path for sharegpt/jsonl/trace
+    min_input_len: int = 4  # dataset filters (sharegpt/jsonl), like vLLM's
+    max_input_len: int = 0  # 0 = limited only by the server's max-model-len
+    max_output_len: int = 0
+    time_scale: float = 1.0  # trace: 2.0 replays twice as slow, 0.5 twice as fast
+    num_turns: int = 3  # chat: turns per session
+    endpoint: str = "completions"  # or "chat" (/v1/chat/completions)
+    ignore_eos: bool = True
+    seed: int = 0
+    num_prompts: int = 0  # size of the prompt pool; 0 = as many as requests (or 1000)
+
+    def __post_init__(self) -> None:
+        src = "workload"
+        if self.kind not in WORKLOAD_KINDS:
+            raise SpecError(src, "kind", f"must be one of {', '.join(WORKLOAD_KINDS)}")
+        if self.length_dist not in LENGTH_DISTS:
+            raise SpecError(src, "length_dist", f"must be one of {', '.join(LENGTH_DISTS)}")
+        if self.endpoint not in ENDPOINTS:
+            raise SpecError(src, "endpoint", f"must be one of {', '.join(ENDPOINTS)}")
+        if self.input_len < 1:
+            raise SpecError(src, "input_len", "must be at least 1")
+        if self.output_len < 1:
+            raise SpecError(src, "output_len", "must be at least 1")
+        if not 0.0 <= self.range_ratio < 1.0:
+            raise SpecError(src, "range_ratio", "must be in [0, 1)")
+        if self.input_std < 0 or self.output_std < 0:
+            raise SpecError(src, "input_std", "standard deviations must be >= 0")
+        if self.prefix_len < 0:
+            raise SpecError(src, "prefix_len", "must be >= 0")
+        if self.num_prefixes < 1:
+            raise SpecError(src, "num_prefixes", "must be at least 1")
+        if self.kind in ("sharegpt", "jsonl", "trace") and not self.dataset:
+            raise SpecError(src, "dataset", f"kind {self.kind!r} needs a dataset file path")
+        if self.time_scale <= 0:
+            raise SpecError(src, "time_scale", "must be > 0")
+        if self.num_turns < 1:
+            raise SpecError(src, "num_turns", "must be at least 1")
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], source: str = "workload") -> WorkloadSpec:
+        """Build from a preset's ``[workload]`` table; errors name ``source`` and the key."""
+        result: WorkloadSpec = _from_dict(cls, d, source)
+        return result
+
+    def to_dict(self) -> dict[str, Any]:
+        """Non-default fields only."""
+        return _to_dict(self)
+
+    def max_request_len(self) -> int:
+        """The longest prompt + output this spec can ask for (synthetic kinds), for the
+        max-model-len check before a run."""
+        if self.length_dist == "uniform":
+            i = math.floor(self.input_len * (1 + self.range_ratio))
+            o = math.floor(self.output_len * (1 + self.range_ratio))
+        elif self.length_dist == "normal":
+            i = self.max_len or math.ceil(self.input_len + 4 * self.input_std)
+            o = self.max_len or math.ceil(self.output_len + 4 * self.output_std)
+        else:
+            i, o = self.input_len, self.output_len
+        turns = self.num_turns if self.kind == "chat" else 1
+        return self.prefix_len + turns * (i + o)
+
+
+@dataclass(frozen=True)
+class ArrivalSpec:
+    """When requests are sent.
+
+    ``mode``: ``closed`` (``concurrency`` requests always in flight), ``poisson`` (open
+    loop at ``rate`` with gamma gaps of shape ``burstiness``, 1.0 = Poisson; ``inf`` rate
+    sends all at once), ``constant`` (equal gaps), ``ramp`` (rate rises linearly from
+    ``rate`` to ``end_rate`` over the run), ``trace`` (the dataset's own timestamps).
+    Open-loop modes honour ``max_in_flight`` (0 = no cap). The run stops after
+    ``num_requests`` or ``duration_s``, whichever comes first (0 = not set).
+    """
+
+    mode: str = "closed"
+    concurrency: int = 8
+    rate: float = math.inf
+    end_rate: float = 0.0
+    burstiness: float = 1.0
+    max_in_flight: int = 0
+    num_requests: int = 0
+    duration_s: float = 0.0
+    warmup_requests: int = 0
+    seed: int = 0
+    # Worker processes that generate load (0 = decide from concurrency/rate; 1 = in-process).
+    workers: int = 0
+
+    def __post_init__(self) -> None:
+        src = "arrivals"
+        if self.mode not in ARRIVAL_MODES:
+            raise SpecError(src, "mode", f"must be one of {', '.join(ARRIVAL_MODES)}")
+        if self.mode == "closed" and self.concurrency < 1:
+            raise SpecError(src, "concurrency", "must be at least 1")
+        if self.mode in ("poisson", "constant", "ramp") and not self.rate > 0:
+            raise SpecError(src, "rate", "must be > 0 requests/s")
+        if self.mode == "ramp" and not (0 < self.end_rate < math.inf):
+            raise SpecError(src, "end_rate", "a ramp needs a finite end rate > 0")
+        if self.mode == "ramp" and not math.isfinite(self.rate):
+            raise SpecError(src, "rate", "a ramp needs a finite start rate")
+        if not self.burstiness > 0:
+            raise SpecError(src, "burstiness", "must be > 0")
+        if self.num_requests < 0 or self.duration_s < 0 or self.warmup_requests < 0:
+            raise SpecError(src, "num_requests", "counts and durations must be >= 0")
+        if self.num_requests == 0 and self.duration_s == 0:
+            raise SpecError(src, "num_requests", "set num_requests or duration_s (or both)")
+        if self.max_in_flight < 0 or self.workers < 0:
+            raise SpecError(src, "max_in_flight", "must be >= 0")
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], source: str = "arrivals") -> ArrivalSpec:
+        """Build from a preset table; errors name ``source`` and the key."""
+        result: ArrivalSpec = _from_dict(cls, d, source)
+        return result
+
+    def to_dict(self) -> dict[str, Any]:
+        """Non-default fields only (``inf`` rate written as the string "inf" for TOML/JSON)."""
+        d = _to_dict(self)
+        if "rate" in d and math.isinf(d["rate"]):
+            d["rate"] = "inf"
+        return d
+
+    @property
+    def in_flight_cap(self) -> int:
+        """Most requests in flight at once (0 = unbounded)."""
+        return self.concurrency if self.mode == "closed" else self.max_in_flight
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Latency limits in ms (None = not judged). A request is *good* when it meets every
+    given limit (vLLM's goodput); the run meets the SLO when the ``percentile`` of each
+    metric is within its limit."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2el_ms: float | None = None
+    percentile: float = 99.0
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_ms", "tpot_ms", "e2el_ms"):
+            v = getattr(self, name)
+            if v is not None and not v > 0:
+                raise SpecError("slo", name, "must be > 0 ms")
+        if not 0 < self.percentile <= 100:
+            raise SpecError("slo", "percentile", "must be in (0, 100]")
+
+    @property
+    def empty(self) -> bool:
+        return self.ttft_ms is None and self.tpot_ms is None and self.e2el_ms is None
+
+    def is_good(self, ttft_s: float, tpot_s: float, e2el_s: float) -> bool:
+        """vLLM's per-request test; tpot is 0 for one-token outputs."""
+        if self.ttft_ms is not None and ttft_s * 1000 > self.ttft_ms:
+            return False
+        if self.tpot_ms is not None and tpot_s * 1000 > self.tpot_ms:
+            return False
+        return not (self.e2el_ms is not None and e2el_s * 1000 > self.e2el_ms)
+
+    def goodput_config(self) -> dict[str, float]:
+        """The ``--goodput`` dict vLLM's result JSON would carry."""
+        out: dict[str, float] = {}
+        for key in ("ttft", "tpot", "e2el"):
+            v = getattr(self, f"{key}_ms")
+            if v is not None:
+                out[key] = v
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], source: str = "slo") -> SLO:
+        result: SLO = _from_dict(cls, d, source)
+        return result
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+
+_TYPES: dict[str, dict[str, type]] = {
+    "WorkloadSpec": {
+        "kind": str, "input_len": int, "output_len": int, "length_dist": str,
+        "range_ratio": float, "input_std": float, "output_std": float, "min_len": int,
+        "max_len": int, "prefix_len": int, "num_prefixes": int, "dataset": str,
+        "min_input_len": int, "max_input_len": int, "max_output_len": int,
+        "time_scale": float, "num_turns": int, "endpoint": str, "ignore_eos": bool,
+        "seed": int, "num_prompts": int,
+    },
+    "ArrivalSpec": {
+        "mode": str, "concurrency": int, "rate": float, "end_rate": float,
+        "burstiness": float, "max_in_flight": int, "num_requests": int,
+        "duration_s": float, "warmup_requests": int, "seed": int, "workers": int,
+    },
+    "SLO": {"ttft_ms": float, "tpot_ms": float, "e2el_ms": float, "percentile": float},
+}
+
+__all__ = ["SLO", "ArrivalSpec", "SpecError", "WorkloadSpec"]

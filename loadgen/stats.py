@@ -1,0 +1,330 @@
+"""Statistics with ``vllm bench serve``'s definitions, in bounded memory.
+
+Percentiles use numpy's default (linear interpolation between closest ranks), std is the
+population std (numpy's ddof=0), as vLLM's ``calculate_metrics`` does. Mean, std and max
+are exact for any run length (streaming sums); percentiles are exact until a metric has
+``cap`` samples, then come from a uniform reservoir of ``cap`` samples, so an hours-long
+run at thousands of tokens/s stays within a few tens of MB.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from array import array
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from loadgen.records import RequestResult
+from loadgen.spec import SLO
+
+DEFAULT_PERCENTILES = (50.0, 90.0, 95.0, 99.0)
+# 2M float64 = 16 MB per metric: exact percentiles for a 2M-token run, unbiased after.
+DEFAULT_CAP = 2_000_000
+
+
+def percentile(sorted_values: Sequence[float], p: float) -> float:
+    """numpy.percentile(values, p) with the default 'linear' method; 0.0 when empty."""
+    n = len(sorted_values)
+    if n == 0:
+        return 0.0
+    rank = (n - 1) * p / 100.0
+    lo = math.floor(rank)
+    hi = min(lo + 1, n - 1)
+    frac = rank - lo
+    a, b = sorted_values[lo], sorted_values[hi]
+    return a + (b - a) * frac
+
+
+@dataclass(frozen=True, slots=True)
+class Percentiles:
+    """Summary of one metric, in milliseconds."""
+
+    mean: float = 0.0
+    std: float = 0.0
+    p50: float = 0.0
+    p90: float = 0.0
+    p95: float = 0.0
+    p99: float = 0.0
+    max: float = 0.0
+    count: int = 0
+
+    @classmethod
+    def from_seconds(cls, values: Iterable[float]) -> Percentiles:
+        """Exact summary of a small list of values in seconds."""
+        acc = Accumulator()
+        acc.extend(values)
+        return acc.summary()
+
+    def get(self, p: float) -> float:
+        """A stored percentile by number (50, 90, 95, 99, 100)."""
+        if p == 100:
+            return self.max
+        return float(getattr(self, f"p{int(p)}"))
+
+
+class Accumulator:
+    """Streaming mean/std/max plus exact-then-reservoir percentiles (values in seconds)."""
+
+    __slots__ = ("n", "_mean", "_m2", "_max", "_values", "_cap", "_rng", "_sorted")
+
+    def __init__(self, cap: int = DEFAULT_CAP, seed: int = 0) -> None:
+        self.n = 0
+        self._mean = 0.0
+        self._m2 = 0.0
+        self._max = 0.0
+        self._values = array("d")
+        self._cap = cap
+        self._rng = random.Random(seed)
+        self._sorted: list[float] | None = None
+
+    def add(self, x: float) -> None:
+        self.n += 1
+        # Welford: exact-enough std over billions of samples, O(1) memory.
+        d = x - self._mean
+        self._mean += d / self.n
+        self._m2 += d * (x - self._mean)
+        if self.n == 1 or x > self._max:
+            self._max = x
+        if len(self._values) < self._cap:
+            self._values.append(x)
+        else:
+            # Reservoir sampling (Algorithm R): every sample kept with probability cap/n.
+            j = self._rng.randrange(self.n)
+            if j < self._cap:
+                self._values[j] = x
+        self._sorted = None
+
+    def extend(self, xs: Iterable[float]) -> None:
+        for x in xs:
+            self.add(x)
+
+    @property
+    def exact(self) -> bool:
+        """True while percentiles are computed from every sample."""
+        return self.n <= self._cap
+
+    def quantile(self, p: float) -> float:
+        """The p-th percentile in seconds."""
+        if self._sorted is None:
+            self._sorted = sorted(self._values)
+        return percentile(self._sorted, p)
+
+    def summary(self) -> Percentiles:
+        if self.n == 0:
+            return Percentiles()
+        ms = 1000.0
+        return Percentiles(
+            mean=self._mean * ms,
+            std=math.sqrt(self._m2 / self.n) * ms,
+            p50=self.quantile(50) * ms,
+            p90=self.quantile(90) * ms,
+            p95=self.quantile(95) * ms,
+            p99=self.quantile(99) * ms,
+            max=self._max * ms,
+            count=self.n,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StatsWindow:
+    """An immutable snapshot for a live view: the last ``window_s`` seconds (requests that
+    finished in it) plus run-wide counters. ``t`` is epoch seconds (telemetry's clock)."""
+
+    t: float
+    window_s: float
+    elapsed_s: float
+    completed: int  # in the window
+    failed: int  # in the window
+    in_flight: int
+    req_s: float
+    output_tok_s: float
+    total_tok_s: float
+    ttft: Percentiles
+    tpot: Percentiles
+    itl: Percentiles
+    e2el: Percentiles
+    goodput: float | None  # good requests/s in the window; None without an SLO
+    slo_attainment: float | None  # fraction of window completions that met the SLO
+    total_completed: int
+    total_failed: int
+    total_sent: int
+    client_bound: bool
+    client_lag_ms: float  # worst event-loop lag seen in the window, any worker
+    client_cpu: float  # busiest worker's CPU use in the window, 0..1 of one core
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {}
+        for k in self.__slots__:
+            v = getattr(self, k)
+            d[k] = _pct_dict(v) if isinstance(v, Percentiles) else v
+        return d
+
+
+def _pct_dict(p: Percentiles) -> dict[str, float]:
+    return {k: getattr(p, k) for k in Percentiles.__slots__}
+
+
+class SlidingWindow:
+    """Results that finished in the last ``window_s`` seconds; memory bounded by time."""
+
+    # Window ITL percentiles are computed 4 times a second: sample at most this many gaps.
+    MAX_WINDOW_ITL = 20_000
+
+    def __init__(self, window_s: float = 10.0) -> None:
+        self.window_s = window_s
+        self._items: deque[tuple[float, RequestResult, bool]] = deque()
+
+    def add(self, t_done: float, result: RequestResult, good: bool) -> None:
+        self._items.append((t_done, result, good))
+
+    def _trim(self, now: float) -> None:
+        cutoff = now - self.window_s
+        while self._items and self._items[0][0] < cutoff:
+            self._items.popleft()
+
+    def snapshot(
+        self, now: float, *, run_start: float, slo: SLO | None, in_flight: int,
+        totals: tuple[int, int, int], client: tuple[bool, float, float],
+    ) -> StatsWindow:
+        self._trim(now)
+        span = max(1e-9, min(self.window_s, now - run_start))
+        ok = [r for _, r, _ in self._items if r.ok]
+        failed = sum(1 for _, r, _ in self._items if not r.ok and not r.cancelled)
+        good = sum(1 for _, r, g in self._items if r.ok and g)
+        out_tok = sum(r.output_tokens for r in ok)
+        in_tok = sum(r.input_tokens for r in ok)
+        n_itl = sum(len(r.itl_s) for r in ok)
+        stride = max(1, math.ceil(n_itl / self.MAX_WINDOW_ITL))
+        itl = Accumulator()
+        for r in ok:
+            itl.extend(r.itl_s[::stride])
+        tpots = [r.tpot_s for r in ok if r.output_tokens > 1]
+        has_slo = slo is not None and not slo.empty
+        return StatsWindow(
+            t=now, window_s=self.window_s, elapsed_s=now - run_start,
+            completed=len(ok), failed=failed, in_flight=in_flight,
+            req_s=len(ok) / span, output_tok_s=out_tok / span,
+            total_tok_s=(in_tok + out_tok) / span,
+            ttft=Percentiles.from_seconds(r.ttft_s for r in ok),
+            tpot=Percentiles.from_seconds(tpots),
+            itl=itl.summary(),
+            e2el=Percentiles.from_seconds(r.e2el_s for r in ok),
+            goodput=good / span if has_slo else None,
+            slo_attainment=(good / len(ok) if ok else None) if has_slo else None,
+            total_completed=totals[0], total_failed=totals[1], total_sent=totals[2],
+            client_bound=client[0], client_lag_ms=client[1], client_cpu=client[2],
+        )
+
+
+@dataclass
+class RunAggregator:
+    """Whole-run totals with vLLM's definitions; feed every finished result once."""
+
+    slo: SLO | None = None
+    cap: int = DEFAULT_CAP
+    ttft: Accumulator = field(init=False)
+    tpot: Accumulator = field(init=False)
+    itl: Accumulator = field(init=False)
+    e2el: Accumulator = field(init=False)
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    good: int = 0
+    total_input: int = 0
+    total_output: int = 0
+    input_mismatches: int = 0
+    failures_by_reason: dict[str, int] = field(default_factory=dict)
+    failure_examples: dict[str, str] = field(default_factory=dict)
+    # Per-second buckets since the first start, as vLLM computes max_output_tokens_per_s
+    # and max_concurrent_requests; one int per second of run, so bounded by duration.
+    _tok_buckets: dict[int, int] = field(default_factory=dict)
+    _conc_buckets: dict[int, int] = field(default_factory=dict)
+    _t0: float | None = None
+
+    def __post_init__(self) -> None:
+        self.ttft = Accumulator(self.cap, 1)
+        self.tpot = Accumulator(self.cap, 2)
+        self.itl = Accumulator(self.cap, 3)
+        self.e2el = Accumulator(self.cap, 4)
+
+    def set_origin(self, t0: float) -> None:
+        """Epoch second that bucket 0 starts at (vLLM: earliest successful start)."""
+        self._t0 = t0
+
+    def add(self, r: RequestResult) -> bool:
+        """Count one result; returns whether it met the SLO (False for failures)."""
+        if r.cancelled:
+            self.cancelled += 1
+            return False
+        if not r.ok:
+            self.failed += 1
+            reason = r.error or "client_error"
+            self.failures_by_reason[reason] = self.failures_by_reason.get(reason, 0) + 1
+            self.failure_examples.setdefault(reason, r.error_detail[:300])
+            return False
+        self.completed += 1
+        self.total_input += r.input_tokens
+        self.total_output += r.output_tokens
+        if r.expected_input and r.input_tokens != r.expected_input:
+            self.input_mismatches += 1
+        self.ttft.add(r.ttft_s)
+        self.e2el.add(r.e2el_s)
+        tpot = r.tpot_s
+        if r.output_tokens > 1:
+            self.tpot.add(tpot)
+        self.itl.extend(r.itl_s)
+        good = self.slo.is_good(r.ttft_s, tpot, r.e2el_s) if self.slo else False
+        if good:
+            self.good += 1
+        if self._t0 is None:
+            self._t0 = r.t_start
+        t0 = self._t0
+        t = r.t_start + r.ttft_s
+        b = int(t - t0)
+        self._tok_buckets[b] = self._tok_buckets.get(b, 0) + 1
+        for gap in r.itl_s:
+            t += gap
+            b = int(t - t0)
+            self._tok_buckets[b] = self._tok_buckets.get(b, 0) + 1
+        for s in range(int(r.t_start - t0), int(r.t_end - t0) + 1):
+            self._conc_buckets[s] = self._conc_buckets.get(s, 0) + 1
+        return good
+
+    def summary(self, duration_s: float, percentiles: Sequence[float] = DEFAULT_PERCENTILES
+                ) -> dict[str, Any]:
+        """The keys ``vllm bench serve`` writes, computed the same way."""
+        dur = max(duration_s, 1e-9)
+        out: dict[str, Any] = {
+            "duration": duration_s,
+            "completed": self.completed,
+            "failed": self.failed,
+            "total_input_tokens": self.total_input,
+            "total_output_tokens": self.total_output,
+            "request_throughput": self.completed / dur,
+            "request_goodput": (self.good / dur) if self.slo and not self.slo.empty else None,
+            "output_throughput": self.total_output / dur,
+            "total_token_throughput": (self.total_input + self.total_output) / dur,
+            "max_output_tokens_per_s": float(max(self._tok_buckets.values(), default=0)),
+            "max_concurrent_requests": max(self._conc_buckets.values(), default=0),
+        }
+        for name in ("ttft", "tpot", "itl", "e2el"):
+            acc: Accumulator = getattr(self, name)
+            s = acc.summary()
+            out[f"mean_{name}_ms"] = s.mean
+            out[f"median_{name}_ms"] = acc.quantile(50) * 1000 if acc.n else 0.0
+            out[f"std_{name}_ms"] = s.std
+            for p in percentiles:
+                word = str(int(p)) if int(p) == p else str(p)
+                out[f"p{word}_{name}_ms"] = acc.quantile(p) * 1000 if acc.n else 0.0
+            out[f"max_{name}_ms"] = s.max
+        return out
+
+    def percentiles(self) -> dict[str, Percentiles]:
+        return {n: getattr(self, n).summary() for n in ("ttft", "tpot", "itl", "e2el")}
+
+    @property
+    def exact(self) -> bool:
+        return all(getattr(self, n).exact for n in ("ttft", "tpot", "itl", "e2el"))

@@ -1,0 +1,348 @@
+"""A streaming server with no model, for measuring the client and for failure tests.
+
+Answers ``/v1/completions`` and ``/v1/chat/completions`` with vLLM-shaped SSE (chunked
+transfer encoding, one token per event, a usage event, ``data: [DONE]``) after a
+configurable first-chunk delay and inter-chunk gap; ``/v1/models``; and a byte-level
+``/tokenize``/``/detokenize`` (one token per UTF-8 byte) so prompt building can be
+tested against it. It is written on raw asyncio protocols so it costs little CPU and
+can run in several ``SO_REUSEPORT`` processes: it must never be the bottleneck of a
+client measurement.
+
+It also misbehaves on purpose. ``mode`` (server-wide, or per request with a model name
+``mode=<mode>``): ``ok``; ``status=<code>`` (an error status with a JSON body);
+``malformed`` (a non-JSON data line); ``cut`` (closes the connection mid-stream);
+``hang`` (headers, then silence); ``short`` (fewer tokens than asked); ``nodone``
+(clean end without ``[DONE]``); ``reset`` (closes before answering).
+
+Run standalone: ``python -m loadgen.testserver --port 8001 --processes 2 --first-delay-ms
+100 --gap-ms 5``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import multiprocessing
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    first_delay_s: float = 0.0
+    gap_s: float = 0.0
+    mode: str = "ok"
+    model: str = "test-model"
+    max_model_len: int = 4096
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+_HEAD_SSE = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
+             b"transfer-encoding: chunked\r\n\r\n")
+
+
+def _json_response(status: int, obj: Any) -> bytes:
+    body = json.dumps(obj).encode()
+    reason = {200: b"OK", 400: b"Bad Request", 404: b"Not Found"}.get(status, b"Error")
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+            % (status, reason, len(body))) + body
+
+
+class _Proto(asyncio.Protocol):
+    def __init__(self, cfg: ServerConfig, stats: Any = None) -> None:
+        self.cfg = cfg
+        self.stats = stats  # shared [count, sum_s, max_s] of real first-chunk delays
+        self.buf = b""
+        self.transport: asyncio.Transport | None = None
+        self.busy = False
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, but behave as one.
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            # Small SSE writes must leave at once: Nagle would hold a token behind an ACK.
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for t in self.tasks:
+            t.cancel()
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        self._next()
+
+    def _next(self) -> None:
+        if self.busy:
+            return
+        head_end = self.buf.find(b"\r\n\r\n")
+        if head_end < 0:
+            return
+        head = self.buf[:head_end].decode("latin-1").split("\r\n")
+        length = 0
+        for h in head[1:]:
+            k, _, v = h.partition(":")
+            if k.strip().lower() == "content-length":
+                length = int(v.strip())
+        if len(self.buf) < head_end + 4 + length:
+            return
+        body = self.buf[head_end + 4: head_end + 4 + length]
+        self.buf = self.buf[head_end + 4 + length:]
+        method, path, _ = head[0].split(" ", 2)
+        self.busy = True
+        task = asyncio.get_running_loop().create_task(self._handle(method, path, body))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def _done(self) -> None:
+        self.busy = False
+        self._next()
+
+    async def _handle(self, method: str, path: str, body: bytes) -> None:
+        tr = self.transport
+        assert tr is not None
+        cfg = self.cfg
+        if method == "GET" and path == "/v1/models":
+            tr.write(_json_response(200, {"object": "list", "data": [
+                {"id": cfg.model, "object": "model", "max_model_len": cfg.max_model_len}]}))
+            return self._done()
+        if method == "GET" and path == "/health":
+            tr.write(_json_response(200, {}))
+            return self._done()
+        try:
+            req = json.loads(body or b"{}")
+        except ValueError:
+            tr.write(_json_response(400, {"error": "bad json"}))
+            return self._done()
+        if path == "/tokenize":
+            text = req.get("prompt", "")
+            toks = list(text.encode())
+            tr.write(_json_response(200, {"count": len(toks), "tokens": toks,
+                                          "max_model_len": cfg.max_model_len}))
+            return self._done()
+        if path == "/detokenize":
+            text = bytes(t for t in req.get("tokens", []) if 0 <= t < 256)
+            tr.write(_json_response(200, {"prompt": text.decode("utf-8", "ignore")}))
+            return self._done()
+        chat = path == "/v1/chat/completions"
+        if path not in ("/v1/completions", "/v1/chat/completions"):
+            tr.write(_json_response(404, {"error": f"no route {path}"}))
+            return self._done()
+        mode = cfg.mode
+        model = str(req.get("model", ""))
+        if model.startswith("mode="):
+            mode = model[5:]
+        await self._stream(tr, req, chat, mode)
+
+    async def _stream(self, tr: asyncio.Transport, req: dict[str, Any], chat: bool,
+                      mode: str) -> None:
+        cfg = self.cfg
+        if mode == "reset":
+            tr.abort()
+            return
+        if mode.startswith("status="):
+            code = int(mode[7:])
+            tr.write(_json_response(code, {"object": "error", "message":
+                                           f"test server says {code}", "code": code}))
+            return self._done()
+        n = int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
+        if chat:
+            prompt_len = sum(len(str(m.get("content", "")).encode())
+                             for m in req.get("messages", []))
+        else:
+            prompt_len = len(str(req.get("prompt", "")).encode())
+        t_arrived = time.perf_counter()
+        tr.write(_HEAD_SSE)
+        if mode == "hang":
+            await asyncio.sleep(3600)
+            return
+        if cfg.first_delay_s:
+            # Event-loop timers fire up to ~1 ms late; sleep short, then yield until the
+            # deadline, so the first chunk leaves at the asked delay (client TTFT tests).
+            deadline = t_arrived + cfg.first_delay_s
+            await asyncio.sleep(max(0.0, cfg.first_delay_s - 0.002))
+            while time.perf_counter() < deadline:
+                await asyncio.sleep(0)
+        emit = n - 1 if mode == "short" else n
+        for i in range(emit):
+            if i and cfg.gap_s:
+                await asyncio.sleep(cfg.gap_s)
+            if mode == "cut" and i == min(2, emit - 1):
+                tr.write(_chunk(b'data: {"choices":[{"index":0,"te'))
+                tr.abort()
+                return
+            if mode == "malformed" and i == 1:
+                tr.write(_chunk(b"data: {this is not json}\n\n"))
+                continue
+            if chat:
+                choice = b'{"index":0,"delta":{"content":"a"},"finish_reason":null}'
+                obj = b"chat.completion.chunk"
+            else:
+                choice = b'{"index":0,"text":"a","logprobs":null,"finish_reason":null}'
+                obj = b"text_completion"
+            tr.write(_chunk(b'data: {"id":"cmpl-t","object":"%s","created":0,"model":"m",'
+                            b'"choices":[%s],"usage":null}\n\n' % (obj, choice)))
+            if i == 0 and self.stats is not None:
+                d = time.perf_counter() - t_arrived
+                with self.stats.get_lock():
+                    self.stats[0] += 1
+                    self.stats[1] += d
+                    self.stats[2] = max(self.stats[2], d)
+        usage = {"prompt_tokens": prompt_len, "completion_tokens": emit,
+                 "total_tokens": prompt_len + emit}
+        tr.write(_chunk(b'data: {"id":"cmpl-t","choices":[],"usage":%s}\n\n'
+                        % json.dumps(usage).encode()))
+        if mode != "nodone":
+            tr.write(_chunk(b"data: [DONE]\n\n"))
+        tr.write(b"0\r\n\r\n")
+        self._done()
+
+
+async def serve(cfg: ServerConfig, sock: socket.socket, stats: Any = None) -> None:
+    """Serve forever on an already bound socket."""
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: _Proto(cfg, stats), sock=sock, backlog=4096)
+    async with server:
+        await server.serve_forever()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(4096)
+    return sock
+
+
+def _proc_main(cfg: ServerConfig, host: str, port: int, cpu: int | None,
+               stats: Any = None) -> None:
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+    try:
+        import uvloop
+
+        runner: Any = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    with contextlib.suppress(KeyboardInterrupt):
+        runner(serve(cfg, _bind(host, port), stats))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def serve_in_thread(cfg: ServerConfig | None = None) -> Iterator[str]:
+    """A server on 127.0.0.1 in a background thread (its own event loop); yields the URL."""
+    cfg = cfg or ServerConfig()
+    sock = _bind("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    loop = asyncio.new_event_loop()
+    task_box: list[asyncio.Task[None]] = []
+
+    def main() -> None:
+        asyncio.set_event_loop(loop)
+        task_box.append(loop.create_task(serve(cfg, sock)))
+        with contextlib.suppress(asyncio.CancelledError):
+            loop.run_until_complete(task_box[0])
+
+    th = threading.Thread(target=main, daemon=True)
+    th.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        while not task_box:
+            pass
+        loop.call_soon_threadsafe(task_box[0].cancel)
+        th.join(5)
+        sock.close()
+
+
+class ServerHandle:
+    """Processes serving one URL, with their shared first-chunk delay statistics."""
+
+    def __init__(self, url: str, stats: Any) -> None:
+        self.url = url
+        self._stats = stats
+
+    def first_chunk_delays(self) -> tuple[int, float, float]:
+        """(count, mean s, max s) of real delays from request read to first chunk written."""
+        with self._stats.get_lock():
+            n, total, mx = self._stats[0], self._stats[1], self._stats[2]
+        return int(n), (total / n if n else 0.0), mx
+
+    def reset(self) -> None:
+        with self._stats.get_lock():
+            for i in range(3):
+                self._stats[i] = 0.0
+
+
+@contextlib.contextmanager
+def serve_in_processes(cfg: ServerConfig, processes: int = 1, cpus: list[int] | None = None,
+                       port: int | None = None) -> Iterator[ServerHandle]:
+    """``processes`` server processes sharing one port (SO_REUSEPORT), optionally pinned."""
+    port = port or free_port()
+    ctx = multiprocessing.get_context("spawn")
+    stats = ctx.Array("d", 3)
+    procs = []
+    for i in range(processes):
+        cpu = cpus[i % len(cpus)] if cpus else None
+        p = ctx.Process(target=_proc_main, args=(cfg, "127.0.0.1", port, cpu, stats),
+                        daemon=True)
+        p.start()
+        procs.append(p)
+    url = f"http://127.0.0.1:{port}"
+    import httpx
+
+    for _ in range(200):
+        try:
+            httpx.get(url + "/health", timeout=1.0, trust_env=False)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    try:
+        yield ServerHandle(url, stats)
+    finally:
+        for p in procs:
+            p.terminate()  # our own children, by handle
+        for p in procs:
+            p.join(5)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--port", type=int, default=8001)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--processes", type=int, default=1)
+    ap.add_argument("--first-delay-ms", type=float, default=0.0)
+    ap.add_argument("--gap-ms", type=float, default=0.0)
+    ap.add_argument("--mode", default="ok")
+    ap.add_argument("--model", default="test-model")
+    a = ap.parse_args()
+    cfg = ServerConfig(a.first_delay_ms / 1000, a.gap_ms / 1000, a.mode, a.model)
+    if a.processes == 1:
+        _proc_main(cfg, a.host, a.port, None)
+        return
+    with serve_in_processes(cfg, a.processes, port=a.port):
+        threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()

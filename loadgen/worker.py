@@ -1,0 +1,290 @@
+"""The load-generating loop: one event loop, one httpx client, a share of the requests.
+
+``LoadRun`` runs one of these in its own loop for light loads, or several in worker
+processes (``spawn``) for heavy ones: a single Python event loop tops out around a
+few hundred streamed requests in flight (REFERENCE.md: a single-process httpx client
+lost a third of the throughput at concurrency 256), so each worker owns
+``slots`` of the concurrency (or every ``num_workers``-th arrival) and streams its
+results back in batches every ``FLUSH_S``.
+
+A worker also watches itself: event-loop lag (how late a 50 ms sleep wakes) and its
+process CPU share, so the run can say "client-bound" instead of blaming the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from loadgen.arrivals import iter_offsets
+from loadgen.client import ClientConfig, ClientPool, build_body, send
+from loadgen.records import PlannedRequest, RequestResult
+from loadgen.spec import ArrivalSpec
+
+FLUSH_S = 0.1
+LAG_TICK_S = 0.05
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """Everything one worker needs; picklable."""
+
+    client: ClientConfig
+    arrivals: ArrivalSpec
+    pool: tuple[PlannedRequest, ...]
+    worker: int = 0
+    num_workers: int = 1
+    slots: int = 1  # closed loop: concurrency of this worker; open loop: in-flight cap (0=none)
+    total: int = 0  # requests in the whole run (0 = until duration)
+    warmup: int = 0  # warm-up requests this worker sends first (not measured)
+    trace: bool = False  # use each planned request's at_s instead of the arrival process
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What a worker reports every FLUSH_S."""
+
+    worker: int
+    results: tuple[RequestResult, ...]
+    in_flight: int
+    sent: int
+    lag_ms: float  # worst loop lag since the last batch
+    cpu: float  # process CPU seconds / wall seconds since the last batch
+    done: bool = False
+    warmup_done: bool = False
+
+
+class Worker:
+    """Runs a ``WorkerPlan``; ``emit`` receives a ``Batch`` every FLUSH_S and at the end."""
+
+    def __init__(self, plan: WorkerPlan, emit: Callable[[Batch], None]) -> None:
+        self.plan = plan
+        self._emit = emit
+        self._pending: list[RequestResult] = []
+        self._in_flight = 0
+        self._sent = 0
+        self._lag = 0.0
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._stop = asyncio.Event()
+        self._cancelled = False
+
+    def _sink(self, r: RequestResult) -> None:
+        self._pending.append(r)
+
+    def cancel(self) -> None:
+        """Stop sending and cancel what is in flight (recorded as cancelled)."""
+        self._cancelled = True
+        self._stop.set()
+        for t in list(self._tasks):
+            t.cancel()
+
+    def _flush(self, cpu: float, done: bool = False, warmup_done: bool = False) -> None:
+        batch = Batch(self.plan.worker, tuple(self._pending), self._in_flight, self._sent,
+                      self._lag * 1000, cpu, done, warmup_done)
+        self._pending = []
+        self._lag = 0.0
+        self._emit(batch)
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        wall, proc = time.perf_counter(), time.process_time()
+        next_flush = wall + FLUSH_S
+        while True:
+            t = loop.time()
+            await asyncio.sleep(LAG_TICK_S)
+            self._lag = max(self._lag, loop.time() - t - LAG_TICK_S)
+            now = time.perf_counter()
+            if now >= next_flush:
+                p = time.process_time()
+                cpu = (p - proc) / max(1e-9, now - wall)
+                wall, proc = now, p
+                next_flush = now + FLUSH_S
+                self._flush(cpu)
+
+    def _request(self, k: int) -> tuple[PlannedRequest, int]:
+        pool = self.plan.pool
+        p = pool[k % len(pool)]
+        if k >= len(pool):
+            p = replace(p, index=k)
+        return p, k
+
+    async def _one(self, client: Any, p: PlannedRequest, rid: int) -> None:
+        cfg = self.plan.client
+        self._in_flight += 1
+        self._sent += 1
+        try:
+            if p.session >= 0 and cfg.endpoint == "chat":
+                await self._session(client, p, rid)
+            else:
+                await send(client, cfg, p, rid, self._sink, worker=self.plan.worker,
+                           body=build_body(cfg, p))
+        finally:
+            self._in_flight -= 1
+
+    async def _session(self, client: Any, p: PlannedRequest, rid: int) -> None:
+        """A multi-turn chat: each turn carries the conversation so far (real replies)."""
+        cfg = self.plan.client
+        messages = [{"role": r, "content": t} for r, t in p.messages]
+        turns = (None, *p.next_turns)
+        for turn, user in enumerate(turns):
+            if self._stop.is_set() and turn:
+                return
+            if user is not None:
+                messages.append({"role": "user", "content": user})
+            body = build_body(cfg, p, messages)
+            before = len(self._pending)
+            reply = await send(client, cfg, replace(p, turn=turn), rid * 1000 + turn,
+                               self._sink, worker=self.plan.worker, body=body, want_text=True)
+            if len(self._pending) > before and not self._pending[-1].ok:
+                return  # a failed turn ends the session
+            messages.append({"role": "assistant", "content": reply})
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def run(self, ready: Callable[[], Awaitable[float | None]] | None = None) -> None:
+        """Warm up, then ``await ready()`` for the epoch t0 all workers start at, and run."""
+        plan = self.plan
+        watcher = asyncio.get_running_loop().create_task(self._watch())
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        try:
+            async with ClientPool(plan.client) as client:
+                client.prewarm(min(plan.slots or 64, 1024))
+                if plan.warmup:
+                    await self._warmup(client)
+                    self._flush(0.0, warmup_done=True)
+                t0 = await ready() if ready is not None else None
+                if self._cancelled:
+                    return
+                if t0 is not None:
+                    await asyncio.sleep(max(0.0, t0 - time.time()))
+                if plan.arrivals.mode == "closed" and not plan.trace:
+                    await self._closed(client)
+                else:
+                    await self._open(client)
+                while self._tasks:
+                    await asyncio.wait(set(self._tasks))
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            cpu = (time.process_time() - cpu0) / max(1e-9, time.perf_counter() - wall0)
+            self._flush(cpu, done=True)
+
+    async def _warmup(self, client: Any) -> None:
+        sem = asyncio.Semaphore(max(1, self.plan.slots or 8))
+        sink: list[RequestResult] = []
+
+        async def one(k: int) -> None:
+            async with sem:
+                p, _ = self._request(k)
+                await send(client, self.plan.client, p, -1 - k, sink.append)
+
+        await asyncio.gather(*(one(k) for k in range(self.plan.warmup)))
+
+    def _deadline_pc(self) -> float:
+        d = self.plan.arrivals.duration_s
+        return time.perf_counter() + d if d else math.inf
+
+    async def _closed(self, client: Any) -> None:
+        plan = self.plan
+        mine = itertools.count(plan.worker, plan.num_workers)
+        deadline = self._deadline_pc()
+
+        async def slot() -> None:
+            for k in mine:
+                if self._stop.is_set() or (plan.total and k >= plan.total):
+                    return
+                if time.perf_counter() >= deadline:
+                    return
+                p, rid = self._request(k)
+                await self._one(client, p, rid)
+
+        slots = [asyncio.get_running_loop().create_task(slot()) for _ in range(plan.slots)]
+        for t in slots:
+            self._tasks.add(t)
+            t.add_done_callback(self._tasks.discard)
+        await asyncio.wait(slots)
+
+    async def _open(self, client: Any) -> None:
+        plan = self.plan
+        base = time.perf_counter()
+        sem = asyncio.Semaphore(plan.slots) if plan.slots else None
+        if plan.trace:
+            offsets: Any = ((p.at_s or 0.0) for p in plan.pool)
+        else:
+            offsets = iter_offsets(plan.arrivals)
+
+        async def capped(p: PlannedRequest, rid: int) -> None:
+            assert sem is not None
+            async with sem:
+                await self._one(client, p, rid)
+
+        for k, off in enumerate(offsets):
+            if k % plan.num_workers != plan.worker:
+                continue
+            delay = base + off - time.perf_counter()
+            if delay > 0:
+                try:
+                    await asyncio.wait_for(self._stop.wait(), delay)
+                except TimeoutError:
+                    pass
+            if self._stop.is_set():
+                return
+            p, rid = self._request(k)
+            self._spawn(capped(p, rid) if sem else self._one(client, p, rid))
+
+
+def run_in_process(plan: WorkerPlan, conn: Any, ctl: Any) -> None:
+    """Entry point of a worker process: batches go out on ``conn``; ``ctl`` brings
+    ("go", t0) and ("cancel",)."""
+    try:
+        import uvloop  # vLLM depends on it; ~2x the event-loop throughput when present
+
+        runner: Any = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    with contextlib.suppress(KeyboardInterrupt):
+        runner(_process_main(plan, conn, ctl))
+
+
+async def _process_main(plan: WorkerPlan, conn: Any, ctl: Any) -> None:
+    loop = asyncio.get_running_loop()
+    go: asyncio.Future[float] = loop.create_future()
+
+    def emit(b: Batch) -> None:
+        try:
+            conn.send(b)
+        except (BrokenPipeError, OSError):
+            worker.cancel()  # the parent is gone: stop
+
+    worker = Worker(plan, emit)
+
+    def on_ctl() -> None:
+        try:
+            msg = ctl.recv()
+        except (EOFError, OSError):
+            msg = ("cancel",)
+        if msg[0] == "go" and not go.done():
+            go.set_result(float(msg[1]))
+        elif msg[0] == "cancel":
+            if not go.done():
+                go.set_result(0.0)
+            loop.remove_reader(ctl.fileno())
+            worker.cancel()
+
+    async def ready() -> float | None:
+        conn.send(("ready", plan.worker))
+        return await go
+
+    loop.add_reader(ctl.fileno(), on_ctl)
+    await worker.run(ready)
+    conn.close()
