@@ -1,0 +1,190 @@
+"""``vtui history``: the runs stored in the user's data folder.
+
+  vtui history [list]                  newest first
+  vtui history show RUN                flags, workload, metrics of one run
+  vtui history delete RUN
+  vtui history baseline RUN            the run comparisons measure against (--clear to unset)
+  vtui history tag RUN TAG...          (--remove to take tags off)
+  vtui history export RUN --format json|csv|trace|docker|serve [-o FILE]
+
+RUN is a run id, a run name (its newest run), ``last`` or ``baseline``. ``trace`` is
+a Perfetto / Chrome trace-event JSON file: open it at https://ui.perfetto.dev.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+EXPORT_FORMATS = ("json", "csv", "trace", "docker", "serve")
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "history", help="list, show, delete, tag and export stored runs", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("action", nargs="?", default="list",
+                        choices=("list", "show", "delete", "baseline", "tag", "export"))
+    parser.add_argument("run", nargs="?", metavar="RUN")
+    parser.add_argument("tags", nargs="*", metavar="TAG")
+    parser.add_argument("--format", choices=EXPORT_FORMATS, default="json", help="export format")
+    parser.add_argument("--output", "-o", type=Path, help="export to this file instead of printing")
+    parser.add_argument("--limit", type=int, default=50, help="list at most this many runs")
+    parser.add_argument("--clear", action="store_true", help="baseline: unset it")
+    parser.add_argument("--remove", action="store_true", help="tag: remove the tags")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.history import HistoryError
+    from tui.cli import UserError
+    from tui.commands.compare import open_history
+
+    writes = args.action in ("delete", "baseline", "tag")
+    if args.action not in ("list",) and not (args.action == "baseline" and args.clear) and not args.run:
+        raise UserError(f"`vtui history {args.action}` needs a RUN", "see `vtui history list` for run ids")
+    store = open_history(read_only=not writes)
+    try:
+        if args.action == "list":
+            return _list(store, args.limit)
+        if args.action == "baseline" and args.clear:
+            store.set_baseline(None)
+            print("baseline cleared")
+            return 0
+        info = store.resolve(args.run)
+        if args.action == "show":
+            return _show(store, info)
+        if args.action == "delete":
+            store.delete_run(info.id)
+            print(f"deleted run #{info.id} {info.name}")
+            return 0
+        if args.action == "baseline":
+            store.set_baseline(info.id)
+            print(f"baseline: run #{info.id} {info.name}")
+            return 0
+        if args.action == "tag":
+            if not args.tags:
+                raise UserError("give at least one TAG", "e.g. vtui history tag 3 h200 good")
+            info = store.tag(info.id, *args.tags, remove=args.remove)
+            print(f"run #{info.id} tags: {', '.join(info.tags) or '(none)'}")
+            return 0
+        return _export(store, info, args.format, args.output)
+    except HistoryError as exc:
+        raise UserError(str(exc), "see `vtui history list` for run ids") from None
+    finally:
+        store.close()
+
+
+def _when(t: float | None) -> str:
+    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def _list(store: Any, limit: int) -> int:
+    from engine.compare import fmt_number, split_summary
+
+    runs = store.list_runs(limit=limit)
+    if not runs:
+        print("no runs stored yet")
+        return 0
+    rows = [("id", "name", "preset", "started", "dur s", "status", "reqs", "req/s", "")]
+    for r in runs:
+        load, _ = split_summary(r.summary)
+        rps = load.get("request_throughput")
+        rows.append((
+            str(r.id), r.name, r.preset or "-", _when(r.started),
+            "-" if r.duration_s is None else f"{r.duration_s:.0f}", r.status, str(r.requests),
+            fmt_number(rps) if isinstance(rps, (int, float)) else "-",
+            " ".join((["baseline"] if r.baseline else []) + list(r.tags)),
+        ))
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def _show(store: Any, info: Any) -> int:
+    from engine.compare import compare, render
+
+    print(f"run #{info.id} {info.name}" + ("  [baseline]" if info.baseline else ""))
+    print(f"  status    {info.status}")
+    print(f"  preset    {info.preset or '-'}")
+    print(f"  model     {info.model or '-'}   vLLM {info.vllm_version or '?'}")
+    print(f"  started   {_when(info.started)}   ended {_when(info.ended)}")
+    print(f"  requests  {info.requests} stored")
+    if info.tags:
+        print(f"  tags      {', '.join(info.tags)}")
+    if info.gpus:
+        print(f"  gpus      {json.dumps(list(info.gpus))}")
+    print(f"  flags     {' '.join(_argv(info.flags)) or '(defaults)'}")
+    if info.workload:
+        print(f"  workload  {json.dumps(dict(info.workload), sort_keys=True)}")
+    error = info.summary.get("error") if isinstance(info.summary, dict) else None
+    if error:
+        print(f"  error     {error}")
+    print()
+    print(render(compare([info], all_flags=False), "text"), end="")
+    return 0
+
+
+def _argv(flags: Any) -> list[str]:
+    out: list[str] = []
+    for name, value in dict(flags).items():
+        if isinstance(value, bool):
+            out.append(f"--{name}" if value else f"--no-{name}")
+        elif isinstance(value, (list, tuple)):
+            out += [f"--{name}", *(str(v) for v in value)]
+        else:
+            out += [f"--{name}", str(value)]
+    return out
+
+
+def _export(store: Any, info: Any, fmt: str, output: Path | None) -> int:
+    from tui.commands.compare import write_or_print
+
+    if fmt == "json":
+        doc = info.to_dict()
+        doc["requests_detail"] = store.requests(info.id)
+        text = json.dumps(doc, indent=2)
+    elif fmt == "csv":
+        text = _requests_csv(store.requests(info.id))
+    elif fmt == "trace":
+        from engine.trace import build_trace
+
+        text = json.dumps(build_trace(info, store.requests(info.id), store.samples(info.id)), separators=(",", ":"))
+    else:
+        text = _command_line(info, fmt)
+    write_or_print(text, output)
+    return 0
+
+
+def _requests_csv(requests: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    columns = ["id", "t_start", "ok", "error", "cancelled", "ttft_ms", "tpot_ms", "e2el_ms", "input_tokens", "output_tokens"]
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(columns)
+    for r in requests:
+        ttft, e2el, n = r.get("ttft_s"), r.get("e2el_s"), r.get("output_tokens") or 0
+        tpot = (e2el - ttft) / (n - 1) * 1000 if ttft is not None and e2el is not None and n > 1 else ""
+        writer.writerow([
+            r.get("id"), r.get("t_start"), int(bool(r.get("ok"))), r.get("error") or "", int(bool(r.get("cancelled"))),
+            "" if ttft is None else round(ttft * 1000, 3), "" if tpot == "" else round(tpot, 3),
+            "" if e2el is None else round(e2el * 1000, 3), r.get("input_tokens"), r.get("output_tokens"),
+        ])
+    return buf.getvalue()
+
+
+def _command_line(info: Any, fmt: str) -> str:
+    from engine.flags import FlagError, FlagSet
+    from tui.cli import UserError
+
+    try:
+        flags = FlagSet.from_dict({"model": info.model or "MODEL", "values": dict(info.flags)})
+    except FlagError as exc:
+        raise UserError(f"run #{info.id}'s flags no longer parse: {exc}", "export --format json instead") from None
+    return str(flags.to_docker_line() if fmt == "docker" else flags.to_serve_line())
