@@ -38,6 +38,9 @@ PANELS = (FlagEditor, PresetList, LivePanel, ServerPanel, RunsPanel)
 class MainScreen(Screen[None]):
     """Status line, the panels (side by side when wide, tabs when narrow), footer."""
 
+    # No field takes the focus at start, so the footer's keys work at once; Tab enters the panels.
+    AUTO_FOCUS = None
+
     wide: reactive[bool] = reactive(True, recompose=True)
     """Whether the terminal is wide enough for the two-column layout."""
 

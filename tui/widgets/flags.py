@@ -62,13 +62,17 @@ class FlagRow(Vertical):
                     classes="flag-editor",
                 )
             else:
-                yield Input(
+                editor = Input(
                     placeholder=_show(spec.default) or "(unset)",
                     type="text",
                     compact=True,
                     select_on_focus=False,
                     classes="flag-editor",
                 )
+                editor.cursor_blink = self._cursor_blink
+                yield editor
+            if spec.kind == "bool":
+                yield Label("", classes="flag-state")
         yield Label("", classes="flag-error")
 
     @property
@@ -82,6 +86,8 @@ class FlagRow(Vertical):
             with editor.prevent(Input.Changed, Switch.Changed, Select.Changed):
                 if isinstance(editor, Switch):
                     editor.value = bool(self.spec.default if value is None else value)
+                    state = "on" if editor.value else "off"
+                    self.query_one(".flag-state", Label).update(state if value is not None else f"{state} (default)")
                 elif isinstance(editor, Select):
                     editor.value = Select.NULL if value is None else str(value)
                 elif isinstance(editor, Input):

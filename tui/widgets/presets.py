@@ -31,6 +31,7 @@ class PresetList(Vertical):
         self._presets = list(presets)
 
     def compose(self) -> ComposeResult:
+        yield Static("Enter loads a preset's flags and workload; a applies, r runs", id="preset-help")
         yield OptionList(*self._options(), id="preset-options")
         yield Static("", id="preset-about")
 
