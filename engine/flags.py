@@ -920,8 +920,8 @@ class FlagSet:
             hf_mount = f"{hf_cache}:{_CONTAINER_HF_CACHE}"
         chunks.append(["-v", hf_mount])
         model = self.model
-        local = Path(model).expanduser() if model else None
-        if local is not None and local.is_dir():
+        local = _local_dir(model)
+        if local is not None:
             host = str(local.resolve())
             if ":" in host or "," in host:
                 raise FlagError("model", f"folder {host!r} contains ':' or ',', which docker -v cannot mount")
@@ -985,6 +985,17 @@ class FlagSet:
         return out
 
 
+def _local_dir(model: str) -> Path | None:
+    """The model as an existing local folder, or None (a Hugging Face id, say)."""
+    if not model:
+        return None
+    try:
+        path = Path(os.path.expanduser(model))  # "~nosuchuser" stays as it is
+        return path if path.is_dir() else None
+    except (OSError, ValueError):
+        return None
+
+
 def _guess_spec(name: str, value: Any) -> FlagSpec:
     """Formatting spec for a flag the schema does not know, from its value's type."""
     if isinstance(value, bool):
@@ -1042,7 +1053,8 @@ _PY_MODULES = {
     "vllm.entrypoints.cli.main",
     "vllm.entrypoints.launchers.api_server",
 }
-_SHELL_OPS = {"|", "||", "&&", ";", "&", ">", ">>", "<", "2>&1", "2>", "&>"}
+# Unquoted |, ;, &, <, > would make the line a pipeline or a redirection.
+_SHELL_OP = re.compile(r"[|;&<>]+")
 
 # docker run options that take a value (the rest are switches such as --rm, -d, -it).
 _DOCKER_VALUE_OPTS = {
@@ -1083,6 +1095,7 @@ def _mask_quoted(text: str) -> str:
             else:
                 out[i] = "_"
         elif ch == "\\":
+            out[i : i + 2] = "_" * len(out[i : i + 2])
             i += 2
             continue
         elif ch in "'\"":
@@ -1127,6 +1140,9 @@ def _split(text: str) -> list[str]:
             " (write each continuation as backslash + newline)",
             token=text[lost.start() : lost.end() + 20].strip(),
         )
+    op = _SHELL_OP.search(_mask_quoted(text))
+    if op:
+        raise FlagError("", "shell operators are not part of a vLLM command line", token=op.group(0))
     joined = _join_continuations(text)
     lex = shlex.shlex(joined, posix=True)
     lex.whitespace_split = True
@@ -1135,9 +1151,6 @@ def _split(text: str) -> list[str]:
         tokens = list(lex)
     except ValueError as exc:
         raise FlagError("", f"cannot split the line: {exc}", token=joined[-40:]) from None
-    for tok in tokens:
-        if tok in _SHELL_OPS:
-            raise FlagError("", "shell operators are not part of a vLLM command line", token=tok)
     return tokens
 
 

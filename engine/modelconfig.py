@@ -8,6 +8,7 @@ estimate. No ``transformers`` import: reading one JSON file must stay instant.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,7 +100,7 @@ class ModelConfig:
 
         Raises ModelConfigError naming the file and key for anything missing or invalid.
         """
-        p = Path(path).expanduser()
+        p = Path(os.path.expanduser(str(path)))
         file = p / "config.json" if p.is_dir() else p
         if not file.exists():
             if p.is_dir():

@@ -14,6 +14,7 @@ so :func:`compare_to_reported` shows the prediction beside what vLLM printed.
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,7 +90,7 @@ def shipped_configs() -> dict[str, Path]:
 
 def load_model_config(name_or_path: str | Path) -> ModelConfig:
     """A ModelConfig from a folder, a config.json file or a shipped name."""
-    path = Path(name_or_path).expanduser()
+    path = Path(os.path.expanduser(str(name_or_path)))
     if path.exists():
         return ModelConfig.load(path)
     shipped = shipped_configs()
