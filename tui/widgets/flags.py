@@ -81,7 +81,10 @@ class FlagRow(Vertical):
 
     def show(self, value: Any, error: str | None, running: Any, has_server: bool) -> None:
         """Render this flag's state from a snapshot without re-sending it as an edit."""
-        editor = self.editor
+        found = self.query(".flag-editor")
+        if not found:
+            return  # not composed yet (just mounted) or being removed
+        editor = found.first()
         if not editor.has_focus:
             with editor.prevent(Input.Changed, Switch.Changed, Select.Changed):
                 if isinstance(editor, Switch):

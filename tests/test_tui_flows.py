@@ -1,0 +1,155 @@
+"""Pilot tests of the TUI flows that need no vLLM server: an invalid flag is shown as
+typed and the launch refused, loading a preset over edits asks first, export gives
+the exact docker line and copies it, quitting with no server exits at once.
+
+The session is real (engine.session.Session on the built-in flag schema); only its
+telemetry thread and history are off, since no server runs here.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import tui_data
+from engine.flags import builtin_schema
+from engine.presets import find_preset, list_presets
+from tui.app import VtuiApp
+from tui.widgets.flags import FlagRow
+from tui.widgets.modals import ConfirmScreen, ExportScreen
+from tui.widgets.presets import PresetList
+
+
+def make_app() -> VtuiApp:
+    session = tui_data.make_session()
+    return VtuiApp(session, schema=builtin_schema(), presets=list_presets(include_user=False), cursor_blink=False)
+
+
+async def test_invalid_flag_is_shown_as_typed_and_start_is_refused() -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        row = app.screen.query_one("#flag-max-num-seqs", FlagRow)
+        await pilot.click(row.editor)
+        await pilot.press("ctrl+a", "ctrl+k", *"12x")
+        await pilot.press("escape")
+        await pilot.pause()
+        assert row.has_class("-error")
+        assert "integer" in str(row.query_one(".flag-error").render())
+        assert app.session.flag_errors()["max-num-seqs"].startswith("expected an integer")
+
+        await pilot.press("s")
+        await pilot.pause()
+        assert app.session.supervisor is None  # nothing was launched
+        assert any("max-num-seqs" in n.message and "not starting" in n.message for n in app._notifications)
+
+        # Fixing the value clears the error; the typed value is what would launch.
+        await pilot.click(row.editor)
+        await pilot.press("ctrl+a", "ctrl+k", *"64")
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not row.has_class("-error")
+        argv = app.session.launch_argv()
+        assert argv[argv.index("--max-num-seqs") + 1] == "64"
+
+
+async def test_out_of_range_value_names_the_limit() -> None:
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.action_show("tab-flags")
+        await pilot.pause()
+        row = app.screen.query_one("#flag-gpu-memory-utilization", FlagRow)
+        await pilot.click(row.editor)
+        await pilot.press("ctrl+a", "ctrl+k", *"1.5")
+        await pilot.pause()
+        assert row.has_class("-error")
+        assert "1" in app.session.flag_errors()["gpu-memory-utilization"]
+
+
+async def test_preset_load_over_edits_asks_first_then_loads() -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        app.session.set_flag_text("max-num-seqs", "7")
+        assert app.session.dirty
+        app.action_show("tab-presets")
+        await pilot.pause()
+        app.screen.query_one(PresetList).post_message(PresetList.PresetChosen("batch-throughput"))
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("escape")  # keep the edits
+        await pilot.pause()
+        assert app.session.flags.get("max-num-seqs") == 7
+
+        app.screen.query_one(PresetList).post_message(PresetList.PresetChosen("batch-throughput"))
+        await pilot.pause()
+        await pilot.click("#yes")
+        await pilot.pause()
+        expected = find_preset("batch-throughput")
+        assert app.session.snapshot().preset_name == "batch-throughput"
+        for name, value in expected.flags.items():
+            if name not in expected.tiny.flags:
+                assert app.session.flags.get(name) == value
+        assert not app.session.dirty
+
+
+async def test_preset_load_without_edits_does_not_ask() -> None:
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.screen.query_one(PresetList).post_message(PresetList.PresetChosen("chunked-enable-256"))
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmScreen)
+        assert app.session.flags.get("max-num-batched-tokens") == 256
+
+
+async def test_export_gives_the_exact_docker_line_and_copies_it() -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("e")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, ExportScreen)
+        expected = app.session.flags.to_docker_line()
+        assert screen.text == expected
+        assert screen.query_one("#export-text").text == expected  # type: ignore[attr-defined]
+        await pilot.press("c")
+        assert app.clipboard == expected
+
+        await pilot.click("#kind-serve")
+        await pilot.pause()
+        assert screen.text == app.session.flags.to_serve_line()
+
+        await pilot.click("#kind-results")  # no run yet: said in place, nothing copied
+        await pilot.pause()
+        assert screen.text == ""
+        assert "no run" in str(screen.query_one("#export-status").render())
+
+
+async def test_export_saves_to_a_file(tmp_path: object) -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("e")
+        await pilot.pause()
+        await pilot.press("w")
+        await pilot.pause()
+        status = str(app.screen.query_one("#export-status").render())
+        path = status.removeprefix("saved to ").strip()
+        with open(path) as fh:
+            assert fh.read().strip() == app.session.flags.to_docker_line().strip()
+
+
+async def test_quit_without_a_server_exits_at_once() -> None:
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("q")
+        await pilot.pause()
+    assert app.return_code == 0
+
+
+@pytest.mark.parametrize("width,wide", [(80, False), (109, False), (110, True), (160, True)])
+async def test_layout_collapses_to_tabs_when_narrow(width: int, wide: bool) -> None:
+    app = make_app()
+    async with app.run_test(size=(width, 30)) as pilot:
+        await pilot.pause()
+        assert app.screen.wide is wide  # type: ignore[attr-defined]
+        assert bool(app.screen.query("#left")) is wide
+        # Every panel stays reachable either way.
+        for panel in ("#flags", "#presets", "#live", "#server", "#runs"):
+            assert app.screen.query(panel)
