@@ -1078,8 +1078,9 @@ _DOCKER_VALUE_OPTS = {
 _LOST_BREAK = re.compile(r"(?<!\\)\\ +-")
 
 
-def _mask_quoted(text: str) -> str:
-    """``text`` with everything inside quotes replaced by "_" (same length)."""
+def _mask_quoted(text: str, *, escapes: bool = True) -> str:
+    """``text`` with everything inside quotes (and backslash escapes, if ``escapes``)
+    replaced by "_" (same length)."""
     out = list(text)
     quote = ""
     i = 0
@@ -1095,7 +1096,8 @@ def _mask_quoted(text: str) -> str:
             else:
                 out[i] = "_"
         elif ch == "\\":
-            out[i : i + 2] = "_" * len(out[i : i + 2])
+            if escapes:
+                out[i : i + 2] = "_" * len(out[i : i + 2])
             i += 2
             continue
         elif ch in "'\"":
@@ -1132,7 +1134,7 @@ def _join_continuations(text: str) -> str:
 
 
 def _split(text: str) -> list[str]:
-    lost = _LOST_BREAK.search(_mask_quoted(text))
+    lost = _LOST_BREAK.search(_mask_quoted(text, escapes=False))
     if lost:
         raise FlagError(
             "",
