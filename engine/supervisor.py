@@ -453,11 +453,17 @@ class Supervisor:
         install_cleanup_hooks()
         self.started_at = time.time()
         self._set_phase(Phase.LAUNCHING)
+        # A server left running must not write into a pipe whose reader (us) is gone, or its
+        # next log line fails: it then writes to its log file and we follow the file.
+        direct: IO[str] | None = None
+        if self.leave_running:
+            self._log_file.flush()
+            direct = open(self.log_path, "a", encoding="utf-8")  # noqa: SIM115 - handed to the child
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *self.command,
                 stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
+                stdout=direct if direct is not None else asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
                 env=env,
                 start_new_session=True,  # own group: signals reach the whole server, never us
@@ -468,11 +474,19 @@ class Supervisor:
                 f"cannot run {self.command[0]!r}: {exc.strerror or exc}",
                 hint="Check the launcher prefix and that vLLM is installed for that Python.",
             ) from exc
+        finally:
+            if direct is not None:
+                direct.close()  # the child holds its own copy
         self.pid = self._proc.pid
         self._root = procs.ProcRef.of(self._proc.pid) or procs.ProcRef(self._proc.pid, time.time())
         _LIVE.add(self)
         self._write_registry()
-        self._reader = asyncio.create_task(self._read_output(self._proc))
+        if self.leave_running:
+            self._log_file.close()  # the child writes the file; we only read it
+            self._log_file = None
+            self._reader = asyncio.create_task(self._follow_file(self._proc, self.log_path))
+        else:
+            self._reader = asyncio.create_task(self._read_output(self._proc))
 
     async def _read_output(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
@@ -488,9 +502,28 @@ class Supervisor:
                 break
             self._on_line(raw.decode("utf-8", errors="replace").rstrip("\n"))
 
-    def _on_line(self, line: str) -> None:
+    async def _follow_file(self, proc: asyncio.subprocess.Process, path: Path) -> None:
+        """Like _read_output, for a server writing its log file itself (leave_running)."""
+        with open(path, encoding="utf-8", errors="replace", newline="\n") as handle:
+            handle.readline()  # our "# vtui launched" header
+            partial = ""
+            while True:
+                chunk = handle.readline()
+                if chunk:
+                    partial += chunk
+                    if partial.endswith("\n"):
+                        self._on_line(partial.rstrip("\n"), write=False)
+                        partial = ""
+                    continue
+                if proc.returncode is not None:
+                    if partial:
+                        self._on_line(partial, write=False)
+                    return
+                await asyncio.sleep(0.1)
+
+    def _on_line(self, line: str, write: bool = True) -> None:
         self.tail.append(line)
-        if self._log_file is not None:
+        if write and self._log_file is not None:
             with contextlib.suppress(OSError, ValueError):
                 self._log_file.write(line + "\n")
         parsed = parse_line(line)

@@ -11,7 +11,10 @@ under ``flock /tmp/vtui-vllm.lock`` (the machines have 2 cores shared by everyon
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import os
+import shutil
 import threading
 from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import Future
@@ -39,7 +42,22 @@ def vtui_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     home = tmp_path_factory.mktemp("vtui-home")
     old = os.environ.get("VTUI_HOME")
     os.environ["VTUI_HOME"] = str(home)
+    # engine.flags caches the installed vLLM's flag schema (10-25 s to extract) in data_dir();
+    # carry it between sessions through the test cache, since data_dir() is new each session.
+    # Keyed by the hash of engine/flags.py, so a changed extractor never reads an old schema.
+    data = home / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    flags_src = Path(__file__).resolve().parents[1] / "engine" / "flags.py"
+    key = hashlib.sha256(flags_src.read_bytes()).hexdigest()[:16] if flags_src.exists() else "none"
+    schema_cache = TEST_CACHE / "schema" / key
+    for cached in schema_cache.glob("schema-*.json"):
+        shutil.copyfile(cached, data / cached.name)
     yield home
+    with contextlib.suppress(OSError):
+        schema_cache.mkdir(parents=True, exist_ok=True)
+        for made in data.glob("schema-*.json"):
+            if not (schema_cache / made.name).exists():
+                shutil.copyfile(made, schema_cache / made.name)
     if old is None:
         os.environ.pop("VTUI_HOME", None)
     else:

