@@ -83,4 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Re-import so UserError has one identity when run as `python -m tui.cli`.
+    from tui.cli import main as _main
+
+    sys.exit(_main())
