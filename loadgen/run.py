@@ -147,6 +147,7 @@ class LoadRun:
         percentiles: tuple[float, ...] = DEFAULT_PERCENTILES,
         connect_timeout_s: float = 10.0, read_timeout_s: float = 600.0,
         request_timeout_s: float | None = None, check_max_len: bool = True,
+        transport: str = "fast",
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -163,6 +164,7 @@ class LoadRun:
         self.percentiles = percentiles
         self._timeouts = (connect_timeout_s, read_timeout_s, request_timeout_s)
         self._check_max_len = check_max_len
+        self.transport = transport
         self._cancelled = False
         self._cancel_hooks: list[Callable[[], None]] = []
         self.phase = "idle"  # idle, preparing, warmup, running, done
@@ -245,7 +247,7 @@ class LoadRun:
         cfg = ClientConfig(self.base_url, model, endpoint=self.workload.endpoint,
                            api_key=self.api_key, ignore_eos=self.workload.ignore_eos,
                            connect_timeout_s=self._timeouts[0], read_timeout_s=self._timeouts[1],
-                           request_timeout_s=self._timeouts[2])
+                           request_timeout_s=self._timeouts[2], transport=self.transport)
         total = len(pool) if (a.num_requests or trace) else 0
         cap = a.in_flight_cap
         plans = []

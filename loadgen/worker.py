@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from loadgen.arrivals import iter_offsets
-from loadgen.client import ClientConfig, ClientPool, build_body, send
+from loadgen.client import ClientConfig, ClientPool, FastPool, build_body, open_client, send
 from loadgen.records import PlannedRequest, RequestResult
 from loadgen.spec import ArrivalSpec
 
@@ -156,8 +156,9 @@ class Worker:
         watcher = asyncio.get_running_loop().create_task(self._watch())
         cpu0, wall0 = time.process_time(), time.perf_counter()
         try:
-            async with ClientPool(plan.client) as client:
-                client.prewarm(min(plan.slots or 64, 1024))
+            client = open_client(plan.client)
+            try:
+                await self._prewarm(client)
                 if plan.warmup:
                     await self._warmup(client)
                     self._flush(0.0, warmup_done=True)
@@ -172,12 +173,26 @@ class Worker:
                     await self._open(client)
                 while self._tasks:
                     await asyncio.wait(set(self._tasks))
+            finally:
+                if isinstance(client, ClientPool):
+                    await client.aclose()
+                else:
+                    client.close()
         finally:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
             cpu = (time.process_time() - cpu0) / max(1e-9, time.perf_counter() - wall0)
             self._flush(cpu, done=True)
+
+    async def _prewarm(self, client: FastPool | ClientPool) -> None:
+        """Open the connections before t0, so the first requests are not connect-bound."""
+        n = min(self.plan.slots or 64, 1024)
+        if isinstance(client, ClientPool):
+            client.prewarm(n)
+        else:
+            with contextlib.suppress(Exception):
+                await client.warm(n)
 
     async def _warmup(self, client: Any) -> None:
         sem = asyncio.Semaphore(max(1, self.plan.slots or 8))

@@ -1,0 +1,111 @@
+"""Statistics against hand-computed values (vLLM bench's definitions)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from loadgen.records import RequestResult
+from loadgen.spec import SLO
+from loadgen.stats import Accumulator, Percentiles, RunAggregator, SlidingWindow, percentile
+
+
+@pytest.mark.parametrize(
+    ("values", "p", "expected"),
+    [
+        ([1, 2, 3, 4], 50, 2.5),  # rank 1.5 -> between 2 and 3
+        ([1, 2, 3, 4], 90, 3.7),  # rank 2.7 -> 3 + 0.7
+        ([1, 2, 3, 4], 99, 3.97),
+        ([1, 2, 3, 4], 0, 1.0),
+        ([1, 2, 3, 4], 100, 4.0),
+        ([5], 99, 5.0),
+        ([], 50, 0.0),  # vLLM: np.percentile(x or 0) -> 0
+        ([10, 20, 30, 40, 50, 60, 70, 80, 90, 100], 95, 95.5),  # rank 8.55
+    ],
+)
+def test_percentile_matches_numpy_linear(values: list[float], p: float, expected: float) -> None:
+    assert percentile(sorted(values), p) == pytest.approx(expected)
+
+
+def test_accumulator_mean_population_std_max() -> None:
+    acc = Accumulator()
+    acc.extend([0.001, 0.002, 0.003, 0.004])  # seconds
+    s = acc.summary()
+    assert s.mean == pytest.approx(2.5)
+    # population std of 1,2,3,4 ms = sqrt(1.25)
+    assert s.std == pytest.approx(math.sqrt(1.25))
+    assert (s.p50, s.p90, s.max, s.count) == (pytest.approx(2.5), pytest.approx(3.7), 4.0, 4)
+
+
+def test_accumulator_reservoir_bounds_memory_and_keeps_exact_moments() -> None:
+    acc = Accumulator(cap=1000, seed=3)
+    n = 20_000
+    acc.extend(i / n for i in range(n))
+    assert not acc.exact
+    assert len(acc._values) == 1000
+    s = acc.summary()
+    assert s.mean == pytest.approx(1000 * (n - 1) / (2 * n))
+    assert s.max == pytest.approx(1000 * (n - 1) / n)
+    # Uniform reservoir of 1000: the median is within a few percent of the truth.
+    assert s.p50 == pytest.approx(500, abs=50)
+
+
+def _r(i: int, ttft: float, itl: tuple[float, ...], out: int, ok: bool = True, t: float = 100.0,
+       inp: int = 10) -> RequestResult:
+    e2el = ttft + sum(itl)
+    return RequestResult(id=i, t_start=t, ttft_s=ttft, itl_s=itl, e2el_s=e2el,
+                         input_tokens=inp, output_tokens=out, ok=ok,
+                         error=None if ok else "http_error", expected_input=inp)
+
+
+def test_run_aggregator_hand_computed() -> None:
+    agg = RunAggregator(slo=SLO(ttft_ms=150, tpot_ms=60))
+    agg.set_origin(100.0)
+    # A: ttft 100 ms, 3 tokens, gaps 50+50 -> e2el 200, tpot 50  -> good
+    assert agg.add(_r(0, 0.100, (0.05, 0.05), 3))
+    # B: ttft 200 ms -> misses the ttft SLO; 1 token -> tpot not aggregated
+    assert not agg.add(_r(1, 0.200, (), 1, t=100.5))
+    # C: failure, counted by reason, not in latency stats
+    agg.add(_r(2, 0.0, (), 0, ok=False))
+    s = agg.summary(duration_s=2.0, percentiles=(50, 99))
+    assert (s["completed"], s["failed"]) == (2, 1)
+    assert s["total_input_tokens"] == 20 and s["total_output_tokens"] == 4
+    assert s["request_throughput"] == pytest.approx(1.0)
+    assert s["request_goodput"] == pytest.approx(0.5)
+    assert s["output_throughput"] == pytest.approx(2.0)
+    assert s["total_token_throughput"] == pytest.approx(12.0)
+    assert s["mean_ttft_ms"] == pytest.approx(150.0)
+    assert s["median_ttft_ms"] == pytest.approx(150.0)
+    assert s["std_ttft_ms"] == pytest.approx(50.0)
+    assert s["p99_ttft_ms"] == pytest.approx(199.0)
+    assert s["mean_tpot_ms"] == pytest.approx(50.0)  # only A has > 1 token
+    assert s["mean_itl_ms"] == pytest.approx(50.0)
+    assert s["mean_e2el_ms"] == pytest.approx(200.0)  # A 200, B 200
+    # Token stamps: A at 100.1, 100.15, 100.2 -> second 0; B at 100.7 -> second 0.
+    assert s["max_output_tokens_per_s"] == 4.0
+    assert s["max_concurrent_requests"] == 2
+    assert agg.failures_by_reason == {"http_error": 1}
+
+
+def test_no_slo_means_no_goodput() -> None:
+    agg = RunAggregator()
+    agg.add(_r(0, 0.1, (0.01,), 2))
+    assert agg.summary(1.0)["request_goodput"] is None
+
+
+def test_sliding_window_drops_old_results_and_rates_over_window() -> None:
+    w = SlidingWindow(window_s=10.0)
+    w.add(100.0, _r(0, 0.1, (0.01,), 2), True)
+    w.add(105.0, _r(1, 0.3, (0.01,), 2), False)
+    w.add(108.0, _r(2, 0.0, (), 0, ok=False), False)
+    snap = w.snapshot(112.0, run_start=90.0, slo=SLO(ttft_ms=200), in_flight=3,
+                      totals=(2, 1, 6), client=(False, 1.0, 0.2))
+    # The first result (t=100) is older than 10 s at t=112.
+    assert (snap.completed, snap.failed, snap.in_flight) == (1, 1, 3)
+    assert snap.req_s == pytest.approx(0.1)
+    assert snap.ttft.p50 == pytest.approx(300.0)
+    assert snap.slo_attainment == 0.0 and snap.goodput == 0.0
+    assert isinstance(snap.ttft, Percentiles)
+    d = snap.to_dict()
+    assert d["ttft"]["p50"] == pytest.approx(300.0) and d["total_sent"] == 6
