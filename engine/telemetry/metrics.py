@@ -361,6 +361,7 @@ class MetricsScraper:
         self._prev_t: float | None = None
         self.parse_errors = 0  # rejected lines over every scrape
         self.last_error: str | None = None  # the most recent parse error text
+        self.last_text: str | None = None  # the last page as served (for "show raw" and captures)
 
     async def scrape(self) -> ServerSample:
         """One scrape; never raises (except CancelledError)."""
@@ -375,6 +376,7 @@ class MetricsScraper:
             return stale_sample(t, f"{self.url} unreachable: {type(exc).__name__}: {exc}")
         if resp.status_code != 200:
             return stale_sample(t, f"{self.url} answered HTTP {resp.status_code}")
+        self.last_text = resp.text
         page = parse_metrics(resp.text)
         if page.parse_errors:
             self.parse_errors += page.parse_errors
