@@ -31,7 +31,7 @@ from loadgen.spec import SLO, ArrivalSpec, WorkloadSpec
 from loadgen.stats import DEFAULT_PERCENTILES, Accumulator, RunAggregator, SlidingWindow, StatsWindow
 from loadgen.tokens import Codec, LocalTokenizer, RemoteTokenizer
 from loadgen.worker import Batch, Worker, WorkerPlan, run_in_process
-from loadgen.workload import DEFAULT_POOL, build_requests
+from loadgen.workload import DEFAULT_POOL, REMOTE_POOL, build_requests
 
 # A worker whose loop wakes this late, or that uses this much of a core, is measuring
 # itself: 20 ms is 10x a typical decode ITL floor on a GPU.
@@ -224,7 +224,8 @@ class LoadRun:
                 codec = remote
         try:
             plan = await asyncio.to_thread(build_requests, self.workload, codec, self._count(),
-                                           info.max_model_len)
+                                           info.max_model_len,
+                                           REMOTE_POOL if remote else DEFAULT_POOL)
         finally:
             if remote is not None:
                 remote.close()

@@ -18,6 +18,8 @@ from loadgen.tokens import Codec, make_prompt
 
 # Distinct prompts built for a run; longer runs recycle them (index modulo pool size).
 DEFAULT_POOL = 2000
+# With only the server's /tokenize to build prompts (2-3 round trips each), fewer.
+REMOTE_POOL = 256
 
 
 class DatasetError(ValueError):
@@ -137,10 +139,12 @@ def load_sharegpt(spec: WorkloadSpec, codec: Codec, max_total: int | None = None
 
 
 def build_requests(spec: WorkloadSpec, codec: Codec | None, n: int,
-                   max_model_len: int | None = None) -> list[PlannedRequest]:
-    """``n`` planned requests (for ``chat``, ``n`` sessions). Random prompts need ``codec``."""
+                   max_model_len: int | None = None, pool: int = DEFAULT_POOL
+                   ) -> list[PlannedRequest]:
+    """``n`` planned requests (for ``chat``, ``n`` sessions). Random prompts need ``codec``;
+    at most ``spec.num_prompts or pool`` distinct prompts are built, then recycled."""
     rng = random.Random(spec.seed)
-    pool_n = min(n, spec.num_prompts or DEFAULT_POOL)
+    pool_n = min(n, spec.num_prompts or pool)
     if spec.kind in ("random", "chat"):
         if codec is None:
             raise ValueError("synthetic prompts need the model's tokenizer")
