@@ -1,0 +1,147 @@
+"""``vtui sweep PRESET...``: run several presets in a row against one model, then compare.
+
+The server restarts only when a preset's flags differ from the running ones. Every
+run is stored in the history (``vtui history``); the comparison is printed at the end.
+Without ``--model`` the tiny default model is used and each preset's explicit
+``[tiny]`` table applies (what it changes is printed). A preset with flags that
+cannot apply on this box is refused with the reason (``--skip`` leaves it out,
+``--force`` runs it anyway).
+
+  vtui sweep chunked-enable-256 chunked-enable-2048 chunked-disable-2048 --requests 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "sweep", help="run several presets in a row and compare them", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("presets", nargs="+", metavar="PRESET", help="preset name or .toml file")
+    parser.add_argument("--model", help="model folder or Hugging Face id (default: the tiny model)")
+    parser.add_argument("--url", help="use this running server as it is (its flags are not changed)")
+    parser.add_argument("--requests", type=int, help="override every preset's num_requests")
+    parser.add_argument("--concurrency", type=int, help="override every preset's concurrency")
+    parser.add_argument("--warmup", type=int, help="override every preset's warmup_requests")
+    parser.add_argument("--skip", action="store_true", help="leave out presets that cannot apply here")
+    parser.add_argument("--force", action="store_true", help="run presets that cannot apply here anyway")
+    parser.add_argument("--allow-long", action="store_true",
+                        help="send requests longer than max-model-len (the server's rejections count as failures)")
+    parser.add_argument("--no-history", action="store_true", help="do not store the runs")
+    parser.add_argument("--format", choices=("text", "markdown", "csv", "json"), default="text")
+    parser.add_argument("--output", "-o", type=Path, help="write the comparison to this file")
+    parser.add_argument("--start-timeout", type=float, default=600.0, help="seconds to wait for vLLM to start")
+    parser.set_defaults(func=run)
+
+
+def is_tiny_model(model_dir: str) -> bool:
+    stamp = Path(model_dir) / "vtui-model.json"
+    try:
+        return json.loads(stamp.read_text()).get("kind") == "tiny"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def resolve_presets(args: argparse.Namespace, tiny: bool) -> list[Any]:
+    """Load, scale for the tiny model, apply command-line overrides, validate."""
+    from engine.presets import PresetError, find_preset
+    from loadgen.spec import SpecError
+    from tui.cli import UserError
+
+    out = []
+    for name in args.presets:
+        try:
+            preset = find_preset(name)
+        except PresetError as exc:
+            raise UserError(str(exc), "see `vtui preset list`") from None
+        if tiny:
+            preset = preset.for_tiny_model()
+        arrivals = dict(preset.arrivals)
+        for key, value in (("num_requests", args.requests), ("concurrency", args.concurrency),
+                           ("warmup_requests", args.warmup)):
+            if value is not None:
+                arrivals[key] = value
+        preset = dataclasses.replace(preset, arrivals=arrivals)
+        try:
+            preset.workload_spec()
+            preset.arrival_spec()
+        except SpecError as exc:
+            raise UserError(f"preset {preset.name}: {exc}", "give the workload in the preset or fix the override") from None
+        out.append(preset)
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.compare import compare, render
+    from engine.history import History, HistoryError
+    from engine.presets import check_applicable
+    from engine.sweep import run_sweep
+    from tui.cli import UserError
+    from tui.commands.compare import write_or_print
+    from tui.commands.preset import detect_box
+
+    def say(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    if args.model is None:
+        from engine.tinymodel import ensure_tiny_model
+
+        model = str(ensure_tiny_model())
+    else:
+        model = args.model
+    tiny = args.url is None and is_tiny_model(model)
+    presets = resolve_presets(args, tiny)
+    for preset in presets:
+        for line in preset.scaled:
+            say(f"{preset.name} (tiny model): {line}")
+
+    if args.url is None:
+        gpus, backend, config = detect_box(model)
+        keep = []
+        refused = []
+        for preset in presets:
+            problems = check_applicable(preset, gpus, config, backend)
+            if problems and not args.force:
+                refused.append((preset, problems))
+                if args.skip:
+                    say(f"{preset.name}: skipped: " + "; ".join(str(p) for p in problems))
+                    continue
+            keep.append(preset)
+        if refused and not args.skip and not args.force:
+            text = "; ".join(f"{p.name}: {', '.join(str(x) for x in probs)}" for p, probs in refused)
+            raise UserError(f"cannot apply on this box ({backend}, {gpus} GPU(s)): {text}",
+                            "use --skip to leave them out or --force to try anyway")
+        presets = keep
+        if not presets:
+            raise UserError("no preset left to run", "drop --skip or pick presets that apply here")
+    else:
+        say("--url: the presets' flags are not applied to an attached server; only their workloads run")
+
+    history = None
+    if not args.no_history:
+        try:
+            history = History()
+        except HistoryError as exc:
+            say(f"history not available ({exc}); results are kept in memory only")
+    try:
+        steps = asyncio.run(run_sweep(presets, model=model, url=args.url, history=history, say=say,
+                                      start_timeout=args.start_timeout, check_max_len=not args.allow_long))
+    except KeyboardInterrupt:
+        say("interrupted: the runs so far are in `vtui history`")
+        return 130
+    finally:
+        if history is not None:
+            history.close()
+    if not steps:
+        return 1
+    write_or_print(render(compare([s.run for s in steps]), args.format), args.output)
+    return 0 if any(s.status == "complete" for s in steps) else 1
