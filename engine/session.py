@@ -713,6 +713,9 @@ class Session:
         """Sampler thread callback: keep the latest snapshot and extend the sparklines."""
         self._telemetry = snap
         self.store.add_snapshot(snap.gpus, snap.host, snap.gpu_unavailable)
+        recorder = self._recorder
+        if recorder is not None:
+            recorder.add_telemetry(snap)
         devices, _ = _devices_view(snap)
         if devices:
             if devices[0].util_pct is not None:
@@ -843,6 +846,9 @@ class Session:
         ended = self._clock()
 
         recorder, self._recorder = self._recorder, None
+        windows = getattr(result, "windows", ())
+        if windows:
+            self._window = windows[-1]  # the run's last published window stays on screen
         if isinstance(error, ServerError) and result is None:
             # Refused before any load was sent (unreachable, lengths too long): not a run.
             if recorder is not None:
@@ -1003,13 +1009,17 @@ class Session:
             out["flags"] = _flag_values(record.flags)
             out["model"] = str(record.flags.model)
             return json.dumps(out, indent=2, default=str)
-        from engine import trace
+        from engine.trace import build_trace
 
-        make = getattr(trace, "build_trace", None) or getattr(trace, "to_perfetto", None)
-        if make is None:
-            raise SessionError("the Perfetto export is not available", "update vtui")
-        data = make(record.result)
-        return data if isinstance(data, str) else json.dumps(data)
+        history = self._get_history()
+        if history is not None and record.history_id is not None:
+            info = history.get_run(record.history_id)
+            data = build_trace(info, history.requests(record.history_id), history.samples(record.history_id))
+        elif record.result is not None:
+            data = build_trace(record.result)
+        else:
+            raise SessionError("this run measured nothing", "run the workload again")
+        return json.dumps(data)
 
     def save_export(self, kind: str, path: Path | None = None) -> Path:
         """Write an export to ``path`` (default: the data folder) and return the path."""

@@ -1,0 +1,223 @@
+"""engine.session: the headless controller behind the TUI.
+
+Unit tests on the built-in flag schema (no server), then the network paths against
+the shared real vLLM server (``vllm_server``, marked ``vllm``): attach, a load run in
+its own thread with history and telemetry, exports of the measured run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+import tui_data
+from engine.flags import FlagSet, builtin_schema
+from engine.presets import find_preset
+from engine.session import Session, SessionError, SessionSnapshot, classify_log_line
+from loadgen import ArrivalSpec, WorkloadSpec
+
+
+@pytest.mark.parametrize(
+    "text,typed,error",
+    [
+        ("64", 64, None),
+        ("12x", None, "expected an integer"),
+        ("", None, None),  # back to vLLM's default
+        ("0", 0, "must be"),
+    ],
+)
+def test_flag_text_is_parsed_and_validated(text: str, typed: int | None, error: str | None) -> None:
+    session = tui_data.make_session()
+    reason = session.set_flag_text("max-num-seqs", text)
+    if error is None:
+        assert reason is None
+        assert session.flags.get("max-num-seqs") == typed
+    else:
+        assert reason is not None and error in reason
+        assert session.snapshot().flag_errors["max-num-seqs"] == reason
+
+
+async def test_start_is_refused_with_an_invalid_flag_and_launches_nothing() -> None:
+    session = tui_data.make_session()
+    session.set_flag_text("gpu-memory-utilization", "1.5")
+    with pytest.raises(SessionError) as info:
+        await session.start_server()
+    assert "--gpu-memory-utilization" in str(info.value)
+    assert session.supervisor is None
+    with pytest.raises(SessionError):
+        await session.apply_flags()
+
+
+def test_cross_flag_rule_from_validate_is_reported() -> None:
+    session = tui_data.make_session()
+    session.set_flag_text("max-num-seqs", "1024")  # above max-num-batched-tokens 512
+    assert session.flag_errors(), "vLLM refuses max-num-batched-tokens < max-num-seqs"
+
+
+def test_load_preset_takes_flags_workload_and_slo_on_our_model() -> None:
+    session = tui_data.make_session()
+    session.set_flag_text("max-num-seqs", "3")
+    assert session.dirty
+    preset = session.load_preset("online-chat")
+    snap = session.snapshot()
+    assert snap.preset_name == "online-chat"
+    assert snap.flags.model == tui_data.MODEL  # a preset names a model as a parameter
+    for name, value in find_preset("online-chat").flags.items():
+        assert session.flags.get(name) == value
+    assert session._workload == WorkloadSpec.from_dict(dict(preset.workload))
+    assert session._arrivals == ArrivalSpec.from_dict(dict(preset.arrivals))
+    assert not session.dirty
+
+
+def test_load_preset_on_the_tiny_model_applies_its_tiny_table_and_says_so() -> None:
+    fs = FlagSet(model=tui_data.MODEL, values={}, schema=builtin_schema())
+    session = Session(fs, telemetry=False, record_history=False, tiny=True, schema=builtin_schema())
+    session.load_preset("online-chat")
+    assert session.flags.get("gpu-memory-utilization") == 0.2
+    assert "tiny model" in (session.snapshot().notice or "")
+
+
+def test_unknown_preset_is_a_session_error() -> None:
+    with pytest.raises(SessionError, match="no preset named"):
+        tui_data.make_session().load_preset("no-such-preset")
+
+
+def test_save_preset_round_trips(vtui_home: Path) -> None:
+    session = tui_data.make_session()
+    session.load_preset("online-chat")
+    session.set_flag_text("max-num-seqs", "48")
+    path = session.save_preset("my-chat")
+    assert path.parent.parent == vtui_home / "config"
+    again = tui_data.make_session()
+    again.load_preset("my-chat")
+    assert again.flags.get("max-num-seqs") == 48
+    assert again._workload == session._workload
+
+
+def test_export_lines_are_the_flag_sets_own() -> None:
+    session = tui_data.make_session()
+    assert session.export("docker") == session.flags.to_docker_line()
+    assert session.export("serve") == session.flags.to_serve_line()
+    with pytest.raises(SessionError, match="no run"):
+        session.export("results")
+    with pytest.raises(SessionError, match="unknown export"):
+        session.export("pdf")
+
+
+def test_snapshot_is_frozen_and_seq_moves_only_on_change() -> None:
+    session = tui_data.make_session()
+    a = session.snapshot()
+    assert session.snapshot().seq == a.seq
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.notice = "x"  # type: ignore[misc]
+    session.set_flag_text("max-num-seqs", "32")
+    assert session.snapshot().seq > a.seq
+
+
+async def test_publish_forever_sends_only_new_snapshots() -> None:
+    session = tui_data.make_session()
+    got: list[SessionSnapshot] = []
+    session.subscribe(got.append)
+    task = asyncio.create_task(session.publish_forever(hz=50))
+    while not got:
+        await asyncio.sleep(0.01)
+    session.set_flag_text("max-num-seqs", "16")
+    while len(got) < 2:
+        await asyncio.sleep(0.01)
+    task.cancel()
+    assert [s.flags.get("max-num-seqs") for s in got[:2]] == [128, 16]
+    assert got[0].seq < got[1].seq
+
+
+def test_comparison_marks_best_and_baseline() -> None:
+    snap = tui_data.with_runs()
+    comp = snap.comparison
+    assert comp is not None and comp.baseline == 0
+    rows = {label: (cells, best) for label, cells, best in comp.rows}
+    assert rows["--max-num-batched-tokens"][0] == ("512", "2048")
+    assert comp.flag_rows == 1
+    ttft = next(v for k, v in rows.items() if k.startswith("TTFT p50"))
+    assert ttft[1] == frozenset({0})  # lower is better
+    assert "+29.2%" in ttft[0][1]
+
+
+@pytest.mark.parametrize(
+    "line,level",
+    [
+        ("ERROR 11-29 12:00:00 [core.py:1] EngineCore failed", "error"),
+        ("WARNING 11-29 12:00:00 [config.py:1] something", "warning"),
+        ("ValueError: No available memory for the cache blocks.", "error"),
+        ("INFO 11-29 12:00:00 [loggers.py:1] Engine 000: Avg prompt throughput", "info"),
+    ],
+)
+def test_log_levels(line: str, level: str) -> None:
+    assert classify_log_line(line) == level
+
+
+def test_real_log_capture_errors_are_found() -> None:
+    text = (Path(__file__).parent / "data/captures/vllm-0.24.0-h200-fail-kv-too-small.log").read_text()
+    levels = [classify_log_line(line) for line in text.splitlines()]
+    assert "error" in levels and levels.count("error") < len(levels) / 2
+
+
+async def test_run_without_a_server_is_refused() -> None:
+    with pytest.raises(SessionError, match="no server"):
+        await tui_data.make_session().run_workload()
+
+
+# --------------------------------------------------------------------------- real vLLM
+
+
+@pytest.mark.vllm
+async def test_attach_run_record_and_export_against_real_vllm(vllm_server: object) -> None:
+    server = vllm_server
+    flags = FlagSet(model=str(server.model_path), values={})  # type: ignore[attr-defined]
+    session = Session(
+        flags,
+        workload=WorkloadSpec(input_len=32, output_len=16),
+        arrivals=ArrivalSpec(concurrency=4, num_requests=24),
+        workload_label="small",
+    )
+    await session.attach(server.base_url)  # type: ignore[attr-defined]
+    snap = session.snapshot()
+    assert snap.server.state == "ATTACHED"
+    assert snap.server.version == "0.32.0"
+    assert snap.server.kv_tokens and snap.server.kv_tokens > 0
+    assert snap.running_flags is not None  # recovered from the local process
+
+    record = await session.run_workload()
+    assert record.status == "done"
+    load = record.summary["load"]
+    assert load["completed"] == 24
+    assert load["median_ttft_ms"] > 0 and load["request_throughput"] > 0
+    snap = session.snapshot()
+    assert snap.window is not None and snap.window.total_completed > 0
+    assert snap.runs[-1] is record and snap.baseline == record.index
+    assert snap.comparison is not None and snap.comparison.columns == (record.label,)
+
+    # Telemetry: the host row (no GPU here) and a /metrics scrape arrived.
+    for _ in range(100):
+        snap = session.snapshot()
+        if snap.devices and snap.server_metrics.kv_usage_pct is not None:
+            break
+        await asyncio.sleep(0.1)
+    assert snap.devices and snap.devices[0].name in ("host",) + tuple(d.name for d in snap.devices)
+    assert snap.server_metrics.kv_usage_pct is not None
+
+    # The run is in the history as it was measured.
+    from engine.history import History
+
+    with History() as history:
+        info = history.get_run(record.history_id)
+        assert info.status == "complete"
+        assert history.requests(record.history_id)
+
+    results = json.loads(session.export("results"))
+    assert results["completed"] == 24 and results["status"] == "done"
+    trace = json.loads(session.export("perfetto"))
+    assert trace["traceEvents"]
+    await session.close()
