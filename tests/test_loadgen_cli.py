@@ -1,0 +1,94 @@
+"""`vtui bench` against a real local streaming server (loadgen.testserver)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from loadgen.testserver import ServerConfig, free_port, serve_in_thread
+from tui.cli import main
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    with serve_in_thread(ServerConfig(first_delay_s=0.002, max_model_len=600)) as u:
+        yield u
+
+
+def test_bench_writes_vllm_compatible_result(url: str, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    res, reqs = tmp_path / "r.json", tmp_path / "r.jsonl"
+    rc = main(["bench", "--url", url, "--input-len", "40", "--output-len", "5",
+               "--concurrency", "3", "--num-requests", "12", "--slo-ttft-ms", "500",
+               "--seed", "3", "--result-file", str(res), "--requests-file", str(reqs)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "Serving Benchmark Result" in out and "Median TTFT (ms):" in out
+    d = json.loads(res.read_text())
+    assert d["completed"] == 12 and d["failed"] == 0
+    assert d["max_concurrency"] == 3 and d["request_rate"] == "inf"
+    assert d["workload"]["input_len"] == 40 and d["seed"] == 3
+    assert d["request_goodput"] == pytest.approx(d["request_throughput"])
+    assert {"p99_ttft_ms", "median_itl_ms", "std_e2el_ms", "windows", "client_bound",
+            "failures_by_reason"} <= set(d)
+    assert len(reqs.read_text().splitlines()) == 12
+
+
+def test_open_loop_flags(url: str, tmp_path: Path) -> None:
+    res = tmp_path / "r.json"
+    rc = main(["bench", "--url", url, "--input-len", "10", "--output-len", "2", "--rate", "50",
+               "--burstiness", "2", "--concurrency", "4", "--num-requests", "10", "-q",
+               "--result-file", str(res)])
+    assert rc == 0
+    d = json.loads(res.read_text())
+    assert d["arrivals"]["mode"] == "poisson" and d["arrivals"]["max_in_flight"] == 4
+    assert d["request_rate"] == 50 and d["burstiness"] == 2
+
+
+def test_too_long_for_max_model_len_is_rejected_before_the_run(
+        url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["bench", "--url", url, "--input-len", "500", "--output-len", "200"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "700 tokens" in err and "max-model-len of 600" in err and "hint:" in err
+
+
+def test_unreachable_server_exits_non_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["bench", "--url", f"http://127.0.0.1:{free_port()}", "-q"])
+    assert rc != 0
+    assert "cannot reach" in capsys.readouterr().err
+
+
+def test_all_requests_failed_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    with serve_in_thread(ServerConfig(mode="status=503")) as u:
+        rc = main(["bench", "--url", u, "--input-len", "5", "--output-len", "2",
+                   "--num-requests", "4", "-q"])
+    assert rc == 1
+    captured = capsys.readouterr()
+    assert "no request completed (http_error: 4)" in captured.err
+    assert "HTTP 503" in captured.err
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["--range-ratio", "2"], "--range-ratio: must be in"),
+        (["--dataset-name", "jsonl", "--dataset", "/no/such.jsonl"], "no such file"),
+        (["--concurrency", "0"], "--concurrency: must be at least 1"),
+    ],
+)
+def test_bad_flags_are_user_errors(url: str, argv: list[str], match: str,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--url", url, *argv]) == 2
+    assert match in capsys.readouterr().err
+
+
+def test_malformed_dataset_line_named(url: str, tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "d.jsonl"
+    f.write_text('{"prompt": "ok"}\n{"prompt": \n')
+    assert main(["bench", "--url", url, "--dataset-name", "jsonl", "--dataset", str(f)]) == 2
+    assert f"{f}:2: malformed JSON" in capsys.readouterr().err

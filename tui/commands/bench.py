@@ -1,0 +1,317 @@
+"""``vtui bench``: drive a vLLM server with a workload, headless; numbers as `vllm bench serve`.
+
+    vtui bench --url http://127.0.0.1:8000 --input-len 512 --output-len 128 --concurrency 32
+    vtui bench --url URL --rate 20 --burstiness 0.5 --duration 60 --slo-ttft-ms 500
+    vtui bench --preset chat-prefix --url URL --result-file out.json
+    vtui bench --input-len 128 --output-len 64          # starts the tiny model itself
+    vtui bench --model /models/x -- --max-num-seqs 64   # starts that model with those flags
+
+Closed loop at --concurrency unless --rate is given (then open loop with gamma gaps,
+--concurrency capping requests in flight, as vLLM's --max-concurrency does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tui.cli import UserError
+
+METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2EL"))
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "bench",
+        help="run a load test against a vLLM server (results match `vllm bench serve`)",
+        description=(__doc__ or "").split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join((__doc__ or "").split("\n\n")[1:]),
+    )
+    g = p.add_argument_group("server")
+    g.add_argument("--url", help="base URL of a running server (default: start one)")
+    g.add_argument("--model", help="served model name (with --url) or model to start")
+    g.add_argument("--api-key", help="sent as 'Authorization: Bearer ...'")
+    g.add_argument("--tokenizer", help="local tokenizer/model folder (default: the server's "
+                   "/tokenize, or the started model's folder)")
+    g.add_argument("--endpoint", choices=("completions", "chat"))
+    g.add_argument("--timeout", type=float, default=600.0,
+                   help="read timeout per response in s (default 600)")
+    g.add_argument("--server-timeout", type=float, default=600.0,
+                   help="seconds to wait for a started server (default 600)")
+    g.add_argument("--no-validate", action="store_true", help=argparse.SUPPRESS)
+    w = p.add_argument_group("workload")
+    w.add_argument("--preset", help="preset name or TOML file: workload, arrivals and SLO")
+    w.add_argument("--dataset-name", "--kind", dest="kind",
+                   choices=("random", "sharegpt", "jsonl", "trace", "chat"))
+    w.add_argument("--dataset", help="dataset file for sharegpt/jsonl/trace")
+    w.add_argument("--input-len", type=int)
+    w.add_argument("--output-len", type=int)
+    w.add_argument("--range-ratio", type=float, help="uniform lengths within +-ratio")
+    w.add_argument("--length-dist", choices=("fixed", "uniform", "normal"))
+    w.add_argument("--input-std", type=float)
+    w.add_argument("--output-std", type=float)
+    w.add_argument("--prefix-len", type=int, help="shared prefix tokens")
+    w.add_argument("--num-prefixes", type=int)
+    w.add_argument("--num-turns", type=int, help="chat: turns per session")
+    w.add_argument("--time-scale", type=float, help="trace: replay speed factor on gaps")
+    w.add_argument("--seed", type=int)
+    a = p.add_argument_group("arrivals")
+    a.add_argument("--concurrency", type=int, help="closed loop slots, or in-flight cap with --rate")
+    a.add_argument("--rate", type=float, help="open loop requests/s ('inf' = all at once)")
+    a.add_argument("--burstiness", type=float, help="gamma shape; 1.0 = Poisson")
+    a.add_argument("--constant", action="store_true", help="equal gaps at --rate")
+    a.add_argument("--ramp-to", type=float, help="ramp linearly from --rate to this rate")
+    a.add_argument("--num-requests", "--num-prompts", dest="num_requests", type=int)
+    a.add_argument("--duration", type=float, help="stop sending after this many seconds")
+    a.add_argument("--warmup", type=int, help="warm-up requests, not measured")
+    a.add_argument("--workers", type=int, help="load generator processes (default: auto)")
+    s = p.add_argument_group("SLO and output")
+    s.add_argument("--slo-ttft-ms", type=float)
+    s.add_argument("--slo-tpot-ms", type=float)
+    s.add_argument("--slo-e2el-ms", type=float)
+    s.add_argument("--result-file", help="write the result JSON (vllm bench serve keys + ours)")
+    s.add_argument("--requests-file", help="write one JSON line per request")
+    s.add_argument("--quiet", "-q", action="store_true", help="no live progress line")
+    s.add_argument("--transport", choices=("fast", "httpx"), default="fast", help=argparse.SUPPRESS)
+    p.set_defaults(func=run, allow_extra=True)
+
+
+def build_specs(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """WorkloadSpec, ArrivalSpec, SLO from --preset and flags (flags win)."""
+    from loadgen import SLO, ArrivalSpec, SpecError, WorkloadSpec
+
+    wd: dict[str, Any] = {}
+    ad: dict[str, Any] = {}
+    slo_d: dict[str, Any] = {}
+    if args.preset:
+        from engine.presets import PresetError, find_preset
+
+        try:
+            preset = find_preset(args.preset)
+        except PresetError as exc:
+            raise UserError(str(exc), "`vtui preset list` shows the presets") from None
+        if not args.url:
+            preset = preset.for_tiny_model() if not args.model else preset
+        wd.update(preset.workload)
+        ad.update(preset.arrivals)
+        if preset.slo is not None:
+            slo_d.update(preset.slo.to_dict())
+    for key in ("kind", "dataset", "input_len", "output_len", "range_ratio", "length_dist",
+                "input_std", "output_std", "prefix_len", "num_prefixes", "num_turns",
+                "time_scale", "seed", "endpoint"):
+        v = getattr(args, key)
+        if v is not None:
+            wd[key] = v
+    if args.range_ratio and "length_dist" not in wd:
+        wd["length_dist"] = "uniform"
+    if wd.get("kind") == "chat":
+        wd.setdefault("endpoint", "chat")
+    if args.seed is not None:
+        ad["seed"] = args.seed
+    if args.concurrency is not None:
+        ad["concurrency"] = args.concurrency
+    if args.rate is not None:
+        ad["rate"] = args.rate
+        ad["mode"] = "constant" if args.constant else "poisson"
+        if args.concurrency is not None:
+            ad["max_in_flight"] = args.concurrency
+    if args.ramp_to is not None:
+        ad["mode"], ad["end_rate"] = "ramp", args.ramp_to
+    if wd.get("kind") == "trace":
+        ad["mode"] = "trace"
+    for flag, key in (("burstiness", "burstiness"), ("num_requests", "num_requests"),
+                      ("duration", "duration_s"), ("warmup", "warmup_requests"),
+                      ("workers", "workers")):
+        v = getattr(args, flag)
+        if v is not None:
+            ad[key] = v
+    if not ad.get("num_requests") and not ad.get("duration_s"):
+        ad["num_requests"] = 100 if wd.get("kind") != "trace" else 1_000_000
+    for key in ("ttft", "tpot", "e2el"):
+        v = getattr(args, f"slo_{key}_ms")
+        if v is not None:
+            slo_d[f"{key}_ms"] = v
+    try:
+        workload = WorkloadSpec.from_dict(wd, source="workload")
+        arrivals = ArrivalSpec.from_dict(ad, source="arrivals")
+        slo = SLO.from_dict(slo_d) if slo_d else None
+    except SpecError as exc:
+        flag = "--" + exc.key.replace("_s", "").replace("_", "-")
+        raise UserError(f"{flag}: {exc.reason}", f"from {exc.source}; see `vtui bench --help`"
+                        ) from None
+    return workload, arrivals, slo
+
+
+def run(args: argparse.Namespace) -> int:
+    workload, arrivals, slo = build_specs(args)
+    if workload.kind in ("sharegpt", "jsonl", "trace"):
+        path = Path(workload.dataset).expanduser()
+        if not path.is_file():
+            raise UserError(f"--dataset {workload.dataset}: no such file",
+                            "give the path of a ShareGPT JSON or JSONL file")
+    return asyncio.run(_bench(args, workload, arrivals, slo))
+
+
+async def _start_server(args: argparse.Namespace) -> tuple[Any, str | None]:
+    from engine.errors import StartupError
+    from engine.supervisor import Supervisor
+    from tui.commands.serve import build_flags
+
+    flags = build_flags(args)
+    sup = Supervisor(flags)
+    _err(f"vtui: starting {flags.model} (this takes a minute) ...")
+    t0 = time.monotonic()
+    try:
+        await sup.start(timeout=args.server_timeout)
+    except StartupError as exc:
+        said = f" (vLLM said: {exc.vllm_line})" if exc.vllm_line else ""
+        await sup.stop()
+        raise UserError(f"the server did not start: {exc}{said}", exc.hint) from None
+    _err(f"vtui: ready at {sup.base_url} after {time.monotonic() - t0:.0f} s")
+    folder = Path(flags.model)
+    return sup, str(folder) if (folder / "config.json").is_file() else None
+
+
+async def _bench(args: argparse.Namespace, workload: Any, arrivals: Any, slo: Any) -> int:
+    from loadgen import DatasetError, LoadRun, ServerError
+    from loadgen.tokens import TokenizerError
+
+    sup = None
+    url, model, tokenizer = args.url, args.model, args.tokenizer
+    if not url:
+        sup, folder = await _start_server(args)
+        url, model = sup.base_url, sup.model
+        tokenizer = tokenizer or folder
+    progress = _Progress(args.quiet)
+    run_ = LoadRun(url, model, workload, arrivals, slo, args.api_key, tokenizer=tokenizer,
+                   requests_file=args.requests_file, read_timeout_s=args.timeout,
+                   transport=args.transport)
+    loop = asyncio.get_running_loop()
+    interrupted = False
+
+    def on_sigint() -> None:
+        nonlocal interrupted
+        interrupted = True
+        run_.cancel()
+
+    loop.add_signal_handler(signal.SIGINT, on_sigint)
+    try:
+        result = await run_.run(on_window=progress.update)
+    except (ServerError, DatasetError, TokenizerError) as exc:
+        raise UserError(str(exc), getattr(exc, "hint", "") or "check --url/--dataset") from None
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+        progress.end()
+        if sup is not None:
+            await sup.stop()
+    print_table(result.to_json())
+    if args.result_file:
+        path = Path(args.result_file).expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result.to_json(), indent=2) + "\n", encoding="utf-8")
+        _err(f"vtui: result written to {path}")
+    if interrupted:
+        return 130
+    if result.failed_run:
+        reasons = ", ".join(f"{k}: {v}" for k, v in result.failures_by_reason.items())
+        example = next(iter(result.failure_examples.values()), "")
+        _err(f"error: no request completed ({reasons or 'nothing sent'})")
+        if example:
+            _err(f"  first failure: {example}")
+        return 1
+    return 0
+
+
+def _err(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+class _Progress:
+    """One live line on stderr (rewritten on a terminal, every 5 s otherwise)."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.tty = sys.stderr.isatty()
+        self.last = 0.0
+        self.shown = False
+
+    def update(self, w: Any) -> None:
+        if self.quiet:
+            return
+        now = time.monotonic()
+        if not self.tty and now - self.last < 5.0:
+            return
+        self.last = now
+        bound = f" | CLIENT-BOUND (loop lag {w.client_lag_ms:.0f} ms, cpu {w.client_cpu:.0%})" \
+            if w.client_bound else ""
+        line = (f"[{w.elapsed_s:6.1f}s] done {w.total_completed} failed {w.total_failed} "
+                f"in flight {w.in_flight} | {w.req_s:.1f} req/s {w.output_tok_s:.0f} tok/s | "
+                f"TTFT p50 {w.ttft.p50:.0f} p99 {w.ttft.p99:.0f} ms | "
+                f"TPOT p50 {w.tpot.p50:.1f} ms{bound}")
+        if self.tty:
+            sys.stderr.write("\r\x1b[2K" + line)
+            sys.stderr.flush()
+            self.shown = True
+        else:
+            _err(line)
+
+    def end(self) -> None:
+        if self.shown:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def print_table(d: dict[str, Any]) -> None:
+    """The final table, laid out like `vllm bench serve`'s."""
+    def row(name: str, value: Any, fmt: str = "{:.2f}") -> None:
+        text = fmt.format(value) if isinstance(value, int | float) else str(value)
+        print(f"{name:<40} {text:<10}")
+
+    print("{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="="))
+    row("Successful requests:", d["completed"], "{}")
+    row("Failed requests:", d["failed"], "{}")
+    if d.get("cancelled_requests"):
+        row("Cancelled requests:", d["cancelled_requests"], "{}")
+    if d.get("max_concurrency"):
+        row("Maximum request concurrency:", d["max_concurrency"], "{}")
+    row("Benchmark duration (s):", d["duration"])
+    row("Total input tokens:", d["total_input_tokens"], "{}")
+    row("Total generated tokens:", d["total_output_tokens"], "{}")
+    row("Request throughput (req/s):", d["request_throughput"])
+    if d.get("request_goodput") is not None:
+        row("Request goodput (req/s):", d["request_goodput"])
+    row("Output token throughput (tok/s):", d["output_throughput"])
+    row("Peak output token throughput (tok/s):", d["max_output_tokens_per_s"])
+    row("Peak concurrent requests:", d["max_concurrent_requests"], "{}")
+    row("Total token throughput (tok/s):", d["total_token_throughput"])
+    for key, label in METRICS:
+        print("{s:{c}^{n}}".format(s=f" {label} ", n=50, c="-"))
+        row(f"Mean {label} (ms):", d[f"mean_{key}_ms"])
+        row(f"Median {label} (ms):", d[f"median_{key}_ms"])
+        for p in ("90", "95", "99"):
+            if f"p{p}_{key}_ms" in d:
+                row(f"P{p} {label} (ms):", d[f"p{p}_{key}_ms"])
+    print("=" * 50)
+    if d.get("failures_by_reason"):
+        print("Failures: " + ", ".join(f"{k} {v}" for k, v in d["failures_by_reason"].items()))
+        for k, v in d.get("failure_examples", {}).items():
+            print(f"  {k}: {v[:160]}")
+    if d.get("client_bound"):
+        print(f"WARNING: client-bound (event-loop lag p99 {d['client_lag_p99_ms']:.1f} ms, "
+              f"CPU {d['client_cpu_max']:.0%} of a core): latencies include the client's own "
+              f"delay; use more --workers or a bigger machine")
+    if d.get("input_len_mismatches"):
+        print(f"note: {d['input_len_mismatches']} requests had a prompt_tokens count other "
+              f"than planned (the tokenizer differs from the server's?)")
+    print("TPOT = (E2EL - TTFT) / (output tokens - 1); ITL = gap between streamed chunks "
+          "(vLLM's definitions)")
+
+
+__all__ = ["add_parser", "build_specs", "print_table", "run"]
