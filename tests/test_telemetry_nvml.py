@@ -132,3 +132,20 @@ def test_this_process_attribution_uses_given_pids() -> None:
     fake.cursor = 100
     (g,) = NvmlReader(fake, env={}).sample({os.getpid()})
     assert g.server_mem_bytes == (fake.row.mem_used_mib - 615) * MIB
+
+
+def test_binding_without_a_function_or_with_odd_values_never_raises() -> None:
+    class OldBinding(FakeNvml):
+        nvmlDeviceGetComputeRunningProcesses = None  # type: ignore[assignment]  # missing in old pynvml
+
+        def nvmlDeviceGetUtilizationRates(self, handle: int) -> object:  # noqa: N802
+            return object()  # no .gpu / .memory
+
+    (g,) = NvmlReader(OldBinding(), env={}).sample()
+    assert not g.available and "unreadable" in (g.reason or "")
+
+    class NoProcs(FakeNvml):
+        nvmlDeviceGetComputeRunningProcesses = None  # type: ignore[assignment]
+
+    (g,) = NvmlReader(NoProcs(), env={}).sample()
+    assert g.available and g.nprocs is None and g.mem_used_bytes == 615 * MIB

@@ -145,6 +145,12 @@ class NvmlReader:
             self._unavailable = GpuUnavailable(f"NVML could not start: {_describe(exc)}")
             return
         atexit.register(self.close)
+        try:
+            self._discover()
+        except Exception as exc:  # noqa: BLE001 - a binding without some function; never raise to callers
+            self._unavailable = GpuUnavailable(f"NVML device discovery failed: {_describe(exc)}")
+
+    def _discover(self) -> None:
         count = self._call(self._module.nvmlDeviceGetCount)
         if count is None:
             self._unavailable = GpuUnavailable(f"NVML could not count devices: {self._last_error}")
@@ -170,6 +176,9 @@ class NvmlReader:
             self._unavailable = GpuUnavailable(f"no GPU matches {source} ({','.join(wanted or []) or 'empty'})")
 
     def _select(self, present: list[tuple[int, Any]], wanted: list[str]) -> list[tuple[int, Any]]:
+        # Indices are NVML's (PCI bus order). CUDA numbers devices fastest-first unless
+        # CUDA_DEVICE_ORDER=PCI_BUS_ID; on a box of identical GPUs (the usual H100/H200
+        # node) both orders agree. MIG instance UUIDs ("MIG-...") are not matched.
         by_index = dict(present)
         chosen: list[tuple[int, Any]] = []
         for entry in wanted:
@@ -206,8 +215,12 @@ class NvmlReader:
         """A per-device read; remembers NotSupported so it is not retried each tick."""
         if (index, name) in self._unsupported or index in self._lost:
             return None
+        fn = getattr(self._module, name, None)
+        if fn is None:  # an older binding without this function
+            self._unsupported.add((index, name))
+            return None
         self._last_error_kind = ""
-        value = self._call(getattr(self._module, name), handle, *args)
+        value = self._call(fn, handle, *args)
         if value is None:
             kind = self._last_error_kind
             if kind == "NVMLError_NotSupported":
@@ -224,7 +237,14 @@ class NvmlReader:
             if self._unavailable is not None:
                 return ()
             now = time.time() if t is None else t
-            return tuple(self._sample_one(i, h, server_pids, now) for i, h in self._handles)
+            return tuple(self._sample_safe(i, h, server_pids, now) for i, h in self._handles)
+
+    def _sample_safe(self, index: int, handle: Any, server_pids: Collection[int], t: float) -> GpuSample:
+        try:
+            return self._sample_one(index, handle, server_pids, t)
+        except Exception as exc:  # noqa: BLE001 - a reading of an unexpected shape; never raise to callers
+            uuid, name = self._ident.get(index, (None, None))
+            return GpuSample(t, index, uuid, name, False, f"unreadable: {_describe(exc)}")
 
     def _sample_one(self, index: int, handle: Any, server_pids: Collection[int], t: float) -> GpuSample:
         uuid, name = self._ident.get(index, (None, None))
