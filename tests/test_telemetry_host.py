@@ -67,3 +67,16 @@ def test_set_root_switches_tree(pid: int | None) -> None:
     sampler.sample()
     sampler.set_root(pid)
     assert sampler.root_pid == pid and sampler.tree_pids() == frozenset()
+
+
+def test_machine_cpu_sees_a_busy_process() -> None:
+    a = HostSampler()
+    busy = subprocess.Popen([sys.executable, "-c", BUSY])
+    try:
+        time.sleep(1.5)
+        s = a.sample()
+    finally:
+        busy.kill()
+        busy.wait()
+    # one spinning process on this machine's cores: at least a few percent of all CPU time
+    assert 100.0 / psutil.cpu_count() * 0.2 < s.cpu_percent <= 100.0

@@ -39,7 +39,9 @@ class HostSampler:
         self._procs: dict[int, psutil.Process] = {}
         self._pids: frozenset[int] = frozenset()
         self._cpu_count = psutil.cpu_count() or 1
-        psutil.cpu_percent(interval=None)  # prime: the first call only sets the baseline
+        # Our own baseline rather than psutil.cpu_percent(interval=None), whose baseline
+        # is module-global: two samplers (TUI and a bench) would steal each other's deltas.
+        self._cpu_times = psutil.cpu_times()
 
     @property
     def root_pid(self) -> int | None:
@@ -63,7 +65,7 @@ class HostSampler:
         vm = psutil.virtual_memory()
         base = HostSample(
             t=now,
-            cpu_percent=psutil.cpu_percent(interval=None),
+            cpu_percent=self._machine_cpu_percent(),
             cpu_count=self._cpu_count,
             mem_used_bytes=int(vm.total - vm.available),
             mem_total_bytes=int(vm.total),
@@ -112,6 +114,23 @@ class HostSampler:
             # root is new reads as unknown rather than a misleading 0 %.
             proc_cpu_percent=None if root_fresh else cpu,
         )
+
+    def _machine_cpu_percent(self) -> float:
+        prev, cur = self._cpu_times, psutil.cpu_times()
+        self._cpu_times = cur
+
+        def idle(t: object) -> float:
+            return float(getattr(t, "idle", 0.0)) + float(getattr(t, "iowait", 0.0))
+
+        def total(t: object) -> float:
+            # guest time is already counted in user time on Linux (psutil does the same)
+            return float(sum(t)) - float(getattr(t, "guest", 0.0)) - float(getattr(t, "guest_nice", 0.0))  # type: ignore[call-overload]  # a psutil namedtuple
+
+        all_delta = total(cur) - total(prev)
+        if all_delta <= 0:
+            return 0.0
+        busy = all_delta - (idle(cur) - idle(prev))
+        return min(max(100.0 * busy / all_delta, 0.0), 100.0)
 
     def _tree(self) -> list[psutil.Process] | None:
         assert self._root_pid is not None
