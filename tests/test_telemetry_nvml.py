@@ -149,3 +149,13 @@ def test_binding_without_a_function_or_with_odd_values_never_raises() -> None:
 
     (g,) = NvmlReader(NoProcs(), env={}).sample()
     assert g.available and g.nprocs is None and g.mem_used_bytes == 615 * MIB
+
+
+def test_close_shuts_down_even_without_devices_and_reopens_fresh() -> None:
+    fake = FakeNvml(device_count=0)
+    reader = NvmlReader(fake, env={})
+    assert reader.status() is not None
+    reader.close()
+    assert fake.shutdowns == 1  # nvmlInit succeeded, so shutdown is owed
+    fake.device_count = 1  # e.g. the driver came back
+    assert reader.status() is None and len(reader.sample()) == 1

@@ -105,6 +105,7 @@ class NvmlReader:
         self._env = os.environ if env is None else env
         self._lock = threading.Lock()
         self._initialised = False
+        self._nvml_up = False  # nvmlInit succeeded, so nvmlShutdown is owed
         self._unavailable: GpuUnavailable | None = None
         self._handles: list[tuple[int, Any]] = []
         self._ident: dict[int, tuple[str | None, str | None]] = {}
@@ -121,17 +122,20 @@ class NvmlReader:
             return self._unavailable
 
     def close(self) -> None:
-        """Shut NVML down (idempotent). Registered with atexit on init."""
+        """Shut NVML down (idempotent; a later sample initialises afresh). Registered with atexit."""
         with self._lock:
-            if self._initialised and self._unavailable is None:
+            if self._nvml_up:
                 try:
                     self._module.nvmlShutdown()
                 except Exception:  # noqa: BLE001 - shutting down must never raise
                     pass
-            if self._initialised:
                 atexit.unregister(self.close)
+            self._nvml_up = False
             self._initialised = False
+            self._unavailable = None
             self._handles = []
+            self._lost = {}
+            self._unsupported = set()
 
     def _ensure_init(self) -> None:
         if self._initialised:
@@ -144,6 +148,7 @@ class NvmlReader:
         except Exception as exc:  # noqa: BLE001 - ImportError, NVMLError_LibraryNotFound, DriverNotLoaded...
             self._unavailable = GpuUnavailable(f"NVML could not start: {_describe(exc)}")
             return
+        self._nvml_up = True
         atexit.register(self.close)
         try:
             self._discover()
