@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 
 import httpx
 
@@ -303,7 +303,6 @@ class Supervisor:
         self._known: set[procs.ProcRef] = set()
         self._reader: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
-        self._log_file: IO[str] | None = None
         self._registry_path: Path | None = None
         self._subscribers: list[Callable[[ServerEvent], object]] = []
         self._stopping = False
@@ -446,28 +445,24 @@ class Supervisor:
         log_dir.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.log_path = _unique(log_dir / f"vllm-{stamp}-port{self.port}.log")
-        self._log_file = open(self.log_path, "w", encoding="utf-8", buffering=1)  # noqa: SIM115 - lives as long as the server
-        self._log_file.write(f"# vtui launched: {shlex.join(self.command)}\n")
+        with open(self.log_path, "w", encoding="utf-8") as header:
+            header.write(f"# vtui launched: {shlex.join(self.command)}\n")
         # Secrets (API key, HF token) travel in the environment, never in argv (ps, logs, registry).
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", **_secret_env(self.flags), **self.extra_env}
         install_cleanup_hooks()
         self.started_at = time.time()
         self._set_phase(Phase.LAUNCHING)
-        # A server left running must not write into a pipe whose reader (us) is gone, or its
-        # next log line fails: it then writes to its log file and we follow the file.
-        direct: IO[str] | None = None
-        if self.leave_running:
-            self._log_file.flush()
-            direct = open(self.log_path, "a", encoding="utf-8")  # noqa: SIM115 - handed to the child
+        # The server writes its log file itself and we follow the file. Through a pipe, a server
+        # outliving vtui (kill -9, --leave-running) would die on its next log line.
+        log_out = open(self.log_path, "a", encoding="utf-8")  # noqa: SIM115 - handed to the child
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *self.command,
                 stdin=asyncio.subprocess.DEVNULL,
-                stdout=direct if direct is not None else asyncio.subprocess.PIPE,
+                stdout=log_out,
                 stderr=asyncio.subprocess.STDOUT,
                 env=env,
                 start_new_session=True,  # own group: signals reach the whole server, never us
-                limit=4 * 1024 * 1024,  # tqdm bars redraw with \r: one "line" can be long
             )
         except OSError as exc:
             raise errors.ProcessExited(
@@ -475,35 +470,15 @@ class Supervisor:
                 hint="Check the launcher prefix and that vLLM is installed for that Python.",
             ) from exc
         finally:
-            if direct is not None:
-                direct.close()  # the child holds its own copy
+            log_out.close()  # the child holds its own descriptor
         self.pid = self._proc.pid
         self._root = procs.ProcRef.of(self._proc.pid) or procs.ProcRef(self._proc.pid, time.time())
         _LIVE.add(self)
         self._write_registry()
-        if self.leave_running:
-            self._log_file.close()  # the child writes the file; we only read it
-            self._log_file = None
-            self._reader = asyncio.create_task(self._follow_file(self._proc, self.log_path))
-        else:
-            self._reader = asyncio.create_task(self._read_output(self._proc))
+        self._reader = asyncio.create_task(self._follow_log(self._proc, self.log_path))
 
-    async def _read_output(self, proc: asyncio.subprocess.Process) -> None:
-        assert proc.stdout is not None
-        stream = proc.stdout
-        while True:
-            try:
-                raw = await stream.readline()
-            except ValueError:  # a line beyond the limit: take what is buffered
-                raw = await stream.read(64 * 1024)
-            except (asyncio.LimitOverrunError, ConnectionError):
-                raw = await stream.read(64 * 1024)
-            if not raw:
-                break
-            self._on_line(raw.decode("utf-8", errors="replace").rstrip("\n"))
-
-    async def _follow_file(self, proc: asyncio.subprocess.Process, path: Path) -> None:
-        """Like _read_output, for a server writing its log file itself (leave_running)."""
+    async def _follow_log(self, proc: asyncio.subprocess.Process, path: Path) -> None:
+        """Every line the server writes to its log file, as it comes (polled every 50 ms)."""
         with open(path, encoding="utf-8", errors="replace", newline="\n") as handle:
             handle.readline()  # our "# vtui launched" header
             partial = ""
@@ -511,21 +486,20 @@ class Supervisor:
                 chunk = handle.readline()
                 if chunk:
                     partial += chunk
-                    if partial.endswith("\n"):
-                        self._on_line(partial.rstrip("\n"), write=False)
+                    if partial.endswith("\n") or len(partial) > 1_000_000:
+                        self._on_line(partial.rstrip("\n"))
                         partial = ""
                     continue
                 if proc.returncode is not None:
-                    if partial:
-                        self._on_line(partial, write=False)
+                    # One more read: the exit can be seen before its last lines are.
+                    rest = handle.read()
+                    for line in (partial + rest).splitlines():
+                        self._on_line(line)
                     return
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.05)
 
-    def _on_line(self, line: str, write: bool = True) -> None:
+    def _on_line(self, line: str) -> None:
         self.tail.append(line)
-        if write and self._log_file is not None:
-            with contextlib.suppress(OSError, ValueError):
-                self._log_file.write(line + "\n")
         parsed = parse_line(line)
         self._emit(ServerEvent("log", line=line, parsed=parsed))
         if parsed is None:
@@ -668,10 +642,6 @@ class Supervisor:
         if self._reader is not None and not self._reader.done():
             self._reader.cancel()
         self._reader = None
-        if self._log_file is not None:
-            with contextlib.suppress(OSError):
-                self._log_file.close()
-            self._log_file = None
         self._remove_registry()
         self._proc = None
         self._root = None

@@ -326,3 +326,19 @@ def test_interrupted_owner_leaves_no_server_unless_killed_hard(
             proc = ref.process()
             if proc is not None:
                 proc.kill()
+
+
+async def test_stand_in_left_running_survives_cleanup_and_is_found_later(tmp_path: Path, stand_in: list[str]) -> None:
+    from engine.supervisor import cleanup_all
+
+    sup = Supervisor(make_flags(tmp_path), program=stand_in, log_dir=tmp_path, leave_running=True)
+    facts = await sup.start(timeout=30)
+    assert facts.vllm_version == "9.9.9"  # lines still parsed, read back from the log file
+    refs = sup.process_refs()
+    cleanup_all()  # what atexit does when vtui exits: a left-running server is not touched
+    assert all(r.alive() for r in refs)
+    [entry] = [e for e in list_registered() if e.pid == sup.pid]
+    assert entry.leave_running and entry.url == sup.base_url
+    assert entry.stop(timeout=5)
+    assert not [r for r in refs if r.alive()]
+    await sup.stop()
