@@ -159,3 +159,29 @@ def test_unknown_model_names_served_ones(url: str) -> None:
     with pytest.raises(ServerError) as exc:
         asyncio.run(run.run())
     assert "served: test-model" in exc.value.hint
+
+
+def test_client_bound_when_the_loop_is_blocked() -> None:
+    """A consumer that blocks the event loop (60 ms per window) makes the run say
+    client-bound with the lag figure, instead of passing the delay off as latency."""
+    import time
+
+    windows: list[StatsWindow] = []
+
+    def slow_consumer(w: StatsWindow) -> None:
+        windows.append(w)
+        time.sleep(0.06)
+
+    with serve_in_thread(ServerConfig(gap_s=0.02)) as u:
+        run = LoadRun(u, None, WorkloadSpec(input_len=10, output_len=10),
+                      ArrivalSpec(concurrency=2, num_requests=12, workers=1), publish_s=0.05)
+        res = asyncio.run(run.run(on_window=slow_consumer))
+    assert res.client_bound and res.client_lag_p99_ms > 20
+    assert any(w.client_bound and w.client_lag_ms > 20 for w in windows)
+
+
+def test_not_client_bound_when_idle(url: str) -> None:
+    run = LoadRun(url, None, WorkloadSpec(input_len=10, output_len=3),
+                  ArrivalSpec(concurrency=1, num_requests=30, workers=1))
+    res = asyncio.run(run.run())
+    assert res.client_lag_p99_ms < 20
