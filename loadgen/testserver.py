@@ -117,29 +117,35 @@ class _Proto(asyncio.Protocol):
         if method == "GET" and path == "/v1/models":
             tr.write(_json_response(200, {"object": "list", "data": [
                 {"id": cfg.model, "object": "model", "max_model_len": cfg.max_model_len}]}))
-            return self._done()
+            self._done()
+            return
         if method == "GET" and path == "/health":
             tr.write(_json_response(200, {}))
-            return self._done()
+            self._done()
+            return
         try:
             req = json.loads(body or b"{}")
         except ValueError:
             tr.write(_json_response(400, {"error": "bad json"}))
-            return self._done()
+            self._done()
+            return
         if path == "/tokenize":
             text = req.get("prompt", "")
             toks = list(text.encode())
             tr.write(_json_response(200, {"count": len(toks), "tokens": toks,
                                           "max_model_len": cfg.max_model_len}))
-            return self._done()
+            self._done()
+            return
         if path == "/detokenize":
             text = bytes(t for t in req.get("tokens", []) if 0 <= t < 256)
             tr.write(_json_response(200, {"prompt": text.decode("utf-8", "ignore")}))
-            return self._done()
+            self._done()
+            return
         chat = path == "/v1/chat/completions"
         if path not in ("/v1/completions", "/v1/chat/completions"):
             tr.write(_json_response(404, {"error": f"no route {path}"}))
-            return self._done()
+            self._done()
+            return
         mode = cfg.mode
         model = str(req.get("model", ""))
         if model.startswith("mode="):
@@ -156,7 +162,8 @@ class _Proto(asyncio.Protocol):
             code = int(mode[7:])
             tr.write(_json_response(code, {"object": "error", "message":
                                            f"test server says {code}", "code": code}))
-            return self._done()
+            self._done()
+            return
         n = int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
         if chat:
             prompt_len = sum(len(str(m.get("content", "")).encode())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import statistics
 from pathlib import Path
 
@@ -11,8 +12,6 @@ import pytest
 from loadgen.spec import SpecError, WorkloadSpec
 from loadgen.tokens import LocalTokenizer
 from loadgen.workload import DatasetError, build_requests, sample_lengths
-
-import random
 
 
 @pytest.fixture(scope="module")
