@@ -98,10 +98,13 @@ def _int_field(path: Path, lineno: int, obj: dict[str, Any], *keys: str) -> int 
     return None
 
 
-def load_sharegpt(spec: WorkloadSpec, codec: Codec, max_total: int | None = None
+def load_sharegpt(spec: WorkloadSpec, codec: Codec, max_total: int | None = None,
+                  need: int | None = None, rng: random.Random | None = None
                   ) -> list[tuple[str, int, int]]:
-    """(prompt, input_len, output_len) of every usable conversation, filtered like vLLM
-    (input >= min_input_len, output >= 4, lengths within the max filters)."""
+    """(prompt, input_len, output_len) of usable conversations, filtered like vLLM
+    (input >= min_input_len, output >= 4, lengths within the max filters). With ``need``,
+    conversations are visited in ``rng``-shuffled order and tokenizing stops once ``need``
+    are found (ShareGPT_V3 has ~90k; a remote tokenizer would take minutes for all)."""
     path = Path(spec.dataset).expanduser()
     text = _read_text(path)
     try:
@@ -111,8 +114,14 @@ def load_sharegpt(spec: WorkloadSpec, codec: Codec, max_total: int | None = None
                            exc.lineno) from None
     if not isinstance(data, list):
         raise DatasetError(path, "expected a JSON list of conversations")
+    order = list(range(len(data)))
+    if rng is not None:
+        rng.shuffle(order)
     out: list[tuple[str, int, int]] = []
-    for k, entry in enumerate(data):
+    for k in order:
+        if need is not None and len(out) >= need:
+            break
+        entry = data[k]
         conv = entry.get("conversations") if isinstance(entry, dict) else None
         if not isinstance(conv, list):
             raise DatasetError(path, f"entry {k}: no 'conversations' list")
@@ -178,8 +187,7 @@ def build_requests(spec: WorkloadSpec, codec: Codec | None, n: int,
     if spec.kind == "sharegpt":
         if codec is None:
             raise ValueError("ShareGPT lengths need the model's tokenizer")
-        rows = load_sharegpt(spec, codec, max_model_len)
-        rng.shuffle(rows)
+        rows = load_sharegpt(spec, codec, max_model_len, need=n, rng=rng)
         return [PlannedRequest(index=k, prompt=rows[k % len(rows)][0],
                                input_len=rows[k % len(rows)][1],
                                output_len=rows[k % len(rows)][2]) for k in range(n)]
