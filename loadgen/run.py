@@ -147,7 +147,7 @@ class LoadRun:
         percentiles: tuple[float, ...] = DEFAULT_PERCENTILES,
         connect_timeout_s: float = 10.0, read_timeout_s: float = 600.0,
         request_timeout_s: float | None = None, check_max_len: bool = True,
-        transport: str = "fast",
+        transport: str = "fast", isolate: bool = False,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -165,6 +165,9 @@ class LoadRun:
         self._timeouts = (connect_timeout_s, read_timeout_s, request_timeout_s)
         self._check_max_len = check_max_len
         self.transport = transport
+        # isolate: even a single worker runs in its own process (a UI's event loop then
+        # never times requests, and the UI never delays them).
+        self.isolate = isolate
         self._cancelled = False
         self._cancel_hooks: list[Callable[[], None]] = []
         self.phase = "idle"  # idle, preparing, warmup, running, done
@@ -276,7 +279,7 @@ class LoadRun:
             return state.result(model, max_model_len, time.time())
         self.phase = "running"
         try:
-            if nw == 1:
+            if nw == 1 and not self.isolate:
                 await self._run_inline(plans[0], state)
             else:
                 await self._run_processes(plans, state)

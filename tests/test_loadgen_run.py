@@ -65,6 +65,13 @@ def test_two_worker_processes(url: str) -> None:
     assert len({r.id for r in res.requests}) == 60
 
 
+def test_isolated_single_worker_process(url: str) -> None:
+    run = LoadRun(url, None, WorkloadSpec(input_len=20, output_len=4),
+                  ArrivalSpec(concurrency=2, num_requests=10, workers=1), isolate=True)
+    res = asyncio.run(run.run())
+    assert res.summary["completed"] == 10 and res.workers == 1
+
+
 def test_open_loop_rate_and_in_flight_cap(url: str) -> None:
     run = LoadRun(url, None, WorkloadSpec(input_len=10, output_len=3),
                   ArrivalSpec(mode="poisson", rate=200.0, num_requests=60, max_in_flight=2,
