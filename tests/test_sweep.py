@@ -45,7 +45,6 @@ def test_sweep_two_presets_on_vllm_cpu(tiny_model: Path, capsys: pytest.CaptureF
         "--requests", "24", "--warmup", "2", "--format", "json",
     ])
     out, err = capsys.readouterr()
-    print(err)  # the progress lines, for the test log
     assert code == 0, err
     assert "restarting vLLM with" in err and "--max-num-batched-tokens 2048" in err
     assert "--gpu-memory-utilization (unset) -> 0.2" in err  # the [tiny] scaling was said, not silent
@@ -68,8 +67,22 @@ def test_sweep_two_presets_on_vllm_cpu(tiny_model: Path, capsys: pytest.CaptureF
             kinds = {k for k, _, _ in store.samples(run.id)}
             assert {"telemetry", "server", "window"} <= kinds
     # And the Perfetto export of the last run carries request slices and KV counters.
-    assert main(["history", "export", "last", "--format", "trace"]) == 0
-    trace = json.loads(capsys.readouterr().out)
+    target = Path(store.path).parent / "last.trace.json"
+    assert main(["history", "export", "last", "--format", "trace", "-o", str(target)]) == 0
+    trace = json.loads(target.read_text())
     events = trace["traceEvents"]
     assert sum(1 for e in events if e.get("cat") == "request") == 24
     assert any(e["ph"] == "C" and e["name"] == "KV cache usage (%)" for e in events)
+
+
+def test_set_adds_a_flag_to_every_preset() -> None:
+    import argparse
+
+    from tui.commands.sweep import resolve_presets
+
+    args = argparse.Namespace(presets=["online-chat", "batch-throughput"], set=["load-format=dummy", "--enforce-eager"],
+                              requests=5, concurrency=None, warmup=0)
+    presets = resolve_presets(args, tiny=False)
+    assert [p.flags["load-format"] for p in presets] == ["dummy", "dummy"]
+    assert all(p.flags["enforce-eager"] is True and p.arrival_spec().num_requests == 5 for p in presets)
+    assert presets[1].flags["max-num-batched-tokens"] == 4096  # the preset's own flags stay

@@ -29,6 +29,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("presets", nargs="+", metavar="PRESET", help="preset name or .toml file")
     parser.add_argument("--model", help="model folder or Hugging Face id (default: the tiny model)")
     parser.add_argument("--url", help="use this running server as it is (its flags are not changed)")
+    parser.add_argument("--set", action="append", default=[], metavar="FLAG=VALUE",
+                        help="a vLLM flag added to every preset (e.g. load-format=dummy); repeatable; shown in the runs")
     parser.add_argument("--requests", type=int, help="override every preset's num_requests")
     parser.add_argument("--concurrency", type=int, help="override every preset's concurrency")
     parser.add_argument("--warmup", type=int, help="override every preset's warmup_requests")
@@ -53,7 +55,7 @@ def is_tiny_model(model_dir: str) -> bool:
 
 def resolve_presets(args: argparse.Namespace, tiny: bool) -> list[Any]:
     """Load, scale for the tiny model, apply command-line overrides, validate."""
-    from engine.presets import PresetError, find_preset
+    from engine.presets import PresetError, find_preset, parse_flag_args
     from loadgen.spec import SpecError
     from tui.cli import UserError
 
@@ -65,12 +67,19 @@ def resolve_presets(args: argparse.Namespace, tiny: bool) -> list[Any]:
             raise UserError(str(exc), "see `vtui preset list`") from None
         if tiny:
             preset = preset.for_tiny_model()
+        flags = dict(preset.flags)
+        for item in args.set:
+            name, eq, text = item.partition("=")
+            name = name.strip().lstrip("-")
+            if not name:
+                raise UserError(f"--set {item!r} is not FLAG=VALUE", "e.g. --set load-format=dummy")
+            flags[name] = parse_flag_args([f"--{name}={text}"] if eq else [f"--{name}"])[name]
         arrivals = dict(preset.arrivals)
         for key, value in (("num_requests", args.requests), ("concurrency", args.concurrency),
                            ("warmup_requests", args.warmup)):
             if value is not None:
                 arrivals[key] = value
-        preset = dataclasses.replace(preset, arrivals=arrivals)
+        preset = dataclasses.replace(preset, flags=flags, arrivals=arrivals)
         try:
             preset.workload_spec()
             preset.arrival_spec()
