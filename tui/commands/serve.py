@@ -122,8 +122,11 @@ async def _serve(args: argparse.Namespace, flags: Any) -> int:
     def on_event(event: ServerEvent) -> None:
         if event.kind == "log" and args.verbose and event.line is not None:
             _print(f"  | {event.line}")
-        elif event.kind == "log" and event.parsed is not None and event.parsed.is_error and not args.verbose:
-            _print(f"  ! {event.parsed.message}")
+        elif event.kind == "log" and event.parsed is not None and event.parsed.is_error:
+            # While starting, the classified error at the end says it better than the traceback;
+            # while stopping, vLLM's shutdown noise is expected. Errors while serving matter.
+            if sup.state is ServerState.READY:
+                _print(f"  ! {event.parsed.message}")
         elif event.kind == "phase" and event.phase is not None and event.phase is not Phase.READY:
             _print(f"[{time.monotonic() - t0:6.1f} s] {event.phase.label}")
         elif event.kind == "state" and event.state is ServerState.DEAD:
