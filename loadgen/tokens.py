@@ -33,30 +33,37 @@ class Codec(Protocol):
 
 
 class LocalTokenizer:
-    """A tokenizer from a local model folder (or a tokenizer.json path)."""
+    """A tokenizer from a local model folder (or a tokenizer.json path).
+
+    A folder is loaded with transformers' AutoTokenizer, as vLLM loads it: for some
+    models (Qwen2 in transformers 5) the tokenizer class rebuilds its own normalizer and
+    pre-tokenizer instead of tokenizer.json's, so tokenizer.json alone can count a
+    different number of tokens than the server does. The ``tokenizers`` package is the
+    fallback (a bare tokenizer.json, or transformers missing)."""
 
     def __init__(self, path: str | Path) -> None:
         p = Path(path).expanduser()
-        file = p / "tokenizer.json" if p.is_dir() else p
         self._hf: Any = None
         self._tok: Any = None
-        if file.is_file():
+        hf_error: Exception | None = None
+        if p.is_dir():
+            try:
+                from transformers import AutoTokenizer
+
+                self._hf = AutoTokenizer.from_pretrained(str(p))
+            except Exception as exc:  # missing package, odd folder: try tokenizer.json
+                hf_error = exc
+        if self._hf is None:
+            file = p / "tokenizer.json" if p.is_dir() else p
+            if not file.is_file():
+                why = f" (transformers: {hf_error})" if hf_error else ""
+                raise TokenizerError(f"{p}: no tokenizer found{why}")
             import tokenizers
 
             try:
                 self._tok = tokenizers.Tokenizer.from_file(str(file))
             except Exception as exc:  # the tokenizers error types are not exported
                 raise TokenizerError(f"{file}: cannot load tokenizer: {exc}") from None
-        elif p.is_dir():
-            try:
-                from transformers import AutoTokenizer
-
-                self._hf = AutoTokenizer.from_pretrained(str(p))
-            except Exception as exc:
-                raise TokenizerError(f"{p}: no tokenizer.json and transformers failed: {exc}"
-                                     ) from None
-        else:
-            raise TokenizerError(f"{p}: no such model folder or tokenizer file")
         self._pool: list[int] | None = None
         self._offset = len(self._encode("hello", True)) - len(self._encode("hello", False))
 
@@ -87,7 +94,7 @@ class LocalTokenizer:
                 size = self._tok.get_vocab_size(with_added_tokens=False)
             else:
                 special = set(self._hf.all_special_ids)
-                size = len(self._hf)
+                size = int(self._hf.vocab_size)
             self._pool = [i for i in range(size) if i not in special]
         return self._pool
 
@@ -156,18 +163,28 @@ def make_prompt(codec: Codec, rng: random.Random, n: int, head: str = "") -> tup
     pool = codec.pool()
     head_len = len(codec.encode(head)) if head else 0
     target = head_len + n
-    ids = [rng.choice(pool) for _ in range(n)]
     best: tuple[str, int] | None = None
-    for _ in range(16):
-        text = head + codec.decode(ids)
-        got = len(codec.encode(text))
-        if got == target:
-            return text, got
-        if best is None or abs(got - target) < abs(best[1] - target):
-            best = (text, got)
-        if got > target:
-            ids = ids[: max(0, len(ids) - (got - target))]
-        else:
-            ids = ids + [rng.choice(pool) for _ in range(target - got)]
+    for _restart in range(4):  # a few sequences never settle (merges flip): start over
+        # Consecutive vocabulary ids from a random offset, as vLLM's random dataset does
+        # (ids drawn independently decode to mostly broken UTF-8 in byte-level BPEs).
+        # Every 8th id is random so two prompts never coincide in a small vocabulary.
+        start = rng.randrange(len(pool))
+        ids = [pool[(start + j) % len(pool)] if j % 8 else rng.choice(pool) for j in range(n)]
+        for _ in range(12):
+            text = head + codec.decode(ids)
+            got = len(codec.encode(text))
+            if got == target:
+                return text, got
+            if best is None or abs(got - target) < abs(best[1] - target):
+                best = (text, got)
+            if got < target:
+                # A small gap: pad with a word that is one token on its own.
+                if target - got <= max(2, n // 16):
+                    padded = text + " the" * (target - got)
+                    if len(codec.encode(padded)) == target:
+                        return padded, target
+                ids = ids + [rng.choice(pool) for _ in range(target - got)]
+            else:
+                ids = ids[: max(0, len(ids) - (got - target))]
     assert best is not None
     return best
