@@ -21,7 +21,7 @@ def test_random_workload_end_to_end(vllm_server) -> None:  # type: ignore[no-unt
     s = res.summary
     assert s["completed"] == 16 and s["failed"] == 0, res.failure_examples
     # Prompts built from the model's tokenizer have exactly the asked length on the server.
-    assert res.extra["input_len_mismatches"] == 0
+    assert res.extra["input_len_mismatches"] == 0, [r.input_tokens for r in res.requests]
     assert s["total_input_tokens"] == 16 * 64
     assert s["total_output_tokens"] == 16 * 16  # ignore_eos + max_tokens
     assert all(len(r.itl_s) == 15 for r in res.requests)

