@@ -41,6 +41,7 @@ class ServerConfig:
     mode: str = "ok"
     model: str = "test-model"
     max_model_len: int = 4096
+    api_key: str | None = None  # when set, requests without "Bearer <key>" get 401
 
 
 def _chunk(data: bytes) -> bytes:
@@ -92,17 +93,21 @@ class _Proto(asyncio.Protocol):
             return
         head = self.buf[:head_end].decode("latin-1").split("\r\n")
         length = 0
+        auth = ""
         for h in head[1:]:
             k, _, v = h.partition(":")
-            if k.strip().lower() == "content-length":
+            key = k.strip().lower()
+            if key == "content-length":
                 length = int(v.strip())
+            elif key == "authorization":
+                auth = v.strip()
         if len(self.buf) < head_end + 4 + length:
             return
         body = self.buf[head_end + 4: head_end + 4 + length]
         self.buf = self.buf[head_end + 4 + length:]
         method, path, _ = head[0].split(" ", 2)
         self.busy = True
-        task = asyncio.get_running_loop().create_task(self._handle(method, path, body))
+        task = asyncio.get_running_loop().create_task(self._handle(method, path, body, auth))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
@@ -110,10 +115,14 @@ class _Proto(asyncio.Protocol):
         self.busy = False
         self._next()
 
-    async def _handle(self, method: str, path: str, body: bytes) -> None:
+    async def _handle(self, method: str, path: str, body: bytes, auth: str = "") -> None:
         tr = self.transport
         assert tr is not None
         cfg = self.cfg
+        if cfg.api_key and auth != f"Bearer {cfg.api_key}":
+            tr.write(_json_response(401, {"error": "Unauthorized"}))
+            self._done()
+            return
         if method == "GET" and path == "/v1/models":
             tr.write(_json_response(200, {"object": "list", "data": [
                 {"id": cfg.model, "object": "model", "max_model_len": cfg.max_model_len}]}))

@@ -92,3 +92,29 @@ def test_malformed_dataset_line_named(url: str, tmp_path: Path,
     f.write_text('{"prompt": "ok"}\n{"prompt": \n')
     assert main(["bench", "--url", url, "--dataset-name", "jsonl", "--dataset", str(f)]) == 2
     assert f"{f}:2: malformed JSON" in capsys.readouterr().err
+
+
+def test_api_key_is_sent(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with serve_in_thread(ServerConfig(api_key="s3cret")) as u:
+        assert main(["bench", "--url", u, "--input-len", "5", "--output-len", "2",
+                     "--num-requests", "3", "-q"]) == 2  # /v1/models refuses without it
+        assert "HTTP 401" in capsys.readouterr().err
+        res = tmp_path / "r.json"
+        assert main(["bench", "--url", u, "--api-key", "s3cret", "--input-len", "5",
+                     "--output-len", "2", "--num-requests", "3", "-q",
+                     "--result-file", str(res)]) == 0
+    assert json.loads(res.read_text())["completed"] == 3
+
+
+def test_workload_from_a_preset_file_flags_win(url: str, tmp_path: Path) -> None:
+    preset = tmp_path / "mine.toml"
+    preset.write_text('name = "mine"\n[workload]\nkind = "random"\ninput_len = 30\n'
+                      'output_len = 3\n[arrivals]\nmode = "closed"\nconcurrency = 2\n'
+                      'num_requests = 6\n[slo]\nttft_ms = 900\n')
+    res = tmp_path / "r.json"
+    assert main(["bench", "--url", url, "--preset", str(preset), "--output-len", "4", "-q",
+                 "--result-file", str(res)]) == 0
+    d = json.loads(res.read_text())
+    assert d["completed"] == 6 and d["max_concurrency"] == 2
+    assert d["workload"]["input_len"] == 30 and d["workload"]["output_len"] == 4
+    assert d["slo"]["ttft_ms"] == 900 and d["request_goodput"] is not None
