@@ -93,6 +93,9 @@ def main() -> None:
     ap.add_argument("--client-core", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="fewer requests")
     ap.add_argument("--skip-vllm", action="store_true")
+    ap.add_argument("--scale", action="store_true",
+                    help="also: sharding across worker processes at concurrency 512 "
+                    "(needs a many-core box: half the cores serve, half generate)")
     a = ap.parse_args()
     cores = sorted(os.sched_getaffinity(0))
     server_cores = [c for c in cores if c != a.client_core] or cores
@@ -145,9 +148,28 @@ def main() -> None:
                   f"{r1['p99_ttft_ms']:>7.2f} {r1['median_ttft_ms'] - 100:>+6.2f} | "
                   f"{v50:>8.2f} {v99:>7.2f} {v50 - 100:>+6.2f}   (server real for vllm: "
                   f"{real2:.2f} ms)")
+    if a.scale:
+        half = len(cores) // 2
+        serve_cores, gen_cores = cores[:half], cores[half:]
+        print(f"\n== sharding: concurrency 512, 16 tokens, no delay; server on {half} cores, "
+              f"generator on {len(gen_cores)} ==")
+        with serve_in_processes(ServerConfig(), half, cpus=serve_cores) as h:
+            w = 1
+            while w <= len(gen_cores):
+                r = _in_child(_ours_on, h.url, tok, 512, 512 * 4, gen_cores, w)
+                print(f"  workers {w:>2}: {r['request_throughput']:8.1f} req/s "
+                      f"{r['chunks_per_s']:9.0f} chunks/s  client-bound {r['client_bound']}")
+                w *= 2
+
     print("\n'over' = client median TTFT - 100 ms; 'server real' = mean delay the server "
           "applied (request read -> first chunk written), so over - (real - 100) is the "
           "client's own share.")
+
+
+def _ours_on(url: str, tok: Path, conc: int, n: int, cores: list[int], workers: int
+             ) -> dict[str, Any]:
+    os.sched_setaffinity(0, set(cores))  # worker processes inherit it
+    return ours(url, tok, conc, n, 16, None, workers)
 
 
 def _in_child(fn: Any, *args: Any) -> dict[str, Any]:
