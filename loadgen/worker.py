@@ -247,11 +247,14 @@ class Worker:
             if k % plan.num_workers != plan.worker:
                 continue
             delay = base + off - time.perf_counter()
-            if delay > 0:
+            if delay > 0.05:
+                # Long gaps wait on the stop event, so cancel() is prompt...
                 try:
                     await asyncio.wait_for(self._stop.wait(), delay)
                 except TimeoutError:
                     pass
+            elif delay > 0:
+                await asyncio.sleep(delay)  # ...short ones skip wait_for's extra task
             if self._stop.is_set():
                 return
             p, rid = self._request(k)
