@@ -109,11 +109,14 @@ async def run_sweep(
     start_timeout: float = 600.0,
     check_max_len: bool = True,
     supervisor_factory: Callable[..., Any] | None = None,
+    extra_flags: Mapping[str, Any] | None = None,
 ) -> list[SweepStep]:
     """Run ``presets`` (already resolved: [tiny] applied, overrides made) in order.
 
     ``model``: the model folder or id the server is started with (ignored with ``url``,
     where the flags cannot be applied and the attached server is used as it is).
+    ``extra_flags`` go under every preset's flags (e.g. ``load-format = dummy`` for a
+    shipped architecture); a preset's own value wins.
     """
     from engine.errors import StartupError
     from engine.flags import FlagSet, installed_vllm_version
@@ -133,7 +136,7 @@ async def run_sweep(
     try:
         for n, preset in enumerate(presets, 1):
             label = f"[{n}/{len(presets)}] {preset.name}"
-            flags = FlagSet.from_dict({"model": model, "values": dict(preset.flags)})
+            flags = FlagSet.from_dict({"model": model, "values": {**(extra_flags or {}), **preset.flags}})
             meta = {
                 "preset": preset.name,
                 "flags": dict(preset.flags),

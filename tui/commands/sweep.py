@@ -27,7 +27,8 @@ def add_parser(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("presets", nargs="+", metavar="PRESET", help="preset name or .toml file")
-    parser.add_argument("--model", help="model folder or Hugging Face id (default: the tiny model)")
+    parser.add_argument("--model", help="model folder, Hugging Face id or a shipped config name "
+                        "(`vtui models`; dummy weights) (default: the tiny model)")
     parser.add_argument("--url", help="use this running server as it is (its flags are not changed)")
     parser.add_argument("--set", action="append", default=[], metavar="FLAG=VALUE",
                         help="a vLLM flag added to every preset (e.g. load-format=dummy); repeatable; shown in the runs")
@@ -101,12 +102,19 @@ def run(args: argparse.Namespace) -> int:
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
+    extra_flags: dict[str, Any] = {}
     if args.model is None:
         from engine.tinymodel import ensure_tiny_model
 
         model = str(ensure_tiny_model())
     else:
+        from engine.tinymodel import ensure_dummy_model, shipped_config_names
+
         model = args.model
+        if model in shipped_config_names():
+            # A shipped architecture: config + tokenizer, random weights.
+            model = str(ensure_dummy_model(model))
+            extra_flags["load-format"] = "dummy"
     tiny = args.url is None and is_tiny_model(model)
     presets = resolve_presets(args, tiny)
     for preset in presets:
@@ -143,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
             say(f"history not available ({exc}); results are kept in memory only")
     try:
         steps = asyncio.run(run_sweep(presets, model=model, url=args.url, history=history, say=say,
+                                      extra_flags=extra_flags,
                                       start_timeout=args.start_timeout, check_max_len=not args.allow_long))
     except KeyboardInterrupt:
         say("interrupted: the runs so far are in `vtui history`")
