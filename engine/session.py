@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import json
 import threading
@@ -454,7 +455,8 @@ class Session:
         self._workload_label = preset.name
         self._flag_text_errors.clear()
         self._revalidate()
-        scaled = f" (tiny model: {'; '.join(preset.scaled)})" if preset.scaled else ""
+        # The [tiny] scaling is listed in the preset's description on the Presets tab.
+        scaled = " (scaled for the tiny model)" if preset.scaled else ""
         self._notice = f"loaded preset {preset.name}{scaled}"
         return preset
 
@@ -572,6 +574,7 @@ class Session:
             return
         self._busy = "stopping"
         self.changed()
+        await self._halt_telemetry()
         try:
             await sup.stop()
         finally:
@@ -603,6 +606,7 @@ class Session:
         self._busy = "restarting"
         self._server_error = None
         self.changed()
+        await self._halt_telemetry()
         try:
             result = await self._supervisor.restart(self._flags)
         except StartupError as exc:
@@ -637,6 +641,11 @@ class Session:
         finally:
             self._busy = None
             self.changed()
+        self.attach_server(server)
+        return server
+
+    def attach_server(self, server: Any) -> None:
+        """Use an ``engine.attach.AttachedServer`` (already probed) as this session's server."""
         self._supervisor = None
         self._attached = server
         recovered = getattr(server, "flags", None)
@@ -645,9 +654,9 @@ class Session:
             self._flags = recovered
             self._loaded_flags = recovered
             self._revalidate()
-        self._notice = f"attached to {url}"
+        self._notice = f"attached to {server.url}"
         self._start_telemetry()
-        return server
+        self.changed()
 
     def _base_url(self) -> str | None:
         if self._supervisor is not None:
@@ -664,6 +673,14 @@ class Session:
         return None
 
     # ------------------------------------------------------------------ telemetry
+
+    def start_sampling(self) -> None:
+        """Sample GPUs and host before any server runs (the Live panel shows them at once)."""
+        if self._sampler is None and self._telemetry_enabled:
+            from engine.telemetry.sampler import Sampler
+
+            self._sampler = Sampler(self._on_telemetry, root_pid=None)
+            self._sampler.start()
 
     def _start_telemetry(self) -> None:
         """Start the sampler thread (GPU/host) and the /metrics scrape task."""
@@ -686,7 +703,22 @@ class Session:
         from engine.telemetry.metrics import MetricsScraper
         from engine.telemetry.sampler import scrape_loop
 
-        await scrape_loop(MetricsScraper(base_url), self._on_server_sample, interval_s=1.0, stop=stop)
+        scraper = MetricsScraper(base_url)
+        try:
+            await scrape_loop(scraper, self._on_server_sample, interval_s=1.0, stop=stop)
+        finally:
+            # Close our keep-alive connection from this side before the server stops:
+            # a server-side close leaves TIME_WAIT sockets on its port, and the
+            # supervisor's restart on the same port then reads "port in use".
+            await scraper.aclose()
+
+    async def _halt_telemetry(self) -> None:
+        """Stop sampling and wait until the scraper's connection is closed."""
+        task = self._scrape_task
+        self._stop_telemetry()
+        if task is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
     def _restart_telemetry(self) -> None:
         self._start_telemetry()
@@ -1043,7 +1075,7 @@ class Session:
             thread = self._run_thread
             if thread is not None:
                 await asyncio.to_thread(thread.join, 30)
-        self._stop_telemetry()
+        await self._halt_telemetry()
         if stop_server and self._supervisor is not None:
             await self._supervisor.stop()
         history = self._history

@@ -155,6 +155,7 @@ class VtuiApp(App[int]):
     def on_mount(self) -> None:
         self.push_screen(MainScreen(self.schema, self.presets, cursor_blink=self.cursor_blink))
         if self.publish:
+            self.session.start_sampling()
             self.session.subscribe(self._publish)
             self.run_worker(self.session.publish_forever(4.0), group="publish", exit_on_error=False)
 
@@ -250,6 +251,7 @@ class VtuiApp(App[int]):
         except SessionError as exc:
             self._error(exc)
             return
+        self.refresh_now()
         self.notify("server ready: r runs the workload")
 
     def action_stop_server(self) -> None:
@@ -258,6 +260,7 @@ class VtuiApp(App[int]):
     @work(exclusive=True, group="server", exit_on_error=False)
     async def _stop_server(self) -> None:
         await self.session.stop_server()
+        self.refresh_now()
 
     def action_apply(self) -> None:
         errors = self.session.flag_errors()
@@ -282,6 +285,7 @@ class VtuiApp(App[int]):
         except SessionError as exc:
             self._error(exc)
             return
+        self.refresh_now()
         self.notify("restarted with the new flags")
 
     def action_run(self) -> None:
@@ -295,6 +299,7 @@ class VtuiApp(App[int]):
         except SessionError as exc:
             self._error(exc)
             return
+        self.refresh_now()
         self.notify(f"run {record.label}: {record.status}", severity="warning" if record.status != "done" else "information")
 
     def action_stop_run(self) -> None:
@@ -430,6 +435,10 @@ def build_session(args: argparse.Namespace | None = None) -> Session:
 
 def run_app(args: argparse.Namespace) -> int:
     """``vtui`` with no subcommand: open the TUI. Returns the exit code."""
+    import sys
+
+    # The first run builds the tiny model and reads the installed vLLM's flags (~30 s).
+    print("vtui: preparing the model and vLLM's flag schema…", file=sys.stderr, flush=True)
     session = build_session(args)
     url = getattr(args, "url", None)
     app = VtuiApp(session)

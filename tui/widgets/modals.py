@@ -35,8 +35,8 @@ class ConfirmScreen(ModalScreen[bool]):
         with Vertical(classes="dialog"):
             yield Static(self._question, classes="question")
             with Horizontal(classes="buttons"):
-                yield Button(self._yes, id="yes", variant="warning")
-                yield Button(self._no, id="no")
+                yield Button(self._yes, id="yes", variant="warning", compact=True)
+                yield Button(self._no, id="no", compact=True)
 
     @on(Button.Pressed)
     def _pressed(self, event: Button.Pressed) -> None:
@@ -65,8 +65,8 @@ class DiffScreen(ModalScreen[bool]):
             yield Static(table if self.rows else "no flag changed: restart with the same flags", id="diff")
             yield Static("argv: " + " ".join(self.argv), id="diff-argv", classes="muted")
             with Horizontal(classes="buttons"):
-                yield Button("Apply & restart", id="yes", variant="warning")
-                yield Button("Cancel", id="no")
+                yield Button("Apply & restart", id="yes", variant="warning", compact=True)
+                yield Button("Cancel", id="no", compact=True)
 
     @on(Button.Pressed)
     def _pressed(self, event: Button.Pressed) -> None:
@@ -90,9 +90,9 @@ class QuitScreen(ModalScreen[str | None]):
                 classes="question",
             )
             with Horizontal(classes="buttons"):
-                yield Button("Stop server & quit", id="stop", variant="primary")
-                yield Button("Leave it running", id="leave")
-                yield Button("Cancel", id="cancel")
+                yield Button("Stop server & quit", id="stop", variant="primary", compact=True)
+                yield Button("Leave it running", id="leave", compact=True)
+                yield Button("Cancel", id="cancel", compact=True)
 
     @on(Button.Pressed)
     def _pressed(self, event: Button.Pressed) -> None:
@@ -113,8 +113,8 @@ class PromptScreen(ModalScreen[str | None]):
             yield Label(self._title, classes="title")
             yield Input(value=self._value, placeholder=self._placeholder, id="prompt-input")
             with Horizontal(classes="buttons"):
-                yield Button("OK", id="yes", variant="primary")
-                yield Button("Cancel", id="no")
+                yield Button("OK", id="yes", variant="primary", compact=True)
+                yield Button("Cancel", id="no", compact=True)
 
     @on(Input.Submitted)
     def _submitted(self, event: Input.Submitted) -> None:
@@ -154,13 +154,13 @@ class ExportScreen(ModalScreen[None]):
         with Vertical(classes="dialog wide"):
             with Horizontal(classes="buttons"):
                 for kind, label in EXPORT_LABELS:
-                    yield Button(label, id=f"kind-{kind}")
+                    yield Button(label, id=f"kind-{kind}", compact=True)
             yield TextArea("", read_only=True, id="export-text", soft_wrap=True)
             yield Static("", id="export-status", classes="muted")
             with Horizontal(classes="buttons"):
-                yield Button("Copy (c)", id="copy", variant="primary")
-                yield Button("Save to file (w)", id="save")
-                yield Button("Close", id="close")
+                yield Button("Copy (c, compact=True)", id="copy", variant="primary")
+                yield Button("Save to file (w, compact=True)", id="save")
+                yield Button("Close", id="close", compact=True)
 
     def on_mount(self) -> None:
         self.show_kind(self.kind)

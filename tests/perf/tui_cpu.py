@@ -1,0 +1,194 @@
+"""CPU used by the vtui process while a load run at 100+ req/s updates the screen live.
+
+The app runs for real in a pseudo-terminal of 120x40 (so every frame is rendered and
+written, as over SSH), attached to loadgen's stand-in SSE server (no model; its own
+process, pinned away from the app where there are cores to spare). The app starts the
+run itself and quits when it ends; it measures its own CPU time over the run, per
+thread: the UI (main thread: Textual, rendering), the load generator (its own thread
+and loop), telemetry (sampler thread). The same run without any UI gives the baseline.
+
+    .venv/bin/python tests/perf/tui_cpu.py [--seconds 20] [--concurrency 32]
+
+Target (issue 6): the TUI process under 25% of a core besides the load generator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import fcntl
+import json
+import os
+import pty
+import struct
+import subprocess
+import sys
+import tempfile
+import termios
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+
+def _session(url: str, seconds: float, concurrency: int) -> Any:
+    from engine.attach import AttachedServer
+    from engine.flags import FlagSet
+    from engine.session import Session
+    from engine.tinymodel import ensure_tiny_model
+    from loadgen import ArrivalSpec, WorkloadSpec
+
+    tok = ensure_tiny_model()
+    session = Session(
+        FlagSet(model=str(tok), values={}),
+        workload=WorkloadSpec(input_len=64, output_len=16),
+        arrivals=ArrivalSpec(concurrency=concurrency, duration_s=seconds),
+        workload_label="perf",
+        record_history=False,
+    )
+    return session, AttachedServer(url=url, version="stand-in", models=("test-model",), max_model_len=4096)
+
+
+def _thread_times() -> dict[str, float]:
+    """CPU seconds per thread name of this process (Linux /proc)."""
+    out: dict[str, float] = {}
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    for tid_s in os.listdir("/proc/self/task"):
+        try:
+            stat = Path(f"/proc/self/task/{tid_s}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        cpu = (int(fields[11]) + int(fields[12])) / tick
+        name = names.get(int(tid_s), "other")
+        key = "ui" if name == "MainThread" else "loadgen" if name == "vtui-loadrun" else (
+            "telemetry" if name == "vtui-telemetry" else "other")
+        out[key] = out.get(key, 0.0) + cpu
+    return out
+
+
+def child_ui(url: str, seconds: float, concurrency: int, out: str) -> None:
+    """Run the real app (in the pty the parent gave us), start the run, quit at its end."""
+    from tui.app import VtuiApp
+
+    session, server = _session(url, seconds, concurrency)
+    result: dict[str, Any] = {}
+
+    class BenchApp(VtuiApp):
+        def on_mount(self) -> None:
+            super().on_mount()
+            session.attach_server(server)
+            self.set_timer(1.0, self._go)
+
+        async def _go(self) -> None:
+            t0, w0, th0 = time.process_time(), time.perf_counter(), _thread_times()
+            frames0 = self._frames
+            worker = self._run()
+            await worker.wait()
+            t1, w1, th1 = time.process_time(), time.perf_counter(), _thread_times()
+            rec = session.runs[-1]
+            result.update(
+                cpu_s=t1 - t0, wall_s=w1 - w0, threads={k: th1.get(k, 0) - th0.get(k, 0) for k in th1},
+                req_s=rec.summary["load"]["request_throughput"], completed=rec.summary["load"]["completed"],
+                frames=self._frames - frames0,
+            )
+            Path(out).write_text(json.dumps(result))
+            await session.close()
+            self.exit(0)
+
+        _frames = 0
+
+        def show_snapshot(self, snap: Any) -> None:
+            self._frames += 1
+            super().show_snapshot(snap)
+
+    BenchApp(session).run()
+
+
+def child_headless(url: str, seconds: float, concurrency: int, out: str) -> None:
+    """The same run with no UI at all: what the session and load generator cost alone."""
+    session, server = _session(url, seconds, concurrency)
+
+    async def main() -> None:
+        session.attach_server(server)
+        t0, w0, th0 = time.process_time(), time.perf_counter(), _thread_times()
+        rec = await session.run_workload()
+        t1, w1, th1 = time.process_time(), time.perf_counter(), _thread_times()
+        Path(out).write_text(json.dumps(dict(
+            cpu_s=t1 - t0, wall_s=w1 - w0, threads={k: th1.get(k, 0) - th0.get(k, 0) for k in th1},
+            req_s=rec.summary["load"]["request_throughput"], completed=rec.summary["load"]["completed"], frames=0)))
+        await session.close()
+
+    asyncio.run(main())
+
+
+def run_in_pty(args: list[str], cols: int = 120, rows: int = 40) -> int:
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    env = dict(os.environ, TERM="xterm-256color", COLUMNS=str(cols), LINES=str(rows))
+    proc = subprocess.Popen(args, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True,
+                            start_new_session=True)
+    os.close(slave)
+    written = 0
+    while True:
+        try:
+            data = os.read(master, 65536)  # drain like a terminal would
+        except OSError:
+            break
+        if not data:
+            break
+        written += len(data)
+    proc.wait()
+    os.close(master)
+    print(f"  (app wrote {written / 1e6:.1f} MB of terminal output)")
+    return proc.returncode
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] in ("--child-ui", "--child-headless"):
+        fn = child_ui if sys.argv[1] == "--child-ui" else child_headless
+        fn(sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
+        return
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--concurrency", type=int, default=32)
+    a = ap.parse_args()
+    from loadgen.testserver import ServerConfig, serve_in_processes
+
+    cores = sorted(os.sched_getaffinity(0))
+    server_cpus = cores[1:] or cores
+    rows = []
+    # A 2 ms gap per chunk: 16 chunks ~ 35 ms per request, so 32 streams give ~600 req/s max.
+    with serve_in_processes(ServerConfig(gap_s=0.002), 1, cpus=server_cpus) as h:
+        for mode in ("headless", "ui"):
+            with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+                out = f.name
+            argv = [sys.executable, __file__, f"--child-{mode}", h.url, str(a.seconds), str(a.concurrency), out]
+            print(f"{mode}: running {a.seconds:.0f} s at concurrency {a.concurrency} ...")
+            if mode == "ui":
+                run_in_pty(argv)
+            else:
+                subprocess.run(argv, check=True)
+            rows.append((mode, json.loads(Path(out).read_text())))
+            os.unlink(out)
+    print(f"\nmachine: {len(cores)} cores; stand-in server on {server_cpus}\n")
+    print(f"{'mode':<9} {'req/s':>7} {'done':>6} {'process %core':>13} {'ui thread':>9} {'loadgen':>8} "
+          f"{'telemetry':>9} {'other':>6} {'frames':>6}")
+    for mode, r in rows:
+        th = r["threads"]
+        pct = lambda s: 100 * s / r["wall_s"]  # noqa: E731 - tiny local formatter
+        print(f"{mode:<9} {r['req_s']:>7.1f} {r['completed']:>6} {pct(r['cpu_s']):>12.1f}% "
+              f"{pct(th.get('ui', 0)):>8.1f}% {pct(th.get('loadgen', 0)):>7.1f}% "
+              f"{pct(th.get('telemetry', 0)):>8.1f}% {pct(th.get('other', 0)):>5.1f}% {r['frames']:>6}")
+    ui, head = rows[1][1], rows[0][1]
+    extra = 100 * (ui["cpu_s"] / ui["wall_s"] - head["cpu_s"] / head["wall_s"])
+    print(f"\nUI cost = ui process - headless process = {extra:.1f}% of a core (target < 25%); "
+          f"ui thread alone {100 * ui['threads'].get('ui', 0) / ui['wall_s']:.1f}%")
+
+
+if __name__ == "__main__":
+    main()
