@@ -1,0 +1,1117 @@
+"""Find the flags that give the most goodput under an SLO, within a time budget.
+
+The question: which ``max-num-batched-tokens``, ``max-num-seqs``, chunked prefill (and
+``gpu-memory-utilization``) give the most goodput on this model, box and traffic while the
+p99 (or p90) TTFT/TPOT/E2EL stay under their limits?
+
+The search logic (:class:`Tuner`) is separate from measurement (:class:`Measurer`): it is
+tested on recorded measurement tables with no server, and :class:`ServerMeasurer` does the
+real thing with :class:`engine.supervisor.Supervisor` and :class:`loadgen.LoadRun`.
+
+How the budget is spent (vLLM's ``auto_tune.sh`` runs the whole grid and steps the rate
+down 1 req/s at a time from the saturated throughput):
+
+- Configurations that ``engine.flags.validate`` rejects are never started (recorded with
+  the reason). A start that fails (vLLM refuses the combination, out of memory) is
+  recorded with vLLM's line and the search goes on.
+- The first configuration is the seed (the base flags' values where they are in the space,
+  chunked prefill on, else the middle of each list); the rest are tried nearest to the
+  best so far first (ordinal distance in the space), so the budget goes to the likely
+  region when it cannot cover the grid.
+- Per configuration, the highest load meeting the SLO is found by bracketing (multiply by
+  ``growth`` until violated) and bisection until the bracket is within ``tolerance``.
+  The very first configuration starts from a saturation probe (all requests at once:
+  capacity is an upper bound on any SLO-meeting rate).
+- Every later configuration is first probed at the best-so-far limit load: if it violates
+  the SLO there it cannot beat the best, and is dropped after that one step.
+- A step that is certain to violate stops early (enough requests already over a limit
+  that the percentile cannot come back under it), so overloaded steps cost seconds.
+- The server restarts only when the flags change; measurements are cached per
+  configuration and load and persisted after every step, so ``--resume`` redoes nothing.
+- Every start and step has a timeout; the search stops at the budget with the best so far.
+
+Requests per step (stable enough p99): ``max(min_requests, ceil(load x min_step_s))``,
+capped at ``max_requests`` (defaults 100, 10 s, 2000): a p99 from 100 samples rests on the
+two largest values, so 100 is the least that means anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import json
+import math
+import os
+import secrets
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from engine import paths
+
+if TYPE_CHECKING:
+    from engine.flags import FlagSet, Schema
+    from loadgen.spec import SLO, ArrivalSpec, WorkloadSpec
+
+MODES = ("rate", "concurrency")
+
+# The seed articles' tuning flags over the values they use (issue 7).
+DEFAULT_SPACE: tuple[tuple[str, tuple[Any, ...]], ...] = (
+    ("enable-chunked-prefill", (True, False)),
+    ("max-num-batched-tokens", (512, 2048, 8192)),
+    ("max-num-seqs", (64, 128, 256)),
+)
+
+# Config statuses, in the table's words.
+DONE = "done"  # limit found
+INVALID = "invalid"  # engine.flags.validate rejected it; never started
+START_FAILED = "start_failed"  # vLLM did not start with it
+DIED = "died"  # the server died under load
+DOMINATED = "dominated"  # violates the SLO at the best-so-far limit: cannot beat it
+NO_LOAD = "no_load"  # even the lowest load violates the SLO
+CUT_SHORT = "cut_short"  # the budget ran out while measuring it
+NOT_TRIED = "not_tried"  # the budget ran out before it
+
+
+class TuneError(ValueError):
+    """A bad tuning input (space, settings, state file), naming what was wrong."""
+
+    def __init__(self, what: str, reason: str) -> None:
+        super().__init__(f"{what}: {reason}")
+        self.what = what
+        self.reason = reason
+
+
+class BudgetExhausted(Exception):
+    """Raised inside the search when the next start or step would not fit the budget."""
+
+
+# ---------------------------------------------------------------------------- space
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Flag name -> the values to try, in order (the order defines 'nearby')."""
+
+    dims: tuple[tuple[str, tuple[Any, ...]], ...]
+
+    def __post_init__(self) -> None:
+        names = [n for n, _ in self.dims]
+        if len(set(names)) != len(names):
+            raise TuneError("space", "a flag appears twice")
+        for name, values in self.dims:
+            if not values:
+                raise TuneError("space", f"{name}: no values")
+            if len(set(map(repr, values))) != len(values):
+                raise TuneError("space", f"{name}: a value appears twice")
+
+    @classmethod
+    def default(cls) -> SearchSpace:
+        return cls(DEFAULT_SPACE)
+
+    @classmethod
+    def parse(cls, specs: Sequence[str], schema: Schema | None = None) -> SearchSpace:
+        """From ``["max-num-seqs=64,128,256", "enable-chunked-prefill=on,off"]``.
+
+        Values are typed by the flag's schema as vLLM would parse them (``on``/``off`` and
+        ``true``/``false`` for booleans). Raises TuneError naming the spec and flag.
+        """
+        from engine.flags import FlagError, FlagSet
+
+        dims: list[tuple[str, tuple[Any, ...]]] = []
+        probe = FlagSet("m", {}, schema)
+        for spec in specs:
+            name, sep, rest = spec.partition("=")
+            name = name.strip().lstrip("-")
+            if not sep or not name or not rest.strip():
+                raise TuneError(f"--space {spec!r}", "expected NAME=V1,V2,... (e.g. max-num-seqs=64,128,256)")
+            values: list[Any] = []
+            for text in rest.split(","):
+                text = text.strip()
+                if text.lower() in ("on", "off") and _is_bool_flag(probe, name):
+                    text = "true" if text.lower() == "on" else "false"
+                try:
+                    fs = probe.set(name, text)
+                except FlagError as exc:
+                    raise TuneError(f"--space {spec!r}", f"value {text!r}: {exc}") from None
+                canon = next(iter(fs.values)) if fs.values else name
+                values.append(fs.values.get(canon))
+                name = canon
+            dims.append((name, tuple(values)))
+        return cls(tuple(dims))
+
+    def configs(self) -> list[dict[str, Any]]:
+        """Every combination, first dimension slowest."""
+        names = [n for n, _ in self.dims]
+        return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*(v for _, v in self.dims))]
+
+    def key(self, values: Mapping[str, Any]) -> str:
+        """A stable name for one configuration: ``max-num-seqs=64,enable-chunked-prefill=on``."""
+        return ",".join(f"{n}={_fmt(values[n])}" for n, _ in self.dims)
+
+    def index(self, values: Mapping[str, Any]) -> tuple[int, ...]:
+        return tuple(list(vals).index(values[n]) for n, vals in self.dims)
+
+    def distance(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> int:
+        """Ordinal distance: steps along each dimension's list."""
+        return sum(abs(x - y) for x, y in zip(self.index(a), self.index(b), strict=True))
+
+    def seed(self, base: Mapping[str, Any]) -> dict[str, Any]:
+        """Where the search starts: the base flags' value when it is in the list,
+        chunked prefill on (vLLM's default since V1), else the middle value."""
+        out: dict[str, Any] = {}
+        for name, values in self.dims:
+            if name in base and base[name] in values:
+                out[name] = base[name]
+            elif name == "enable-chunked-prefill" and True in values:
+                out[name] = True
+            else:
+                out[name] = values[(len(values) - 1) // 2] if len(values) % 2 else values[len(values) // 2]
+        return out
+
+    def to_dict(self) -> dict[str, list[Any]]:
+        return {n: list(v) for n, v in self.dims}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Sequence[Any]]) -> SearchSpace:
+        return cls(tuple((str(n), tuple(v)) for n, v in d.items()))
+
+
+def _is_bool_flag(probe: FlagSet, name: str) -> bool:
+    # A boolean set from "true" comes back as True: the schema calls it a bool.
+    from engine.flags import FlagError
+
+    try:
+        return any(isinstance(v, bool) for v in probe.set(name, "true").values.values())
+    except FlagError:
+        return False
+
+
+# ---------------------------------------------------------------------------- measurements
+
+
+@dataclass(frozen=True)
+class StartOutcome:
+    """Whether a configuration's server started; vLLM's reason when not."""
+
+    ok: bool
+    reason: str = ""
+    hint: str = ""
+    seconds: float = 0.0
+    restarted: bool = True
+    """False when the running server already had these flags (no restart spent)."""
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One step: ``requests`` at ``load`` (req/s, or concurrency), judged against the SLO.
+
+    Latencies are at the SLO's percentile, in ms. ``tokens_per_user`` is the mean output
+    tokens per request over the mean E2EL (what one user's stream delivers; by Little's law
+    vLLM's sweep plot's output_throughput / concurrency). ``fatal`` is set when the server
+    died: no later step on this configuration can succeed.
+    """
+
+    load: float
+    ok: bool
+    reason: str = ""
+    requests: int = 0
+    completed: int = 0
+    failed: int = 0
+    goodput: float = 0.0
+    request_throughput: float = 0.0
+    output_throughput: float = 0.0
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2el_ms: float | None = None
+    tokens_per_user: float = 0.0
+    duration_s: float = 0.0
+    stopped_early: bool = False
+    fatal: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        if math.isinf(self.load):
+            d["load"] = "inf"
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Measurement:
+        known = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        kw["load"] = math.inf if kw.get("load") == "inf" else float(kw["load"])
+        return cls(**kw)
+
+
+class Measurer(Protocol):
+    """What the search needs of a server: start a configuration, measure one load."""
+
+    async def start(self, flags: FlagSet, *, timeout: float) -> StartOutcome:
+        """Run the server with ``flags`` (restart only if they differ from the running ones)."""
+        ...
+
+    async def measure(self, load: float, *, requests: int, timeout: float, warmup: int) -> Measurement:
+        """Send ``requests`` at ``load`` (``inf``: all at once) and judge them."""
+        ...
+
+    async def close(self) -> None:
+        """Stop what start() started."""
+        ...
+
+
+def violation_count(n: int, percentile: float) -> int:
+    """Requests over a limit that make the ``percentile`` of ``n`` values exceed it for sure.
+
+    numpy's linear percentile sits between the sorted values at ranks floor/ceil of
+    (n-1)p/100; once the value at the floor rank is over the limit, so is the percentile:
+    that takes ``n - floor((n-1)p/100)`` values over it. Non-decreasing in ``n``, so a count
+    reached among planned requests is also enough for fewer completed ones.
+    """
+    return n - math.floor((n - 1) * percentile / 100.0)
+
+
+def allowed_failures(n: int, percentile: float) -> int:
+    """Failed requests a step may have and still meet the SLO: the share above the percentile."""
+    return math.floor(n * (100.0 - percentile) / 100.0)
+
+
+def judge(slo: SLO, summary: Mapping[str, Any]) -> tuple[bool, str]:
+    """Whether a run's summary (vLLM bench keys) meets ``slo``; the reason when not."""
+    p = slo.percentile
+    word = str(int(p)) if int(p) == p else str(p)
+    completed = int(summary.get("completed", 0))
+    failed = int(summary.get("failed", 0))
+    n = completed + failed
+    if completed == 0:
+        return False, "no request completed"
+    if failed > allowed_failures(n, p):
+        return False, f"{failed} of {n} requests failed"
+    for metric in ("ttft", "tpot", "e2el"):
+        limit = getattr(slo, f"{metric}_ms")
+        if limit is None:
+            continue
+        value = summary.get(f"p{word}_{metric}_ms")
+        if value is None:
+            return False, f"p{word} {metric.upper()} not measured"
+        if float(value) > limit:
+            return False, f"p{word} {metric.upper()} {float(value):.0f} ms > {limit:g} ms"
+    return True, ""
+
+
+@dataclass
+class EarlyStop:
+    """Counts requests over each limit as they finish; says when a step is lost for sure."""
+
+    slo: SLO
+    planned: int
+    over: dict[str, int] = field(default_factory=dict)
+    failed: int = 0
+    reason: str = ""
+
+    def add(self, ok: bool, ttft_s: float, tpot_s: float, e2el_s: float, output_tokens: int) -> bool:
+        """Count one finished request; True once the step cannot meet the SLO any more."""
+        if self.reason:
+            return True
+        p = self.slo.percentile
+        word = str(int(p)) if int(p) == p else str(p)
+        if not ok:
+            self.failed += 1
+            if self.failed > allowed_failures(self.planned, p):
+                self.reason = f"{self.failed} of {self.planned} planned requests failed"
+            return bool(self.reason)
+        need = violation_count(self.planned, p)
+        for metric, value in (("ttft", ttft_s), ("tpot", tpot_s if output_tokens > 1 else None), ("e2el", e2el_s)):
+            limit = getattr(self.slo, f"{metric}_ms")
+            if limit is None or value is None or value * 1000 <= limit:
+                continue
+            self.over[metric] = self.over.get(metric, 0) + 1
+            if self.over[metric] >= need:
+                self.reason = (f"p{word} {metric.upper()} over {limit:g} ms for sure: "
+                               f"{self.over[metric]} of {self.planned} planned requests over")
+                return True
+        return False
+
+
+# ---------------------------------------------------------------------------- settings, results
+
+
+@dataclass(frozen=True)
+class StepRule:
+    """How many requests a step sends: ``max(min_requests, ceil(load x min_step_s))``,
+    capped at ``max_requests``; closed loop: at least 4 per slot."""
+
+    min_requests: int = 100
+    min_step_s: float = 10.0
+    max_requests: int = 2000
+    warmup: int = 4  # sent (not measured) on the first step after each start
+
+    def requests(self, load: float, mode: str) -> int:
+        if math.isinf(load):
+            return self.min_requests
+        by_load = math.ceil(load * (4 if mode == "concurrency" else self.min_step_s))
+        return max(1, min(self.max_requests, max(self.min_requests, by_load)))
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    """Search knobs. ``tolerance``: bisection stops when (hi - lo) <= tolerance x lo."""
+
+    mode: str = "rate"
+    budget_s: float = 1800.0
+    tolerance: float = 0.05
+    growth: float = 2.0
+    start_load: float | None = None
+    min_load: float = 0.25
+    max_load: float = 10_000.0
+    start_timeout_s: float = 600.0
+    step_timeout_s: float = 300.0
+    prune: bool = True
+    step: StepRule = StepRule()
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise TuneError("mode", f"must be one of {', '.join(MODES)}")
+        if not self.budget_s > 0:
+            raise TuneError("budget", "must be > 0")
+        if not 0 < self.tolerance < 1:
+            raise TuneError("tolerance", "must be in (0, 1)")
+        if not self.growth > 1:
+            raise TuneError("growth", "must be > 1")
+        if self.start_load is not None and not self.start_load > 0:
+            raise TuneError("start_load", "must be > 0")
+        if self.step.min_requests < 1 or self.step.max_requests < self.step.min_requests:
+            raise TuneError("requests", "need 1 <= min_requests <= max_requests")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TuneSettings:
+        kw = dict(d)
+        kw["step"] = StepRule(**kw.get("step", {}))
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class ConfigResult:
+    """One configuration's outcome: a row of the table."""
+
+    key: str
+    values: Mapping[str, Any]
+    status: str
+    reason: str = ""
+    hint: str = ""
+    limit_load: float | None = None
+    """Highest load measured to meet the SLO (``inf``: met even with all requests at once)."""
+    goodput: float | None = None
+    """Requests/s meeting every SLO at ``limit_load``."""
+    at: Measurement | None = None
+    start_s: float | None = None
+    steps: int = 0
+    order: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key, "values": dict(self.values), "status": self.status, "reason": self.reason,
+            "hint": self.hint,
+            "limit_load": "inf" if self.limit_load is not None and math.isinf(self.limit_load) else self.limit_load,
+            "goodput": self.goodput, "at": self.at.to_dict() if self.at else None, "start_s": self.start_s,
+            "steps": self.steps, "order": self.order,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ConfigResult:
+        limit = d.get("limit_load")
+        return cls(
+            key=str(d["key"]), values=dict(d.get("values", {})), status=str(d["status"]),
+            reason=str(d.get("reason", "")), hint=str(d.get("hint", "")),
+            limit_load=math.inf if limit == "inf" else (None if limit is None else float(limit)),
+            goodput=d.get("goodput"), at=Measurement.from_dict(d["at"]) if d.get("at") else None,
+            start_s=d.get("start_s"), steps=int(d.get("steps", 0)), order=int(d.get("order", 0)),
+        )
+
+
+@dataclass(frozen=True)
+class ParetoPoint:
+    """One SLO-meeting step: output tokens/s per user against output tokens/s per GPU."""
+
+    key: str
+    load: float
+    tokens_per_user: float
+    tokens_per_gpu: float
+    goodput: float
+    frontier: bool
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """What a search found. ``status``: ``done`` (space covered), ``budget`` (stopped at
+    the budget), ``interrupted``."""
+
+    id: str
+    status: str
+    mode: str
+    best: ConfigResult | None
+    best_flags: FlagSet | None
+    configs: tuple[ConfigResult, ...]
+    pareto: tuple[ParetoPoint, ...]
+    elapsed_s: float
+    budget_s: float
+    starts: int
+    steps: int
+    state_path: Path | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "status": self.status, "mode": self.mode,
+            "best": self.best.to_dict() if self.best else None,
+            "best_flags": self.best_flags.to_dict() if self.best_flags else None,
+            "best_serve_line": self.best_flags.to_serve_line() if self.best_flags else None,
+            "configs": [c.to_dict() for c in self.configs],
+            "pareto": [dataclasses.asdict(p) | {"load": _jsonable_load(p.load)} for p in self.pareto],
+            "elapsed_s": self.elapsed_s, "budget_s": self.budget_s, "starts": self.starts,
+            "steps": self.steps, "state_path": str(self.state_path) if self.state_path else None,
+        }
+
+
+def _jsonable_load(load: float) -> float | str:
+    return "inf" if math.isinf(load) else load
+
+
+def pareto_points(measurements: Mapping[str, Sequence[Measurement]], gpus: Mapping[str, int]) -> list[ParetoPoint]:
+    """Every SLO-meeting step of every configuration, with the frontier marked (no other
+    point is at least as good on both axes and better on one)."""
+    pts = []
+    for key, ms in measurements.items():
+        for m in ms:
+            if m.ok and m.output_throughput > 0:
+                pts.append((key, m, m.tokens_per_user, m.output_throughput / max(1, gpus.get(key, 1))))
+    out = []
+    for key, m, x, y in pts:
+        dominated = any((x2 >= x and y2 >= y) and (x2 > x or y2 > y) for _, _, x2, y2 in pts)
+        out.append(ParetoPoint(key, m.load, x, y, m.goodput, not dominated))
+    out.sort(key=lambda p: (-p.tokens_per_user, -p.tokens_per_gpu))
+    return out
+
+
+def gpu_count(values: Mapping[str, Any]) -> int:
+    """Devices a launch uses: tensor x pipeline x data parallel sizes (1 on a CPU)."""
+    n = 1
+    for name in ("tensor-parallel-size", "pipeline-parallel-size", "data-parallel-size"):
+        v = values.get(name)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            n *= v
+    return n
+
+
+# ---------------------------------------------------------------------------- state
+
+
+def tune_dir() -> Path:
+    path = paths.data_dir() / "tune"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def new_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+def state_path(tune_id: str) -> Path:
+    if not tune_id or "/" in tune_id or tune_id.startswith("."):
+        raise TuneError("tune id", f"{tune_id!r} is not a tune id")
+    return tune_dir() / f"{tune_id}.json"
+
+
+@dataclass
+class TuneState:
+    """Everything a search needs to resume: its inputs, each config's result, every step.
+
+    Written atomically (temp file + rename) after every start and step.
+    """
+
+    id: str
+    inputs: dict[str, Any]
+    configs: dict[str, ConfigResult] = field(default_factory=dict)
+    measurements: dict[str, list[Measurement]] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+    starts: int = 0
+    steps: int = 0
+    status: str = "running"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": 1, "id": self.id, "inputs": self.inputs, "status": self.status,
+            "elapsed_s": self.elapsed_s, "starts": self.starts, "steps": self.steps,
+            "configs": {k: c.to_dict() for k, c in self.configs.items()},
+            "measurements": {k: [m.to_dict() for m in ms] for k, ms in self.measurements.items()},
+        }
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1), encoding="utf-8")
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Path) -> TuneState:
+        try:
+            d = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise TuneError(str(path), "no such tune state (see `vtui tune --list`)") from None
+        except (OSError, ValueError) as exc:
+            raise TuneError(str(path), f"cannot read the tune state: {exc}") from None
+        try:
+            return cls(
+                id=str(d["id"]), inputs=dict(d["inputs"]), status=str(d.get("status", "running")),
+                elapsed_s=float(d.get("elapsed_s", 0.0)), starts=int(d.get("starts", 0)),
+                steps=int(d.get("steps", 0)),
+                configs={k: ConfigResult.from_dict(c) for k, c in d.get("configs", {}).items()},
+                measurements={k: [Measurement.from_dict(m) for m in ms] for k, ms in d.get("measurements", {}).items()},
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TuneError(str(path), f"not a vtui tune state: {type(exc).__name__}: {exc}") from None
+
+
+# ---------------------------------------------------------------------------- the search
+
+
+class Tuner:
+    """The search. ``await Tuner(...).run()`` -> :class:`TuneResult`.
+
+    ``base_flags``: the flags every configuration starts from (model, max-model-len, ...);
+    the space's values are set on top. ``max_request_len``: the workload's longest
+    request, for static validation. ``clock``: seconds, monotonic (tests pass a fake one
+    that their measurer advances). ``say``: one progress line at a time.
+    """
+
+    def __init__(
+        self,
+        measurer: Measurer,
+        *,
+        base_flags: FlagSet,
+        space: SearchSpace,
+        slo: SLO,
+        settings: TuneSettings = TuneSettings(),
+        workload: Mapping[str, Any] | None = None,
+        max_request_len: int | None = None,
+        tune_id: str | None = None,
+        state_file: Path | None = None,
+        state: TuneState | None = None,
+        schema: Schema | None = None,
+        validate_flags: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+        say: Callable[[str], None] = lambda line: None,
+    ) -> None:
+        if slo.empty:
+            raise TuneError("slo", "give at least one limit (TTFT, TPOT or E2EL)")
+        self.measurer = measurer
+        self.base = base_flags
+        self.space = space
+        self.slo = slo
+        self.settings = settings
+        self.max_request_len = max_request_len
+        self.schema = schema
+        self.validate_flags = validate_flags
+        self.clock = clock
+        self.say = say
+        inputs = {
+            "base_flags": base_flags.to_dict(), "space": space.to_dict(), "slo": slo.to_dict(),
+            "settings": settings.to_dict(), "workload": dict(workload or {}),
+            "max_request_len": max_request_len,
+        }
+        if state is not None:
+            self._check_same(state.inputs, inputs)
+            self.state = state
+        else:
+            self.state = TuneState(id=tune_id or new_id(), inputs=inputs)
+        self.state_file = state_file
+        self._t0 = 0.0
+        self._elapsed0 = self.state.elapsed_s
+        self._start_costs: list[float] = []
+        self._step_costs: list[tuple[float, float]] = []  # (requests/load seconds, actual seconds)
+
+    @staticmethod
+    def _check_same(old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+        for key in ("base_flags", "space", "slo", "workload"):
+            a = json.dumps(old.get(key), sort_keys=True, default=str)
+            b = json.dumps(new.get(key), sort_keys=True, default=str)
+            if a != b:
+                raise TuneError("resume", f"the saved search has a different {key}: {a} (now {b})")
+
+    # -- clock and budget ----------------------------------------------------------------
+
+    def elapsed(self) -> float:
+        return self._elapsed0 + (self.clock() - self._t0)
+
+    def remaining(self) -> float:
+        return self.settings.budget_s - self.elapsed()
+
+    def _estimate_start(self) -> float:
+        return max(self._start_costs) if self._start_costs else 60.0
+
+    def _estimate_step(self, load: float, n: int) -> float:
+        nominal = n / load if load > 0 and math.isfinite(load) else 0.0
+        if self._step_costs:
+            # Overhead beyond the arrivals' own span (drain, warm-up, setup), as measured.
+            extra = max(actual - nom for nom, actual in self._step_costs[-5:])
+            return nominal + max(0.0, extra)
+        return nominal + 5.0
+
+    def _persist(self) -> None:
+        self.state.elapsed_s = self.elapsed()
+        if self.state_file is not None:
+            self.state.save(self.state_file)
+
+    # -- main loop ----------------------------------------------------------------------
+
+    async def run(self) -> TuneResult:
+        self._t0 = self.clock()
+        st = self.state
+        status = "done"
+        all_configs = self.space.configs()
+        by_key = {self.space.key(v): v for v in all_configs}
+        order = len([c for c in st.configs.values() if c.status != NOT_TRIED])
+        try:
+            # Static validation first: costs nothing, and pruned rows show why.
+            for key, values in by_key.items():
+                if key in st.configs:
+                    continue
+                problems = self._static_problems(values)
+                if problems:
+                    order += 1
+                    st.configs[key] = ConfigResult(key, values, INVALID, reason=problems, order=order)
+                    self.say(f"{key}: not started: {problems}")
+            self._persist()
+            seed = self.space.seed(self.base.values)
+            tried: set[str] = set()  # this session: a config cut short now is not retried now
+            while True:
+                pending = [k for k in by_key if k not in tried and (
+                    k not in st.configs or st.configs[k].status in (CUT_SHORT, NOT_TRIED))]
+                if not pending:
+                    break
+                best = self.best()
+                anchor = best.values if best is not None else seed
+                # Resumed half-measured configs first, then nearest to the best so far.
+                pending.sort(key=lambda k: (st.configs.get(k) is None or st.configs[k].status != CUT_SHORT,
+                                            self.space.distance(by_key[k], anchor), list(by_key).index(k)))
+                key = pending[0]
+                order += 1
+                if self.remaining() < self._estimate_start() + self._estimate_step(1.0, 1):
+                    raise BudgetExhausted
+                tried.add(key)
+                result = await self._tune_config(key, by_key[key], best, order)
+                st.configs[key] = result
+                self._persist()
+                self._report(result)
+                if result.status == CUT_SHORT:
+                    raise BudgetExhausted
+        except BudgetExhausted:
+            status = "budget"
+            self.say(f"budget of {self.settings.budget_s / 60:.1f} min reached after {self.elapsed() / 60:.1f} min")
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            status = "interrupted"
+            self.state.status = status
+            self._persist()
+            raise
+        finally:
+            with contextlib.suppress(Exception):
+                await self.measurer.close()
+        for key, values in by_key.items():
+            if key not in st.configs or st.configs[key].status == NOT_TRIED:
+                st.configs[key] = ConfigResult(key, values, NOT_TRIED, reason="budget reached before it")
+        st.status = status
+        self._persist()
+        return self.result()
+
+    def _static_problems(self, values: Mapping[str, Any]) -> str:
+        if not self.validate_flags:
+            return ""
+        from engine.flags import FlagError, validate
+
+        try:
+            flags = self._flags(values)
+        except FlagError as exc:
+            return str(exc)
+        errs = validate(flags, self.schema, max_request_len=self.max_request_len)
+        return "; ".join(str(e) for e in errs)
+
+    def _flags(self, values: Mapping[str, Any]) -> FlagSet:
+        flags = self.base
+        for name, value in values.items():
+            flags = flags.set(name, value)
+        return flags
+
+    def best(self) -> ConfigResult | None:
+        """The configuration with the highest goodput at its limit (ties: higher limit)."""
+        done = [c for c in self.state.configs.values() if c.goodput is not None and c.limit_load is not None]
+        if not done:
+            return None
+        return max(done, key=lambda c: (c.goodput or 0.0, c.limit_load or 0.0, -c.order))
+
+    def _report(self, c: ConfigResult) -> None:
+        unit = "req/s" if self.settings.mode == "rate" else "concurrent"
+        if c.status in (DONE, CUT_SHORT) and c.limit_load is not None:
+            lim = "any load" if math.isinf(c.limit_load) else f"{c.limit_load:.3g} {unit}"
+            self.say(f"{c.key}: limit {lim}, goodput {c.goodput or 0:.3g} req/s ({c.steps} steps)"
+                     + (" [cut short]" if c.status == CUT_SHORT else ""))
+        else:
+            self.say(f"{c.key}: {c.status}: {c.reason}")
+
+    # -- one configuration -------------------------------------------------------------
+
+    async def _tune_config(self, key: str, values: Mapping[str, Any], best: ConfigResult | None,
+                           order: int) -> ConfigResult:
+        st = self.state
+        s = self.settings
+        flags = self._flags(values)
+        self.say(f"{key}: starting ({order}; {self.remaining() / 60:.1f} min left)")
+        timeout = min(s.start_timeout_s, max(1.0, self.remaining()))
+        t = self.clock()
+        outcome = await self.measurer.start(flags, timeout=timeout)
+        start_s = self.clock() - t
+        st.starts += 1
+        if outcome.restarted:
+            self._start_costs.append(start_s)
+        if not outcome.ok:
+            return ConfigResult(key, values, START_FAILED, reason=outcome.reason, hint=outcome.hint,
+                                start_s=start_s, order=order)
+        ms = st.measurements.setdefault(key, [])
+        first_step = [True]
+
+        async def probe(load: float) -> Measurement:
+            for m in ms:
+                if m.load == load or (math.isfinite(load) and abs(m.load - load) <= 1e-9 * max(1.0, load)):
+                    return m  # reuse: never measure the same load twice
+            n = s.step.requests(load, s.mode)
+            est = self._estimate_step(load, n)
+            if self.remaining() < est:
+                raise _ConfigBudget
+            warm = s.step.warmup if first_step[0] else 0
+            tmo = min(s.step_timeout_s, max(5.0, self.remaining()))
+            t0 = self.clock()
+            m = await self.measurer.measure(load, requests=n, timeout=tmo, warmup=warm)
+            actual = self.clock() - t0
+            first_step[0] = False
+            self._step_costs.append((n / load if math.isfinite(load) and load > 0 else actual, actual))
+            st.steps += 1
+            ms.append(m)
+            self._persist()
+            unit = "req/s" if s.mode == "rate" else "concurrent"
+            shown = "all at once" if math.isinf(load) else f"{load:.3g} {unit}"
+            self.say(f"  {key}: {shown}: " + ("meets SLO" if m.ok else f"violates ({m.reason})")
+                     + f", goodput {m.goodput:.3g} req/s, {m.completed}/{n} done in {actual:.0f} s"
+                     + (" (stopped early)" if m.stopped_early else ""))
+            return m
+
+        def finish(status: str, reason: str = "") -> ConfigResult:
+            passing = [m for m in ms if m.ok]
+            top = max(passing, key=lambda m: m.load) if passing else None
+            return ConfigResult(
+                key, values, status, reason=reason, limit_load=top.load if top else None,
+                goodput=top.goodput if top else None, at=top, start_s=start_s, steps=len(ms), order=order)
+
+        try:
+            return await self._bracket(probe, finish, best, key)
+        except _ConfigBudget:
+            return finish(CUT_SHORT, "budget reached while measuring")
+        except _Fatal as exc:
+            return finish(DIED, str(exc))
+
+    async def _bracket(self, probe: Callable[[float], Any], finish: Callable[..., ConfigResult],
+                       best: ConfigResult | None, key: str) -> ConfigResult:
+        s = self.settings
+        integer = s.mode == "concurrency"
+        lo: float | None = None  # highest load that met the SLO
+        hi: float | None = None  # lowest load above lo that violated it
+        ceiling: float | None = None  # capacity: no rate above it can meet the SLO
+
+        async def step(load: float) -> Measurement:
+            nonlocal lo, hi
+            m: Measurement = await probe(load)
+            if m.fatal:
+                raise _Fatal(m.fatal)
+            if m.ok:
+                lo = load if lo is None else max(lo, load)
+                if hi is not None and hi <= lo:
+                    hi = None  # noise: a lower load failed, a higher one passed; trust the pass
+            else:
+                hi = load if hi is None else min(hi, load)
+            return m
+
+        # 1. Can it beat the best so far? One step at the best's limit load says.
+        if best is not None and s.prune and best.limit_load is not None:
+            m = await step(best.limit_load)
+            if not m.ok:
+                where = "all at once" if math.isinf(best.limit_load) else f"{best.limit_load:.3g}"
+                return finish(DOMINATED, f"violates the SLO at {where}, where {best.key} meets it ({m.reason})")
+            if math.isinf(best.limit_load):
+                return finish(DONE)
+        # 2. No anchor: a saturation step gives the capacity (rate mode).
+        elif s.start_load is None and not integer:
+            m = await probe(math.inf)  # not step(): "violates at inf" says nothing about hi
+            if m.fatal:
+                raise _Fatal(m.fatal)
+            if m.ok:
+                return finish(DONE)
+            if m.request_throughput > 0:
+                ceiling = m.request_throughput
+        # 3. Bracket, then bisect. Each pass halves the bracket or grows the load by
+        # `growth`, so 64 passes are far more than any real search; the cap only makes a
+        # logic slip end the config instead of hanging the search.
+        seen: set[float] = set()
+        for _ in range(64):
+            if lo is None and hi is None:
+                if ceiling is not None:
+                    load = 0.75 * ceiling
+                else:
+                    load = s.start_load or (8.0 if integer else 1.0)
+            elif lo is None:
+                assert hi is not None
+                load = hi / s.growth
+                if load < (1.0 if integer else s.min_load):
+                    if hi <= (1.0 if integer else s.min_load):
+                        return finish(NO_LOAD, f"violates the SLO even at {hi:.3g}")
+                    load = 1.0 if integer else s.min_load
+            elif hi is None:
+                top = ceiling if ceiling is not None else s.max_load
+                if lo >= top * (1 - s.tolerance):
+                    return finish(DONE)
+                if ceiling is not None:
+                    hi_bound = ceiling
+                    load = (lo + hi_bound) / 2
+                else:
+                    load = min(lo * s.growth, s.max_load)
+            else:
+                if hi - lo <= max(s.tolerance * lo, 1.0 if integer else 0.0):
+                    return finish(DONE)
+                load = (lo + hi) / 2
+            if integer:
+                load = float(max(1, round(load)))
+                if (lo is not None and load <= lo) or (hi is not None and load >= hi):
+                    return finish(DONE)
+            if load in seen:
+                return finish(DONE)  # the bracket cannot shrink further at this resolution
+            seen.add(load)
+            await step(load)
+            if ceiling is not None and hi is None and lo is not None and lo >= ceiling * (1 - s.tolerance):
+                return finish(DONE)
+        return finish(DONE, "stopped after 64 steps")
+
+    # -- results ------------------------------------------------------------------------
+
+    def result(self) -> TuneResult:
+        st = self.state
+        best = self.best()
+        best_flags = self._flags(best.values) if best is not None else None
+        configs = sorted(st.configs.values(), key=lambda c: (c.order == 0, c.order, c.key))
+        gpus = {k: gpu_count({**self.base.values, **c.values}) for k, c in st.configs.items()}
+        return TuneResult(
+            id=st.id, status=st.status, mode=self.settings.mode, best=best, best_flags=best_flags,
+            configs=tuple(configs), pareto=tuple(pareto_points(st.measurements, gpus)),
+            elapsed_s=st.elapsed_s, budget_s=self.settings.budget_s, starts=st.starts, steps=st.steps,
+            state_path=self.state_file,
+        )
+
+
+class _ConfigBudget(Exception):
+    """The next step of this configuration does not fit the budget."""
+
+
+class _Fatal(Exception):
+    """The server died under load: no later step on this configuration can succeed."""
+
+
+# ---------------------------------------------------------------------------- rendering
+
+
+def format_table(result: TuneResult) -> str:
+    """Every configuration tried, best first among the measured, as plain text."""
+    unit = "req/s" if result.mode == "rate" else "conc"
+    head = ("", "configuration", "status", f"limit {unit}", "goodput req/s", "steps", "reason")
+    rows = [head]
+    best_key = result.best.key if result.best else None
+    for c in result.configs:
+        lim = "" if c.limit_load is None else ("any" if math.isinf(c.limit_load) else f"{c.limit_load:.3g}")
+        rows.append(("*" if c.key == best_key else "", c.key, c.status, lim,
+                     "" if c.goodput is None else f"{c.goodput:.3g}", str(c.steps), c.reason[:90]))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def format_pareto(result: TuneResult) -> str:
+    """The frontier of tokens/s per user against tokens/s per GPU (SLO-meeting steps)."""
+    pts = [p for p in result.pareto if p.frontier]
+    if not pts:
+        return "no step met the SLO: no Pareto frontier"
+    lines = ["Pareto frontier (output tokens/s per user = mean output tokens / mean E2EL;"
+             " per GPU = output tokens/s / (tp x pp x dp)):"]
+    for p in pts:
+        load = "all at once" if math.isinf(p.load) else f"{p.load:.3g}"
+        lines.append(f"  {p.tokens_per_user:8.1f} tok/s/user  {p.tokens_per_gpu:9.1f} tok/s/GPU  "
+                     f"{p.key} at {load}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- the real measurer
+
+
+class ServerMeasurer:
+    """Measures with a real vLLM: one :class:`Supervisor` (restarted only when the flags
+    change) and one :class:`loadgen.LoadRun` per step. Stops only what it started.
+
+    ``early_stop``: end a step as soon as it is certain to violate the SLO (False runs
+    every request, as ``vllm bench serve`` inside auto_tune.sh does).
+    """
+
+    def __init__(
+        self,
+        workload: WorkloadSpec,
+        slo: SLO,
+        *,
+        mode: str = "rate",
+        arrivals: ArrivalSpec | None = None,
+        tokenizer: str | Path | None = None,
+        log_dir: Path | None = None,
+        early_stop: bool = True,
+        supervisor_factory: Callable[[FlagSet], Any] | None = None,
+    ) -> None:
+        self.workload = workload
+        self.slo = slo
+        self.mode = mode
+        self.arrivals = arrivals
+        self.tokenizer = tokenizer
+        self.log_dir = log_dir
+        self.early_stop = early_stop
+        self._factory = supervisor_factory
+        self.sup: Any = None
+        self._argv: list[str] | None = None
+
+    async def start(self, flags: FlagSet, *, timeout: float) -> StartOutcome:
+        from engine.errors import StartupError
+        from engine.supervisor import ServerState, Supervisor
+
+        argv = [flags.model, *flags.to_argv()]
+        if self.sup is not None and self._argv == argv and self.sup.state is ServerState.READY:
+            return StartOutcome(True, restarted=False)
+        t0 = time.monotonic()
+        try:
+            if self.sup is None:
+                factory = self._factory or (lambda f: Supervisor(f, log_dir=self.log_dir or paths.logs_dir()))
+                self.sup = factory(flags)
+                await self.sup.start(timeout=timeout)
+            else:
+                await self.sup.restart(flags, timeout=timeout)
+        except StartupError as exc:
+            line = getattr(exc, "vllm_line", "") or str(exc)
+            hint = getattr(exc, "hint", "") or ""
+            with contextlib.suppress(Exception):
+                await self.sup.stop()
+            self.sup, self._argv = None, None
+            return StartOutcome(False, reason=line, hint=hint, seconds=time.monotonic() - t0)
+        self._argv = argv
+        return StartOutcome(True, seconds=time.monotonic() - t0)
+
+    def _arrivals(self, load: float, n: int, warmup: int) -> ArrivalSpec:
+        from loadgen.spec import ArrivalSpec
+
+        base = self.arrivals or ArrivalSpec(num_requests=1)
+        if self.mode == "concurrency":
+            return ArrivalSpec(mode="closed", concurrency=int(load), num_requests=n, warmup_requests=warmup,
+                               seed=base.seed, workers=base.workers)
+        return ArrivalSpec(mode="poisson", rate=load, burstiness=base.burstiness, num_requests=n,
+                           warmup_requests=warmup, seed=base.seed, workers=base.workers)
+
+    async def measure(self, load: float, *, requests: int, timeout: float, warmup: int) -> Measurement:
+        from engine.supervisor import ServerState
+        from loadgen import LoadRun, ServerError
+
+        if self.sup is None:
+            return Measurement(load, False, "no server", fatal="no server running")
+        p = self.slo.percentile
+        pcts = tuple(sorted({50.0, 90.0, 95.0, 99.0, float(p)}))
+        lr = LoadRun(self.sup.base_url, self.sup.model, self.workload, self._arrivals(load, requests, warmup),
+                     slo=self.slo, tokenizer=self.tokenizer, percentiles=pcts)
+        stop = EarlyStop(self.slo, requests)
+
+        def on_request(r: Any) -> None:
+            if r.cancelled or not self.early_stop or stop.reason:
+                return
+            if stop.add(r.ok, r.ttft_s, r.tpot_s, r.e2el_s, r.output_tokens):
+                lr.cancel()
+
+        t0 = time.monotonic()
+        task = asyncio.ensure_future(lr.run(on_request=on_request))
+        timed_out = False
+        try:
+            done, _ = await asyncio.wait({task}, timeout=timeout)
+            if not done:
+                timed_out = True
+                lr.cancel()
+                await asyncio.wait({task}, timeout=30.0)
+            result = task.result() if task.done() else None
+        except ServerError as exc:
+            return Measurement(load, False, f"server refused the load: {exc}", requests=requests,
+                               fatal=str(exc) if self.sup.state is not ServerState.READY else "")
+        except BaseException:
+            lr.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(task, 30.0)
+            raise
+        dur = time.monotonic() - t0
+        fatal = ""
+        if self.sup.state is not ServerState.READY:
+            err = getattr(self.sup, "error", None)
+            fatal = f"server died under load: {getattr(err, 'vllm_line', '') or err or self.sup.state.value}"
+        if result is None:
+            return Measurement(load, False, f"step did not end within {timeout:.0f} s", requests=requests,
+                               duration_s=dur, fatal=fatal)
+        s = result.summary
+        ok, reason = judge(self.slo, s)
+        if stop.reason:
+            ok, reason = False, stop.reason
+        elif timed_out:
+            ok, reason = False, f"step timed out after {timeout:.0f} s"
+        elif result.cancelled:
+            ok, reason = False, "cancelled"
+        word = str(int(p)) if int(p) == p else str(p)
+        completed = int(s.get("completed", 0))
+        mean_e2el_s = float(s.get("mean_e2el_ms", 0.0)) / 1000
+        per_user = (s.get("total_output_tokens", 0) / completed / mean_e2el_s) if completed and mean_e2el_s else 0.0
+        return Measurement(
+            load=load, ok=ok and not fatal, reason=reason or fatal, requests=requests, completed=completed,
+            failed=int(s.get("failed", 0)), goodput=float(s.get("request_goodput") or 0.0),
+            request_throughput=float(s.get("request_throughput", 0.0)),
+            output_throughput=float(s.get("output_throughput", 0.0)),
+            ttft_ms=s.get(f"p{word}_ttft_ms"), tpot_ms=s.get(f"p{word}_tpot_ms"), e2el_ms=s.get(f"p{word}_e2el_ms"),
+            tokens_per_user=per_user, duration_s=dur, stopped_early=bool(stop.reason), fatal=fatal,
+        )
+
+    async def close(self) -> None:
+        if self.sup is not None:
+            with contextlib.suppress(Exception):
+                await self.sup.stop()
+            self.sup, self._argv = None, None
+
+
+__all__ = [
+    "DEFAULT_SPACE", "BudgetExhausted", "ConfigResult", "EarlyStop", "Measurement", "Measurer",
+    "ParetoPoint", "SearchSpace", "ServerMeasurer", "StartOutcome", "StepRule", "TuneError", "TuneResult",
+    "TuneSettings", "TuneState", "Tuner", "allowed_failures", "format_pareto", "format_table", "gpu_count",
+    "judge", "pareto_points", "state_path", "tune_dir", "violation_count",
+]

@@ -1,0 +1,425 @@
+"""The tuner's search logic on measurement tables (no server), plus one real `vtui tune`.
+
+``TableMeasurer`` answers from a table of per-configuration SLO limits: a step at load L
+meets the SLO iff L <= the config's limit, and costs fixed seconds on a fake clock that
+the tuner reads, so budgets are exact. Start failures carry real vLLM log lines
+(tests/data/captures) classified by engine.logparse, as the Supervisor would raise them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.flags import FlagSet, builtin_schema
+from engine.tune import (
+    CUT_SHORT, DIED, DOMINATED, DONE, INVALID, NO_LOAD, NOT_TRIED, START_FAILED,
+    EarlyStop, Measurement, SearchSpace, StartOutcome, StepRule, TuneError, TuneSettings, TuneState, Tuner,
+    allowed_failures, format_pareto, format_table, judge, pareto_points, violation_count,
+)
+from loadgen.spec import SLO
+from loadgen.stats import percentile
+
+CAPTURES = Path(__file__).parent / "data" / "captures"
+SCHEMA = builtin_schema()
+SLO_TTFT = SLO(ttft_ms=500.0)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class TableMeasurer:
+    """Per config key: a float limit (load meeting the SLO up to it), or ``("start", line)``
+    for a start failure, or ``("die", limit)`` to die under load above ``limit``."""
+
+    def __init__(self, space: SearchSpace, table: dict[str, Any], clock: FakeClock, *,
+                 start_s: float = 60.0, step_s: float = 20.0, capacity: float = 1.3,
+                 interrupt_after: int | None = None) -> None:
+        self.space, self.table, self.clock = space, table, clock
+        self.start_s, self.step_s, self.capacity = start_s, step_s, capacity
+        self.interrupt_after = interrupt_after
+        self.starts: list[str] = []
+        self.steps: list[tuple[str, float]] = []
+        self.key = ""
+        self.closed = False
+
+    async def start(self, flags: FlagSet, *, timeout: float) -> StartOutcome:
+        assert timeout > 0
+        self.key = self.space.key({n: flags.get(n) for n, _ in self.space.dims})
+        self.starts.append(self.key)
+        self.clock.t += self.start_s
+        entry = self.table[self.key]
+        if isinstance(entry, tuple) and entry[0] == "start":
+            return StartOutcome(False, reason=entry[1], hint="see the log")
+        return StartOutcome(True, seconds=self.start_s)
+
+    async def measure(self, load: float, *, requests: int, timeout: float, warmup: int) -> Measurement:
+        assert timeout > 0 and requests >= 1
+        if self.interrupt_after is not None and len(self.steps) >= self.interrupt_after:
+            raise asyncio.CancelledError
+        self.steps.append((self.key, load))
+        self.clock.t += self.step_s
+        entry = self.table[self.key]
+        if isinstance(entry, tuple) and entry[0] == "die":
+            if load > entry[1]:
+                return Measurement(load, False, "server died", fatal="server died under load: CUDA out of memory")
+            entry = entry[1]
+        limit = float(entry)
+        cap = limit * self.capacity
+        thr = min(load, cap)
+        ok = load <= limit
+        good = thr * (0.99 if ok else 0.5)
+        return Measurement(load, ok, "" if ok else f"p99 TTFT {900:.0f} ms > 500 ms", requests=requests,
+                           completed=requests, goodput=good, request_throughput=thr,
+                           output_throughput=thr * 64, tokens_per_user=6400 / (10 + 10 * thr / cap))
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def space_of(**dims: tuple[Any, ...]) -> SearchSpace:
+    return SearchSpace(tuple((k.replace("_", "-"), v) for k, v in dims.items()))
+
+
+BASE = FlagSet("/models/tiny", {"max-model-len": 2048}, SCHEMA)
+
+
+def make_tuner(space: SearchSpace, table: dict[str, Any], *, budget_s: float = 10_000, clock: FakeClock | None = None,
+               state_file: Path | None = None, state: TuneState | None = None, **kw: Any) -> tuple[Tuner, TableMeasurer]:
+    clock = clock or FakeClock()
+    m = TableMeasurer(space, table, clock, **{k: kw.pop(k) for k in list(kw) if k in
+                                             ("start_s", "step_s", "capacity", "interrupt_after")})
+    settings = TuneSettings(budget_s=budget_s, step=StepRule(min_requests=50), **kw)
+    t = Tuner(m, base_flags=BASE, space=space, slo=SLO_TTFT, settings=settings, schema=SCHEMA, clock=clock,
+              state_file=state_file, state=state, max_request_len=192)
+    return t, m
+
+
+def keys(space: SearchSpace) -> list[str]:
+    return [space.key(v) for v in space.configs()]
+
+
+# ---------------------------------------------------------------------------- bisection
+
+
+@pytest.mark.parametrize(("mode", "limit", "start"), [
+    ("rate", 13.7, None), ("rate", 0.9, None), ("rate", 37.0, None), ("rate", 13.7, 2.0),
+    ("rate", 250.0, 1.0), ("concurrency", 37.0, None), ("concurrency", 1.0, None), ("concurrency", 200.0, 4.0),
+])
+async def test_bisection_finds_the_limit_within_tolerance(mode: str, limit: float, start: float | None) -> None:
+    space = space_of(max_num_seqs=(64,))
+    tuner, m = make_tuner(space, {keys(space)[0]: limit}, mode=mode, start_load=start)
+    res = await tuner.run()
+    c = res.configs[0]
+    assert c.status == DONE and res.best is not None
+    assert c.limit_load is not None and c.limit_load <= limit
+    if mode == "rate":
+        assert c.limit_load >= limit * (1 - 0.05) / (1 + 1e-9) - 1e-9 or limit < 0.25
+    else:
+        assert c.limit_load == math.floor(limit)  # integers: exact
+    # every load is measured once, and never more than a bracketing + bisection needs
+    loads = [ld for _, ld in m.steps]
+    assert len(loads) == len(set(loads))
+    assert len(loads) <= 14
+
+
+async def test_no_load_meets_the_slo() -> None:
+    space = space_of(max_num_seqs=(64,))
+    tuner, _ = make_tuner(space, {keys(space)[0]: 0.1}, start_load=1.0)
+    res = await tuner.run()
+    assert res.configs[0].status == NO_LOAD and res.best is None and res.best_flags is None
+
+
+async def test_saturation_step_meeting_the_slo_means_any_rate() -> None:
+    space = space_of(max_num_seqs=(64,))
+    tuner, m = make_tuner(space, {keys(space)[0]: math.inf})
+    res = await tuner.run()
+    assert res.best is not None and math.isinf(res.best.limit_load or 0)
+    assert len(m.steps) == 1
+    assert "any" in format_table(res)
+
+
+# ---------------------------------------------------------------------------- order, pruning
+
+
+async def test_seed_first_then_dominated_configs_cost_one_step() -> None:
+    space = space_of(max_num_seqs=(16, 64, 256))
+    k16, k64, k256 = keys(space)
+    tuner, m = make_tuner(space, {k16: 4.0, k64: 10.0, k256: 12.0})
+    res = await tuner.run()
+    assert m.starts[0] == k64  # the middle value is the seed
+    assert res.best is not None and res.best.key == k256
+    by = {c.key: c for c in res.configs}
+    assert by[k16].status == DOMINATED and by[k16].steps == 1
+    assert "where" in by[k16].reason and "meets it" in by[k16].reason
+    # the config that beat the best was first probed at the best's limit
+    first_256 = next(ld for k, ld in m.steps if k == k256)
+    assert first_256 == by[k64].limit_load
+    assert res.status == "done"
+    assert res.best_flags is not None and res.best_flags.get("max-num-seqs") == 256
+    assert "--max-num-seqs 256" in res.best_flags.to_docker_line(version="0.32.0")
+
+
+async def test_pruning_saves_steps_over_no_pruning() -> None:
+    space = space_of(max_num_batched_tokens=(512, 2048, 8192), max_num_seqs=(16, 64, 256))
+    limits = {k: 2.0 + i for i, k in enumerate(keys(space))}
+    limits[space.key({"max-num-batched-tokens": 2048, "max-num-seqs": 256})] = 20.0
+    pruned, mp = make_tuner(space, limits)
+    full, mf = make_tuner(space, limits, prune=False)
+    rp, rf = await pruned.run(), await full.run()
+    assert rp.best is not None and rf.best is not None and rp.best.key == rf.best.key
+    assert len(mp.steps) < len(mf.steps) / 2
+    assert sum(c.status == DOMINATED for c in rp.configs) >= 6
+
+
+async def test_static_validation_prunes_before_any_start() -> None:
+    space = space_of(enable_chunked_prefill=(True, False), max_num_batched_tokens=(512, 4096))
+    table = {k: 5.0 for k in keys(space)}
+    tuner, m = make_tuner(space, table)
+    res = await tuner.run()
+    bad = space.key({"enable-chunked-prefill": False, "max-num-batched-tokens": 512})
+    by = {c.key: c for c in res.configs}
+    assert by[bad].status == INVALID and "smaller than max_model_len (2048)" in by[bad].reason
+    assert bad not in m.starts and len(m.starts) == 3
+
+
+def failed_start_line(capture: str) -> str:
+    from engine.logparse import classify_failure
+
+    tail = (CAPTURES / capture).read_text(encoding="utf-8", errors="replace").splitlines()[-200:]
+    return classify_failure(tail, 1).vllm_line
+
+
+@pytest.mark.parametrize(("capture", "words"), [
+    ("vllm-0.24.0-h200-fail-kv-too-small.log", "cache"),
+    ("vllm-0.24.0-h200-fail-busy-gpu.log", "less than desired GPU memory utilization"),
+    ("vllm-0.24.0-h200-fail-util-too-low.log", "No available memory for the cache blocks"),
+])
+async def test_failed_start_is_recorded_with_vllms_line_and_the_search_goes_on(capture: str, words: str) -> None:
+    line = failed_start_line(capture)
+    assert words.lower() in line.lower()
+    space = space_of(gpu_memory_utilization=(0.5, 0.9, 0.95))
+    k5, k9, k95 = keys(space)
+    tuner, m = make_tuner(space, {k5: 4.0, k9: ("start", line), k95: 6.0})
+    res = await tuner.run()
+    by = {c.key: c for c in res.configs}
+    assert by[k9].status == START_FAILED and by[k9].reason == line and by[k9].hint
+    assert res.best is not None and res.best.key == k95
+    assert m.starts[0] == k9 and set(m.starts) == {k5, k9, k95}
+
+
+async def test_server_dying_under_load_ends_that_config_only() -> None:
+    space = space_of(max_num_seqs=(64, 128))
+    k64, k128 = keys(space)
+    tuner, _ = make_tuner(space, {k64: 5.0, k128: ("die", 3.0)})
+    res = await tuner.run()
+    by = {c.key: c for c in res.configs}
+    assert by[k128].status == DIED and "out of memory" in by[k128].reason
+    assert by[k64].status == DONE
+
+
+# ---------------------------------------------------------------------------- budget, resume
+
+
+@pytest.mark.parametrize("budget_s", [100.0, 200.0, 400.0, 700.0])
+async def test_budget_stop_returns_best_so_far_and_never_overruns(budget_s: float) -> None:
+    space = space_of(max_num_batched_tokens=(512, 2048, 8192), max_num_seqs=(16, 64, 256))
+    table = {k: 3.0 + i for i, k in enumerate(keys(space))}
+    clock = FakeClock()
+    tuner, m = make_tuner(space, table, budget_s=budget_s, clock=clock)
+    res = await tuner.run()
+    assert res.status == "budget"
+    assert clock.t <= budget_s
+    assert any(c.status == NOT_TRIED for c in res.configs)
+    measured = [c for c in res.configs if c.goodput is not None]
+    if measured:
+        assert res.best is not None and res.best.goodput == max(c.goodput or 0 for c in measured)
+    assert len(res.configs) == 9
+    assert m.closed
+
+
+async def test_first_start_does_not_fit_the_budget() -> None:
+    space = space_of(max_num_seqs=(64,))
+    tuner, m = make_tuner(space, {keys(space)[0]: 5.0}, budget_s=30.0)
+    res = await tuner.run()
+    assert res.status == "budget" and res.best is None and not m.starts
+    assert res.configs[0].status == NOT_TRIED
+
+
+async def test_resume_skips_done_configs_and_reuses_steps(tmp_path: Path) -> None:
+    space = space_of(max_num_batched_tokens=(512, 2048, 8192), max_num_seqs=(16, 64))
+    table = {k: 3.0 + 2 * i for i, k in enumerate(keys(space))}
+    path = tmp_path / "t.json"
+    whole, mw = make_tuner(space, table)
+    expect = await whole.run()
+
+    first, m1 = make_tuner(space, table, state_file=path, interrupt_after=9)
+    with pytest.raises(asyncio.CancelledError):
+        await first.run()
+    saved = TuneState.load(path)
+    assert saved.status == "interrupted" and len(saved.measurements) >= 1
+    done_before = {k for k, c in saved.configs.items() if c.status == DONE}
+    assert done_before
+
+    second, m2 = make_tuner(space, table, state_file=path, state=saved)
+    res = await second.run()
+    assert not done_before & set(m2.starts)  # finished configs are not restarted
+    assert len(m1.steps) + len(m2.steps) == len(mw.steps)  # nothing measured twice
+    assert res.best is not None and expect.best is not None and res.best.key == expect.best.key
+    assert res.best.limit_load == expect.best.limit_load
+    assert res.id == saved.id and json.loads(path.read_text())["status"] == "done"
+
+
+async def test_resume_refuses_a_different_search(tmp_path: Path) -> None:
+    space = space_of(max_num_seqs=(16, 64))
+    path = tmp_path / "t.json"
+    t, _ = make_tuner(space, {k: 3.0 for k in keys(space)}, state_file=path)
+    await t.run()
+    other = space_of(max_num_seqs=(16, 128))
+    with pytest.raises(TuneError, match="different space"):
+        make_tuner(other, {k: 3.0 for k in keys(other)}, state=TuneState.load(path))
+
+
+async def test_cut_short_config_resumes_from_its_steps(tmp_path: Path) -> None:
+    space = space_of(max_num_seqs=(64,))
+    key = keys(space)[0]
+    path = tmp_path / "t.json"
+    clock = FakeClock()
+    t, m = make_tuner(space, {key: 13.7}, budget_s=150.0, clock=clock, state_file=path)
+    res = await t.run()
+    assert res.configs[0].status == CUT_SHORT and res.status == "budget"
+    n1 = len(m.steps)
+    t2, m2 = make_tuner(space, {key: 13.7}, budget_s=10_000, state=TuneState.load(path), state_file=path)
+    res2 = await t2.run()
+    assert res2.configs[0].status == DONE
+    assert not set(m.steps) & set(m2.steps) and n1 >= 1
+
+
+def test_state_file_that_is_not_ours(tmp_path: Path) -> None:
+    bad = tmp_path / "x.json"
+    bad.write_text('{"hello": 1}')
+    with pytest.raises(TuneError, match="not a vtui tune state"):
+        TuneState.load(bad)
+    with pytest.raises(TuneError, match="no such tune state"):
+        TuneState.load(tmp_path / "missing.json")
+
+
+# ---------------------------------------------------------------------------- judging, early stop
+
+
+@pytest.mark.parametrize(("n", "p"), [(100, 99.0), (100, 90.0), (50, 99.0), (7, 99.0), (1000, 99.9), (3, 50.0)])
+def test_violation_count_is_enough_and_one_fewer_is_not(n: int, p: float) -> None:
+    need = violation_count(n, p)
+    limit = 1.0
+    over = sorted([0.5] * (n - need) + [2.0] * need)
+    assert percentile(over, p) > limit
+    if need > 1:
+        # one fewer is not enough: those over by a hair leave the percentile under
+        under = sorted([0.5] * (n - need + 1) + [limit * (1 + 1e-9)] * (need - 1))
+        assert percentile(under, p) <= limit
+
+
+@pytest.mark.parametrize(("slo", "requests", "stops_at"), [
+    # (ok, ttft_s, tpot_s, e2el_s, tokens)
+    (SLO(ttft_ms=500), [(True, 0.6, 0.01, 1.0, 64)] * 5, 2),
+    (SLO(ttft_ms=500), [(True, 0.1, 0.01, 1.0, 64)] * 100, None),
+    (SLO(tpot_ms=20), [(True, 0.1, 0.05, 1.0, 64)] * 3, 2),
+    (SLO(tpot_ms=20), [(True, 0.1, 0.05, 1.0, 1)] * 10, None),  # one-token outputs have no TPOT
+    (SLO(e2el_ms=800, percentile=90), [(True, 0.1, 0.01, 0.9, 64)] * 20, 11),
+    (SLO(ttft_ms=500), [(False, 0, 0, 0, 0)] * 5, 2),
+])
+def test_early_stop(slo: SLO, requests: list[tuple[bool, float, float, float, int]], stops_at: int | None) -> None:
+    es = EarlyStop(slo, planned=100)
+    stopped = None
+    for i, r in enumerate(requests, 1):
+        if es.add(*r):
+            stopped = i
+            break
+    assert stopped == stops_at
+    if stops_at is not None:
+        assert es.reason
+
+
+@pytest.mark.parametrize(("summary", "ok", "words"), [
+    ({"completed": 100, "failed": 0, "p99_ttft_ms": 420.0, "p99_tpot_ms": 30.0}, True, ""),
+    ({"completed": 100, "failed": 0, "p99_ttft_ms": 520.0, "p99_tpot_ms": 30.0}, False, "p99 TTFT 520 ms > 500 ms"),
+    ({"completed": 100, "failed": 0, "p99_ttft_ms": 20.0, "p99_tpot_ms": 51.0}, False, "p99 TPOT 51 ms > 50 ms"),
+    ({"completed": 98, "failed": 2, "p99_ttft_ms": 20.0, "p99_tpot_ms": 5.0}, False, "2 of 100 requests failed"),
+    ({"completed": 99, "failed": 1, "p99_ttft_ms": 20.0, "p99_tpot_ms": 5.0}, True, ""),
+    ({"completed": 0, "failed": 10}, False, "no request completed"),
+])
+def test_judge(summary: dict[str, Any], ok: bool, words: str) -> None:
+    got, reason = judge(SLO(ttft_ms=500, tpot_ms=50), summary)
+    assert got is ok and words in reason
+    assert allowed_failures(100, 99) == 1
+
+
+# ---------------------------------------------------------------------------- space, pareto
+
+
+def test_space_parse_types_values_like_vllm() -> None:
+    sp = SearchSpace.parse(["max-num-seqs=64,128,256", "enable-chunked-prefill=on,off",
+                            "--gpu-memory-utilization=0.2, 0.3", "max_num_batched_tokens=2K,4096"], SCHEMA)
+    assert sp.to_dict() == {"max-num-seqs": [64, 128, 256], "enable-chunked-prefill": [True, False],
+                            "gpu-memory-utilization": [0.2, 0.3], "max-num-batched-tokens": [2048, 4096]}
+    assert len(sp.configs()) == 24
+    assert sp.key(sp.configs()[0]) == ("max-num-seqs=64,enable-chunked-prefill=on,gpu-memory-utilization=0.2,"
+                                       "max-num-batched-tokens=2048")
+    assert SearchSpace.from_dict(sp.to_dict()) == sp
+
+
+@pytest.mark.parametrize(("specs", "words"), [
+    (["max-num-seqs"], "expected NAME=V1,V2"),
+    (["max-num-seqs=64,lots"], "'lots'"),
+    (["max-num-seqs=64,64"], "appears twice"),
+    (["max-num-seqs=64", "max_num_seqs=128"], "appears twice"),
+    (["gpu-memory-utilization=0.5,abc"], "gpu-memory-utilization"),
+])
+def test_space_parse_errors_name_the_spec(specs: list[str], words: str) -> None:
+    with pytest.raises(TuneError, match=words):
+        SearchSpace.parse(specs, SCHEMA)
+
+
+def test_seed_prefers_base_flags_then_chunked_on_then_middle() -> None:
+    sp = space_of(enable_chunked_prefill=(False, True), max_num_batched_tokens=(512, 2048, 8192),
+                  max_num_seqs=(64, 128, 256, 512))
+    assert sp.seed({"max-num-seqs": 512}) == {"enable-chunked-prefill": True, "max-num-batched-tokens": 2048,
+                                               "max-num-seqs": 512}
+    assert sp.seed({})["max-num-seqs"] == 256
+
+
+def test_pareto_frontier() -> None:
+    ms = {
+        "a": [Measurement(1, True, output_throughput=100, tokens_per_user=50, goodput=1),
+              Measurement(2, True, output_throughput=190, tokens_per_user=40, goodput=2),
+              Measurement(4, False, output_throughput=300, tokens_per_user=10)],
+        "b": [Measurement(2, True, output_throughput=150, tokens_per_user=30, goodput=2)],  # dominated by a@2
+        "c": [Measurement(2, True, output_throughput=400, tokens_per_user=30, goodput=2)],  # 2 GPUs: 200/GPU
+    }
+    pts = pareto_points(ms, {"c": 2})
+    front = {(p.key, p.load) for p in pts if p.frontier}
+    assert front == {("a", 1), ("a", 2), ("c", 2)}
+    assert all(p.key != "a" or p.load != 4 for p in pts)  # violating steps are not points
+
+
+async def test_result_json_and_text() -> None:
+    space = space_of(max_num_seqs=(16, 64))
+    tuner, _ = make_tuner(space, {k: 3.0 for k in keys(space)})
+    res = await tuner.run()
+    d = json.loads(json.dumps(res.to_json()))
+    assert d["best"]["key"] == res.best.key if res.best else False
+    assert d["best_serve_line"].startswith("vllm serve /models/tiny")
+    assert len(d["configs"]) == 2
+    table = format_table(res)
+    assert "configuration" in table and "*" in table
+    assert "Pareto" in format_pareto(res)
