@@ -23,7 +23,9 @@ down 1 req/s at a time from the saturated throughput):
   The very first configuration starts from a saturation probe (all requests at once:
   capacity is an upper bound on any SLO-meeting rate).
 - Every later configuration is first probed at the best-so-far limit load: if it violates
-  the SLO there it cannot beat the best, and is dropped after that one step.
+  the SLO there it cannot beat the best, and is dropped after that one step. One whose
+  ``max-num-seqs`` cannot carry the best's goodput at all (Little's law with the fastest
+  E2EL seen) is dropped without even a start.
 - A step that is certain to violate stops early (enough requests already over a limit
   that the percentile cannot come back under it), so overloaded steps cost seconds.
 - The server restarts only when the flags change; measurements are cached per
@@ -240,6 +242,8 @@ class Measurement:
     duration_s: float = 0.0
     stopped_early: bool = False
     fatal: str = ""
+    e2el_min_ms: float | None = None
+    """Fastest request of the step: a lower bound on the time a request holds a sequence slot."""
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -713,6 +717,12 @@ class Tuner:
                 if self.remaining() < self._estimate_start() + self._estimate_step(1.0, 1):
                     raise BudgetExhausted
                 tried.add(key)
+                bound = self._bound_reason(by_key[key], best)
+                if bound:
+                    st.configs[key] = ConfigResult(key, by_key[key], DOMINATED, reason=bound, order=order)
+                    self._persist()
+                    self.say(f"{key}: not started: {bound}")
+                    continue
                 result = await self._tune_config(key, by_key[key], best, order)
                 st.configs[key] = result
                 self._persist()
@@ -736,6 +746,27 @@ class Tuner:
         st.status = status
         self._persist()
         return self.result()
+
+    def _bound_reason(self, values: Mapping[str, Any], best: ConfigResult | None) -> str:
+        """Why a config cannot beat ``best`` without starting it, or "".
+
+        Little's law: completions/s <= max-num-seqs / (time each request holds a slot),
+        and no request holds it for less than the fastest E2EL seen on any configuration
+        (batching only slows each request). 0.8 of that E2EL leaves room for the client's
+        share of it and for prefix-cache hits faster than anything seen.
+        """
+        if best is None or not self.settings.prune or not best.goodput:
+            return ""
+        seqs = values.get("max-num-seqs", self.base.get("max-num-seqs"))
+        fastest = [m.e2el_min_ms for ms in self.state.measurements.values() for m in ms if m.e2el_min_ms]
+        if not isinstance(seqs, int) or not fastest:
+            return ""
+        e2el_s = 0.8 * min(fastest) / 1000
+        bound = seqs / e2el_s
+        if bound >= best.goodput:
+            return ""
+        return (f"at most {bound:.3g} req/s (max-num-seqs {seqs} / 0.8 x fastest E2EL {min(fastest):.0f} ms),"
+                f" below the best so far ({best.goodput:.3g} req/s, {best.key})")
 
     def _static_problems(self, values: Mapping[str, Any]) -> str:
         if not self.validate_flags:
@@ -1049,7 +1080,11 @@ class ServerMeasurer:
                      slo=self.slo, tokenizer=self.tokenizer, percentiles=pcts)
         stop = EarlyStop(self.slo, requests)
 
+        fastest: list[float] = []
+
         def on_request(r: Any) -> None:
+            if r.ok and not r.cancelled and r.e2el_s > 0:
+                fastest[:] = [min([r.e2el_s, *fastest])]
             if r.cancelled or not self.early_stop or stop.reason:
                 return
             if stop.add(r.ok, r.ttft_s, r.tpot_s, r.e2el_s, r.output_tokens):
@@ -1100,6 +1135,7 @@ class ServerMeasurer:
             output_throughput=float(s.get("output_throughput", 0.0)),
             ttft_ms=s.get(f"p{word}_ttft_ms"), tpot_ms=s.get(f"p{word}_tpot_ms"), e2el_ms=s.get(f"p{word}_e2el_ms"),
             tokens_per_user=per_user, duration_s=dur, stopped_early=bool(stop.reason), fatal=fatal,
+            e2el_min_ms=fastest[0] * 1000 if fastest else None,
         )
 
     async def close(self) -> None:

