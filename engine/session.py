@@ -527,7 +527,6 @@ class Session:
         On a failed start the server view carries vLLM's own line and the hint.
         """
         from engine.errors import StartupError
-        from engine.supervisor import Supervisor
 
         if self._flag_errors:
             name, reason = next(iter(self._flag_errors.items()))
@@ -538,10 +537,7 @@ class Session:
         self._server_error = None
         self._downtime = None
         self._attached = None
-        sup = Supervisor(
-            self._flags, port=self._port, launcher=self._launcher, log_dir=paths.logs_dir()
-        )
-        sup.subscribe(self._on_server_event)
+        sup = self._new_supervisor(self._flags)
         self._supervisor = sup
         self._busy = "starting"
         try:
@@ -608,7 +604,10 @@ class Session:
         self.changed()
         await self._halt_telemetry()
         try:
-            result = await self._supervisor.restart(self._flags)
+            if self._port is not None:
+                result = await self._supervisor.restart(self._flags, timeout=timeout)
+            else:
+                result = await self._restart_on_new_port(timeout)
         except StartupError as exc:
             self._server_error = (
                 str(getattr(exc, "vllm_line", "") or exc),
@@ -625,6 +624,29 @@ class Session:
         self._notice = f"restarted in {self._downtime:.1f} s"
         self._restart_telemetry()
         return result
+
+    async def _restart_on_new_port(self, timeout: float) -> Any:
+        """Stop, then start a new supervisor on a free port; downtime from stop to ready.
+
+        Supervisor.restart() reuses the port, and its free-port check binds without
+        SO_REUSEADDR, so TIME_WAIT sockets left by the server's own close of keep-alive
+        connections (load generator, health checks) made the restart fail with "port in
+        use" on this machine. A fresh port avoids that; the session follows the new URL.
+        """
+        from engine.supervisor import RestartResult
+
+        t0 = time.monotonic()
+        await self._supervisor.stop()
+        self._supervisor = self._new_supervisor(self._flags)
+        facts = await self._supervisor.start(timeout=timeout)
+        return RestartResult(downtime_s=time.monotonic() - t0, facts=facts)
+
+    def _new_supervisor(self, flags: Any) -> Any:
+        from engine.supervisor import Supervisor
+
+        sup = Supervisor(flags, port=self._port, launcher=self._launcher, log_dir=paths.logs_dir())
+        sup.subscribe(self._on_server_event)
+        return sup
 
     async def attach(self, url: str) -> Any:
         """Watch and load a server that is already running (not started here)."""

@@ -74,6 +74,8 @@ async def test_start_run_edit_apply_run_compare_quit(tiny_model: Path) -> None:
         await wait_group(app, "server")
         snap = session.snapshot()
         assert snap.server.state == "READY", snap.server.error_line
+        assert supervisor.state.name == "STOPPED" and not psutil.pid_exists(pid)
+        supervisor = session.supervisor  # restarted on a fresh port (see Session.apply_flags)
         assert supervisor.flags.to_argv() == expected_argv  # exactly the edited flags
         assert supervisor.command[supervisor.command.index("--max-num-seqs") + 1] == "64"
         assert snap.server.restart_downtime_s and snap.server.restart_downtime_s > 0

@@ -8,6 +8,7 @@ the screen renders it in one ``batch_update``.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from collections.abc import Iterable
 from typing import Any
 
@@ -108,7 +109,8 @@ class MainScreen(Screen[None]):
 class VtuiApp(App[int]):
     """Tune a vLLM server live."""
 
-    CSS_PATH = "vtui.tcss"
+    # Absolute, so subclasses in other folders (benchmarks, tests) find it too.
+    CSS_PATH = str(Path(__file__).parent / "vtui.tcss")
     TITLE = "vtui"
 
     BINDINGS = [
