@@ -153,3 +153,32 @@ async def test_layout_collapses_to_tabs_when_narrow(width: int, wide: bool) -> N
         # Every panel stays reachable either way.
         for panel in ("#flags", "#presets", "#live", "#server", "#runs"):
             assert app.screen.query(panel)
+
+
+async def test_log_filter_and_error_lines() -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        app.show_snapshot(tui_data.ready_running(app.session))
+        app.action_show("tab-server")
+        await pilot.pause()
+        log = app.screen.query_one("#server-log")
+        assert len(log.lines) == len(tui_data.LOGS)  # type: ignore[attr-defined]
+        await pilot.click("#log-filter")
+        await pilot.press(*"error")
+        await pilot.pause()
+        lines = ["".join(seg.text for seg in strip) for strip in log.lines]  # type: ignore[attr-defined]
+        assert len(lines) == 1 and lines[0].startswith("ERROR")
+
+
+async def test_all_flags_toggle_with_filter() -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        shown = {row.spec.name for row in app.screen.query(FlagRow)}
+        assert "max-num-seqs" in shown and "served-model-name" not in shown
+        await pilot.click("#all-flags")
+        await pilot.click("#flag-filter")
+        await pilot.press(*"served")
+        await pilot.pause()
+        shown = {row.spec.name for row in app.screen.query(FlagRow)}
+        assert shown and all("served" in n or "served" in (app.schema.get(n).help or "").lower() for n in shown)
+        assert "served-model-name" in shown

@@ -6,6 +6,7 @@ and the next snapshot brings the reason back, shown under the flag.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -126,6 +127,7 @@ class FlagEditor(Vertical):
         self._all = False
         self._filter = ""
         self._shown: tuple[str, ...] = ()
+        self._rebuild_lock = asyncio.Lock()
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="flag-tools"):
@@ -135,8 +137,8 @@ class FlagEditor(Vertical):
         yield Static("", id="flag-summary")
         yield VerticalScroll(id="flag-rows")
 
-    def on_mount(self) -> None:
-        self._rebuild()
+    async def on_mount(self) -> None:
+        await self._rebuild()
 
     def _specs(self) -> list[Any]:
         specs: Iterable[Any] = self.schema.all() if self._all else self.schema.tuning()
@@ -144,33 +146,36 @@ class FlagEditor(Vertical):
         out = [s for s in specs if not needle or needle in s.name.lower() or needle in (s.help or "").lower()]
         return out[:MAX_ROWS]
 
-    def _rebuild(self) -> None:
-        specs = self._specs()
-        names = tuple(s.name for s in specs)
-        if names == self._shown:
-            return
-        self._shown = names
-        rows = self.query_one("#flag-rows", VerticalScroll)
-        rows.remove_children()
-        rows.mount_all([FlagRow(s, self._cursor_blink) for s in specs])
-        self.call_after_refresh(self._refresh_rows)
+    async def _rebuild(self) -> None:
+        # One rebuild at a time: removal is asynchronous, and typing in the filter asks
+        # for a rebuild per key; without the lock new rows could meet old ids.
+        async with self._rebuild_lock:
+            specs = self._specs()
+            names = tuple(s.name for s in specs)
+            if names == self._shown:
+                return
+            self._shown = names
+            rows = self.query_one("#flag-rows", VerticalScroll)
+            await rows.remove_children()
+            await rows.mount_all([FlagRow(s, self._cursor_blink) for s in specs])
+        self._refresh_rows()
 
     def _refresh_rows(self) -> None:
         if self.snapshot is not None:
             self.watch_snapshot(self.snapshot)
 
     @on(Switch.Changed, "#all-flags")
-    def _toggle_all(self, event: Switch.Changed) -> None:
+    async def _toggle_all(self, event: Switch.Changed) -> None:
         event.stop()
         self._all = event.value
         self.query_one("#flag-filter", Input).disabled = not event.value
-        self._rebuild()
+        await self._rebuild()
 
     @on(Input.Changed, "#flag-filter")
-    def _filter_changed(self, event: Input.Changed) -> None:
+    async def _filter_changed(self, event: Input.Changed) -> None:
         event.stop()
         self._filter = event.value.strip()
-        self._rebuild()
+        await self._rebuild()
 
     @on(Input.Changed, ".flag-editor")
     def _input_changed(self, event: Input.Changed) -> None:
