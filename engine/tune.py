@@ -897,7 +897,11 @@ class Tuner:
             if m.fatal:
                 raise _Fatal(m.fatal)
             if m.ok:
-                return finish(DONE)
+                # Met even with every request at once: it serves at its capacity within the
+                # SLO, so that throughput is the limit (a faster open-loop rate only queues).
+                return dataclasses.replace(
+                    finish(DONE, "meets the SLO with all requests at once: limit = its throughput"),
+                    limit_load=m.request_throughput)
             if m.request_throughput > 0:
                 ceiling = m.request_throughput
         # 3. Bracket, then bisect. Each pass halves the bracket or grows the load by

@@ -78,7 +78,7 @@ class TableMeasurer:
         limit = float(entry)
         cap = limit * self.capacity
         thr = min(load, cap)
-        ok = load <= limit
+        ok = load <= limit or (math.isinf(load) and limit >= cap)
         good = thr * (0.99 if ok else 0.5)
         return Measurement(load, ok, "" if ok else f"p99 TTFT {900:.0f} ms > 500 ms", requests=requests,
                            completed=requests, goodput=good, request_throughput=thr,
@@ -142,13 +142,16 @@ async def test_no_load_meets_the_slo() -> None:
     assert res.configs[0].status == NO_LOAD and res.best is None and res.best_flags is None
 
 
-async def test_saturation_step_meeting_the_slo_means_any_rate() -> None:
-    space = space_of(max_num_seqs=(64,))
-    tuner, m = make_tuner(space, {keys(space)[0]: math.inf})
+async def test_saturation_step_meeting_the_slo_makes_its_throughput_the_limit() -> None:
+    space = space_of(max_num_seqs=(64, 128))
+    k64, k128 = keys(space)
+    tuner, m = make_tuner(space, {k64: 20.0, k128: 10.0}, capacity=1.0)
     res = await tuner.run()
-    assert res.best is not None and math.isinf(res.best.limit_load or 0)
-    assert len(m.steps) == 1
-    assert "any" in format_table(res)
+    by = {c.key: c for c in res.configs}
+    assert by[k128].limit_load == 10.0 and "all requests at once" in by[k128].reason
+    assert m.steps[0] == (k128, math.inf) and m.steps[1] == (k64, 10.0)  # then the best's limit
+    assert res.best is not None and res.best.key == k64
+    assert res.best.limit_load is not None and 20.0 * 0.95 <= res.best.limit_load <= 20.0
 
 
 # ---------------------------------------------------------------------------- order, pruning
