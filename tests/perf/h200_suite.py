@@ -29,24 +29,32 @@ from engine.tinymodel import ensure_dummy_model  # noqa: E402
 IN_LEN, OUT_LEN = 512, 128
 
 
-def _vtui_bench(url: str, model: str, c: int, out: Path) -> dict:
+async def _run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    # Async, so the telemetry recorder's /metrics scrape loop keeps running meanwhile
+    # (a blocking subprocess.run starved it in the first H200 run).
+    proc = await asyncio.create_subprocess_exec(*cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = await proc.communicate()
+    return subprocess.CompletedProcess(cmd, proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace"))
+
+
+async def _vtui_bench(url: str, model: str, c: int, out: Path) -> dict:
     result = out / f"vtui-c{c}.json"
     cmd = [sys.executable, "-m", "tui.cli", "bench", "--url", url, "--model", model,
            "--input-len", str(IN_LEN), "--output-len", str(OUT_LEN), "--concurrency", str(c),
            "--num-requests", str(4 * c), "--seed", "0", "--result-file", str(result), "-q"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    proc = await _run(cmd)
     print(proc.stdout[-3000:], proc.stderr[-2000:], flush=True)
     return json.loads(result.read_text()) if result.exists() else {}
 
 
-def _vllm_bench(url: str, model: str, c: int, out: Path) -> dict:
+async def _vllm_bench(url: str, model: str, c: int, out: Path) -> dict:
     name = f"vllm-c{c}.json"
     cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm",
            "--base-url", url, "--model", model, "--dataset-name", "random",
            "--random-input-len", str(IN_LEN), "--random-output-len", str(OUT_LEN),
            "--max-concurrency", str(c), "--num-prompts", str(4 * c), "--seed", "0",
            "--save-result", "--result-dir", str(out), "--result-filename", name]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    proc = await _run(cmd)
     print(proc.stdout[-2500:], proc.stderr[-1500:], flush=True)
     path = out / name
     return json.loads(path.read_text()) if path.exists() else {}
@@ -100,13 +108,13 @@ async def main(out: Path) -> None:
                 print("no GPU total from NVML:", s.to_dict(), flush=True)
             for c in (16, 64, 256):
                 t0 = time.time()
-                r = _vtui_bench(sup.base_url, model, c, out)
+                r = await _vtui_bench(sup.base_url, model, c, out)
                 t1 = time.time()
                 summ = rec.summary(t0, t1).to_dict()
                 (out / f"telemetry-c{c}.json").write_text(json.dumps(summ, default=str))
                 rows.append(("vtui", c, r, summ))
             for c in (64, 256):
-                r = _vllm_bench(sup.base_url, model, c, out)
+                r = await _vllm_bench(sup.base_url, model, c, out)
                 rows.append(("vllm bench serve", c, r, None))
     finally:
         await sup.stop()
