@@ -28,6 +28,8 @@ COMMANDS = (
     "export",
     "plan",
     "models",
+    "tune",
+    "advise",
 )
 
 
@@ -80,6 +82,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `vtui history list | head`: the reader left; not an error of ours.
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
