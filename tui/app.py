@@ -235,6 +235,10 @@ class VtuiApp(App[int]):
         main = self._main_screen()
         if main is not None:
             main.show_tab(tab)
+            # Keys go where the user looks: the first flag field, the preset list.
+            target = {"tab-flags": ".flag-editor", "tab-presets": "#preset-options"}.get(tab)
+            if target is not None and main is self.screen:
+                self.call_after_refresh(lambda: main.query(target).first().focus() if main.query(target) else None)
 
     def action_start_server(self) -> None:
         errors = self.session.flag_errors()
