@@ -128,6 +128,7 @@ class FlagEditor(Vertical):
         self._filter = ""
         self._shown: tuple[str, ...] = ()
         self._rebuild_lock = asyncio.Lock()
+        self._last_key: tuple[Any, ...] | None = None
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="flag-tools"):
@@ -161,6 +162,7 @@ class FlagEditor(Vertical):
         self._refresh_rows()
 
     def _refresh_rows(self) -> None:
+        self._last_key = None
         if self.snapshot is not None:
             self.watch_snapshot(self.snapshot)
 
@@ -201,6 +203,12 @@ class FlagEditor(Vertical):
     def watch_snapshot(self, snap: SessionSnapshot | None) -> None:
         if snap is None or not self.is_mounted:
             return
+        # Most ticks carry new figures but the same flags: skip the rows then (the
+        # editor is the largest panel, 16+ rows, and this runs 4 times a second).
+        key = (snap.flags, snap.running_flags, tuple(snap.flag_errors.items()), snap.dirty, self._shown)
+        if self._last_key is not None and all(a is b or a == b for a, b in zip(key, self._last_key, strict=True)):
+            return
+        self._last_key = key
         flags, running = snap.flags, snap.running_flags
         has_server = running is not None
         for row in self.query(FlagRow):
