@@ -180,8 +180,15 @@ def find_free_port(host: str = "127.0.0.1") -> int:
 
 
 def port_is_free(host: str, port: int) -> bool:
+    """Whether a server could listen on ``host:port`` now.
+
+    SO_REUSEADDR as uvicorn (vLLM's server) sets it: connections in TIME_WAIT on the port
+    (left by the previous server closing keep-alive connections) do not stop it from
+    listening again, so they must not fail this check either; a live listener still does.
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

@@ -213,11 +213,26 @@ async def run_sweep(
             arr = preset.arrival_spec()
             say(f"{label}: {arr.num_requests or '-'} requests, {arr.mode} "
                 + (f"concurrency {arr.concurrency}" if arr.mode == "closed" else f"rate {arr.rate}"))
+            # The server dying mid-run stops the run at once (the supervisor sees it within 2 s):
+            # without this the remaining requests would all fail one by one against a dead port.
+            died: list[str] = []
+
+            def on_server_event(event: Any, lr: Any = lr, died: list[str] = died) -> None:
+                if event.kind == "state" and getattr(event.state, "name", "") == "DEAD" and event.error is not None:
+                    died.append(str(event.error))
+                    lr.cancel()
+
+            unsubscribe = sup.subscribe(on_server_event) if sup is not None and hasattr(sup, "subscribe") else None
             try:
                 result = await lr.run(on_window=rec.add_window, on_request=rec.add_request)
                 summary = {"load": dict(result.summary), "failures_by_reason": dict(result.failures_by_reason),
                            "client_bound": result.client_bound}
-                if result.cancelled:
+                if died:
+                    status, error = "cut_short", died[0]
+                    hint = "what was measured before the server died is kept; the next preset starts it again"
+                    summary["error"] = error
+                    running_argv = None  # the next preset needs a fresh server
+                elif result.cancelled:
                     status = "cut_short"
                 elif result.failed_run:
                     status, error = "failed", f"no request completed: {dict(result.failures_by_reason)}"
@@ -229,6 +244,8 @@ async def run_sweep(
                 rec.finish(history, "cut_short", summary)
                 raise
             finally:
+                if unsubscribe is not None:
+                    unsubscribe()
                 stop_scrape.set()
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(scrape, 5)
@@ -240,7 +257,7 @@ async def run_sweep(
             info = rec.finish(history, status, summary, gpus=gpu_list)
             load = summary.get("load", {})
             if error:
-                say(f"{label}: failed: {error}")
+                say(f"{label}: {'cut short' if status == 'cut_short' else 'failed'}: {error}")
             else:
                 say(f"{label}: {load.get('completed', 0)} done, {load.get('failed', 0)} failed, "
                     f"{load.get('request_throughput', 0):.2f} req/s, TTFT p50 {load.get('median_ttft_ms', 0):.0f} ms")
