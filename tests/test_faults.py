@@ -269,3 +269,187 @@ async def test_sigstop_hang_times_out_requests_and_health_says_so(tiny_model: Pa
             if sup.pid:
                 os.killpg(sup.pid, signal.SIGCONT)
         await sup.stop()
+
+
+# ------------------------------------------------------------------ vtui itself interrupted
+
+# A vtui process in miniature: a Session that starts a server and runs load, as the TUI does.
+SESSION_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    from engine.flags import FlagSet
+    from engine.session import Session
+    from loadgen import ArrivalSpec, WorkloadSpec
+
+    async def main():
+        model, launcher, values = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+        flags = FlagSet(model=model, values={})
+        for name, value in values.items():
+            flags = flags.set(name, value)
+        session = Session(flags, workload=WorkloadSpec(input_len=16, output_len=32),
+                          arrivals=ArrivalSpec(concurrency=4, num_requests=100000),
+                          launcher=launcher, telemetry=False)
+        await session.start_server(timeout=300)
+        run = asyncio.create_task(session.run_workload("interrupted"))
+        while session._run_completed < 4:
+            await asyncio.sleep(0.05)
+        sup = session.supervisor
+        refs = [[r.pid, r.create_time] for r in sup.process_refs()]
+        print(json.dumps({"pid": sup.pid, "url": sup.base_url, "refs": refs}), flush=True)
+        await run
+
+    asyncio.run(main())
+    """
+)
+
+
+@pytest.fixture
+def session_script(tmp_path: Path) -> Path:
+    path = tmp_path / "session_script.py"
+    path.write_text(SESSION_SCRIPT)
+    return path
+
+
+def spawn_session(script: Path, model: Path, launcher: list[str], values: dict[str, Any]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(script), str(model), json.dumps(launcher), json.dumps(values)],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+def spawn_serve(model: Path, *extra: str) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "tui.cli", "serve", "--model", str(model),
+            "--launcher", " ".join(fakevllm.command()), *extra]
+    return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def read_until(proc: subprocess.Popen[str], needle: str) -> str:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if needle in line:
+            return line
+    raise AssertionError(f"{needle!r} never printed (exit {proc.wait()})")
+
+
+def server_refs_of(owner: subprocess.Popen[str]) -> tuple[Any, list[procs.ProcRef]]:
+    [entry] = [e for e in list_registered() if e.owner_pid == owner.pid]
+    root = procs.ProcRef(entry.pid, entry.create_time)
+    return entry, procs.tree_and_group(root, entry.pgid)
+
+
+def cleanup(owner: subprocess.Popen[str], refs: list[procs.ProcRef]) -> None:
+    """Never leave anything behind, even when an assertion failed (only what this test started)."""
+    if owner.poll() is None:
+        owner.kill()
+        owner.wait()
+    for ref in refs:
+        proc = ref.process()
+        if proc is not None:
+            proc.kill()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_vtui_serve_interrupted_leaves_no_server(tiny_model: Path, sig: signal.Signals) -> None:
+    owner = spawn_serve(tiny_model)
+    refs: list[procs.ProcRef] = []
+    try:
+        read_until(owner, "ready at")
+        entry, refs = server_refs_of(owner)
+        assert len(refs) == 2  # the server and its child
+        t0 = time.monotonic()
+        owner.send_signal(sig)
+        owner.wait(timeout=10)
+        left = procs.wait_gone(refs, max(0.0, 10 - (time.monotonic() - t0)))
+        gone_after = time.monotonic() - t0
+        assert left == [], f"left behind after {sig.name}: {left}"
+        assert entry.pid not in [e.pid for e in list_registered()]
+        report(f"vtui serve gets {sig.name}", "server and its child stopped, registry entry removed", gone_after,
+               "none")
+    finally:
+        cleanup(owner, refs)
+
+
+def test_vtui_serve_leave_running_survives_sighup_and_can_be_attached(tiny_model: Path) -> None:
+    from engine.attach import attach
+
+    owner = spawn_serve(tiny_model, "--leave-running")
+    refs: list[procs.ProcRef] = []
+    try:
+        read_until(owner, "ready at")
+        entry, refs = server_refs_of(owner)
+        owner.send_signal(signal.SIGHUP)
+        owner.wait(timeout=10)
+        time.sleep(0.5)
+        assert all(r.alive() for r in refs)
+        [left] = [e for e in list_registered() if e.pid == entry.pid]
+        assert left.leave_running and not left.owner_alive()
+        attached = asyncio.run(attach(left.url))
+        assert attached.model == "fake-model"
+        assert left.stop(timeout=10)
+        assert not [r for r in refs if r.alive()]
+        report("vtui serve --leave-running gets SIGHUP", "server left up, found in the registry, attached, stopped",
+               None, "none")
+    finally:
+        cleanup(owner, refs)
+
+
+def test_vtui_session_sigterm_mid_run_stops_server_and_keeps_history(tiny_model: Path, session_script: Path) -> None:
+    owner = spawn_session(session_script, tiny_model, fakevllm.command(), {})
+    refs: list[procs.ProcRef] = []
+    try:
+        assert owner.stdout is not None
+        info = json.loads(owner.stdout.readline())
+        refs = [procs.ProcRef(p, c) for p, c in info["refs"]]
+        t0 = time.monotonic()
+        owner.send_signal(signal.SIGTERM)
+        owner.wait(timeout=10)
+        left = procs.wait_gone(refs, max(0.0, 10 - (time.monotonic() - t0)))
+        gone_after = time.monotonic() - t0
+        assert left == []
+        with History() as history:  # opening it marks the dead writer's run cut short
+            [run] = [r for r in history.list_runs() if r.name == "interrupted" and r.started > time.time() - 120
+                     and r.status != "running"][:1]
+            stored = [r for r in history.requests(run.id) if r["ok"]]
+        assert run.status == "cut_short"
+        assert len(stored) >= 4
+        report("vtui (Session) gets SIGTERM mid-run", f"server gone; run cut_short with {len(stored)} requests",
+               gone_after, "at most the last 0.25 s of requests (commit interval)")
+    finally:
+        cleanup(owner, refs)
+
+
+def run_kill_9_of_vtui(session_script: Path, model: Path, launcher: list[str], values: dict[str, Any]) -> None:
+    owner = spawn_session(session_script, model, launcher, values)
+    refs: list[procs.ProcRef] = []
+    try:
+        assert owner.stdout is not None
+        info = json.loads(owner.stdout.readline())
+        refs = [procs.ProcRef(p, c) for p, c in info["refs"]]
+        time.sleep(1.0)  # more requests recorded
+        owner.kill()  # kill -9 of vtui mid-run
+        owner.wait(timeout=10)
+        # "Next start": open the history and the registry as a new vtui does.
+        with History() as history:
+            runs = [r for r in history.list_runs() if r.name == "interrupted"]
+            run = max(runs, key=lambda r: r.started)
+            stored = [r for r in history.requests(run.id) if r["ok"]]
+        assert run.status == "cut_short" and len(stored) >= 4
+        [entry] = [e for e in list_registered() if e.pid == info["pid"]]
+        assert not entry.owner_alive() and entry.url == info["url"]
+        from engine.attach import attach
+
+        attached = asyncio.run(attach(entry.url))  # offered for attach ...
+        assert attached.url.rstrip("/") == entry.url.rstrip("/")
+        assert entry.stop(timeout=15)  # ... or stop
+        assert not [r for r in refs if r.alive()]
+        report("kill -9 of vtui mid-run", f"next start: run cut_short with {len(stored)} requests; left server "
+               "listed, attached, stopped", None, "at most the last 0.25 s of requests")
+    finally:
+        cleanup(owner, refs)
+
+
+def test_kill_9_of_vtui_mid_run_next_start_sees_cut_short_and_left_server(
+    tiny_model: Path, session_script: Path
+) -> None:
+    run_kill_9_of_vtui(session_script, tiny_model, fakevllm.command(), {})
