@@ -35,6 +35,12 @@ def test_bench_writes_vllm_compatible_result(url: str, tmp_path: Path,
     assert {"p99_ttft_ms", "median_itl_ms", "std_e2el_ms", "windows", "client_bound",
             "failures_by_reason"} <= set(d)
     assert len(reqs.read_text().splitlines()) == 12
+    # Telemetry on the run's clock: the test server is no vLLM (no /metrics) and this box
+    # has no GPU, so the summary says why and the host series is there.
+    tel = d["telemetry"]
+    assert tel["summary"]["gpu_unavailable"]
+    assert tel["series"]["host"]["t"], "host samples during the run"
+    assert "telemetry: no GPU" in out
 
 
 def test_open_loop_flags(url: str, tmp_path: Path) -> None:

@@ -202,20 +202,29 @@ async def _bench(args: argparse.Namespace, workload: Any, arrivals: Any, slo: An
         run_.cancel()
 
     loop.add_signal_handler(signal.SIGINT, on_sigint)
+    recorder = _recorder(url, sup)
+    t0 = time.time()
     try:
+        await recorder.start()
         result = await run_.run(on_window=progress.update)
     except (ServerError, DatasetError, TokenizerError) as exc:
         raise UserError(str(exc), getattr(exc, "hint", "") or "check --url/--dataset") from None
     finally:
+        t1 = time.time()
+        await recorder.stop()
         loop.remove_signal_handler(signal.SIGINT)
         progress.end()
         if sup is not None:
             await sup.stop()
-    print_table(result.to_json())
+    out = result.to_json()
+    summary = recorder.summary(t0, t1)
+    out["telemetry"] = {"summary": summary.to_dict(), "series": recorder.store.to_dict(t0, t1)}
+    print_table(out)
+    print(telemetry_line(summary))
     if args.result_file:
         path = Path(args.result_file).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result.to_json(), indent=2) + "\n", encoding="utf-8")
+        path.write_text(json.dumps(out, indent=2, default=str) + "\n", encoding="utf-8")
         _err(f"vtui: result written to {path}")
     if interrupted:
         return 130
@@ -227,6 +236,47 @@ async def _bench(args: argparse.Namespace, workload: Any, arrivals: Any, slo: An
             _err(f"  first failure: {example}")
         return 1
     return 0
+
+
+def _recorder(url: str, sup: Any) -> Any:
+    """GPU + host + /metrics samples on the run's clock; the server's process tree when it is
+    ours or listens on this machine (its GPU memory share and RSS)."""
+    from urllib.parse import urlsplit
+
+    from engine.attach import is_loopback, listening_pid
+    from engine.telemetry.recorder import TelemetryRecorder
+
+    pid = sup.pid if sup is not None else None
+    if pid is None:
+        parts = urlsplit(url)
+        if parts.hostname and is_loopback(parts.hostname) and parts.port:
+            try:
+                pid = listening_pid(parts.port)
+            except Exception:  # psutil may refuse (permissions): samples without the tree
+                pid = None
+    return TelemetryRecorder(url, root_pid=pid)
+
+
+def telemetry_line(summary: Any) -> str:
+    """One line of what the GPU (or the host) and the server did during the run."""
+    d = summary.to_dict()
+
+    def pct(v: Any) -> str:
+        return "n/a" if v is None else f"{v:.0f}%"
+
+    def gib(v: Any) -> str:
+        return "n/a" if v is None else f"{v / 2**30:.1f} GiB"
+
+    if d.get("gpus"):
+        dev = f"GPU mem peak {gib(d.get('peak_gpu_mem_bytes'))}, util mean {pct(d.get('mean_gpu_util_pct'))}"
+    else:
+        why = d.get("gpu_unavailable") or "no GPU"
+        dev = f"no GPU ({why}); server RSS peak {gib(d.get('server_peak_rss_bytes'))}, " \
+              f"server CPU mean {pct(d.get('server_mean_cpu_pct'))}"
+    kv = d.get("peak_kv_cache_usage")
+    kv_text = "n/a" if kv is None else f"{kv * 100:.1f}%"
+    return (f"telemetry: {dev}; KV cache peak {kv_text}, running peak {d.get('peak_running')}, "
+            f"waiting peak {d.get('peak_waiting')}, preemptions {d.get('preemptions')}")
 
 
 def _err(text: str) -> None:
