@@ -26,6 +26,11 @@ import pytest
 
 T = TypeVar("T")
 
+# Tests never reach a model hub (these machines have no network): fail fast, not after a
+# DNS timeout, if anything tries.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
 # The tiny model survives between test runs (it takes ~5 s to build and never changes).
 TEST_CACHE = Path(os.environ.get("VTUI_TEST_CACHE", Path.home() / ".cache" / "vtui-test"))
 
