@@ -123,3 +123,12 @@ class EngineDied(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+
+class UnsafeBind(StartupError):
+    """Binding an address reachable from other machines without an API key."""
+
+    default_hint = (
+        "Keep the default --host 127.0.0.1 and reach it over an SSH tunnel, or add --api-key KEY; "
+        "to expose it without a key anyway, confirm it (vtui serve --yes)."
+    )

@@ -529,12 +529,19 @@ _STOP = object()
 _live_recorders: weakref.WeakSet[RunRecorder] = weakref.WeakSet()
 
 
-@atexit.register
-def _close_recorders_at_exit() -> None:
-    # A normal interpreter exit (including Ctrl-C) with a run still open: keep what
-    # was recorded and say the run was cut short.
+def finish_open_runs() -> None:
+    """Write everything queued by open recorders and mark their runs cut short.
+
+    Called at interpreter exit (including Ctrl-C) and by the supervisor's SIGTERM/SIGHUP
+    handler, which ends the process without running atexit hooks.
+    """
     for rec in list(_live_recorders):
         rec.finish("cut_short")
+
+
+@atexit.register
+def _close_recorders_at_exit() -> None:
+    finish_open_runs()
 
 
 class RunRecorder:

@@ -845,6 +845,10 @@ class Session:
         tokenizer = flags.model if Path(flags.model).is_dir() else None
         kwargs: dict[str, Any] = {"slo": self._slo, "tokenizer": tokenizer}
         api_key = getattr(self._attached, "api_key", None)
+        if not api_key and self._supervisor is not None:
+            # A server started here with --api-key wants it on every request.
+            secret_env = getattr(flags, "secret_env", None)
+            api_key = secret_env().get("VLLM_API_KEY") if callable(secret_env) else None
         if api_key:
             kwargs["api_key"] = api_key
         lr = LoadRun(base_url, model, self._workload, self._arrivals, **kwargs)
@@ -1296,6 +1300,17 @@ def _flagset(model: str, values: Mapping[str, Any]) -> Any:
 
 
 def _flag_values(flags: Any) -> dict[str, Any]:
+    """The flag values as they may be written down (history, exports, presets).
+
+    Secrets (--api-key, --hf-token) become ``$VLLM_API_KEY``-style references: the
+    raw values went into the history and the results export before (FlagSet.values
+    holds them as typed).
+    """
+    to_dict = getattr(flags, "to_dict", None)
+    if callable(to_dict):
+        out = dict(to_dict())
+        out.pop("model", None)
+        return out
     return dict(getattr(flags, "values", {}) or {})
 
 

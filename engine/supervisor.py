@@ -196,6 +196,27 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable only from this machine (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
+def bind_needs_confirmation(host: str, *, has_api_key: bool) -> bool:
+    """True when binding ``host`` exposes an unauthenticated server to the network.
+
+    ``vtui serve`` asks (or, without a terminal, refuses unless ``--yes``) and the UI
+    warns; the supervisor refuses unless constructed with ``allow_public=True``.
+    """
+    return not is_loopback(host) and not has_api_key
+
+
 def vllm_program(python: str | None = None) -> list[str]:
     """How to run vLLM's server on this box.
 
@@ -236,6 +257,12 @@ def cleanup_all() -> None:
 
 def _on_signal(signum: int, frame: object) -> None:
     cleanup_all()
+    # Dying of the signal skips atexit: write what open history runs still queue (up to
+    # the last 0.25 s of requests) and mark them cut short now.
+    history = sys.modules.get("engine.history")
+    if history is not None:
+        with contextlib.suppress(Exception):
+            history.finish_open_runs()
     # Then die of the same signal, as the default action would have.
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
@@ -279,9 +306,12 @@ class Supervisor:
         program: Sequence[str] | None = None,
         env: Mapping[str, str] | None = None,
         leave_running: bool = False,
+        allow_public: bool = False,
     ) -> None:
         """``launcher``: argv prefix (a venv's env wrapper, ``docker exec ...``); ``program``: what
-        runs vLLM (default ``vllm_program()``); ``env``: extra environment for the server."""
+        runs vLLM (default ``vllm_program()``); ``env``: extra environment for the server;
+        ``allow_public``: the user confirmed binding a non-loopback address without --api-key
+        (otherwise ``start`` refuses with ``errors.UnsafeBind``)."""
         self.flags = flags
         self.host = str(flags.get("host") or host)
         self._fixed_port = port if port is not None else _int_or_none(flags.get("port"))
@@ -291,6 +321,7 @@ class Supervisor:
         self.log_dir = log_dir
         self.extra_env = dict(env or {})
         self.leave_running = leave_running
+        self.allow_public = allow_public
 
         self.state = ServerState.STOPPED
         self.phase: Phase | None = None
@@ -441,6 +472,10 @@ class Supervisor:
         model = self.flags.model
         if _looks_like_path(model) and not Path(model).expanduser().exists():
             raise errors.ModelNotFound(f"model folder not found: {model}")
+        if bind_needs_confirmation(self.host, has_api_key=bool(self._auth_headers())) and not self.allow_public:
+            raise errors.UnsafeBind(
+                f"--host {self.host} lets other machines reach the server, and it has no --api-key"
+            )
         if self.port is not None and not port_is_free(self.host, self.port):
             raise errors.PortInUse(f"port {self.port} on {self.host} is already in use")
 
@@ -552,7 +587,9 @@ class Supervisor:
             health = await client.get(self.base_url + "/health", timeout=2.0)
             if health.status_code != 200:
                 return False
-            models = await client.get(self.base_url + "/v1/models", timeout=5.0)
+            # /health is open, but /v1/models needs the key when the server has --api-key
+            # (a server started with a key never read as ready before).
+            models = await client.get(self.base_url + "/v1/models", timeout=5.0, headers=self._auth_headers())
             if models.status_code != 200:
                 return False
             data = models.json().get("data") or []
@@ -562,6 +599,10 @@ class Supervisor:
             return True
         except (httpx.HTTPError, ValueError, AttributeError, TypeError):
             return False
+
+    def _auth_headers(self) -> dict[str, str]:
+        key = {**_secret_env(self.flags), **self.extra_env}.get("VLLM_API_KEY")
+        return {"Authorization": f"Bearer {key}"} if key else {}
 
     async def _watch(self) -> None:
         """After ready: report death (process exit at once; /health failing within 2 s)."""
@@ -613,7 +654,8 @@ class Supervisor:
         # Reap what is left (an orphaned engine core keeps memory); it is ours.
         self._watcher = None
         await self._teardown(timeout=2.0)
-        self._set_state(ServerState.DEAD, None)
+        # (No state change here: a stop() that ran during the teardown has set STOPPED,
+        # and setting DEAD again after it left a stopped server reading DEAD.)
 
     async def _fail(self, exc: errors.StartupError) -> None:
         self.error = exc

@@ -119,7 +119,8 @@ class _Proto(asyncio.Protocol):
         tr = self.transport
         assert tr is not None
         cfg = self.cfg
-        if cfg.api_key and auth != f"Bearer {cfg.api_key}":
+        # As vLLM: /health answers without the key, everything else needs it.
+        if cfg.api_key and auth != f"Bearer {cfg.api_key}" and path != "/health":
             tr.write(_json_response(401, {"error": "Unauthorized"}))
             self._done()
             return

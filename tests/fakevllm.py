@@ -38,7 +38,10 @@ def main() -> None:
           "with config", flush=True)
     print("INFO 11-29 21:10:27 [api_server.py:1] some line that is not a known vLLM line", flush=True)
     print("INFO:     Application startup complete.", flush=True)
-    cfg = ServerConfig(first_delay_s=0.01, gap_s=0.02, model="fake-model")
+    import os
+
+    # As vLLM, the key comes in VLLM_API_KEY (the supervisor never puts it in argv).
+    cfg = ServerConfig(first_delay_s=0.01, gap_s=0.02, model="fake-model", api_key=os.environ.get("VLLM_API_KEY"))
     asyncio.run(serve(cfg, _bind("127.0.0.1", port)))
 
 
