@@ -24,14 +24,13 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from engine import errors, procs
+from engine import procs
 from engine.flags import FlagSet
 from engine.history import History
 from engine.session import Session, SessionError
