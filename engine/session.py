@@ -945,6 +945,10 @@ class Session:
         if self._baseline is None:
             self._baseline = record.index
         self._notice = f"run {label}: {status}" + (f" ({record.error})" if record.error else "")
+        history_error = getattr(recorder, "error", None)
+        if history_error is not None:
+            # Disk full or a read-only file mid-run: the run is kept in memory; say so.
+            self._notice += f"; history not written: {getattr(history_error, 'reason', history_error)}"
         self.changed()
         return record
 

@@ -552,3 +552,46 @@ async def test_vllm_sigkill_mid_session_run_then_restart_on_the_same_port(tiny_m
 def test_vllm_kill_9_of_vtui_mid_run(tiny_model: Path, session_script: Path) -> None:
     """One server start: the vtui process dies hard; the next start finds the run and the server."""
     run_kill_9_of_vtui(session_script, tiny_model, [], VLLM_VALUES)
+
+
+# ------------------------------------------------------------------ NVML error mid-run (FAKE NVML: no GPU here)
+
+
+def test_gpu_lost_mid_run_is_shown_on_its_row_and_nothing_stops() -> None:
+    from engine.telemetry.nvml import NvmlReader
+    from engine.telemetry.sampler import Sampler
+    from tests.fake_nvml import FakeNvml
+
+    fake = FakeNvml(device_count=2, lost_after={1: 3})
+    session = Session(flags_for("m"), telemetry=False, record_history=False)
+    sampler = Sampler(session.inject_telemetry, nvml=NvmlReader(fake, env={}))
+    session.inject_telemetry(sampler.sample_once())
+    assert [d.name for d in session.snapshot().devices] == ["GPU0", "GPU1"]
+    fake.advance(3)  # GPU1 falls off the bus (NVMLError_GpuIsLost on every call)
+    for _ in range(3):
+        session.inject_telemetry(sampler.sample_once())
+    devices = session.snapshot().devices
+    assert devices[0].name == "GPU0" and devices[0].mem_used_gib is not None
+    assert "GPU is lost" in devices[1].name and devices[1].mem_used_gib is None
+    report("NVML error mid-run (fake NVML: GPU lost)", "that GPU's row reads 'GPU is lost', the other keeps updating",
+           0.0, "none (the lost GPU's readings stop)")
+
+
+async def test_disk_full_while_writing_history_keeps_the_run_and_says_so(tiny_model: Path, tmp_path: Path) -> None:
+    # SQLite's max_page_count answers SQLITE_FULL past the cap, exactly as a full disk does
+    # (a tiny tmpfs would need root). 48 KiB holds the schema (28 KiB) and the run row, not the run.
+    session = fake_session(tiny_model)
+    session._history = History(tmp_path / "full.sqlite", max_bytes=48 * 1024)
+    session._arrivals = ArrivalSpec(concurrency=8, num_requests=600)
+    session._workload = WorkloadSpec(input_len=16, output_len=2)
+    try:
+        await session.start_server(timeout=30)
+        record = await session.run_workload()
+        assert record.status == "done" and record.summary["load"]["completed"] == 600  # all kept in memory
+        notice = session.snapshot().notice or ""
+        assert "history not written" in notice and "disk is full" in notice, notice
+        assert json.loads(session.export("results"))["completed"] == 600
+        report("disk full while writing history", f"run done in memory; notice: {notice!r}", 0.0,
+               "history rows past the full point (results kept in memory and exportable)")
+    finally:
+        await session.close()
