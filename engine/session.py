@@ -230,8 +230,12 @@ class Session:
         tiny: bool = False,
         schema: Any = None,
         clock: Callable[[], float] = time.time,
+        model_flags: Mapping[str, Any] | None = None,
     ) -> None:
         self._clock = clock
+        # Flags that come with the model, kept under every preset's flags (a shipped
+        # architecture needs load-format = dummy whatever the scenario).
+        self._model_flags = dict(model_flags or {})
         self._schema_obj = schema
         self._flags = flags
         self._loaded_flags = flags  # what "dirty" compares against
@@ -445,7 +449,7 @@ class Session:
         except ValueError as exc:
             raise SessionError(str(exc), "fix the preset file") from None
         self.changed()
-        flags = _flagset(self._flags.model, preset.flags)
+        flags = _flagset(self._flags.model, {**self._model_flags, **preset.flags})
         self._flags = flags
         self._loaded_flags = flags
         self._workload = workload

@@ -423,14 +423,19 @@ def build_session(args: argparse.Namespace | None = None) -> Session:
     from engine.flags import FlagSet
     from engine.telemetry.nvml import NvmlReader
 
+    from engine.tinymodel import ensure_dummy_model, ensure_tiny_model, shipped_config_names
+
     model = getattr(args, "model", None)
     tiny = model is None
+    model_flags: dict[str, object] = {}
     if model is None:
-        from engine.tinymodel import ensure_tiny_model
-
         model = str(ensure_tiny_model())
+    elif model in shipped_config_names():
+        model = str(ensure_dummy_model(model))
+        model_flags["load-format"] = "dummy"
     no_gpu = NvmlReader().status() is not None
-    session = Session(FlagSet(model=str(model)), tiny=tiny and no_gpu)
+    session = Session(FlagSet(model=str(model), values=model_flags), tiny=tiny and no_gpu,
+                      model_flags=model_flags)
     preset = getattr(args, "preset", None) or "online-chat"
     try:
         session.load_preset(preset)

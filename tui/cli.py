@@ -53,6 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Tune a vLLM server live. Without a subcommand, opens the terminal UI.",
     )
     parser.add_argument("--version", action="version", version="vtui 0.1.0")
+    ui = parser.add_argument_group("the terminal UI (vtui with no subcommand)")
+    ui.add_argument("--model", dest="model", default=None,
+                    help="model folder, Hugging Face id or shipped config name (default: the tiny model)")
+    ui.add_argument("--preset", dest="preset", default=None, help="preset to load at start (default: online-chat)")
+    ui.add_argument("--url", dest="url", default=None, help="attach to this running vLLM server at start")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         try:
