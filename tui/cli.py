@@ -71,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import warnings
+
+    # pynvml 13 is a shim over nvidia-ml-py that warns when torch imports it; the
+    # warning is for torch's maintainers, not for our users.
+    warnings.filterwarnings("ignore", message="The pynvml package is deprecated")
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "allow_extra", False):
