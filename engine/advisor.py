@@ -676,7 +676,12 @@ def rule_startup_failure(run: RunData) -> list[Finding]:
         blocks = run.flag("num-gpu-blocks-override")
         if blocks and old_len:
             # The cache size is pinned: only more blocks help (plus vLLM's one null block).
-            need = math.ceil(int(old_len) / run.block_size) + 1
+            block = run.block_size
+            if not run.cache_config.get("block_size") and est and int(blocks) > 1:
+                # A failed start has no cache config; vLLM's estimate is (blocks - 1 null) x block size.
+                block = max(1, int(est) // (int(blocks) - 1))
+            ev["block_size"] = block
+            need = math.ceil(int(old_len) / block) + 1
             alts = ((Change("num-gpu-blocks-override", int(blocks), max(int(blocks) + 1, need)),),)
         else:
             alts = ((Change("gpu-memory-utilization", util, round(min(0.95, util + 0.05), 2),
