@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -73,6 +75,25 @@ def test_vtui_serve_public_host_without_key_refuses_clearly(tiny_model: Path) ->
     assert out.returncode != 0
     assert "error: --host 0.0.0.0 lets other machines reach the server" in out.stderr
     assert "hint:" in out.stderr and "Traceback" not in out.stderr
+    assert not [e for e in list_registered() if "0.0.0.0" in e.url]
+
+
+def test_vtui_serve_public_host_with_yes_warns_and_starts(tiny_model: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tui.cli", "serve", "--model", str(tiny_model), "--host", "0.0.0.0", "--yes",
+         "--launcher", " ".join(fakevllm.command())],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not [e for e in list_registered() if "0.0.0.0" in e.url]:
+            time.sleep(0.2)
+        assert [e for e in list_registered() if "0.0.0.0" in e.url], "the confirmed public server started"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert "warning: --host 0.0.0.0 without --api-key" in err
     assert not [e for e in list_registered() if "0.0.0.0" in e.url]
 
 

@@ -33,6 +33,8 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument("--model", help="model folder, Hugging Face id, or a shipped config name (`vtui models`)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--yes", action="store_true",
+                        help="bind a non-loopback --host without --api-key without asking")
     parser.add_argument("--port", type=int, help="port (default: a free one)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for ready (default 600)")
     parser.add_argument("--leave-running", action="store_true", help="on exit, leave the server running")
@@ -96,6 +98,27 @@ def run(args: argparse.Namespace) -> int:
     return asyncio.run(_serve(args, flags))
 
 
+def _confirm_public_bind(args: argparse.Namespace, flags: Any) -> bool:
+    """Whether the user agreed to expose a server without an API key to the network.
+
+    Asks on a terminal; without one, only ``--yes`` agrees (otherwise the supervisor
+    refuses with its own error and hint)."""
+    from engine.supervisor import bind_needs_confirmation
+
+    if not bind_needs_confirmation(args.host, has_api_key="api-key" in flags.values):
+        return False
+    warning = (f"warning: --host {args.host} without --api-key lets anyone who can reach this machine "
+               "use the server")
+    if args.yes:
+        print(warning, file=sys.stderr, flush=True)
+        return True
+    if not sys.stdin.isatty():
+        return False
+    print(warning, file=sys.stderr, flush=True)
+    answer = input("bind it anyway? [y/N] ").strip().lower()
+    return answer in ("y", "yes")
+
+
 def _print(text: str = "") -> None:
     print(text, flush=True)
 
@@ -115,6 +138,7 @@ async def _serve(args: argparse.Namespace, flags: Any) -> int:
         port=args.port,
         launcher=shlex.split(args.launcher),
         leave_running=args.leave_running,
+        allow_public=_confirm_public_bind(args, flags),
     )
     t0 = time.monotonic()
     died = asyncio.Event()
