@@ -847,7 +847,9 @@ class Session:
         label = label or f"#{len(self._runs) + 1} {self._workload_label or 'run'}"
         flags = self._running_flags or self._flags
         tokenizer = flags.model if Path(flags.model).is_dir() else None
-        kwargs: dict[str, Any] = {"slo": self._slo, "tokenizer": tokenizer}
+        # 120 s without a byte means a hung server (SIGSTOP, a stuck engine), not a long
+        # prefill: the run shows those requests as timeouts instead of waiting 10 minutes.
+        kwargs: dict[str, Any] = {"slo": self._slo, "tokenizer": tokenizer, "read_timeout_s": 120.0}
         api_key = getattr(self._attached, "api_key", None)
         if not api_key and self._supervisor is not None:
             # A server started here with --api-key wants it on every request.

@@ -182,3 +182,22 @@ async def test_all_flags_toggle_with_filter() -> None:
         shown = {row.spec.name for row in app.screen.query(FlagRow)}
         assert shown and all("served" in n or "served" in (app.schema.get(n).help or "").lower() for n in shown)
         assert "served-model-name" in shown
+
+
+async def test_resize_to_40x12_and_back_keeps_working() -> None:
+    """A terminal squeezed to 40x12 over SSH: no crash, the panels stay reachable, keys work."""
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        await pilot.resize_terminal(40, 12)
+        await pilot.pause()
+        assert app.screen.wide is False  # type: ignore[attr-defined]
+        for panel in ("#flags", "#presets", "#live", "#server", "#runs"):
+            assert app.screen.query(panel)
+        await pilot.press("e")  # the export modal opens even that small
+        await pilot.pause()
+        assert isinstance(app.screen, ExportScreen)
+        await pilot.press("escape")
+        await pilot.resize_terminal(120, 40)
+        await pilot.pause()
+        assert app.screen.wide is True  # type: ignore[attr-defined]
