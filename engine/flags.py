@@ -36,13 +36,13 @@ if TYPE_CHECKING:
     from engine.modelconfig import ModelConfig
 
 __all__ = [
+    "SECRET_FLAGS",
+    "TUNING_FLAGS",
     "FlagError",
     "FlagSet",
     "FlagSpec",
     "FlagValue",
     "Schema",
-    "SECRET_FLAGS",
-    "TUNING_FLAGS",
     "builtin_schema",
     "installed_vllm_version",
     "load_schema",
@@ -282,7 +282,7 @@ class FlagSpec:
     def to_argv(self, value: FlagValue) -> list[str]:
         """argv tokens for this flag and value (empty for a store_true flag set False)."""
         flag = f"--{self.name}"
-        if self.kind == "bool" or isinstance(value, bool) and self.kind not in ("json", "list"):
+        if self.kind == "bool" or (isinstance(value, bool) and self.kind not in ("json", "list")):
             if value:
                 return [flag]
             return [f"--no-{self.name}"] if self.negatable else []

@@ -365,7 +365,7 @@ def classify_failure(
         return None
 
     line = last(_ARGPARSE)
-    if line is not None or exit_code == 2 and any(m.startswith("usage:") for m in msgs):
+    if line is not None or (exit_code == 2 and any(m.startswith("usage:") for m in msgs)):
         shown = line or "argparse rejected the command line"
         found = _ARGPARSE.search(shown)
         what = found.group(1) if found else shown

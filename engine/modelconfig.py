@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ModelConfig", "ModelConfigError", "DTYPE_BYTES"]
+__all__ = ["DTYPE_BYTES", "ModelConfig", "ModelConfigError"]
 
 # Bytes per element of the dtypes a config.json or a --dtype/--kv-cache-dtype names.
 DTYPE_BYTES: Mapping[str, float] = {

@@ -438,7 +438,7 @@ def _validate_flags_with_schema(preset: Preset, fail: Any, schema: Any = None) -
         tables.append(("tiny.flags", preset.for_tiny_model().flags))
     for table, values in tables:
 
-        def where(flag: str) -> str:
+        def where(flag: str, table: str = table) -> str:
             in_tiny = table == "tiny.flags" and flag in preset.tiny.flags
             return "tiny.flags" if in_tiny else "flags"
 

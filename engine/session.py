@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import dataclasses
 import json
 import threading
 import time

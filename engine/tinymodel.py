@@ -120,9 +120,8 @@ def _build_tokenizer(dest: Path) -> None:
 
 def _build_model(dest: Path, seed: int) -> None:
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     from tokenizers import Tokenizer
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     tok = Tokenizer.from_file(str(dest / "tokenizer.json"))
     config = Qwen2Config(

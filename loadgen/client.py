@@ -71,7 +71,8 @@ def make_client(cfg: ClientConfig, pool_size: int, ssl_context: ssl.SSLContext |
                             write=cfg.connect_timeout_s, pool=None)
     # TCP_NODELAY: httpcore writes headers and body separately; Nagle would hold the body.
     transport = httpx.AsyncHTTPTransport(
-        verify=ssl_context or ssl.create_default_context(), limits=limits, socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
+        verify=ssl_context or ssl.create_default_context(), limits=limits,
+        socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
     return httpx.AsyncClient(headers=headers, timeout=timeout, transport=transport,
                              trust_env=False)
 
@@ -149,8 +150,19 @@ _Fail = HTTPFailure
 class _SSE:
     """Incremental parse of a completion stream, with vLLM bench's timing rules."""
 
-    __slots__ = ("st", "last", "ttft", "itl", "n", "done", "usage_in", "usage_out",
-                 "buf", "texts", "chat")
+    __slots__ = (
+        "buf",
+        "chat",
+        "done",
+        "itl",
+        "last",
+        "n",
+        "st",
+        "texts",
+        "ttft",
+        "usage_in",
+        "usage_out",
+    )
 
     def __init__(self, st: float, chat: bool, want_text: bool) -> None:
         self.st = st

@@ -68,7 +68,7 @@ class Percentiles:
 class Accumulator:
     """Streaming mean/std/max plus exact-then-reservoir percentiles (values in seconds)."""
 
-    __slots__ = ("n", "_mean", "_m2", "_max", "_values", "_cap", "_rng", "_sorted")
+    __slots__ = ("_cap", "_m2", "_max", "_mean", "_rng", "_sorted", "_values", "n")
 
     def __init__(self, cap: int = DEFAULT_CAP, seed: int = 0) -> None:
         self.n = 0

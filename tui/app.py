@@ -8,8 +8,8 @@ the screen renders it in one ``batch_update``.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from textual import on, work
@@ -422,7 +422,6 @@ def build_session(args: argparse.Namespace | None = None) -> Session:
     CPU box, or what the arguments say."""
     from engine.flags import FlagSet
     from engine.telemetry.nvml import NvmlReader
-
     from engine.tinymodel import ensure_dummy_model, ensure_tiny_model, shipped_config_names
 
     model = getattr(args, "model", None)

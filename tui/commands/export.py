@@ -48,7 +48,7 @@ def _gpus(text: str) -> str | int | list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.flags import FlagError, FlagSet, load_schema, parse_argv, parse_command_line, validate
+    from engine.flags import FlagError, load_schema, parse_argv, parse_command_line, validate
     from tui.cli import UserError
 
     extra = [a for a in getattr(args, "extra", []) if a != "--"]

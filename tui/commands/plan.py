@@ -21,7 +21,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--list", action="store_true", help="list the shipped model configs")
     parser.add_argument("--gpu-mem", default="141GiB", help="memory of one GPU, e.g. 141GiB, 80GB, 24G (default 141GiB, an H200)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.92, help="vLLM's flag (default 0.92, vLLM's default)")
-    parser.add_argument("--max-model-len", type=int, default=None, help="tokens per request (default: the model's context length)")
+    parser.add_argument("--max-model-len", type=int, default=None, help="tokens per request (default: the model's context)")
     parser.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, default=1, help="tensor parallel size")
     parser.add_argument("--kv-cache-dtype", default="auto", help="auto (= model dtype), fp8, bfloat16 ...")
     parser.add_argument("--dtype", default="auto", help="model dtype (auto = config.json's)")

@@ -103,8 +103,16 @@ def _list() -> int:
 def run(args: argparse.Namespace) -> int:
     from engine.flags import FlagError, FlagSet
     from engine.tune import (
-        SearchSpace, ServerMeasurer, StepRule, TuneError, TuneSettings, TuneState, Tuner, format_pareto,
-        format_table, state_path,
+        SearchSpace,
+        ServerMeasurer,
+        StepRule,
+        TuneError,
+        Tuner,
+        TuneSettings,
+        TuneState,
+        format_pareto,
+        format_table,
+        state_path,
     )
     from loadgen.spec import SLO, ArrivalSpec, SpecError, WorkloadSpec
     from tui.cli import UserError
