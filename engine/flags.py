@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 if TYPE_CHECKING:
     from engine.modelconfig import ModelConfig
@@ -122,7 +122,7 @@ def _human_int(text: str) -> int:
             return int(float(number) * 10 ** {"k": 3, "m": 6, "g": 9, "t": 12}[suffix])
         if "." in number:
             raise ValueError(f"decimals are not allowed with binary suffix {suffix}")
-        return int(number) * 2 ** {"K": 10, "M": 20, "G": 30, "T": 40}[suffix]
+        return int(number) * (1 << {"K": 10, "M": 20, "G": 30, "T": 40}[suffix])
     return int(value)
 
 
@@ -907,7 +907,7 @@ class FlagSet:
         elif isinstance(gpus, str):
             gpus_arg = "all"
         else:
-            gpus_arg = f'"device={",".join(str(int(g)) for g in gpus)}"'
+            gpus_arg = f'"device={",".join(str(int(g)) for g in cast(Sequence[int], gpus))}"'
         chunks: list[list[str]] = [["docker", "run"], ["--runtime", "nvidia", "--gpus", gpus_arg]]
         if name:
             chunks.append(["--name", name])
@@ -1290,7 +1290,7 @@ def _parse_serve_args(args: Sequence[str], sch: Schema, *, positional_model: boo
         name = _norm(raw_name)
         if not raw_name.startswith("--") and len(raw_name) > 2 and sch.get(raw_name[:2]) and not sch.get(name):
             # argparse's "-tp4"/"-O3" style: a short option glued to its value.
-            has_eq, inline, raw_name = True, raw_name[2:] + (("=" + inline) if has_eq else ""), raw_name[:2]
+            has_eq, inline, raw_name = "=", raw_name[2:] + (("=" + inline) if has_eq else ""), raw_name[:2]
             name = _norm(raw_name)
         negated = False
         spec = sch.get(name)

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psutil
 
@@ -180,7 +180,7 @@ def _request_row(run_id: int, record: Any) -> tuple[Any, ...]:
     return (
         run_id,
         get("id"),
-        float(get("t_start")),
+        float(cast(float, get("t_start"))),
         get("ttft_s"),
         get("e2el_s"),
         _dumps(list(get("itl_s", ()) or ())),

@@ -259,8 +259,8 @@ def loads_preset(data: bytes | str, *, source: str | Path | None = None, schema:
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
-            line = data[: exc.start].count(b"\n") + 1
-            raise PresetError(source, None, f"not UTF-8 text (byte 0x{data[exc.start]:02x})", line) from None
+            at = data[: exc.start].count(b"\n") + 1
+            raise PresetError(source, None, f"not UTF-8 text (byte 0x{data[exc.start]:02x})", at) from None
     else:
         text = data
     if not text.strip():

@@ -207,7 +207,8 @@ async def run_sweep(
             scrape = asyncio.create_task(scrape_loop(MetricsScraper(base_url), on_server, interval_s=1.0,
                                                      stop=stop_scrape), name="sweep-scrape")
             t_start = time.time()
-            status, summary, error, hint = "complete", {}, None, None
+            status, error, hint = "complete", None, None
+            summary: dict[str, Any] = {}
             lr = LoadRun(base_url, served, preset.workload_spec(), preset.arrival_spec(), slo=preset.slo,
                          tokenizer=tokenizer, check_max_len=check_max_len)
             arr = preset.arrival_spec()

@@ -92,7 +92,7 @@ def _build_tokenizer(dest: Path) -> None:
         show_progress=False,
     )
     tok.train_from_iterator(_corpus(), trainer=trainer)
-    fast = PreTrainedTokenizerFast(
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]  # transformers is untyped
         tokenizer_object=tok,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
@@ -124,7 +124,7 @@ def _build_model(dest: Path, seed: int) -> None:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     tok = Tokenizer.from_file(str(dest / "tokenizer.json"))
-    config = Qwen2Config(
+    config = Qwen2Config(  # type: ignore[call-arg]  # head_dim is a real Qwen2Config kwarg; the stubs lag
         vocab_size=VOCAB_SIZE,
         hidden_size=256,
         intermediate_size=512,
@@ -139,7 +139,7 @@ def _build_model(dest: Path, seed: int) -> None:
         pad_token_id=tok.token_to_id("<|endoftext|>"),
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    model = Qwen2ForCausalLM(config).to(torch.bfloat16)  # type: ignore[no-untyped-call,arg-type]  # untyped
     model.save_pretrained(str(dest), safe_serialization=True)
     # transformers 5 writes "dtype"; older readers (and vLLM's config code) look at torch_dtype.
     cfg_path = dest / "config.json"
@@ -208,15 +208,9 @@ def ensure_tiny_model(root: Path | None = None, *, seed: int = 0) -> Path:
 
 def shipped_config_names() -> list[str]:
     """Names of the real-model configs shipped under engine/models/configs/."""
-    try:
-        from engine.modelconfig import shipped_configs  # owned by the flags helper
+    from engine.planner import shipped_configs
 
-        return sorted(Path(str(item)).name for item in shipped_configs())
-    except ImportError:
-        pass
-    if not CONFIGS_DIR.is_dir():
-        return []
-    return sorted(p.name for p in CONFIGS_DIR.iterdir() if (p / "config.json").is_file())
+    return sorted(shipped_configs())
 
 
 def ensure_dummy_model(name: str, root: Path | None = None) -> Path:

@@ -119,7 +119,7 @@ class RunResult:
     @property
     def failed_run(self) -> bool:
         """Nothing completed: the run failed (non-zero exit in ``vtui bench``)."""
-        return self.summary.get("completed", 0) == 0
+        return bool(self.summary.get("completed", 0) == 0)
 
     def to_json(self) -> dict[str, Any]:
         """The result file: vLLM's keys first, then ours."""

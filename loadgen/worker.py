@@ -23,7 +23,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from loadgen.arrivals import iter_offsets
-from loadgen.client import ClientConfig, ClientPool, FastPool, build_body, open_client, send
+from loadgen.client import ClientConfig, ClientPool, build_body, open_client, send
+from loadgen.fasthttp import FastPool
 from loadgen.records import PlannedRequest, RequestResult
 from loadgen.spec import ArrivalSpec
 

@@ -219,21 +219,22 @@ def build_requests(spec: WorkloadSpec, codec: Codec | None, n: int,
             first = float(ts)
         if ts < first:
             raise DatasetError(path, "timestamps must not decrease", lineno)
-        o = _int_field(path, lineno, obj, "output_len")
-        if o is None:
+        out_len = _int_field(path, lineno, obj, "output_len")
+        if out_len is None:
             raise DatasetError(path, "missing 'output_len'", lineno)
+        o = out_len
         prompt = obj.get("prompt")
         if prompt is not None and not isinstance(prompt, str):
             raise DatasetError(path, "'prompt' must be a string", lineno)
-        i_len = _int_field(path, lineno, obj, "input_len")
+        in_len = _int_field(path, lineno, obj, "input_len")
         if prompt:
-            i = (len(codec.encode(prompt)) + codec.special_offset) if codec else (i_len or 0)
+            i = (len(codec.encode(prompt)) + codec.special_offset) if codec else (in_len or 0)
         else:
-            if i_len is None:
+            if in_len is None:
                 raise DatasetError(path, "needs 'input_len' or 'prompt'", lineno)
             if codec is None:
                 raise ValueError("trace lines without a prompt need the model's tokenizer")
-            prompt, got = make_prompt(codec, rng, i_len - codec.special_offset)
+            prompt, got = make_prompt(codec, rng, in_len - codec.special_offset)
             i = got + codec.special_offset
         plan.append(PlannedRequest(index=k, prompt=prompt, input_len=i, output_len=o,
                                    at_s=(float(ts) - first) * spec.time_scale))

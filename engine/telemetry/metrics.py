@@ -32,14 +32,14 @@ GENERATION_TOKENS = ("vllm:generation_tokens_total",)
 REQUESTS = ("vllm:request_success_total",)
 CACHE_CONFIG = "vllm:cache_config_info"
 # Server-side latency histograms, by short key; first name present wins.
-LATENCY = {
+LATENCY: dict[str, tuple[str, ...]] = {
     "ttft": ("vllm:time_to_first_token_seconds",),
     # vLLM renamed time_per_output_token_seconds (which was per token gap) to
     # inter_token_latency_seconds; request_time_per_output_token_seconds is a different, per-request TPOT.
     "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
     "e2e": ("vllm:e2e_request_latency_seconds",),
 }
-_COUNTERS = (PREEMPTIONS, PREFIX_QUERIES, PREFIX_HITS, PROMPT_TOKENS, GENERATION_TOKENS, REQUESTS)
+_COUNTERS: tuple[tuple[str, ...], ...] = (PREEMPTIONS, PREFIX_QUERIES, PREFIX_HITS, PROMPT_TOKENS, GENERATION_TOKENS, REQUESTS)
 
 
 def _empty() -> Mapping[str, Any]:
