@@ -16,6 +16,7 @@ from textual import on, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal
+from textual.css.query import NoMatches
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, TabbedContent, TabPane
@@ -103,7 +104,12 @@ class MainScreen(Screen[None]):
         """One batched update of every panel."""
         with self.app.batch_update():
             for widget in self.query("StatusBar, FlagEditor, LivePanel, ServerPanel, RunsPanel"):
-                widget.snapshot = snap  # type: ignore[attr-defined]
+                try:
+                    widget.snapshot = snap  # type: ignore[attr-defined]
+                except NoMatches:
+                    # A panel between mount and compose (or being rebuilt for a new width)
+                    # has no children yet; the next snapshot, a quarter second on, draws it.
+                    continue
 
 
 class VtuiApp(App[int]):
