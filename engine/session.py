@@ -1055,6 +1055,27 @@ class Session:
                 return None
         return self._history
 
+    def advise_last_run(self) -> list[Any]:
+        """The advisor's findings (``engine.advisor.Finding``) for this session's latest
+        finished run, read back from the history; never changes a flag or the server.
+
+        Raises SessionError when there is no run yet or the run was not stored.
+        """
+        from engine.advisor import RunData, advise
+        from engine.history import HistoryError
+
+        if not self._runs:
+            raise SessionError("no finished run to advise on", "run a workload first (r)")
+        record = self._runs[-1]
+        history = self._get_history()
+        if history is None or record.history_id is None:
+            raise SessionError(f"run {record.label} was not stored in the history", "the advisor reads runs from it")
+        try:
+            data = RunData.from_history(history, int(record.history_id))
+        except (HistoryError, ValueError) as exc:  # ValueError covers advisor.RunDataError
+            raise SessionError(f"cannot read run {record.label} back: {exc}") from exc
+        return list(advise(data))
+
     # ------------------------------------------------------------------ export
 
     def export(self, kind: str, run_index: int | None = None) -> str:

@@ -25,7 +25,7 @@ from engine.session import Session, SessionError, SessionSnapshot
 from tui.messages import SessionUpdated
 from tui.widgets.flags import FlagEditor
 from tui.widgets.live import LivePanel
-from tui.widgets.modals import ConfirmScreen, DiffScreen, ExportScreen, PromptScreen, QuitScreen
+from tui.widgets.modals import AdviceScreen, ConfirmScreen, DiffScreen, ExportScreen, PromptScreen, QuitScreen
 from tui.widgets.presets import PresetList
 from tui.widgets.runs import RunsPanel
 from tui.widgets.server import ServerPanel
@@ -127,6 +127,8 @@ class VtuiApp(App[int]):
         Binding("c", "stop_run", "Cancel run"),
         Binding("e", "export", "Export"),
         Binding("q", "quit", "Quit"),
+        # After Quit: at 80 columns the footer is full and Quit must stay visible.
+        Binding("v", "advise", "Advise"),
         Binding("p", "save_preset", "Save preset", show=False),
         Binding("b", "baseline", "Baseline", show=False),
         Binding("w", "sweep", "Sweep", show=False),
@@ -375,6 +377,37 @@ class VtuiApp(App[int]):
 
     def action_export(self) -> None:
         self.push_screen(ExportScreen(self.session.export, lambda kind: str(self.session.save_export(kind))))
+
+    def action_advise(self) -> None:
+        """The advisor's findings for the last run; one key loads a suggestion into the editor."""
+        try:
+            findings = self.session.advise_last_run()
+        except SessionError as exc:
+            self.notify(f"advisor: {exc}" + (f" ({exc.hint})" if exc.hint else ""), severity="warning")
+            return
+        if not findings:
+            self.notify("advisor: nothing to change for the last run")
+            return
+        self.push_screen(AdviceScreen(findings),
+                         lambda i: self._load_finding(findings[i]) if i is not None else None)
+
+    def _load_finding(self, finding: Any) -> None:
+        # Only into the editor: the user reviews the diff and restarts with the apply key.
+        loaded = []
+        for change in finding.changes:
+            if change.scope != "server":
+                continue
+            if change.new is None:
+                self.session.unset_flag(change.flag)
+            else:
+                self.session.set_flag(change.flag, change.new)
+            loaded.append(change.describe())
+        self.refresh_now()
+        others = [c.describe() for c in finding.changes if c.scope != "server"]
+        if loaded:
+            self.notify("loaded " + ", ".join(loaded) + " into the editor: a applies (restarts the server)")
+        if others:
+            self.notify("change in the workload yourself: " + ", ".join(others))
 
     async def action_quit(self) -> None:
         snap = self.session.snapshot()

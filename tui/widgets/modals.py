@@ -1,4 +1,4 @@
-"""Modal screens: confirm, flag diff before a restart, quit, one-line prompt, export."""
+"""Modal screens: confirm, flag diff before a restart, quit, one-line prompt, export, advice."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from rich.table import Table
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static, TextArea
 
@@ -206,3 +206,39 @@ class ExportScreen(ModalScreen[None]):
             self.query_one("#export-status", Static).update(f"not saved: {exc}")
             return
         self.query_one("#export-status", Static).update(f"saved to {path}")
+
+
+class AdviceScreen(ModalScreen[int | None]):
+    """The advisor's findings for the last run; key 1..9 loads one finding's flag
+    changes into the editor (nothing restarts: the user applies with ``a``)."""
+
+    DEFAULT_CSS = """
+    #advice-list { height: 1fr; }
+    .advice { margin-bottom: 1; }
+    """
+
+    BINDINGS = [Binding("escape", "dismiss(None)", "Close")] + [
+        Binding(str(i), f"pick({i})", f"Load {i}", show=False) for i in range(1, 10)
+    ]
+
+    def __init__(self, findings: Sequence[Any]) -> None:
+        super().__init__(classes="modal")
+        self.findings = list(findings)[:9]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog wide"):
+            yield Label("Advisor: the last run (1-9 loads a suggestion into the editor, Esc closes)",
+                        classes="title")
+            with VerticalScroll(id="advice-list"):
+                for i, finding in enumerate(self.findings, 1):
+                    yield Static(f"{i}. {finding.text()}", id=f"advice-{i}", classes="advice")
+            with Horizontal(classes="buttons"):
+                yield Button("Close", id="no", compact=True)
+
+    def action_pick(self, number: int) -> None:
+        if 1 <= number <= len(self.findings):
+            self.dismiss(number - 1)
+
+    @on(Button.Pressed)
+    def _pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(None)
