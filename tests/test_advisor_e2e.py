@@ -25,7 +25,9 @@ SATURATING = Preset(
     name="e2e-kv-saturation",
     flags={"gpu-memory-utilization": 0.2, "num-gpu-blocks-override": 5, "max-model-len": 512},
     workload={"kind": "random", "input_len": 64, "output_len": 192, "seed": 0},
-    arrivals={"mode": "closed", "concurrency": 16, "num_requests": 32, "seed": 0},
+    # 96 requests keep the cache full for several /metrics scrapes (1 s apart); with 32 the
+    # run could end between two scrapes on a busy box and the KV gauge read 0 throughout.
+    arrivals={"mode": "closed", "concurrency": 16, "num_requests": 96, "seed": 0},
 )
 
 
