@@ -707,11 +707,13 @@ def read_model_config(model_dir: str | Path) -> dict[str, Any] | None:
 # A writer of our own: presets are a flat schema (scalars, string lists, a few
 # one-level tables), so ~40 lines beat a dependency. Round-trip tested.
 
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def _toml_key(key: str) -> str:
-    return key if _BARE_KEY.match(key) else _toml_string(key)
+    # fullmatch: "$" would also match before a trailing newline ("0\n" written bare broke
+    # the file; found by the round-trip fuzz).
+    return key if _BARE_KEY.fullmatch(key) else _toml_string(key)
 
 
 def _toml_string(text: str) -> str:

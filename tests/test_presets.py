@@ -8,7 +8,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from engine import presets
@@ -223,6 +223,7 @@ _scalar = st.one_of(
 _key = st.text(min_size=1, max_size=12)
 
 
+@example({"0\n": False})  # a key ending in a newline was written bare
 @settings(max_examples=200, deadline=None)
 @given(st.dictionaries(_key, st.one_of(_scalar, st.lists(st.text(), max_size=3), st.dictionaries(_key, _scalar, max_size=4)), max_size=6))
 def test_toml_writer_round_trips(doc: dict) -> None:
