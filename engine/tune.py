@@ -77,6 +77,7 @@ DOMINATED = "dominated"  # violates the SLO at the best-so-far limit: cannot bea
 NO_LOAD = "no_load"  # even the lowest load violates the SLO
 CUT_SHORT = "cut_short"  # the budget ran out while measuring it
 NOT_TRIED = "not_tried"  # the budget ran out before it
+UNSTABLE = "unstable"  # its limit did not hold when measured again, nor just below it
 
 
 class TuneError(ValueError):
@@ -382,6 +383,10 @@ class TuneSettings:
     start_timeout_s: float = 600.0
     step_timeout_s: float = 300.0
     prune: bool = True
+    confirm: bool = True
+    confirm_margin: float = 0.15
+    """A config whose goodput is within this fraction of the best (or above it) has its
+    limit measured a second time before it becomes the best; the lower goodput counts."""
     step: StepRule = StepRule()
 
     def __post_init__(self) -> None:
@@ -397,6 +402,8 @@ class TuneSettings:
             raise TuneError("start_load", "must be > 0")
         if self.step.min_requests < 1 or self.step.max_requests < self.step.min_requests:
             raise TuneError("requests", "need 1 <= min_requests <= max_requests")
+        if not 0 <= self.confirm_margin < 1:
+            raise TuneError("confirm_margin", "must be in [0, 1)")
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -426,6 +433,8 @@ class ConfigResult:
     start_s: float | None = None
     steps: int = 0
     order: int = 0
+    confirmed: bool = False
+    """Its limit met the SLO in two separate steps (see TuneSettings.confirm)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -433,7 +442,7 @@ class ConfigResult:
             "hint": self.hint,
             "limit_load": "inf" if self.limit_load is not None and math.isinf(self.limit_load) else self.limit_load,
             "goodput": self.goodput, "at": self.at.to_dict() if self.at else None, "start_s": self.start_s,
-            "steps": self.steps, "order": self.order,
+            "steps": self.steps, "order": self.order, "confirmed": self.confirmed,
         }
 
     @classmethod
@@ -445,6 +454,7 @@ class ConfigResult:
             limit_load=math.inf if limit == "inf" else (None if limit is None else float(limit)),
             goodput=d.get("goodput"), at=Measurement.from_dict(d["at"]) if d.get("at") else None,
             start_s=d.get("start_s"), steps=int(d.get("steps", 0)), order=int(d.get("order", 0)),
+            confirmed=bool(d.get("confirmed", False)),
         )
 
 
@@ -619,7 +629,10 @@ class Tuner:
         validate_flags: bool = True,
         clock: Callable[[], float] = time.monotonic,
         say: Callable[[str], None] = lambda line: None,
+        on_update: Callable[[TuneResult], None] | None = None,
     ) -> None:
+        """``on_update``: called with the result so far after every start and step (a live
+        view redraws from it); an exception in it is the caller's bug and propagates."""
         if slo.empty:
             raise TuneError("slo", "give at least one limit (TTFT, TPOT or E2EL)")
         self.measurer = measurer
@@ -632,6 +645,7 @@ class Tuner:
         self.validate_flags = validate_flags
         self.clock = clock
         self.say = say
+        self.on_update = on_update
         inputs = {
             "base_flags": base_flags.to_dict(), "space": space.to_dict(), "slo": slo.to_dict(),
             "settings": settings.to_dict(), "workload": dict(workload or {}),
@@ -679,6 +693,8 @@ class Tuner:
         self.state.elapsed_s = self.elapsed()
         if self.state_file is not None:
             self.state.save(self.state_file)
+        if self.on_update is not None:
+            self.on_update(self.result())
 
     # -- main loop ----------------------------------------------------------------------
 
@@ -717,6 +733,8 @@ class Tuner:
                 if self.remaining() < self._estimate_start() + self._estimate_step(1.0, 1):
                     raise BudgetExhausted
                 tried.add(key)
+                # A half-measured config resumed here is not its own rival: its steps are reused.
+                best = self.best(exclude=key)
                 bound = self._bound_reason(by_key[key], best)
                 if bound:
                     st.configs[key] = ConfigResult(key, by_key[key], DOMINATED, reason=bound, order=order)
@@ -786,9 +804,10 @@ class Tuner:
             flags = flags.set(name, value)
         return flags
 
-    def best(self) -> ConfigResult | None:
+    def best(self, exclude: str | None = None) -> ConfigResult | None:
         """The configuration with the highest goodput at its limit (ties: higher limit)."""
-        done = [c for c in self.state.configs.values() if c.goodput is not None and c.limit_load is not None]
+        done = [c for c in self.state.configs.values()
+                if c.goodput is not None and c.limit_load is not None and c.key != exclude]
         if not done:
             return None
         return max(done, key=lambda c: (c.goodput or 0.0, c.limit_load or 0.0, -c.order))
@@ -798,7 +817,8 @@ class Tuner:
         if c.status in (DONE, CUT_SHORT) and c.limit_load is not None:
             lim = "any load" if math.isinf(c.limit_load) else f"{c.limit_load:.3g} {unit}"
             self.say(f"{c.key}: limit {lim}, goodput {c.goodput or 0:.3g} req/s ({c.steps} steps)"
-                     + (" [cut short]" if c.status == CUT_SHORT else ""))
+                     + (" [cut short]" if c.status == CUT_SHORT else "")
+                     + (" [limit measured twice]" if c.confirmed else ""))
         else:
             self.say(f"{c.key}: {c.status}: {c.reason}")
 
@@ -823,10 +843,10 @@ class Tuner:
         ms = st.measurements.setdefault(key, [])
         first_step = [True]
 
-        async def probe(load: float) -> Measurement:
-            for m in ms:
+        async def probe(load: float, fresh: bool = False) -> Measurement:
+            for m in ms if not fresh else ():
                 if m.load == load or (math.isfinite(load) and abs(m.load - load) <= 1e-9 * max(1.0, load)):
-                    return m  # reuse: never measure the same load twice
+                    return m  # reuse: never measure the same load twice (unless checking it)
             n = s.step.requests(load, s.mode)
             est = self._estimate_step(load, n)
             if self.remaining() < est:
@@ -843,7 +863,8 @@ class Tuner:
             self._persist()
             unit = "req/s" if s.mode == "rate" else "concurrent"
             shown = "all at once" if math.isinf(load) else f"{load:.3g} {unit}"
-            self.say(f"  {key}: {shown}: " + ("meets SLO" if m.ok else f"violates ({m.reason})")
+            self.say(f"  {key}: {shown}{' again' if fresh else ''}: "
+                     + ("meets SLO" if m.ok else f"violates ({m.reason})")
                      + f", goodput {m.goodput:.3g} req/s, {m.completed}/{n} done in {actual:.0f} s"
                      + (" (stopped early)" if m.stopped_early else ""))
             return m
@@ -856,11 +877,62 @@ class Tuner:
                 goodput=top.goodput if top else None, at=top, start_s=start_s, steps=len(ms), order=order)
 
         try:
-            return await self._bracket(probe, finish, best, key)
+            result = await self._bracket(probe, finish, best, key)
+            if (s.confirm and result.status == DONE and result.goodput is not None and result.at is not None
+                    and (best is None or result.goodput >= (1 - s.confirm_margin) * (best.goodput or 0.0))):
+                result = await self._confirm(probe, result, ms, key)
+            return result
         except _ConfigBudget:
             return finish(CUT_SHORT, "budget reached while measuring")
         except _Fatal as exc:
             return finish(DIED, str(exc))
+
+    async def _confirm(self, probe: Callable[..., Any], result: ConfigResult, ms: list[Measurement],
+                       key: str) -> ConfigResult:
+        """Measure a would-be best's limit step again; the lower goodput counts.
+
+        The best so far decides which configs are dropped after one step, so a limit that
+        passed once by luck would cost the rest of the search. When the second step misses,
+        one step just below (the highest load that passed before, if within two tolerances,
+        else two tolerances down) gets the same check; a miss there too marks it unstable.
+        """
+        s = self.settings
+        at = result.at
+        assert at is not None and result.limit_load is not None
+        m = await probe(at.load, True)
+        if m.fatal:
+            raise _Fatal(m.fatal)
+        if m.ok:
+            worse = m if m.goodput < at.goodput else at
+            limit = min(result.limit_load, m.request_throughput) if math.isinf(at.load) else result.limit_load
+            return dataclasses.replace(result, goodput=worse.goodput, at=worse, limit_load=limit,
+                                       confirmed=True, steps=len(ms))
+        first_miss = m.reason
+        base = at.request_throughput if math.isinf(at.load) else at.load
+        if s.mode == "concurrency":
+            down = float(max(1, round(base - max(1.0, 2 * s.tolerance * base))))
+        else:
+            down = base * (1 - 2 * s.tolerance)
+        earlier = [x.load for x in ms if x.ok and math.isfinite(x.load) and down <= x.load < base]
+        load = max(earlier) if earlier else down
+        if load >= base or load <= 0:
+            return self._unstable(result, ms, f"limit {base:.3g} missed when measured again ({first_miss})")
+        m2 = await probe(load, True)
+        if m2.fatal:
+            raise _Fatal(m2.fatal)
+        if not m2.ok:
+            return self._unstable(result, ms, f"limit {base:.3g} missed when measured again ({first_miss}),"
+                                              f" and {load:.3g} too ({m2.reason})")
+        before = [x for x in ms if x.ok and x.load == load and x is not m2]
+        worse = min([m2, *before], key=lambda x: x.goodput)
+        return dataclasses.replace(
+            result, limit_load=load, goodput=worse.goodput, at=worse, confirmed=True, steps=len(ms),
+            reason=f"limit {base:.3g} missed when measured again ({first_miss}); {load:.3g} held")
+
+    @staticmethod
+    def _unstable(result: ConfigResult, ms: list[Measurement], reason: str) -> ConfigResult:
+        return dataclasses.replace(result, status=UNSTABLE, limit_load=None, goodput=None, at=None,
+                                   reason=reason, steps=len(ms))
 
     async def _bracket(self, probe: Callable[[float], Any], finish: Callable[..., ConfigResult],
                        best: ConfigResult | None, key: str) -> ConfigResult:
@@ -870,9 +942,9 @@ class Tuner:
         hi: float | None = None  # lowest load above lo that violated it
         ceiling: float | None = None  # capacity: no rate above it can meet the SLO
 
-        async def step(load: float) -> Measurement:
+        async def step(load: float, fresh: bool = False) -> Measurement:
             nonlocal lo, hi
-            m: Measurement = await probe(load)
+            m: Measurement = await probe(load, fresh)
             if m.fatal:
                 raise _Fatal(m.fatal)
             if m.ok:
@@ -885,10 +957,16 @@ class Tuner:
 
         # 1. Can it beat the best so far? One step at the best's limit load says.
         if best is not None and s.prune and best.limit_load is not None:
+            # A miss there is checked once more unless requests failed or the server died:
+            # one slow burst on a shared box must not drop a config that could win.
             m = await step(best.limit_load)
+            if not m.ok and s.confirm and not m.fatal and not m.failed:
+                m = await step(best.limit_load, fresh=True)
             if not m.ok:
                 where = "all at once" if math.isinf(best.limit_load) else f"{best.limit_load:.3g}"
-                return finish(DOMINATED, f"violates the SLO at {where}, where {best.key} meets it ({m.reason})")
+                twice = " (twice)" if len([x for x in self.state.measurements.get(key, ())
+                                           if x.load == best.limit_load]) > 1 else ""
+                return finish(DOMINATED, f"violates the SLO at {where}{twice}, where {best.key} meets it ({m.reason})")
             if math.isinf(best.limit_load):
                 return finish(DONE)
         # 2. No anchor: a saturation step gives the capacity (rate mode).
@@ -981,7 +1059,8 @@ def format_table(result: TuneResult) -> str:
     best_key = result.best.key if result.best else None
     for c in result.configs:
         lim = "" if c.limit_load is None else ("any" if math.isinf(c.limit_load) else f"{c.limit_load:.3g}")
-        rows.append(("*" if c.key == best_key else "", c.key, c.status, lim,
+        status = c.status + (" (checked)" if c.confirmed else "")
+        rows.append(("*" if c.key == best_key else "", c.key, status, lim,
                      "" if c.goodput is None else f"{c.goodput:.3g}", str(c.steps), c.reason[:90]))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
@@ -1011,7 +1090,9 @@ class ServerMeasurer:
     change) and one :class:`loadgen.LoadRun` per step. Stops only what it started.
 
     ``early_stop``: end a step as soon as it is certain to violate the SLO (False runs
-    every request, as ``vllm bench serve`` inside auto_tune.sh does).
+    every request, as ``vllm bench serve`` inside auto_tune.sh does). ``supervisor``: use
+    this one (the TUI session's) instead of making one: it is restarted with each
+    configuration's flags but not stopped by :meth:`close`, which leaves it to its owner.
     """
 
     def __init__(
@@ -1025,6 +1106,7 @@ class ServerMeasurer:
         log_dir: Path | None = None,
         early_stop: bool = True,
         supervisor_factory: Callable[[FlagSet], Any] | None = None,
+        supervisor: Any = None,
     ) -> None:
         self.workload = workload
         self.slo = slo
@@ -1034,8 +1116,15 @@ class ServerMeasurer:
         self.log_dir = log_dir
         self.early_stop = early_stop
         self._factory = supervisor_factory
-        self.sup: Any = None
+        self.sup: Any = supervisor
+        self._owned = supervisor is None
         self._argv: list[str] | None = None
+        if supervisor is not None:
+            from engine.supervisor import ServerState
+
+            flags = supervisor.flags
+            if supervisor.state is ServerState.READY and hasattr(flags, "to_argv"):
+                self._argv = [flags.model, *flags.to_argv()]
 
     async def start(self, flags: FlagSet, *, timeout: float) -> StartOutcome:
         from engine.errors import StartupError
@@ -1057,7 +1146,7 @@ class ServerMeasurer:
             hint = getattr(exc, "hint", "") or ""
             with contextlib.suppress(Exception):
                 await self.sup.stop()
-            self.sup, self._argv = None, None
+            self._argv = None  # the next start restarts the same supervisor (same port)
             return StartOutcome(False, reason=line, hint=hint, seconds=time.monotonic() - t0)
         self._argv = argv
         return StartOutcome(True, seconds=time.monotonic() - t0)
@@ -1143,15 +1232,37 @@ class ServerMeasurer:
         )
 
     async def close(self) -> None:
-        if self.sup is not None:
+        if self.sup is not None and self._owned:
             with contextlib.suppress(Exception):
                 await self.sup.stop()
             self.sup, self._argv = None, None
 
 
 __all__ = [
-    "DEFAULT_SPACE", "BudgetExhausted", "ConfigResult", "EarlyStop", "Measurement", "Measurer",
-    "ParetoPoint", "SearchSpace", "ServerMeasurer", "StartOutcome", "StepRule", "TuneError", "TuneResult",
-    "TuneSettings", "TuneState", "Tuner", "allowed_failures", "format_pareto", "format_table", "gpu_count",
-    "judge", "pareto_points", "state_path", "tune_dir", "violation_count",
+    "DEFAULT_SPACE",
+    "UNSTABLE",
+    "BudgetExhausted",
+    "ConfigResult",
+    "EarlyStop",
+    "Measurement",
+    "Measurer",
+    "ParetoPoint",
+    "SearchSpace",
+    "ServerMeasurer",
+    "StartOutcome",
+    "StepRule",
+    "TuneError",
+    "TuneResult",
+    "TuneSettings",
+    "TuneState",
+    "Tuner",
+    "allowed_failures",
+    "format_pareto",
+    "format_table",
+    "gpu_count",
+    "judge",
+    "pareto_points",
+    "state_path",
+    "tune_dir",
+    "violation_count",
 ]

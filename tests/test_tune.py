@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +19,29 @@ import pytest
 
 from engine.flags import FlagSet, builtin_schema
 from engine.tune import (
-    CUT_SHORT, DIED, DOMINATED, DONE, INVALID, NO_LOAD, NOT_TRIED, START_FAILED,
-    EarlyStop, Measurement, SearchSpace, StartOutcome, StepRule, TuneError, TuneSettings, TuneState, Tuner,
-    allowed_failures, format_pareto, format_table, judge, pareto_points, violation_count,
+    CUT_SHORT,
+    DIED,
+    DOMINATED,
+    DONE,
+    INVALID,
+    NO_LOAD,
+    NOT_TRIED,
+    START_FAILED,
+    EarlyStop,
+    Measurement,
+    SearchSpace,
+    StartOutcome,
+    StepRule,
+    TuneError,
+    Tuner,
+    TuneSettings,
+    TuneState,
+    allowed_failures,
+    format_pareto,
+    format_table,
+    judge,
+    pareto_points,
+    violation_count,
 )
 from loadgen.spec import SLO
 from loadgen.stats import percentile
@@ -129,10 +150,12 @@ async def test_bisection_finds_the_limit_within_tolerance(mode: str, limit: floa
         assert c.limit_load >= limit * (1 - 0.05) / (1 + 1e-9) - 1e-9 or limit < 0.25
     else:
         assert c.limit_load == math.floor(limit)  # integers: exact
-    # every load is measured once, and never more than a bracketing + bisection needs
-    loads = [ld for _, ld in m.steps]
-    assert len(loads) == len(set(loads))
-    assert len(loads) <= 14
+    # every load is measured once, except the limit step, measured again to confirm it;
+    # and never more steps than a bracketing + bisection needs
+    assert c.confirmed and c.at is not None
+    loads = Counter(ld for _, ld in m.steps)
+    assert loads.pop(c.at.load) == 2 and set(loads.values()) <= {1}
+    assert sum(loads.values()) + 2 <= 15
 
 
 async def test_no_load_meets_the_slo() -> None:
@@ -149,7 +172,8 @@ async def test_saturation_step_meeting_the_slo_makes_its_throughput_the_limit() 
     res = await tuner.run()
     by = {c.key: c for c in res.configs}
     assert by[k128].limit_load == 10.0 and "all requests at once" in by[k128].reason
-    assert m.steps[0] == (k128, math.inf) and m.steps[1] == (k64, 10.0)  # then the best's limit
+    # then the same again to confirm it, then the other config at the best's limit
+    assert m.steps[:3] == [(k128, math.inf), (k128, math.inf), (k64, 10.0)]
     assert res.best is not None and res.best.key == k64
     assert res.best.limit_load is not None and 20.0 * 0.95 <= res.best.limit_load <= 20.0
 
@@ -157,7 +181,7 @@ async def test_saturation_step_meeting_the_slo_makes_its_throughput_the_limit() 
 # ---------------------------------------------------------------------------- order, pruning
 
 
-async def test_seed_first_then_dominated_configs_cost_one_step() -> None:
+async def test_seed_first_then_dominated_configs_cost_two_steps() -> None:
     space = space_of(max_num_seqs=(16, 64, 256))
     k16, k64, k256 = keys(space)
     tuner, m = make_tuner(space, {k16: 4.0, k64: 10.0, k256: 12.0})
@@ -165,8 +189,9 @@ async def test_seed_first_then_dominated_configs_cost_one_step() -> None:
     assert m.starts[0] == k64  # the middle value is the seed
     assert res.best is not None and res.best.key == k256
     by = {c.key: c for c in res.configs}
-    assert by[k16].status == DOMINATED and by[k16].steps == 1
-    assert "where" in by[k16].reason and "meets it" in by[k16].reason
+    # a miss at the best's limit is measured once more before the config is dropped
+    assert by[k16].status == DOMINATED and by[k16].steps == 2
+    assert "(twice), where" in by[k16].reason and "meets it" in by[k16].reason
     # the config that beat the best was first probed at the best's limit
     first_256 = next(ld for k, ld in m.steps if k == k256)
     assert first_256 == by[k64].limit_load
@@ -183,8 +208,10 @@ async def test_pruning_saves_steps_over_no_pruning() -> None:
     full, mf = make_tuner(space, limits, prune=False)
     rp, rf = await pruned.run(), await full.run()
     assert rp.best is not None and rf.best is not None and rp.best.key == rf.best.key
-    assert len(mp.steps) < len(mf.steps) / 2
-    assert sum(c.status == DOMINATED for c in rp.configs) >= 6
+    # each dropped config costs its two misses at the best's limit, not a bisection
+    dominated = [c for c in rp.configs if c.status == DOMINATED]
+    assert len(dominated) >= 6 and all(c.steps == 2 for c in dominated)
+    assert len(mp.steps) < 0.6 * len(mf.steps)
 
 
 async def test_too_few_sequence_slots_are_dropped_without_a_start() -> None:
@@ -195,7 +222,7 @@ async def test_too_few_sequence_slots_are_dropped_without_a_start() -> None:
     res = await tuner.run()
     by = {c.key: c for c in res.configs}
     assert by[k2].status == DOMINATED and by[k2].steps == 0 and "max-num-seqs 2" in by[k2].reason
-    assert k2 not in m.starts and by[k256].status == DOMINATED and by[k256].steps == 1
+    assert k2 not in m.starts and by[k256].status == DOMINATED and by[k256].steps == 2
     # without a fastest E2EL (or with pruning off) it is started
     tuner, m = make_tuner(space, {k2: 12.0, k64: 20.0, k256: 19.0}, e2el_min_ms=200.0, prune=False)
     await tuner.run()
@@ -321,8 +348,11 @@ async def test_cut_short_config_resumes_from_its_steps(tmp_path: Path) -> None:
     n1 = len(m.steps)
     t2, m2 = make_tuner(space, {key: 13.7}, budget_s=10_000, state=TuneState.load(path), state_file=path)
     res2 = await t2.run()
-    assert res2.configs[0].status == DONE
-    assert not set(m.steps) & set(m2.steps) and n1 >= 1
+    assert res2.configs[0].status == DONE and n1 >= 1
+    # nothing measured before is measured again but the limit, once, to confirm it
+    assert res2.configs[0].confirmed and res2.configs[0].at is not None
+    assert set(m.steps) & set(m2.steps) <= {(key, res2.configs[0].at.load)}
+    assert len(m2.steps) == len(set(m2.steps)) <= 4
 
 
 def test_state_file_that_is_not_ours(tmp_path: Path) -> None:
