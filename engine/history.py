@@ -102,6 +102,18 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX requests_run ON requests(run_id, t_start);
     CREATE INDEX samples_run ON samples(run_id, kind, t);
     """,
+    # 2 -> 3: flag searches (`vtui tune`), saved after every step so they can be resumed.
+    """
+    CREATE TABLE tunes (
+        id TEXT PRIMARY KEY,
+        started REAL NOT NULL,
+        updated REAL NOT NULL,
+        status TEXT NOT NULL,
+        model TEXT,
+        summary TEXT NOT NULL DEFAULT '{}',
+        state TEXT NOT NULL
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -142,6 +154,18 @@ class RunInfo:
         out["gpus"] = list(self.gpus)
         out["tags"] = list(self.tags)
         return out
+
+
+@dataclass(frozen=True)
+class TuneInfo:
+    """One saved flag search (the ``tunes`` row, without its full state)."""
+
+    id: str
+    started: float
+    updated: float
+    status: str
+    model: str | None
+    summary: Mapping[str, Any]
 
 
 def to_jsonable(value: Any) -> Any:
@@ -514,6 +538,52 @@ class History:
     def baseline(self) -> RunInfo | None:
         row = self._conn.execute(self._SELECT + " WHERE r.baseline = 1 ORDER BY r.id DESC LIMIT 1").fetchone()
         return None if row is None else self._row_to_info(row)
+
+    # ------------------------------------------------------------- flag searches
+    def save_tune(self, tune_id: str, state: Mapping[str, Any], *, status: str, model: str | None = None,
+                  summary: Mapping[str, Any] | None = None) -> None:
+        """Insert or replace a search's state (``engine.tune.TuneState.to_json()``), one transaction."""
+        now = time.time()
+        text = json.dumps(state, separators=(",", ":"), allow_nan=False)
+        with self._writing() as conn:
+            conn.execute(
+                "INSERT INTO tunes (id, started, updated, status, model, summary, state) VALUES (?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT(id) DO UPDATE SET updated = excluded.updated, status = excluded.status, "
+                "model = excluded.model, summary = excluded.summary, state = excluded.state",
+                (str(tune_id), now, now, status, model, _dumps(summary or {}), text),
+            )
+
+    def load_tune(self, tune_id: str) -> dict[str, Any]:
+        """A saved search's state; HistoryError when there is none or it is not JSON."""
+        row = self._conn.execute("SELECT state FROM tunes WHERE id = ?", (str(tune_id),)).fetchone()
+        if row is None:
+            raise HistoryError(self.path, f"no saved search {tune_id!r} (see `vtui tune --list`)")
+        try:
+            state = json.loads(row[0])
+        except ValueError as exc:
+            raise HistoryError(self.path, f"saved search {tune_id!r} is damaged: {exc}") from None
+        if not isinstance(state, dict):
+            raise HistoryError(self.path, f"saved search {tune_id!r} is damaged: not a JSON object")
+        return state
+
+    def list_tunes(self) -> list[TuneInfo]:
+        """Saved searches, newest first."""
+        rows = self._conn.execute(
+            "SELECT id, started, updated, status, model, summary FROM tunes ORDER BY started DESC, id DESC").fetchall()
+        out = []
+        for row in rows:
+            try:
+                summary = json.loads(row[5])
+            except ValueError:
+                summary = {}
+            out.append(TuneInfo(str(row[0]), float(row[1]), float(row[2]), str(row[3]), row[4],
+                                summary if isinstance(summary, dict) else {}))
+        return out
+
+    def delete_tune(self, tune_id: str) -> None:
+        self.load_tune(tune_id)
+        with self._writing() as conn:
+            conn.execute("DELETE FROM tunes WHERE id = ?", (str(tune_id),))
 
     def tag(self, run_id: int, *tags: str, remove: bool = False) -> RunInfo:
         info = self.get_run(run_id)

@@ -580,6 +580,16 @@ class TuneState:
         tmp.write_text(json.dumps(self.to_json(), indent=1), encoding="utf-8")
         os.replace(tmp, path)
 
+    def summary(self) -> dict[str, Any]:
+        """What a listing shows: configs finished of all, time spent, the best so far."""
+        finished = [c for c in self.configs.values() if c.status not in (NOT_TRIED, CUT_SHORT)]
+        scored = [c for c in self.configs.values() if c.goodput is not None]
+        best = max(scored, key=lambda c: c.goodput or 0.0) if scored else None
+        space = self.inputs.get("space")
+        total = math.prod(len(v) for v in space.values()) if isinstance(space, dict) else len(self.configs)
+        return {"done": len(finished), "total": max(total, len(self.configs)), "elapsed_s": self.elapsed_s,
+                "best": best.key if best else None, "goodput": best.goodput if best else None}
+
     @classmethod
     def load(cls, path: Path) -> TuneState:
         try:
@@ -588,6 +598,11 @@ class TuneState:
             raise TuneError(str(path), "no such tune state (see `vtui tune --list`)") from None
         except (OSError, ValueError) as exc:
             raise TuneError(str(path), f"cannot read the tune state: {exc}") from None
+        return cls.from_json(d, str(path))
+
+    @classmethod
+    def from_json(cls, d: Any, where: str) -> TuneState:
+        """From :meth:`to_json`'s form; TuneError naming ``where`` when it is not one."""
         try:
             return cls(
                 id=str(d["id"]), inputs=dict(d["inputs"]), status=str(d.get("status", "running")),
@@ -596,8 +611,80 @@ class TuneState:
                 configs={k: ConfigResult.from_dict(c) for k, c in d.get("configs", {}).items()},
                 measurements={k: [Measurement.from_dict(m) for m in ms] for k, ms in d.get("measurements", {}).items()},
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise TuneError(str(path), f"not a vtui tune state: {type(exc).__name__}: {exc}") from None
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise TuneError(where, f"not a vtui tune state: {type(exc).__name__}: {exc}") from None
+
+
+class TuneStore(Protocol):
+    """Where a search is saved after every start and step."""
+
+    def save(self, state: TuneState) -> None: ...
+
+
+@dataclass(frozen=True)
+class FileStore:
+    """A JSON file (tests, benchmark scripts)."""
+
+    path: Path
+
+    def save(self, state: TuneState) -> None:
+        state.save(self.path)
+
+
+@dataclass(frozen=True)
+class HistoryStore:
+    """The run history (engine.history, table ``tunes``): ``vtui tune --list`` and
+    ``--resume ID`` read it. The file is opened per save (a few ms, between steps that take
+    seconds), so no SQLite connection is held across the search's awaits."""
+
+    path: Path | None = None
+
+    def save(self, state: TuneState) -> None:
+        from engine.history import History
+
+        with History(self.path) as h:
+            h.save_tune(state.id, state.to_json(), status=state.status,
+                        model=str(state.inputs.get("base_flags", {}).get("model") or "") or None,
+                        summary=state.summary())
+
+
+def load_state(ref: str, history_path: Path | None = None) -> TuneState:
+    """A saved search by id (from the history) or by the path of a JSON state file."""
+    from engine.history import History, HistoryError
+
+    path = Path(ref)
+    if ref.endswith(".json") or path.is_file():
+        return TuneState.load(path)
+    try:
+        with History(history_path) as h:
+            d = h.load_tune(ref)
+    except HistoryError as exc:
+        legacy = tune_dir() / f"{ref}.json" if ref and "/" not in ref and not ref.startswith(".") else None
+        if legacy is not None and legacy.is_file():  # saved by vtui before searches went into the history
+            return TuneState.load(legacy)
+        raise TuneError(f"tune {ref!r}", exc.reason) from None
+    return TuneState.from_json(d, f"saved search {ref!r}")
+
+
+def list_states(history_path: Path | None = None) -> list[dict[str, Any]]:
+    """Saved searches, newest first: id, status, model, started, and :meth:`TuneState.summary`."""
+    from engine.history import History
+
+    with History(history_path) as h:
+        rows = [{"id": t.id, "status": t.status, "model": t.model, "started": t.started, **t.summary}
+                for t in h.list_tunes()]
+    known = {r["id"] for r in rows}
+    for path in sorted(tune_dir().glob("*.json"), reverse=True):  # older vtui's files
+        if path.stem in known:
+            continue
+        try:
+            st = TuneState.load(path)
+        except TuneError as exc:
+            rows.append({"id": path.stem, "status": "unreadable", "model": None, "error": exc.reason})
+            continue
+        rows.append({"id": st.id, "status": st.status, "started": path.stat().st_mtime,
+                     "model": st.inputs.get("base_flags", {}).get("model"), **st.summary()})
+    return rows
 
 
 # ---------------------------------------------------------------------------- the search
@@ -624,6 +711,7 @@ class Tuner:
         max_request_len: int | None = None,
         tune_id: str | None = None,
         state_file: Path | None = None,
+        store: TuneStore | None = None,
         state: TuneState | None = None,
         schema: Schema | None = None,
         validate_flags: bool = True,
@@ -657,6 +745,9 @@ class Tuner:
         else:
             self.state = TuneState(id=tune_id or new_id(), inputs=inputs)
         self.state_file = state_file
+        self.store: TuneStore | None = store if store is not None else (
+            FileStore(state_file) if state_file is not None else None)
+        self._save_error = ""
         self._t0 = 0.0
         self._elapsed0 = self.state.elapsed_s
         self._start_costs: list[float] = []
@@ -691,8 +782,15 @@ class Tuner:
 
     def _persist(self) -> None:
         self.state.elapsed_s = self.elapsed()
-        if self.state_file is not None:
-            self.state.save(self.state_file)
+        if self.store is not None:
+            try:
+                self.store.save(self.state)
+                self._save_error = ""
+            except Exception as exc:  # disk full, read-only history: the search itself goes on
+                text = str(exc) or type(exc).__name__
+                if text != self._save_error:
+                    self.say(f"warning: cannot save the search ({text}); it goes on, but cannot be resumed from here")
+                self._save_error = text
         if self.on_update is not None:
             self.on_update(self.result())
 
@@ -934,7 +1032,7 @@ class Tuner:
         return dataclasses.replace(result, status=UNSTABLE, limit_load=None, goodput=None, at=None,
                                    reason=reason, steps=len(ms))
 
-    async def _bracket(self, probe: Callable[[float], Any], finish: Callable[..., ConfigResult],
+    async def _bracket(self, probe: Callable[..., Any], finish: Callable[..., ConfigResult],
                        best: ConfigResult | None, key: str) -> ConfigResult:
         s = self.settings
         integer = s.mode == "concurrency"
@@ -1244,6 +1342,8 @@ __all__ = [
     "BudgetExhausted",
     "ConfigResult",
     "EarlyStop",
+    "FileStore",
+    "HistoryStore",
     "Measurement",
     "Measurer",
     "ParetoPoint",
@@ -1255,12 +1355,15 @@ __all__ = [
     "TuneResult",
     "TuneSettings",
     "TuneState",
+    "TuneStore",
     "Tuner",
     "allowed_failures",
     "format_pareto",
     "format_table",
     "gpu_count",
     "judge",
+    "list_states",
+    "load_state",
     "pareto_points",
     "state_path",
     "tune_dir",

@@ -160,7 +160,7 @@ def test_migration_from_version_1_keeps_runs(tmp_path: Path) -> None:
     conn.commit()
     conn.close()
     with History(path) as store:
-        assert store.schema_version == SCHEMA_VERSION == 2
+        assert store.schema_version == SCHEMA_VERSION == 3
         (run,) = store.list_runs()
         assert (run.name, run.tags, run.requests, run.flags) == ("v1-run", (), 1, {"max-num-seqs": 4})
         store.tag(run.id, "migrated")
@@ -255,3 +255,20 @@ def test_history_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: py
     assert main(["history", "delete", str(a)]) == 0
     assert main(["history", "show", str(a)]) == 2 and f"no run with id {a}" in capsys.readouterr().err
     assert main(["history", "show"]) == 2 and "needs a RUN" in capsys.readouterr().err
+
+
+def test_saved_searches_round_trip_list_newest_first_and_delete(tmp_path: Path) -> None:
+    with History(tmp_path / "h.sqlite") as store:
+        store.save_tune("a", {"id": "a", "steps": 1}, status="running", model="/m", summary={"done": 0})
+        store.save_tune("b", {"id": "b"}, status="done")
+        store.save_tune("a", {"id": "a", "steps": 2}, status="interrupted", model="/m", summary={"done": 1})
+        assert store.load_tune("a") == {"id": "a", "steps": 2}
+        infos = store.list_tunes()
+        assert [t.id for t in infos] == ["b", "a"]
+        assert (infos[1].status, infos[1].model, dict(infos[1].summary)) == ("interrupted", "/m", {"done": 1})
+        assert infos[1].updated >= infos[1].started
+        store.delete_tune("a")
+        with pytest.raises(HistoryError, match="no saved search 'a'"):
+            store.load_tune("a")
+        with pytest.raises(ValueError):  # JSON has no inf: the state must say "inf" itself
+            store.save_tune("c", {"load": float("inf")}, status="running")

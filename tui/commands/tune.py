@@ -84,18 +84,22 @@ def _slo(args: argparse.Namespace) -> Any:
 
 
 def _list() -> int:
-    from engine.tune import TuneError, TuneState, tune_dir
+    from engine.history import HistoryError
+    from engine.tune import list_states
+    from tui.cli import UserError
 
+    try:
+        states = list_states()
+    except HistoryError as exc:
+        raise UserError(str(exc), "the searches are saved in the run history file") from None
     rows = []
-    for path in sorted(tune_dir().glob("*.json")):
-        try:
-            st = TuneState.load(path)
-        except TuneError as exc:
-            print(f"{path.stem}: unreadable ({exc.reason})")
+    for st in states:
+        if st["status"] == "unreadable":
+            rows.append(f"{st['id']}: unreadable ({st.get('error', '')})")
             continue
-        done = sum(c.status not in ("not_tried", "cut_short") for c in st.configs.values())
-        rows.append(f"{st.id}  {st.status:<11} {done}/{len(st.configs)} configs  "
-                    f"{st.elapsed_s / 60:.1f} min  {st.inputs.get('base_flags', {}).get('model', '')}")
+        best = f"  best {st['best']} ({st['goodput']:.3g} req/s)" if st.get("best") and st.get("goodput") else ""
+        rows.append(f"{st['id']}  {st['status']:<11} {st.get('done', 0)}/{st.get('total', 0)} configs  "
+                    f"{(st.get('elapsed_s') or 0) / 60:.1f} min  {st.get('model') or ''}{best}")
     print("\n".join(rows) if rows else "no saved searches")
     return 0
 
@@ -103,16 +107,16 @@ def _list() -> int:
 def run(args: argparse.Namespace) -> int:
     from engine.flags import FlagError, FlagSet
     from engine.tune import (
+        HistoryStore,
         SearchSpace,
         ServerMeasurer,
         StepRule,
         TuneError,
         Tuner,
         TuneSettings,
-        TuneState,
         format_pareto,
         format_table,
-        state_path,
+        load_state,
     )
     from loadgen.spec import SLO, ArrivalSpec, SpecError, WorkloadSpec
     from tui.cli import UserError
@@ -136,8 +140,7 @@ def run(args: argparse.Namespace) -> int:
     arrivals: ArrivalSpec | None = None
     if args.resume:
         try:
-            path = state_path(args.resume)
-            state = TuneState.load(path)
+            state = load_state(args.resume)
             inputs = state.inputs
             base = FlagSet.from_dict(inputs["base_flags"])
             space = SearchSpace.from_dict(inputs["space"])
@@ -214,12 +217,9 @@ def run(args: argparse.Namespace) -> int:
         tuner = Tuner(
             measurer, base_flags=base, space=space, slo=slo, settings=settings,
             workload={"workload": workload.to_dict(), "arrivals": arrivals.to_dict() if arrivals else {}},
-            max_request_len=workload.max_request_len(), state=state,
-            state_file=state_path(state.id) if state else None, say=say)
+            max_request_len=workload.max_request_len(), state=state, store=HistoryStore(), say=say)
     except TuneError as exc:
         raise UserError(str(exc), "start a new search instead of --resume") from None
-    if tuner.state_file is None:
-        tuner.state_file = state_path(tuner.state.id)
     n = len(space.configs())
     say(f"tune {tuner.state.id}: {n} configurations, budget {settings.budget_s / 60:.1f} min, SLO "
         + ", ".join(f"p{slo.percentile:g} {k.upper()} <= {getattr(slo, f'{k}_ms'):g} ms"
@@ -244,7 +244,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         print("no configuration met the SLO")
     print(f"\n{result.status}: {result.elapsed_s / 60:.1f} of {result.budget_s / 60:.1f} min, "
-          f"{result.starts} starts, {result.steps} steps; saved as {result.id}")
+          f"{result.starts} starts, {result.steps} steps; saved in the run history as {result.id}"
+          f" (`vtui tune --resume {result.id}`)")
     if args.json:
         args.json.write_text(json.dumps(result.to_json(), indent=1), encoding="utf-8")
     return 0 if result.best is not None else 1
