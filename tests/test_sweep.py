@@ -11,6 +11,12 @@ from engine.history import History
 from tui.cli import main
 
 
+def model_folder(tmp_path: Path) -> str:
+    """A model folder that is not the tiny model (a config.json is all `--model` needs here)."""
+    (tmp_path / "config.json").write_text("{}")
+    return str(tmp_path)
+
+
 def test_inapplicable_presets_are_refused_with_reasons(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model = tmp_path / "real-model"  # not the tiny model: no [tiny] scaling applies
     model.mkdir()
@@ -24,15 +30,15 @@ def test_inapplicable_presets_are_refused_with_reasons(tmp_path: Path, capsys: p
 
 
 def test_skip_leaving_nothing_is_a_user_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["sweep", "high-concurrency-chat", "--model", str(tmp_path), "--skip"]) == 2
+    assert main(["sweep", "high-concurrency-chat", "--model", model_folder(tmp_path), "--skip"]) == 2
     err = capsys.readouterr().err
     assert "skipped: --tensor-parallel-size 2" in err and "no preset left to run" in err
 
 
 def test_bad_override_and_unknown_preset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["sweep", "online-chat", "--model", str(tmp_path), "--concurrency", "0"]) == 2
+    assert main(["sweep", "online-chat", "--model", model_folder(tmp_path), "--concurrency", "0"]) == 2
     assert "concurrency" in capsys.readouterr().err
-    assert main(["sweep", "no-such-preset", "--model", str(tmp_path)]) == 2
+    assert main(["sweep", "no-such-preset", "--model", model_folder(tmp_path)]) == 2
     assert "no preset named 'no-such-preset'" in capsys.readouterr().err
 
 

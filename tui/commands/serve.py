@@ -13,14 +13,9 @@ import shlex
 import signal
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from tui.cli import UserError
-
-# The CPU backend reads --gpu-memory-utilization as a fraction of the NUMA node's RAM; its
-# default (0.92) fails at start on a shared box. 0.2 suits the tiny model; passed visibly.
-TINY_DEFAULTS = (("gpu-memory-utilization", "0.2"), ("max-model-len", "2048"))
 
 
 def add_parser(subparsers: Any) -> None:
@@ -46,26 +41,6 @@ def add_parser(subparsers: Any) -> None:
     parser.set_defaults(func=run, allow_extra=True)
 
 
-def resolve_model(name: str | None) -> tuple[str, list[str]]:
-    """The model path and the flags that come with it (defaults for tiny, dummy load format)."""
-    from engine.tinymodel import ensure_dummy_model, ensure_tiny_model, shipped_config_names
-
-    if not name or name in ("tiny", "tiny-qwen2"):
-        path = ensure_tiny_model()
-        return str(path), [f"--{k}={v}" for k, v in TINY_DEFAULTS]
-    if name in shipped_config_names():
-        return str(ensure_dummy_model(name)), ["--load-format=dummy"]
-    path = Path(name).expanduser()
-    if path.exists() or name.startswith(("/", ".", "~")):
-        if not (path / "config.json").is_file():
-            raise UserError(
-                f"--model {name}: no config.json in that folder",
-                "Point --model at a model folder, or use a shipped name from `vtui models`.",
-            )
-        return str(path.resolve()), []
-    return name, []  # a Hugging Face id (needs network and the weights cached)
-
-
 def _merge(defaults: list[str], user: list[str]) -> list[str]:
     """Defaults first, skipping any flag the user gave."""
     given = {a.split("=", 1)[0] for a in user if a.startswith("--")}
@@ -74,12 +49,18 @@ def _merge(defaults: list[str], user: list[str]) -> list[str]:
 
 def build_flags(args: argparse.Namespace) -> Any:
     from engine.flags import FlagError, parse_argv, validate
+    from engine.tinymodel import ModelError, resolve_model
 
     extra = list(getattr(args, "extra", []) or [])
     if extra and extra[0] == "--":
         extra = extra[1:]
-    model, defaults = resolve_model(args.model)
-    argv = ["vllm", "serve", model, *_merge(defaults, extra)]
+    try:
+        model = resolve_model(args.model)
+    except ModelError as exc:
+        raise UserError(str(exc), exc.hint) from None
+    # What comes with the model (tiny defaults, load-format dummy) is visible in the command
+    # line, and a flag the user gives after `--` wins over it.
+    argv = ["vllm", "serve", model.path, *_merge(model.argv(), extra)]
     try:
         flags = parse_argv(argv)
     except FlagError as exc:

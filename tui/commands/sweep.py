@@ -15,10 +15,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import sys
 from pathlib import Path
 from typing import Any
+
+# Re-exported: tui/commands/tune.py imports it from here (engine.tinymodel is light: stdlib only).
+from engine.tinymodel import is_tiny_model as is_tiny_model
 
 
 def add_parser(subparsers: Any) -> None:
@@ -44,14 +46,6 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--output", "-o", type=Path, help="write the comparison to this file")
     parser.add_argument("--start-timeout", type=float, default=600.0, help="seconds to wait for vLLM to start")
     parser.set_defaults(func=run)
-
-
-def is_tiny_model(model_dir: str) -> bool:
-    stamp = Path(model_dir) / "vtui-model.json"
-    try:
-        return json.loads(stamp.read_text()).get("kind") == "tiny"
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 def resolve_presets(args: argparse.Namespace, tiny: bool) -> list[Any]:
@@ -95,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.history import History, HistoryError
     from engine.presets import check_applicable
     from engine.sweep import run_sweep
+    from engine.tinymodel import ModelError, resolve_model
     from tui.cli import UserError
     from tui.commands.compare import write_or_print
     from tui.commands.preset import detect_box
@@ -102,20 +97,15 @@ def run(args: argparse.Namespace) -> int:
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
-    extra_flags: dict[str, Any] = {}
-    if args.model is None:
-        from engine.tinymodel import ensure_tiny_model
-
-        model = str(ensure_tiny_model())
-    else:
-        from engine.tinymodel import ensure_dummy_model, shipped_config_names
-
-        model = args.model
-        if model in shipped_config_names():
-            # A shipped architecture: config + tokenizer, random weights.
-            model = str(ensure_dummy_model(model))
-            extra_flags["load-format"] = "dummy"
-    tiny = args.url is None and is_tiny_model(model)
+    try:
+        resolved = resolve_model(args.model)
+    except ModelError as exc:
+        raise UserError(str(exc), exc.hint) from None
+    model = resolved.path
+    # load-format dummy for a shipped architecture. The tiny model's memory defaults are not
+    # added: each preset's [tiny] table says what the tiny model runs with.
+    extra_flags: dict[str, Any] = dict(resolved.flags)
+    tiny = args.url is None and resolved.tiny
     presets = resolve_presets(args, tiny)
     for preset in presets:
         for line in preset.scaled:
