@@ -78,6 +78,7 @@ NO_LOAD = "no_load"  # even the lowest load violates the SLO
 CUT_SHORT = "cut_short"  # the budget ran out while measuring it
 NOT_TRIED = "not_tried"  # the budget ran out before it
 UNSTABLE = "unstable"  # its limit did not hold when measured again, nor just below it
+SKIPPED = "skipped"  # off every line through the best, all of whose points lost to it (see TuneSettings.exhaustive)
 
 
 class TuneError(ValueError):
@@ -383,6 +384,10 @@ class TuneSettings:
     start_timeout_s: float = 600.0
     step_timeout_s: float = 300.0
     prune: bool = True
+    exhaustive: bool = False
+    """False: once every configuration one flag away from the best (any value of that flag)
+    has lost to it, the rest are skipped: exact when each flag's effect does not depend on
+    the others (the seed articles tune them one at a time), a guess when they interact."""
     confirm: bool = True
     confirm_margin: float = 0.15
     """A config whose goodput is within this fraction of the best (or above it) has its
@@ -815,6 +820,7 @@ class Tuner:
                     self.say(f"{key}: not started: {problems}")
             self._persist()
             seed = self.space.seed(self.base.values)
+            s_exhaustive = self.settings.exhaustive or not self.settings.prune
             tried: set[str] = set()  # this session: a config cut short now is not retried now
             while True:
                 pending = [k for k in by_key if k not in tried and (
@@ -823,6 +829,15 @@ class Tuner:
                     break
                 best = self.best()
                 anchor = best.values if best is not None else seed
+                if best is not None and not s_exhaustive:
+                    # Lines through the best first (one flag changed, any value); when all
+                    # of them lost to it, the best is best along every flag.
+                    on_line = [k for k in pending if self._flags_changed(by_key[k], best.values) <= 1]
+                    if not on_line:
+                        self._skip_off_line(pending, by_key, best, order)
+                        order += len(pending)
+                        break
+                    pending = on_line
                 # Resumed half-measured configs first, then nearest to the best so far.
                 pending.sort(key=lambda k: (st.configs.get(k) is None or st.configs[k].status != CUT_SHORT,
                                             self.space.distance(by_key[k], anchor), list(by_key).index(k)))
@@ -862,6 +877,21 @@ class Tuner:
         st.status = status
         self._persist()
         return self.result()
+
+    def _flags_changed(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> int:
+        return sum(a[n] != b[n] for n, _ in self.space.dims)
+
+    def _skip_off_line(self, pending: list[str], by_key: Mapping[str, Mapping[str, Any]], best: ConfigResult,
+                       order: int) -> None:
+        for i, key in enumerate(pending):
+            changed = [n for n, _ in self.space.dims if by_key[key][n] != best.values[n]]
+            reason = (f"changes {' and '.join(changed)} from the best ({best.key}); each of those changes alone lost"
+                      " to it, so this one is skipped (assumes the flags act separately; --exhaustive measures it)")
+            self.state.configs[key] = ConfigResult(key, by_key[key], SKIPPED, reason=reason, order=order + 1 + i)
+        self._persist()
+        if pending:
+            self.say(f"{len(pending)} configurations skipped: every one-flag change from {best.key} lost to it"
+                     " (--exhaustive measures them too)")
 
     def _bound_reason(self, values: Mapping[str, Any], best: ConfigResult | None) -> str:
         """Why a config cannot beat ``best`` without starting it, or "".
@@ -1338,6 +1368,7 @@ class ServerMeasurer:
 
 __all__ = [
     "DEFAULT_SPACE",
+    "SKIPPED",
     "UNSTABLE",
     "BudgetExhausted",
     "ConfigResult",

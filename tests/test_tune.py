@@ -26,6 +26,7 @@ from engine.tune import (
     INVALID,
     NO_LOAD,
     NOT_TRIED,
+    SKIPPED,
     START_FAILED,
     EarlyStop,
     HistoryStore,
@@ -212,10 +213,61 @@ async def test_pruning_saves_steps_over_no_pruning() -> None:
     full, mf = make_tuner(space, limits, prune=False)
     rp, rf = await pruned.run(), await full.run()
     assert rp.best is not None and rf.best is not None and rp.best.key == rf.best.key
-    # each dropped config costs its two misses at the best's limit, not a bisection
+    # each dropped config costs its two misses at the best's limit, not a bisection, or
+    # nothing at all when it is off the lines through the best
     dominated = [c for c in rp.configs if c.status == DOMINATED]
-    assert len(dominated) >= 6 and all(c.steps == 2 for c in dominated)
+    skipped = [c for c in rp.configs if c.status == SKIPPED]
+    assert len(dominated) + len(skipped) >= 6 and all(c.steps == 2 for c in dominated)
+    assert skipped and not {c.key for c in skipped} & set(mp.starts)
     assert len(mp.steps) < 0.6 * len(mf.steps)
+
+
+def separable(space: SearchSpace, gains: dict[str, dict[Any, float]]) -> dict[str, float]:
+    """A landscape where each flag adds its own gain to the limit: no interactions."""
+    return {space.key(v): 5.0 + sum(gains[n][v[n]] for n in v) for v in space.configs()}
+
+
+@pytest.mark.parametrize(("g1", "g2"), [
+    ({512: 0, 2048: 3, 8192: 1}, {16: 0, 64: 4, 256: 2}),  # the seed (middle, middle) is best
+    ({512: 6, 2048: 3, 8192: 0}, {16: 0, 64: 1, 256: 4}),  # a corner is best: the search walks there
+    ({512: 0, 2048: 0, 8192: 5}, {16: 3, 64: 0, 256: 0}),  # the best is reached by two moves
+])
+async def test_lines_through_the_best_find_a_separable_optimum_with_fewer_starts(
+        g1: dict[int, float], g2: dict[int, float]) -> None:
+    space = space_of(max_num_batched_tokens=(512, 2048, 8192), max_num_seqs=(16, 64, 256))
+    table = separable(space, {"max-num-batched-tokens": g1, "max-num-seqs": g2})
+    true_best = max(table, key=lambda k: table[k])
+    tuner, m = make_tuner(space, table)
+    res = await tuner.run()
+    assert res.best is not None and res.best.key == true_best and res.status == "done"
+    assert len(m.starts) < 9 and len(set(m.starts)) == len(m.starts)
+    by = {c.key: c for c in res.configs}
+    for key, c in by.items():
+        if c.status == SKIPPED:
+            assert key not in m.starts and "--exhaustive" in c.reason
+            assert sum(c.values[n] != res.best.values[n] for n in c.values) == 2  # off both lines
+    # exhaustive: the same answer, every config measured or dominated, none skipped
+    full, mf = make_tuner(space, table, exhaustive=True)
+    rf = await full.run()
+    assert rf.best is not None and rf.best.key == true_best
+    assert not [c for c in rf.configs if c.status == SKIPPED] and len(mf.starts) == 9
+
+
+async def test_interacting_flags_can_hide_the_best_unless_exhaustive() -> None:
+    # mbt 8192 only pays off with 256 sequences (an interaction): the line search stops at
+    # the seed and skips the corner; --exhaustive finds it. The table says what was skipped.
+    space = space_of(max_num_batched_tokens=(512, 2048, 8192), max_num_seqs=(16, 64, 256))
+    table = {k: 5.0 for k in keys(space)}
+    table[space.key({"max-num-batched-tokens": 2048, "max-num-seqs": 64})] = 8.0
+    corner = space.key({"max-num-batched-tokens": 8192, "max-num-seqs": 256})
+    table[corner] = 12.0
+    res = await make_tuner(space, table)[0].run()
+    assert res.best is not None and res.best.key != corner
+    skipped = {c.key: c for c in res.configs if c.status == SKIPPED}
+    assert corner in skipped and "assumes the flags act separately" in skipped[corner].reason
+    assert "skipped" in format_table(res)
+    full = await make_tuner(space, table, exhaustive=True)[0].run()
+    assert full.best is not None and full.best.key == corner
 
 
 async def test_too_few_sequence_slots_are_dropped_without_a_start() -> None:

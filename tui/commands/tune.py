@@ -50,6 +50,10 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--min-requests", type=int, default=100, help="least requests per step (default 100)")
     parser.add_argument("--min-step-s", type=float, default=10.0, help="a step lasts at least this long (10 s)")
     parser.add_argument("--max-requests", type=int, default=2000, help="most requests per step (default 2000)")
+    parser.add_argument("--exhaustive", action="store_true",
+                        help="also try configurations that change two or more flags from the best when each "
+                             "of those changes alone lost to it (default: skipped, which is exact when the flags "
+                             "act separately)")
     parser.add_argument("--no-prune", action="store_true", help="measure every configuration fully")
     parser.add_argument("--start-timeout", type=float, default=600.0, help="seconds to wait for vLLM to start")
     parser.add_argument("--step-timeout", type=float, default=300.0, help="seconds one step may take")
@@ -133,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
         settings = TuneSettings(
             mode=args.mode, budget_s=args.budget_min * 60, tolerance=args.tolerance, start_load=args.start_load,
             start_timeout_s=args.start_timeout, step_timeout_s=args.step_timeout, prune=not args.no_prune,
+            exhaustive=args.exhaustive,
             step=step)
     except TuneError as exc:
         raise UserError(str(exc), "see `vtui tune --help`") from None
