@@ -169,6 +169,122 @@ class SessionSnapshot:
     comparison: ComparisonView | None
     notice: str | None  # the last thing that happened worth a line (run stopped, ...)
     busy: str | None  # the action in progress ("starting", "restarting", ...)
+    tune: TuneView | None = None  # the flag search of this session (running or last), None before one
+
+
+@dataclass(frozen=True)
+class TuneRequest:
+    """What a flag search is asked for: SLO limits, the space, the budget, the load axis."""
+
+    slo: Any  # loadgen.spec.SLO, at least one limit
+    space: Any  # engine.tune.SearchSpace
+    budget_s: float
+    mode: str = "rate"  # "rate" (open loop, req/s) or "concurrency" (closed loop)
+    start_load: float | None = None  # first load probed; None: a saturation step decides
+
+
+@dataclass(frozen=True)
+class TuneView:
+    """What the Tune screen shows: the search's progress and what it found so far."""
+
+    id: str
+    status: str  # "running" | "done" | "budget" | "interrupted" | "failed"
+    mode: str
+    slo_label: str  # "p99 TTFT <= 500 ms, p99 TPOT <= 50 ms"
+    elapsed_s: float
+    budget_s: float
+    starts: int
+    steps: int
+    configs_total: int  # configurations in the space
+    lines: tuple[str, ...]  # the latest progress lines, oldest first
+    rows: tuple[Any, ...]  # engine.tune.ConfigResult, in the order tried
+    best_key: str | None = None
+    best_goodput: float | None = None  # req/s meeting every limit at the best's limit load
+    best_limit: float | None = None  # req/s or concurrency; inf: met with all requests at once
+    best_flags: Any = None  # engine.flags.FlagSet of the winner
+    best_serve_line: str | None = None
+    best_docker_line: str | None = None
+    pareto: tuple[Any, ...] = ()  # engine.tune.ParetoPoint on the frontier
+    state_path: str | None = None
+    resume_command: str = ""  # how to carry on headless: "vtui tune --resume ID"
+    error: str | None = None  # why it failed (status "failed")
+
+
+# Progress lines kept for the Tune screen (the state file has every step).
+TUNE_LINES = 200
+TUNE_FIELDS = ("ttft_ms", "tpot_ms", "e2el_ms", "budget_min", "space", "mode", "start_load")
+
+
+def _fmt_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def space_lines(space: Any) -> str:
+    """A search space as the editable text ``SearchSpace.parse`` reads back, one flag a line."""
+    return "\n".join(f"{name}=" + ",".join(_fmt_value(v) for v in values) for name, values in space.dims)
+
+
+def parse_tune_form(fields: Mapping[str, str], *, schema: Any = None, percentile: float = 99.0) -> TuneRequest:
+    """A :class:`TuneRequest` from the Tune form's text (keys: :data:`TUNE_FIELDS`).
+
+    Raises SessionError naming the field (and the space line) that is wrong; an empty
+    limit is not judged, but one limit at least is needed.
+    """
+    from engine.tune import MODES, SearchSpace, TuneError
+    from loadgen.spec import SLO, SpecError
+
+    def number(key: str, label: str, *, required: bool = False) -> float | None:
+        text = str(fields.get(key, "") or "").strip()
+        if not text:
+            if required:
+                raise SessionError(f"{label}: give a number", "e.g. 10")
+            return None
+        try:
+            value = float(text)
+        except ValueError:
+            raise SessionError(f"{label}: {text!r} is not a number", "digits only, e.g. 500") from None
+        if not value > 0 or value != value or value == float("inf"):
+            raise SessionError(f"{label}: {text!r} must be a positive number", "e.g. 500")
+        return value
+
+    word = f"p{percentile:g}"
+    limits = {k: number(k, f"{word} {k[:-3].upper()} limit (ms)") for k in ("ttft_ms", "tpot_ms", "e2el_ms")}
+    if all(v is None for v in limits.values()):
+        raise SessionError("no SLO limit given", "give a TTFT, TPOT or E2EL limit in ms (e.g. TTFT 500)")
+    try:
+        slo = SLO(percentile=percentile, **limits)
+    except SpecError as exc:
+        raise SessionError(str(exc), "limits are positive numbers of milliseconds") from None
+    budget_min = number("budget_min", "budget (minutes)", required=True)
+    assert budget_min is not None
+    mode = str(fields.get("mode", "rate") or "rate").strip()
+    if mode not in MODES:
+        raise SessionError(f"mode {mode!r}: not one of {', '.join(MODES)}", "rate or concurrency")
+    start_load = number("start_load", "start load")
+    lines = [ln.strip() for ln in str(fields.get("space", "") or "").splitlines()]
+    lines = [ln for ln in lines if ln and not ln.startswith("#")]
+    if not lines:
+        raise SessionError("search space: no flag to search", "one line per flag, e.g. max-num-seqs=64,128,256")
+    try:
+        space = SearchSpace.parse(lines, schema)
+    except TuneError as exc:
+        raise SessionError(f"search space: {exc}",
+                           "one line per flag: NAME=V1,V2,... e.g. max-num-seqs=64,128,256") from None
+    return TuneRequest(slo=slo, space=space, budget_s=budget_min * 60.0, mode=mode, start_load=start_load)
+
+
+def slo_label(slo: Any) -> str:
+    """``p99 TTFT <= 500 ms, p99 TPOT <= 50 ms``."""
+    parts = []
+    for key in ("ttft", "tpot", "e2el"):
+        limit = getattr(slo, f"{key}_ms", None)
+        if limit is not None:
+            parts.append(f"p{slo.percentile:g} {key.upper()} <= {limit:g} ms")
+    return ", ".join(parts)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -230,7 +346,11 @@ class Session:
         schema: Any = None,
         clock: Callable[[], float] = time.time,
         model_flags: Mapping[str, Any] | None = None,
+        tune_measurer: Callable[..., Any] | None = None,
     ) -> None:
+        """``tune_measurer``: builds the flag search's measurer, called like
+        ``engine.tune.ServerMeasurer(workload, slo, mode=, arrivals=, tokenizer=, supervisor=)``
+        (the default); tests pass a stand-in answering from recorded measurements."""
         self._clock = clock
         # Flags that come with the model, kept under every preset's flags (a shipped
         # architecture needs load-format = dummy whatever the scenario).
@@ -282,6 +402,19 @@ class Session:
         self._baseline: int | None = None
         self._history: Any = None
         self._server_died_during_run = False
+        self._sweeping = False
+
+        self._tune_measurer = tune_measurer
+        self._tune_task: asyncio.Task[Any] | None = None
+        self._tune_result: Any = None  # engine.tune.TuneResult, latest
+        self._tune_request: TuneRequest | None = None
+        self._tune_status = ""
+        self._tune_error: str | None = None
+        self._tune_lines: collections.deque[str] = collections.deque(maxlen=TUNE_LINES)
+        self._tune_t0 = 0.0  # monotonic start of this session's part of the search
+        self._tune_elapsed0 = 0.0
+        self._tune_total = 0
+        self._tune_stop_requested = False
         self._revalidate()
 
     # ------------------------------------------------------------------ state access
@@ -309,6 +442,18 @@ class Session:
     @property
     def run_active(self) -> bool:
         return self._run_thread is not None and self._run_thread.is_alive()
+
+    @property
+    def tune_active(self) -> bool:
+        """True while a flag search runs (it owns the server until it ends)."""
+        return self._tune_task is not None and not self._tune_task.done()
+
+    def _refuse_while_tuning(self, what: str) -> None:
+        if self.tune_active:
+            raise SessionError(
+                f"a flag search (tune) is running: cannot {what} now",
+                "stop the tune first (u opens the Tune screen, x there stops it)",
+            )
 
     def changed(self) -> None:
         """Mark the state changed so the next publish sends a new snapshot."""
@@ -503,6 +648,11 @@ class Session:
             self._add_log(event.line)
         elif event.kind == "health" and event.message:
             self._add_log(f"vtui: {event.message}", "warning")
+        elif event.kind == "state" and event.state is not None and event.state.name == "READY" and self.tune_active:
+            # The search restarted the server with the next configuration (same port): the
+            # sampler follows the new process tree, and the flags panel shows what runs.
+            self._running_flags = getattr(self._supervisor, "flags", None)
+            self._start_telemetry()
         elif event.kind == "state" and event.state is not None and event.state.name == "DEAD":
             err = event.error
             self._server_error = (
@@ -519,6 +669,10 @@ class Session:
             self._logs.append(LogLine(self._log_n, self._clock(), text, level or classify_log_line(text)))
 
     def _on_server_dead(self) -> None:
+        if self.tune_active:
+            # The search records the death as that configuration's result and goes on.
+            self._notice = "the server died under a configuration of the tune; the search goes on"
+            return
         if self.run_active:
             self._server_died_during_run = True
             self.stop_workload()
@@ -531,6 +685,7 @@ class Session:
         """
         from engine.errors import StartupError
 
+        self._refuse_while_tuning("start the server")
         if self._flag_errors:
             name, reason = next(iter(self._flag_errors.items()))
             raise SessionError(f"--{name}: {reason}", "fix the flag before starting the server")
@@ -563,6 +718,7 @@ class Session:
 
     async def stop_server(self) -> None:
         """Stop the run (if any) and the server this session started."""
+        self._refuse_while_tuning("stop the server")
         if self.run_active:
             self.stop_workload()
         sup = self._supervisor
@@ -585,8 +741,10 @@ class Session:
     async def apply_flags(self, timeout: float = 600.0) -> Any:
         """Restart the server with the edited flags (see :meth:`flags_diff` first).
 
-        With no server running this is a start.
+        With no server running this is a start. The server keeps its port, so the URL and
+        the telemetry stay (the supervisor's port check tolerates TIME_WAIT sockets).
         """
+        self._refuse_while_tuning("apply flags")
         if self._flag_errors:
             name, reason = next(iter(self._flag_errors.items()))
             raise SessionError(f"--{name}: {reason}", "fix the flag before applying")
@@ -607,10 +765,7 @@ class Session:
         self.changed()
         await self._halt_telemetry()
         try:
-            if self._port is not None:
-                result = await self._supervisor.restart(self._flags, timeout=timeout)
-            else:
-                result = await self._restart_on_new_port(timeout)
+            result = await self._supervisor.restart(self._flags, timeout=timeout)
         except StartupError as exc:
             self._server_error = (
                 str(getattr(exc, "vllm_line", "") or exc),
@@ -628,22 +783,6 @@ class Session:
         self._restart_telemetry()
         return result
 
-    async def _restart_on_new_port(self, timeout: float) -> Any:
-        """Stop, then start a new supervisor on a free port; downtime from stop to ready.
-
-        Supervisor.restart() reuses the port, and its free-port check binds without
-        SO_REUSEADDR, so TIME_WAIT sockets left by the server's own close of keep-alive
-        connections (load generator, health checks) made the restart fail with "port in
-        use" on this machine. A fresh port avoids that; the session follows the new URL.
-        """
-        from engine.supervisor import RestartResult
-
-        t0 = time.monotonic()
-        await self._supervisor.stop()
-        self._supervisor = self._new_supervisor(self._flags)
-        facts = await self._supervisor.start(timeout=timeout)
-        return RestartResult(downtime_s=time.monotonic() - t0, facts=facts)
-
     def _new_supervisor(self, flags: Any) -> Any:
         from engine.supervisor import Supervisor
 
@@ -655,6 +794,7 @@ class Session:
         """Watch and load a server that is already running (not started here)."""
         from engine.attach import attach
 
+        self._refuse_while_tuning("attach to another server")
         if self.server_started_here:
             raise SessionError("a server started here is running", "stop it first (x)")
         self._busy = "attaching"
@@ -835,6 +975,7 @@ class Session:
         """
         from loadgen import LoadRun, ServerError
 
+        self._refuse_while_tuning("start a load run")
         base_url = self._base_url()
         if base_url is None or self._state_name() not in ("READY", "ATTACHED"):
             raise SessionError("no server is ready", "start one (s) or attach to a URL (t)")
@@ -1032,13 +1173,256 @@ class Session:
 
     async def sweep(self, presets: Sequence[Any]) -> list[RunRecord]:
         """Run several presets in a row, restarting only when the flags differ."""
+        self._refuse_while_tuning("start a sweep")
+        if self._sweeping:
+            raise SessionError("a sweep is already going", "wait for it to end")
         records = []
-        for preset in presets:
-            self.load_preset(preset)
-            if self._running_flags is None or _flags_differ(self._flags, self._running_flags):
-                await self.apply_flags()
-            records.append(await self.run_workload())
+        self._sweeping = True
+        try:
+            for preset in presets:
+                self.load_preset(preset)
+                if self._running_flags is None or _flags_differ(self._flags, self._running_flags):
+                    await self.apply_flags()
+                records.append(await self.run_workload())
+        finally:
+            self._sweeping = False
         return records
+
+    # ------------------------------------------------------------------ flag search (tune)
+
+    def tune_form_defaults(self) -> dict[str, str]:
+        """The Tune form's starting text: the session's SLO (else TTFT 500 ms and TPOT
+        50 ms), 30 minutes, the default space, rate mode."""
+        from engine.tune import SearchSpace
+
+        slo = self._slo
+        limits = {k: getattr(slo, k, None) if slo is not None else None for k in ("ttft_ms", "tpot_ms", "e2el_ms")}
+        if all(v is None for v in limits.values()):
+            limits = {"ttft_ms": 500.0, "tpot_ms": 50.0, "e2el_ms": None}
+        out = {k: "" if v is None else f"{v:g}" for k, v in limits.items()}
+        out.update(budget_min="30", space=space_lines(SearchSpace.default()), mode="rate", start_load="")
+        return out
+
+    def tune_percentile(self) -> float:
+        """The percentile the SLO is judged at (the session's SLO's, else 99)."""
+        return float(getattr(self._slo, "percentile", 99.0) or 99.0)
+
+    def _check_can_tune(self) -> None:
+        if self.tune_active:
+            raise SessionError("a tune is already running", "stop it first (x on the Tune screen)")
+        if self.run_active or self._sweeping:
+            raise SessionError("a load run is going: the tune restarts the server", "stop the run first (c)")
+        if self._busy:
+            raise SessionError(f"the server is {self._busy}", "wait for it, then start the tune")
+        if self._attached is not None and self._supervisor is None:
+            raise SessionError(
+                "this server was attached, not started by vtui: a tune restarts the server with each "
+                "configuration, and vtui never restarts a server it did not start",
+                "stop that server yourself and tune here (a server is started for the tune), or run `vtui tune`",
+            )
+        if self._flag_errors:
+            name, reason = next(iter(self._flag_errors.items()))
+            raise SessionError(f"--{name}: {reason}", "fix the flag: every configuration starts from these flags")
+        if self._workload is None:
+            raise SessionError("no workload chosen", "load a preset first")
+
+    async def tune(self, request: TuneRequest, *, settings: Any = None) -> Any:
+        """Search the flags with the most goodput under ``request.slo`` on this session's
+        server and workload (engine.tune.Tuner); returns the ``TuneResult``.
+
+        The edited flags are the base every configuration starts from. The server is the
+        one started here (one is made when there is none; an attached server is refused):
+        the search restarts it with each configuration's flags and leaves it running with
+        the last one tried. The winner goes into the editor only with
+        :meth:`load_tuned_flags`, and the server runs it only after an apply. Progress is in
+        the snapshot's ``tune``; the state is saved in the history after every step (resumable headless
+        with ``vtui tune --resume ID``). :meth:`stop_tune` ends it as "interrupted".
+        ``settings``: an ``engine.tune.TuneSettings`` for the knobs the form does not have
+        (requests per step, timeouts); the request's mode, budget and start load win.
+        """
+        import dataclasses as dc
+
+        from engine.tune import HistoryStore, ServerMeasurer, TuneError, Tuner, TuneSettings
+
+        self._check_can_tune()
+        try:
+            settings = dc.replace(settings or TuneSettings(), mode=request.mode, budget_s=request.budget_s,
+                                  start_load=request.start_load)
+        except TuneError as exc:
+            raise SessionError(str(exc), "check the Tune form") from None
+        base = self._flags
+        if self._supervisor is None:
+            # The search needs a server of its own to restart; it starts with the first config.
+            self._attached = None
+            self._supervisor = self._new_supervisor(base)
+        tokenizer = base.model if Path(str(base.model)).is_dir() else None
+        factory = self._tune_measurer or ServerMeasurer
+        measurer = factory(self._workload, request.slo, mode=settings.mode, arrivals=self._arrivals,
+                           tokenizer=tokenizer, supervisor=self._supervisor)
+        try:
+            tuner = Tuner(
+                measurer, base_flags=base, space=request.space, slo=request.slo, settings=settings,
+                workload={"workload": self._workload.to_dict(),
+                          "arrivals": self._arrivals.to_dict() if self._arrivals is not None else {}},
+                max_request_len=self._max_request_len(), schema=self._schema(), say=self._tune_say,
+                on_update=self._tune_update,
+                # Saved in the run history after every start and step, where
+                # `vtui tune --list/--resume` look (as the CLI saves it).
+                store=HistoryStore())
+        except TuneError as exc:
+            raise SessionError(str(exc), "check the Tune form") from None
+        self._tune_request = request
+        self._tune_lines.clear()
+        self._tune_status = "running"
+        self._tune_error = None
+        self._tune_stop_requested = False
+        self._tune_total = len(request.space.configs())
+        self._tune_elapsed0 = tuner.state.elapsed_s
+        self._tune_t0 = time.monotonic()
+        self._tune_result = tuner.result()
+        self._tune_say(f"tune {tuner.state.id}: {self._tune_total} configurations, budget "
+                       f"{settings.budget_s / 60:.1f} min, {slo_label(request.slo)}")
+        self._notice = f"tuning ({tuner.state.id})"
+        task = asyncio.ensure_future(tuner.run())
+        self._tune_task = task
+        self.changed()
+        try:
+            result = await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            self._tune_status = "interrupted"
+            self._tune_result = tuner.result()
+            if not self._tune_stop_requested or (current is not None and current.cancelling()):
+                raise  # the caller was cancelled (the app is closing): pass it on
+            result = self._tune_result
+        except Exception as exc:  # noqa: BLE001 - shown on the Tune screen, the state file keeps the steps
+            self._tune_status = "failed"
+            self._tune_error = f"{type(exc).__name__}: {exc}"
+            self._tune_result = tuner.result()
+            self._notice = f"tune failed: {exc}"
+            raise SessionError(f"the tune failed: {exc}", f"what it measured is saved: vtui tune --resume "
+                                                           f"{tuner.state.id}") from exc
+        finally:
+            self._tune_task = None
+            self._after_tune()
+        self._tune_result = result
+        self._tune_status = result.status
+        self._notice = self._tune_notice(result)
+        self.changed()
+        return result
+
+    def _after_tune(self) -> None:
+        """The server runs the last configuration tried (or nothing): say so in the view."""
+        sup = self._supervisor
+        ready = sup is not None and self._state_name() == "READY"
+        self._running_flags = getattr(sup, "flags", None) if ready else None
+        self._tune_elapsed0 += time.monotonic() - self._tune_t0
+        self._tune_t0 = 0.0
+        self.changed()
+
+    def _tune_notice(self, result: Any) -> str:
+        if result.best is None:
+            return f"tune {result.id}: {result.status}; no configuration met the SLO"
+        return (f"tune {result.id}: {result.status}; best {result.best.key} "
+                f"({result.best.goodput or 0:.3g} req/s); l on the Tune screen loads it into the editor")
+
+    def _tune_say(self, line: str) -> None:
+        self._tune_lines.append(line)
+        self.changed()
+
+    def _tune_update(self, result: Any) -> None:
+        self._tune_result = result
+        self.changed()
+
+    def stop_tune(self) -> bool:
+        """Cancel the running search; it is saved as "interrupted" (resumable). False when
+        none runs."""
+        task = self._tune_task
+        if task is None or task.done():
+            return False
+        self._tune_stop_requested = True
+        task.cancel()
+        self._notice = "stopping the tune"
+        self.changed()
+        return True
+
+    def load_tuned_flags(self) -> list[tuple[str, Any, Any]]:
+        """Put the search's winning values into the flag editor (the rest of the edits stay);
+        nothing restarts until apply. Returns (flag, old, new) for what changed."""
+        from engine.flags import FlagError
+
+        if self.tune_active:
+            raise SessionError("the tune is still running", "wait for it to end, or stop it (x)")
+        result = self._tune_result
+        best = getattr(result, "best", None)
+        if best is None:
+            raise SessionError("no tuned flags to load", "run a tune that finds a configuration meeting the SLO")
+        old = self._flags
+        flags = old
+        try:
+            for name, value in best.values.items():
+                flags = flags.set(name, value)
+        except FlagError as exc:
+            raise SessionError(str(exc), "set the flag by hand in the editor") from None
+        self.changed()
+        self._flags = flags
+        self._flag_text_errors.clear()
+        self._revalidate()
+        changes = [(str(n), old.get(n), flags.get(n)) for n in best.values if old.get(n) != flags.get(n)]
+        self._notice = f"loaded the tuned flags ({best.key}) into the editor: a applies (restarts the server)"
+        return changes
+
+    def export_tune(self, kind: str) -> str:
+        """An export of the search's winner: "docker", "serve", or "results" (the whole
+        result as JSON: every configuration, the Pareto points)."""
+        result = self._tune_result
+        if result is None:
+            raise SessionError("no tune yet", "start one on the Tune screen (u)")
+        if kind == "results":
+            return json.dumps(result.to_json(), indent=2, default=str)
+        if kind not in ("docker", "serve"):
+            raise SessionError(f"a tune has no {kind} export", "docker, serve or results")
+        if result.best_flags is None:
+            raise SessionError("no configuration met the SLO: nothing to export", "loosen the SLO or the space")
+        return str(result.best_flags.to_docker_line() if kind == "docker" else result.best_flags.to_serve_line())
+
+    def save_tune_export(self, kind: str, path: Path | None = None) -> Path:
+        """Write :meth:`export_tune` to ``path`` (default: the data folder's exports)."""
+        return self._write_export(f"tune-{kind}", kind, self.export_tune(kind), path)
+
+    def _tune_view(self) -> TuneView | None:
+        result = self._tune_result
+        if result is None:
+            return None
+        request = self._tune_request
+        running = self.tune_active
+        elapsed = self._tune_elapsed0 + (time.monotonic() - self._tune_t0 if running and self._tune_t0 else 0.0)
+        best = result.best
+        flags = result.best_flags
+        status = "running" if running else (self._tune_status or result.status)
+        return TuneView(
+            id=result.id,
+            status=status,
+            mode=result.mode,
+            slo_label=slo_label(request.slo) if request is not None else "",
+            elapsed_s=elapsed if running else max(elapsed, float(result.elapsed_s)),
+            budget_s=float(result.budget_s),
+            starts=int(result.starts),
+            steps=int(result.steps),
+            configs_total=self._tune_total,
+            lines=tuple(self._tune_lines),
+            rows=tuple(result.configs),
+            best_key=best.key if best is not None else None,
+            best_goodput=best.goodput if best is not None else None,
+            best_limit=best.limit_load if best is not None else None,
+            best_flags=flags,
+            best_serve_line=str(flags.to_serve_line()) if flags is not None else None,
+            best_docker_line=str(flags.to_docker_line()) if flags is not None else None,
+            pareto=tuple(p for p in result.pareto if p.frontier),
+            state_path=str(result.state_path) if result.state_path else None,
+            resume_command=f"vtui tune --resume {result.id}",
+            error=self._tune_error,
+        )
 
     # ------------------------------------------------------------------ history
 
@@ -1111,21 +1495,27 @@ class Session:
 
     def save_export(self, kind: str, path: Path | None = None) -> Path:
         """Write an export to ``path`` (default: the data folder) and return the path."""
-        text = self.export(kind)
+        return self._write_export(kind, kind, self.export(kind), path)
+
+    def _write_export(self, name: str, kind: str, text: str, path: Path | None) -> Path:
         if path is None:
             suffix = {"docker": "sh", "serve": "sh", "results": "json", "perfetto": "trace.json"}[kind]
             stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self._clock()))
-            path = paths.data_dir() / "exports" / f"{kind}-{stamp}.{suffix}"
+            path = paths.data_dir() / "exports" / f"{name}-{stamp}.{suffix}"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text + ("\n" if not text.endswith("\n") else ""))
-        self._notice = f"saved {kind} to {path}"
+        self._notice = f"saved {name} to {path}"
         self.changed()
         return path
 
     # ------------------------------------------------------------------ shutdown
 
     async def close(self, *, stop_server: bool = True) -> None:
-        """Stop the run, the sampler and (unless told to leave it) the server started here."""
+        """Stop the tune and the run, the sampler and (unless told to leave it) the server started here."""
+        task = self._tune_task
+        if task is not None and self.stop_tune():
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(asyncio.shield(task), 60)
         if self.run_active:
             self.stop_workload()
             thread = self._run_thread
@@ -1283,7 +1673,8 @@ class Session:
             baseline=self._baseline,
             comparison=self.comparison(),
             notice=self._notice,
-            busy=self._busy,
+            busy="tuning" if self.tune_active and not self._busy else self._busy,
+            tune=self._tune_view(),
         )
 
 
