@@ -43,6 +43,14 @@ class SessionError(Exception):
         self.hint = hint
 
 
+class TuneFormError(SessionError):
+    """A Tune form field that does not read; ``field`` is its key in :data:`TUNE_FIELDS`."""
+
+    def __init__(self, field: str, message: str, hint: str = "") -> None:
+        super().__init__(message, hint)
+        self.field = field
+
+
 # --------------------------------------------------------------------------- snapshot
 
 
@@ -203,7 +211,7 @@ class TuneView:
     best_limit: float | None = None  # req/s or concurrency; inf: met with all requests at once
     best_flags: Any = None  # engine.flags.FlagSet of the winner
     best_serve_line: str | None = None
-    best_docker_line: str | None = None
+    best_docker_line: str | None = None  # on one line (the export has the multi-line form)
     pareto: tuple[Any, ...] = ()  # engine.tune.ParetoPoint on the frontier
     state_path: str | None = None
     resume_command: str = ""  # how to carry on headless: "vtui tune --resume ID"
@@ -231,7 +239,7 @@ def space_lines(space: Any) -> str:
 def parse_tune_form(fields: Mapping[str, str], *, schema: Any = None, percentile: float = 99.0) -> TuneRequest:
     """A :class:`TuneRequest` from the Tune form's text (keys: :data:`TUNE_FIELDS`).
 
-    Raises SessionError naming the field (and the space line) that is wrong; an empty
+    Raises TuneFormError naming the field (and the space line) that is wrong; an empty
     limit is not judged, but one limit at least is needed.
     """
     from engine.tune import MODES, SearchSpace, TuneError
@@ -241,40 +249,52 @@ def parse_tune_form(fields: Mapping[str, str], *, schema: Any = None, percentile
         text = str(fields.get(key, "") or "").strip()
         if not text:
             if required:
-                raise SessionError(f"{label}: give a number", "e.g. 10")
+                raise TuneFormError(key, f"{label}: give a number", "e.g. 10")
             return None
         try:
             value = float(text)
         except ValueError:
-            raise SessionError(f"{label}: {text!r} is not a number", "digits only, e.g. 500") from None
+            raise TuneFormError(key, f"{label}: {text!r} is not a number", "digits only, e.g. 500") from None
         if not value > 0 or value != value or value == float("inf"):
-            raise SessionError(f"{label}: {text!r} must be a positive number", "e.g. 500")
+            raise TuneFormError(key, f"{label}: {text!r} must be a positive number", "e.g. 500")
         return value
 
     word = f"p{percentile:g}"
     limits = {k: number(k, f"{word} {k[:-3].upper()} limit (ms)") for k in ("ttft_ms", "tpot_ms", "e2el_ms")}
     if all(v is None for v in limits.values()):
-        raise SessionError("no SLO limit given", "give a TTFT, TPOT or E2EL limit in ms (e.g. TTFT 500)")
+        raise TuneFormError("ttft_ms", "no SLO limit given", "give a TTFT, TPOT or E2EL limit in ms (e.g. TTFT 500)")
     try:
         slo = SLO(percentile=percentile, **limits)
     except SpecError as exc:
-        raise SessionError(str(exc), "limits are positive numbers of milliseconds") from None
+        raise TuneFormError("ttft_ms", str(exc), "limits are positive numbers of milliseconds") from None
     budget_min = number("budget_min", "budget (minutes)", required=True)
     assert budget_min is not None
     mode = str(fields.get("mode", "rate") or "rate").strip()
     if mode not in MODES:
-        raise SessionError(f"mode {mode!r}: not one of {', '.join(MODES)}", "rate or concurrency")
+        raise TuneFormError("mode", f"mode {mode!r}: not one of {', '.join(MODES)}", "rate or concurrency")
     start_load = number("start_load", "start load")
     lines = [ln.strip() for ln in str(fields.get("space", "") or "").splitlines()]
     lines = [ln for ln in lines if ln and not ln.startswith("#")]
     if not lines:
-        raise SessionError("search space: no flag to search", "one line per flag, e.g. max-num-seqs=64,128,256")
+        raise TuneFormError("space", "search space: no flag to search", "one line per flag, e.g. max-num-seqs=64,128,256")
     try:
         space = SearchSpace.parse(lines, schema)
     except TuneError as exc:
-        raise SessionError(f"search space: {exc}",
+        raise TuneFormError("space", f"search space: {exc}",
                            "one line per flag: NAME=V1,V2,... e.g. max-num-seqs=64,128,256") from None
     return TuneRequest(slo=slo, space=space, budget_s=budget_min * 60.0, mode=mode, start_load=start_load)
+
+
+def _frontier(points: Sequence[Any]) -> tuple[Any, ...]:
+    """The Pareto points on the frontier, once each (a limit measured twice gives twins)."""
+    seen: set[tuple[str, float, float, float]] = set()
+    out = []
+    for p in points:
+        twin = (p.key, p.load, round(p.tokens_per_user, 6), round(p.tokens_per_gpu, 6))
+        if p.frontier and twin not in seen:
+            seen.add(twin)
+            out.append(p)
+    return tuple(out)
 
 
 def slo_label(slo: Any) -> str:
@@ -1417,8 +1437,8 @@ class Session:
             best_limit=best.limit_load if best is not None else None,
             best_flags=flags,
             best_serve_line=str(flags.to_serve_line()) if flags is not None else None,
-            best_docker_line=str(flags.to_docker_line()) if flags is not None else None,
-            pareto=tuple(p for p in result.pareto if p.frontier),
+            best_docker_line=str(flags.to_docker_line(multiline=False)) if flags is not None else None,
+            pareto=_frontier(result.pareto),
             state_path=str(result.state_path) if result.state_path else None,
             resume_command=f"vtui tune --resume {result.id}",
             error=self._tune_error,

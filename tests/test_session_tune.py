@@ -192,10 +192,11 @@ async def test_view_follows_the_run_and_the_best_is_found() -> None:
     assert view.best_key == BEST and view.best_goodput == result.best.goodput
     assert view.best_limit is not None and math.isclose(view.best_limit, result.best.limit_load or 0)
     assert view.best_serve_line == result.best_flags.to_serve_line()
-    assert view.best_docker_line == result.best_flags.to_docker_line()
+    assert view.best_docker_line == result.best_flags.to_docker_line(multiline=False)
     assert "--max-num-seqs 128" in view.best_serve_line and "--max-num-batched-tokens 2048" in view.best_serve_line
     assert {r.key for r in view.rows} == set(LIMITS)
     assert view.pareto and all(p.frontier for p in view.pareto)
+    assert len({(p.key, p.load) for p in view.pareto}) == len(view.pareto) < len(result.pareto)
     assert load_state(result.id).status == "done"  # saved in the history, as `vtui tune` saves it
     assert m.closed and session.snapshot().busy is None
     assert "l on the Tune screen loads it" in (session.snapshot().notice or "")

@@ -30,6 +30,7 @@ from tui.widgets.presets import PresetList
 from tui.widgets.runs import RunsPanel
 from tui.widgets.server import ServerPanel
 from tui.widgets.status import StatusBar
+from tui.widgets.tune import TuneScreen
 
 # At this width and above the flags sit beside the live view; below, every panel is a tab.
 WIDE_COLUMNS = 110
@@ -129,6 +130,8 @@ class VtuiApp(App[int]):
         Binding("q", "quit", "Quit"),
         # After Quit: at 80 columns the footer is full and Quit must stay visible.
         Binding("v", "advise", "Advise"),
+        # Hidden in the footer (full at 80 columns); in the command palette and the README.
+        Binding("u", "tune", "Tune", show=False),
         Binding("p", "save_preset", "Save preset", show=False),
         Binding("b", "baseline", "Baseline", show=False),
         Binding("w", "sweep", "Sweep", show=False),
@@ -159,6 +162,7 @@ class VtuiApp(App[int]):
         self.cursor_blink = cursor_blink
         self.last_snapshot: SessionSnapshot | None = None
         self.exit_code = 0
+        self.tune_screen: TuneScreen | None = None  # made on the first u, kept (the form stays as typed)
 
     # ------------------------------------------------------------------ wiring
 
@@ -179,6 +183,8 @@ class VtuiApp(App[int]):
     def show_snapshot(self, snap: SessionSnapshot) -> None:
         """Render a snapshot now (tests inject fixed ones through this)."""
         self.last_snapshot = snap
+        if self.tune_screen is not None and self.tune_screen.is_mounted:
+            self.tune_screen.view = snap.tune
         if isinstance(self.screen, MainScreen):
             self.screen.render_snapshot(snap)
         else:
@@ -409,6 +415,66 @@ class VtuiApp(App[int]):
         if others:
             self.notify("change in the workload yourself: " + ", ".join(others))
 
+    # Main-screen actions hidden from the Tune screen's footer (still refused by the
+    # session while a tune runs; hidden so the footer shows the screen's own keys).
+    _MAIN_ACTIONS = frozenset({"start_server", "stop_server", "apply", "run", "stop_run", "export", "advise",
+                               "save_preset", "baseline", "sweep", "attach", "show", "tune"})
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        on_tune = self.tune_screen is not None and self.screen is self.tune_screen
+        return not (on_tune and action in self._MAIN_ACTIONS)
+
+    def action_tune(self) -> None:
+        """The Tune screen (one instance: what was typed stays when it is left and reopened)."""
+        if self.tune_screen is None:
+            self.tune_screen = TuneScreen(self.session.tune_form_defaults(), schema=self.schema,
+                                          percentile=self.session.tune_percentile(), cursor_blink=self.cursor_blink)
+            self.install_screen(self.tune_screen, name="tune")
+        if self.screen is self.tune_screen:
+            return
+        self.push_screen("tune")
+        self.call_after_refresh(self.rerender)
+
+    @on(TuneScreen.StartRequested)
+    def _tune_requested(self, event: TuneScreen.StartRequested) -> None:
+        self._tune(event.request)
+
+    @work(exclusive=True, group="tune", exit_on_error=False)
+    async def _tune(self, request: Any) -> None:
+        try:
+            result = await self.session.tune(request)
+        except SessionError as exc:
+            if self.tune_screen is not None:
+                self.tune_screen.show_error(str(exc), exc.hint)
+            self._error(exc)
+            return
+        self.refresh_now()
+        if result.best is not None:
+            self.notify(f"tune {result.status}: best {result.best.key}; l loads it into the editor")
+        else:
+            self.notify(f"tune {result.status}: no configuration met the SLO", severity="warning")
+
+    @on(TuneScreen.StopRequested)
+    def _tune_stop(self) -> None:
+        if self.session.stop_tune():
+            self.notify("stopping the tune: it is saved as interrupted")
+        self.refresh_now()
+
+    @on(TuneScreen.LoadRequested)
+    def _tune_load(self) -> None:
+        try:
+            changes = self.session.load_tuned_flags()
+        except SessionError as exc:
+            self._error(exc)
+            return
+        self.refresh_now()
+        what = ", ".join(f"--{name} {new}" for name, _, new in changes) or "nothing changed"
+        self.notify(f"loaded into the editor: {what}. a applies (restarts the server)")
+
+    @on(TuneScreen.ExportRequested)
+    def _tune_export(self) -> None:
+        self.push_screen(ExportScreen(self.session.export_tune, lambda kind: str(self.session.save_tune_export(kind))))
+
     async def action_quit(self) -> None:
         snap = self.session.snapshot()
         if self.session.server_started_here:
@@ -458,21 +524,20 @@ def _safe_presets(session: Session) -> list[Any]:
 
 def build_session(args: argparse.Namespace | None = None) -> Session:
     """The session ``vtui`` opens with: the tiny model and the online-chat preset on a
-    CPU box, or what the arguments say."""
+    CPU box, or what the arguments say (``--model`` read by engine.tinymodel.resolve_model).
+
+    Raises ``engine.tinymodel.ModelError`` for a ``--model`` that names no usable model.
+    """
     from engine.flags import FlagSet
     from engine.telemetry.nvml import NvmlReader
-    from engine.tinymodel import ensure_dummy_model, ensure_tiny_model, shipped_config_names
+    from engine.tinymodel import resolve_model
 
-    model = getattr(args, "model", None)
-    tiny = model is None
-    model_flags: dict[str, object] = {}
-    if model is None:
-        model = str(ensure_tiny_model())
-    elif model in shipped_config_names():
-        model = str(ensure_dummy_model(model))
-        model_flags["load-format"] = "dummy"
+    resolved = resolve_model(getattr(args, "model", None))
+    # load-format dummy for a shipped architecture. The tiny model's memory defaults are not
+    # added: each preset's [tiny] table says what the tiny model runs with (as in vtui sweep).
+    model_flags: dict[str, object] = dict(resolved.flags)
     no_gpu = NvmlReader().status() is not None
-    session = Session(FlagSet(model=str(model), values=model_flags), tiny=tiny and no_gpu,
+    session = Session(FlagSet(model=resolved.path, values=model_flags), tiny=resolved.tiny and no_gpu,
                       model_flags=model_flags)
     preset = getattr(args, "preset", None) or "online-chat"
     try:
@@ -488,7 +553,15 @@ def run_app(args: argparse.Namespace) -> int:
 
     # The first run builds the tiny model and reads the installed vLLM's flags (~30 s).
     print("vtui: preparing the model and vLLM's flag schema…", file=sys.stderr, flush=True)
-    session = build_session(args)
+    from engine.tinymodel import ModelError
+
+    try:
+        session = build_session(args)
+    except ModelError as exc:
+        from tui.cli import print_error
+
+        print_error(str(exc), exc.hint)
+        return 2
     url = getattr(args, "url", None)
     app = VtuiApp(session)
     if url:
