@@ -44,6 +44,7 @@ async def test_start_run_edit_apply_run_compare_quit(tiny_model: Path) -> None:
         assert snap.server.state == "READY", snap.server.error_line
         supervisor = session.supervisor
         pid = supervisor.pid
+        url = supervisor.base_url
 
         await pilot.press("r")
         await pilot.pause()
@@ -74,8 +75,9 @@ async def test_start_run_edit_apply_run_compare_quit(tiny_model: Path) -> None:
         await wait_group(app, "server")
         snap = session.snapshot()
         assert snap.server.state == "READY", snap.server.error_line
-        assert supervisor.state.name == "STOPPED" and not psutil.pid_exists(pid)
-        supervisor = session.supervisor  # restarted on a fresh port (see Session.apply_flags)
+        # restarted in place: the same supervisor and port (telemetry and the URL stay), a new process
+        assert session.supervisor is supervisor and not psutil.pid_exists(pid) and supervisor.pid != pid
+        assert supervisor.base_url == url
         assert supervisor.flags.to_argv() == expected_argv  # exactly the edited flags
         assert supervisor.command[supervisor.command.index("--max-num-seqs") + 1] == "64"
         assert snap.server.restart_downtime_s and snap.server.restart_downtime_s > 0
