@@ -1108,7 +1108,7 @@ class Tuner:
                 return dataclasses.replace(
                     finish(DONE, "meets the SLO with all requests at once: limit = its throughput"),
                     limit_load=m.request_throughput)
-            if m.request_throughput > 0:
+            if m.request_throughput > 0 and not m.stopped_early:
                 ceiling = m.request_throughput
         # 3. Bracket, then bisect. Each pass halves the bracket or grows the load by
         # `growth`, so 64 passes are far more than any real search; the cap only makes a
@@ -1131,12 +1131,13 @@ class Tuner:
                 if lo >= s.max_load * (1 - s.tolerance):
                     return finish(DONE)
                 if ceiling is not None and lo < ceiling * (1 - s.tolerance):
-                    load = (lo + ceiling) / 2
+                    load = ceiling  # the estimate itself: a miss there bounds the bracket
                 elif ceiling is not None:
                     # Met up to the burst's throughput: that estimates the capacity, it does
                     # not bound it (a short step at a steady rate can do better), so look a
-                    # little past it rather than stop.
+                    # little past it; past that, the estimate is spent: grow as usual.
                     load = min(lo * (1 + 4 * s.tolerance), s.max_load)
+                    ceiling = None
                 else:
                     load = min(lo * s.growth, s.max_load)
             else:
@@ -1341,7 +1342,9 @@ class ServerMeasurer:
         def on_request(r: Any) -> None:
             if r.ok and not r.cancelled and r.e2el_s > 0:
                 fastest[:] = [min([r.e2el_s, *fastest])]
-            if r.cancelled or not self.early_stop or stop.reason:
+            # A step at 'inf' is the capacity probe: it runs to the end, or its throughput
+            # (requests done / time so far) says nothing (an H200 run stopped one at 14 of 100).
+            if r.cancelled or not self.early_stop or stop.reason or math.isinf(load):
                 return
             if stop.add(r.ok, r.ttft_s, r.tpot_s, r.e2el_s, r.output_tokens):
                 lr.cancel()

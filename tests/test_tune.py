@@ -69,11 +69,13 @@ class TableMeasurer:
 
     def __init__(self, space: SearchSpace, table: dict[str, Any], clock: FakeClock, *,
                  start_s: float = 60.0, step_s: float = 20.0, capacity: float = 1.3,
-                 interrupt_after: int | None = None, e2el_min_ms: float | None = None) -> None:
+                 interrupt_after: int | None = None, e2el_min_ms: float | None = None,
+                 burst_stopped_early: bool = False) -> None:
         self.space, self.table, self.clock = space, table, clock
         self.start_s, self.step_s, self.capacity = start_s, step_s, capacity
         self.interrupt_after = interrupt_after
         self.e2el_min_ms = e2el_min_ms
+        self.burst_stopped_early = burst_stopped_early
         self.starts: list[str] = []
         self.steps: list[tuple[str, float]] = []
         self.key = ""
@@ -106,6 +108,10 @@ class TableMeasurer:
         # capacity < 1: the burst's throughput underestimates what a steady rate can meet
         ok = (self.capacity >= 1 and limit >= cap) if math.isinf(load) else load <= limit
         good = thr * (0.99 if ok else 0.5)
+        if math.isinf(load) and self.burst_stopped_early and not ok:
+            # a measurer that stopped its capacity probe early: 14 of 100 done, a meaningless rate
+            return Measurement(load, False, "p99 TTFT over 500 ms for sure", requests=requests, completed=14,
+                               request_throughput=thr * 0.1, stopped_early=True)
         return Measurement(load, ok, "" if ok else f"p99 TTFT {900:.0f} ms > 500 ms", requests=requests,
                            completed=requests, goodput=good, request_throughput=thr,
                            output_throughput=thr * 64, tokens_per_user=6400 / (10 + 10 * thr / cap),
@@ -127,7 +133,8 @@ def make_tuner(space: SearchSpace, table: dict[str, Any], *, budget_s: float = 1
                **kw: Any) -> tuple[Tuner, TableMeasurer]:
     clock = clock or FakeClock()
     m = TableMeasurer(space, table, clock, **{k: kw.pop(k) for k in list(kw) if k in
-                                             ("start_s", "step_s", "capacity", "interrupt_after", "e2el_min_ms")})
+                                             ("start_s", "step_s", "capacity", "interrupt_after", "e2el_min_ms",
+                                              "burst_stopped_early")})
     settings = TuneSettings(budget_s=budget_s, step=StepRule(min_requests=50), **kw)
     t = Tuner(m, base_flags=BASE, space=space, slo=SLO_TTFT, settings=settings, schema=SCHEMA, clock=clock,
               state_file=state_file, state=state, store=store, max_request_len=192)
@@ -194,6 +201,20 @@ async def test_a_burst_throughput_below_the_true_limit_does_not_cap_the_search()
     assert m.steps[0][1] == math.inf and c.status == DONE and c.limit_load is not None
     assert 20.0 * 0.95 <= c.limit_load <= 20.0
     assert any(ld > 16.0 for _, ld in m.steps if math.isfinite(ld))
+
+
+@pytest.mark.parametrize(("capacity", "stopped", "max_steps"), [
+    (0.8, False, 12),  # the burst says 16 for a true 20: one look past it, then the usual bracket
+    (0.3, False, 12),  # the burst says 6: past it the search grows x2, it does not creep by 20 %
+    (1.3, True, 12),  # a probe stopped early (14 of 100 done): its rate is no ceiling at all
+])
+async def test_a_poor_capacity_estimate_costs_few_steps(capacity: float, stopped: bool, max_steps: int) -> None:
+    space = space_of(max_num_seqs=(64,))
+    tuner, m = make_tuner(space, {keys(space)[0]: 20.0}, capacity=capacity, burst_stopped_early=stopped)
+    res = await tuner.run()
+    c = res.configs[0]
+    assert c.status == DONE and c.limit_load is not None and 20.0 * 0.95 <= c.limit_load <= 20.0
+    assert len(m.steps) <= max_steps, m.steps
 
 
 # ---------------------------------------------------------------------------- order, pruning
@@ -724,3 +745,21 @@ async def test_measurer_warms_up_with_a_burst_after_every_start_only() -> None:
         assert len(stand_ins) == 1 and stand_ins[0].starts == 2
         await m.close()
         assert stand_ins[0].state.name == "STOPPED"
+
+
+async def test_capacity_probe_runs_to_the_end_while_rate_steps_stop_early() -> None:
+    from engine.tune import ServerMeasurer
+    from loadgen.spec import WorkloadSpec
+    from loadgen.testserver import ServerConfig, serve_in_processes
+
+    # every request misses a 1 ms TTFT limit (the server waits 20 ms before the first chunk)
+    with serve_in_processes(ServerConfig(first_delay_s=0.02)) as srv:
+        m = ServerMeasurer(WorkloadSpec(input_len=8, output_len=4), SLO(ttft_ms=1.0),
+                           supervisor_factory=lambda f: ReadyStandIn(f, srv.url), warmup_burst=0)
+        assert (await m.start(BASE, timeout=60)).ok
+        probe = await m.measure(math.inf, requests=30, timeout=60, warmup=0)
+        assert not probe.ok and not probe.stopped_early and probe.completed == 30
+        assert probe.request_throughput > 0
+        step = await m.measure(10.0, requests=60, timeout=60, warmup=0)
+        assert not step.ok and step.stopped_early and step.completed < 60
+        await m.close()
