@@ -18,14 +18,23 @@ down 1 req/s at a time from the saturated throughput):
   chunked prefill on, else the middle of each list); the rest are tried nearest to the
   best so far first (ordinal distance in the space), so the budget goes to the likely
   region when it cannot cover the grid.
+- Lines through the best come first (configurations one flag away from it, any value of
+  that flag). Once all of them lost to it, the configurations off those lines are skipped:
+  exact when each flag's effect does not depend on the others, a guess when they interact
+  (``TuneSettings.exhaustive`` measures them too; the table says which were skipped).
 - Per configuration, the highest load meeting the SLO is found by bracketing (multiply by
   ``growth`` until violated) and bisection until the bracket is within ``tolerance``.
-  The very first configuration starts from a saturation probe (all requests at once:
-  capacity is an upper bound on any SLO-meeting rate).
+  The very first configuration starts from a capacity probe (all requests at once, run to
+  the end): its throughput is where the bracket aims first, an estimate, not a bound.
 - Every later configuration is first probed at the best-so-far limit load: if it violates
-  the SLO there it cannot beat the best, and is dropped after that one step. One whose
+  the SLO there twice it cannot beat the best, and is dropped after those two steps (one
+  slow burst on a shared box must not drop a config that could win). One whose
   ``max-num-seqs`` cannot carry the best's goodput at all (Little's law with the fastest
   E2EL seen) is dropped without even a start.
+- A would-be best has its limit measured a second time before it prunes others; the lower
+  goodput counts, one step lower is tried if it misses, and a config whose limit does not
+  hold either way is marked unstable (the best of nine single samples is luck, not a limit).
+- After every start, one unmeasured burst warms the server up (first-seen batch shapes).
 - A step that is certain to violate stops early (enough requests already over a limit
   that the percentile cannot come back under it), so overloaded steps cost seconds.
 - The server restarts only when the flags change; measurements are cached per
