@@ -128,10 +128,10 @@ class VtuiApp(App[int]):
         Binding("c", "stop_run", "Cancel run"),
         Binding("e", "export", "Export"),
         Binding("q", "quit", "Quit"),
-        # After Quit: at 80 columns the footer is full and Quit must stay visible.
+        # After Quit: at 80 columns the footer is full and Quit must stay visible; these
+        # two show on wider terminals (and are always in the command palette).
         Binding("v", "advise", "Advise"),
-        # Hidden in the footer (full at 80 columns); in the command palette and the README.
-        Binding("u", "tune", "Tune", show=False),
+        Binding("u", "tune", "Tune"),
         Binding("p", "save_preset", "Save preset", show=False),
         Binding("b", "baseline", "Baseline", show=False),
         Binding("w", "sweep", "Sweep", show=False),
