@@ -220,7 +220,8 @@ class TuneView:
 
 # Progress lines kept for the Tune screen (the state file has every step).
 TUNE_LINES = 200
-TUNE_FIELDS = ("ttft_ms", "tpot_ms", "e2el_ms", "budget_min", "space", "mode", "start_load")
+TUNE_FIELDS = ("percentile", "ttft_ms", "tpot_ms", "e2el_ms", "budget_min", "space", "mode", "start_load")
+TUNE_PERCENTILES = (99.0, 90.0)  # as `vtui tune --slo-METRIC-p99-ms / -p90-ms`
 
 
 def _fmt_value(value: Any) -> str:
@@ -240,10 +241,21 @@ def parse_tune_form(fields: Mapping[str, str], *, schema: Any = None, percentile
     """A :class:`TuneRequest` from the Tune form's text (keys: :data:`TUNE_FIELDS`).
 
     Raises TuneFormError naming the field (and the space line) that is wrong; an empty
-    limit is not judged, but one limit at least is needed.
+    limit is not judged, but one limit at least is needed. ``percentile``: used when the
+    form has no ``percentile`` field ("99" or "90", "p" optional).
     """
     from engine.tune import MODES, SearchSpace, TuneError
     from loadgen.spec import SLO, SpecError
+
+    ptext = str(fields.get("percentile", "") or "").strip().lower().removeprefix("p")
+    if ptext:
+        try:
+            percentile = float(ptext)
+        except ValueError:
+            percentile = -1.0
+        if percentile not in TUNE_PERCENTILES:
+            raise TuneFormError("percentile", f"SLO percentile {fields.get('percentile')!r}: use p99 or p90",
+                                "the limits are judged at one percentile")
 
     def number(key: str, label: str, *, required: bool = False) -> float | None:
         text = str(fields.get(key, "") or "").strip()
@@ -1220,7 +1232,8 @@ class Session:
         if all(v is None for v in limits.values()):
             limits = {"ttft_ms": 500.0, "tpot_ms": 50.0, "e2el_ms": None}
         out = {k: "" if v is None else f"{v:g}" for k, v in limits.items()}
-        out.update(budget_min="30", space=space_lines(SearchSpace.default()), mode="rate", start_load="")
+        out.update(budget_min="30", space=space_lines(SearchSpace.default()), mode="rate", start_load="",
+                   percentile=f"{self.tune_percentile():g}")
         return out
 
     def tune_percentile(self) -> float:

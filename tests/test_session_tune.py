@@ -134,6 +134,8 @@ def request(budget_s: float = 3600.0) -> TuneRequest:
     ({"space": "max-num-seqs=64,64"}, "a value appears twice"),
     ({"space": "# nothing\n"}, "search space: no flag to search"),
     ({"start_load": "0"}, "start load: '0' must be a positive number"),
+    ({"percentile": "p95"}, "SLO percentile 'p95': use p99 or p90"),
+    ({"percentile": "high"}, "SLO percentile 'high'"),
 ])
 def test_bad_form_input_names_the_field(fields: dict[str, str], error: str) -> None:
     session = make_session()
@@ -155,6 +157,9 @@ def test_form_defaults_round_trip_into_a_request() -> None:
     assert got.budget_s == 150.0 and got.mode == "concurrency" and got.start_load == 4.0
     assert got.space.dims == (("max-num-seqs", (64, 128)), ("enable-chunked-prefill", (True, False)))
     assert space_lines(got.space) == "max-num-seqs=64,128\nenable-chunked-prefill=on,off"
+    assert form["percentile"] == "99"
+    p90 = parse_tune_form({**form, "percentile": "p90", "tpot_ms": ""}, schema=session._schema())
+    assert p90.slo == SLO(percentile=90.0, ttft_ms=500.0)
 
 
 # ---------------------------------------------------------------------------- the search

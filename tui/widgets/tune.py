@@ -25,7 +25,7 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Input, Label, Select, Static, TextArea
 
-from engine.session import TuneFormError, TuneRequest, TuneView, parse_tune_form
+from engine.session import TUNE_PERCENTILES, TuneFormError, TuneRequest, TuneView, parse_tune_form
 
 # Progress lines shown under the table (the core keeps more; the history has every step).
 SHOWN_LINES = 5
@@ -93,7 +93,13 @@ class TuneScreen(Screen[None]):
         yield Static("", id="tune-head")
         with Horizontal(id="tune-body"):
             with Vertical(id="tune-form"):
-                yield Label(f"SLO: p{self.percentile:g} limits, ms", classes="tune-section")
+                yield Label("SLO limits, ms", classes="tune-section")
+                with Horizontal(classes="tune-field"):
+                    yield Label("percentile", classes="tune-label")
+                    start = self.defaults.get("percentile") or f"{self.percentile:g}"
+                    yield Select([(f"p{p:g}", f"{p:g}") for p in TUNE_PERCENTILES],
+                                 value=start if start in {f"{p:g}" for p in TUNE_PERCENTILES} else "99",
+                                 allow_blank=False, id="tune-percentile", compact=True)
                 for key, label in NUMBER_FIELDS:
                     if key == "budget_min":
                         yield Label("Search", classes="tune-section")
@@ -144,6 +150,8 @@ class TuneScreen(Screen[None]):
         fields = {key: self.query_one(f"#tune-{key}", Input).value for key, _ in NUMBER_FIELDS}
         mode = self.query_one("#tune-mode", Select).value
         fields["mode"] = str(mode) if isinstance(mode, str) else "rate"
+        pct = self.query_one("#tune-percentile", Select).value
+        fields["percentile"] = str(pct) if isinstance(pct, str) else f"{self.percentile:g}"
         fields["space"] = self.query_one("#tune-space", TextArea).text
         return fields
 
