@@ -224,17 +224,9 @@ TUNE_FIELDS = ("percentile", "ttft_ms", "tpot_ms", "e2el_ms", "budget_min", "spa
 TUNE_PERCENTILES = (99.0, 90.0)  # as `vtui tune --slo-METRIC-p99-ms / -p90-ms`
 
 
-def _fmt_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
-
-
 def space_lines(space: Any) -> str:
     """A search space as the editable text ``SearchSpace.parse`` reads back, one flag a line."""
-    return "\n".join(f"{name}=" + ",".join(_fmt_value(v) for v in values) for name, values in space.dims)
+    return "\n".join(space.lines())
 
 
 def parse_tune_form(fields: Mapping[str, str], *, schema: Any = None, percentile: float = 99.0) -> TuneRequest:

@@ -174,6 +174,10 @@ class SearchSpace:
         """A stable name for one configuration: ``max-num-seqs=64,enable-chunked-prefill=on``."""
         return ",".join(f"{n}={_fmt(values[n])}" for n, _ in self.dims)
 
+    def lines(self) -> list[str]:
+        """One ``NAME=V1,V2`` line a dimension: what :meth:`parse` reads back."""
+        return [f"{n}=" + ",".join(_fmt(v) for v in vals) for n, vals in self.dims]
+
     def index(self, values: Mapping[str, Any]) -> tuple[int, ...]:
         return tuple(list(vals).index(values[n]) for n, vals in self.dims)
 
