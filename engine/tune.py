@@ -677,9 +677,10 @@ def load_state(ref: str, history_path: Path | None = None) -> TuneState:
         with History(history_path) as h:
             d = h.load_tune(ref)
     except HistoryError as exc:
-        legacy = tune_dir() / f"{ref}.json" if ref and "/" not in ref and not ref.startswith(".") else None
-        if legacy is not None and legacy.is_file():  # saved by vtui before searches went into the history
-            return TuneState.load(legacy)
+        with contextlib.suppress(TuneError):  # not an id state_path takes: no legacy file either
+            legacy = state_path(ref)
+            if legacy.is_file():  # saved by vtui before searches went into the history
+                return TuneState.load(legacy)
         raise TuneError(f"tune {ref!r}", exc.reason) from None
     return TuneState.from_json(d, f"saved search {ref!r}")
 
