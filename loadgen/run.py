@@ -285,6 +285,9 @@ class LoadRun:
                 await self._run_processes(plans, state)
         finally:
             state.close()
+            # The last word on screen is the run's end state, however short the run was
+            # (a run over before the first publish tick used to leave no window at all).
+            state.publish_final()
         self.phase = "done"
         return state.result(model, max_model_len, time.time())
 
@@ -464,6 +467,18 @@ class _State:
             if self.on_window is not None:
                 self.on_window(w)
 
+    def publish_final(self) -> None:
+        """Record and publish one last window once every worker has finished: nothing is
+        in flight any more, and the run-wide counters are final."""
+        if not self.t0:
+            return  # never started: nothing was measured
+        for w in self.in_flight:
+            self.in_flight[w] = 0
+        final = self.snapshot()
+        self.windows.append(final)
+        if self.on_window is not None:
+            self.on_window(final)
+
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
@@ -490,6 +505,7 @@ class _State:
             "t_start": self.t0,
             "cancelled_requests": self.agg.cancelled,
             "input_len_mismatches": self.agg.input_mismatches,
+            **self.agg.stream_shape(),
             "percentiles_exact": self.agg.exact,
             "max_model_len": max_model_len or None,
             "workload": w.to_dict() | {"kind": w.kind},

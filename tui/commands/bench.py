@@ -360,6 +360,11 @@ def print_table(d: dict[str, Any]) -> None:
     if d.get("input_len_mismatches"):
         print(f"note: {d['input_len_mismatches']} requests had a prompt_tokens count other "
               f"than planned (the tokenizer differs from the server's?)")
+    if d.get("stream_bursts"):
+        print(f"note: {d['burst_requests']} of {d['completed']} requests arrived whole in one "
+              f"network read ({(d.get('same_read_gap_fraction') or 0):.0%} of gaps were 0): the "
+              f"server wrote their tokens back to back, so their TPOT/ITL say nothing of decode "
+              f"speed (a starved API server process on a busy box does this to any client)")
     print("TPOT = (E2EL - TTFT) / (output tokens - 1); ITL = gap between streamed chunks "
           "(vLLM's definitions)")
 
