@@ -7,8 +7,10 @@ lost a third of the throughput at concurrency 256), so each worker owns
 ``slots`` of the concurrency (or every ``num_workers``-th arrival) and streams its
 results back in batches every ``FLUSH_S``.
 
-A worker also watches itself: event-loop lag (how late a 50 ms sleep wakes) and its
-process CPU share, so the run can say "client-bound" instead of blaming the server.
+A worker also watches itself: event-loop lag (how late a 50 ms sleep wakes), how much of
+that lag its loop thread spent waiting for a core (Linux's /proc/thread-self/schedstat:
+time runnable but not running), and its process CPU share. Lag beyond that wait is the
+client's own delay ("client-bound"); the wait is the box's (the server holds the cores).
 """
 
 from __future__ import annotations
@@ -17,15 +19,17 @@ import asyncio
 import contextlib
 import itertools
 import math
+import queue
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import IO, Any
 
 from loadgen.arrivals import iter_offsets
 from loadgen.client import ClientConfig, ClientPool, build_body, open_client, send
 from loadgen.fasthttp import FastPool
-from loadgen.records import PlannedRequest, RequestResult
+from loadgen.records import CONNECT_REFUSED, PlannedRequest, RequestResult
 from loadgen.spec import ArrivalSpec
 
 FLUSH_S = 0.1
@@ -59,6 +63,8 @@ class Batch:
     cpu: float  # process CPU seconds / wall seconds since the last batch
     done: bool = False
     warmup_done: bool = False
+    server_gone: bool = False  # a connection was refused: nothing listens any more
+    own_lag_ms: float = 0.0  # worst loop lag less the time waiting for a core in that tick
 
 
 class Worker:
@@ -71,12 +77,20 @@ class Worker:
         self._in_flight = 0
         self._sent = 0
         self._lag = 0.0
+        self._own_lag = 0.0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stop = asyncio.Event()
         self._cancelled = False
+        self.server_gone = False
 
     def _sink(self, r: RequestResult) -> None:
         self._pending.append(r)
+        if r.error == CONNECT_REFUSED and not self.server_gone:
+            # Nothing listens on the port: the server died (or was stopped). Stop sending at
+            # once instead of turning every queued request into another refusal; the
+            # streams in flight end on their own (reset or truncated) and are kept.
+            self.server_gone = True
+            self._stop.set()
 
     def cancel(self) -> None:
         """Stop sending and cancel what is in flight (recorded as cancelled)."""
@@ -87,9 +101,11 @@ class Worker:
 
     def _flush(self, cpu: float, done: bool = False, warmup_done: bool = False) -> None:
         batch = Batch(self.plan.worker, tuple(self._pending), self._in_flight, self._sent,
-                      self._lag * 1000, cpu, done, warmup_done)
+                      self._lag * 1000, cpu, done, warmup_done, self.server_gone,
+                      self._own_lag * 1000)
         self._pending = []
         self._lag = 0.0
+        self._own_lag = 0.0
         self._emit(batch)
 
     async def _watch(self) -> None:
@@ -97,9 +113,11 @@ class Worker:
         wall, proc = time.perf_counter(), time.process_time()
         next_flush = wall + FLUSH_S
         while True:
-            t = loop.time()
+            t, waited = loop.time(), runqueue_wait_s()
             await asyncio.sleep(LAG_TICK_S)
-            self._lag = max(self._lag, loop.time() - t - LAG_TICK_S)
+            lag = loop.time() - t - LAG_TICK_S
+            self._lag = max(self._lag, lag)
+            self._own_lag = max(self._own_lag, lag - max(0.0, runqueue_wait_s() - waited))
             now = time.perf_counter()
             if now >= next_flush:
                 p = time.process_time()
@@ -262,6 +280,29 @@ class Worker:
             self._spawn(capped(p, rid) if sem else self._one(client, p, rid))
 
 
+_SCHEDSTAT: dict[int, IO[bytes] | None] = {}
+
+
+def runqueue_wait_s() -> float:
+    """Seconds this thread has spent runnable but not running (waiting for a core), or 0.0
+    where the kernel does not say (then all loop lag counts as the client's own)."""
+    ident = threading.get_ident()
+    if ident not in _SCHEDSTAT:
+        try:  # kept open: a read is then one pread, ~10 us, every LAG_TICK_S
+            _SCHEDSTAT[ident] = open("/proc/thread-self/schedstat", "rb", buffering=0)  # noqa: SIM115
+        except OSError:
+            _SCHEDSTAT[ident] = None
+    f = _SCHEDSTAT[ident]
+    if f is None:
+        return 0.0
+    try:
+        f.seek(0)
+        return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        _SCHEDSTAT.pop(ident, None)  # a dead thread's file (its ident was reused)
+        return 0.0
+
+
 def run_in_process(plan: WorkerPlan, conn: Any, ctl: Any) -> None:
     """Entry point of a worker process: batches go out on ``conn``; ``ctl`` brings
     ("go", t0) and ("cancel",)."""
@@ -278,14 +319,25 @@ def run_in_process(plan: WorkerPlan, conn: Any, ctl: Any) -> None:
 async def _process_main(plan: WorkerPlan, conn: Any, ctl: Any) -> None:
     loop = asyncio.get_running_loop()
     go: asyncio.Future[float] = loop.create_future()
+    # Batches leave through a thread: a parent that reads late (a busy UI, a full pipe)
+    # then blocks that thread, never the loop that reads the streams and stamps them.
+    outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
 
-    def emit(b: Batch) -> None:
-        try:
-            conn.send(b)
-        except (BrokenPipeError, OSError):
-            worker.cancel()  # the parent is gone: stop
+    def sender() -> None:
+        while True:
+            item = outbox.get()
+            if item is _CLOSE:
+                return
+            try:
+                conn.send(item)
+            except (BrokenPipeError, OSError):
+                with contextlib.suppress(RuntimeError):  # the loop may have closed already
+                    loop.call_soon_threadsafe(worker.cancel)  # the parent is gone: stop
+                return
 
-    worker = Worker(plan, emit)
+    worker = Worker(plan, outbox.put)
+    thread = threading.Thread(target=sender, name="vtui-loadgen-sender", daemon=True)
+    thread.start()
 
     def on_ctl() -> None:
         try:
@@ -301,9 +353,16 @@ async def _process_main(plan: WorkerPlan, conn: Any, ctl: Any) -> None:
             worker.cancel()
 
     async def ready() -> float | None:
-        conn.send(("ready", plan.worker))
+        outbox.put(("ready", plan.worker))
         return await go
 
     loop.add_reader(ctl.fileno(), on_ctl)
-    await worker.run(ready)
-    conn.close()
+    try:
+        await worker.run(ready)
+    finally:
+        outbox.put(_CLOSE)
+        await asyncio.to_thread(thread.join)
+        conn.close()
+
+
+_CLOSE = object()

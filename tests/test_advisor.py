@@ -318,8 +318,10 @@ def test_every_rule_silent_on_healthy(rule: str) -> None:
 
 
 def _loadgen_run(slow: bool) -> RunData:
-    """A real load run against loadgen's local test server (no vLLM needed); a consumer
-    that blocks the event loop 60 ms per window makes the client itself the bottleneck."""
+    """A real load run against loadgen's local test server (no vLLM needed). With the
+    worker in this process's event loop (isolate=False), a consumer that blocks that loop
+    60 ms per window makes the client itself the bottleneck. (The default isolated worker
+    shares its loop with nothing, so no consumer can do this to it.)"""
     import asyncio
     import time
 
@@ -336,7 +338,8 @@ def _loadgen_run(slow: bool) -> RunData:
 
     with serve_in_thread(ServerConfig(gap_s=0.02)) as url:
         lr = LoadRun(url, None, WorkloadSpec(input_len=10, output_len=10),
-                     ArrivalSpec(concurrency=2, num_requests=12, workers=1), publish_s=0.05)
+                     ArrivalSpec(concurrency=2, num_requests=12, workers=1), publish_s=0.05,
+                     isolate=False)
         res = asyncio.run(lr.run(on_window=consumer))
     return RunData(name="loadgen", flags={}, load={**res.summary, "client_bound": res.client_bound},
                    windows=tuple(_window_row(w.t, w.to_dict()) for w in windows),

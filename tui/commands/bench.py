@@ -228,6 +228,14 @@ async def _bench(args: argparse.Namespace, workload: Any, arrivals: Any, slo: An
         _err(f"vtui: result written to {path}")
     if interrupted:
         return 130
+    if result.server_gone:
+        # Measured requests are kept above, but a run cut short by a dead server is no
+        # result to compare: say so, with the server's own last words when it was ours.
+        _err(f"error: the server stopped accepting connections mid-run (it died or was stopped); "
+             f"the {result.summary.get('completed', 0)} requests that completed before are kept above")
+        for line in list(getattr(sup, "tail", ()))[-10:] if sup is not None else ():
+            _err(f"  server log: {line}")
+        return 1
     if result.failed_run:
         reasons = ", ".join(f"{k}: {v}" for k, v in result.failures_by_reason.items())
         example = next(iter(result.failure_examples.values()), "")
@@ -299,7 +307,7 @@ class _Progress:
         if not self.tty and now - self.last < 5.0:
             return
         self.last = now
-        bound = f" | CLIENT-BOUND (loop lag {w.client_lag_ms:.0f} ms, cpu {w.client_cpu:.0%})" \
+        bound = f" | CLIENT-BOUND (cpu {w.client_cpu:.0%} of a core, loop lag {w.client_lag_ms:.0f} ms)" \
             if w.client_bound else ""
         line = (f"[{w.elapsed_s:6.1f}s] done {w.total_completed} failed {w.total_failed} "
                 f"in flight {w.in_flight} | {w.req_s:.1f} req/s {w.output_tok_s:.0f} tok/s | "
@@ -354,9 +362,13 @@ def print_table(d: dict[str, Any]) -> None:
         for k, v in d.get("failure_examples", {}).items():
             print(f"  {k}: {v[:160]}")
     if d.get("client_bound"):
-        print(f"WARNING: client-bound (event-loop lag p99 {d['client_lag_p99_ms']:.1f} ms, "
-              f"CPU {d['client_cpu_max']:.0%} of a core): latencies include the client's own "
+        print(f"WARNING: client-bound (CPU p90 {d.get('client_cpu_p90', 0):.0%} of a core, event-loop "
+              f"lag p99 {d['client_lag_p99_ms']:.1f} ms): latencies include the client's own "
               f"delay; use more --workers or a bigger machine")
+    elif d.get("client_sched_delay"):
+        print(f"note: the client waited for a core (event-loop lag p99 {d['client_lag_p99_ms']:.0f} ms at "
+              f"{d.get('client_cpu_mean', 0):.0%} of a core): the box is busy (on a small box, with the "
+              f"server); any client on it sees the same delay")
     if d.get("input_len_mismatches"):
         print(f"note: {d['input_len_mismatches']} requests had a prompt_tokens count other "
               f"than planned (the tokenizer differs from the server's?)")
