@@ -16,6 +16,7 @@ disturbing the run.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import enum
 import json
@@ -750,3 +751,50 @@ class RunRecorder:
                     pass
         for event in events:
             event.set()
+
+
+class Recording:
+    """A run's recorder that tolerates a missing or failing history (``None``, a full disk, a
+    read-only file): the run goes on and ``finish`` still returns its ``RunInfo``."""
+
+    def __init__(self, history: History | None, name: str, **meta: Any) -> None:
+        self.recorder: RunRecorder | None = None
+        self.error: HistoryError | None = None
+        self.started = time.time()
+        self.meta = meta
+        self.name = name
+        if history is not None:
+            try:
+                self.recorder = history.start_run(name, started=self.started, **meta)
+            except HistoryError as exc:
+                self.error = exc
+
+    def add_request(self, r: Any) -> None:
+        if self.recorder is not None:
+            self.recorder.add_request(r)
+
+    def add_window(self, w: Any) -> None:
+        if self.recorder is not None:
+            self.recorder.add_window(w)
+
+    def add_sample(self, kind: str, t: float, data: Any) -> None:
+        if self.recorder is not None:
+            self.recorder.add_sample(kind, t, data)
+
+    def finish(self, history: History | None, status: str, summary: Mapping[str, Any], **update: Any) -> RunInfo:
+        ended = time.time()
+        if self.recorder is not None:
+            if update:
+                self.recorder.update(**update)
+            self.recorder.finish(status, summary)
+            self.error = self.error or self.recorder.error
+            if history is not None and self.error is None:
+                with contextlib.suppress(HistoryError):
+                    return history.get_run(self.recorder.run_id)
+        meta = {**self.meta, **update}
+        return RunInfo(
+            id=-1, name=self.name, preset=meta.get("preset"), started=self.started, ended=ended, status=status,
+            flags=dict(meta.get("flags") or {}), vllm_version=meta.get("vllm_version"), model=meta.get("model"),
+            gpus=list(meta.get("gpus") or []), workload=dict(meta.get("workload") or {}), summary=dict(summary),
+            baseline=False, tags=(),
+        )

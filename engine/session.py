@@ -1094,8 +1094,17 @@ class Session:
             status = "cancelled"
         summary: dict[str, Any] = {}
         if result is not None:
+            from engine.crosscheck import cross_check
+
             summary["load"] = dict(result.summary)
             summary["telemetry"] = self._telemetry_summary(self._run_started, ended)
+            # The client's figures beside the server's own over the same window.
+            summary["cross_check"] = cross_check(
+                result.summary, summary["telemetry"], shared_prefix=bool(self._workload.prefix_len)).to_dict()
+            summary["stream"] = {k: result.extra.get(k) for k in (
+                "tokens_per_event", "same_read_gap_fraction", "burst_requests", "stream_bursts",
+                "client_lag_p50_ms", "client_own_lag_p99_ms", "client_cpu_mean", "client_cpu_p90",
+                "client_sched_delay")}
         record = RunRecord(
             index=len(self._runs) + 1,
             label=label,

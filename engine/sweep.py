@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import paths
-from engine.history import History, HistoryError, RunInfo, RunRecorder
+from engine.history import History, Recording, RunInfo
 from engine.presets import Preset
 
 
@@ -51,52 +51,6 @@ def _server_sample_dict(sample: Any) -> dict[str, Any]:
             continue
         out[f.name] = to_jsonable(getattr(sample, f.name))
     return out
-
-
-class _Recording:
-    """A run's recorder that tolerates a missing or failing history."""
-
-    def __init__(self, history: History | None, name: str, **meta: Any) -> None:
-        self.recorder: RunRecorder | None = None
-        self.error: HistoryError | None = None
-        self.started = time.time()
-        self.meta = meta
-        self.name = name
-        if history is not None:
-            try:
-                self.recorder = history.start_run(name, started=self.started, **meta)
-            except HistoryError as exc:
-                self.error = exc
-
-    def add_request(self, r: Any) -> None:
-        if self.recorder is not None:
-            self.recorder.add_request(r)
-
-    def add_window(self, w: Any) -> None:
-        if self.recorder is not None:
-            self.recorder.add_window(w)
-
-    def add_sample(self, kind: str, t: float, data: Any) -> None:
-        if self.recorder is not None:
-            self.recorder.add_sample(kind, t, data)
-
-    def finish(self, history: History | None, status: str, summary: Mapping[str, Any], **update: Any) -> RunInfo:
-        ended = time.time()
-        if self.recorder is not None:
-            if update:
-                self.recorder.update(**update)
-            self.recorder.finish(status, summary)
-            self.error = self.error or self.recorder.error
-            if history is not None and self.error is None:
-                with contextlib.suppress(HistoryError):
-                    return history.get_run(self.recorder.run_id)
-        meta = {**self.meta, **update}
-        return RunInfo(
-            id=-1, name=self.name, preset=meta.get("preset"), started=self.started, ended=ended, status=status,
-            flags=dict(meta.get("flags") or {}), vllm_version=meta.get("vllm_version"), model=meta.get("model"),
-            gpus=list(meta.get("gpus") or []), workload=dict(meta.get("workload") or {}), summary=dict(summary),
-            baseline=False, tags=(),
-        )
 
 
 async def run_sweep(
@@ -171,7 +125,7 @@ async def run_sweep(
                     line = getattr(exc, "vllm_line", "") or str(exc)
                     hint = getattr(exc, "hint", "") or ""
                     say(f"{label}: server did not start: {line}")
-                    rec = _Recording(history, preset.name, **meta)
+                    rec = Recording(history, preset.name, **meta)
                     info = rec.finish(history, "failed", {"error": line, "hint": hint})
                     steps.append(SweepStep(preset.name, "failed", info, error=line, hint=hint))
                     with contextlib.suppress(Exception):
@@ -184,20 +138,20 @@ async def run_sweep(
                 meta["vllm_version"] = sup.facts.vllm_version
 
             # ---- telemetry + recording
-            rec = _Recording(history, preset.name, **meta)
+            rec = Recording(history, preset.name, **meta)
             if rec.error is not None:
                 say(f"{label}: history not written ({rec.error.reason}); results kept in memory")
             store = SeriesStore()
             gpus: dict[int, str | None] = {}
 
-            def on_snapshot(snap: Any, rec: _Recording = rec, store: SeriesStore = store,
+            def on_snapshot(snap: Any, rec: Recording = rec, store: SeriesStore = store,
                             gpus: dict[int, str | None] = gpus) -> None:
                 store.add_snapshot(snap.gpus, snap.host, snap.gpu_unavailable)
                 for g in snap.gpus:
                     gpus.setdefault(g.index, g.name)
                 rec.add_sample("telemetry", snap.t, snap)
 
-            def on_server(sample: Any, rec: _Recording = rec, store: SeriesStore = store) -> None:
+            def on_server(sample: Any, rec: Recording = rec, store: SeriesStore = store) -> None:
                 store.add_server(sample)
                 rec.add_sample("server", sample.t, _server_sample_dict(sample))
 

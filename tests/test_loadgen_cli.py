@@ -124,3 +124,27 @@ def test_workload_from_a_preset_file_flags_win(url: str, tmp_path: Path) -> None
     assert d["completed"] == 6 and d["max_concurrency"] == 2
     assert d["workload"]["input_len"] == 30 and d["workload"]["output_len"] == 4
     assert d["slo"]["ttft_ms"] == 900 and d["request_goodput"] is not None
+
+
+def test_bench_runs_are_stored_unless_no_history(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from engine.history import History
+
+    with History() as h:
+        before = {r.id for r in h.list_runs()}
+    rc = main(["bench", "--url", url, "--input-len", "20", "--output-len", "4", "--concurrency", "2",
+               "--num-requests", "6", "-q", "--name", "stored one"])
+    assert rc == 0
+    err = capsys.readouterr().err
+    with History() as h:
+        new = [r for r in h.list_runs() if r.id not in before]
+        assert [r.name for r in new] == ["stored one"]
+        [run] = new
+        assert run.status == "complete" and "bench" in run.tags
+        assert run.summary["load"]["completed"] == 6 and "cross_check" in run.summary
+        assert len(h.requests(run.id)) == 6
+    assert f"stored as run {run.id}" in err
+    rc = main(["bench", "--url", url, "--input-len", "20", "--output-len", "4", "--concurrency", "2",
+               "--num-requests", "6", "-q", "--no-history"])
+    assert rc == 0
+    with History() as h:
+        assert {r.id for r in h.list_runs()} - before == {run.id}

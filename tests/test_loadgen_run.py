@@ -200,3 +200,38 @@ def test_not_client_bound_when_idle(url: str) -> None:
                   ArrivalSpec(concurrency=1, num_requests=30, workers=1))
     res = asyncio.run(run.run())
     assert res.client_lag_p99_ms < 20
+
+
+def test_a_server_that_goes_away_stops_the_run_at_once() -> None:
+    """Once connections are refused the worker stops sending (no spinning through the
+    queue as refusals), keeps what completed, and the run says server_gone."""
+    import threading
+    import time
+
+    results: list[object] = []
+    with serve_in_thread(ServerConfig(gap_s=0.01)) as u:
+        run = LoadRun(u, None, WorkloadSpec(input_len=10, output_len=20),
+                      ArrivalSpec(concurrency=2, num_requests=100_000), read_timeout_s=3.0)
+        done, some = threading.Event(), threading.Event()
+        completed: list[object] = []
+
+        def on_request(r: object) -> None:
+            completed.append(r)
+            if len(completed) >= 5:
+                some.set()
+
+        def go() -> None:
+            results.append(asyncio.run(run.run(on_request=on_request)))
+            done.set()
+
+        threading.Thread(target=go, daemon=True).start()
+        assert some.wait(60), "no request completed"
+    stopped = time.monotonic()
+    assert done.wait(30), "the run did not end after the server went away"
+    ended = time.monotonic() - stopped
+    res = results[0]
+    assert res.server_gone  # type: ignore[attr-defined]
+    assert res.summary["completed"] > 0  # type: ignore[attr-defined]
+    assert res.failures_by_reason.get("connection_refused", 0) <= 2  # type: ignore[attr-defined]
+    assert ended < 3.0 + 2.0  # the streams cut by the stop end at their read timeout at most
+    assert res.to_json()["server_gone"] is True  # type: ignore[attr-defined]

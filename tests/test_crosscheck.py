@@ -1,0 +1,52 @@
+"""engine.crosscheck: the client's figures beside the server's own /metrics over one run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.crosscheck import cross_check
+
+LOAD = {"completed": 100, "mean_ttft_ms": 50.0, "mean_tpot_ms": 4.0, "total_input_tokens": 12_800}
+
+
+def telemetry(ttft_ms: float = 48.0, e2e_ms: float = 300.0, count: float = 100, gen: float = 6400,
+              prompt: float = 12_800, hit: float | None = 0.0) -> dict[str, Any]:
+    return {"server_ttft": {"mean_ms": ttft_ms, "count": count}, "server_e2e": {"mean_ms": e2e_ms, "count": count},
+            "generation_tokens": gen, "prompt_tokens": prompt, "prefix_hit_rate": hit}
+
+
+def test_agreeing_client_and_server_give_no_warning() -> None:
+    c = cross_check(LOAD, telemetry())
+    assert c.server_mean_ttft_ms == 48.0
+    assert c.server_tpot_ms == (300.0 - 48.0) / 63  # 64 tokens per request
+    assert c.client_prompt_tokens == c.server_prompt_tokens == 128
+    assert c.warnings == ()
+
+
+def test_a_client_slower_than_the_server_is_named() -> None:
+    c = cross_check({**LOAD, "mean_ttft_ms": 80.0}, telemetry())
+    assert len(c.warnings) == 1 and "mean TTFT 80.0 ms here, 48.0 ms on the server" in c.warnings[0]
+
+
+def test_small_gaps_under_the_floor_are_not_disagreement() -> None:
+    # 12% apart but 0.5 ms: scheduling noise on a 4 ms TPOT, not a different measurement.
+    c = cross_check({**LOAD, "mean_tpot_ms": 4.5}, telemetry(e2e_ms=48 + 4.0 * 63))
+    assert c.warnings == ()
+
+
+def test_tpot_against_the_servers_e2e_minus_ttft() -> None:
+    c = cross_check({**LOAD, "mean_tpot_ms": 9.0}, telemetry(e2e_ms=48 + 4.0 * 63))
+    assert any("mean TPOT 9.00 ms here, 4.00 ms" in w for w in c.warnings)
+
+
+def test_cache_hits_without_a_shared_prefix_and_other_traffic_are_named() -> None:
+    c = cross_check(LOAD, telemetry(hit=0.4, prompt=20_000))
+    assert any("prefix cache served 40%" in w for w in c.warnings)
+    assert any("200.0 prompt tokens per request" in w for w in c.warnings)
+    assert not any("prefix cache" in w for w in cross_check(LOAD, telemetry(hit=0.4), shared_prefix=True).warnings)
+
+
+def test_no_server_figures_means_no_verdict() -> None:
+    c = cross_check(LOAD, {})
+    assert c.server_mean_ttft_ms is None and c.server_tpot_ms is None and c.warnings == ()
+    assert c.to_dict()["warnings"] == []
