@@ -264,9 +264,24 @@ async def _stream_fast(pool: FastPool, cfg: ClientConfig, body: bytes, sse: _SSE
     conn = await pool.acquire()
     reusable = False
     try:
+        conn.requests += 1
         conn.transport.write(pool.request_bytes(cfg.path, body, cfg.headers()))
         resp = Response(conn, cfg.read_timeout_s)
-        await resp.read_head()
+        try:
+            await resp.read_head()
+        except HTTPFailure as exc:
+            if exc.reason != R.CONNECTION_RESET or conn.requests == 1 or resp.received:
+                raise
+            # A kept-alive connection the server had already closed (its idle timeout met
+            # our reuse): the request never reached it. That is the client's race, not a
+            # server failure: send once more on a new connection, timed from there.
+            pool.release(conn, False)
+            conn = await pool.fresh()
+            conn.requests += 1
+            sse.st = sse.last = time.perf_counter()
+            conn.transport.write(pool.request_bytes(cfg.path, body, cfg.headers()))
+            resp = Response(conn, cfg.read_timeout_s)
+            await resp.read_head()
         if resp.status != 200:
             raw = await resp.read_excerpt()
             reusable = resp.complete

@@ -38,6 +38,7 @@ class _Conn(asyncio.Protocol):
         self.waiter: asyncio.Future[None] | None = None
         self.eof = False
         self.error: BaseException | None = None
+        self.requests = 0  # requests sent on this connection (>0: a kept-alive one)
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -121,6 +122,10 @@ class FastPool:
                                      return_exceptions=True)
         self._free.extend(c for c in conns if isinstance(c, _Conn))
 
+    async def fresh(self) -> _Conn:
+        """A new connection, never a kept-alive one."""
+        return await self._connect()
+
     async def acquire(self) -> _Conn:
         while self._free:
             c = self._free.pop()
@@ -196,6 +201,11 @@ class Response:
         self._t, data = c.chunks.pop(0)
         self._buf += data
         return True
+
+    @property
+    def received(self) -> bool:
+        """Whether any byte of this response arrived."""
+        return self._t > 0.0 or bool(self._buf)
 
     def _lost(self, what: str) -> HTTPFailure:
         err = self._c.error

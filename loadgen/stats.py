@@ -255,6 +255,11 @@ class RunAggregator:
     _tok_buckets: dict[int, int] = field(default_factory=dict)
     _conc_buckets: dict[int, int] = field(default_factory=dict)
     _t0: float | None = None
+    # Start and end of every completed request (up to ``cap``), for the true peak of
+    # requests in flight: vLLM's per-second buckets count a request that ends and one
+    # that starts in the same second both, so they read up to 2x the concurrency.
+    _starts: array[float] = field(default_factory=lambda: array("d"))
+    _ends: array[float] = field(default_factory=lambda: array("d"))
 
     def __post_init__(self) -> None:
         self.ttft = Accumulator(self.cap, 1)
@@ -308,7 +313,20 @@ class RunAggregator:
             self._tok_buckets[b] = self._tok_buckets.get(b, 0) + 1
         for s in range(int(r.t_start - t0), int(r.t_end - t0) + 1):
             self._conc_buckets[s] = self._conc_buckets.get(s, 0) + 1
+        if len(self._starts) < self.cap:
+            self._starts.append(r.t_start)
+            self._ends.append(r.t_end)
         return good
+
+    def peak_in_flight(self) -> int:
+        """Most completed requests in flight at one instant, each counted once."""
+        events = sorted([(t, 1) for t in self._starts] + [(t, -1) for t in self._ends],
+                        key=lambda e: (e[0], e[1]))  # an end before a start at the same instant
+        peak = cur = 0
+        for _, step in events:
+            cur += step
+            peak = max(peak, cur)
+        return peak
 
     def summary(self, duration_s: float, percentiles: Sequence[float] = DEFAULT_PERCENTILES
                 ) -> dict[str, Any]:
@@ -326,6 +344,7 @@ class RunAggregator:
             "total_token_throughput": (self.total_input + self.total_output) / dur,
             "max_output_tokens_per_s": float(max(self._tok_buckets.values(), default=0)),
             "max_concurrent_requests": max(self._conc_buckets.values(), default=0),
+            "peak_in_flight": self.peak_in_flight(),
         }
         for name in ("ttft", "tpot", "itl", "e2el"):
             acc: Accumulator = getattr(self, name)

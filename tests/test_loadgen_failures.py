@@ -99,3 +99,56 @@ def test_failures_do_not_stop_a_run() -> None:
     assert res.failures_by_reason == {R.HTTP_ERROR: 12}
     assert "HTTP 500" in res.failure_examples[R.HTTP_ERROR]
     assert res.failed_run
+
+
+def test_a_kept_alive_connection_closed_by_the_server_is_not_a_server_failure() -> None:
+    """The server's idle timeout can close a kept-alive connection just as the client reuses
+    it: the request never reached the server. The fast client sends it once more on a new
+    connection instead of counting a connection_reset against the server. A real server on
+    127.0.0.1 answers the first request of each connection and drops the connection, unanswered,
+    on the second."""
+    import json
+    import socket
+    import threading
+
+    body = b"".join(
+        b"data: " + json.dumps({"choices": [{"text": "x"}]}).encode() + b"\n\n" for _ in range(3)
+    ) + b"data: " + json.dumps({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 3}}).encode() \
+        + b"\n\ndata: [DONE]\n\n"
+    response = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: "
+                + str(len(body)).encode() + b"\r\n\r\n" + body)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    connections: list[int] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            connections.append(1)
+            with conn:
+                conn.recv(65536)
+                conn.sendall(response)
+                conn.recv(65536)  # the second request on this connection: dropped unanswered
+
+    threading.Thread(target=serve, daemon=True).start()
+    cfg = ClientConfig(f"http://127.0.0.1:{listener.getsockname()[1]}", "m", read_timeout_s=5.0)
+    out: list[RequestResult] = []
+
+    async def go() -> None:
+        client = open_client(cfg)
+        try:
+            for k in range(3):
+                await send(client, cfg, PlannedRequest(k, 3, 3, prompt="abc"), k, out.append)
+        finally:
+            client.close()
+
+    try:
+        asyncio.run(go())
+    finally:
+        listener.close()
+    assert [r.error for r in out] == [None, None, None]
+    assert len(connections) >= 2  # reused, found closed, sent again on a new one

@@ -39,7 +39,7 @@ def test_closed_loop_counts_keys_windows_and_jsonl(url: str, tmp_path: Path) -> 
     assert res.extra["input_len_mismatches"] == 0
     assert s["total_output_tokens"] == 240
     for key in ("duration", "request_throughput", "request_goodput", "output_throughput",
-                "total_token_throughput", "max_output_tokens_per_s", "max_concurrent_requests",
+                "total_token_throughput", "max_output_tokens_per_s", "max_concurrent_requests", "peak_in_flight",
                 "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p99_ttft_ms",
                 "median_tpot_ms", "p99_itl_ms", "median_e2el_ms"):
         assert key in s

@@ -85,7 +85,20 @@ def test_run_aggregator_hand_computed() -> None:
     # Token stamps: A at 100.1, 100.15, 100.2 -> second 0; B at 100.7 -> second 0.
     assert s["max_output_tokens_per_s"] == 4.0
     assert s["max_concurrent_requests"] == 2
+    assert s["peak_in_flight"] == 1  # A ends at 100.2, B starts at 100.5: never two at once
     assert agg.failures_by_reason == {"http_error": 1}
+
+
+def test_peak_in_flight_counts_each_request_once() -> None:
+    agg = RunAggregator()
+    # One closed-loop slot: each request starts as the one before ends, 0.4 s apart, so
+    # vLLM's per-second buckets see two or three per second; a second slot overlaps them.
+    for k in range(6):
+        agg.add(_r(k, 0.1, (0.1, 0.1, 0.1), 4, t=100.0 + 0.4 * k))
+    agg.add(_r(9, 0.1, (0.1,), 2, t=100.05))
+    s = agg.summary(duration_s=3.0)
+    assert s["max_concurrent_requests"] >= 3
+    assert s["peak_in_flight"] == 2
 
 
 def test_no_slo_means_no_goodput() -> None:

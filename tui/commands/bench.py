@@ -411,7 +411,7 @@ def print_table(d: dict[str, Any]) -> None:
         row("Request goodput (req/s):", d["request_goodput"])
     row("Output token throughput (tok/s):", d["output_throughput"])
     row("Peak output token throughput (tok/s):", d["max_output_tokens_per_s"])
-    row("Peak concurrent requests:", d["max_concurrent_requests"], "{}")
+    row("Peak concurrent requests:", d.get("peak_in_flight", d["max_concurrent_requests"]), "{}")
     row("Total token throughput (tok/s):", d["total_token_throughput"])
     for key, label in METRICS:
         print("{s:{c}^{n}}".format(s=f" {label} ", n=50, c="-"))

@@ -71,7 +71,9 @@ class LivePanel(VerticalScroll):
         self._progress(snap)
         for name, _ in SPARKS:
             data = snap.series.get(name, ())
-            self.query_one(f"#spark-{name}", Sparkline).data = list(data)
+            # Textual scales a flat series to full height: zeros (an idle server) would draw
+            # as full bars. Nothing above zero draws nothing.
+            self.query_one(f"#spark-{name}", Sparkline).data = list(data) if any(data) else []
             self.query_one(f"#spark-last-{name}", Label).update(_f(data[-1]) if data else "-")
 
     def _resources(self, snap: SessionSnapshot) -> Text:
