@@ -116,7 +116,13 @@ class Accumulator:
             self._sorted = sorted(self._values)
         return percentile(self._sorted, p)
 
+    @property
+    def mean(self) -> float:
+        """Exact mean of everything added, in the values' own unit (0.0 when empty)."""
+        return self._mean
+
     def summary(self) -> Percentiles:
+        """Mean, std, percentiles and max in milliseconds (the values are seconds)."""
         if self.n == 0:
             return Percentiles()
         ms = 1000.0

@@ -7,10 +7,11 @@ lost a third of the throughput at concurrency 256), so each worker owns
 ``slots`` of the concurrency (or every ``num_workers``-th arrival) and streams its
 results back in batches every ``FLUSH_S``.
 
-A worker also watches itself: event-loop lag (how late a 50 ms sleep wakes), how much of
-that lag its loop thread spent waiting for a core (Linux's /proc/thread-self/schedstat:
-time runnable but not running), and its process CPU share. Lag beyond that wait is the
-client's own delay ("client-bound"); the wait is the box's (the server holds the cores).
+A worker also watches itself: event-loop lag (how late a 50 ms sleep wakes), what its loop
+thread did meanwhile (Linux's /proc/thread-self/schedstat: time on a core, time runnable
+but waiting for one), and its process CPU share. The client delayed itself by at most the
+time its loop thread ran (its own work); lag beyond that is the box's: waiting for a core
+that the server held, or a virtual machine's vCPU stolen by its host.
 """
 
 from __future__ import annotations
@@ -113,11 +114,15 @@ class Worker:
         wall, proc = time.perf_counter(), time.process_time()
         next_flush = wall + FLUSH_S
         while True:
-            t, waited = loop.time(), runqueue_wait_s()
+            t, (ran, waited) = loop.time(), thread_sched_s()
             await asyncio.sleep(LAG_TICK_S)
             lag = loop.time() - t - LAG_TICK_S
+            ran2, waited2 = thread_sched_s()
             self._lag = max(self._lag, lag)
-            self._own_lag = max(self._own_lag, lag - max(0.0, runqueue_wait_s() - waited))
+            # Known: the lag less the time spent waiting for a core, and no more than the
+            # time this thread ran. Unknown (no schedstat): all of it counts as our own.
+            own = min(lag - (waited2 - waited), ran2 - ran) if ran2 >= 0 else lag
+            self._own_lag = max(self._own_lag, own)
             now = time.perf_counter()
             if now >= next_flush:
                 p = time.process_time()
@@ -283,9 +288,9 @@ class Worker:
 _SCHEDSTAT: dict[int, IO[bytes] | None] = {}
 
 
-def runqueue_wait_s() -> float:
-    """Seconds this thread has spent runnable but not running (waiting for a core), or 0.0
-    where the kernel does not say (then all loop lag counts as the client's own)."""
+def thread_sched_s() -> tuple[float, float]:
+    """(seconds on a core, seconds runnable but waiting for one) of this thread so far, or
+    (-1.0, 0.0) where the kernel does not say."""
     ident = threading.get_ident()
     if ident not in _SCHEDSTAT:
         try:  # kept open: a read is then one pread, ~10 us, every LAG_TICK_S
@@ -294,13 +299,14 @@ def runqueue_wait_s() -> float:
             _SCHEDSTAT[ident] = None
     f = _SCHEDSTAT[ident]
     if f is None:
-        return 0.0
+        return -1.0, 0.0
     try:
         f.seek(0)
-        return int(f.read().split()[1]) / 1e9
+        fields = f.read().split()
+        return int(fields[0]) / 1e9, int(fields[1]) / 1e9
     except (OSError, ValueError, IndexError):
         _SCHEDSTAT.pop(ident, None)  # a dead thread's file (its ident was reused)
-        return 0.0
+        return -1.0, 0.0
 
 
 def run_in_process(plan: WorkerPlan, conn: Any, ctl: Any) -> None:

@@ -319,8 +319,8 @@ def test_every_rule_silent_on_healthy(rule: str) -> None:
 
 def _loadgen_run(slow: bool) -> RunData:
     """A real load run against loadgen's local test server (no vLLM needed). With the
-    worker in this process's event loop (isolate=False), a consumer that blocks that loop
-    60 ms per window makes the client itself the bottleneck. (The default isolated worker
+    worker in this process's event loop (isolate=False), a consumer that works 60 ms per
+    window on that loop makes the client itself the bottleneck. (The default isolated worker
     shares its loop with nothing, so no consumer can do this to it.)"""
     import asyncio
     import time
@@ -334,7 +334,9 @@ def _loadgen_run(slow: bool) -> RunData:
     def consumer(w: Any) -> None:
         windows.append(w)
         if slow:
-            time.sleep(0.06)
+            end = time.thread_time() + 0.06  # 60 ms of work on the loop's own thread
+        while time.thread_time() < end:
+            pass
 
     with serve_in_thread(ServerConfig(gap_s=0.02)) as url:
         lr = LoadRun(url, None, WorkloadSpec(input_len=10, output_len=10),

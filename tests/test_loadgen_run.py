@@ -122,8 +122,14 @@ def test_cancel_with_worker_processes() -> None:
                       ArrivalSpec(concurrency=4, duration_s=60, workers=2))
 
         async def go() -> object:
-            task = asyncio.ensure_future(run.run())
-            await asyncio.sleep(2.5)
+            streaming = asyncio.Event()
+
+            def on_window(w: StatsWindow) -> None:
+                if w.in_flight == 4:
+                    streaming.set()
+
+            task = asyncio.ensure_future(run.run(on_window=on_window))
+            await asyncio.wait_for(streaming.wait(), 30)  # both worker processes are sending
             run.cancel()
             return await asyncio.wait_for(task, 20)
 
@@ -175,16 +181,18 @@ def test_unknown_model_names_served_ones(url: str) -> None:
 
 
 def test_client_bound_when_the_loop_is_blocked() -> None:
-    """A consumer that blocks the event loop it shares with the worker (isolate=False, 60 ms
-    per window) makes the run say client-bound with the lag figure, instead of passing the
-    delay off as latency: that lag is the client's own, not time waiting for a core."""
+    """A consumer that works 60 ms per window on the event loop it shares with the worker
+    (isolate=False) makes the run say client-bound with the lag figure, instead of passing
+    the delay off as latency: that lag is the client's own work, not a wait for a core."""
     import time
 
     windows: list[StatsWindow] = []
 
     def slow_consumer(w: StatsWindow) -> None:
         windows.append(w)
-        time.sleep(0.06)
+        end = time.thread_time() + 0.06  # 60 ms of work on the loop's own thread
+        while time.thread_time() < end:
+            pass
 
     with serve_in_thread(ServerConfig(gap_s=0.02)) as u:
         run = LoadRun(u, None, WorkloadSpec(input_len=10, output_len=10),
