@@ -13,6 +13,9 @@ from dataclasses import dataclass
 
 import psutil
 
+# How long a server's process tree is reused before its descendants are looked up again.
+TREE_REFRESH_S = 5.0
+
 
 @dataclass(frozen=True, slots=True)
 class HostSample:
@@ -37,6 +40,7 @@ class HostSampler:
     def __init__(self, root_pid: int | None = None) -> None:
         self._root_pid = root_pid
         self._procs: dict[int, psutil.Process] = {}
+        self._tree_t = 0.0
         self._pids: frozenset[int] = frozenset()
         self._cpu_count = psutil.cpu_count() or 1
         # Our own baseline rather than psutil.cpu_percent(interval=None), whose baseline
@@ -133,9 +137,20 @@ class HostSampler:
         return min(max(100.0 * busy / all_delta, 0.0), 100.0)
 
     def _tree(self) -> list[psutil.Process] | None:
+        """The root and its descendants. Finding descendants reads every process's stat file
+        (psutil's ppid map): on a busy 2-core box that was a third of `vtui bench`'s own CPU,
+        taken from the server it measures. A server's tree is set once it runs, so the last
+        one is reused for TREE_REFRESH_S while all its processes live."""
         assert self._root_pid is not None
+        now = time.monotonic()
+        cached = list(self._procs.values())
+        if (cached and now - self._tree_t < TREE_REFRESH_S and self._root_pid in self._procs
+                and all(p.is_running() for p in cached)):
+            return cached
         try:
             root = psutil.Process(self._root_pid)
-            return [root, *root.children(recursive=True)]
+            tree = [root, *root.children(recursive=True)]
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             return None
+        self._tree_t = now
+        return tree
