@@ -283,6 +283,10 @@ OWNER = textwrap.dedent(
 )
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.vllm
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=lambda s: s.name)
 def test_interrupted_owner_leaves_no_server_unless_killed_hard(
@@ -296,6 +300,11 @@ def test_interrupted_owner_leaves_no_server_unless_killed_hard(
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
+        # The owner stands for vtui in a terminal, where Ctrl-C is delivered. A test run
+        # started in the background by a non-interactive shell (as CI scripts may be) has
+        # SIGINT ignored, and an ignored disposition is inherited: Python then installs no
+        # KeyboardInterrupt handler and the owner would never see the signal.
+        preexec_fn=_sigint_default,
     )
     refs: list[procs.ProcRef] = []
     try:
