@@ -27,7 +27,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -798,3 +798,13 @@ class Recording:
             gpus=list(meta.get("gpus") or []), workload=dict(meta.get("workload") or {}), summary=dict(summary),
             baseline=False, tags=(),
         )
+
+
+def open_history(say: Callable[[str], None]) -> History | None:
+    """The user's run history, or None (said through ``say``) when it cannot be opened:
+    a run then goes on and keeps its results in memory."""
+    try:
+        return History()
+    except HistoryError as exc:
+        say(f"run history not available ({exc.reason}); results are kept in memory only")
+        return None

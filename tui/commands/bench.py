@@ -280,14 +280,9 @@ def _history_recording(args: argparse.Namespace, workload: Any, arrivals: Any, s
                        model: str) -> tuple[Any, Any]:
     """The run history (None with --no-history, or when it cannot be opened: the run goes on)
     and the run's recording in it, named after the workload unless --name says."""
-    from engine.history import History, HistoryError, Recording
+    from engine.history import Recording, open_history
 
-    history = None
-    if not args.no_history:
-        try:
-            history = History()
-        except HistoryError as exc:
-            _err(f"vtui: run history unavailable ({exc.reason}); the run is not stored")
+    history = None if args.no_history else open_history(lambda text: _err(f"vtui: {text}"))
     conc = arrivals.concurrency if arrivals.mode == "closed" else f"rate {arrivals.rate:g}"
     name = args.name or f"bench c={conc} {workload.input_len}/{workload.output_len}"
     flags = {} if sup is None else dict(getattr(sup.flags, "values", {}) or {})

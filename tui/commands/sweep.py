@@ -86,7 +86,7 @@ def resolve_presets(args: argparse.Namespace, tiny: bool) -> list[Any]:
 
 def run(args: argparse.Namespace) -> int:
     from engine.compare import compare, render
-    from engine.history import History, HistoryError
+    from engine.history import open_history
     from engine.presets import check_applicable
     from engine.sweep import run_sweep
     from engine.tinymodel import ModelError, resolve_model
@@ -133,12 +133,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         say("--url: the presets' flags are not applied to an attached server; only their workloads run")
 
-    history = None
-    if not args.no_history:
-        try:
-            history = History()
-        except HistoryError as exc:
-            say(f"history not available ({exc}); results are kept in memory only")
+    history = None if args.no_history else open_history(say)
     try:
         steps = asyncio.run(run_sweep(presets, model=model, url=args.url, history=history, say=say,
                                       extra_flags=extra_flags,
