@@ -157,6 +157,8 @@ class _SSE:
         "itl",
         "last",
         "n",
+        "new_conn",
+        "sent",
         "st",
         "texts",
         "ttft",
@@ -167,6 +169,8 @@ class _SSE:
     def __init__(self, st: float, chat: bool, want_text: bool) -> None:
         self.st = st
         self.last = st
+        self.sent = st  # when the request's bytes were handed to the socket
+        self.new_conn = False  # sent on a connection opened for it (not kept alive)
         self.ttft = 0.0
         self.itl: list[float] = []
         self.n = 0
@@ -265,7 +269,9 @@ async def _stream_fast(pool: FastPool, cfg: ClientConfig, body: bytes, sse: _SSE
     reusable = False
     try:
         conn.requests += 1
+        sse.new_conn = conn.requests == 1
         conn.transport.write(pool.request_bytes(cfg.path, body, cfg.headers()))
+        sse.sent = time.perf_counter()
         resp = Response(conn, cfg.read_timeout_s)
         try:
             await resp.read_head()
@@ -278,8 +284,10 @@ async def _stream_fast(pool: FastPool, cfg: ClientConfig, body: bytes, sse: _SSE
             pool.release(conn, False)
             conn = await pool.fresh()
             conn.requests += 1
+            sse.new_conn = True
             sse.st = sse.last = time.perf_counter()
             conn.transport.write(pool.request_bytes(cfg.path, body, cfg.headers()))
+            sse.sent = time.perf_counter()
             resp = Response(conn, cfg.read_timeout_s)
             await resp.read_head()
         if resp.status != 200:
@@ -329,11 +337,15 @@ async def send(client: Client, cfg: ClientConfig, p: PlannedRequest, rid: int,
             else:
                 await _stream_httpx(conn or client, cfg, body, sse)  # type: ignore[arg-type]
         out_tokens = sse.finish(p, cfg)
+        # A request sent again on a new connection (a kept-alive one was found closed) is
+        # timed from the second send: sse.st moved, and the start moves with it.
+        t_start += sse.st - st
         sink(RequestResult(
             id=rid, t_start=t_start, ttft_s=sse.ttft, itl_s=tuple(sse.itl),
-            e2el_s=sse.last - st, input_tokens=sse.usage_in or p.input_len,
+            e2el_s=sse.last - sse.st, input_tokens=sse.usage_in or p.input_len,
             output_tokens=out_tokens, ok=True, expected_input=p.input_len,
-            expected_output=p.output_len, worker=worker))
+            expected_output=p.output_len, worker=worker, new_conn=sse.new_conn,
+            send_s=sse.sent - sse.st))
         return "".join(sse.texts) if sse.texts is not None else ""
     except asyncio.CancelledError:
         sink(RequestResult(

@@ -67,6 +67,8 @@ class RequestResult:
     expected_input: int = 0
     expected_output: int = 0
     worker: int = 0
+    new_conn: bool = False  # sent on a connection opened for it (fast transport)
+    send_s: float = 0.0  # start to the request's bytes handed to the socket (connect included)
 
     @property
     def tpot_s(self) -> float:
@@ -97,4 +99,6 @@ class RequestResult:
             "expected_input_tokens": self.expected_input,
             "expected_output_tokens": self.expected_output,
             "worker": self.worker,
+            "new_conn": self.new_conn,
+            "send_ms": round(self.send_s * 1000, 3),
         }

@@ -152,3 +152,6 @@ def test_a_kept_alive_connection_closed_by_the_server_is_not_a_server_failure() 
         listener.close()
     assert [r.error for r in out] == [None, None, None]
     assert len(connections) >= 2  # reused, found closed, sent again on a new one
+    # Each was in the end sent on a connection opened for it, and is timed from that send.
+    assert [r.new_conn for r in out] == [True, True, True]
+    assert all(0 <= r.send_s <= r.ttft_s <= r.e2el_s for r in out)
