@@ -82,7 +82,8 @@ def cross_check(load: Mapping[str, Any], telemetry: Mapping[str, Any], *,
         warnings.append(f"mean TPOT {c_tpot:.2f} ms here, {s_tpot:.2f} ms from the server's (E2E - TTFT)/(n - 1)")
     if c_prompt is not None and s_prompt is not None and abs(c_prompt - s_prompt) > max(1.0, 0.01 * s_prompt):
         warnings.append(f"the server counted {s_prompt:.1f} prompt tokens per request where the responses said "
-                        f"{c_prompt:.1f}: other traffic reached it during the run")
+                        f"{c_prompt:.1f}: other requests reached it during the run, or it prefilled some twice "
+                        "(preempted and recomputed)")
     if hit is not None and hit > 0.01 and not shared_prefix:
         warnings.append(f"the prefix cache served {hit:.0%} of prompt tokens although no prefix is shared: "
                         "repeated prompts make prefill look faster than it is")

