@@ -48,6 +48,7 @@ __all__ = [
     "load_schema",
     "parse_argv",
     "parse_command_line",
+    "recordable_values",
     "validate",
 ]
 
@@ -1482,3 +1483,19 @@ def validate(
             )
         )
     return errors
+
+
+def recordable_values(flags: Any) -> dict[str, Any]:
+    """The flag values as they may be written down (history, exports, presets), without
+    the model.
+
+    Secrets (--api-key, --hf-token) become ``$VLLM_API_KEY``-style references: the raw
+    values went into the history and the results export before (FlagSet.values holds them
+    as typed).
+    """
+    to_dict = getattr(flags, "to_dict", None)
+    if callable(to_dict):
+        out = dict(to_dict())
+        out.pop("model", None)
+        return out
+    return dict(getattr(flags, "values", {}) or {})

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import paths
+from engine.flags import recordable_values
 
 # Sparklines show the last 120 points: one minute at the 2 Hz telemetry rate.
 SERIES_POINTS = 120
@@ -636,7 +637,7 @@ class Session:
         """Save the edited flags and the workload as a user preset."""
         from engine.presets import PresetError, preset_from_flags, save_user_preset
 
-        values = {k: v for k, v in _flag_values(self._flags).items()}
+        values = {k: v for k, v in recordable_values(self._flags).items()}
         try:
             preset = preset_from_flags(
                 name,
@@ -1156,7 +1157,7 @@ class Session:
             return history.start_run(
                 label,
                 preset=self._preset_name,
-                flags=_flag_values(flags),
+                flags=recordable_values(flags),
                 model=str(flags.model),
                 vllm_version=self._version(),
                 workload={
@@ -1512,7 +1513,7 @@ class Session:
             out["telemetry"] = record.summary.get("telemetry", {})
             out["label"] = record.label
             out["status"] = record.status
-            out["flags"] = _flag_values(record.flags)
+            out["flags"] = recordable_values(record.flags)
             out["model"] = str(record.flags.model)
             return json.dumps(out, indent=2, default=str)
         from engine.trace import build_trace
@@ -1754,21 +1755,6 @@ def _flagset(model: str, values: Mapping[str, Any]) -> Any:
     return FlagSet(model=model, values=dict(values))
 
 
-def _flag_values(flags: Any) -> dict[str, Any]:
-    """The flag values as they may be written down (history, exports, presets).
-
-    Secrets (--api-key, --hf-token) become ``$VLLM_API_KEY``-style references: the
-    raw values went into the history and the results export before (FlagSet.values
-    holds them as typed).
-    """
-    to_dict = getattr(flags, "to_dict", None)
-    if callable(to_dict):
-        out = dict(to_dict())
-        out.pop("model", None)
-        return out
-    return dict(getattr(flags, "values", {}) or {})
-
-
 def _gib(value: float | None) -> float | None:
     return None if value is None else float(value) / 2**30
 
@@ -1840,7 +1826,7 @@ def run_info(record: RunRecord, *, baseline: bool = False, vllm_version: str | N
         started=record.started_t,
         ended=record.ended_t,
         status=record.status,
-        flags=_flag_values(record.flags),
+        flags=recordable_values(record.flags),
         vllm_version=vllm_version,
         model=str(record.flags.model) if record.flags is not None else None,
         gpus=(),

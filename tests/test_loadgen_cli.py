@@ -148,3 +148,27 @@ def test_bench_runs_are_stored_unless_no_history(url: str, capsys: pytest.Captur
     assert rc == 0
     with History() as h:
         assert {r.id for r in h.list_runs()} - before == {run.id}
+
+
+def test_bench_history_record_keeps_secrets_out(tmp_path: Path) -> None:
+    """A server vtui bench started with --api-key: its flags go into the history with the
+    key as a $VLLM_API_KEY reference, never the key itself."""
+    import argparse
+    from types import SimpleNamespace
+
+    from engine.flags import FlagSet
+    from engine.history import History
+    from loadgen import ArrivalSpec, WorkloadSpec
+    from tui.commands.bench import _history_recording
+
+    flags = FlagSet(model=str(tmp_path), values={"api-key": "sk-not-for-the-history", "max-num-seqs": 8})
+    sup = SimpleNamespace(flags=flags, facts=SimpleNamespace(vllm_version="0.32.0"))
+    args = argparse.Namespace(no_history=False, name="secret check", preset=None)
+    history, rec = _history_recording(args, WorkloadSpec(), ArrivalSpec(num_requests=1), None, sup, str(tmp_path))
+    info = rec.finish(history, "complete", {})
+    assert history is not None
+    history.close()
+    with History() as h:
+        stored = h.get_run(info.id)
+    assert stored.flags == {"api-key": "$VLLM_API_KEY", "max-num-seqs": 8}
+    assert "sk-not-for-the-history" not in json.dumps(stored.to_dict())

@@ -232,13 +232,14 @@ async def _bench(args: argparse.Namespace, workload: Any, arrivals: Any, slo: An
             await sup.stop()
     out = result.to_json()
     summary = recorder.summary(t0, t1)
-    out["telemetry"] = {"summary": summary.to_dict(), "series": recorder.store.to_dict(t0, t1)}
-    check = cross_check(out, summary.to_dict(), shared_prefix=bool(workload.prefix_len))
+    telemetry = summary.to_dict()
+    out["telemetry"] = {"summary": telemetry, "series": recorder.store.to_dict(t0, t1)}
+    check = cross_check(out, telemetry, shared_prefix=bool(workload.prefix_len))
     out["cross_check"] = check.to_dict()
     status = ("cut_short" if result.server_gone or interrupted or result.cancelled
               else "failed" if result.failed_run else "complete")
-    info = rec.finish(history, status, {"load": dict(result.summary), "telemetry": summary.to_dict(),
-                                        "cross_check": check.to_dict(), "client_bound": result.client_bound,
+    info = rec.finish(history, status, {"load": dict(result.summary), "telemetry": telemetry,
+                                        "cross_check": out["cross_check"], "client_bound": result.client_bound,
                                         "failures_by_reason": dict(result.failures_by_reason)})
     if history is not None:
         history.close()
@@ -280,12 +281,13 @@ def _history_recording(args: argparse.Namespace, workload: Any, arrivals: Any, s
                        model: str) -> tuple[Any, Any]:
     """The run history (None with --no-history, or when it cannot be opened: the run goes on)
     and the run's recording in it, named after the workload unless --name says."""
+    from engine.flags import recordable_values
     from engine.history import Recording, open_history
 
     history = None if args.no_history else open_history(lambda text: _err(f"vtui: {text}"))
     conc = arrivals.concurrency if arrivals.mode == "closed" else f"rate {arrivals.rate:g}"
     name = args.name or f"bench c={conc} {workload.input_len}/{workload.output_len}"
-    flags = {} if sup is None else dict(getattr(sup.flags, "values", {}) or {})
+    flags = {} if sup is None else recordable_values(sup.flags)  # secrets as $VAR references
     version = None if sup is None else getattr(sup.facts, "vllm_version", None)
     rec = Recording(history, name, preset=args.preset, flags=flags, model=model, vllm_version=version,
                     workload={"workload": workload.to_dict(), "arrivals": arrivals.to_dict(),
