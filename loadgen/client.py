@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from loadgen import records as R
-from loadgen.fasthttp import FastPool, HTTPFailure, Response
+from loadgen.fasthttp import FastPool, HTTPFailure, Response, _Conn
 from loadgen.records import PlannedRequest, RequestResult
 
 Sink = Callable[[RequestResult], None]
@@ -264,32 +264,34 @@ def open_client(cfg: ClientConfig) -> FastPool | ClientPool:
                     read_timeout_s=cfg.read_timeout_s)
 
 
+async def _send_head(pool: FastPool, conn: _Conn, cfg: ClientConfig, body: bytes, sse: _SSE) -> Response:
+    """Write the request on ``conn`` and read the response's head."""
+    conn.requests += 1
+    conn.bytes_in = 0
+    sse.new_conn = conn.requests == 1
+    conn.transport.write(pool.request_bytes(cfg.path, body, cfg.headers()))
+    sse.sent = time.perf_counter()
+    resp = Response(conn, cfg.read_timeout_s)
+    await resp.read_head()
+    return resp
+
+
 async def _stream_fast(pool: FastPool, cfg: ClientConfig, body: bytes, sse: _SSE) -> None:
     conn = await pool.acquire()
     reusable = False
     try:
-        conn.requests += 1
-        sse.new_conn = conn.requests == 1
-        conn.transport.write(pool.request_bytes(cfg.path, body, cfg.headers()))
-        sse.sent = time.perf_counter()
-        resp = Response(conn, cfg.read_timeout_s)
         try:
-            await resp.read_head()
+            resp = await _send_head(pool, conn, cfg, body, sse)
         except HTTPFailure as exc:
-            if exc.reason != R.CONNECTION_RESET or conn.requests == 1 or resp.received:
+            if exc.reason != R.CONNECTION_RESET or conn.requests == 1 or conn.bytes_in:
                 raise
             # A kept-alive connection the server had already closed (its idle timeout met
             # our reuse): the request never reached it. That is the client's race, not a
             # server failure: send once more on a new connection, timed from there.
             pool.release(conn, False)
             conn = await pool.fresh()
-            conn.requests += 1
-            sse.new_conn = True
             sse.st = sse.last = time.perf_counter()
-            conn.transport.write(pool.request_bytes(cfg.path, body, cfg.headers()))
-            sse.sent = time.perf_counter()
-            resp = Response(conn, cfg.read_timeout_s)
-            await resp.read_head()
+            resp = await _send_head(pool, conn, cfg, body, sse)
         if resp.status != 200:
             raw = await resp.read_excerpt()
             reusable = resp.complete

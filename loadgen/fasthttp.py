@@ -38,7 +38,8 @@ class _Conn(asyncio.Protocol):
         self.waiter: asyncio.Future[None] | None = None
         self.eof = False
         self.error: BaseException | None = None
-        self.requests = 0  # requests sent on this connection (>0: a kept-alive one)
+        self.requests = 0  # requests sent on this connection (>1: it was kept alive)
+        self.bytes_in = 0  # bytes received since the last request was written
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -51,6 +52,7 @@ class _Conn(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.chunks.append((time.perf_counter(), data))
+        self.bytes_in += len(data)
         w = self.waiter
         if w is not None and not w.done():
             w.set_result(None)
@@ -201,11 +203,6 @@ class Response:
         self._t, data = c.chunks.pop(0)
         self._buf += data
         return True
-
-    @property
-    def received(self) -> bool:
-        """Whether any byte of this response arrived."""
-        return self._t > 0.0 or bool(self._buf)
 
     def _lost(self, what: str) -> HTTPFailure:
         err = self._c.error

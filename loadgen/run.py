@@ -30,7 +30,7 @@ import httpx
 from loadgen.client import ClientConfig
 from loadgen.records import RequestResult
 from loadgen.spec import SLO, ArrivalSpec, WorkloadSpec
-from loadgen.stats import DEFAULT_PERCENTILES, Accumulator, RunAggregator, SlidingWindow, StatsWindow
+from loadgen.stats import DEFAULT_PERCENTILES, Accumulator, RunAggregator, SlidingWindow, StatsWindow, percentile
 from loadgen.tokens import Codec, LocalTokenizer, RemoteTokenizer
 from loadgen.worker import Batch, Worker, WorkerPlan, run_in_process
 from loadgen.workload import DEFAULT_POOL, REMOTE_POOL, build_requests
@@ -50,6 +50,8 @@ def client_bound(own_lag_ms: float, cpu: float) -> bool:
     """Whether a worker with this loop lag of its own and CPU share (of one core) was its
     own limit."""
     return cpu > CLIENT_CPU_LIMIT or own_lag_ms > CLIENT_LAG_LIMIT_MS
+
+
 # One event loop keeps up with this many streams in flight (see tests/perf/client_cost.py).
 STREAMS_PER_WORKER = 64
 MAX_RECORDED_WINDOWS = 7200
@@ -498,7 +500,7 @@ class _State:
         lag = max((x[1] for x in self._watch), default=0.0)
         own = max((x[3] for x in self._watch), default=0.0)
         cpus = sorted(x[2] for x in self._watch)
-        cpu = cpus[int(0.9 * (len(cpus) - 1))] if cpus else 0.0
+        cpu = percentile(cpus, 90) if cpus else 0.0
         return client_bound(own, cpu), lag, cpu
 
     def snapshot(self) -> StatsWindow:
@@ -563,8 +565,8 @@ class _State:
             "cancelled_requests": self.agg.cancelled,
             "input_len_mismatches": self.agg.input_mismatches,
             # The client's own cost: how late its loop woke (p50/p99 of the worst lag per
-            # 100 ms) and its share of a core; a lag with a low CPU share is the box's
-            # scheduling delay (the server holds the cores), which every client sees.
+            # 100 ms), how much of that was its own work, and its share of a core; a lag that
+            # is not its own is the box's scheduling delay, which every client sees.
             "client_lag_p50_ms": self.lag.quantile(50) if self.lag.n else 0.0,
             "client_own_lag_p99_ms": own_p99,
             "client_cpu_mean": self.cpu.mean,
