@@ -320,6 +320,99 @@ def strip_prefix(line: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# Line classification for a log view: how severe, and whether it is vtui's own polling
+
+LEVELS = ("debug", "info", "warning", "error")
+"""Severities of a log line, least severe first."""
+
+# What vtui itself asks a server it watches: the supervisor's /health every second, the
+# telemetry's /metrics every second, /v1/models and /version once at readiness or attach.
+# uvicorn logs each as an access line; on a 2-core box that is most of the log while idle.
+POLL_PATHS = frozenset({"/health", "/metrics", "/v1/models", "/version"})
+
+# uvicorn's access line, after vLLM's "(APIServer pid=N) INFO:     " prefix:
+# 127.0.0.1:40402 - "GET /health HTTP/1.1" 200 OK
+_ACCESS = re.compile(r'^(?P<client>\S+) - "(?P<method>[A-Z]+) (?P<path>\S+) HTTP/[\d.]+" (?P<status>\d{3})\b')
+_PROC_PREFIX = re.compile(r"^\((?:[A-Za-z_][\w-]*) pid=\d+\) ?")
+_LEVEL_WORDS = {"DEBUG": "debug", "INFO": "info", "WARNING": "warning", "ERROR": "error", "CRITICAL": "error"}
+# C++ (glog/c10) lines: "[W1129 21:45:19.133 socket.cpp:207] ...", "[rank0]:[W1129 ...] Warning: ..."
+_GLOG = re.compile(r"^(?:\[rank\d+\]:)?\[(?P<sev>[IWEF])\d{4} ")
+_GLOG_LEVELS = {"I": "info", "W": "warning", "E": "error", "F": "error"}
+# Python's warnings module: "<path>.py:24: DeprecationWarning: ..."
+_PY_WARNING = re.compile(r"^\S+:\d+: \w*Warning: ")
+
+
+@dataclass(frozen=True)
+class LineKind:
+    """How a log view treats one line of a server's output (see :func:`classify_line`)."""
+
+    level: str
+    """One of :data:`LEVELS`."""
+    request: str | None = None
+    """``"GET /health"`` when the line is uvicorn's access line for a request, else None."""
+    status: int | None = None
+    """The HTTP status of that request."""
+    poll: bool = False
+    """An access line for vtui's own polling (a GET of :data:`POLL_PATHS` that succeeded)."""
+
+
+def level_rank(level: str) -> int:
+    """Position of ``level`` in :data:`LEVELS` (an unknown word counts as info)."""
+    return LEVELS.index(level) if level in LEVELS else 1
+
+
+def more_severe(a: str, b: str) -> str:
+    """The more severe of two levels."""
+    return a if level_rank(a) >= level_rank(b) else b
+
+
+def classify_line(line: str, previous: LineKind | None = None) -> LineKind:
+    """Level of a server log line, and whether it is vtui's own polling. Never raises.
+
+    ``previous`` is the kind of the line before it: a line with no level of its own that
+    is indented (a traceback's ``File ...`` and code lines, a usage message's wrapped
+    options, ``warnings.warn(`` under a Python warning) or empty continues that line's level,
+    so a level filter keeps a whole traceback together. A poll that failed (a 5xx /health)
+    is not a poll here: it says something about the server.
+    """
+    try:
+        return _classify(line, previous)
+    except Exception:  # a classifier bug must never lose a log line
+        return LineKind(previous.level if previous is not None else "info")
+
+
+def _classify(line: str, previous: LineKind | None) -> LineKind:
+    clean = _ANSI.sub("", line.rstrip("\r\n"))
+    if "\r" in clean:
+        clean = clean.split("\r")[-1] or clean.replace("\r", " ")
+    proc = _PROC_PREFIX.match(clean)
+    rest = clean[proc.end() :] if proc else clean
+    m = _PREFIX.match(clean)
+    assert m is not None  # the pattern matches any string
+    word = m.group("level")
+    msg = m.group("msg").strip()
+    if word is not None:
+        level = _LEVEL_WORDS[word]
+        access = _ACCESS.match(msg)
+        if access is None:
+            return LineKind(level)
+        method, path, status = access.group("method"), access.group("path"), int(access.group("status"))
+        bare = path.split("?", 1)[0].rstrip("/") or "/"
+        poll = method == "GET" and bare in POLL_PATHS and status < 400
+        return LineKind(level, request=f"{method} {path}", status=status, poll=poll)
+    if previous is not None and (not rest.strip() or rest[:1].isspace()):
+        return LineKind(previous.level)
+    if msg.startswith("Traceback (most recent call last)") or _ERROR_MSG.match(msg):
+        return LineKind("error")
+    glog = _GLOG.match(msg)
+    if glog:
+        return LineKind(_GLOG_LEVELS[glog.group("sev")])
+    if _PY_WARNING.match(msg):
+        return LineKind("warning")
+    return LineKind("info")
+
+
+# ---------------------------------------------------------------------------------------------
 # Failure classification
 
 _ARGPARSE = re.compile(r"(?:^|\s)(?:[\w.-]+): error: (.+)$")

