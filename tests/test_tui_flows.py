@@ -8,9 +8,13 @@ telemetry thread and history are off, since no server runs here.
 
 from __future__ import annotations
 
-import pytest
+import re
 
+import pytest
 import tui_data
+from textual.binding import Binding
+from textual.widgets import Button
+
 from engine.flags import builtin_schema
 from engine.presets import find_preset, list_presets
 from tui.app import VtuiApp
@@ -108,6 +112,12 @@ async def test_export_gives_the_exact_docker_line_and_copies_it() -> None:
         assert isinstance(screen, ExportScreen)
         expected = app.session.flags.to_docker_line()
         assert screen.text == expected
+        # Each button says the key that does the same; the key is one of the dialog's bindings.
+        labels = [str(b.label) for b in screen.query(Button)]
+        assert labels == ["docker run", "vllm serve", "results JSON", "Perfetto trace", "Copy (c)",
+                          "Save to file (w)", "Close"]
+        keys = {b.key for b in ExportScreen.BINDINGS if isinstance(b, Binding)}
+        assert {m.group(1) for label in labels if (m := re.search(r"\((\w)\)$", label))} == {"c", "w"} <= keys
         assert screen.query_one("#export-text").text == expected  # type: ignore[attr-defined]
         await pilot.press("c")
         assert app.clipboard == expected

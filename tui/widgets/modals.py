@@ -158,8 +158,8 @@ class ExportScreen(ModalScreen[None]):
             yield TextArea("", read_only=True, id="export-text", soft_wrap=True)
             yield Static("", id="export-status", classes="muted")
             with Horizontal(classes="buttons"):
-                yield Button("Copy (c, compact=True)", id="copy", variant="primary")
-                yield Button("Save to file (w, compact=True)", id="save")
+                yield Button("Copy (c)", id="copy", variant="primary", compact=True)
+                yield Button("Save to file (w)", id="save", compact=True)
                 yield Button("Close", id="close", compact=True)
 
     def on_mount(self) -> None:
