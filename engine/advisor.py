@@ -68,6 +68,16 @@ class RunDataError(ValueError):
 # --------------------------------------------------------------------------- run data
 
 
+def _status_word(stored: Any) -> str:
+    """A recorded run's status in engine.status words (older files say complete/cut_short)."""
+    from engine.status import RunStatus
+
+    try:
+        return RunStatus.parse(str(stored or "ok")).value
+    except ValueError:
+        return str(stored)
+
+
 def _norm_flag(name: str) -> str:
     return str(name).strip().lstrip("-").replace("_", "-")
 
@@ -106,7 +116,7 @@ class RunData:
     name: str
     flags: Mapping[str, Any]
     model: str | None = None
-    status: str = "complete"
+    status: str = "ok"  # engine.status words
     started: float | None = None
     ended: float | None = None
     load: Mapping[str, Any] = field(default_factory=dict)
@@ -236,7 +246,7 @@ class RunData:
         return cls(
             name=str(d.get("name") or source), note=str(d.get("note") or ""),
             flags={_norm_flag(k): v for k, v in flags.items() if _norm_flag(k) != "model"},
-            model=d.get("model"), status=str(d.get("status") or "complete"),
+            model=d.get("model"), status=_status_word(d.get("status")),
             started=_f(d.get("started")), ended=_f(d.get("ended")),
             load=mapping("load"), telemetry=mapping("telemetry"), workload=mapping("workload"),
             windows=rows("windows"), server=rows("server"), gpus=rows("gpus"), host=rows("host"),

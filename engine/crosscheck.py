@@ -39,6 +39,14 @@ class CrossCheck:
         d["warnings"] = list(self.warnings)
         return d
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CrossCheck:
+        """Back from :meth:`to_dict` (a stored run); missing figures are None."""
+        return cls(**{f: _num(d.get(f)) for f in (
+            "client_mean_ttft_ms", "server_mean_ttft_ms", "client_mean_tpot_ms", "server_tpot_ms",
+            "client_prompt_tokens", "server_prompt_tokens", "prefix_hit_rate")},
+            warnings=tuple(str(w) for w in d.get("warnings") or ()))
+
 
 def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None

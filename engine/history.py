@@ -36,11 +36,12 @@ from typing import Any, cast
 import psutil
 
 from engine import paths
+from engine.status import RunStatus
 
 COMMIT_INTERVAL_S = 0.25
 """How often the writer thread commits; four times inside the one-second promise."""
 
-STATUSES = ("running", "complete", "cut_short", "failed")
+STATUSES = tuple(s.value for s in RunStatus)  # engine.status: one vocabulary on every path
 
 
 class HistoryError(Exception):
@@ -167,6 +168,14 @@ class TuneInfo:
     status: str
     model: str | None
     summary: Mapping[str, Any]
+
+
+def _status_text(stored: str) -> str:
+    """A stored status in today's words (older histories wrote complete/cut_short)."""
+    try:
+        return RunStatus.parse(stored).value
+    except ValueError:
+        return str(stored)  # shown as stored: nothing is lost by reading
 
 
 def to_jsonable(value: Any) -> Any:
@@ -348,7 +357,7 @@ class History:
             version += 1
 
     def recover(self) -> list[int]:
-        """Mark runs left ``running`` by a writer that no longer exists as ``cut_short``.
+        """Mark runs left ``running`` by a writer that no longer exists as ``cancelled``.
 
         ``ended`` becomes the last thing stored for the run. Returns the run ids changed.
         """
@@ -365,7 +374,7 @@ class History:
                 (run_id, run_id),
             ).fetchone()[0]
             self._conn.execute(
-                "UPDATE runs SET status = 'cut_short', ended = ? WHERE id = ? AND status = 'running'",
+                "UPDATE runs SET status = 'cancelled', ended = ? WHERE id = ? AND status = 'running'",
                 (last if last is not None else started, run_id),
             )
             changed.append(int(run_id))
@@ -422,7 +431,7 @@ class History:
             preset=preset,
             started=float(started),
             ended=None if ended is None else float(ended),
-            status=status,
+            status=_status_text(status),
             flags=json.loads(flags),
             vllm_version=vv,
             model=model,
@@ -601,13 +610,13 @@ _live_recorders: weakref.WeakSet[RunRecorder] = weakref.WeakSet()
 
 
 def finish_open_runs() -> None:
-    """Write everything queued by open recorders and mark their runs cut short.
+    """Write everything queued by open recorders and mark their runs cancelled.
 
     Called at interpreter exit (including Ctrl-C) and by the supervisor's SIGTERM/SIGHUP
     handler, which ends the process without running atexit hooks.
     """
     for rec in list(_live_recorders):
-        rec.finish("cut_short")
+        rec.finish(RunStatus.CANCELLED)
 
 
 @atexit.register
@@ -659,13 +668,16 @@ class RunRecorder:
         if not self.finished:
             self._queue.put(("update", fields))
 
-    def finish(self, status: str = "complete", summary: Mapping[str, Any] | None = None, timeout: float = 10.0) -> None:
-        """Write everything queued, set the status and end time, stop the writer thread."""
-        if status not in STATUSES or status == "running":
-            raise ValueError(f"finish status must be one of complete, cut_short, failed; got {status!r}")
+    def finish(self, status: str = RunStatus.OK, summary: Mapping[str, Any] | None = None,
+               timeout: float = 10.0) -> None:
+        """Write everything queued, set the status (``engine.status``) and end time, stop the
+        writer thread."""
+        final = RunStatus.parse(status)
+        if final is RunStatus.RUNNING:
+            raise ValueError("a finished run cannot be 'running'")
         if self.finished:
             return
-        fields: dict[str, Any] = {"status": status, "ended": time.time()}
+        fields: dict[str, Any] = {"status": final.value, "ended": time.time()}
         if summary is not None:
             fields["summary"] = summary
         self._queue.put(("update", fields))
@@ -793,7 +805,8 @@ class Recording:
                     return history.get_run(self.recorder.run_id)
         meta = {**self.meta, **update}
         return RunInfo(
-            id=-1, name=self.name, preset=meta.get("preset"), started=self.started, ended=ended, status=status,
+            id=-1, name=self.name, preset=meta.get("preset"), started=self.started, ended=ended,
+            status=RunStatus.parse(status).value,
             flags=dict(meta.get("flags") or {}), vllm_version=meta.get("vllm_version"), model=meta.get("model"),
             gpus=list(meta.get("gpus") or []), workload=dict(meta.get("workload") or {}), summary=dict(summary),
             baseline=False, tags=(),

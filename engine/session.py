@@ -28,6 +28,7 @@ from typing import Any
 
 from engine import paths
 from engine.flags import recordable_values
+from engine.status import RunStatus
 
 # Sparklines show the last 120 points: one minute at the 2 Hz telemetry rate.
 SERIES_POINTS = 120
@@ -134,7 +135,7 @@ class RunRecord:
     label: str
     flags: Any  # engine.flags.FlagSet
     started_t: float
-    status: str  # "done" | "cancelled" | "server died" | "failed"
+    status: RunStatus  # engine.status: the same words as the history and every path
     summary: Mapping[str, Any]  # {"load": RunResult.summary, "telemetry": TelemetrySummary dict}
     result: Any = None  # loadgen.RunResult, None when the run failed before measuring
     history_id: Any = None
@@ -418,15 +419,12 @@ class Session:
         self._series: dict[str, collections.deque[float]] = {}
 
         self._run_thread: threading.Thread | None = None
-        self._run_loop: asyncio.AbstractEventLoop | None = None
-        self._loadrun: Any = None
         self._run_label = ""
         self._run_started = 0.0
         self._run_completed = 0
         self._runs: list[RunRecord] = []
         self._baseline: int | None = None
         self._history: Any = None
-        self._server_died_during_run = False
         self._sweeping = False
 
         self._tune_measurer = tune_measurer
@@ -699,8 +697,7 @@ class Session:
             self._notice = "the server died under a configuration of the tune; the search goes on"
             return
         if self.run_active:
-            self._server_died_during_run = True
-            self.stop_workload()
+            self.stop_workload("server-died")
         self._notice = "server died; what was measured is kept (press s to start it again)"
 
     async def start_server(self, timeout: float = 600.0) -> Any:
@@ -935,9 +932,9 @@ class Session:
         """Sampler thread callback: keep the latest snapshot and extend the sparklines."""
         self._telemetry = snap
         self.store.add_snapshot(snap.gpus, snap.host, snap.gpu_unavailable)
-        recorder = self._recorder
-        if recorder is not None:
-            recorder.add_telemetry(snap)
+        recording = self._recording
+        if recording is not None:
+            recording.add_sample("telemetry", snap.t, snap)
         devices, _ = _devices_view(snap)
         if devices:
             if devices[0].util_pct is not None:
@@ -973,9 +970,6 @@ class Session:
     def _on_window(self, window: Any) -> None:
         """Load-run thread callback: keep the latest window, extend the sparklines."""
         self._window = window
-        recorder = self._recorder
-        if recorder is not None:
-            recorder.add_window(window)
         self._push("req_s", _num(window, "req_s") or 0.0)
         self._push("tok_s", _num(window, "output_tok_s") or 0.0)
         ttft = _pcts(getattr(window, "ttft", None)).get("p50")
@@ -993,12 +987,12 @@ class Session:
     async def run_workload(self, label: str | None = None) -> RunRecord:
         """Run the chosen workload against the server; returns the recorded run.
 
-        The load generator runs in a thread with its own event loop; this coroutine
-        only waits for it. The run is written to the history as it goes. A server
-        that dies mid-run stops the run and the measured part is kept
-        (status "server died").
+        The run is :func:`engine.measure.measure`, the same pipeline as `vtui bench`, sweep
+        and tune, driven from a thread with its own event loop; this coroutine only waits for
+        it. The run is written to the history as it goes. A server that dies mid-run stops
+        the run and the measured part is kept (status ``server-died``).
         """
-        from loadgen import LoadRun, ServerError
+        from engine.measure import RunHandle, RunPlan, Target, measure
 
         self._refuse_while_tuning("start a load run")
         base_url = self._base_url()
@@ -1008,32 +1002,30 @@ class Session:
             raise SessionError("no workload chosen", "load a preset first")
         if self.run_active:
             raise SessionError("a run is already going", "stop it first (c)")
-        model = self._served_model()
         label = label or f"#{len(self._runs) + 1} {self._workload_label or 'run'}"
         flags = self._running_flags or self._flags
-        tokenizer = flags.model if Path(flags.model).is_dir() else None
-        # 120 s without a byte means a hung server (SIGSTOP, a stuck engine), not a long
-        # prefill: the run shows those requests as timeouts instead of waiting 10 minutes.
-        kwargs: dict[str, Any] = {"slo": self._slo, "tokenizer": tokenizer, "read_timeout_s": 120.0}
         api_key = getattr(self._attached, "api_key", None)
         if not api_key and self._supervisor is not None:
             # A server started here with --api-key wants it on every request.
             secret_env = getattr(flags, "secret_env", None)
             api_key = secret_env().get("VLLM_API_KEY") if callable(secret_env) else None
-        if api_key:
-            kwargs["api_key"] = api_key
-        lr = LoadRun(base_url, model, self._workload, self._arrivals, **kwargs)
+        target = Target(base_url, self._served_model(), api_key=api_key or None,
+                        tokenizer=str(flags.model) if Path(flags.model).is_dir() else None,
+                        supervisor=self._supervisor, root_pid=self._server_pid(),
+                        flags=recordable_values(flags), model_label=str(flags.model), vllm_version=self._version())
+        # 120 s without a byte means a hung server (SIGSTOP, a stuck engine), not a long
+        # prefill: the run shows those requests as timeouts instead of waiting 10 minutes.
+        plan = RunPlan(label, self._workload, self._arrivals, self._slo, preset=self._preset_name,
+                       read_timeout_s=120.0)
+        handle = RunHandle()
+        self._handle = handle
         self._run_label = label
         self._run_started = self._clock()
         self._run_completed = 0
         self._window = None
-        self._server_died_during_run = False
-        self._cancel_requested = False
         for name in ("req_s", "tok_s", "ttft_p50", "tpot_p50"):
             self._series.pop(name, None)
-        self._recorder = self._start_recording(label, flags)
         self._notice = f"running {label}"
-        self._loadrun = lr
         self.changed()
 
         loop = asyncio.get_running_loop()
@@ -1048,140 +1040,78 @@ class Session:
                 done.set_result(outcome)
 
         def thread_main() -> None:
+            # The run's parent side (merging the worker's batches, history writes) on a loop of
+            # its own, so the screen's loop never waits for it; the streams are read in the
+            # worker process (engine.measure -> loadgen.LoadRun).
             run_loop = asyncio.new_event_loop()
-            self._run_loop = run_loop
             try:
-                outcome = run_loop.run_until_complete(lr.run(on_window=self._on_window, on_request=self._on_request))
+                outcome = run_loop.run_until_complete(measure(
+                    target, plan, history=self._get_history(), store=self.store, handle=handle,
+                    on_window=self._on_window, on_request=self._on_request))
                 loop.call_soon_threadsafe(finish, outcome, None)
             except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
                 loop.call_soon_threadsafe(finish, None, exc)
             finally:
-                self._run_loop = None
                 run_loop.close()
 
         thread = threading.Thread(target=thread_main, name="vtui-loadrun", daemon=True)
         self._run_thread = thread
         thread.start()
-        error: BaseException | None = None
-        result: Any = None
         try:
-            result = await done
-        except Exception as exc:  # noqa: BLE001 - recorded as a failed run
-            error = exc
+            run = await done
         finally:
             await asyncio.to_thread(thread.join)
             self._run_thread = None
-            self._loadrun = None
+            self._handle = None
         ended = self._clock()
-
-        recorder, self._recorder = self._recorder, None
+        result = run.result
         windows = getattr(result, "windows", ())
         if windows:
             self._window = windows[-1]  # the run's last published window stays on screen
-        if isinstance(error, ServerError) and result is None:
+        if result is None and run.status is RunStatus.FAILED:
             # Refused before any load was sent (unreachable, lengths too long): not a run.
-            if recorder is not None:
-                recorder.finish("failed", {"error": str(error)})
-            self._notice = f"run refused: {error}"
+            self._notice = f"run refused: {run.error}"
             self.changed()
-            raise SessionError(str(error), getattr(error, "hint", "")) from None
-
-        status = "done"
-        if self._server_died_during_run:
-            status = "server died"
-        elif error is not None:
-            status = "failed"
-        elif getattr(result, "cancelled", False) or self._cancel_requested:
-            status = "cancelled"
-        summary: dict[str, Any] = {}
-        if result is not None:
-            from engine.crosscheck import cross_check
-
-            summary["load"] = dict(result.summary)
-            summary["telemetry"] = self._telemetry_summary(self._run_started, ended)
-            # The client's figures beside the server's own over the same window.
-            summary["cross_check"] = cross_check(
-                result.summary, summary["telemetry"], shared_prefix=bool(self._workload.prefix_len)).to_dict()
-            summary["stream"] = {k: result.extra.get(k) for k in (
-                "tokens_per_event", "same_read_gap_fraction", "burst_requests", "stream_bursts",
-                "client_lag_p50_ms", "client_own_lag_p99_ms", "client_cpu_mean", "client_cpu_p90",
-                "client_sched_delay")}
+            raise SessionError(run.error or "the run failed", run.hint or "")
         record = RunRecord(
             index=len(self._runs) + 1,
             label=label,
             flags=flags,
             started_t=self._run_started,
-            status=status,
-            summary=summary,
+            status=run.status,
+            summary=run.summary,
             result=result,
-            history_id=getattr(recorder, "run_id", None),
-            error=None if error is None else f"{type(error).__name__}: {error}",
+            history_id=run.history_id,
+            error=run.error,
             ended_t=ended,
         )
-        if recorder is not None:
-            hist_status = {"done": "complete", "failed": "failed"}.get(status, "cut_short")
-            recorder.finish(hist_status, summary or {"error": record.error})
         self._runs.append(record)
         if self._baseline is None:
             self._baseline = record.index
-        self._notice = f"run {label}: {status}" + (f" ({record.error})" if record.error else "")
-        history_error = getattr(recorder, "error", None)
-        if history_error is not None:
+        self._notice = f"run {label}: {run.status}" + (f" ({record.error})" if record.error else "")
+        if run.history_error is not None:
             # Disk full or a read-only file mid-run: the run is kept in memory; say so.
-            self._notice += f"; history not written: {getattr(history_error, 'reason', history_error)}"
+            self._notice += f"; history not written: {run.history_error}"
         self.changed()
         return record
 
-    _recorder: Any = None
+    _handle: Any = None
+
+    @property
+    def _recording(self) -> Any:
+        handle = self._handle
+        return None if handle is None else handle.recording
 
     def _on_request(self, result: Any) -> None:
         """Load-run thread callback, once per finished request: count and record it."""
         self._run_completed += 1
-        recorder = self._recorder
-        if recorder is not None:
-            recorder.add_request(result)
 
-    def _telemetry_summary(self, t0: float, t1: float) -> dict[str, Any]:
-        from engine.telemetry.summary import summarize
-
-        try:
-            return dict(summarize(self.store, t0, t1).to_dict())
-        except Exception:  # noqa: BLE001 - a run without telemetry still has its load figures
-            return {}
-
-    def _start_recording(self, label: str, flags: Any) -> Any:
-        history = self._get_history()
-        if history is None:
-            return None
-        try:
-            return history.start_run(
-                label,
-                preset=self._preset_name,
-                flags=recordable_values(flags),
-                model=str(flags.model),
-                vllm_version=self._version(),
-                workload={
-                    "workload": self._workload.to_dict(),
-                    "arrivals": self._arrivals.to_dict(),
-                },
-                started=self._run_started,
-            )
-        except Exception as exc:  # noqa: BLE001 - history trouble never stops a run
-            self._notice = f"history not written: {exc}"
-            return None
-
-    _cancel_requested = False
-
-    def stop_workload(self) -> None:
+    def stop_workload(self, reason: str = "cancelled") -> None:
         """Cancel the run in progress; what was measured so far is kept."""
-        lr, run_loop = self._loadrun, self._run_loop
-        if lr is None or run_loop is None:
+        handle = self._handle
+        if handle is None:
             return
-        self._cancel_requested = True
-        try:
-            run_loop.call_soon_threadsafe(lr.cancel)
-        except RuntimeError:
-            pass  # the run's loop has just closed: the run ended anyway
+        handle.cancel(reason)
         self._notice = "stopping the run"
         self.changed()
 
@@ -1512,7 +1442,10 @@ class Session:
             out: dict[str, Any] = dict(record.result.to_json()) if record.result is not None else {}
             out["telemetry"] = record.summary.get("telemetry", {})
             out["label"] = record.label
-            out["status"] = record.status
+            out["status"] = record.status.value
+            for key in ("server", "cross_check", "stream", "slo_verdict"):
+                if key in record.summary:
+                    out[key] = record.summary[key]
             out["flags"] = recordable_values(record.flags)
             out["model"] = str(record.flags.model)
             return json.dumps(out, indent=2, default=str)
@@ -1825,7 +1758,7 @@ def run_info(record: RunRecord, *, baseline: bool = False, vllm_version: str | N
         preset=None,
         started=record.started_t,
         ended=record.ended_t,
-        status=record.status,
+        status=str(record.status),
         flags=recordable_values(record.flags),
         vllm_version=vllm_version,
         model=str(record.flags.model) if record.flags is not None else None,

@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from engine import paths
+from loadgen.spec import allowed_failures, judge  # the SLO's own test; re-exported
 
 if TYPE_CHECKING:
     from engine.flags import FlagSet, Schema
@@ -299,34 +300,6 @@ def violation_count(n: int, percentile: float) -> int:
     reached among planned requests is also enough for fewer completed ones.
     """
     return n - math.floor((n - 1) * percentile / 100.0)
-
-
-def allowed_failures(n: int, percentile: float) -> int:
-    """Failed requests a step may have and still meet the SLO: the share above the percentile."""
-    return math.floor(n * (100.0 - percentile) / 100.0)
-
-
-def judge(slo: SLO, summary: Mapping[str, Any]) -> tuple[bool, str]:
-    """Whether a run's summary (vLLM bench keys) meets ``slo``; the reason when not."""
-    p = slo.percentile
-    word = str(int(p)) if int(p) == p else str(p)
-    completed = int(summary.get("completed", 0))
-    failed = int(summary.get("failed", 0))
-    n = completed + failed
-    if completed == 0:
-        return False, "no request completed"
-    if failed > allowed_failures(n, p):
-        return False, f"{failed} of {n} requests failed"
-    for metric in ("ttft", "tpot", "e2el"):
-        limit = getattr(slo, f"{metric}_ms")
-        if limit is None:
-            continue
-        value = summary.get(f"p{word}_{metric}_ms")
-        if value is None:
-            return False, f"p{word} {metric.upper()} not measured"
-        if float(value) > limit:
-            return False, f"p{word} {metric.upper()} {float(value):.0f} ms > {limit:g} ms"
-    return True, ""
 
 
 @dataclass
@@ -1269,37 +1242,21 @@ class ServerMeasurer:
         self._owned = supervisor is None
         self.warmup_burst = max(0, int(warmup_burst))
         self.warmups = 0  # bursts sent (a test reads it)
-        self._argv: list[str] | None = None
-        if supervisor is not None:
-            from engine.supervisor import ServerState
-
-            flags = supervisor.flags
-            if supervisor.state is ServerState.READY and hasattr(flags, "to_argv"):
-                self._argv = [flags.model, *flags.to_argv()]
 
     async def start(self, flags: FlagSet, *, timeout: float) -> StartOutcome:
-        from engine.errors import StartupError
-        from engine.supervisor import ServerState, Supervisor
+        from engine.measure import ensure_server
+        from engine.supervisor import Supervisor
 
-        argv = [flags.model, *flags.to_argv()]
-        if self.sup is not None and self._argv == argv and self.sup.state is ServerState.READY:
-            return StartOutcome(True, restarted=False)
+        def make(f: FlagSet) -> Any:
+            return self._factory(f) if self._factory else Supervisor(f, log_dir=self.log_dir or paths.logs_dir())
+
         t0 = time.monotonic()
-        try:
-            if self.sup is None:
-                factory = self._factory or (lambda f: Supervisor(f, log_dir=self.log_dir or paths.logs_dir()))
-                self.sup = factory(flags)
-                await self.sup.start(timeout=timeout)
-            else:
-                await self.sup.restart(flags, timeout=timeout)
-        except StartupError as exc:
-            line = getattr(exc, "vllm_line", "") or str(exc)
-            hint = getattr(exc, "hint", "") or ""
-            with contextlib.suppress(Exception):
-                await self.sup.stop()
-            self._argv = None  # the next start restarts the same supervisor (same port)
-            return StartOutcome(False, reason=line, hint=hint, seconds=time.monotonic() - t0)
-        self._argv = argv
+        ready = await ensure_server(self.sup, flags, make=make, timeout=timeout)
+        self.sup = ready.supervisor  # stopped after a failed start: the next one restarts it, same port
+        if ready.error is not None:
+            return StartOutcome(False, reason=ready.error, hint=ready.hint or "", seconds=ready.seconds)
+        if not ready.started:
+            return StartOutcome(True, restarted=False)
         await self._warm_up(timeout=max(30.0, timeout - (time.monotonic() - t0)))
         return StartOutcome(True, seconds=time.monotonic() - t0)
 
@@ -1340,15 +1297,19 @@ class ServerMeasurer:
                            warmup_requests=warmup, seed=base.seed, workers=base.workers)
 
     async def measure(self, load: float, *, requests: int, timeout: float, warmup: int) -> Measurement:
+        from engine.measure import RunHandle, RunPlan, Target, wait_for
+        from engine.measure import measure as measure_run
         from engine.supervisor import ServerState
-        from loadgen import LoadRun, ServerError
 
         if self.sup is None:
             return Measurement(load, False, "no server", fatal="no server running")
         p = self.slo.percentile
         pcts = tuple(sorted({50.0, 90.0, 95.0, 99.0, float(p)}))
-        lr = LoadRun(self.sup.base_url, self.sup.model, self.workload, self._arrivals(load, requests, warmup),
-                     slo=self.slo, tokenizer=self.tokenizer, percentiles=pcts)
+        # One tune step is one measured run (engine.measure, as on every path); the search's
+        # own store keeps its figures, so it is not filed in the run history one by one.
+        plan = RunPlan(f"tune step {load:g}", self.workload, self._arrivals(load, requests, warmup), self.slo,
+                       percentiles=pcts, tags=("tune",))
+        handle = RunHandle()
         stop = EarlyStop(self.slo, requests)
 
         fastest: list[float] = []
@@ -1361,26 +1322,16 @@ class ServerMeasurer:
             if r.cancelled or not self.early_stop or stop.reason or math.isinf(load):
                 return
             if stop.add(r.ok, r.ttft_s, r.tpot_s, r.e2el_s, r.output_tokens):
-                lr.cancel()
+                handle.cancel("early stop")
 
         t0 = time.monotonic()
-        task = asyncio.ensure_future(lr.run(on_request=on_request))
-        timed_out = False
-        try:
-            done, _ = await asyncio.wait({task}, timeout=timeout)
-            if not done:
-                timed_out = True
-                lr.cancel()
-                await asyncio.wait({task}, timeout=30.0)
-            result = task.result() if task.done() else None
-        except ServerError as exc:
-            return Measurement(load, False, f"server refused the load: {exc}", requests=requests,
-                               fatal=str(exc) if self.sup.state is not ServerState.READY else "")
-        except BaseException:
-            lr.cancel()
-            with contextlib.suppress(BaseException):
-                await asyncio.wait_for(task, 30.0)
-            raise
+        run = await wait_for(measure_run(Target.of(self.sup, tokenizer=self.tokenizer), plan, handle=handle,
+                                         on_request=on_request), handle, timeout)
+        timed_out = handle.reason == "timed out"
+        if run is not None and run.result is None:
+            return Measurement(load, False, f"server refused the load: {run.error}", requests=requests,
+                               fatal=(run.error or "") if self.sup.state is not ServerState.READY else "")
+        result = None if run is None else run.result
         dur = time.monotonic() - t0
         fatal = ""
         if self.sup.state is not ServerState.READY:
@@ -1415,7 +1366,7 @@ class ServerMeasurer:
         if self.sup is not None and self._owned:
             with contextlib.suppress(Exception):
                 await self.sup.stop()
-            self.sup, self._argv = None, None
+            self.sup = None
 
 
 __all__ = [

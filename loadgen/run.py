@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -256,9 +256,14 @@ class LoadRun:
     # -- running -------------------------------------------------------------------------
 
     async def run(self, on_window: Callable[[StatsWindow], None] | None = None,
-                  on_request: Callable[[RequestResult], None] | None = None) -> RunResult:
+                  on_request: Callable[[RequestResult], None] | None = None,
+                  on_measured: Callable[[], Awaitable[None]] | None = None) -> RunResult:
         """Run to the end (count, duration or cancel). Raises ServerError before any load
-        is sent if the server is unreachable or the lengths do not fit."""
+        is sent if the server is unreachable or the lengths do not fit.
+
+        ``on_measured`` is awaited once, after the prompts are built and the warm-up is over,
+        just before the measured part starts: nothing of this run is in flight then (the
+        measured-run pipeline takes the server's /metrics baseline there)."""
         self.phase = "preparing"
         model, plan, max_model_len = await self._prepare()
         a = self.arrivals
@@ -281,6 +286,7 @@ class LoadRun:
                 slots=max(1, slots) if a.mode == "closed" else slots, total=total,
                 warmup=0, trace=trace))
         state = _State(self, nw, on_window, on_request)
+        t_warm = time.monotonic()
         if warm_pool:
             self.phase = "warmup"
             wplan = WorkerPlan(client=cfg, arrivals=a, pool=warm_pool, warmup=len(warm_pool),
@@ -294,6 +300,9 @@ class LoadRun:
 
             await warm_worker.run(no_run)
             self._cancel_hooks.remove(warm_worker.cancel)
+        state.warmup = (len(warm_pool), time.monotonic() - t_warm if warm_pool else 0.0)
+        if on_measured is not None and not self._cancelled:
+            await on_measured()
         if self._cancelled:
             return state.result(model, max_model_len, time.time())
         self.phase = "running"
@@ -457,6 +466,7 @@ class _State:
         self.cpu = Accumulator(cap=100_000)
         self.cpu_max = 0.0
         self.server_gone = False
+        self.warmup: tuple[int, float] = (0, 0.0)  # requests, seconds (not measured)
         self._watch: deque[tuple[float, float, float, float]] = deque()
         self._file: IO[str] | None = None
         self._record_every = 1.0
@@ -563,6 +573,9 @@ class _State:
             "max_concurrency": a.in_flight_cap or None,
             "t_start": self.t0,
             "cancelled_requests": self.agg.cancelled,
+            # Sent before the clock started, not measured: counted apart.
+            "warmup_requests": self.warmup[0],
+            "warmup_s": round(self.warmup[1], 3),
             "input_len_mismatches": self.agg.input_mismatches,
             # The client's own cost: how late its loop woke (p50/p99 of the worst lag per
             # 100 ms), how much of that was its own work, and its share of a core; a lag that

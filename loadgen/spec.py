@@ -302,4 +302,33 @@ _TYPES: dict[str, dict[str, type]] = {
     "SLO": {"ttft_ms": float, "tpot_ms": float, "e2el_ms": float, "percentile": float},
 }
 
-__all__ = ["SLO", "ArrivalSpec", "SpecError", "WorkloadSpec"]
+
+def allowed_failures(n: int, percentile: float) -> int:
+    """Failed requests a step may have and still meet the SLO: the share above the percentile."""
+    return math.floor(n * (100.0 - percentile) / 100.0)
+
+
+def judge(slo: SLO, summary: Mapping[str, Any]) -> tuple[bool, str]:
+    """Whether a run's summary (vLLM bench keys) meets ``slo``; the reason when not."""
+    p = slo.percentile
+    word = str(int(p)) if int(p) == p else str(p)
+    completed = int(summary.get("completed", 0))
+    failed = int(summary.get("failed", 0))
+    n = completed + failed
+    if completed == 0:
+        return False, "no request completed"
+    if failed > allowed_failures(n, p):
+        return False, f"{failed} of {n} requests failed"
+    for metric in ("ttft", "tpot", "e2el"):
+        limit = getattr(slo, f"{metric}_ms")
+        if limit is None:
+            continue
+        value = summary.get(f"p{word}_{metric}_ms")
+        if value is None:
+            return False, f"p{word} {metric.upper()} not measured"
+        if float(value) > limit:
+            return False, f"p{word} {metric.upper()} {float(value):.0f} ms > {limit:g} ms"
+    return True, ""
+
+
+__all__ = ["SLO", "ArrivalSpec", "SpecError", "WorkloadSpec", "allowed_failures", "judge"]

@@ -296,7 +296,7 @@ def test_healthy_run_gives_no_findings() -> None:
 
 
 def _completed_ok(run: RunData) -> bool:
-    return run.status == "complete" and run.load.get("completed", 0) >= 40 and len(run.server) >= 5
+    return run.status == "ok" and run.load.get("completed", 0) >= 40 and len(run.server) >= 5
 
 
 @pytest.mark.parametrize("rule", sorted(FIRES_ON))

@@ -41,7 +41,7 @@ def _run(preset: Preset, model: Path, history: History) -> RunData:
 
     steps = asyncio.run(run_sweep([preset], model=str(model), history=history, say=lambda s: None,
                                   supervisor_factory=patient_supervisor))
-    assert steps[0].status == "complete", steps[0].error
+    assert steps[0].status == "ok", steps[0].error
     return RunData.from_history(history, steps[0].run.id)
 
 

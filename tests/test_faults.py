@@ -158,7 +158,7 @@ async def test_server_sigkill_mid_session_run_is_cut_short_and_restartable(tiny_
         detected = time.monotonic() - t_kill
         record = await asyncio.wait_for(run, 10)
         assert detected < 2.0
-        assert record.status == "server died"
+        assert record.status == "server-died"
         assert record.summary["load"]["completed"] >= 8
         assert await asyncio.to_thread(procs.wait_gone, refs, 10.0) == [], "the server's child outlived it"
         snap = session.snapshot()
@@ -166,7 +166,7 @@ async def test_server_sigkill_mid_session_run_is_cut_short_and_restartable(tiny_
         with History() as history:
             info = history.get_run(record.history_id)
             stored = history.requests(record.history_id)
-        assert info.status == "cut_short"
+        assert info.status == "server-died"
         ok_stored = sum(1 for r in stored if r["ok"])
         assert ok_stored == record.summary["load"]["completed"]
         # vtui stays usable: start again and run.
@@ -213,15 +213,15 @@ async def test_server_sigkill_mid_sweep_is_cut_short_and_next_preset_restarts(
         steps = await run_sweep(presets, model=str(tiny_model), history=history, say=lines.append,
                                 supervisor_factory=factory, start_timeout=30)
         await killed_task[0]
-        assert [s.status for s in steps] == ["cut_short", "complete"]
+        assert [s.status for s in steps] == ["server-died", "ok"]
         assert steps[0].error and "server died" in steps[0].error
         assert steps[0].run.summary["load"]["completed"] > 0
         assert steps[1].run.summary["load"]["completed"] == 8 and steps[1].restarted
         stored = history.requests(steps[0].run.id)
         assert sum(1 for r in stored if r["ok"]) == steps[0].run.summary["load"]["completed"]
-        assert history.get_run(steps[0].run.id).status == "cut_short"
+        assert history.get_run(steps[0].run.id).status == "server-died"
     assert killed["detected"] < 2.0
-    assert any("cut short: the server died" in line for line in lines)
+    assert any("server died" in line for line in lines)
     assert all(s.state is ServerState.STOPPED for s in sups)
     report("server SIGKILL mid-sweep", "step cut_short with what it measured; next preset restarted the server",
            killed["detected"], "none")
@@ -410,7 +410,7 @@ def test_vtui_session_sigterm_mid_run_stops_server_and_keeps_history(tiny_model:
             [run] = [r for r in history.list_runs() if r.name == "interrupted" and r.started > time.time() - 120
                      and r.status != "running"][:1]
             stored = [r for r in history.requests(run.id) if r["ok"]]
-        assert run.status == "cut_short"
+        assert run.status == "cancelled"
         assert len(stored) >= 4
         report("vtui (Session) gets SIGTERM mid-run", f"server gone; run cut_short with {len(stored)} requests",
                gone_after, "none (queued requests written by the signal handler)")
@@ -433,7 +433,7 @@ def run_kill_9_of_vtui(session_script: Path, model: Path, launcher: list[str], v
             runs = [r for r in history.list_runs() if r.name == "interrupted"]
             run = max(runs, key=lambda r: r.started)
             stored = [r for r in history.requests(run.id) if r["ok"]]
-        assert run.status == "cut_short" and len(stored) >= 4
+        assert run.status == "cancelled" and len(stored) >= 4
         [entry] = [e for e in list_registered() if e.pid == info["pid"]]
         assert not entry.owner_alive() and entry.url == info["url"]
         from engine.attach import attach
@@ -530,7 +530,7 @@ async def test_vllm_sigkill_mid_session_run_then_restart_on_the_same_port(tiny_m
         detected = time.monotonic() - t_kill
         record = await asyncio.wait_for(run, 30)
         assert detected < 2.0
-        assert record.status == "server died"
+        assert record.status == "server-died"
         completed = record.summary["load"]["completed"]
         assert completed >= 8
         # The supervisor reaps the orphaned engine core after reporting the death (a 2 s
@@ -541,7 +541,7 @@ async def test_vllm_sigkill_mid_session_run_then_restart_on_the_same_port(tiny_m
         with History() as history:
             info = history.get_run(record.history_id)
             stored = [r for r in history.requests(record.history_id) if r["ok"]]
-        assert info.status == "cut_short" and len(stored) == completed
+        assert info.status == "server-died" and len(stored) == completed
         # Start again on the same port at once: TIME_WAIT sockets from the load must not block it.
         await session.start_server(timeout=300)
         assert session.snapshot().server.state == "READY" and session.supervisor.port == port

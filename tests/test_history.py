@@ -46,7 +46,7 @@ def test_run_round_trip(tmp_path: Path) -> None:
         rec.finish("complete", summary={"request_throughput": 2.5})
         assert rec.error is None
         info = store.get_run(rec.run_id)
-        assert (info.status, info.requests, info.preset, info.model) == ("complete", 3, "online-chat", "tiny")
+        assert (info.status, info.requests, info.preset, info.model) == ("ok", 3, "online-chat", "tiny")
         assert info.flags == {"max-num-seqs": 8} and info.summary == {"request_throughput": 2.5}
         assert info.ended is not None and info.ended >= info.started
         reqs = store.requests(rec.run_id)
@@ -116,7 +116,7 @@ def test_kill_9_mid_run_keeps_completed_requests_and_marks_cut_short(tmp_path: P
         proc.wait()
     with History(path) as store:
         (run,) = store.list_runs()
-        assert run.status == "cut_short"
+        assert run.status == "cancelled"
         assert run.ended is not None and run.ended > run.started
         ids = [r["id"] for r in store.requests(run.id)]
         assert len(ids) >= 20
@@ -131,7 +131,7 @@ def test_a_live_writer_is_not_marked_cut_short(tmp_path: Path) -> None:
         with History(path) as other:  # this process is the writer and still alive
             assert other.get_run(rec.run_id).status == "running"
         rec.finish()
-        assert store.get_run(rec.run_id).status == "complete"
+        assert store.get_run(rec.run_id).status == "ok"
 
 
 def test_a_dead_writer_with_a_reused_pid_is_detected(tmp_path: Path) -> None:
@@ -145,7 +145,7 @@ def test_a_dead_writer_with_a_reused_pid_is_detected(tmp_path: Path) -> None:
         conn.commit()
         conn.close()
         assert store.recover() == [rec.run_id]
-        assert store.get_run(rec.run_id).status == "cut_short"
+        assert store.get_run(rec.run_id).status == "cancelled"
 
 
 def test_migration_from_version_1_keeps_runs(tmp_path: Path) -> None:
@@ -234,7 +234,7 @@ def test_history_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: py
     a, b = _seed_store()
     assert main(["history", "list"]) == 0
     out = capsys.readouterr().out
-    assert out.index("cli-b") < out.index("cli-a") and "complete" in out
+    assert out.index("cli-b") < out.index("cli-a") and " ok " in out
     assert main(["history", "show", str(a)]) == 0
     assert "--max-num-seqs 128" in capsys.readouterr().out
     assert main(["history", "baseline", "cli-b"]) == 0 and "baseline: run" in capsys.readouterr().out

@@ -139,7 +139,7 @@ def test_bench_runs_are_stored_unless_no_history(url: str, capsys: pytest.Captur
         new = [r for r in h.list_runs() if r.id not in before]
         assert [r.name for r in new] == ["stored one"]
         [run] = new
-        assert run.status == "complete" and "bench" in run.tags
+        assert run.status == "ok" and "bench" in run.tags
         assert run.summary["load"]["completed"] == 6 and "cross_check" in run.summary
         assert len(h.requests(run.id)) == 6
     assert f"stored as run {run.id}" in err
@@ -150,25 +150,26 @@ def test_bench_runs_are_stored_unless_no_history(url: str, capsys: pytest.Captur
         assert {r.id for r in h.list_runs()} - before == {run.id}
 
 
-def test_bench_history_record_keeps_secrets_out(tmp_path: Path) -> None:
-    """A server vtui bench started with --api-key: its flags go into the history with the
-    key as a $VLLM_API_KEY reference, never the key itself."""
-    import argparse
+def test_measured_run_keeps_secrets_out_of_the_history(url: str, tmp_path: Path) -> None:
+    """A server vtui started with --api-key (vtui bench, the TUI, sweep all record through
+    engine.measure): its flags go into the history with the key as a $VLLM_API_KEY
+    reference, never the key itself."""
+    import asyncio
     from types import SimpleNamespace
 
     from engine.flags import FlagSet
     from engine.history import History
+    from engine.measure import RunPlan, Target, measure
     from loadgen import ArrivalSpec, WorkloadSpec
-    from tui.commands.bench import _history_recording
 
     flags = FlagSet(model=str(tmp_path), values={"api-key": "sk-not-for-the-history", "max-num-seqs": 8})
-    sup = SimpleNamespace(flags=flags, facts=SimpleNamespace(vllm_version="0.32.0"))
-    args = argparse.Namespace(no_history=False, name="secret check", preset=None)
-    history, rec = _history_recording(args, WorkloadSpec(), ArrivalSpec(num_requests=1), None, sup, str(tmp_path))
-    info = rec.finish(history, "complete", {})
-    assert history is not None
-    history.close()
-    with History() as h:
-        stored = h.get_run(info.id)
-    assert stored.flags == {"api-key": "$VLLM_API_KEY", "max-num-seqs": 8}
+    sup = SimpleNamespace(flags=flags, base_url=url, model=None, pid=None,
+                          facts=SimpleNamespace(vllm_version="0.32.0"))
+    target = Target.of(sup)
+    assert target.api_key == "sk-not-for-the-history"  # sent with the requests...
+    plan = RunPlan("secret check", WorkloadSpec(input_len=10, output_len=2), ArrivalSpec(num_requests=2))
+    with History() as history:
+        run = asyncio.run(measure(target, plan, history=history))
+        stored = history.get_run(run.history_id or -1)
+    assert stored.flags == {"api-key": "$VLLM_API_KEY", "max-num-seqs": 8}  # ...and stored nowhere
     assert "sk-not-for-the-history" not in json.dumps(stored.to_dict())

@@ -213,7 +213,7 @@ async def test_attach_run_record_and_export_against_real_vllm(vllm_server: objec
 
     with History() as history:
         info = history.get_run(record.history_id)
-        assert info.status == "complete"
+        assert info.status == "ok"
         assert history.requests(record.history_id)
 
     results = json.loads(session.export("results"))

@@ -68,7 +68,7 @@ def test_sweep_two_presets_on_vllm_cpu(tiny_model: Path, capsys: pytest.CaptureF
         runs = {r.id: r for r in store.list_runs()}
         for entry in table["runs"]:
             run = runs[entry["id"]]
-            assert run.status == "complete" and run.requests == 24
+            assert run.status == "ok" and run.requests == 24
             assert run.flags["max-num-batched-tokens"] in (256, 2048)
             kinds = {k for k, _, _ in store.samples(run.id)}
             assert {"telemetry", "server", "window"} <= kinds

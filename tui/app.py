@@ -344,7 +344,7 @@ class VtuiApp(App[int]):
             self._error(exc)
             return
         self.refresh_now()
-        self.notify(f"run {record.label}: {record.status}", severity="warning" if record.status != "done" else "information")
+        self.notify(f"run {record.label}: {record.status}", severity="warning" if record.status != "ok" else "information")
 
     def action_stop_run(self) -> None:
         self.session.stop_workload()

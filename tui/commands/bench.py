@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     return asyncio.run(_bench(args, workload, arrivals, slo))
 
 
-async def _start_server(args: argparse.Namespace) -> tuple[Any, str | None]:
+async def _start_server(args: argparse.Namespace) -> Any:
     from engine.errors import StartupError
     from engine.supervisor import Supervisor
     from tui.commands.serve import build_flags
@@ -178,121 +178,93 @@ async def _start_server(args: argparse.Namespace) -> tuple[Any, str | None]:
         await sup.stop()
         raise UserError(f"the server did not start: {exc}{said}", exc.hint) from None
     _err(f"vtui: ready at {sup.base_url} after {time.monotonic() - t0:.0f} s")
-    folder = Path(flags.model)
-    return sup, str(folder) if (folder / "config.json").is_file() else None
+    return sup
 
 
 async def _bench(args: argparse.Namespace, workload: Any, arrivals: Any, slo: Any) -> int:
-    from engine.crosscheck import cross_check
-    from loadgen import DatasetError, LoadRun, ServerError
-    from loadgen.tokens import TokenizerError
+    from engine.crosscheck import CrossCheck
+    from engine.history import open_history
+    from engine.measure import RunHandle, RunPlan, Target, measure
+    from engine.status import RunStatus
 
     sup = None
-    url, model, tokenizer = args.url, args.model, args.tokenizer
-    if not url:
-        sup, folder = await _start_server(args)
-        url, model = sup.base_url, sup.model
-        tokenizer = tokenizer or folder
+    if args.url:
+        target = Target(args.url, args.model, tokenizer=args.tokenizer, api_key=args.api_key,
+                        root_pid=_listening_pid(args.url), model_label=args.model or args.url)
+    else:
+        sup = await _start_server(args)
+        target = Target.of(sup, api_key=args.api_key, tokenizer=args.tokenizer)
+    conc = arrivals.concurrency if arrivals.mode == "closed" else f"rate {arrivals.rate:g}"
+    plan = RunPlan(args.name or f"bench c={conc} {workload.input_len}/{workload.output_len}", workload, arrivals,
+                   slo, preset=args.preset, tags=("bench",), read_timeout_s=args.timeout,
+                   requests_file=args.requests_file, transport=args.transport)
+    history = None if args.no_history else open_history(lambda text: _err(f"vtui: {text}"))
     progress = _Progress(args.quiet)
-    run_ = LoadRun(url, model, workload, arrivals, slo, args.api_key, tokenizer=tokenizer,
-                   requests_file=args.requests_file, read_timeout_s=args.timeout,
-                   transport=args.transport)
+    handle = RunHandle()
     loop = asyncio.get_running_loop()
-    interrupted = False
-
-    def on_sigint() -> None:
-        nonlocal interrupted
-        interrupted = True
-        run_.cancel()
-
-    loop.add_signal_handler(signal.SIGINT, on_sigint)
-    recorder = _recorder(url, sup)
-    history, rec = _history_recording(args, workload, arrivals, slo, sup, model or url)
-
-    def on_window(w: Any) -> None:
-        progress.update(w)
-        rec.add_window(w)
-
-    t0 = time.time()
+    loop.add_signal_handler(signal.SIGINT, handle.cancel)
     try:
-        await recorder.start()
-        result = await run_.run(on_window=on_window, on_request=rec.add_request)
-    except (ServerError, DatasetError, TokenizerError) as exc:
-        rec.finish(history, "failed", {"error": str(exc)})
-        raise UserError(str(exc), getattr(exc, "hint", "") or "check --url/--dataset") from None
-    except BaseException:
-        rec.finish(history, "cut_short", {})
-        raise
+        run = await measure(target, plan, history=history, handle=handle, on_window=progress.update)
     finally:
-        t1 = time.time()
-        await recorder.stop()
         loop.remove_signal_handler(signal.SIGINT)
         progress.end()
         if sup is not None:
             await sup.stop()
-    out = result.to_json()
-    summary = recorder.summary(t0, t1)
-    telemetry = summary.to_dict()
-    out["telemetry"] = {"summary": telemetry, "series": recorder.store.to_dict(t0, t1)}
-    check = cross_check(out, telemetry, shared_prefix=bool(workload.prefix_len))
-    out["cross_check"] = check.to_dict()
-    status = ("cut_short" if result.server_gone or interrupted or result.cancelled
-              else "failed" if result.failed_run else "complete")
-    info = rec.finish(history, status, {"load": dict(result.summary), "telemetry": telemetry,
-                                        "cross_check": out["cross_check"], "client_bound": result.client_bound,
-                                        "failures_by_reason": dict(result.failures_by_reason)})
-    if history is not None:
-        history.close()
+        if history is not None:
+            history.close()
+    if run.result is None:  # refused before any load was sent
+        raise UserError(run.error or "the run failed", run.hint or "check --url/--dataset")
+    out = run.result.to_json()
+    out.update({k: run.summary[k] for k in ("server", "cross_check", "stream", "slo_verdict") if k in run.summary})
+    out["telemetry"] = {"summary": run.summary.get("telemetry") or {},
+                        "series": run.store.to_dict(run.started, run.ended) if run.store is not None else {}}
+    out["status"] = run.status.value
+    check = CrossCheck.from_dict(run.summary.get("cross_check") or {})
     print_table(out)
-    print(telemetry_line(summary))
+    print(telemetry_line(run.summary.get("telemetry") or {}))
     print(cross_check_line(check))
     for warning in check.warnings:
         print(f"WARNING: {warning}")
-    if info.id >= 0:
-        _err(f"vtui: stored as run {info.id} (`vtui history show {info.id}`, `vtui compare {info.id} ...`)")
-    elif rec.error is not None:
-        _err(f"vtui: the run was not stored: {rec.error.reason}")
+    if run.history_id is not None:
+        _err(f"vtui: stored as run {run.history_id} ({run.status}; `vtui history show {run.history_id}`, "
+             f"`vtui compare {run.history_id} ...`)")
+    elif run.history_error is not None:
+        _err(f"vtui: the run was not stored: {run.history_error}")
     if args.result_file:
         path = Path(args.result_file).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(out, indent=2, default=str) + "\n", encoding="utf-8")
         _err(f"vtui: result written to {path}")
-    if interrupted:
+    if run.status is RunStatus.CANCELLED:
         return 130
-    if result.server_gone:
+    if run.status is RunStatus.SERVER_DIED:
         # Measured requests are kept above, but a run cut short by a dead server is no
         # result to compare: say so, with the server's own last words when it was ours.
-        _err(f"error: the server stopped accepting connections mid-run (it died or was stopped); "
-             f"the {result.summary.get('completed', 0)} requests that completed before are kept above")
-        for line in list(getattr(sup, "tail", ()))[-10:] if sup is not None else ():
+        _err(f"error: the server stopped mid-run ({run.error}); the "
+             f"{run.load.get('completed', 0)} requests that completed before are kept above")
+        for line in run.server_log:
             _err(f"  server log: {line}")
         return 1
-    if result.failed_run:
-        reasons = ", ".join(f"{k}: {v}" for k, v in result.failures_by_reason.items())
-        example = next(iter(result.failure_examples.values()), "")
-        _err(f"error: no request completed ({reasons or 'nothing sent'})")
-        if example:
-            _err(f"  first failure: {example}")
+    if run.status is RunStatus.FAILED:
+        _err(f"error: {run.error}")
         return 1
     return 0
 
 
-def _history_recording(args: argparse.Namespace, workload: Any, arrivals: Any, slo: Any, sup: Any,
-                       model: str) -> tuple[Any, Any]:
-    """The run history (None with --no-history, or when it cannot be opened: the run goes on)
-    and the run's recording in it, named after the workload unless --name says."""
-    from engine.flags import recordable_values
-    from engine.history import Recording, open_history
+def _listening_pid(url: str) -> int | None:
+    """The pid of the server listening on a loopback URL (its process tree is sampled:
+    GPU memory share, RSS), None when it is elsewhere or psutil may not say."""
+    from urllib.parse import urlsplit
 
-    history = None if args.no_history else open_history(lambda text: _err(f"vtui: {text}"))
-    conc = arrivals.concurrency if arrivals.mode == "closed" else f"rate {arrivals.rate:g}"
-    name = args.name or f"bench c={conc} {workload.input_len}/{workload.output_len}"
-    flags = {} if sup is None else recordable_values(sup.flags)  # secrets as $VAR references
-    version = None if sup is None else getattr(sup.facts, "vllm_version", None)
-    rec = Recording(history, name, preset=args.preset, flags=flags, model=model, vllm_version=version,
-                    workload={"workload": workload.to_dict(), "arrivals": arrivals.to_dict(),
-                              "slo": slo.to_dict() if slo else None}, tags=("bench",))
-    return history, rec
+    from engine.attach import is_loopback, listening_pid
+
+    parts = urlsplit(url)
+    if not (parts.hostname and is_loopback(parts.hostname) and parts.port):
+        return None
+    try:
+        return listening_pid(parts.port)
+    except Exception:  # noqa: BLE001 - psutil may refuse (permissions): samples without the tree
+        return None
 
 
 def cross_check_line(check: Any) -> str:
@@ -307,28 +279,9 @@ def cross_check_line(check: Any) -> str:
             f"{ms(check.server_prompt_tokens)}; prefix-cache hits {hit}")
 
 
-def _recorder(url: str, sup: Any) -> Any:
-    """GPU + host + /metrics samples on the run's clock; the server's process tree when it is
-    ours or listens on this machine (its GPU memory share and RSS)."""
-    from urllib.parse import urlsplit
-
-    from engine.attach import is_loopback, listening_pid
-    from engine.telemetry.recorder import TelemetryRecorder
-
-    pid = sup.pid if sup is not None else None
-    if pid is None:
-        parts = urlsplit(url)
-        if parts.hostname and is_loopback(parts.hostname) and parts.port:
-            try:
-                pid = listening_pid(parts.port)
-            except Exception:  # psutil may refuse (permissions): samples without the tree
-                pid = None
-    return TelemetryRecorder(url, root_pid=pid)
-
-
-def telemetry_line(summary: Any) -> str:
-    """One line of what the GPU (or the host) and the server did during the run."""
-    d = summary.to_dict()
+def telemetry_line(d: dict[str, Any]) -> str:
+    """One line of what the GPU (or the host) and the server did during the run
+    (a ``TelemetrySummary.to_dict()``)."""
 
     def pct(v: Any) -> str:
         return "n/a" if v is None else f"{v:.0f}%"

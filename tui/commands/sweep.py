@@ -147,4 +147,4 @@ def run(args: argparse.Namespace) -> int:
     if not steps:
         return 1
     write_or_print(render(compare([s.run for s in steps]), args.format), args.output)
-    return 0 if any(s.status == "complete" for s in steps) else 1
+    return 0 if any(s.status.measured for s in steps) else 1

@@ -49,7 +49,7 @@ class RunsPanel(Vertical):
         for i, name in enumerate(comp.columns):
             mark = " (baseline)" if comp.baseline == i else ""
             status = snap.runs[i].status if i < len(snap.runs) else ""
-            status = "" if status == "done" else f" [{status}]"
+            status = "" if status == "ok" else f" [{status}]"
             table.add_column(f"{name}{mark}{status}", key=f"run{i}")
         for n, (label, cells, best_cols) in enumerate(comp.rows):
             is_flag = n < comp.flag_rows

@@ -1,0 +1,407 @@
+"""One measured run, the same on every path: the TUI's `r`, `vtui bench`, `vtui sweep`, a tune
+step and the advisor's relaunch all call :func:`measure`, and :func:`ensure_server` is the one
+policy that puts a server in the wanted flags.
+
+:func:`measure`, in order:
+
+1. opens the run's recording in the history (optional: trouble there never stops a run);
+2. records GPU/host telemetry and the server's ``/metrics`` for the run, unless the caller
+   records them already (the TUI's session passes its own store);
+3. runs the load (``loadgen.LoadRun``: the measuring loop in its own process; the warm-up
+   first, not measured, counted apart) and takes the server's ``/metrics`` exactly when the
+   measured part starts and again when it ends, so the server's own figures cover the same
+   requests as the client's, warm-up left out;
+4. watches the server: the supervisor's death event (within 2 s) or a refused connection
+   stops the run at once, and what completed is kept;
+5. decides the status (:mod:`engine.status`), cross-checks the client against the server
+   (:mod:`engine.crosscheck`), and stores one record whose summary is what every screen shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from engine.history import History, Recording, RunInfo, to_jsonable
+from engine.status import RunStatus, decide
+
+if TYPE_CHECKING:
+    from engine.flags import FlagSet
+    from engine.telemetry.metrics import ServerSample
+    from engine.telemetry.store import SeriesStore
+    from loadgen import LoadRun, RunResult
+    from loadgen.records import RequestResult
+    from loadgen.spec import SLO, ArrivalSpec, WorkloadSpec
+    from loadgen.stats import StatsWindow
+
+# The stream's shape and the client's own cost, as every path stores them.
+STREAM_KEYS = ("tokens_per_event", "same_read_gap_fraction", "burst_requests", "stream_bursts",
+               "client_lag_p50_ms", "client_own_lag_p99_ms", "client_cpu_mean", "client_cpu_p90",
+               "client_sched_delay", "warmup_requests", "warmup_s")
+SERVER_LOG_LINES = 10
+
+
+@dataclass(frozen=True)
+class Target:
+    """The server a run measures.
+
+    ``supervisor``: the ``engine.supervisor.Supervisor`` when vtui started the server (its
+    death stops the run; its last log lines go into the record). ``flags``: the values to
+    record, secrets as references (``engine.flags.recordable_values``). ``api_key`` is sent
+    with each request and stored nowhere.
+    """
+
+    base_url: str
+    model: str | None = None  # the served name; None asks the server
+    tokenizer: str | None = None  # a local tokenizer folder; None uses the server's
+    api_key: str | None = field(default=None, repr=False)
+    supervisor: Any = None
+    root_pid: int | None = None
+    flags: Mapping[str, Any] = field(default_factory=dict)
+    model_label: str | None = None  # what the history calls the model
+    vllm_version: str | None = None
+
+    @classmethod
+    def of(cls, sup: Any, *, api_key: str | None = None, tokenizer: str | os.PathLike[str] | None = None) -> Target:
+        """The server a supervisor runs: its URL, served name, process tree and flags."""
+        from pathlib import Path
+
+        from engine.flags import recordable_values
+
+        flags = sup.flags
+        folder = Path(str(flags.model))
+        if api_key is None:
+            api_key = flags.secret_env().get("VLLM_API_KEY") if hasattr(flags, "secret_env") else None
+        return cls(
+            base_url=sup.base_url, model=sup.model, api_key=api_key, supervisor=sup,
+            tokenizer=str(tokenizer) if tokenizer else (str(folder) if (folder / "config.json").is_file() else None),
+            root_pid=getattr(sup, "pid", None), flags=recordable_values(flags), model_label=str(flags.model),
+            vllm_version=getattr(getattr(sup, "facts", None), "vllm_version", None))
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What to run and how to file it."""
+
+    name: str
+    workload: WorkloadSpec
+    arrivals: ArrivalSpec
+    slo: SLO | None = None
+    preset: str | None = None
+    tags: tuple[str, ...] = ()
+    read_timeout_s: float = 600.0
+    requests_file: str | None = None
+    transport: str = "fast"
+    check_max_len: bool = True
+    percentiles: tuple[float, ...] | None = None
+    meta: Mapping[str, Any] = field(default_factory=dict)  # extra workload facts to store (scaled, ...)
+
+
+class RunHandle:
+    """The caller's hold on a run in progress: :meth:`cancel` from any thread (a key, SIGINT,
+    a tune step's early stop); ``recording`` takes samples the caller records itself."""
+
+    def __init__(self) -> None:
+        self.recording: Recording | None = None
+        self.cancelled = False
+        self.reason: str | None = None
+        self.loadrun: LoadRun | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+
+    def _attach(self, lr: LoadRun) -> None:
+        with self._lock:
+            self.loadrun, self._loop = lr, asyncio.get_running_loop()
+            cancel_now = self.cancelled
+        if cancel_now:
+            lr.cancel()
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        """Stop sending; requests in flight are cancelled, what completed is kept."""
+        with self._lock:
+            if self.cancelled:
+                return
+            self.cancelled, self.reason = True, reason
+            lr, loop = self.loadrun, self._loop
+        if lr is None or loop is None:
+            return
+        try:
+            if loop is asyncio.get_running_loop():
+                lr.cancel()
+                return
+        except RuntimeError:
+            pass  # called from a thread without a loop
+        with contextlib.suppress(RuntimeError):  # the run's loop has just closed: it ended anyway
+            loop.call_soon_threadsafe(lr.cancel)
+
+
+@dataclass(frozen=True)
+class MeasuredRun:
+    """A run as stored: ``summary`` is the record every screen and file shows."""
+
+    name: str
+    status: RunStatus
+    started: float
+    ended: float
+    summary: Mapping[str, Any]
+    result: RunResult | None = None
+    error: str | None = None
+    hint: str | None = None
+    info: RunInfo | None = None  # the stored row (id -1 when the history was not written)
+    history_error: str | None = None
+    server_log: tuple[str, ...] = ()
+    store: SeriesStore | None = field(default=None, repr=False)  # the telemetry it recorded itself
+
+    @property
+    def history_id(self) -> int | None:
+        return self.info.id if self.info is not None and self.info.id >= 0 else None
+
+    @property
+    def load(self) -> Mapping[str, Any]:
+        return self.summary.get("load") or {}
+
+
+def _server_sample_dict(sample: Any) -> dict[str, Any]:
+    """A ServerSample without its raw histograms (large; the summary keeps their deltas)."""
+    return {f.name: to_jsonable(getattr(sample, f.name)) for f in dataclasses.fields(sample)
+            if f.name not in ("histograms", "cache_config")}
+
+
+def server_window(first: ServerSample, last: ServerSample) -> dict[str, Any]:
+    """The server's own figures between two scrapes: histogram and counter deltas."""
+    from engine.telemetry.store import SeriesStore
+    from engine.telemetry.summary import summarize
+
+    store = SeriesStore(capacity=4)
+    store.add_server(first)
+    store.add_server(last)
+    d = summarize(store, first.t, last.t).to_dict()
+    keep = ("server_ttft", "server_itl", "server_e2e", "prompt_tokens", "generation_tokens",
+            "prefix_hit_rate", "preemptions")
+    return {k: d.get(k) for k in keep if k in d} | {"t0": first.t, "t1": last.t}
+
+
+async def measure(
+    target: Target,
+    plan: RunPlan,
+    *,
+    history: History | None = None,
+    store: SeriesStore | None = None,
+    handle: RunHandle | None = None,
+    on_window: Callable[[StatsWindow], None] | None = None,
+    on_request: Callable[[RequestResult], None] | None = None,
+    isolate: bool = True,
+) -> MeasuredRun:
+    """Run ``plan`` against ``target`` and store it (see the module's text).
+
+    ``store``: the caller's telemetry store, already fed (the TUI session's); without it the
+    run records its own. Raises nothing for the run's own failures (a refused load, a dead
+    server): they come back as the status with the error and, when ours, the server's last
+    log lines. ``asyncio.CancelledError`` and ``KeyboardInterrupt`` store the run as cancelled
+    and propagate.
+    """
+    from engine.crosscheck import cross_check
+    from engine.telemetry.metrics import MetricsScraper
+    from engine.telemetry.recorder import TelemetryRecorder
+    from engine.telemetry.summary import summarize
+    from loadgen import DatasetError, LoadRun, ServerError
+    from loadgen.spec import judge
+    from loadgen.stats import DEFAULT_PERCENTILES
+    from loadgen.tokens import TokenizerError
+
+    handle = handle or RunHandle()
+    rec = Recording(history, plan.name, preset=plan.preset, flags=dict(target.flags),
+                    model=target.model_label or target.model, vllm_version=target.vllm_version,
+                    workload={"workload": plan.workload.to_dict(), "arrivals": plan.arrivals.to_dict(),
+                              "slo": plan.slo.to_dict() if plan.slo else None, **plan.meta},
+                    tags=plan.tags)
+    handle.recording = rec
+    gpus: dict[int, str | None] = {}
+
+    def on_snapshot(snap: Any) -> None:
+        for g in snap.gpus:
+            gpus.setdefault(g.index, g.name)
+        rec.add_sample("telemetry", snap.t, snap)
+
+    recorder = None
+    if store is None:
+        recorder = TelemetryRecorder(
+            target.base_url, root_pid=target.root_pid, on_snapshot=on_snapshot,
+            on_server=lambda s: rec.add_sample("server", s.t, _server_sample_dict(s)))
+        store = recorder.store
+    scraper = MetricsScraper(target.base_url)
+    marks: list[ServerSample] = []
+
+    async def on_measured() -> None:
+        marks.append(await scraper.scrape())  # the server's baseline: warm-up done, nothing in flight
+
+    died: list[str] = []
+    sup = target.supervisor
+
+    def on_server_event(event: Any) -> None:
+        if event.kind == "state" and getattr(event.state, "name", "") == "DEAD":
+            died.append(str(getattr(event.error, "vllm_line", "") or event.error or "the server process ended"))
+            handle.cancel("server-died")
+
+    unsubscribe = sup.subscribe(on_server_event) if sup is not None and hasattr(sup, "subscribe") else None
+    lr = LoadRun(target.base_url, target.model, plan.workload, plan.arrivals, plan.slo, target.api_key,
+                 tokenizer=target.tokenizer, requests_file=plan.requests_file,
+                 read_timeout_s=plan.read_timeout_s, transport=plan.transport,
+                 check_max_len=plan.check_max_len, isolate=isolate,
+                 percentiles=plan.percentiles or DEFAULT_PERCENTILES)
+    handle._attach(lr)
+
+    def window(w: StatsWindow) -> None:
+        rec.add_window(w)
+        if on_window is not None:
+            on_window(w)
+
+    def request(r: RequestResult) -> None:
+        rec.add_request(r)
+        if on_request is not None:
+            on_request(r)
+
+    t0 = time.time()
+    result: RunResult | None = None
+    error: str | None = None
+    hint: str | None = None
+    try:
+        if recorder is not None:
+            await recorder.start()
+        try:
+            result = await lr.run(on_window=window, on_request=request, on_measured=on_measured)
+        except (ServerError, DatasetError, TokenizerError) as exc:
+            error, hint = str(exc), getattr(exc, "hint", "") or None
+        if result is not None and marks and not died and not result.server_gone:
+            marks.append(await scraper.scrape())
+    except BaseException:
+        lr.cancel()
+        rec.finish(history, RunStatus.CANCELLED, {"error": "interrupted"})
+        raise
+    finally:
+        if unsubscribe is not None:
+            unsubscribe()
+        if recorder is not None:
+            with contextlib.suppress(Exception):
+                await recorder.stop()
+        with contextlib.suppress(Exception):
+            await scraper.aclose()
+    t1 = time.time()
+
+    server_died = bool(died) or handle.reason == "server-died" or bool(result is not None and result.server_gone)
+    if server_died and not died and sup is not None:
+        # A refused connection may be seen before the supervisor's own check: give it its 2 s.
+        for _ in range(20):
+            if getattr(getattr(sup, "state", None), "name", "") == "DEAD":
+                break
+            await asyncio.sleep(0.1)
+    server_log = tuple(list(getattr(sup, "tail", ()))[-SERVER_LOG_LINES:]) if server_died and sup is not None else ()
+    summary: dict[str, Any] = {}
+    slo_met: bool | None = None
+    if result is not None:
+        load = dict(result.summary)
+        t_start = float(result.extra.get("t_start") or t0)
+        t_end = t_start + float(load.get("duration") or 0.0)
+        summary["load"] = load
+        with contextlib.suppress(Exception):  # a run without telemetry still has its load figures
+            summary["telemetry"] = summarize(store, t_start, t_end).to_dict()
+        server = server_window(marks[0], marks[1]) if len(marks) == 2 and not marks[1].stale else {}
+        summary["server"] = server
+        summary["cross_check"] = cross_check(load, server, shared_prefix=bool(plan.workload.prefix_len)).to_dict()
+        summary["stream"] = {k: result.extra.get(k) for k in STREAM_KEYS}
+        summary["client_bound"] = result.client_bound
+        summary["failures_by_reason"] = dict(result.failures_by_reason)
+        if plan.slo is not None and not plan.slo.empty:
+            slo_met, why = judge(plan.slo, load)
+            summary["slo_verdict"] = {"met": slo_met, "why": why or None}
+        if result.failed_run and error is None and not (server_died or handle.cancelled):
+            example = next(iter(result.failure_examples.values()), "")
+            reasons = ", ".join(f"{k}: {v}" for k, v in result.failures_by_reason.items())
+            error = f"no request completed ({reasons or 'nothing sent'})" + (f"; first: {example}" if example else "")
+    if server_died:
+        error = error or (died[0] if died else "the server stopped accepting connections mid-run")
+        hint = hint or "what completed before is kept"
+    status = decide(server_died=server_died, cancelled=handle.cancelled and not server_died,
+                    completed=int(summary.get("load", {}).get("completed", 0)),
+                    client_bound=bool(result is not None and result.client_bound), slo_met=slo_met)
+    if error is not None:
+        summary["error"] = error
+    if hint:
+        summary["hint"] = hint
+    if server_log:
+        summary["server_log"] = list(server_log)
+    if recorder is None:  # the caller's store: the GPUs it saw
+        gpus.update(getattr(store, "gpu_names", None) or {})
+    gpu_list = [{"index": i, "name": name} for i, name in sorted(gpus.items())]
+    info = rec.finish(history, status, summary, **({"gpus": gpu_list} if gpu_list else {}))
+    return MeasuredRun(
+        name=plan.name, status=status, started=t0, ended=t1, summary=summary, result=result, error=error,
+        hint=hint, info=info, history_error=None if rec.error is None else rec.error.reason,
+        server_log=server_log, store=recorder.store if recorder is not None else None)
+
+
+@dataclass(frozen=True)
+class ServerReady:
+    """What :func:`ensure_server` did."""
+
+    supervisor: Any  # stopped when the start failed (a next call restarts it, same port)
+    restarted: bool = False  # an existing server was restarted with new flags
+    started: bool = False  # a server was started (first start or restart)
+    seconds: float = 0.0
+    error: str | None = None  # vLLM's own line when it did not start
+    hint: str | None = None
+
+
+async def ensure_server(sup: Any, flags: FlagSet, *, make: Callable[[FlagSet], Any],
+                        timeout: float, say: Callable[[str], None] | None = None) -> ServerReady:
+    """A server running ``flags``: ``sup`` itself when it is ready with the same command line,
+    else ``sup`` restarted through its supervisor (same port, same log), or a new one from
+    ``make`` when there is none. The one restart policy of sweep and tune. A start that fails
+    leaves no server running and says vLLM's own line in ``error``."""
+    from engine.errors import StartupError
+
+    if sup is not None and getattr(getattr(sup, "state", None), "name", "") == "READY":
+        now = sup.flags
+        if str(now.model) == str(flags.model) and now.to_argv() == flags.to_argv():
+            return ServerReady(sup)
+    shown = " ".join(flags.to_argv(include_secrets=False))  # secrets go to the child's environment
+    t0 = time.monotonic()
+    restarted = sup is not None
+    try:
+        if sup is None:
+            if say:
+                say(f"starting vLLM {flags.model} {shown}")
+            sup = make(flags)
+            await sup.start(timeout=timeout)
+        else:
+            if say:
+                say(f"restarting vLLM with {shown}")
+            await sup.restart(flags, timeout=timeout)
+    except StartupError as exc:
+        with contextlib.suppress(Exception):
+            await sup.stop()
+        return ServerReady(sup, restarted, False, time.monotonic() - t0,
+                           error=getattr(exc, "vllm_line", "") or str(exc), hint=getattr(exc, "hint", "") or None)
+    return ServerReady(sup, restarted, True, time.monotonic() - t0)
+
+
+async def wait_for(coro: Awaitable[MeasuredRun], handle: RunHandle, timeout: float | None) -> MeasuredRun | None:
+    """``coro`` (a :func:`measure`) bounded by ``timeout``: past it the run is cancelled and
+    given 30 s to store itself; None when even that did not end."""
+    task = asyncio.ensure_future(coro)
+    done, _ = await asyncio.wait({task}, timeout=timeout)
+    if not done:
+        handle.cancel("timed out")
+        done, _ = await asyncio.wait({task}, timeout=30.0)
+    return task.result() if done else None
+
+
+__all__ = ["MeasuredRun", "RunHandle", "RunPlan", "ServerReady", "Target", "ensure_server", "measure",
+           "server_window", "wait_for"]

@@ -1,0 +1,140 @@
+"""engine.measure: the one measured-run pipeline, and engine.status, its one vocabulary.
+
+Against loadgen.testserver (a stand-in without a model: these tests are about what the
+pipeline decides and stores, not about vLLM's figures; the real-vLLM paths are in
+test_session.py, test_sweep.py and test_faults.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine.history import History
+from engine.measure import RunHandle, RunPlan, Target, measure
+from engine.status import RunStatus, decide
+from loadgen import ArrivalSpec, WorkloadSpec
+from loadgen.spec import SLO
+from loadgen.testserver import ServerConfig, free_port, serve_in_processes
+
+
+def test_status_words_and_legacy_names() -> None:
+    assert RunStatus.parse("complete") is RunStatus.OK
+    assert RunStatus.parse("cut_short") is RunStatus.CANCELLED
+    assert RunStatus.parse("server died") is RunStatus.SERVER_DIED
+    assert RunStatus.parse("slo-missed") is RunStatus.SLO_MISSED
+    with pytest.raises(ValueError, match="unknown run status 'finished'"):
+        RunStatus.parse("finished")
+    assert [s for s in RunStatus if s.measured] == [RunStatus.OK, RunStatus.SLO_MISSED, RunStatus.CLIENT_BOUND]
+
+
+@pytest.mark.parametrize(("facts", "status"), [
+    ({"server_died": True, "cancelled": True, "completed": 0}, RunStatus.SERVER_DIED),
+    ({"cancelled": True, "completed": 5, "client_bound": True}, RunStatus.CANCELLED),
+    ({"completed": 0, "client_bound": True, "slo_met": False}, RunStatus.FAILED),
+    ({"completed": 5, "client_bound": True, "slo_met": False}, RunStatus.CLIENT_BOUND),
+    ({"completed": 5, "slo_met": False}, RunStatus.SLO_MISSED),
+    ({"completed": 5, "slo_met": None}, RunStatus.OK),
+])
+def test_status_precedence(facts: dict[str, object], status: RunStatus) -> None:
+    base = {"server_died": False, "cancelled": False, "client_bound": False, "slo_met": True}
+    assert decide(**{**base, **facts}) is status  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    with serve_in_processes(ServerConfig(gap_s=0.01)) as srv:
+        yield srv.url
+
+
+def _plan(name: str, n: int, **kw: object) -> RunPlan:
+    return RunPlan(name, WorkloadSpec(input_len=12, output_len=8),
+                   ArrivalSpec(concurrency=2, num_requests=n, warmup_requests=2), **kw)  # type: ignore[arg-type]
+
+
+def test_a_run_is_stored_once_with_what_every_path_shows(url: str, tmp_path: Path) -> None:
+    with History(tmp_path / "h.sqlite") as history:
+        run = asyncio.run(measure(Target(url), _plan("plain", 8, tags=("t",)), history=history))
+        stored = history.get_run(run.history_id or -1)
+        requests = history.requests(stored.id)
+    assert run.status is RunStatus.OK and stored.status == "ok" and stored.tags == ("t",)
+    # the summary the caller shows is the one stored, warm-up counted apart
+    assert stored.summary["load"] == run.summary["load"] and run.load["completed"] == 8
+    assert len(requests) == 8 and run.summary["stream"]["warmup_requests"] == 2
+    assert {"load", "telemetry", "server", "cross_check", "stream", "client_bound"} <= set(stored.summary)
+
+
+def test_slo_missed_is_a_status_not_a_failure(url: str) -> None:
+    run = asyncio.run(measure(Target(url), _plan("strict", 6, slo=SLO(e2el_ms=1.0))))
+    assert run.status is RunStatus.SLO_MISSED and run.load["completed"] == 6
+    assert run.summary["slo_verdict"]["met"] is False and "E2EL" in run.summary["slo_verdict"]["why"]
+
+
+def test_cancel_keeps_what_completed(url: str) -> None:
+    async def go() -> object:
+        handle = RunHandle()
+        done: list[object] = []
+
+        def on_request(r: object) -> None:
+            done.append(r)
+            if len(done) == 5:
+                handle.cancel()
+
+        return await measure(Target(url), _plan("stopped", 400), handle=handle, on_request=on_request)
+
+    run = asyncio.run(go())
+    assert run.status is RunStatus.CANCELLED  # type: ignore[attr-defined]
+    assert 5 <= run.load["completed"] < 400  # type: ignore[attr-defined]
+
+
+def test_a_refused_load_is_failed_with_the_reason() -> None:
+    run = asyncio.run(measure(Target(f"http://127.0.0.1:{free_port()}"), _plan("nobody", 4)))
+    assert run.status is RunStatus.FAILED and run.result is None
+    assert run.error is not None and "cannot reach" in run.error
+
+
+def test_the_server_going_away_mid_run_is_server_died() -> None:
+    """The stand-in's process is SIGKILLed mid-run: the run stops at once, keeps what
+    completed and says server-died (vLLM's own death is in test_faults.py)."""
+    import multiprocessing
+
+    from loadgen.testserver import _proc_main
+
+    port = free_port()
+    ctx = multiprocessing.get_context("spawn")
+    proc = ctx.Process(target=_proc_main, args=(ServerConfig(gap_s=0.02), "127.0.0.1", port, None, None),
+                       daemon=True)
+    proc.start()
+    url = f"http://127.0.0.1:{port}"
+
+    async def go() -> object:
+        import httpx
+
+        for _ in range(200):
+            try:
+                httpx.get(url + "/health", timeout=1.0, trust_env=False)
+                break
+            except httpx.HTTPError:
+                await asyncio.sleep(0.05)
+        done: list[object] = []
+
+        def on_request(r: object) -> None:
+            done.append(r)
+            if len(done) == 6 and proc.pid:
+                os.kill(proc.pid, signal.SIGKILL)  # our own child, by pid
+
+        return await asyncio.wait_for(
+            measure(Target(url), _plan("dies", 2000), on_request=on_request), 60)
+
+    try:
+        run = asyncio.run(go())
+    finally:
+        proc.kill()
+        proc.join(5)
+    assert run.status is RunStatus.SERVER_DIED  # type: ignore[attr-defined]
+    assert run.load["completed"] >= 6 and run.error  # type: ignore[attr-defined]
