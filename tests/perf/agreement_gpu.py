@@ -165,7 +165,7 @@ async def tui_run(url: str, conc: int, n: int, seed: int, a: argparse.Namespace
             await pilot.press("r")
             await _until(pilot, lambda: session.run_active or session.runs, "the run to start", 30)
             for worker in [w for w in app.workers if w.group == "run" and not w.is_finished]:
-                await worker.wait()
+                await asyncio.wait_for(worker.wait(), a.run_timeout_s)
             await _until(pilot, lambda: bool(session.runs), "the run record", 30)
             if not session.runs:
                 raise RuntimeError(f"TUI: no run recorded ({session.snapshot().notice})")
@@ -176,7 +176,8 @@ async def tui_run(url: str, conc: int, n: int, seed: int, a: argparse.Namespace
             await pilot.pause()
     finally:
         path.unlink(missing_ok=True)
-    if record.status != "done" or record.result is None:
+    # "done" on this commit, "ok" in the status vocabulary issue 16 brings: anything measured counts.
+    if record.result is None or record.status in ("failed", "cancelled", "server died", "server-died"):
         raise RuntimeError(f"TUI run: {record.status} {record.error}")
     r = {**record.result.summary, **record.result.extra, "status": record.status,
          "history_id": record.history_id,
@@ -229,7 +230,9 @@ async def main_async(a: argparse.Namespace) -> None:
     print(f"starting vllm serve {' '.join(flags.to_argv())}", flush=True)
     # The TUI reads vLLM's flag schema once (cached under VTUI_HOME): meanwhile, not in a run.
     await asyncio.gather(sup.start(timeout=600), asyncio.to_thread(load_schema))
-    print(f"ready in {time.monotonic() - started:.0f} s at {sup.base_url}", flush=True)
+    facts = sup.facts
+    print(f"ready in {time.monotonic() - started:.0f} s at {sup.base_url}: vLLM {getattr(facts, 'vllm_version', '?')}, "
+          f"KV cache {getattr(facts, 'kv_cache_tokens', '?')} tokens", flush=True)
     url, model = sup.base_url, sup.model
     runs: dict[tuple[int, str], list[dict[str, Any]]] = {}
     views: dict[tuple[int, str], list[dict[str, Any]]] = {}
@@ -328,6 +331,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="first seed (default: from the clock)")
     ap.add_argument("--deadline-s", type=float, default=1500.0,
                     help="skip a run that, timed by its last one, would end past this many s after start")
+    ap.add_argument("--run-timeout-s", type=float, default=400.0, help="give up on a TUI run after this long")
     a = ap.parse_args()
     a.warmup, a.prefix_caching = 0, False  # read by agreement.run_vllm/run_vtui/print_table
     asyncio.run(main_async(a))
