@@ -429,6 +429,7 @@ def _main_module_hidden() -> Iterator[None]:
     nothing from ``__main__`` (its target lives in loadgen.worker), so the child is told
     there is none: ``__spec__`` and ``__file__`` are hidden while ``start()`` gathers
     what the child imports."""
+    _tracker_running()
     main = sys.modules.get("__main__")
     if main is None:
         yield
@@ -442,6 +443,35 @@ def _main_module_hidden() -> Iterator[None]:
         finally:
             main.__dict__.pop("__spec__", None)
             main.__dict__.update(saved)
+
+
+def _fd(stream: Any) -> int:
+    try:
+        return int(stream.fileno()) if stream is not None else -1
+    except (AttributeError, OSError, ValueError):
+        return -1
+
+
+def _tracker_running() -> None:
+    """Start multiprocessing's resource tracker with a stderr it can inherit.
+
+    The first spawned process of a Python process starts the tracker and passes it
+    ``sys.stderr.fileno()``. Inside a Textual app ``sys.stderr`` is Textual's print capture,
+    whose ``fileno()`` is -1: the spawn then fails with "bad value(s) in fds_to_keep" and the
+    TUI's first run ended failed (found by the H200 Pilot run of tests/perf/agreement_gpu.py).
+    The tracker gets the process's original stderr instead, or none."""
+    from multiprocessing import resource_tracker
+
+    if _fd(sys.stderr) >= 0:
+        resource_tracker.ensure_running()
+        return
+    with _MAIN_LOCK:
+        saved = sys.stderr
+        sys.stderr = sys.__stderr__ if _fd(sys.__stderr__) >= 0 else None  # type: ignore[assignment]
+        try:
+            resource_tracker.ensure_running()
+        finally:
+            sys.stderr = saved
 
 
 class _State:

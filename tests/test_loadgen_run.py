@@ -247,3 +247,29 @@ def test_a_server_that_goes_away_stops_the_run_at_once() -> None:
     assert res.failures_by_reason.get("connection_refused", 0) <= 2  # type: ignore[attr-defined]
     assert ended < 3.0 + 2.0  # the streams cut by the stop end at their read timeout at most
     assert res.to_json()["server_gone"] is True  # type: ignore[attr-defined]
+
+
+STDERR_WITHOUT_FD = '''
+import asyncio, sys
+class Capture:  # as Textual's print capture inside an app: a stream whose fileno() is -1
+    def write(self, s): return len(s)
+    def flush(self): pass
+    def fileno(self): return -1
+from loadgen import ArrivalSpec, LoadRun, WorkloadSpec
+sys.stderr = Capture()
+run = LoadRun(sys.argv[1], None, WorkloadSpec(input_len=8, output_len=4), ArrivalSpec(num_requests=3))
+print("completed", asyncio.run(run.run()).summary["completed"])
+'''
+
+
+def test_worker_spawns_when_stderr_has_no_file_descriptor(url: str) -> None:
+    """The TUI's first run: the first spawn starts multiprocessing's resource tracker, which
+    was handed stderr's fileno() of -1 ("bad value(s) in fds_to_keep"). A fresh process, so
+    the tracker is not already running."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", STDERR_WITHOUT_FD, url], capture_output=True, text=True,
+                         timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "completed 3"
