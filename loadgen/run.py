@@ -467,7 +467,7 @@ def _tracker_running() -> None:
         return
     with _MAIN_LOCK:
         saved = sys.stderr
-        sys.stderr = sys.__stderr__ if _fd(sys.__stderr__) >= 0 else None  # type: ignore[assignment]
+        sys.stderr = sys.__stderr__ if _fd(sys.__stderr__) >= 0 else None
         try:
             resource_tracker.ensure_running()
         finally:
