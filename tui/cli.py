@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -45,6 +46,54 @@ def print_error(message: str, hint: str = "") -> None:
     print(f"error: {message}", file=sys.stderr)
     if hint:
         print(f"hint: {hint}", file=sys.stderr)
+
+
+def offer_left_running(args: argparse.Namespace) -> int | None:
+    """Before the TUI opens: servers earlier vtuis left running are said, and offered to attach or stop.
+
+    Plain text on the terminal, before Textual takes it. Attach sets ``args.url`` (the TUI
+    then attaches at start); stop ends them (only those their records prove vtui started).
+    Returns an exit code to end with (quit), or None to open the TUI. Skipped with ``--url``.
+    """
+    if args.url is not None:
+        return None
+    from engine.supervisor import conflicting_servers, find_left_running, server_devices
+
+    left = find_left_running()
+    if not left:
+        return None
+    for i, entry in enumerate(left, 1):
+        print(f"vtui: a server an earlier vtui left running is up: [{i}] {entry.describe()}", file=sys.stderr)
+    if not sys.stdin.isatty():
+        return None  # no one to ask; a start on its port or GPUs is refused with the same facts
+    # A new server may start beside it only on other GPUs (never here on a CPU box).
+    alongside = not conflicting_servers("127.0.0.1", None, server_devices(os.environ))
+    which = "1" if len(left) == 1 else f"1-{len(left)}"
+    options = f"[a] or [{which}] attach  [s] stop {'it' if len(left) == 1 else 'them'}"
+    options += "  [c] continue beside it" if alongside else ""
+    try:
+        answer = input(f"{options}  [q] quit  (a): ").strip().lower() or "a"
+    except EOFError:
+        answer = "q"
+    if answer == "a" or answer.isdigit():
+        index = int(answer) - 1 if answer.isdigit() else 0
+        if not 0 <= index < len(left):
+            print_error(f"no server numbered {answer}", f"choose {which}")
+            return 2
+        args.url = left[index].url
+        return None
+    if answer.startswith("s"):
+        for entry in left:
+            print(f"stopping {entry.url} (pid {entry.pid}) ...", file=sys.stderr)
+            if not entry.stop(timeout=15.0):
+                print_error(f"the server at {entry.url} (pid {entry.pid}) survived SIGKILL",
+                            "it may be stuck in a driver call; see `ps -o pid,stat,wchan -p PID`")
+                return 1
+        print("stopped", file=sys.stderr)
+        return None
+    if answer.startswith("c") and alongside:
+        return None
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,6 +131,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = extra
     if args.command is None:
+        code = offer_left_running(args)
+        if code is not None:
+            return code
         from tui.app import run_app
 
         return run_app(args)
@@ -94,8 +146,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         # `vtui history list | head`: the reader left; not an error of ours.
-        import os
-
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0

@@ -3,12 +3,19 @@
     vtui serve                                   # the embedded tiny model
     vtui serve --model qwen2.5-7b                # a shipped config, --load-format dummy
     vtui serve --model /models/x -- --max-num-seqs 64 --enable-prefix-caching
+    vtui serve --leave-running                   # the server outlives vtui serve; `vtui --url` attaches
+    vtui serve --replace                         # stop a server vtui left running there, then start
+    vtui serve --stop-left                       # stop every server vtui left running, start nothing
+
+A server vtui serve started ends with it, even on kill -9, unless --leave-running. One left
+running is found by the next vtui serve, which never starts a second on its port or GPUs.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shlex
 import signal
 import sys
@@ -34,7 +41,12 @@ def add_parser(subparsers: Any) -> None:
                         help="bind a non-loopback --host without --api-key without asking")
     parser.add_argument("--port", type=int, help="port (default: a free one)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for ready (default 600)")
-    parser.add_argument("--leave-running", action="store_true", help="on exit, leave the server running")
+    parser.add_argument("--leave-running", action="store_true",
+                        help="on exit (even kill -9), leave the server running; a later vtui finds it")
+    parser.add_argument("--replace", action="store_true",
+                        help="stop a server vtui left running on the same port or GPUs, then start")
+    parser.add_argument("--stop-left", action="store_true",
+                        help="stop every server vtui left running (only those its records prove it started), then exit")
     parser.add_argument("--verbose", "-v", action="store_true", help="print every server log line")
     parser.add_argument("--no-validate", action="store_true", help="skip vtui's flag checks (vLLM still checks)")
     parser.add_argument(
@@ -77,8 +89,85 @@ def build_flags(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.stop_left:
+        return stop_left_running()
+    from engine.supervisor import server_devices
+
     flags = build_flags(args)
+    port = args.port if args.port is not None else flags.get("port")
+    devices = server_devices(os.environ, shlex.split(args.launcher))
+    code = check_left_running(args, args.host, int(port) if port is not None else None, devices)
+    if code is not None:
+        return code
     return asyncio.run(_serve(args, flags))
+
+
+def stop_left_running() -> int:
+    """``vtui serve --stop-left``: stop what earlier vtuis left running; 1 when something survived."""
+    from engine.supervisor import find_left_running
+
+    left = find_left_running()
+    if not left:
+        _print("no server left running by vtui")
+        return 0
+    failed = 0
+    for entry in left:
+        failed += not _stop_entry(entry)
+    return 1 if failed else 0
+
+
+def _stop_entry(entry: Any) -> bool:
+    _print(f"stopping {entry.describe()} ...")
+    if entry.stop(timeout=15.0):
+        _print(f"stopped the server at {entry.url}")
+        return True
+    print(f"error: the server at {entry.url} (pid {entry.pid}) survived SIGKILL", file=sys.stderr)
+    print("hint: it may be stuck in the kernel (a GPU driver call); see `ps -o pid,stat,wchan -p PID`",
+          file=sys.stderr)
+    return False
+
+
+def check_left_running(args: argparse.Namespace, host: str, port: int | None, devices: str | None) -> int | None:
+    """Before a start: say what earlier vtuis left running; never start a second on its port or GPUs.
+
+    Returns an exit code when ``vtui serve`` should end here (attach chosen, quit, a stop that
+    failed), None to go on. Without a terminal, a conflict is an error unless ``--replace``.
+    """
+    from engine.supervisor import conflicting_servers, find_left_running
+
+    conflicts = conflicting_servers(host, port, devices)
+    clashing = {entry.pid for entry, _ in conflicts}
+    for entry in find_left_running():
+        if entry.pid not in clashing:
+            _print(f"note: a server vtui left running is up (another port and GPU): {entry.describe()}")
+    if not conflicts:
+        return None
+    entry, what = conflicts[0]
+    if not args.replace and not sys.stdin.isatty():
+        more = f" (and {len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
+        raise UserError(
+            f"a server vtui left running already uses {what}: {entry.url} (pid {entry.pid}){more}; "
+            "vtui serve does not start a second one",
+            f"attach to it with `vtui --url {entry.url}`, or stop it and start a new one with "
+            "`vtui serve --replace` (`vtui serve --stop-left` only stops it)",
+        )
+    for other, other_what in conflicts:
+        _print(f"a server vtui left running already uses {other_what}: {other.describe()}")
+    if not args.replace:
+        try:
+            answer = input("[a] attach to it  [s] stop it and start a new one  [q] quit  (q): ").strip().lower()
+        except EOFError:
+            answer = "q"
+        if answer.startswith("a"):
+            _print(f"attach with: vtui --url {entry.url}")
+            return 0
+        if not answer.startswith("s"):
+            _print("nothing started")
+            return 0
+    for other, _ in conflicts:
+        if not _stop_entry(other):
+            return 1
+    return None
 
 
 def _confirm_public_bind(args: argparse.Namespace, flags: Any) -> bool:
@@ -109,11 +198,7 @@ def _print(text: str = "") -> None:
 async def _serve(args: argparse.Namespace, flags: Any) -> int:
     from engine.errors import StartupError
     from engine.logparse import Phase
-    from engine.supervisor import ServerEvent, ServerState, Supervisor, list_registered
-
-    for left in list_registered():
-        if not left.owner_alive():
-            _print(f"note: a server left running by an earlier vtui is up at {left.url} (pid {left.pid}, {left.model})")
+    from engine.supervisor import ServerEvent, ServerState, Supervisor
 
     sup = Supervisor(
         flags,
@@ -176,7 +261,8 @@ async def _serve(args: argparse.Namespace, flags: Any) -> int:
         for sig in STOP_SIGNALS:
             loop.remove_signal_handler(sig)
         if args.leave_running and sup.state is ServerState.READY:
-            _print(f"left running at {sup.base_url} (pid {sup.pid}); `vtui` can attach to it")
+            _print(f"left running at {sup.base_url} (pid {sup.pid}): `vtui --url {sup.base_url}` attaches to it, "
+                   "`vtui serve --stop-left` stops it")
         elif sup.state is not ServerState.STOPPED:
             _print("stopping ...")
             await asyncio.shield(sup.stop())
