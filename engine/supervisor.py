@@ -165,10 +165,11 @@ class RegisteredServer:
         return None
 
     def describe(self) -> str:
-        """One line: where, what, since when, and why it is still up."""
+        """One line: where, what, since when, why it is still up, and whether it answers."""
         up = _duration(time.time() - self.started) if self.started else "?"
         why = "left running by choice" if self.leave_running else f"its vtui (pid {self.owner_pid}) ended without it"
-        return f"{self.url}: {self.model} (pid {self.pid}, up {up}, {why})"
+        answers = "" if self.listening() else ", not answering on its port: starting, hung or stopping"
+        return f"{self.url}: {self.model} (pid {self.pid}, up {up}, {why}{answers})"
 
     def stop(self, timeout: float = 15.0) -> bool:
         """Stop this server (only if pid + create_time still match). True when nothing is left."""

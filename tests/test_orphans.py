@@ -39,6 +39,7 @@ from engine.supervisor import (
     registry_dir,
     server_devices,
 )
+from tests import fakevllm
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -187,6 +188,7 @@ def test_left_running_survives_kill_9_and_is_found_attached_and_stopped(owners: 
     assert entry.leave_running and entry.left_running() and not entry.owner_alive()
     assert entry.url == owner.url and entry.listening()
     assert "left running by choice" in entry.describe() and owner.url in entry.describe()
+    assert "not answering" not in entry.describe()
     # Never a second server on its GPUs (here: CUDA_VISIBLE_DEVICES unset, every one, or the CPU).
     assert [e.pid for e, _ in conflicting_servers("127.0.0.1", None, None)] == [owner.pid]
     assert entry.stop(timeout=10)
@@ -280,6 +282,7 @@ def test_a_record_whose_owner_is_gone_is_left_running(
     [entry] = [e for e in find_left_running() if e.pid == sleeper.pid]
     assert f"its vtui (pid {pid}) ended without it" in entry.describe() and "up 10 min" in entry.describe()
     assert not entry.listening()  # nothing on :8123
+    assert "not answering on its port" in entry.describe()
     assert entry.conflicts_with("127.0.0.1", 8123, "5") == "port 8123"
     assert entry.conflicts_with("0.0.0.0", 8123, "5") == "port 8123"
     assert entry.conflicts_with("127.0.0.1", 8124, "1") == "GPU 1"
@@ -463,3 +466,82 @@ def test_vtui_offers_a_left_running_server_before_the_tui(
     assert offer_left_running(args) == code
     assert args.url == url
     assert (sleeper.poll() is not None) is stopped
+
+
+# ------------------------------------------------------------------ vtui serve end to end (stand-in vLLM)
+
+
+def spawn_serve(model: Path, *extra: str) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "tui.cli", "serve", "--model", str(model),
+            "--launcher", " ".join(fakevllm.command()), *extra]
+    return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def wait_ready(serve: subprocess.Popen[str]) -> list[procs.ProcRef]:
+    """The server's processes once `vtui serve` says it is ready."""
+    assert serve.stdout is not None
+    for line in serve.stdout:
+        if "ready at" in line:
+            break
+    else:
+        raise AssertionError(f"vtui serve never got ready (exit {serve.wait()})")
+    [entry] = [e for e in list_registered() if e.owner_pid == serve.pid]
+    return procs.tree_and_group(procs.ProcRef(entry.pid, entry.create_time), entry.pgid)
+
+
+def end(serve: subprocess.Popen[str], refs: list[procs.ProcRef]) -> None:
+    if serve.poll() is None:
+        serve.kill()
+        serve.wait()
+    for ref in refs:
+        proc = ref.process()
+        if proc is not None:
+            proc.kill()
+
+
+def test_kill_9_of_vtui_serve_leaves_no_server(tiny_model: Path) -> None:
+    serve = spawn_serve(tiny_model)
+    refs: list[procs.ProcRef] = []
+    try:
+        refs = wait_ready(serve)
+        assert len(refs) == 2  # the stand-in and its child
+        t0 = time.monotonic()
+        serve.kill()
+        serve.wait(timeout=10)
+        assert procs.wait_gone(refs, 10.0) == [], "vtui serve's server outlived kill -9"
+        assert time.monotonic() - t0 < 10.0
+        assert not find_left_running()
+    finally:
+        end(serve, refs)
+
+
+def test_vtui_serve_left_running_then_kill_9_next_serve_refuses_and_stop_left_stops(tiny_model: Path) -> None:
+    serve = spawn_serve(tiny_model, "--leave-running")
+    refs: list[procs.ProcRef] = []
+    try:
+        refs = wait_ready(serve)
+        serve.kill()
+        serve.wait(timeout=10)
+        time.sleep(0.5)
+        assert all(r.alive() for r in refs), "the user chose to leave it running"
+        [entry] = find_left_running()
+        assert entry.listening()
+        # The next vtui serve, without a terminal: says so, starts nothing.
+        again = subprocess.run(
+            [sys.executable, "-m", "tui.cli", "serve", "--model", str(tiny_model)], cwd=ROOT, stdin=subprocess.DEVNULL,
+            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120,
+        )
+        assert again.returncode == 2, again.stdout + again.stderr
+        assert "error: a server vtui left running already uses" in again.stderr and entry.url in again.stderr
+        assert f"hint: attach to it with `vtui --url {entry.url}`" in again.stderr
+        assert [e.pid for e in list_registered()] == [entry.pid]  # no second server
+        stop = subprocess.run(
+            [sys.executable, "-m", "tui.cli", "serve", "--stop-left"], cwd=ROOT, stdin=subprocess.DEVNULL,
+            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60,
+        )
+        assert stop.returncode == 0 and f"stopped the server at {entry.url}" in stop.stdout, stop.stdout + stop.stderr
+        assert procs.wait_gone(refs, 5.0) == []
+        assert not find_left_running()
+    finally:
+        end(serve, refs)
