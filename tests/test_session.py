@@ -179,7 +179,7 @@ async def test_attach_run_record_and_export_against_real_vllm(vllm_server: objec
     session = Session(
         flags,
         workload=WorkloadSpec(input_len=32, output_len=16),
-        arrivals=ArrivalSpec(concurrency=4, num_requests=24),
+        arrivals=ArrivalSpec(concurrency=4, num_requests=24, warmup_requests=3),
         workload_label="small",
     )
     await session.attach(server.base_url)  # type: ignore[attr-defined]
@@ -190,12 +190,20 @@ async def test_attach_run_record_and_export_against_real_vllm(vllm_server: objec
     assert snap.running_flags is not None  # recovered from the local process
 
     record = await session.run_workload()
-    assert record.status == "done"
+    assert record.status == "ok"
     load = record.summary["load"]
     assert load["completed"] == 24
     assert load["median_ttft_ms"] > 0 and load["request_throughput"] > 0
     snap = session.snapshot()
-    assert snap.window is not None and snap.window.total_completed > 0
+    # Live's last word is the stored record's: the same totals, nothing in flight.
+    assert snap.window is not None and snap.window.in_flight == 0
+    assert snap.window.total_completed == 24 and snap.window.total_failed == load["failed"]
+    # The server's own counters over the measured window (the 3 warm-up requests left out)
+    # count exactly the client's tokens.
+    server = record.summary["server"]
+    assert server["prompt_tokens"] == load["total_input_tokens"]
+    assert server["generation_tokens"] == load["total_output_tokens"]
+    assert record.summary["stream"]["warmup_requests"] == 3
     assert snap.runs[-1] is record and snap.baseline == record.index
     assert snap.comparison is not None and snap.comparison.columns == (record.label,)
 
@@ -213,11 +221,11 @@ async def test_attach_run_record_and_export_against_real_vllm(vllm_server: objec
 
     with History() as history:
         info = history.get_run(record.history_id)
-        assert info.status == "ok"
-        assert history.requests(record.history_id)
+        assert info.status == "ok" and info.summary["load"] == load
+        assert len(history.requests(record.history_id)) == 24
 
     results = json.loads(session.export("results"))
-    assert results["completed"] == 24 and results["status"] == "done"
+    assert results["completed"] == 24 and results["status"] == "ok"
     trace = json.loads(session.export("perfetto"))
     assert trace["traceEvents"]
     await session.close()
