@@ -553,6 +553,61 @@ async def test_vllm_sigkill_mid_session_run_then_restart_on_the_same_port(tiny_m
 
 
 @pytest.mark.vllm
+async def test_vllm_sigkill_mid_tune_step_and_mid_vtui_bench(tiny_model: Path, tmp_path: Path) -> None:
+    """The two paths test_vllm_sigkill_mid_session_run and the sweep's test leave: a tune step
+    (engine.tune.ServerMeasurer) and `vtui bench` (its own process) each see the real server
+    SIGKILLed mid-run: the run ends within seconds with what completed, says the server died,
+    and bench exits 1 with the run stored as server-died."""
+    from engine.tune import ServerMeasurer
+    from loadgen.spec import SLO
+
+    sup = Supervisor(flags_for(tiny_model, **VLLM_VALUES), log_dir=tmp_path)
+    await sup.start(timeout=300)
+    try:
+        # -- a tune step
+        m = ServerMeasurer(WorkloadSpec(input_len=32, output_len=64), SLO(e2el_ms=600_000.0), mode="concurrency",
+                           supervisor=sup, warmup_burst=0)
+        step = asyncio.create_task(m.measure(4, requests=2000, timeout=600, warmup=0))
+        await asyncio.sleep(8.0)  # prompts built, requests completing
+        t_kill = time.monotonic()
+        os.kill(sup.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        meas = await asyncio.wait_for(step, 30)
+        tune_ended = time.monotonic() - t_kill
+        assert meas.fatal and "died" in meas.fatal, meas
+        assert 0 < meas.completed < 2000 and not meas.ok
+        assert tune_ended < 5.0  # noticed within 2 s (the supervisor's watch), then wrapped up
+
+        # -- vtui bench against the same server, started again
+        await sup.restart(timeout=300)
+        result = tmp_path / "bench.json"
+        bench = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tui.cli", "bench", "--url", sup.base_url, "--tokenizer", str(tiny_model),
+            "--input-len", "32", "--output-len", "64", "--concurrency", "4", "--num-requests", "2000",
+            "--name", "bench-killed", "--result-file", str(result),
+            cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        await asyncio.sleep(10.0)
+        assert bench.returncode is None, "bench ended before the kill"
+        t_kill = time.monotonic()
+        os.kill(sup.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        _, err = await asyncio.wait_for(bench.communicate(), 60)
+        bench_ended = time.monotonic() - t_kill
+        assert bench.returncode == 1, err.decode()[-2000:]
+        assert "the server stopped mid-run" in err.decode()
+        d = json.loads(result.read_text())
+        assert d["status"] == "server-died" and 0 < d["completed"] < 2000
+        with History() as history:
+            [run] = [r for r in history.list_runs() if r.name == "bench-killed"]
+            stored = [r for r in history.requests(run.id) if r["ok"]]
+        assert run.status == "server-died" and len(stored) == d["completed"]
+        assert bench_ended < 10.0
+        report("vLLM SIGKILL mid tune step / mid vtui bench",
+               f"step fatal '{meas.fatal[:40]}' with {meas.completed} done; bench exit 1, run stored "
+               f"server-died with {d['completed']} requests", min(tune_ended, bench_ended), "none")
+    finally:
+        await sup.stop()
+
+
+@pytest.mark.vllm
 def test_vllm_kill_9_of_vtui_mid_run(tiny_model: Path, session_script: Path) -> None:
     """One server start: the vtui process dies hard; the next start finds the run and the server."""
     run_kill_9_of_vtui(session_script, tiny_model, [], VLLM_VALUES)
