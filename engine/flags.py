@@ -846,14 +846,25 @@ class FlagSet:
                 out.append(chunk)
         return out
 
-    def to_argv(self, *, include_secrets: bool = True) -> list[str]:
+    def to_argv(self, *, include_secrets: bool = False) -> list[str]:
         """Flags after the model, for exec (never through a shell).
 
-        Secret values that are references (``$VLLM_API_KEY``) are read from the
-        environment here. ``include_secrets=False`` leaves them out: pass
-        :meth:`secret_env` to the child instead so they do not show in ``ps``.
+        Secrets are left out by default: pass :meth:`secret_env` to the child instead, so
+        they show in no ``ps``, log line or screen. ``include_secrets=True`` resolves them
+        (``$VLLM_API_KEY`` references read from the environment): only to compare two
+        launches, never to show or exec.
         """
         return [tok for chunk in self._chunks(secrets="value" if include_secrets else "omit") for tok in chunk]
+
+    def display_argv(self) -> list[str]:
+        """The argv as it may be shown (a preview, a progress line): secrets as
+        ``$VLLM_API_KEY``-style references, never their values."""
+        return [tok.lstrip("\0") for chunk in self._chunks(secrets="ref") for tok in chunk]
+
+    def same_launch(self, other: Any) -> bool:
+        """Whether ``other`` launches the same server (model and every flag, secrets included)."""
+        return bool(str(self.model) == str(getattr(other, "model", None))
+                    and self.to_argv(include_secrets=True) == other.to_argv(include_secrets=True))
 
     def secret_env(self) -> dict[str, str]:
         """Environment variables that carry the secret flags (VLLM_API_KEY, HF_TOKEN)."""

@@ -369,9 +369,9 @@ async def ensure_server(sup: Any, flags: FlagSet, *, make: Callable[[FlagSet], A
 
     if sup is not None and getattr(getattr(sup, "state", None), "name", "") == "READY":
         now = sup.flags
-        if str(now.model) == str(flags.model) and now.to_argv() == flags.to_argv():
+        if flags.same_launch(now):
             return ServerReady(sup)
-    shown = " ".join(flags.to_argv(include_secrets=False))  # secrets go to the child's environment
+    shown = " ".join(flags.display_argv())  # secrets go to the child's environment
     t0 = time.monotonic()
     restarted = sup is not None
     try:

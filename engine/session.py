@@ -566,8 +566,9 @@ class Session:
         return dict(self._flag_errors)
 
     def launch_argv(self) -> list[str]:
-        """The argv after the model that a start or apply would launch with."""
-        return list(self._flags.to_argv())
+        """The argv after the model that a start or apply would launch with, as it may be
+        shown: secrets as ``$VLLM_API_KEY`` references (they reach vLLM by its environment)."""
+        return list(self._flags.display_argv())
 
     def flags_diff(self) -> list[tuple[str, Any, Any]]:
         """(flag, running value, edited value) for every flag an apply would change."""
@@ -1656,7 +1657,7 @@ def _flags_differ(a: Any, b: Any) -> bool:
         return False
     if a is None or b is None:
         return True
-    return bool(a.to_argv() != b.to_argv() or a.model != b.model)
+    return not a.same_launch(b)
 
 
 def _diff_rows(old: Any, new: Any) -> list[tuple[str, Any, Any]]:

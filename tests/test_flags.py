@@ -384,24 +384,28 @@ def test_secrets_never_leave_as_values(monkeypatch: pytest.MonkeyPatch) -> None:
         fs.to_docker_line(version="0.32.0"),
         json.dumps(fs.to_dict()),
         repr(fs),
-        " ".join(fs.to_argv(include_secrets=False)),
+        " ".join(fs.to_argv()),  # the default leaves secrets out: they go by environment
+        " ".join(fs.display_argv()),  # what previews and progress lines show
     ]
     for text in exported:
         assert secret not in text and "hf_abc" not in text, text
     assert '--api-key "$VLLM_API_KEY"' in fs.to_serve_line()
+    assert fs.display_argv()[:2] == ["--api-key", '"$VLLM_API_KEY"'] and "--max-num-seqs" in fs.to_argv()
     docker = shlex.split(fs.to_docker_line(version="0.32.0"))
     assert "VLLM_API_KEY" in docker and "--api-key" not in docker  # vLLM reads the variable itself
-    # The launch argv does carry the value (it goes to exec, not to a shell or a file) ...
-    assert fs.to_argv()[:2] == ["--api-key", secret]
+    # Only a comparison of two launches resolves the value ...
+    assert fs.to_argv(include_secrets=True)[:2] == ["--api-key", secret]
     assert fs.secret_env() == {"VLLM_API_KEY": secret, "HF_TOKEN": "hf_abc"}
+    other = parse_command_line("vllm serve m --api-key sk-other --hf-token hf_abc --max-num-seqs 4", BUILTIN)
+    assert not fs.same_launch(other) and fs.same_launch(fs)  # a new key needs a restart
     # ... and a reference read back from an exported line resolves from the environment.
     back = parse_command_line(fs.to_serve_line(), BUILTIN)
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
     with pytest.raises(FlagError, match=r"refers to \$VLLM_API_KEY"):
-        back.to_argv()
+        back.to_argv(include_secrets=True)
     monkeypatch.setenv("VLLM_API_KEY", "from-env")
     monkeypatch.setenv("HF_TOKEN", "hf-env")
-    assert back.to_argv()[:2] == ["--api-key", "from-env"]
+    assert back.to_argv(include_secrets=True)[:2] == ["--api-key", "from-env"]
 
 
 def test_dict_round_trip_both_forms() -> None:

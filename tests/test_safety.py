@@ -118,6 +118,10 @@ async def test_api_key_and_hf_token_are_never_written(tiny_model: Path, tmp_path
                       telemetry=False, workload_label="secret-run")
     outputs: list[str] = []
     try:
+        # The apply preview (the diff dialog renders launch_argv) shows the key by reference.
+        preview = " ".join(session.launch_argv())
+        assert '--api-key "$VLLM_API_KEY"' in preview and api_key not in preview and hf_token not in preview
+        outputs.append(preview)
         await session.start_server(timeout=30)
         # The server got the key (the stand-in answers 401 without it) and the run sent it.
         record = await session.run_workload()
