@@ -56,6 +56,8 @@ class TuneFormError(SessionError):
 # --------------------------------------------------------------------------- snapshot
 
 
+RUN_SERIES = ("req_s", "tok_s", "ttft_p50", "tpot_p50")  # a new run starts these afresh
+
 @dataclass(frozen=True)
 class LogLine:
     """One line of the server's output. ``n`` numbers lines from 1 for incremental display."""
@@ -416,7 +418,11 @@ class Session:
 
         self.store = SeriesStore()
         self._sampler: Any = None
+        # Sparkline series, pushed from the sampler thread, the run's thread and the UI loop
+        # while snapshot() copies them: every access holds the lock (a dict changed while
+        # iterated raised RuntimeError and stopped the screen's updates without a word).
         self._series: dict[str, collections.deque[float]] = {}
+        self._series_lock = threading.Lock()
 
         self._run_thread: threading.Thread | None = None
         self._run_label = ""
@@ -960,11 +966,21 @@ class Session:
         """Feed a telemetry snapshot by hand (headless tests, replay)."""
         self._on_telemetry(snap)
 
+    def _clear_series(self, names: tuple[str, ...]) -> None:
+        with self._series_lock:
+            for name in names:
+                self._series.pop(name, None)
+
+    def _series_copy(self) -> dict[str, tuple[float, ...]]:
+        with self._series_lock:
+            return {k: tuple(v) for k, v in self._series.items()}
+
     def _push(self, name: str, value: float) -> None:
-        series = self._series.get(name)
-        if series is None:
-            series = self._series[name] = collections.deque(maxlen=SERIES_POINTS)
-        series.append(float(value))
+        with self._series_lock:
+            series = self._series.get(name)
+            if series is None:
+                series = self._series[name] = collections.deque(maxlen=SERIES_POINTS)
+            series.append(float(value))
 
     # ------------------------------------------------------------------ load runs
 
@@ -1024,8 +1040,7 @@ class Session:
         self._run_started = self._clock()
         self._run_completed = 0
         self._window = None
-        for name in ("req_s", "tok_s", "ttft_p50", "tpot_p50"):
-            self._series.pop(name, None)
+        self._clear_series(RUN_SERIES)
         self._notice = f"running {label}"
         self.changed()
 
@@ -1635,7 +1650,7 @@ class Session:
             devices=devices,
             gpu_unavailable=unavailable,
             server_metrics=_server_metrics_view(self._server_sample),
-            series={k: tuple(v) for k, v in self._series.items()},
+            series=self._series_copy(),
             logs=logs,
             run=self._progress(),
             runs=tuple(self._runs),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -229,3 +230,41 @@ async def test_attach_run_record_and_export_against_real_vllm(vllm_server: objec
     trace = json.loads(session.export("perfetto"))
     assert trace["traceEvents"]
     await session.close()
+
+
+def test_snapshot_while_other_threads_push_series() -> None:
+    """The sampler thread and the run's thread push sparkline points while the UI copies
+    them; copying a deque mutated meanwhile raised RuntimeError and froze the screen."""
+    import threading
+
+    session = Session(FlagSet(model="m", values={}))
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def push() -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            session._push(f"s{i % 40}", float(i))  # the path of telemetry, /metrics and windows
+            if i % 40 == 0:
+                session._clear_series(tuple(f"s{k}" for k in range(0, 40, 2)))  # a new run's reset
+
+    threads = [threading.Thread(target=push) for _ in range(2)]
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(3000):
+            try:
+                session.snapshot()
+            except RuntimeError as exc:  # "deque mutated during iteration"
+                errors.append(exc)
+                break
+    finally:
+        stop.set()
+        sys.setswitchinterval(switch)
+        for t in threads:
+            t.join()
+    assert not errors, errors
+    assert set(session.snapshot().series) >= {f"s{k}" for k in range(1, 40, 2)}
