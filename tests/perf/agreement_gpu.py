@@ -84,12 +84,56 @@ def server_view(load: dict[str, Any], telemetry: dict[str, Any], series: dict[st
     }
 
 
+async def scrape(url: str) -> Any:
+    """One /metrics page, parsed (engine.telemetry.metrics.MetricsPage)."""
+    import httpx
+
+    from engine.telemetry.metrics import parse_metrics
+
+    async with httpx.AsyncClient(trust_env=False, timeout=30.0) as client:
+        return parse_metrics((await client.get(url + "/metrics")).text)
+
+
+def bracket_view(before: Any, after: Any, load: dict[str, Any]) -> dict[str, Any]:
+    """The server's figures from two scrapes taken just before the client started and just after
+    it ended: every request of the run and nothing else (a 1 Hz scrape loop's first and last
+    samples need not bracket the run; see the runs where its request count falls short)."""
+    from engine.telemetry import metrics as m
+
+    def hist(key: str) -> tuple[float, float] | None:
+        a, b = before.histogram(m.LATENCY[key]), after.histogram(m.LATENCY[key])
+        if b is None or b.sum is None:
+            return None
+        d = b.minus(a)
+        return (d.count, (d.sum or 0.0) * 1000.0 / d.count) if d.count else None
+
+    def delta(names: tuple[str, ...]) -> float | None:
+        a, b = before.value(names), after.value(names)
+        return None if b is None else b - (a or 0.0)
+
+    ttft, e2e, itl = hist("ttft"), hist("e2e"), hist("itl")
+    gen, prompt = delta(m.GENERATION_TOKENS), delta(m.PROMPT_TOKENS)
+    queries, hits = delta(m.PREFIX_QUERIES), delta(m.PREFIX_HITS)
+    n = e2e[0] if e2e else None
+    per_req = gen / n if gen is not None and n else None
+    tpot = ((e2e[1] - ttft[1]) / (per_req - 1) if e2e and ttft and per_req and per_req > 1 else None)
+    return {"b_requests": n, "b_ttft_requests": ttft[0] if ttft else None,
+            "b_server_mean_ttft_ms": ttft[1] if ttft else None, "b_server_mean_e2e_ms": e2e[1] if e2e else None,
+            "b_server_tpot_ms": tpot, "b_engine_itl_mean_ms": itl[1] if itl else None,
+            "b_gen_tokens_per_req": per_req, "b_prompt_tokens_per_req": prompt / n if prompt is not None and n else None,
+            "b_prefix_queries": queries, "b_prefix_hit_rate": hits / queries if queries and hits is not None else None,
+            "b_client_completed": load.get("completed")}
+
+
 def verdict(s: dict[str, Any]) -> tuple[float | None, float | None, bool]:
     def ratio(a: Any, b: Any) -> float | None:
         return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b > 0 else None
 
-    rt = ratio(s["client_mean_ttft_ms"], s["server_mean_ttft_ms"])
-    rp = ratio(s["client_mean_tpot_ms"], s["server_tpot_ms"])
+    # Against the bracketing scrapes when the run has them, else the tool's own window.
+    sttft = s.get("b_server_mean_ttft_ms", s["server_mean_ttft_ms"])
+    stpot = s.get("b_server_tpot_ms", s["server_tpot_ms"])
+    rt = ratio(s["client_mean_ttft_ms"], sttft)
+    rp = ratio(s["client_mean_tpot_ms"], stpot)
     ok = rt is not None and rp is not None and abs(rt - 1) <= TTFT_TOL and abs(rp - 1) <= TPOT_TOL
     return rt, rp, ok
 
@@ -199,16 +243,19 @@ def _f(v: Any, nd: int = 1) -> str:
 
 def run_line(conc: int, rep: int, tool: str, r: dict[str, Any], s: dict[str, Any]) -> str:
     rt, rp, ok = verdict(s)
-    hit = s["prefix_hit_rate"]
+    hit = s.get("b_prefix_hit_rate") if s.get("b_prefix_queries") else s["prefix_hit_rate"]
     return (f"  c={conc:<3} rep {rep} {tool:<16} {r['request_throughput']:6.2f} req/s"
             f"  TTFT p50/p99 {r['median_ttft_ms']:7.1f}/{r['p99_ttft_ms']:7.1f}"
             f"  TPOT p50/p99 {r['median_tpot_ms']:6.2f}/{r['p99_tpot_ms']:6.2f}"
             f"  server running max/mean {_f(s['running_max'], 0)}/{_f(s['running_mean'])}"
             f" waiting {_f(s['waiting_max'], 0)}/{_f(s['waiting_mean'])} | in flight {r.get('peak_in_flight') or '-'}"
-            f"  prefix hits {'-' if hit is None else f'{hit:.1%}'}"
-            f"  mean TTFT {_f(s['client_mean_ttft_ms'])}/{_f(s['server_mean_ttft_ms'])} ({_f(rt, 3)})"
-            f"  TPOT {_f(s['client_mean_tpot_ms'], 2)}/{_f(s['server_tpot_ms'], 2)} ({_f(rp, 3)})"
-            f"  engine ITL {_f(s['engine_itl_mean_ms'], 2)}  gen {_f(s['gen_tok_s'], 0)} tok/s"
+            f"  prefix hits {'-' if hit is None else f'{hit:.1%}'} of {_f(s.get('b_prefix_queries'), 0)} queried"
+            f"  mean TTFT {_f(s['client_mean_ttft_ms'])}/{_f(s.get('b_server_mean_ttft_ms'))} ({_f(rt, 3)})"
+            f"  TPOT {_f(s['client_mean_tpot_ms'], 2)}/{_f(s.get('b_server_tpot_ms'), 2)} ({_f(rp, 3)})"
+            f"  [server requests {_f(s.get('b_requests'), 0)}, prompt/req {_f(s.get('b_prompt_tokens_per_req'))};"
+            f" own window: {_f(s['server_requests'], 0)} requests, TTFT {_f(s['server_mean_ttft_ms'])},"
+            f" TPOT {_f(s['server_tpot_ms'], 2)}]"
+            f"  engine ITL {_f(s.get('b_engine_itl_mean_ms', s['engine_itl_mean_ms']), 2)}  gen {_f(s['gen_tok_s'], 0)} tok/s"
             f"  tok/event {_f(r.get('tokens_per_event'), 2)}  {'OK' if ok else 'OUTSIDE'}")
 
 
@@ -257,12 +304,14 @@ async def main_async(a: argparse.Namespace) -> None:
                         t = time.monotonic()
                         out = Path(d) / f"{tool.split()[0]}-{conc}-{rep}.json"
                         try:
+                            before = await scrape(url)
                             if tool == "vllm bench serve":
                                 r, s = await bench_serve(url, model, tok, sup.pid, conc, n, seed, a, out)
                             elif tool == "vtui bench":
                                 r, s = await vtui_bench(url, model, tok, conc, n, seed, a, out)
                             else:
                                 r, s = await tui_run(url, conc, n, seed, a)
+                            s.update(bracket_view(before, await scrape(url), r))
                         except Exception as exc:  # noqa: BLE001 - recorded, the others go on
                             print(f"  c={conc:<3} rep {rep} {tool:<16} FAILED: {type(exc).__name__}: "
                                   f"{str(exc)[-1500:]}", flush=True)
@@ -309,13 +358,14 @@ def print_server_table(runs: dict[tuple[int, str], list[dict[str, Any]]],
             ver = [verdict(s) for s in vs]
             rts = [v[0] for v in ver if v[0] is not None]
             rps = [v[1] for v in ver if v[1] is not None]
-            hit = med("prefix_hit_rate")
+            hit = med("b_prefix_hit_rate") if med("b_prefix_queries") else med("prefix_hit_rate")
             cells = [str(len(vs)), _f(med("running_max"), 0), _f(med("running_mean")), _f(med("waiting_max"), 0),
                      _f(med("peak_in_flight", rs), 0), _f(None if hit is None else 100 * hit, 2),
-                     _f(med("client_mean_ttft_ms")), _f(med("server_mean_ttft_ms")),
+                     _f(med("client_mean_ttft_ms")), _f(med("b_server_mean_ttft_ms") or med("server_mean_ttft_ms")),
                      _f(statistics.median(rts) if rts else None, 3), _f(med("client_mean_tpot_ms"), 2),
-                     _f(med("server_tpot_ms"), 2), _f(statistics.median(rps) if rps else None, 3),
-                     _f(med("engine_itl_mean_ms"), 2), _f(med("gen_tok_s"), 0), f"{sum(v[2] for v in ver)}/{len(ver)}"]
+                     _f(med("b_server_tpot_ms") or med("server_tpot_ms"), 2), _f(statistics.median(rps) if rps else None, 3),
+                     _f(med("b_engine_itl_mean_ms") or med("engine_itl_mean_ms"), 2), _f(med("gen_tok_s"), 0),
+                     f"{sum(v[2] for v in ver)}/{len(ver)}"]
             print(f"{conc:>4} {tool:>17} | " + " ".join(f"{c:>8}" for c in cells))
 
 
