@@ -198,8 +198,13 @@ async def test_server_sigkill_mid_sweep_is_cut_short_and_next_preset_restarts(
         sups.append(sup)
         if len(sups) == 1:
             async def killer() -> None:
-                await wait_until(lambda: any("requests, closed" in line for line in lines), 60)
-                await asyncio.sleep(3.0)  # mid-run: a request takes ~1.3 s on the stand-in
+                # Mid-run: once the first preset's run has stored a few completed requests (a
+                # fixed wait after its start line left 0 done on a busy box: prompts, warm-up).
+                def some_done() -> bool:
+                    runs = [r for r in history.list_runs() if r.status == "running"]
+                    return any(sum(1 for q in history.requests(r.id) if q["ok"]) >= 4 for r in runs)
+
+                await wait_until(some_done, 120, step=0.2)
                 killed["t"] = time.monotonic()
                 os.kill(sup.pid, signal.SIGKILL)  # type: ignore[arg-type]
                 await wait_until(lambda: sup.state is ServerState.DEAD, 5)
@@ -434,21 +439,16 @@ def run_kill_9_of_vtui(session_script: Path, model: Path, launcher: list[str], v
             run = max(runs, key=lambda r: r.started)
             stored = [r for r in history.requests(run.id) if r["ok"]]
         assert run.status == "cancelled" and len(stored) >= 4
-        [entry] = [e for e in list_registered() if e.pid == info["pid"]]
-        assert not entry.owner_alive() and entry.url == info["url"]
-        from engine.attach import attach
-
-        attached = asyncio.run(attach(entry.url))  # offered for attach ...
-        assert attached.url.rstrip("/") == entry.url.rstrip("/")
-        assert entry.stop(timeout=15)  # ... or stop
-        assert not [r for r in refs if r.alive()]
-        report("kill -9 of vtui mid-run", f"next start: run cut_short with {len(stored)} requests; left server "
-               "listed, attached, stopped", None, "at most the last 0.25 s of requests")
+        # The server died with its owner (the reaper ends its group) and is not listed as left.
+        assert procs.wait_gone(refs, 10.0) == [], "the server outlived vtui's kill -9"
+        assert info["pid"] not in [e.pid for e in list_registered()]
+        report("kill -9 of vtui mid-run", f"next start: run cancelled with {len(stored)} requests; the server "
+               "ended with vtui (its reaper), nothing left listed", None, "at most the last 0.25 s of requests")
     finally:
         cleanup(owner, refs)
 
 
-def test_kill_9_of_vtui_mid_run_next_start_sees_cut_short_and_left_server(
+def test_kill_9_of_vtui_mid_run_next_start_sees_the_run_and_no_server(
     tiny_model: Path, session_script: Path
 ) -> None:
     run_kill_9_of_vtui(session_script, tiny_model, fakevllm.command(), {})
