@@ -16,6 +16,7 @@ import pytest
 import tui_data
 from textual.binding import Binding
 from textual.widgets import Button, Input
+from textual.widgets._footer import FooterKey
 
 from engine.flags import builtin_schema
 from engine.logparse import classify_line
@@ -39,10 +40,10 @@ async def test_invalid_flag_is_shown_as_typed_and_start_is_refused() -> None:
         row = app.screen.query_one("#flag-max-num-seqs", FlagRow)
         await pilot.click(row.editor)
         await pilot.press("ctrl+a", "ctrl+k", *"12x")
-        await pilot.press("escape")
+        await pilot.press("enter")  # accept (Esc would cancel the edit)
         await pilot.pause()
         assert row.has_class("-error")
-        assert "integer" in str(row.query_one(".flag-error").render())
+        assert "integer" in str(row.query_one(".flag-error-below").render())  # the narrow column
         assert app.session.flag_errors()["max-num-seqs"].startswith("expected an integer")
 
         await pilot.press("s")
@@ -53,7 +54,7 @@ async def test_invalid_flag_is_shown_as_typed_and_start_is_refused() -> None:
         # Fixing the value clears the error; the typed value is what would launch.
         await pilot.click(row.editor)
         await pilot.press("ctrl+a", "ctrl+k", *"64")
-        await pilot.press("escape")
+        await pilot.press("enter")
         await pilot.pause()
         assert not row.has_class("-error")
         argv = app.session.launch_argv()
@@ -286,3 +287,84 @@ async def test_log_hides_vtuis_polls_until_h_and_filters_by_level_with_f() -> No
         assert wide is not panel and app.screen.wide  # type: ignore[attr-defined]
         assert _shown_texts(wide, logs) == [p.text for p in polls]
         assert wide.query_one("#log-filter", Input).value == "GET /"
+
+
+def _text_of(widget: object) -> str:
+    return str(widget.render())  # type: ignore[attr-defined]
+
+
+async def test_flag_editor_says_how_to_accept_cancel_and_move_and_keeps_a_rejected_text() -> None:
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        hint = app.screen.query_one("#flag-hint")
+        app.action_show("tab-flags")  # its first field takes the focus
+        await pilot.pause()
+        assert "Esc: cancel (back to on)" in _text_of(hint)  # enable-chunked-prefill, a switch
+        await pilot.press("down", "down")
+        await pilot.pause()
+        row = app.screen.query_one("#flag-max-num-seqs", FlagRow)
+        assert app.focused is row.editor
+        assert _text_of(hint) == "Enter: accept · Esc: cancel (back to 128) · Tab/↓: next · ↑: previous"
+        # The footer says it too, while the field is in use (its letter keys type into it).
+        shown = {(k.key, k.description) for k in app.screen.query(FooterKey)}
+        assert {("enter", "Accept"), ("escape", "Cancel"), ("down", "Next"), ("up", "Previous")} <= shown
+
+        await pilot.press("ctrl+a", "ctrl+k", *"12x", "enter")  # accepted as typed, and rejected
+        await pilot.pause()
+        assert app.focused is None and _text_of(hint).startswith("Tab: edit")
+        editor, reason = row.editor, row.query_one(".flag-error")
+        assert editor.value == "12x"  # type: ignore[attr-defined]
+        assert _text_of(reason).startswith("expected an integer, got '12x'")
+        # Beside the field: on its line, to its right, inside 80 columns.
+        assert reason.region.y == editor.region.y and reason.region.x >= editor.region.right
+        assert reason.region.right <= 80
+        assert "max-num-seqs" in app.session.flag_errors()
+
+        # A layout rebuilt for a wider terminal still shows the text as typed.
+        await pilot.resize_terminal(120, 36)
+        await pilot.pause()
+        row = app.screen.query_one("#flag-max-num-seqs", FlagRow)
+        assert row.editor.value == "12x" and row.has_class("-error")  # type: ignore[attr-defined]
+
+        # Esc puts back what the flag held on entering the field: the rejected text, here.
+        row.editor.focus()
+        await pilot.press("ctrl+a", "ctrl+k", *"abc", "escape")
+        await pilot.pause()
+        assert row.editor.value == "12x" and app.focused is None  # type: ignore[attr-defined]
+        assert "'12x'" in app.session.flag_errors()["max-num-seqs"]
+
+        # A good value, Tab moves on to the next flag; Esc there goes back to that flag's value.
+        row.editor.focus()
+        await pilot.press("ctrl+a", "ctrl+k", *"64", "tab")
+        await pilot.pause()
+        assert app.session.flags.get("max-num-seqs") == 64 and "max-num-seqs" not in app.session.flag_errors()
+        nxt = app.screen.query_one("#flag-gpu-memory-utilization", FlagRow)
+        assert app.focused is nxt.editor and "(back to 0.2)" in _text_of(app.screen.query_one("#flag-hint"))
+        await pilot.press("ctrl+a", "ctrl+k", *"1.5")
+        await pilot.pause()
+        assert "gpu-memory-utilization" in app.session.flag_errors()
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.session.flags.get("gpu-memory-utilization") == 0.2 and not app.session.flag_errors()
+        assert nxt.editor.value == "0.2" and not nxt.has_class("-error")  # type: ignore[attr-defined]
+        assert row.editor.value == "64"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "kind, value",
+    [
+        ("json", {"level": 3, "cudagraph_capture_sizes": [1, 2, 4]}),
+        ("json", ["a", "b c"]),
+        ("list", ("my model", "tiny")),
+        ("list", ("a",)),
+        ("float", 0.1),
+        ("int", 4096),
+        ("str", "auto"),
+    ],
+)
+def test_a_value_is_shown_as_text_that_reads_back_as_the_same_value(kind: str, value: object) -> None:
+    from engine.flags import FlagSpec
+    from tui.widgets.flags import _show
+
+    spec = FlagSpec("some-flag", kind=kind)  # type: ignore[arg-type]
+    assert spec.coerce(_show(value)) == value

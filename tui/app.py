@@ -55,10 +55,11 @@ class MainScreen(Screen[None]):
         # What the user set in the panels (log filters, text typed into a flag) survives
         # the rebuild of the layout when the terminal crosses WIDE_COLUMNS.
         self.kept_log: dict[str, object] = {}
+        self.kept_typed: dict[str, str] = {}
 
     def compose(self) -> ComposeResult:
         yield StatusBar(id="status")
-        flags = FlagEditor(self.schema, cursor_blink=self.cursor_blink, id="flags")
+        flags = FlagEditor(self.schema, cursor_blink=self.cursor_blink, typed=self.kept_typed, id="flags")
         presets = PresetList(self.presets, id="presets")
         if self.wide:
             with Horizontal(id="columns"):

@@ -1,18 +1,24 @@
 """The flag editor: typed inputs for vLLM's tuning flags, or every flag with a filter.
 
-Values are sent to the session as typed text; the session validates (engine.flags)
-and the next snapshot brings the reason back, shown under the flag.
+Values are sent to the session as typed text at every key; the session validates
+(engine.flags) and the next snapshot brings the reason back, shown beside the flag. A
+rejected text stays in the field as typed. Enter accepts and leaves the field, Esc puts
+back what the flag held before the field was entered, Tab or the arrows move on; a line
+above the flags says so for the field in use.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.reactive import reactive
@@ -26,22 +32,84 @@ from engine.session import SessionSnapshot
 MAX_ROWS = 40
 
 
+def _item(value: Any) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return str(value)
+
+
 def _show(value: Any) -> str:
+    """A value as the text that reads back as the same value (the session parses typed text
+    as vLLM would): JSON as JSON, not Python's repr; list items quoted as a shell would."""
     if value is None:
         return ""
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, (list, tuple)):
-        return " ".join(str(v) for v in value)
-    return str(value)
+    if isinstance(value, tuple):
+        return shlex.join(_item(v) for v in value)
+    return _item(value)
+
+
+def _brief(text: str, width: int = 14) -> str:
+    if not text:
+        return "default"
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _wid(name: str) -> str:
     return "flag-" + name.replace(".", "_")
 
 
+IDLE_HINT = "Tab: edit · Enter: accept · Esc: cancel"
+
+
+def _text(value: Any) -> str:
+    """What, sent as typed text, sets the flag back to ``value`` (booleans too)."""
+    return ("true" if value else "false") if isinstance(value, bool) else _show(value)
+
+
+def _hint(editor: Widget, typed: str | None) -> str:
+    """How to accept, cancel and move on, for the kind of field in use (as it is on entry)."""
+    if isinstance(editor, Switch):
+        return f"Space: toggle · Esc: cancel (back to {'on' if editor.value else 'off'}) · Tab/↓: next flag"
+    if isinstance(editor, Select):
+        shown = "default" if editor.value is Select.NULL else str(editor.value)
+        return f"Enter: choose · Esc: cancel (back to {_brief(shown)}) · Tab: next flag"
+    shown = typed if typed is not None else editor.value if isinstance(editor, Input) else ""
+    return f"Enter: accept · Esc: cancel (back to {_brief(shown)}) · Tab/↓: next · ↑: previous"
+
+
+def _row_of(widget: Widget) -> FlagRow | None:
+    return next((a for a in widget.ancestors_with_self if isinstance(a, FlagRow)), None)
+
+
+class FlagInput(Input):
+    """A flag's text field: the footer shows how to accept and move on while it is in use
+    (Input's own keys for these are hidden from the footer)."""
+
+    BINDINGS = [
+        Binding("enter", "submit", "Accept", tooltip="Accept the typed value and leave the field"),
+        Binding("down", "move(1)", "Next", tooltip="Next flag (Tab too)"),
+        Binding("up", "move(-1)", "Previous", tooltip="Previous flag (shift+Tab too)"),
+    ]
+
+    def action_move(self, step: int) -> None:
+        row = _row_of(self)
+        if row is not None:
+            row.action_move(step)
+
+
 class FlagRow(Vertical):
-    """One flag: its name, a typed editor, the reason it is invalid."""
+    """One flag: its name, a typed editor, the reason it is invalid beside it."""
+
+    # Up and down move between flags (a VerticalScroll would scroll instead); a Select
+    # keeps them to open its list.
+    BINDINGS = [
+        Binding("down", "move(1)", "Next", tooltip="Next flag (Tab too)"),
+        Binding("up", "move(-1)", "Previous", tooltip="Previous flag (shift+Tab too)"),
+    ]
 
     def __init__(self, spec: Any, cursor_blink: bool = True) -> None:
         super().__init__(id=_wid(spec.name), classes="flag-row")
@@ -63,7 +131,7 @@ class FlagRow(Vertical):
                     classes="flag-editor",
                 )
             else:
-                editor = Input(
+                editor = FlagInput(
                     placeholder=_show(spec.default) or "(unset)",
                     type="text",
                     compact=True,
@@ -74,14 +142,27 @@ class FlagRow(Vertical):
                 yield editor
             if spec.kind == "bool":
                 yield Label("", classes="flag-state")
-        yield Label("", classes="flag-error")
+            yield Label("", classes="flag-error")
+        # In a narrow column (the flags beside the live view) the reason goes under the field.
+        yield Label("", classes="flag-error-below")
 
     @property
     def editor(self) -> Widget:
         return self.query_one(".flag-editor")
 
-    def show(self, value: Any, error: str | None, running: Any, has_server: bool) -> None:
-        """Render this flag's state from a snapshot without re-sending it as an edit."""
+    def action_move(self, step: int) -> None:
+        rows = list(self.parent.query_children(FlagRow)) if self.parent is not None else []
+        i = rows.index(self) + step if self in rows else -1
+        if 0 <= i < len(rows):
+            rows[i].editor.focus()
+            rows[i].scroll_visible()
+
+    def show(self, value: Any, error: str | None, running: Any, has_server: bool, typed: str | None = None) -> None:
+        """Render this flag's state from a snapshot without re-sending it as an edit.
+
+        ``typed``: the text the user last typed, shown instead of the value while the session
+        rejects it (the session keeps the last good value, which is not what was typed).
+        """
         found = self.query(".flag-editor")
         if not found:
             return  # not composed yet (just mounted) or being removed
@@ -95,10 +176,13 @@ class FlagRow(Vertical):
                 elif isinstance(editor, Select):
                     editor.value = Select.NULL if value is None else str(value)
                 elif isinstance(editor, Input):
-                    if error is None or editor.value == "":
-                        editor.value = _show(value)
+                    text = typed if error is not None and typed is not None else _show(value)
+                    if editor.value != text:
+                        editor.value = text
+                        editor.cursor_position = 0  # the start of a long value, not its tail
         self.set_class(error is not None, "-error")
         self.query_one(".flag-error", Label).update(error or "")
+        self.query_one(".flag-error-below", Label).update(error or "")
         changed = has_server and value != running
         self.set_class(changed, "-changed")
         self.set_class(value is not None, "-set")
@@ -110,6 +194,12 @@ class FlagEditor(Vertical):
 
     BORDER_TITLE = "Flags"
 
+    # Before the app's Escape (leave the field): in a flag, Esc also puts the old value back.
+    BINDINGS = [Binding("escape", "cancel_edit", "Cancel", tooltip="Cancel the edit: the flag back to its value before")]
+
+    # Below this width the reason of a rejected value goes under the field, not beside it.
+    BESIDE_MIN_WIDTH = 70
+
     @dataclass
     class FlagEdited(Message):
         """The user changed a flag; ``text`` is what was typed ("" = back to default)."""
@@ -120,10 +210,16 @@ class FlagEditor(Vertical):
     snapshot: reactive[SessionSnapshot | None] = reactive(None, always_update=True)
     """The latest session snapshot."""
 
-    def __init__(self, schema: Any, *, cursor_blink: bool = True, id: str | None = None) -> None:
+    def __init__(
+        self, schema: Any, *, cursor_blink: bool = True, typed: dict[str, str] | None = None, id: str | None = None
+    ) -> None:
+        """``typed``: flag name -> the text last typed into it, kept by the owner so that a
+        rebuilt editor (a new terminal width, the all-flags switch) shows it again."""
         super().__init__(id=id)
         self.schema = schema
         self._cursor_blink = cursor_blink
+        self._typed = typed if typed is not None else {}
+        self._before: tuple[str, str, str | None] | None = None  # flag, text, typed text on entering a field
         self._all = False
         self._filter = ""
         self._shown: tuple[str, ...] = ()
@@ -135,11 +231,15 @@ class FlagEditor(Vertical):
             yield Label("all flags", id="all-label")
             yield Switch(value=False, id="all-flags")
             yield Input(placeholder="filter", id="flag-filter", compact=True, disabled=True)
+        yield Static(IDLE_HINT, id="flag-hint")
         yield Static("", id="flag-summary")
         yield VerticalScroll(id="flag-rows")
 
     async def on_mount(self) -> None:
         await self._rebuild()
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.set_class(event.size.width < self.BESIDE_MIN_WIDTH, "-column")
 
     def _specs(self) -> list[Any]:
         specs: Iterable[Any] = self.schema.all() if self._all else self.schema.tuning()
@@ -182,7 +282,51 @@ class FlagEditor(Vertical):
     @on(Input.Changed, ".flag-editor")
     def _input_changed(self, event: Input.Changed) -> None:
         event.stop()
+        row = _row_of(event.input)
+        if row is not None:
+            self._typed[row.spec.name] = event.value
         self._send(event.input, event.value)
+
+    @on(Input.Submitted, ".flag-editor")
+    def _accepted(self, event: Input.Submitted) -> None:
+        """Enter: keep what was typed and leave the field, so the footer's keys work."""
+        event.stop()
+        self._before = None
+        self.screen.set_focus(None)
+
+    def action_cancel_edit(self) -> None:
+        """Esc: the flag back to what it was when the field was entered, and leave it."""
+        before, self._before = self._before, None
+        focused = self.screen.focused
+        self.screen.set_focus(None)
+        row = _row_of(focused) if focused is not None else None
+        if before is None or row is None or row.spec.name != before[0]:
+            return
+        name, text, typed = before
+        if typed is None:
+            self._typed.pop(name, None)
+        else:
+            self._typed[name] = typed
+        self._last_key = None  # redraw the row even if the snapshot comes back the same
+        self.post_message(self.FlagEdited(name, text))
+
+    def on_descendant_focus(self, event: events.DescendantFocus) -> None:
+        row = _row_of(event.widget)
+        if row is None or not event.widget.has_class("flag-editor"):
+            self._before = None
+            self.query_one("#flag-hint", Static).update(IDLE_HINT)
+            return
+        name = row.spec.name
+        snap = self.snapshot
+        value = snap.flags.get(name) if snap is not None else None
+        typed = self._typed.get(name) if snap is not None and name in snap.flag_errors else None
+        text = typed if typed is not None else ("" if value is None else _text(value))
+        self._before = (name, text, typed)
+        self.query_one("#flag-hint", Static).update(_hint(event.widget, typed))
+
+    def on_descendant_blur(self, event: events.DescendantBlur) -> None:
+        if self.screen.focused is None or _row_of(self.screen.focused) is None:
+            self.query_one("#flag-hint", Static).update(IDLE_HINT)
 
     @on(Switch.Changed, ".flag-editor")
     def _switch_changed(self, event: Switch.Changed) -> None:
@@ -196,7 +340,7 @@ class FlagEditor(Vertical):
         self._send(event.select, value)
 
     def _send(self, editor: Widget, text: str) -> None:
-        row = next((a for a in editor.ancestors if isinstance(a, FlagRow)), None)
+        row = _row_of(editor)
         if row is not None:
             self.post_message(self.FlagEdited(row.spec.name, text))
 
@@ -213,11 +357,15 @@ class FlagEditor(Vertical):
         has_server = running is not None
         for row in self.query(FlagRow):
             name = row.spec.name
+            error = snap.flag_errors.get(name)
+            if error is None:
+                self._typed.pop(name, None)  # accepted: the field shows the value as read
             row.show(
                 flags.get(name),
-                snap.flag_errors.get(name),
+                error,
                 running.get(name) if running is not None else None,
                 has_server,
+                self._typed.get(name),
             )
         parts = []
         if snap.flag_errors:
