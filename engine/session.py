@@ -664,11 +664,13 @@ class Session:
 
     # ------------------------------------------------------------------ server
 
+    _detached: str | None = None  # the URL of an attached server let go by stop_server
+
     def _state_name(self) -> str:
         if self._attached is not None and self._supervisor is None:
             return "ATTACHED"
         if self._supervisor is None:
-            return "STOPPED"
+            return "DETACHED" if self._detached else "STOPPED"
         state = getattr(self._supervisor, "state", None)
         return str(getattr(state, "name", state or "STOPPED"))
 
@@ -724,6 +726,7 @@ class Session:
         self._server_error = None
         self._downtime = None
         self._attached = None
+        self._detached = None
         sup = self._new_supervisor(self._flags)
         self._supervisor = sup
         self._busy = "starting"
@@ -752,7 +755,13 @@ class Session:
             self.stop_workload()
         sup = self._supervisor
         if sup is None:
-            self._attached = None
+            if self._attached is not None:
+                # Not ours to stop: let go of it and say that it goes on.
+                url = getattr(self._attached, "url", None)
+                await self._halt_telemetry()
+                self._attached = None
+                self._detached = url
+                self._notice = "detached, server left running" + (f" at {url} (t attaches again)" if url else "")
             self._running_flags = None
             self.changed()
             return
@@ -842,6 +851,7 @@ class Session:
         """Use an ``engine.attach.AttachedServer`` (already probed) as this session's server."""
         self._supervisor = None
         self._attached = server
+        self._detached = None
         recovered = getattr(server, "flags", None)
         self._running_flags = recovered
         if recovered is not None:
@@ -1506,8 +1516,12 @@ class Session:
             if thread is not None:
                 await asyncio.to_thread(thread.join, 30)
         await self._halt_telemetry()
-        if stop_server and self._supervisor is not None:
-            await self._supervisor.stop()
+        if self._supervisor is not None:
+            if stop_server:
+                await self._supervisor.stop()
+            else:
+                # Left running by choice: its reaper must not end it when vtui exits.
+                self._supervisor.leave_running = True
         history = self._history
         if history is not None and hasattr(history, "close"):
             history.close()

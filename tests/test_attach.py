@@ -142,3 +142,24 @@ async def test_attach_to_session_server_recovers_flags(vllm_server: Any) -> None
     with pytest.raises(PermissionError):
         await stop_attached(server)
     assert os.path.exists(f"/proc/{sup.pid}")
+
+
+async def test_x_on_an_attached_server_detaches_and_leaves_it_running(local_server: Any) -> None:
+    """`x` (Session.stop_server) on a server vtui did not start: nothing is signalled, the
+    session says it let go, and the server still answers."""
+    from engine.flags import FlagSet
+    from engine.session import Session
+
+    url, proc = local_server
+    session = Session(FlagSet(model="m", values={}), telemetry=False, record_history=False)
+    await session.attach(url)
+    assert session.snapshot().server.state == "ATTACHED"
+    await session.stop_server()
+    snap = session.snapshot()
+    assert snap.server.state == "DETACHED"
+    assert snap.notice is not None and snap.notice.startswith("detached, server left running")
+    assert proc.poll() is None and httpx.get(url + "/version", trust_env=False).status_code == 200
+    await session.attach(url)  # and it can be attached again
+    assert session.snapshot().server.state == "ATTACHED"
+    await session.close()
+    assert proc.poll() is None

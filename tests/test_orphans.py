@@ -545,3 +545,28 @@ def test_vtui_serve_left_running_then_kill_9_next_serve_refuses_and_stop_left_st
         assert not find_left_running()
     finally:
         end(serve, refs)
+
+
+async def test_session_closed_without_stopping_leaves_its_server_to_the_user(tiny_model: Path) -> None:
+    """Quitting the TUI with 'leave it running' (Session.close(stop_server=False)) tells the
+    reaper; the server outlives the session and is listed as left running."""
+    from engine.session import Session
+    from engine.supervisor import list_registered
+    from tests import fakevllm
+
+    session = Session(FlagSet(model=str(tiny_model), values={}), launcher=fakevllm.command(), telemetry=False,
+                      record_history=False)
+    await session.start_server(timeout=30)
+    sup = session.supervisor
+    refs = sup.process_refs()
+    try:
+        await session.close(stop_server=False)
+        assert sup.leave_running
+        await asyncio.sleep(1.0)
+        assert all(r.alive() for r in refs)
+        # recorded as left running (listed to the next vtui once this owner is gone)
+        assert [e for e in list_registered() if e.pid == sup.pid and e.leave_running]
+    finally:
+        sup.leave_running = False
+        await sup.stop()
+    assert procs.wait_gone(refs, 10.0) == []
