@@ -21,6 +21,7 @@ from engine.flags import builtin_schema
 from engine.history import History
 from engine.presets import list_presets
 from engine.session import RunRecord, Session, SessionError
+from engine.status import RunStatus
 from tui.app import VtuiApp
 from tui.widgets.modals import AdviceScreen
 
@@ -79,7 +80,7 @@ async def test_v_without_a_run_or_findings_gives_a_notice(monkeypatch: pytest.Mo
 
 
 def _record(index: int, history_id: Any) -> RunRecord:
-    return RunRecord(index=index, label=f"#{index}", flags=None, started_t=1000.0, status="done",
+    return RunRecord(index=index, label=f"#{index}", flags=None, started_t=1000.0, status=RunStatus.OK,
                      summary={}, history_id=history_id)
 
 

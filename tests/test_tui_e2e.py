@@ -50,7 +50,7 @@ async def test_start_run_edit_apply_run_compare_quit(tiny_model: Path) -> None:
         await pilot.pause()
         await wait_group(app, "run")
         first = session.runs[0]
-        assert first.status == "done"
+        assert first.status.measured, (first.status, first.error)  # ok, or slo-missed on a busy box
         assert first.summary["load"]["median_ttft_ms"] > 0
         assert first.summary["load"]["request_throughput"] > 0
         await pilot.pause(0.3)  # one publish tick
@@ -87,7 +87,7 @@ async def test_start_run_edit_apply_run_compare_quit(tiny_model: Path) -> None:
         await pilot.press("r")
         await pilot.pause()
         await wait_group(app, "run")
-        assert [r.status for r in session.runs] == ["done", "done"]
+        assert [r.status.measured for r in session.runs] == [True, True], [r.status for r in session.runs]
         await pilot.pause(0.3)
         app.action_show("tab-runs")
         await pilot.pause()
