@@ -23,7 +23,8 @@ from textual.widgets import Footer, TabbedContent, TabPane
 
 from engine.session import Session, SessionError, SessionSnapshot
 from tui.messages import SessionUpdated
-from tui.widgets.flags import FlagEditor
+from tui.widgets.flags import FlagEditor, FlagInput, FlagRow
+from tui.widgets.help import HelpScreen, KeyRow, bindings_of, key_rows
 from tui.widgets.live import LivePanel
 from tui.widgets.modals import AdviceScreen, ConfirmScreen, DiffScreen, ExportScreen, PromptScreen, QuitScreen
 from tui.widgets.presets import PresetList
@@ -64,30 +65,30 @@ class MainScreen(Screen[None]):
         if self.wide:
             with Horizontal(id="columns"):
                 with TabbedContent(id="left", initial="tab-flags"):
-                    with TabPane("Flags", id="tab-flags"):
+                    with TabPane("2 Flags", id="tab-flags"):
                         yield flags
-                    with TabPane("Presets", id="tab-presets"):
+                    with TabPane("3 Presets", id="tab-presets"):
                         yield presets
                 with TabbedContent(id="main", initial="tab-live"):
-                    with TabPane("Live", id="tab-live"):
+                    with TabPane("1 Live", id="tab-live"):
                         yield LivePanel(id="live")
-                    with TabPane("Server", id="tab-server"):
+                    with TabPane("4 Server", id="tab-server"):
                         yield ServerPanel(keep=self.kept_log, id="server")
-                    with TabPane("Runs", id="tab-runs"):
+                    with TabPane("5 Runs", id="tab-runs"):
                         yield RunsPanel(id="runs")
         else:
             with TabbedContent(id="main", initial="tab-live"):
-                with TabPane("Live", id="tab-live"):
+                with TabPane("1 Live", id="tab-live"):
                     yield LivePanel(id="live")
-                with TabPane("Flags", id="tab-flags"):
+                with TabPane("2 Flags", id="tab-flags"):
                     yield flags
-                with TabPane("Presets", id="tab-presets"):
+                with TabPane("3 Presets", id="tab-presets"):
                     yield presets
-                with TabPane("Server", id="tab-server"):
+                with TabPane("4 Server", id="tab-server"):
                     yield ServerPanel(keep=self.kept_log, id="server")
-                with TabPane("Runs", id="tab-runs"):
+                with TabPane("5 Runs", id="tab-runs"):
                     yield RunsPanel(id="runs")
-        yield Footer()
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
         self.wide = self.size.width >= WIDE_COLUMNS
@@ -124,31 +125,35 @@ class VtuiApp(App[int]):
     CSS_PATH = str(Path(__file__).parent / "vtui.tcss")
     TITLE = "vtui"
 
+    # The footer shows the keys a session is made of (start, apply, run, look, tune, help,
+    # quit): at 80 columns they fill it. Every key, shown or not, is in the help (F1, ?)
+    # and the command palette (ctrl+p); the tooltip is what they say of it.
     BINDINGS = [
-        Binding("s", "start_server", "Start"),
-        Binding("x", "stop_server", "Stop srv"),
-        Binding("a", "apply", "Apply"),
-        Binding("r", "run", "Run"),
-        Binding("c", "stop_run", "Cancel run"),
-        Binding("e", "export", "Export"),
+        Binding("s", "start_server", "Start", tooltip="Start the server with the edited flags"),
+        Binding("x", "stop_server", "Stop", tooltip="Stop the server (or detach from an attached one)"),
+        Binding("a", "apply", "Apply", tooltip="Apply the edited flags: restart the server with them"),
+        Binding("r", "run", "Run", tooltip="Run the workload against the server"),
+        Binding("e", "export", "Export", tooltip="Export: docker run, vllm serve, results JSON, trace"),
+        Binding("v", "advise", "Advise", tooltip="The advisor's findings for the last run"),
+        Binding("u", "tune", "Tune", tooltip="Tune: the flags with the most goodput under an SLO"),
+        Binding("question_mark", "help", "Help", tooltip="Every key (this list)"),
         Binding("q", "quit", "Quit"),
-        # After Quit: at 80 columns the footer is full and Quit must stay visible; these
-        # two show on wider terminals (and are always in the command palette).
-        Binding("v", "advise", "Advise"),
-        Binding("u", "tune", "Tune"),
-        Binding("p", "save_preset", "Save preset", show=False),
-        Binding("b", "baseline", "Baseline", show=False),
-        Binding("w", "sweep", "Sweep", show=False),
-        Binding("t", "attach", "Attach URL", show=False),
-        Binding("l", "show('tab-server')", "Log", show=False),
+        Binding("f1", "help", "Help", show=False, tooltip="Every key (this list)"),
+        Binding("c", "stop_run", "Cancel run", show=False, tooltip="Cancel the run in progress (what was measured is kept)"),
+        Binding("p", "save_preset", "Save preset", show=False, tooltip="Save the flags and workload as a preset"),
+        Binding("b", "baseline", "Baseline", show=False, tooltip="Mark the last run as the baseline of the comparison"),
+        Binding("w", "sweep", "Sweep", show=False, tooltip="Sweep: run several presets in a row"),
+        Binding("t", "attach", "Attach URL", show=False, tooltip="Attach to a vLLM server already running"),
+        Binding("l", "show('tab-server')", "Log", show=False, tooltip="The server's log (Server tab)"),
         Binding("h", "log_polls", "Log: show/hide vtui's polls", show=False),
-        Binding("f", "log_level", "Log: level filter", show=False),
-        Binding("escape", "blur", "Leave field", show=False),
-        Binding("f1", "show('tab-live')", "Live", show=False),
-        Binding("f2", "show('tab-flags')", "Flags", show=False),
-        Binding("f3", "show('tab-presets')", "Presets", show=False),
-        Binding("f4", "show('tab-server')", "Server", show=False),
-        Binding("f5", "show('tab-runs')", "Runs", show=False),
+        Binding("f", "log_level", "Log: level filter", show=False,
+                tooltip="Log: level filter (all, warnings and errors, errors)"),
+        Binding("escape", "blur", "Leave field", show=False, tooltip="Leave the field (in a flag: cancel the edit)"),
+        Binding("1", "show('tab-live')", "Live", show=False, tooltip="Live tab"),
+        Binding("2", "show('tab-flags')", "Flags", show=False, tooltip="Flags tab"),
+        Binding("3", "show('tab-presets')", "Presets", show=False, tooltip="Presets tab"),
+        Binding("4", "show('tab-server')", "Server", show=False, tooltip="Server tab"),
+        Binding("5", "show('tab-runs')", "Runs", show=False, tooltip="Runs tab"),
     ]
 
     def __init__(
@@ -529,16 +534,73 @@ class VtuiApp(App[int]):
     # ------------------------------------------------------------------ command palette
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
-        yield from super().get_system_commands(screen)
-        for binding in self.BINDINGS:
-            assert isinstance(binding, Binding)
-            if binding.action in ("blur",):
+        """Textual's own commands, then every key of the screen in use and of the app that
+        can run there, by the name the footer and the help give it."""
+        textual_own = list(super().get_system_commands(screen))
+        yield from textual_own
+        titles = {command.title for command in textual_own}  # Textual's "Quit" is ours too
+        own = bindings_of(type(screen), textual_own=False) if not isinstance(screen, MainScreen) else []
+        seen: set[str] = set()
+        for binding in [*own, *bindings_of(type(self), textual_own=False)]:
+            name = binding.action.split("(", 1)[0]
+            if binding.action in seen or binding.description in titles or name in ("blur", "dismiss", "cancel_edit"):
                 continue
+            if binding in own:
+                namespace: Any = screen
+            elif self.check_action(name, ()) is False:
+                continue
+            else:
+                namespace = self
+            seen.add(binding.action)
+            keys = "/".join(self.get_key_display(b) for b in [*own, *self._bindings_for(binding.action)]
+                            if b.action == binding.action)
             yield SystemCommand(
                 binding.description,
-                f"key {binding.key}",
-                lambda action=binding.action: self.run_action(action),  # type: ignore[misc]
+                f"key {keys}" + (f" · {binding.tooltip}" if binding.tooltip else ""),
+                lambda action=binding.action, ns=namespace: self.run_action(action, ns),  # type: ignore[misc]
             )
+
+    def get_key_display(self, binding: Binding) -> str:
+        # Textual shows Enter as a return-arrow glyph that some terminal fonts lack.
+        return "enter" if binding.key == "enter" else super().get_key_display(binding)
+
+    def _bindings_for(self, action: str) -> list[Binding]:
+        return [b for b in bindings_of(type(self), textual_own=False) if b.action == action]
+
+    # ------------------------------------------------------------------ help
+
+    # (title, the classes whose bindings it lists, whether Textual's own keys are included)
+    HELP_SECTIONS: tuple[tuple[str, tuple[type[Any], ...], bool], ...] = (
+        ("Main screen", (MainScreen,), True),
+        ("In a flag (Flags tab)", (FlagInput, FlagRow, FlagEditor), False),
+        ("Tune screen (u)", (TuneScreen,), False),
+        ("Export (e)", (ExportScreen,), False),
+        ("Advisor (v)", (AdviceScreen,), False),
+        ("Apply: the flags that change (a)", (DiffScreen,), False),
+        ("Quit while vtui's server runs (q)", (QuitScreen,), False),
+        ("A question (load a preset over edits)", (ConfirmScreen,), False),
+        ("A line to type (attach t, save preset p, sweep w)", (PromptScreen,), False),
+        ("This help", (HelpScreen,), False),
+    )
+
+    def help_sections(self) -> list[tuple[str, list[KeyRow]]]:
+        """Every key of the app and its screens, from their bindings (see tui.widgets.help)."""
+        palette = Binding(self.COMMAND_PALETTE_BINDING, "command_palette", "Command palette: every action by name")
+        sections = []
+        for title, classes, textual_own in self.HELP_SECTIONS:
+            bindings = [b for cls in classes for b in bindings_of(cls, textual_own=textual_own)]
+            if title == "Main screen":
+                taken = {b.key for b in bindings}
+                app_keys = [b for b in bindings_of(type(self)) if b.key not in taken]
+                bindings = [*app_keys, palette, *bindings]
+            sections.append((title, key_rows(bindings, self.get_key_display)))
+        return sections
+
+    def action_help(self) -> None:
+        """Every key (F1 or ?), generated from the bindings."""
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen(self.help_sections(), palette_key=self.get_key_display(
+                Binding(self.COMMAND_PALETTE_BINDING, "command_palette"))))
 
 
 def _safe_presets(session: Session) -> list[Any]:

@@ -154,7 +154,7 @@ class LivePanel(VerticalScroll):
             bar.update(total=100, progress=100 if snap.runs else 0)
             return
         planned = f"/{run.planned}" if run.planned else ""
-        label.update(f"{run.label}: {run.completed}{planned} done, {run.elapsed_s:.0f} s")
+        label.update(f"{run.label}: {run.completed}{planned} done, {run.elapsed_s:.0f} s · c cancels")
         if run.fraction is None:
             bar.update(total=None)
         else:

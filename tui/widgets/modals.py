@@ -218,7 +218,9 @@ class AdviceScreen(ModalScreen[int | None]):
     """
 
     BINDINGS = [Binding("escape", "dismiss(None)", "Close")] + [
-        Binding(str(i), f"pick({i})", f"Load {i}", show=False) for i in range(1, 10)
+        Binding(str(i), f"pick({i})", f"Load {i}", show=False,
+                group=Binding.Group("Load that suggestion's flags into the editor"))
+        for i in range(1, 10)
     ]
 
     def __init__(self, findings: Sequence[Any]) -> None:

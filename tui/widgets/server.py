@@ -64,7 +64,9 @@ class ServerPanel(Vertical):
             yield Input(self._filter, placeholder="filter text", id="log-filter", compact=True)
             yield Label("", id="log-polls")
             yield Label("", id="log-level")
-        yield RichLog(id="server-log", max_lines=2000, wrap=True, markup=False, highlight=False)
+        # min_width: RichLog renders at least 78 columns by default, one more than an 80-column
+        # terminal leaves it, which drew a horizontal scrollbar under the log.
+        yield RichLog(id="server-log", max_lines=2000, wrap=True, min_width=20, markup=False, highlight=False)
 
     def on_mount(self) -> None:
         self._show_tools()
@@ -85,8 +87,12 @@ class ServerPanel(Vertical):
         self._keep["min_level"] = level
         self._redraw()
 
+    def _composed(self) -> bool:
+        # During on_mount is_mounted is still False, but the children are there.
+        return bool(self.query("#server-log"))
+
     def _show_tools(self) -> None:
-        if not self.is_mounted:
+        if not self._composed():
             return
         polls = "polls shown (h)" if self.show_polls else f"{self._hidden_polls} polls hidden (h)"
         self.query_one("#log-polls", Label).update(polls)
@@ -161,7 +167,7 @@ class ServerPanel(Vertical):
         return kind
 
     def _append(self, logs: tuple[LogLine, ...]) -> None:
-        if not self.is_mounted:
+        if not self._composed():
             return
         log = self.query_one(RichLog)
         if logs and logs[0].n > self._last_n + 1 and self._last_n == 0:
@@ -192,7 +198,7 @@ class ServerPanel(Vertical):
 
     def _redraw(self) -> None:
         """Write the log again under the current filters."""
-        if not self.is_mounted:
+        if not self._composed():
             return
         self.query_one(RichLog).clear()
         self.shown.clear()

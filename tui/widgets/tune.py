@@ -52,12 +52,14 @@ class TuneScreen(Screen[None]):
     AUTO_FOCUS = ""
     COMPONENT_CLASSES = {"tune--best"}
 
+    # Short words, so that with the app's ? and q they fit an 80-column footer.
     BINDINGS = [
-        Binding("escape", "close", "Back"),
-        Binding("g", "start", "Start tune"),
-        Binding("x", "stop", "Stop tune"),
-        Binding("l", "load_best", "Load best"),
-        Binding("e", "export", "Export best"),
+        Binding("escape", "close", "Back", tooltip="Back to the main screen (from a field: leave the field)"),
+        Binding("g", "start", "Start", tooltip="Start the tune the form describes"),
+        Binding("x", "stop", "Stop", tooltip="Stop the tune (it is saved as interrupted)"),
+        Binding("l", "load_best", "Load best", tooltip="Load the best flags into the editor (nothing restarts)"),
+        Binding("e", "export", "Export", tooltip="Export the best flags (docker run, vllm serve, JSON)"),
+        Binding("f", "toggle_form", "Form", tooltip="Hide or show the form (the results take the width)"),
     ]
 
     @dataclass
@@ -130,7 +132,7 @@ class TuneScreen(Screen[None]):
                     yield Static("", id="tune-best")
                     yield Static("", id="tune-pareto")
                     yield Static("", id="tune-log")
-        yield Footer()
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
         if not self.cursor_blink:
@@ -184,6 +186,12 @@ class TuneScreen(Screen[None]):
             self.set_focus(None)
             return
         self.app.pop_screen()
+
+    def action_toggle_form(self) -> None:
+        form = self.query_one("#tune-form")
+        form.display = not form.display
+        if not form.display and self.focused is not None and form in self.focused.ancestors:
+            self.set_focus(None)
 
     def action_start(self) -> None:
         if self.view is not None and self.view.status == "running":
