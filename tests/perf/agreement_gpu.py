@@ -173,8 +173,6 @@ async def _until(pilot: Any, cond: Any, what: str, timeout: float = 120.0) -> No
 
 async def tui_run(url: str, conc: int, n: int, seed: int, a: argparse.Namespace
                   ) -> tuple[dict[str, Any], dict[str, Any]]:
-    from multiprocessing import resource_tracker
-
     from textual.widgets import OptionList
 
     from engine.presets import preset_from_flags, save_user_preset
@@ -185,13 +183,6 @@ async def tui_run(url: str, conc: int, n: int, seed: int, a: argparse.Namespace
         name, {}, {"kind": "random", "input_len": a.input_len, "output_len": a.output_len, "seed": seed},
         {"mode": "closed", "concurrency": conc, "num_requests": n, "warmup_requests": 0, "seed": seed},
         description="issue 16 agreement run"), overwrite=True)
-    # Workaround, not vtui's behaviour: inside a Textual app sys.stderr is Textual's print
-    # capture, whose fileno() is -1, and the first spawned process of a Python process starts
-    # multiprocessing's resource tracker, passing sys.stderr.fileno() to it: the load
-    # generator's first worker then fails with "ValueError: bad value(s) in fds_to_keep" and the
-    # run ends "failed" (reproduced on the CPU box with this script against
-    # loadgen.testserver). Started here, outside the app, the tracker is already running.
-    resource_tracker.ensure_running()
     session = build_session(argparse.Namespace(model="qwen2.5-7b", preset=None))  # as `vtui --model qwen2.5-7b`
     app = VtuiApp(session)
     try:
