@@ -60,7 +60,7 @@ async def test_start_run_edit_apply_run_compare_quit(tiny_model: Path) -> None:
         # Edit one flag in the editor and apply: the diff is shown before anything restarts.
         row = app.screen.query_one("#flag-max-num-seqs", FlagRow)
         await pilot.click(row.editor)
-        await pilot.press("ctrl+a", "ctrl+k", *"64", "escape")
+        await pilot.press("ctrl+a", "ctrl+k", *"64", "enter")  # accept (Esc cancels the edit)
         await pilot.pause()
         assert row.has_class("-changed")
         await pilot.press("a")

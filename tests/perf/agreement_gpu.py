@@ -190,7 +190,7 @@ async def tui_run(url: str, conc: int, n: int, seed: int, a: argparse.Namespace
             await pilot.press("t")  # Attach URL: type it into the prompt
             await pilot.press(*url, "enter")
             await _until(pilot, lambda: session.snapshot().server.state == "ATTACHED", "the attach", 60)
-            await pilot.press("f3")  # Presets: the list takes the focus
+            await pilot.press("3")  # Presets (tab 3): the list takes the focus
             await pilot.pause()
             options = app.screen.query_one("#preset-options", OptionList)
             index = next(i for i in range(options.option_count) if options.get_option_at_index(i).id == name)
