@@ -3,15 +3,20 @@
 ``LocalTokenizer`` reads a model folder's ``tokenizer.json`` with the ``tokenizers``
 package (transformers' AutoTokenizer as a fallback for folders without one).
 ``RemoteTokenizer`` asks the server itself (vLLM's ``POST /tokenize`` and
-``/detokenize``) when only a URL is known. ``make_prompt`` builds text whose encoding
-has exactly the asked number of tokens, the way vLLM's random dataset does: random ids,
-decode, re-encode, trim or pad, repeat.
+``/detokenize``) when only a URL is known. ``make_prompts`` builds texts whose encodings
+have exactly the asked numbers of tokens, the way vLLM's random dataset does: random ids,
+decode, re-encode, cut the re-encoded ids at the target, decode, check; all prompts of a
+workload go through each step together (``encode_many``/``decode_many``), so a local
+tokenizer encodes them on all cores.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import string
+from collections.abc import Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -23,13 +28,61 @@ class TokenizerError(RuntimeError):
 
 
 class Codec(Protocol):
-    """What prompt building needs from a tokenizer."""
+    """What prompt building needs from a tokenizer.
+
+    Optional, found with ``getattr``: ``encode_batch(texts)``/``decode_batch(ids)`` (many
+    items per call; ``encode_many``/``decode_many`` fall back to one call per item) and
+    ``cache_key`` (a hashable name of the exact tokenizer, so built prompts can be reused
+    by later runs; without it nothing is cached)."""
 
     def encode(self, text: str) -> list[int]: ...
     def decode(self, ids: list[int]) -> str: ...
     def pool(self) -> list[int]: ...
     @property
     def special_offset(self) -> int: ...
+
+
+def encode_many(codec: Codec, texts: Sequence[str]) -> list[list[int]]:
+    """``codec.encode`` of each text, in one ``encode_batch`` call where the codec has one."""
+    batch = getattr(codec, "encode_batch", None)
+    if batch is not None and len(texts) > 1:
+        out: list[list[int]] = batch(list(texts))
+        return out
+    return [codec.encode(t) for t in texts]
+
+
+def decode_many(codec: Codec, seqs: Sequence[list[int]]) -> list[str]:
+    """``codec.decode`` of each id list, in one ``decode_batch`` call where the codec has one."""
+    batch = getattr(codec, "decode_batch", None)
+    if batch is not None and len(seqs) > 1:
+        out: list[str] = batch(list(seqs))
+        return out
+    return [codec.decode(ids) for ids in seqs]
+
+
+def codec_key(codec: Codec | None) -> Hashable | None:
+    """The codec's ``cache_key``, or None when it has none (then nothing is cached)."""
+    key: Hashable | None = getattr(codec, "cache_key", None)
+    return key
+
+
+def _file_stamps(p: Path) -> tuple[tuple[str, int, int], ...]:
+    """Name, mtime and size of a tokenizer file, or of a model folder's small files (the
+    tokenizer's: tokenizer.json, vocab, merges, configs; weights are skipped)."""
+    files = [p] if p.is_file() else sorted(p.iterdir()) if p.is_dir() else []
+    out = []
+    for f in files:
+        try:
+            st = f.stat()
+        except OSError:
+            continue
+        if f.is_file() and st.st_size < 64 << 20:
+            out.append((f.name, st.st_mtime_ns, st.st_size))
+    return tuple(out)
+
+
+# Checks that the Rust backend's ids are transformers' ids before batch calls use it.
+_PROBE = "Hello, world!  It's 2026:\n\tnaïve café, 東京, emoji 🚀 and    spaces."
 
 
 class LocalTokenizer:
@@ -66,6 +119,19 @@ class LocalTokenizer:
                 raise TokenizerError(f"{file}: cannot load tokenizer: {exc}") from None
         self._pool: list[int] | None = None
         self._offset = len(self._encode("hello", True)) - len(self._encode("hello", False))
+        self._key = ("local", str(p.resolve()), _file_stamps(p))
+        # Batch calls go to the Rust tokenizer, which encodes a batch on all cores. Under
+        # transformers that is its backend_tokenizer, used only where it gives the same ids
+        # as transformers' own encode (the server's), and decodes without clean-up.
+        self._rust: Any = self._tok
+        if self._hf is not None:
+            rust = getattr(self._hf, "backend_tokenizer", None) if getattr(self._hf, "is_fast", False) else None
+            if rust is not None and not getattr(self._hf, "clean_up_tokenization_spaces", False):
+                try:
+                    same = list(rust.encode(_PROBE, add_special_tokens=False).ids) == self._encode(_PROBE, False)
+                except Exception:  # an odd backend: keep the per-item path
+                    same = False
+                self._rust = rust if same else None
 
     def _encode(self, text: str, special: bool) -> list[int]:
         if self._tok is not None:
@@ -80,6 +146,26 @@ class LocalTokenizer:
         if self._tok is not None:
             return str(self._tok.decode(ids, skip_special_tokens=True))
         return str(self._hf.decode(ids, skip_special_tokens=True))
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """``encode`` of many texts in one call (parallel in the Rust tokenizer)."""
+        if self._rust is None:
+            return [self.encode(t) for t in texts]
+        # encode_batch_fast (tokenizers >= 0.21) skips the character offsets we do not use.
+        fn = getattr(self._rust, "encode_batch_fast", None) or self._rust.encode_batch
+        return [e.ids for e in fn(texts, add_special_tokens=False)]  # .ids makes a new list
+
+    def decode_batch(self, seqs: list[list[int]]) -> list[str]:
+        """``decode`` of many id lists in one call."""
+        if self._rust is None:
+            return [self.decode(ids) for ids in seqs]
+        out: list[str] = self._rust.decode_batch(seqs, skip_special_tokens=True)
+        return out
+
+    @property
+    def cache_key(self) -> Hashable:
+        """The folder (or file) and its files' stamps: a changed tokenizer is a new key."""
+        return self._key
 
     @property
     def special_offset(self) -> int:
@@ -111,6 +197,9 @@ class RemoteTokenizer:
         self._pool: list[int] | None = None
         self.max_model_len: int | None = None
         self._offset = len(self._tokenize("hello", True)) - len(self._tokenize("hello", False))
+        # The server names its model, not its tokenizer: the probe's ids tell two apart.
+        self._key = ("remote", str(self._client.base_url), model, self._offset,
+                     tuple(self._tokenize(_PROBE, False)))
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -136,6 +225,21 @@ class RemoteTokenizer:
     def decode(self, ids: list[int]) -> str:
         return str(self._post("/detokenize", {"model": self._model, "tokens": ids})["prompt"])
 
+    # The endpoints take one item per request; a few requests in flight hide the round trips.
+    _PARALLEL = 8
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        with ThreadPoolExecutor(self._PARALLEL) as ex:
+            return list(ex.map(self.encode, texts))
+
+    def decode_batch(self, seqs: list[list[int]]) -> list[str]:
+        with ThreadPoolExecutor(self._PARALLEL) as ex:
+            return list(ex.map(self.decode, seqs))
+
+    @property
+    def cache_key(self) -> Hashable:
+        return self._key
+
     @property
     def special_offset(self) -> int:
         return self._offset
@@ -156,35 +260,173 @@ class RemoteTokenizer:
         self._client.close()
 
 
-def make_prompt(codec: Codec, rng: random.Random, n: int, head: str = "") -> tuple[str, int]:
-    """Text ``head + tail`` whose encoding is ``len(encode(head)) + n`` tokens (as close as
-    the tokenizer allows: it returns the real count as the second item). ``head`` stays
-    byte-identical, so shared prefixes stay cacheable."""
+# Check rounds per start, and fresh random starts, before a prompt keeps its closest length.
+# With the tiny model's tokenizer nearly every prompt is exact after the first cut
+# (tests/perf/prompt_build.py prints the share).
+_ROUNDS = 6
+_STARTS = 4
+# Words tried as padding: one token each, also after other text and repeated.
+_PAD_WORDS = (" the", " of", " and", " to", " a", " is", " in", "x", " ")
+# The longest character in tokens, for a byte-level BPE (4 UTF-8 bytes).
+_CHAR_TOKENS = 4
+
+
+def _pad_token(codec: Codec) -> int | None:
+    """A token that adds exactly one token wherever it is appended, or None."""
+    texts = ["a"] + ["a" + w * 3 for w in _PAD_WORDS]
+    base, *tried = encode_many(codec, texts)
+    for ids in tried:
+        if len(ids) == len(base) + 3 and ids[: len(base)] == base and ids[-1] == ids[-2] == ids[-3]:
+            return ids[-1]
+    return None
+
+
+def _random_ids(rng: random.Random, pool: list[int], n: int) -> list[int]:
+    """``n`` consecutive vocabulary ids from a random offset, as vLLM's random dataset
+    takes them (ids drawn one by one decode to mostly broken UTF-8 in byte-level BPEs);
+    every 8th is random, so two prompts never coincide in a small vocabulary."""
+    start = rng.randrange(len(pool))
+    ids = (pool * (n // len(pool) + 2))[start : start + n]
+    ids[::8] = rng.choices(pool, k=len(ids[::8]))
+    return ids
+
+
+# Tokens per random id once decoded and re-encoded, by length bucket and codec: 1.54 with
+# the tiny model's tokenizer, whose byte tokens decode to U+FFFD (3 tokens), so n random ids
+# re-encode to 1.5n tokens. Starting from n / ratio ids, the first encode reads about n
+# tokens, not 1.5n (a fifth less encoding in all). The least of a few samples, so most
+# prompts still come out long and are cut; a short one is padded.
+_ratios: dict[tuple[Hashable, int], float] = {}
+_RATIO_SAMPLES = 8
+
+
+def _start_len(codec: Codec, pool: list[int], n: int) -> int:
+    """How many random ids to start a prompt of ``n`` tokens from."""
+    bucket = min(2048, max(16, 1 << (n - 1).bit_length()))
+    key = (codec_key(codec), bucket)
+    ratio = _ratios.get(key) if key[0] is not None else None
+    if ratio is None:
+        rng = random.Random(bucket)
+        seqs = [_random_ids(rng, pool, bucket) for _ in range(_RATIO_SAMPLES)]
+        ratio = max(1.0, min(len(ids) for ids in encode_many(codec, decode_many(codec, seqs))) / bucket)
+        if key[0] is not None:
+            _ratios[key] = ratio
+    return max(1, min(n, math.ceil(n / ratio)))
+
+
+def _whole_char_cuts(codec: Codec, items: list[tuple[list[int], int]]) -> list[int]:
+    """For each (ids, cut): the largest of cut, cut - 1, ..., cut - 3 that does not split a
+    character between tokens, else cut. A byte-level BPE spells a character it has no token
+    for in up to 4 byte tokens; cut between them, each half decodes to U+FFFD, which encodes
+    longer than what it replaced, so the cut text misses its length (1 in 3 first cuts with
+    the tiny model's tokenizer). A split shows as one character too many when the two sides
+    of the cut are decoded apart."""
+    windows: list[list[int]] = []
+    tried: list[list[int]] = []
+    for ids, cut in items:
+        cuts = [c for c in range(cut, cut - _CHAR_TOKENS, -1) if 0 < c < len(ids)]
+        tried.append(cuts)
+        for c in cuts:
+            lo = max(0, c - _CHAR_TOKENS)
+            windows += [ids[lo:c], ids[c : c + _CHAR_TOKENS], ids[lo : c + _CHAR_TOKENS]]
+    texts = iter(decode_many(codec, windows))
+    out = []
+    for (_ids, cut), cuts in zip(items, tried, strict=True):
+        # (A decoder that drops a leading space from a piece makes the sum one short: fine.)
+        whole = [c for c in cuts if len(next(texts)) + len(next(texts)) <= len(next(texts))]
+        out.append(whole[0] if whole else cut)
+    return out
+
+
+def make_prompts(codec: Codec, rng: random.Random, lens: Sequence[int],
+                 heads: Sequence[str] | None = None) -> list[tuple[str, int]]:
+    """For each ``n`` in ``lens``: text ``head + tail`` whose encoding is ``len(encode(head))
+    + n`` tokens, and that count (the real one: as close as the tokenizer allows, when a
+    prompt never settles). ``head`` stays byte-identical, so shared prefixes stay cacheable.
+
+    Like vLLM's random dataset: random ids, decode, re-encode, keep the first n of the
+    re-encoded ids, decode, check; a cut that lands inside a character is moved back and
+    padded, a short one padded or extended. Each step runs for all prompts in one batch.
+    Each prompt draws from its own generator, seeded from ``rng`` in order, so a prompt
+    depends only on its place, length and head: not on the other prompts, nor on whether
+    the codec batches (the first k of a longer list are the k prompts of a shorter one)."""
+    k = len(lens)
+    hs = list(heads) if heads is not None else [""] * k
+    if len(hs) != k:
+        raise ValueError("one head per prompt")
+    rngs = [random.Random(rng.getrandbits(64)) for _ in range(k)]
+    if not k:
+        return []
     pool = codec.pool()
-    head_len = len(codec.encode(head)) if head else 0
-    target = head_len + n
-    best: tuple[str, int] | None = None
-    for _restart in range(4):  # a few sequences never settle (merges flip): start over
-        # Consecutive vocabulary ids from a random offset, as vLLM's random dataset does
-        # (ids drawn independently decode to mostly broken UTF-8 in byte-level BPEs).
-        # Every 8th id is random so two prompts never coincide in a small vocabulary.
-        start = rng.randrange(len(pool))
-        ids = [pool[(start + j) % len(pool)] if j % 8 else rng.choice(pool) for j in range(n)]
-        for _ in range(12):
-            text = head + codec.decode(ids)
-            got = len(codec.encode(text))
-            if got == target:
-                return text, got
-            if best is None or abs(got - target) < abs(best[1] - target):
-                best = (text, got)
-            if got < target:
-                # A small gap: pad with a word that is one token on its own.
-                if target - got <= max(2, n // 16):
-                    padded = text + " the" * (target - got)
-                    if len(codec.encode(padded)) == target:
-                        return padded, target
-                ids = ids + [rng.choice(pool) for _ in range(target - got)]
-            else:
-                ids = ids[: max(0, len(ids) - (got - target))]
-    assert best is not None
-    return best
+    distinct = list(dict.fromkeys(h for h in hs if h))
+    head_ids: dict[str, list[int]] = {"": [], **dict(zip(distinct, encode_many(codec, distinct), strict=True))}
+    ns = [max(0, n) for n in lens]
+    target = [len(head_ids[h]) + n for h, n in zip(hs, ns, strict=True)]
+    best: list[tuple[str, int] | None] = [
+        (h, len(head_ids[h])) if n == 0 else None for h, n in zip(hs, ns, strict=True)]
+    left = [i for i in range(k) if ns[i] > 0]
+    pad = _pad_token(codec) if left else None
+    for _start in range(_STARTS):
+        if not left:
+            break
+        cand = {i: _random_ids(rngs[i], pool, _start_len(codec, pool, ns[i])) for i in left}
+        fresh = dict.fromkeys(left, True)  # cand holds random ids not yet re-encoded
+        backs = dict.fromkeys(left, 0)
+        for _round in range(_ROUNDS):
+            if not left:
+                break
+            tails = decode_many(codec, [cand[i] for i in left])
+            texts = [hs[i] + t for i, t in zip(left, tails, strict=True)]
+            missed: list[tuple[int, list[int], int]] = []
+            for i, text, ids in zip(left, texts, encode_many(codec, texts), strict=True):
+                d = len(ids) - target[i]
+                b = best[i]
+                if b is None or abs(d) < abs(b[1] - target[i]):
+                    best[i] = (text, len(ids))
+                if d:
+                    missed.append((i, ids, d))
+            # The tail's ids: the whole text's after the head's, unless the tail's first
+            # token merged into the head's last (then its own; the count stays the whole's).
+            tail_text = dict(zip(left, tails, strict=True))
+            lost = [i for i, ids, _ in missed if ids[: len(head_ids[hs[i]])] != head_ids[hs[i]]]
+            own = dict(zip(lost, encode_many(codec, [tail_text[i] for i in lost]), strict=True))
+            tail = {i: own[i] if i in own else ids[len(head_ids[hs[i]]) :] for i, ids, _ in missed}
+            # First cuts of re-encoded random ids, kept to whole characters. Only text with
+            # non-ASCII characters has characters of several tokens.
+            firsts = [(i, len(tail[i]) - d) for i, _, d in missed
+                      if d > 0 and fresh[i] and not tail_text[i].isascii()]
+            cuts = dict(zip((i for i, _ in firsts),
+                            _whole_char_cuts(codec, [(tail[i], c) for i, c in firsts]), strict=True))
+            left = []
+            for i, _ids, d in missed:
+                t = tail[i]
+                if d > 0:
+                    # Too long: keep as many ids as the target wants. After the first cut an
+                    # overshoot is a split character or a merge at the head: cut one more each
+                    # time.
+                    want = max(0, len(t) - d)
+                    if fresh[i]:
+                        keep = min(want, cuts.get(i, want))
+                    else:
+                        backs[i] += 1
+                        keep = max(0, want - backs[i])
+                    short = want - keep
+                    t = t[:keep]
+                else:
+                    short = -d
+                fresh[i] = False
+                if pad is not None and short <= max(4, ns[i] // 16):
+                    cand[i] = t + [pad] * short
+                elif short:
+                    # Far too short (ids that merged when re-encoded), or no padding word: more
+                    # random ids, and the next re-encoding is cut again.
+                    cand[i] = t + rngs[i].choices(pool, k=short + short // 8 + (d < 0))
+                    fresh[i] = True
+                else:
+                    cand[i] = t
+                left.append(i)
+    out: list[tuple[str, int]] = []
+    for b in best:
+        assert b is not None
+        out.append(b)
+    return out

@@ -1,7 +1,10 @@
 """Turn a ``WorkloadSpec`` into ``PlannedRequest``s (prompts, lengths, trace times).
 
-Everything random comes from ``random.Random(spec.seed)``, so a seed fixes prompts and
-lengths. Dataset files are checked line by line; every problem names the file and line.
+Everything random comes from the seed (lengths and dataset order from
+``random.Random(spec.seed)``, synthetic prompts from a stream of their own), so a seed fixes
+prompts and lengths. Dataset files are checked line by line; every problem names the file
+and line. Built plans are kept in a small in-process cache, so a tune step or a repeated run
+of the same workload with the same tokenizer does not build its prompts again.
 """
 
 from __future__ import annotations
@@ -9,12 +12,15 @@ from __future__ import annotations
 import json
 import math
 import random
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
 from loadgen.records import PlannedRequest
 from loadgen.spec import WorkloadSpec
-from loadgen.tokens import Codec, make_prompt
+from loadgen.tokens import Codec, codec_key, encode_many, make_prompts
 
 # Distinct prompts built for a run; longer runs recycle them (index modulo pool size).
 DEFAULT_POOL = 2000
@@ -118,71 +124,156 @@ def load_sharegpt(spec: WorkloadSpec, codec: Codec, max_total: int | None = None
     if rng is not None:
         rng.shuffle(order)
     out: list[tuple[str, int, int]] = []
-    for k in order:
+    # Conversations are tokenized a chunk at a time (one batch call each), in order, so the
+    # result is the one-by-one result; a bad entry counts only once the rows before it did
+    # not suffice, as when they were read one by one.
+    chunk = 256
+    for c0 in range(0, len(order), chunk):
         if need is not None and len(out) >= need:
             break
-        entry = data[k]
-        conv = entry.get("conversations") if isinstance(entry, dict) else None
-        if not isinstance(conv, list):
-            raise DatasetError(path, f"entry {k}: no 'conversations' list")
-        if len(conv) < 2:
-            continue
-        try:
-            prompt, reply = str(conv[0]["value"]), str(conv[1]["value"])
-        except (KeyError, TypeError):
-            raise DatasetError(path, f"entry {k}: turns need a 'value'") from None
-        i = len(codec.encode(prompt)) + codec.special_offset
-        o = len(codec.encode(reply))
-        if i < spec.min_input_len or o < 4:
-            continue
-        if spec.max_input_len and i > spec.max_input_len:
-            continue
-        if spec.max_output_len and o > spec.max_output_len:
-            continue
-        if max_total and i + o > max_total:
-            continue
-        out.append((prompt, i, o))
+        pairs: list[tuple[str, str]] = []
+        bad: DatasetError | None = None
+        for k in order[c0 : c0 + chunk]:
+            entry = data[k]
+            conv = entry.get("conversations") if isinstance(entry, dict) else None
+            if not isinstance(conv, list):
+                bad = DatasetError(path, f"entry {k}: no 'conversations' list")
+                break
+            if len(conv) < 2:
+                continue
+            try:
+                pairs.append((str(conv[0]["value"]), str(conv[1]["value"])))
+            except (KeyError, TypeError):
+                bad = DatasetError(path, f"entry {k}: turns need a 'value'")
+                break
+        ids = encode_many(codec, [t for pair in pairs for t in pair])
+        for j, (prompt, _reply) in enumerate(pairs):
+            if need is not None and len(out) >= need:
+                break
+            i = len(ids[2 * j]) + codec.special_offset
+            o = len(ids[2 * j + 1])
+            if i < spec.min_input_len or o < 4:
+                continue
+            if spec.max_input_len and i > spec.max_input_len:
+                continue
+            if spec.max_output_len and o > spec.max_output_len:
+                continue
+            if max_total and i + o > max_total:
+                continue
+            out.append((prompt, i, o))
+        if bad is not None and (need is None or len(out) < need):
+            raise bad
     if not out:
         raise DatasetError(path, "no conversation passes the length filters")
     return out
+
+
+# Plans built before, newest last. A tune step or sweep point plans the same workload again,
+# and 1,500 prompts of 1,024 tokens still cost about 4 s of CPU to build (2 encodes each);
+# bounded by the prompt text held (1 to 4 bytes a character: 32 MB to 128 MB at most).
+_CACHE_PLANS = 8
+_CACHE_CHARS = 32_000_000
+_cache: OrderedDict[Hashable, tuple[tuple[PlannedRequest, ...], int]] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def clear_plan_cache() -> None:
+    """Forget every built plan (tests; a tokenizer changed in place keeps its cache key)."""
+    with _cache_lock:
+        _cache.clear()
+
+
+def _plan_key(spec: WorkloadSpec, codec: Codec | None, max_model_len: int | None,
+              pool: int) -> Hashable | None:
+    """What a plan depends on besides its length; None when it cannot be named (a codec
+    without ``cache_key``, a dataset file that cannot be read)."""
+    ck = codec_key(codec)
+    if codec is not None and ck is None:
+        return None
+    stamp: tuple[str, int, int, int] | None = None
+    if spec.kind in ("sharegpt", "jsonl", "trace"):
+        try:
+            path = Path(spec.dataset).expanduser().resolve()
+            st = path.stat()
+        except OSError:
+            return None
+        stamp = (str(path), st.st_mtime_ns, st.st_size, st.st_ino)
+    return (ck, spec, max_model_len, pool, stamp)
+
+
+def _chars(plan: tuple[PlannedRequest, ...]) -> int:
+    seen: dict[int, int] = {}  # recycled requests share their strings: count each once
+    for p in plan:
+        for t in (p.prompt, *(m[1] for m in p.messages), *p.next_turns):
+            seen[id(t)] = len(t)
+    return sum(seen.values())
 
 
 def build_requests(spec: WorkloadSpec, codec: Codec | None, n: int,
                    max_model_len: int | None = None, pool: int = DEFAULT_POOL
                    ) -> list[PlannedRequest]:
     """``n`` planned requests (for ``chat``, ``n`` sessions). Random prompts need ``codec``;
-    at most ``spec.num_prompts or pool`` distinct prompts are built, then recycled."""
+    at most ``spec.num_prompts or pool`` distinct prompts are built, then recycled.
+
+    The first ``n`` requests of a plan do not depend on how many were asked for, so a plan
+    built before, for as many or more requests with the same spec and tokenizer, is reused
+    (its first ``n``)."""
+    key = _plan_key(spec, codec, max_model_len, pool)
+    if key is not None:
+        with _cache_lock:
+            hit = _cache.get(key)
+            if hit is not None and len(hit[0]) >= n:
+                _cache.move_to_end(key)
+                return list(hit[0][:n])
+    plan = tuple(_build(spec, codec, n, max_model_len, pool))
+    if key is not None:
+        size = _chars(plan)
+        with _cache_lock:
+            old = _cache.get(key)
+            if size <= _CACHE_CHARS and (old is None or len(old[0]) < len(plan)):
+                _cache[key] = (plan, size)
+                _cache.move_to_end(key)
+                while len(_cache) > _CACHE_PLANS or sum(v[1] for v in _cache.values()) > _CACHE_CHARS:
+                    _cache.popitem(last=False)
+    return list(plan)
+
+
+def _build(spec: WorkloadSpec, codec: Codec | None, n: int, max_model_len: int | None,
+           pool: int) -> list[PlannedRequest]:
     rng = random.Random(spec.seed)
+    # Synthetic prompts draw from a stream of their own, so a request's prompt does not depend
+    # on how many lengths were drawn before it (a shorter plan is the start of a longer one).
+    prompt_rng = random.Random(f"vtui-prompts/{spec.seed}")
     pool_n = min(n, spec.num_prompts or pool)
     if spec.kind in ("random", "chat"):
         if codec is None:
             raise ValueError("synthetic prompts need the model's tokenizer")
-        prefixes = [make_prompt(codec, rng, spec.prefix_len)[0] if spec.prefix_len else ""
-                    for _ in range(spec.num_prefixes)]
+        prefixes = ([t for t, _ in make_prompts(codec, prompt_rng, [spec.prefix_len] * spec.num_prefixes)]
+                    if spec.prefix_len else [""] * spec.num_prefixes)
         lens = sample_lengths(spec, rng, n)
         off = codec.special_offset
         made: list[PlannedRequest] = []
-        for k in range(n):
-            i_len, o_len = lens[k]
-            if k < pool_n:
-                head = prefixes[k % len(prefixes)]
-                if spec.kind == "chat":
-                    turns = [make_prompt(codec, rng, i_len)[0] for _ in range(spec.num_turns)]
-                    turns[0] = head + turns[0]
-                    made.append(PlannedRequest(
-                        index=k, input_len=0, output_len=o_len,
-                        messages=(("user", turns[0]),), session=k,
-                        next_turns=tuple(turns[1:])))
-                    continue
-                text, got = make_prompt(codec, rng, i_len - off, head)
-                made.append(PlannedRequest(index=k, input_len=got + off, output_len=o_len,
+        if spec.kind == "chat":
+            turns_n = spec.num_turns
+            built = make_prompts(codec, prompt_rng, [lens[k][0] for k in range(pool_n) for _ in range(turns_n)])
+            for k in range(pool_n):
+                turns = [t for t, _ in built[k * turns_n : (k + 1) * turns_n]]
+                turns[0] = prefixes[k % len(prefixes)] + turns[0]
+                made.append(PlannedRequest(index=k, input_len=0, output_len=lens[k][1],
+                                           messages=(("user", turns[0]),), session=k,
+                                           next_turns=tuple(turns[1:])))
+        else:
+            heads = [prefixes[k % len(prefixes)] for k in range(pool_n)]
+            built = make_prompts(codec, prompt_rng, [lens[k][0] - off for k in range(pool_n)], heads)
+            for k, (text, got) in enumerate(built):
+                made.append(PlannedRequest(index=k, input_len=got + off, output_len=lens[k][1],
                                            prompt=text))
-            else:
-                src = made[k % pool_n]
-                made.append(PlannedRequest(
-                    index=k, input_len=src.input_len, output_len=src.output_len,
-                    prompt=src.prompt, messages=src.messages,
-                    session=k if spec.kind == "chat" else -1, next_turns=src.next_turns))
+        for k in range(pool_n, n):
+            src = made[k % pool_n]
+            made.append(PlannedRequest(
+                index=k, input_len=src.input_len, output_len=src.output_len,
+                prompt=src.prompt, messages=src.messages,
+                session=k if spec.kind == "chat" else -1, next_turns=src.next_turns))
         return made
     if spec.kind == "sharegpt":
         if codec is None:
@@ -196,19 +287,22 @@ def build_requests(spec: WorkloadSpec, codec: Codec | None, n: int,
     if not rows2:
         raise DatasetError(path, "file has no records")
     if spec.kind == "jsonl":
-        plan: list[PlannedRequest] = []
-        for k in range(n):
-            lineno, obj = rows2[k % len(rows2)]
+        used = rows2[: min(n, len(rows2))]
+        prompts: list[str] = []
+        outs: list[int] = []
+        for lineno, obj in used:
             prompt = obj.get("prompt")
             if not isinstance(prompt, str) or not prompt:
                 raise DatasetError(path, "needs a non-empty string 'prompt'", lineno)
-            o = _int_field(path, lineno, obj, "output_len", "max_tokens") or spec.output_len
-            i = (len(codec.encode(prompt)) + codec.special_offset) if codec else 0
-            plan.append(PlannedRequest(index=k, prompt=prompt, input_len=i, output_len=o))
-        return plan
+            prompts.append(prompt)
+            outs.append(_int_field(path, lineno, obj, "output_len", "max_tokens") or spec.output_len)
+        ins = ([len(ids) + codec.special_offset for ids in encode_many(codec, prompts)]
+               if codec else [0] * len(prompts))
+        return [PlannedRequest(index=k, prompt=prompts[k % len(used)], input_len=ins[k % len(used)],
+                               output_len=outs[k % len(used)]) for k in range(n)]
     # trace: arrival time, lengths, optional prompt; replayed at time_scale.
     first: float | None = None
-    plan = []
+    lines: list[tuple[float, int, str | None, int | None]] = []
     for k, (lineno, obj) in enumerate(rows2):
         if k >= n:
             break
@@ -222,20 +316,30 @@ def build_requests(spec: WorkloadSpec, codec: Codec | None, n: int,
         out_len = _int_field(path, lineno, obj, "output_len")
         if out_len is None:
             raise DatasetError(path, "missing 'output_len'", lineno)
-        o = out_len
         prompt = obj.get("prompt")
         if prompt is not None and not isinstance(prompt, str):
             raise DatasetError(path, "'prompt' must be a string", lineno)
         in_len = _int_field(path, lineno, obj, "input_len")
-        if prompt:
-            i = (len(codec.encode(prompt)) + codec.special_offset) if codec else (in_len or 0)
-        else:
+        if not prompt:
             if in_len is None:
                 raise DatasetError(path, "needs 'input_len' or 'prompt'", lineno)
             if codec is None:
                 raise ValueError("trace lines without a prompt need the model's tokenizer")
-            prompt, got = make_prompt(codec, rng, in_len - codec.special_offset)
+        lines.append(((float(ts) - first) * spec.time_scale, out_len, prompt or None, in_len))
+    # Lengths of given prompts and prompts for the lines without one, each in one batch.
+    given = [p for _, _, p, _ in lines if p]
+    given_lens = iter([len(ids) + codec.special_offset for ids in encode_many(codec, given)]
+                      if codec else [])
+    synth = iter(make_prompts(codec, prompt_rng, [(i or 0) - codec.special_offset
+                                             for _, _, p, i in lines if not p])
+                 if codec else [])
+    plan: list[PlannedRequest] = []
+    for k, (at_s, o, prompt, in_len) in enumerate(lines):
+        if prompt:
+            i = next(given_lens) if codec else (in_len or 0)
+        else:
+            prompt, got = next(synth)
+            assert codec is not None
             i = got + codec.special_offset
-        plan.append(PlannedRequest(index=k, prompt=prompt, input_len=i, output_len=o,
-                                   at_s=(float(ts) - first) * spec.time_scale))
+        plan.append(PlannedRequest(index=k, prompt=prompt, input_len=i, output_len=o, at_s=at_s))
     return plan

@@ -5,18 +5,185 @@ from __future__ import annotations
 import json
 import random
 import statistics
+from collections.abc import Hashable
 from pathlib import Path
 
 import pytest
 
+import loadgen.workload as workload
 from loadgen.spec import SpecError, WorkloadSpec
-from loadgen.tokens import LocalTokenizer
-from loadgen.workload import DatasetError, build_requests, sample_lengths
+from loadgen.tokens import LocalTokenizer, make_prompts
+from loadgen.workload import DatasetError, build_requests, clear_plan_cache, sample_lengths
 
 
 @pytest.fixture(scope="module")
 def codec(tiny_model: Path) -> LocalTokenizer:
     return LocalTokenizer(tiny_model)
+
+
+@pytest.fixture(autouse=True)
+def fresh_plan_cache() -> None:
+    clear_plan_cache()
+
+
+def _common_start(texts: list[str]) -> str:
+    first = min(texts)
+    last = max(texts)
+    n = next((i for i, (a, b) in enumerate(zip(first, last, strict=False)) if a != b), len(first))
+    return first[:n]
+
+
+class PlainCodec:
+    """Only the Codec protocol's four members: no batch methods, no cache key (a tokenizer
+    reached some other way). Counts the encode calls."""
+
+    def __init__(self, inner: LocalTokenizer) -> None:
+        self.inner = inner
+        self.encodes = 0
+
+    def encode(self, text: str) -> list[int]:
+        self.encodes += 1
+        return self.inner.encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.inner.decode(ids)
+
+    def pool(self) -> list[int]:
+        return self.inner.pool()
+
+    @property
+    def special_offset(self) -> int:
+        return self.inner.special_offset
+
+
+class KeyedCodec(PlainCodec):
+    """With batch methods and a cache key, like LocalTokenizer; counts every encode."""
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        self.encodes += len(texts)
+        return self.inner.encode_batch(texts)
+
+    def decode_batch(self, seqs: list[list[int]]) -> list[str]:
+        return self.inner.decode_batch(seqs)
+
+    @property
+    def cache_key(self) -> Hashable:
+        return self.inner.cache_key
+
+
+def test_prompts_are_exact_over_many_seeds_and_lengths(codec: LocalTokenizer) -> None:
+    lens = [1, 2, 3, 7, 16, 33, 100, 255, 513, 1024] * 3
+    for seed in range(6):
+        out = make_prompts(codec, random.Random(seed), lens)
+        assert [got for _, got in out] == lens
+        assert [len(codec.encode(text)) for text, _ in out] == lens  # the server's count
+        assert len({text for text, _ in out}) == len(lens)
+
+
+def test_planned_input_lengths_are_the_servers_counts(codec: LocalTokenizer) -> None:
+    for seed in range(5):
+        spec = WorkloadSpec(input_len=200, output_len=8, length_dist="uniform", range_ratio=0.95,
+                            seed=seed)
+        plan = build_requests(spec, codec, 40)
+        planned = [i for i, _ in sample_lengths(spec, random.Random(seed), 40)]
+        assert [p.input_len for p in plan] == planned
+        assert [len(codec.encode(p.prompt)) + codec.special_offset for p in plan] == planned
+
+
+def test_a_bare_tokenizer_json_builds_exact_prompts(tiny_model: Path) -> None:
+    bare = LocalTokenizer(tiny_model / "tokenizer.json")  # the tokenizers package, no transformers
+    out = make_prompts(bare, random.Random(0), [5, 64, 700])
+    assert [len(bare.encode(t)) for t, _ in out] == [5, 64, 700]
+
+
+def test_a_codec_without_batch_methods_makes_the_same_prompts(codec: LocalTokenizer) -> None:
+    lens = [1, 9, 64, 300]
+    heads = ["", "a shared head ", "", "a shared head "]
+    assert (make_prompts(PlainCodec(codec), random.Random(4), lens, heads)
+            == make_prompts(codec, random.Random(4), lens, heads))
+    spec = WorkloadSpec(input_len=40, output_len=4, prefix_len=20, num_prefixes=2, seed=9)
+    assert build_requests(spec, PlainCodec(codec), 12) == build_requests(spec, codec, 12)
+
+
+def test_padding_free_path_is_exact(codec: LocalTokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+    import loadgen.tokens
+
+    monkeypatch.setattr(loadgen.tokens, "_PAD_WORDS", ())  # a tokenizer with no padding word
+    lens = [1, 2, 5, 50, 500] * 4
+    out = make_prompts(codec, random.Random(1), lens)
+    assert [len(codec.encode(t)) for t, _ in out] == lens
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        WorkloadSpec(input_len=60, output_len=5, length_dist="uniform", range_ratio=0.5, seed=2),
+        WorkloadSpec(input_len=30, output_len=5, prefix_len=25, num_prefixes=3, seed=2),
+        WorkloadSpec(kind="chat", endpoint="chat", input_len=12, output_len=4, num_turns=2, seed=2),
+    ],
+)
+def test_a_shorter_plan_is_the_start_of_a_longer_one(codec: LocalTokenizer, spec: WorkloadSpec) -> None:
+    plain = PlainCodec(codec)  # no cache key: both are built
+    assert build_requests(spec, plain, 7) == build_requests(spec, plain, 25)[:7]
+    assert build_requests(spec, plain, 9, pool=4) == build_requests(spec, plain, 30, pool=4)[:9]
+
+
+def test_shared_prefixes_stay_byte_identical(codec: LocalTokenizer) -> None:
+    heads = [t for t, _ in make_prompts(codec, random.Random(0), [50, 64])]
+    out = make_prompts(codec, random.Random(1), [1, 10, 100, 1, 10, 100], heads * 3)
+    for (text, got), head in zip(out, heads * 3, strict=True):
+        assert text.startswith(head)
+        assert got == len(codec.encode(text))
+    assert [got - len(codec.encode(h)) for (_, got), h in zip(out, heads * 3, strict=True)] == [
+        1, 10, 100, 1, 10, 100]
+
+
+def test_repeated_plans_come_from_the_cache(codec: LocalTokenizer) -> None:
+    keyed = KeyedCodec(codec)
+    spec = WorkloadSpec(input_len=64, output_len=4, seed=5)
+    first = build_requests(spec, keyed, 20)
+    assert keyed.encodes > 20
+    keyed.encodes = 0
+    again = build_requests(spec, keyed, 20)
+    fewer = build_requests(spec, keyed, 8)  # the start of the cached plan
+    assert keyed.encodes == 0
+    assert again == first and fewer == first[:8]
+    again.clear()  # callers get their own list
+    assert build_requests(spec, keyed, 20) == first
+    build_requests(WorkloadSpec(input_len=64, output_len=4, seed=6), keyed, 20)  # another seed
+    assert keyed.encodes > 0
+    keyed.encodes = 0
+    build_requests(spec, keyed, 20, max_model_len=4096)  # another server limit
+    assert keyed.encodes > 0
+    plain = PlainCodec(codec)  # no cache key: never cached
+    build_requests(spec, plain, 5)
+    plain.encodes = 0
+    build_requests(spec, plain, 5)
+    assert plain.encodes > 0
+
+
+def test_plan_cache_is_bounded(codec: LocalTokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+    keyed = KeyedCodec(codec)
+    monkeypatch.setattr(workload, "_CACHE_PLANS", 2)
+    for seed in range(3):
+        build_requests(WorkloadSpec(input_len=8, output_len=2, seed=seed), keyed, 4)
+    keyed.encodes = 0
+    build_requests(WorkloadSpec(input_len=8, output_len=2, seed=0), keyed, 4)  # evicted
+    assert keyed.encodes > 0
+    monkeypatch.setattr(workload, "_CACHE_CHARS", 100)  # a plan larger than the budget
+    build_requests(WorkloadSpec(input_len=80, output_len=2, seed=7), keyed, 4)
+    keyed.encodes = 0
+    build_requests(WorkloadSpec(input_len=80, output_len=2, seed=7), keyed, 4)
+    assert keyed.encodes > 0
+
+
+def test_a_changed_dataset_file_is_read_again(codec: LocalTokenizer, tmp_path: Path) -> None:
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "hello model"}\n')
+    spec = WorkloadSpec(kind="jsonl", dataset=str(f), output_len=3)
+    assert build_requests(spec, codec, 2)[0].prompt == "hello model"
+    f.write_text('{"prompt": "another prompt here"}\n')
+    assert build_requests(spec, codec, 2)[0].prompt == "another prompt here"
 
 
 def test_random_prompts_have_exact_token_lengths(codec: LocalTokenizer) -> None:
@@ -31,6 +198,7 @@ def test_random_prompts_have_exact_token_lengths(codec: LocalTokenizer) -> None:
 def test_seed_reproduces_and_changes(codec: LocalTokenizer) -> None:
     spec = WorkloadSpec(input_len=30, output_len=5, length_dist="uniform", range_ratio=0.5, seed=7)
     a = build_requests(spec, codec, 10)
+    clear_plan_cache()  # built again, not served from the cache
     b = build_requests(spec, codec, 10)
     c = build_requests(WorkloadSpec(**{**spec.__dict__, "seed": 8}), codec, 10)
     assert a == b
@@ -59,9 +227,11 @@ def test_normal_lengths_are_clipped() -> None:
 def test_shared_prefix_prompts(codec: LocalTokenizer) -> None:
     spec = WorkloadSpec(input_len=40, output_len=4, prefix_len=50, num_prefixes=2, seed=3)
     plan = build_requests(spec, codec, 6)
-    heads = {p.prompt[:60] for p in plan}
-    assert len(heads) == 2  # two distinct prefixes, shared round-robin
-    assert plan[0].prompt[:60] == plan[2].prompt[:60] == plan[4].prompt[:60]
+    # Two distinct prefixes of 50 tokens, shared round-robin.
+    even = _common_start([p.prompt for p in plan[0::2]])
+    odd = _common_start([p.prompt for p in plan[1::2]])
+    assert len(codec.encode(even)) >= 48 and len(codec.encode(odd)) >= 48
+    assert len(codec.encode(_common_start([plan[0].prompt, plan[1].prompt]))) < 10
     for p in plan:
         assert len(codec.encode(p.prompt)) == 90
 
