@@ -198,7 +198,9 @@ def _plan_key(spec: WorkloadSpec, codec: Codec | None, max_model_len: int | None
         except OSError:
             return None
         stamp = (str(path), st.st_mtime_ns, st.st_size, st.st_ino)
-    return (ck, spec, max_model_len, pool, stamp)
+    # Only ShareGPT's filter reads the server's max_model_len: other plans can be built (and
+    # cached) before the server is up to say it.
+    return (ck, spec, max_model_len if spec.kind == "sharegpt" else None, pool, stamp)
 
 
 def _chars(plan: tuple[PlannedRequest, ...]) -> int:
