@@ -381,6 +381,14 @@ def classify_line(line: str, previous: LineKind | None = None) -> LineKind:
         return LineKind(previous.level if previous is not None else "info")
 
 
+def classify_lines(lines: Iterable[str]) -> list[LineKind]:
+    """:func:`classify_line` over a whole log, each line with the one before it."""
+    kinds: list[LineKind] = []
+    for line in lines:
+        kinds.append(classify_line(line, kinds[-1] if kinds else None))
+    return kinds
+
+
 def _classify(line: str, previous: LineKind | None) -> LineKind:
     clean = _ANSI.sub("", line.rstrip("\r\n"))
     if "\r" in clean:

@@ -57,6 +57,7 @@ class TuneFormError(SessionError):
 
 
 RUN_SERIES = ("req_s", "tok_s", "ttft_p50", "tpot_p50")  # a new run starts these afresh
+POLL_LINES = 100  # vtui's own polling lines kept in the log buffer, at most
 
 @dataclass(frozen=True)
 class LogLine:
@@ -65,7 +66,8 @@ class LogLine:
     n: int
     t: float
     text: str
-    level: str  # "error" | "warning" | "info"
+    level: str  # engine.logparse.LEVELS: "error" | "warning" | "info" | "debug"
+    poll: bool = False  # vtui's own polling (a log view hides these by default)
 
 
 @dataclass(frozen=True)
@@ -316,16 +318,6 @@ def slo_label(slo: Any) -> str:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def classify_log_line(text: str) -> str:
-    """Level of a server log line for highlighting: vLLM prefixes ERROR/WARNING."""
-    head = text[:60]
-    if "ERROR" in head or "Traceback" in text or text.startswith(("ValueError", "RuntimeError")):
-        return "error"
-    if "WARNING" in head:
-        return "warning"
-    return "info"
 
 
 def _pcts(obj: Any) -> dict[str, float]:
@@ -695,10 +687,30 @@ class Session:
         self.changed()
 
     def _add_log(self, text: str, level: str | None = None) -> None:
+        """One line of the server's output (or, with ``level``, a note of vtui's own),
+        classified once by engine.logparse.classify_line (a traceback's indented lines keep
+        its level). Polls (vtui's own /health and /metrics) keep at most POLL_LINES places,
+        so they never push the server's own lines out of the buffer."""
+        from engine.logparse import LineKind, classify_line
+
         text = text.rstrip("\n")
         with self._log_lock:
+            kind = LineKind(level) if level else classify_line(text, self._last_kind)
+            self._last_kind = kind
             self._log_n += 1
-            self._logs.append(LogLine(self._log_n, self._clock(), text, level or classify_log_line(text)))
+            if kind.poll:
+                self._polls += 1
+                if self._polls > POLL_LINES:
+                    oldest = next((i for i, line in enumerate(self._logs) if line.poll), None)
+                    if oldest is not None:
+                        del self._logs[oldest]
+                        self._polls -= 1
+            elif len(self._logs) == self._logs.maxlen and self._logs[0].poll:
+                self._polls -= 1  # the oldest, about to go, is a poll
+            self._logs.append(LogLine(self._log_n, self._clock(), text, kind.level, kind.poll))
+
+    _last_kind: Any = None
+    _polls = 0
 
     def _on_server_dead(self) -> None:
         if self.tune_active:

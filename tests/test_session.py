@@ -18,7 +18,7 @@ import pytest
 import tui_data
 from engine.flags import FlagSet, builtin_schema
 from engine.presets import find_preset
-from engine.session import Session, SessionError, SessionSnapshot, classify_log_line
+from engine.session import Session, SessionError, SessionSnapshot
 from loadgen import ArrivalSpec, WorkloadSpec
 
 
@@ -156,13 +156,31 @@ def test_comparison_marks_best_and_baseline() -> None:
     ],
 )
 def test_log_levels(line: str, level: str) -> None:
-    assert classify_log_line(line) == level
+    session = tui_data.make_session()
+    session._add_log(line)  # the supervisor's log callback
+    assert session.snapshot().logs[-1].level == level
 
 
-def test_real_log_capture_errors_are_found() -> None:
+def test_real_log_capture_errors_are_found_and_polls_do_not_crowd_the_buffer() -> None:
+    from engine.session import LOG_LINES, POLL_LINES
+
+    session = tui_data.make_session()
     text = (Path(__file__).parent / "data/captures/vllm-0.24.0-h200-fail-kv-too-small.log").read_text()
-    levels = [classify_log_line(line) for line in text.splitlines()]
-    assert "error" in levels and levels.count("error") < len(levels) / 2
+    for line in text.splitlines():
+        session._add_log(line)
+    logs = session.snapshot().logs
+    levels = [line.level for line in logs]
+    assert "info" in levels  # the startup lines
+    causes = [line.level for line in logs if "ValueError" in line.text]
+    assert causes and set(causes) == {"error"}
+    assert logs[-1].level == "error"  # the traceback's last line keeps its level
+    poll = 'INFO:     127.0.0.1:50000 - "GET /metrics HTTP/1.1" 200 OK'
+    for k in range(3 * LOG_LINES):  # an hour of scrapes, with a server line now and then
+        session._add_log(poll if k % 50 else f"INFO 12-02 08:00:00 [loggers.py:1] line {k}")
+    logs = session.snapshot().logs
+    assert sum(1 for line in logs if line.poll) == POLL_LINES
+    assert [line.text for line in logs if not line.poll][-1].endswith(f"line {3 * LOG_LINES - 50}")
+    assert any("EngineCore" in line.text or line.level == "error" for line in logs)  # the capture is kept
 
 
 async def test_run_without_a_server_is_refused() -> None:

@@ -21,7 +21,8 @@ from textual.widgets._footer import FooterKey
 from engine.flags import builtin_schema
 from engine.logparse import classify_line
 from engine.presets import find_preset, list_presets
-from engine.session import LogLine, classify_log_line
+from engine.logparse import classify_lines
+from engine.session import LogLine
 from tui.app import VtuiApp
 from tui.widgets.flags import FlagRow
 from tui.widgets.modals import ConfirmScreen, ExportScreen
@@ -223,8 +224,9 @@ async def test_resize_to_40x12_and_back_keeps_working() -> None:
 def _captured_logs(name: str) -> tuple[LogLine, ...]:
     """A real vLLM log as the session publishes it (its own level per line)."""
     text = (Path(__file__).parent / "data" / "captures" / name).read_text(encoding="utf-8")
-    return tuple(LogLine(n, tui_data.T0 + n, line, classify_log_line(line))
-                 for n, line in enumerate(text.splitlines(), 1))
+    lines = text.splitlines()
+    return tuple(LogLine(n, tui_data.T0 + n, line, kind.level, kind.poll)
+                 for n, (line, kind) in enumerate(zip(lines, classify_lines(lines), strict=True), 1))
 
 
 def _shown_texts(panel: ServerPanel, logs: tuple[LogLine, ...]) -> list[str]:

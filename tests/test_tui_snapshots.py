@@ -23,7 +23,8 @@ from textual.widgets import Input, TextArea
 from engine.advisor import RunData, advise
 from engine.flags import builtin_schema
 from engine.presets import list_presets
-from engine.session import LogLine, Session, SessionSnapshot, classify_log_line, parse_tune_form
+from engine.logparse import classify_lines
+from engine.session import LogLine, Session, SessionSnapshot, parse_tune_form
 from tui.app import VtuiApp
 from tui.widgets.modals import AdviceScreen, ConfirmScreen, DiffScreen, QuitScreen
 
@@ -58,7 +59,8 @@ async def _show(app: VtuiApp, pilot: Any, snap: SessionSnapshot, tab: str | None
 
 def _captured_logs() -> tuple[LogLine, ...]:
     lines = CAPTURE.read_text(encoding="utf-8").splitlines()
-    return tuple(LogLine(n, tui_data.T0 + n, line, classify_log_line(line)) for n, line in enumerate(lines, 1))
+    return tuple(LogLine(n, tui_data.T0 + n, line, kind.level, kind.poll)
+                 for n, (line, kind) in enumerate(zip(lines, classify_lines(lines), strict=True), 1))
 
 
 async def stopped(app: VtuiApp, session: Session, pilot: Any) -> None:

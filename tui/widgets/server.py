@@ -3,7 +3,7 @@ downtime, vLLM's error line and hint after a failed start, and the log with a fi
 
 The log hides vtui's own polling (uvicorn's access lines for the /health and /metrics
 requests vtui sends every second) unless asked, and can show only warnings and errors;
-which line is which is decided by ``engine.logparse.classify_line``.
+which line is which is decided once, by the session, with ``engine.logparse.classify_line``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.widgets import Input, Label, RichLog, Static
 
-from engine.logparse import LineKind, classify_line, level_rank, more_severe
+from engine.logparse import level_rank
 from engine.session import LogLine, SessionSnapshot
 
 # The level filter's steps, in the order its key cycles through them.
@@ -51,7 +51,6 @@ class ServerPanel(Vertical):
         self.set_reactive(ServerPanel.min_level, str(self._keep.get("min_level", "debug")))
         self._last_n = 0
         self._filter = str(self._keep.get("filter", ""))
-        self._kinds: dict[int, LineKind] = {}  # LogLine.n -> its kind, each line classified once
         self._hidden_polls = 0
         self.shown: list[int] = []
         """The LogLine.n of every line in the log view now, in order."""
@@ -158,13 +157,6 @@ class ServerPanel(Vertical):
             return str(self.get_component_rich_style("log--warning"))
         return ""
 
-    def _kind(self, line: LogLine) -> LineKind:
-        kind = self._kinds.get(line.n)
-        if kind is None:
-            # The line before carries a traceback's level on to its indented lines.
-            kind = classify_line(line.text, self._kinds.get(line.n - 1))
-            self._kinds[line.n] = kind
-        return kind
 
     def _append(self, logs: tuple[LogLine, ...]) -> None:
         if not self._composed():
@@ -177,21 +169,17 @@ class ServerPanel(Vertical):
             if line.n <= self._last_n:
                 continue
             self._last_n = line.n
-            kind = self._kind(line)
-            if kind.poll and not self.show_polls:
+            if line.poll and not self.show_polls:  # classified once, by the session (engine.logparse)
                 self._hidden_polls += 1
                 continue
-            # The session marks its own notes ("vtui: ...") as warnings; keep the more severe.
-            level = more_severe(line.level, kind.level)
+            level = line.level
             if level_rank(level) < level_rank(self.min_level):
                 continue
             if self._filter and self._filter.lower() not in line.text.lower():
                 continue
             log.write(Text(line.text, style=self._style(level)))
             self.shown.append(line.n)
-        if logs and len(self._kinds) > 2 * len(logs) + 200:  # the session keeps the last lines only
-            first = logs[0].n - 1
-            self._kinds = {n: k for n, k in self._kinds.items() if n >= first}
+        if len(self.shown) > 4000:
             self.shown = self.shown[-2000:]  # as many as the RichLog keeps
         if self._hidden_polls != hidden:
             self._show_tools()
