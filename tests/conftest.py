@@ -34,11 +34,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # The tiny model survives between test runs (it takes ~5 s to build and never changes).
 TEST_CACHE = Path(os.environ.get("VTUI_TEST_CACHE", Path.home() / ".cache" / "vtui-test"))
 
-# Small enough for 2 cores and the CPU backend's NUMA-node memory fraction.
-SERVER_ARGS = {
-    "gpu-memory-utilization": 0.2,
-    "max-model-len": 2048,
-}
+from tests.vllm_args import SERVER_ARGS  # noqa: E402  (one place for the test servers' flags)
 
 
 @pytest.fixture(scope="session", autouse=True)

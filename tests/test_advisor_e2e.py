@@ -17,13 +17,14 @@ from engine.advisor import RunData, advise, check_expected
 from engine.history import History
 from engine.presets import Preset
 from engine.sweep import run_sweep
+from tests.vllm_args import EAGER
 
 # block_size is 128 on the CPU backend: 5 blocks = 4 usable (vLLM keeps a null block)
 # = 512 tokens. 16 clients with 64 + 192 token requests want 32 blocks at once, so
 # vLLM must preempt.
 SATURATING = Preset(
     name="e2e-kv-saturation",
-    flags={"gpu-memory-utilization": 0.2, "num-gpu-blocks-override": 5, "max-model-len": 512},
+    flags={"gpu-memory-utilization": 0.2, "num-gpu-blocks-override": 5, "max-model-len": 512, **EAGER},
     workload={"kind": "random", "input_len": 64, "output_len": 192, "seed": 0},
     # 96 requests keep the cache full for several /metrics scrapes (1 s apart); with 32 the
     # run could end between two scrapes on a busy box and the KV gauge read 0 throughout.

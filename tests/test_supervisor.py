@@ -30,8 +30,7 @@ from engine.flags import FlagSet
 from engine.logparse import Phase
 from engine.supervisor import ServerEvent, ServerState, Supervisor, list_registered
 
-# Same as tests/conftest.py's (conftest is not importable as a module under every runner).
-SERVER_ARGS = {"gpu-memory-utilization": 0.2, "max-model-len": 2048}
+from tests.vllm_args import EAGER, SERVER_ARGS
 
 
 def make_flags(model: Path | str, **values: object) -> FlagSet:
@@ -249,7 +248,7 @@ async def test_restart_applies_changed_flag_then_sigkill_is_death(tiny_model: Pa
 async def test_bad_flags_fail_fast_with_vllm_message(
     tiny_model: Path, values: dict[str, object], error_type: type[errors.StartupError], vllm_says: str
 ) -> None:
-    flags = FlagSet(model=str(tiny_model), values={"gpu-memory-utilization": 0.2, **values})
+    flags = FlagSet(model=str(tiny_model), values={"gpu-memory-utilization": 0.2, **EAGER, **values})
     sup = Supervisor(flags)
     t0 = time.monotonic()
     with pytest.raises(error_type) as info:
@@ -268,7 +267,8 @@ OWNER = textwrap.dedent(
     from engine.supervisor import Supervisor
 
     async def main():
-        flags = FlagSet(model=sys.argv[1], values={"gpu-memory-utilization": 0.2, "max-model-len": 2048})
+        flags = FlagSet(model=sys.argv[1], values={"gpu-memory-utilization": 0.2, "max-model-len": 2048,
+                                                    "enforce-eager": True})  # as tests/vllm_args.py
         sup = Supervisor(flags)
         def report():
             refs = [[r.pid, r.create_time] for r in sup.process_refs()]

@@ -49,6 +49,7 @@ def test_sweep_two_presets_on_vllm_cpu(tiny_model: Path, capsys: pytest.CaptureF
     code = main([
         "sweep", "chunked-enable-256", "chunked-enable-2048", "--model", str(tiny_model),
         "--requests", "24", "--warmup", "2", "--format", "json",
+        "--set", "enforce-eager=true",  # tests/vllm_args.py: faster starts
     ])
     out, err = capsys.readouterr()
     assert code == 0, err

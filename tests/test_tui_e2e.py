@@ -35,6 +35,7 @@ async def test_start_run_edit_apply_run_compare_quit(tiny_model: Path) -> None:
     flags = FlagSet(model=str(tiny_model), values={})
     session = Session(flags, tiny=True)
     session.load_preset("online-chat")  # tiny table: 0.2 of the node's RAM, 64 requests
+    assert session.set_flag_text("enforce-eager", "true") is None  # tests/vllm_args.py: faster starts
     app = VtuiApp(session, cursor_blink=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("s")

@@ -675,7 +675,8 @@ def test_vtui_tune_end_to_end_on_vllm_cpu(tiny_model: Path, tmp_path: Path, caps
     rc = run_cli(["tune", "--model", str(tiny_model), "--slo-e2el-p99-ms", "1500", "--input-len", "32",
                   "--output-len", "16", "--space", "max-num-seqs=4,16", "--budget-min", "6",
                   "--min-requests", "20", "--min-step-s", "2", "--flag", "gpu-memory-utilization=0.2",
-                  "--flag", "max-model-len=512", "--json", str(out)])
+                  "--flag", "max-model-len=512", "--flag", "enforce-eager=true",  # tests/vllm_args.py
+                  "--json", str(out)])
     captured = capsys.readouterr()
     assert rc in (0, 1), captured.err
     data = json.loads(out.read_text())
