@@ -217,6 +217,8 @@ async def measure(
     from loadgen.tokens import TokenizerError
 
     handle = handle or RunHandle()
+    # The seed this run uses, fixed before anything is stored, so the record can repeat it.
+    plan = dataclasses.replace(plan, workload=plan.workload.with_run_seed())
     rec = Recording(history, plan.name, preset=plan.preset, flags=dict(target.flags),
                     model=target.model_label or target.model, vllm_version=target.vllm_version,
                     workload={"workload": plan.workload.to_dict(), "arrivals": plan.arrivals.to_dict(),

@@ -168,7 +168,7 @@ class LoadRun:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
-        self.workload = workload
+        self.workload = workload.with_run_seed()  # an unset seed: fresh prompts for this run
         self.arrivals = arrivals
         self.slo = slo
         self.api_key = api_key

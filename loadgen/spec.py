@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -116,7 +117,10 @@ class WorkloadSpec:
     num_turns: int = 3  # chat: turns per session
     endpoint: str = "completions"  # or "chat" (/v1/chat/completions)
     ignore_eos: bool = True
-    seed: int = 0
+    # None (the default): every run draws a fresh seed and records it, so two runs never send
+    # the same prompts (a server's prefix cache would serve the second run's prefills and make
+    # it look faster). Set it to repeat a run's prompts exactly.
+    seed: int | None = None
     num_prompts: int = 0  # size of the prompt pool; 0 = as many as requests (or 1000)
 
     def __post_init__(self) -> None:
@@ -155,6 +159,12 @@ class WorkloadSpec:
     def to_dict(self) -> dict[str, Any]:
         """Non-default fields only."""
         return _to_dict(self)
+
+    def with_run_seed(self) -> WorkloadSpec:
+        """This spec with the seed a run uses: its own when set, else a fresh one."""
+        if self.seed is not None:
+            return self
+        return dataclasses.replace(self, seed=secrets.randbelow(2**31))
 
     def max_request_len(self) -> int:
         """The longest prompt + output this spec can ask for (synthetic kinds), for the

@@ -242,10 +242,11 @@ def build_requests(spec: WorkloadSpec, codec: Codec | None, n: int,
 
 def _build(spec: WorkloadSpec, codec: Codec | None, n: int, max_model_len: int | None,
            pool: int) -> list[PlannedRequest]:
-    rng = random.Random(spec.seed)
+    seed = 0 if spec.seed is None else spec.seed  # a run has its own (LoadRun: with_run_seed)
+    rng = random.Random(seed)
     # Synthetic prompts draw from a stream of their own, so a request's prompt does not depend
     # on how many lengths were drawn before it (a shorter plan is the start of a longer one).
-    prompt_rng = random.Random(f"vtui-prompts/{spec.seed}")
+    prompt_rng = random.Random(f"vtui-prompts/{seed}")
     pool_n = min(n, spec.num_prompts or pool)
     if spec.kind in ("random", "chat"):
         if codec is None:

@@ -138,3 +138,16 @@ def test_the_server_going_away_mid_run_is_server_died() -> None:
         proc.join(5)
     assert run.status is RunStatus.SERVER_DIED  # type: ignore[attr-defined]
     assert run.load["completed"] >= 6 and run.error  # type: ignore[attr-defined]
+
+
+def test_runs_draw_distinct_seeds_unless_one_is_set(url: str, tmp_path: Path) -> None:
+    """Two runs of one workload never send the same prompts (a prefix cache would serve the
+    second); each stores the seed it used, so it can be repeated; a set seed is kept."""
+    with History(tmp_path / "h.sqlite") as history:
+        a, b = (asyncio.run(measure(Target(url), _plan(name, 4), history=history)) for name in ("a", "b"))
+        seeds = [history.get_run(r.history_id or -1).workload["workload"]["seed"] for r in (a, b)]
+    assert seeds[0] != seeds[1]
+    assert [r.result.extra["seed"] for r in (a, b)] == seeds  # type: ignore[union-attr]
+    fixed = RunPlan("fixed", WorkloadSpec(input_len=12, output_len=8, seed=7), ArrivalSpec(num_requests=2))
+    run = asyncio.run(measure(Target(url), fixed))
+    assert run.result is not None and run.result.extra["seed"] == 7
