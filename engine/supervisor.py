@@ -606,6 +606,7 @@ class Supervisor:
         """Launch and wait for ready. Raises a ``StartupError`` subclass when it does not start."""
         if self.state in (ServerState.STARTING, ServerState.READY, ServerState.STOPPING):
             raise RuntimeError(f"server is {self.state.value}; stop it first")
+        await self._torn_down()  # a death's cleanup still running must not touch the new server
         self._reset()
         self._set_state(ServerState.STARTING)
         try:
@@ -955,8 +956,30 @@ class Supervisor:
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.shield(self._reader), timeout)
 
+    _tearing: asyncio.Future[None] | None = None  # the teardown in progress, if any
+
+    async def _torn_down(self) -> None:
+        """Wait for a teardown in progress (the one a death starts runs in the watcher)."""
+        tearing = self._tearing
+        if tearing is not None and not tearing.done():
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.shield(tearing)
+
     async def _teardown(self, timeout: float) -> None:
-        """Stop the process tree (if any), reap, close the log, drop the registry file."""
+        """Stop the process tree (if any), reap, close the log, drop the registry file.
+
+        One at a time: a death's teardown (2 s grace) could still be closing the old reaper's
+        control pipe and clearing the process fields when a quick restart had launched the
+        new server, whose reaper then read EOF and ended it (exit -15 before ready)."""
+        await self._torn_down()
+        tearing: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._tearing = tearing
+        try:
+            await self._teardown_now(timeout)
+        finally:
+            tearing.set_result(None)
+
+    async def _teardown_now(self, timeout: float) -> None:
         self._stopping = True
         watcher, self._watcher = self._watcher, None
         if watcher is not None and watcher is not asyncio.current_task():

@@ -553,6 +553,24 @@ async def test_vllm_sigkill_mid_session_run_then_restart_on_the_same_port(tiny_m
         await session.close()
 
 
+async def _until_server_finished(url: str, n: int, timeout: float = 180.0) -> None:
+    """Wait until the server's own /metrics count ``n`` finished requests (a fixed sleep left
+    none done on a busy box: prompts, warm-up and a slow first batch come first)."""
+    from engine.telemetry.metrics import MetricsScraper
+
+    scraper = MetricsScraper(url)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            sample = await scraper.scrape()
+            if (sample.requests_total or 0) >= n:
+                return
+            await asyncio.sleep(0.25)
+    finally:
+        await scraper.aclose()
+    raise AssertionError(f"the server finished fewer than {n} requests in {timeout:.0f} s")
+
+
 @pytest.mark.vllm
 async def test_vllm_sigkill_mid_tune_step_and_mid_vtui_bench(tiny_model: Path, tmp_path: Path) -> None:
     """The two paths test_vllm_sigkill_mid_session_run and the sweep's test leave: a tune step
@@ -569,7 +587,7 @@ async def test_vllm_sigkill_mid_tune_step_and_mid_vtui_bench(tiny_model: Path, t
         m = ServerMeasurer(WorkloadSpec(input_len=32, output_len=64), SLO(e2el_ms=600_000.0), mode="concurrency",
                            supervisor=sup, warmup_burst=0)
         step = asyncio.create_task(m.measure(4, requests=2000, timeout=600, warmup=0))
-        await asyncio.sleep(8.0)  # prompts built, requests completing
+        await _until_server_finished(sup.base_url, 8)  # mid-step: requests completing
         t_kill = time.monotonic()
         os.kill(sup.pid, signal.SIGKILL)  # type: ignore[arg-type]
         meas = await asyncio.wait_for(step, 30)
@@ -586,7 +604,7 @@ async def test_vllm_sigkill_mid_tune_step_and_mid_vtui_bench(tiny_model: Path, t
             "--input-len", "32", "--output-len", "64", "--concurrency", "4", "--num-requests", "2000",
             "--name", "bench-killed", "--result-file", str(result),
             cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        await asyncio.sleep(10.0)
+        await _until_server_finished(sup.base_url, 8)  # the restarted server's counters start at 0
         assert bench.returncode is None, "bench ended before the kill"
         t_kill = time.monotonic()
         os.kill(sup.pid, signal.SIGKILL)  # type: ignore[arg-type]
