@@ -25,7 +25,12 @@ def test_random_workload_end_to_end(vllm_server) -> None:  # type: ignore[no-unt
     assert res.extra["input_len_mismatches"] == 0, [r.input_tokens for r in res.requests]
     assert s["total_input_tokens"] == 16 * 64
     assert s["total_output_tokens"] == 16 * 16  # ignore_eos + max_tokens
-    assert all(len(r.itl_s) == 15 for r in res.requests)
+    # One gap per stream event after the first: 16 tokens come in 1 to 16 events (vLLM merges
+    # tokens into one event when its API server falls behind the engine; seen here in a CI-like
+    # run with --enforce-eager), and the run's tokens per event is exactly what they add up to.
+    assert all(0 <= len(r.itl_s) <= 15 for r in res.requests)
+    events = sum(len(r.itl_s) + 1 for r in res.requests)
+    assert res.extra["tokens_per_event"] == pytest.approx(16 * 16 / events)
     assert 0 < s["median_ttft_ms"] <= s["median_e2el_ms"]
     # TPOT is each request's (E2EL - TTFT) / (n - 1), and its gaps add up to E2EL - TTFT.
     for r in res.requests:
