@@ -544,12 +544,11 @@ def _when(run: RunData, a: float, b: float) -> str:
 
 
 def _quantile(values: Sequence[float], q: float) -> float:
+    """loadgen.stats.percentile at ``q`` (0..1); NaN for no values (a missing figure here)."""
+    from loadgen.stats import percentile
+
     s = sorted(values)
-    if not s:
-        return math.nan
-    pos = (len(s) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+    return percentile(s, q * 100.0) if s else math.nan
 
 
 def _rank_corr(xs: Sequence[float], ys: Sequence[float]) -> float:

@@ -13,7 +13,6 @@ a supervised server with the recovered (or given) flags on the same port.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +22,7 @@ import httpx
 import psutil
 
 from engine import procs
+from engine.supervisor import is_loopback  # one test of "this machine only", the bind policy's
 
 
 class AttachError(Exception):
@@ -67,15 +67,6 @@ class AttachedServer:
             return float(self.cache_config["kv_cache_max_concurrency"])
         except (KeyError, ValueError):
             return None
-
-
-def is_loopback(host: str) -> bool:
-    if host in ("localhost", "localhost.localdomain"):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def cache_config_labels(metrics_text: str) -> dict[str, str]:

@@ -393,7 +393,7 @@ def is_loopback(host: str) -> bool:
     """Whether ``host`` is reachable only from this machine (127.0.0.0/8, ::1, localhost)."""
     import ipaddress
 
-    if host.strip().lower() == "localhost":
+    if host.strip().lower() in ("localhost", "localhost.localdomain"):
         return True
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
