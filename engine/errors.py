@@ -22,6 +22,7 @@ class StartupError(Exception):
         hint: str | None = None,
         exit_code: int | None = None,
         log_path: str | None = None,
+        last_lines: tuple[str, ...] = (),
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -29,9 +30,24 @@ class StartupError(Exception):
         self.hint = self.default_hint if hint is None else hint
         self.exit_code = exit_code
         self.log_path = log_path
+        self.last_lines = tuple(last_lines)  # the server's last log lines, shown with the error
 
     def __str__(self) -> str:
         return self.message
+
+    def report(self) -> list[str]:
+        """The error as a command line prints it: what happened, vLLM's own line, the last
+        log lines (an error that points at the log shows them), where the log is, the hint."""
+        out = [f"error: {self.message}"]
+        if self.vllm_line:
+            out.append(f"  vLLM said: {self.vllm_line}")
+        if self.last_lines:
+            out.append("  the server's last log lines:")
+            out += [f"    {line}" for line in self.last_lines]
+        if self.log_path:
+            out.append(f"  log: {self.log_path}")
+        out.append(f"hint: {self.hint}")
+        return out
 
 
 class NotEnoughMemoryAtStart(StartupError):
@@ -100,7 +116,7 @@ class DeviceOutOfMemory(StartupError):
 class ProcessExited(StartupError):
     """The server process ended before it was ready, with no more specific cause found."""
 
-    default_hint = "Read the last lines of the server log shown above."
+    default_hint = "The server's last log lines, shown with this error (in the TUI: the Server tab), say why."
 
 
 class StartupTimeout(StartupError):

@@ -452,12 +452,15 @@ def _trim(msg: str) -> str:
     return (msg[:cut] if cut > 0 else msg).strip()
 
 
+LAST_LINES = 12  # of the server's log, carried by a startup error to be shown with it
+
+
 def classify_failure(
     tail: Sequence[str], exit_code: int | None = None, *, log_path: str | None = None
 ) -> errors.StartupError:
     """The typed error for a server that did not start, from the last lines of its log."""
     msgs = [strip_prefix(line) for line in tail]
-    where = {"exit_code": exit_code, "log_path": log_path}
+    where = {"exit_code": exit_code, "log_path": log_path, "last_lines": tuple(tail[-LAST_LINES:])}
 
     def last(pattern: re.Pattern[str]) -> str | None:
         for msg in reversed(msgs):

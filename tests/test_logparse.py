@@ -210,6 +210,19 @@ def test_exit_code_named_when_nothing_else_is_known() -> None:
     assert "-9" in str(err)
 
 
+def test_an_error_that_points_at_the_log_shows_its_last_lines() -> None:
+    """ProcessExited's hint speaks of the server's last log lines: they come with it (the
+    hint used to say 'shown above' where nothing was shown)."""
+    tail = [f"line {k}" for k in range(40)] + ["Segmentation fault (core dumped)"]
+    err = classify_failure(tail, exit_code=-11, log_path="/tmp/x.log")
+    assert isinstance(err, errors.ProcessExited) and "last log lines" in err.hint
+    assert err.last_lines == tuple(tail[-12:])
+    report = err.report()
+    assert report[0].startswith("error: ") and report[-1] == f"hint: {err.hint}"
+    assert "    Segmentation fault (core dumped)" in report and "  log: /tmp/x.log" in report
+    assert "    line 28" not in report  # the last 12 only
+
+
 @pytest.mark.parametrize(
     "line",
     [

@@ -174,9 +174,10 @@ async def _start_server(args: argparse.Namespace) -> Any:
     try:
         await sup.start(timeout=args.server_timeout)
     except StartupError as exc:
-        said = f" (vLLM said: {exc.vllm_line})" if exc.vllm_line else ""
         await sup.stop()
-        raise UserError(f"the server did not start: {exc}{said}", exc.hint) from None
+        report = exc.report()
+        print("\n".join(report[:-1]), file=sys.stderr)  # what happened, vLLM's line, its last log lines
+        raise UserError(f"the server did not start: {exc}", exc.hint) from None
     _err(f"vtui: ready at {sup.base_url} after {time.monotonic() - t0:.0f} s")
     return sup
 

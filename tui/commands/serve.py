@@ -237,10 +237,7 @@ async def _serve(args: argparse.Namespace, flags: Any) -> int:
         try:
             facts = await sup.start(timeout=args.timeout)
         except StartupError as exc:
-            said = f"\n  vLLM said: {exc.vllm_line}" if exc.vllm_line else ""
-            log = f"\n  log: {exc.log_path}" if exc.log_path else ""
-            print(f"error: {exc}{said}{log}", file=sys.stderr)
-            print(f"hint: {exc.hint}", file=sys.stderr)
+            print("\n".join(exc.report()), file=sys.stderr)
             return 1
         _print(f"[{time.monotonic() - t0:6.1f} s] ready at {sup.base_url}  (model: {sup.model})")
         for name, value in facts.to_dict().items():
