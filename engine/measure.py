@@ -314,8 +314,13 @@ async def measure(
         summary["load"] = load
         with contextlib.suppress(Exception):  # a run without telemetry still has its load figures
             summary["telemetry"] = summarize(store, t_start, t_end).to_dict()
-        server = server_window(marks[0], marks[1]) if len(marks) == 2 and not marks[1].stale else {}
+        exact = len(marks) == 2 and not marks[0].stale and not marks[1].stale
+        server = server_window(marks[0], marks[1]) if exact else {}
         summary["server"] = server
+        if server and "telemetry" in summary:
+            # The 1 Hz samples can miss a run's first or last wave (seen on the H200: 96 of 128
+            # requests); the scrapes at the measured window's edges cannot. One figure per run.
+            summary["telemetry"].update({k: v for k, v in server.items() if k not in ("t0", "t1")})
         summary["cross_check"] = cross_check(load, server, shared_prefix=bool(plan.workload.prefix_len)).to_dict()
         summary["stream"] = {k: result.extra.get(k) for k in STREAM_KEYS}
         summary["client_bound"] = result.client_bound

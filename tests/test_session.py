@@ -222,6 +222,7 @@ async def test_attach_run_record_and_export_against_real_vllm(vllm_server: objec
     server = record.summary["server"]
     assert server["prompt_tokens"] == load["total_input_tokens"]
     assert server["generation_tokens"] == load["total_output_tokens"]
+    assert record.summary["telemetry"]["prompt_tokens"] == server["prompt_tokens"]  # one figure per run
     assert record.summary["stream"]["warmup_requests"] == 3
     assert snap.runs[-1] is record and snap.baseline == record.index
     assert snap.comparison is not None and snap.comparison.columns == (record.label,)
