@@ -90,6 +90,8 @@ class ServerView:
     error_line: str | None = None
     error_hint: str | None = None
     log_path: str | None = None
+    starting_s: float | None = None  # while STARTING: seconds since the launch
+    expected_start_s: float | None = None  # the last start of the same model and flags, to ready
 
 
 @dataclass(frozen=True)
@@ -1562,6 +1564,7 @@ class Session:
                 error_line = str(getattr(err, "vllm_line", "") or err)
                 error_hint = str(getattr(err, "hint", "") or "")
         phase = sup.phase.label if sup is not None and sup.phase is not None else ""
+        launched = getattr(sup, "launched_at", None) if self._state_name() == "STARTING" else None
         return ServerView(
             state=self._state_name(),
             phase=phase,
@@ -1579,6 +1582,8 @@ class Session:
             error_line=error_line,
             error_hint=error_hint,
             log_path=str(getattr(sup, "log_path", "") or "") or None,
+            starting_s=time.monotonic() - launched if isinstance(launched, float) else None,
+            expected_start_s=getattr(sup, "expected_start_s", None) if launched is not None else None,
         )
 
     def _prediction(self) -> tuple[int | None, float | None]:

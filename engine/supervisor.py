@@ -389,6 +389,43 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
+STARTS_FILE = "starts.json"  # in the data folder: seconds to ready of the last start per command
+_STARTS_KEPT = 200
+
+
+def last_start_seconds(key: str) -> float | None:
+    """How long the last start of this command took to be ready (None: never seen, or the
+    file is unreadable: a missing estimate never stops a start)."""
+    try:
+        data = json.loads((paths.data_dir() / STARTS_FILE).read_text(encoding="utf-8"))
+        value = data.get(key) if isinstance(data, dict) else None
+        return float(value) if isinstance(value, int | float) and value > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
+def remember_start_seconds(key: str, seconds: float) -> None:
+    """Keep how long this start took, for the next one's progress (newest 200 commands)."""
+    path = paths.data_dir() / STARTS_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+        if not isinstance(data, dict):
+            data = {}
+    except (OSError, ValueError):
+        data = {}
+    data.pop(key, None)
+    data[key] = round(seconds, 1)
+    for old in list(data)[:-_STARTS_KEPT]:
+        del data[old]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=0), encoding="utf-8")
+        tmp.replace(path)
+    except OSError:
+        pass  # the estimate is a nicety: a read-only data folder does not stop a server
+
+
 def is_loopback(host: str) -> bool:
     """Whether ``host`` is reachable only from this machine (127.0.0.0/8, ::1, localhost)."""
     import ipaddress
@@ -660,6 +697,8 @@ class Supervisor:
         self.pid = None
         self.model_id = None
         self.ready_at = None
+        self.launched_at: float | None = None  # time.monotonic() of the launch
+        self.expected_start_s: float | None = None  # the last start of the same command, to ready
         self.tail.clear()
         self._known.clear()
         self._root = None
@@ -702,6 +741,8 @@ class Supervisor:
         if self.port is None:
             self.port = find_free_port(self.host)
         self.command = self.build_command(self.port)
+        self.launched_at = time.monotonic()
+        self.expected_start_s = last_start_seconds(self._start_key())
         log_dir = self.log_dir or paths.logs_dir()
         log_dir.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -855,10 +896,17 @@ class Supervisor:
                     )
                 await asyncio.sleep(0.5)
         self.ready_at = time.time()
+        if self.launched_at is not None:
+            remember_start_seconds(self._start_key(), time.monotonic() - self.launched_at)
         self._set_phase(Phase.READY)
         self._set_state(ServerState.READY)
         self._watcher = asyncio.create_task(self._watch())
         return self.facts
+
+    def _start_key(self) -> str:
+        """The same model and flags (not the port vtui picks) start alike: one key."""
+        argv = _argv_without_secrets(self.flags)
+        return f"{self.flags.model} {shlex.join(argv)}"
 
     async def _probe_ready(self, client: httpx.AsyncClient) -> bool:
         try:

@@ -164,9 +164,13 @@ class VtuiApp(App[int]):
         presets: list[Any] | None = None,
         publish: bool = True,
         cursor_blink: bool = True,
+        start_server: bool = False,
     ) -> None:
+        """``start_server``: start the session's server as soon as the screen is up (what
+        `vtui` and `make run` do without --url; tests and attaching leave it off)."""
         super().__init__()
         self.session = session
+        self.start_on_mount = start_server
         self.schema = schema if schema is not None else session._schema()
         self.presets = presets if presets is not None else _safe_presets(session)
         self.publish = publish
@@ -183,6 +187,8 @@ class VtuiApp(App[int]):
             self.session.start_sampling()
             self.session.subscribe(self._publish)
             self.run_worker(self.session.publish_forever(4.0), group="publish", exit_on_error=False)
+        if self.start_on_mount:
+            self.call_after_refresh(self.action_start_server)
 
     def _publish(self, snap: SessionSnapshot) -> None:
         # Called on this loop by the session's publisher; a message keeps the order.
@@ -651,7 +657,8 @@ def run_app(args: argparse.Namespace) -> int:
         print_error(str(exc), exc.hint)
         return 2
     url = getattr(args, "url", None)
-    app = VtuiApp(session)
+    # Without --url the server starts at once (the README's `make run`), unless --no-start.
+    app = VtuiApp(session, start_server=not url and not getattr(args, "no_start", False))
     if url:
         app.call_later(app._attach, url)
     result = app.run()

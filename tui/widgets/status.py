@@ -23,6 +23,18 @@ def _state_class(state: str) -> str:
     return "-stopped"
 
 
+def starting_text(elapsed: float | None, expected: float | None) -> str:
+    """'23 s of ~57 s (last start)' while a server starts; the estimate is the last start of
+    the same model and flags, when there was one."""
+    if elapsed is None:
+        return ""
+    if expected is None:
+        return f"{elapsed:.0f} s (first start of these flags: no estimate yet)"
+    if elapsed > expected * 1.5 + 10:
+        return f"{elapsed:.0f} s, longer than the last start ({expected:.0f} s)"
+    return f"{elapsed:.0f} s of ~{expected:.0f} s (last start)"
+
+
 class StatusBar(Static):
     """Server state, phase, URL and the last notice, on one line."""
 
@@ -39,8 +51,9 @@ class StatusBar(Static):
         text.append(f" {srv.state} ", style="bold reverse")
         if snap.busy:
             text.append(f" {snap.busy}…")
-        if srv.phase and srv.state == "STARTING":
-            text.append(f" {srv.phase}")
+        if srv.state == "STARTING":
+            text.append(f" {srv.phase or 'launching'}")
+            text.append(f" {starting_text(srv.starting_s, srv.expected_start_s)}")
         text.append(f"  {srv.model or Path(snap.model).name}")
         if srv.base_url:
             text.append(f"  {srv.base_url}")
