@@ -322,6 +322,35 @@ def slo_label(slo: Any) -> str:
 # --------------------------------------------------------------------------- helpers
 
 
+def _short_flag(name: str) -> str:
+    """max-num-batched-tokens -> mnbt: the initials of a flag, as run names use them."""
+    return "".join(part[:1] for part in name.split("-") if part) or name
+
+
+def run_name(base: str, loaded: Any, flags: Any, taken: Sequence[str]) -> str:
+    """A run named by what differs: the preset (or workload) and every flag changed since it
+    was loaded (``online-chat mnbt=512``), numbered when the name was taken (``... (2)``).
+    Secrets never appear (recordable_values gives their references, and they are skipped)."""
+    from engine.flags import SECRET_FLAGS
+
+    now = recordable_values(flags) if flags is not None else {}
+    before = recordable_values(loaded) if loaded is not None else {}
+    parts = [base]
+    for key in sorted(set(now) | set(before)):
+        if key in SECRET_FLAGS or now.get(key) == before.get(key):
+            continue
+        value = now.get(key, "default")
+        text = ("on" if value else "off") if isinstance(value, bool) else str(value)
+        parts.append(f"{_short_flag(key)}={text}")
+    name = " ".join(parts)
+    if name not in taken:
+        return name
+    n = 2
+    while f"{name} ({n})" in taken:
+        n += 1
+    return f"{name} ({n})"
+
+
 def _pcts(obj: Any) -> dict[str, float]:
     """p50/p90/p99 of a Percentiles-like object or mapping, in ms, skipping missing ones."""
     out: dict[str, float] = {}
@@ -1043,7 +1072,8 @@ class Session:
             raise SessionError("no workload chosen", "load a preset first")
         if self.run_active:
             raise SessionError("a run is already going", "stop it first (c)")
-        label = label or f"#{len(self._runs) + 1} {self._workload_label or 'run'}"
+        label = label or run_name(self._workload_label or "run", self._loaded_flags,
+                                  self._running_flags or self._flags, [r.label for r in self._runs])
         flags = self._running_flags or self._flags
         api_key = getattr(self._attached, "api_key", None)
         if not api_key and self._supervisor is not None:

@@ -287,3 +287,18 @@ def test_snapshot_while_other_threads_push_series() -> None:
             t.join()
     assert not errors, errors
     assert set(session.snapshot().series) >= {f"s{k}" for k in range(1, 40, 2)}
+
+
+def test_runs_are_named_by_what_differs_and_numbered_when_repeated() -> None:
+    from engine.session import run_name
+
+    loaded = FlagSet(model="m", values={"max-num-batched-tokens": 2048, "enable-chunked-prefill": True,
+                                        "api-key": "sk-x"})
+    same = run_name("online-chat", loaded, loaded, [])
+    assert same == "online-chat"
+    edited = loaded.set("max-num-batched-tokens", 512).set("enable-chunked-prefill", False).set("api-key", "sk-y")
+    name = run_name("online-chat", loaded, edited, [same])
+    assert name == "online-chat ecp=off mnbt=512"  # the key changed too, but is never named
+    assert run_name("online-chat", loaded, edited, [same, name]) == f"{name} (2)"
+    assert run_name("online-chat", loaded, edited, [name, f"{name} (2)"]) == f"{name} (3)"
+    assert run_name("online-chat", loaded, loaded.unset("max-num-batched-tokens"), []) == "online-chat mnbt=default"
