@@ -752,8 +752,9 @@ class Session:
             self.stop_workload("server-died")
         self._notice = "server died; what was measured is kept (press s to start it again)"
 
-    async def start_server(self, timeout: float = 600.0) -> Any:
-        """Launch vLLM with the edited flags; refuses when a flag is invalid.
+    async def start_server(self, timeout: float = 600.0, *, force: bool = False) -> Any:
+        """Launch vLLM with the edited flags; refuses when a flag is invalid, or (unless
+        ``force``) when the planner shows the launch cannot fit the GPU's memory budget.
 
         On a failed start the server view carries vLLM's own line and the hint.
         """
@@ -765,6 +766,8 @@ class Session:
             raise SessionError(f"--{name}: {reason}", "fix the flag before starting the server")
         if self.server_started_here:
             raise SessionError("the server is already running", "apply flags to restart it")
+        if not force:
+            self._refuse_what_cannot_fit(self._flags)
         self.changed()
         self._server_error = None
         self._downtime = None
@@ -819,7 +822,7 @@ class Session:
             self._notice = "server stopped"
             self.changed()
 
-    async def apply_flags(self, timeout: float = 600.0) -> Any:
+    async def apply_flags(self, timeout: float = 600.0, *, force: bool = False) -> Any:
         """Restart the server with the edited flags (see :meth:`flags_diff` first).
 
         With no server running this is a start. The server keeps its port, so the URL and
@@ -836,7 +839,9 @@ class Session:
                     "stop it yourself and start one here (s), or keep it and only run load",
                 )
             self._supervisor = None
-            return await self.start_server(timeout=timeout)
+            return await self.start_server(timeout=timeout, force=force)
+        if not force:
+            self._refuse_what_cannot_fit(self._flags)
         if self.run_active:
             self.stop_workload()
         from engine.errors import StartupError
@@ -1615,6 +1620,40 @@ class Session:
             starting_s=time.monotonic() - launched if isinstance(launched, float) else None,
             expected_start_s=getattr(sup, "expected_start_s", None) if launched is not None else None,
         )
+
+    def _refuse_what_cannot_fit(self, flags: Any) -> None:
+        """On a GPU (the planner was within 0.5% of vLLM there), refuse at once a launch whose
+        weights, activations and one request of max-model-len cannot fit the memory budget,
+        instead of waiting a minute and more for vLLM to fail. On the CPU backend the planner
+        is not calibrated yet (issue 18, item 3), so vLLM decides there."""
+        from engine.planner import load_model_config, plan, refuse_launch
+
+        snap = self._telemetry
+        gpus = [g for g in getattr(snap, "gpus", ()) if g.available and g.mem_total_bytes]
+        if not gpus:
+            return
+        try:
+            p = plan(
+                load_model_config(flags.model),
+                gpu_memory=int(gpus[0].mem_total_bytes),
+                gpu_memory_utilization=float(flags.get("gpu-memory-utilization") or 0.92),
+                max_model_len=flags.get("max-model-len"),
+                tensor_parallel_size=int(flags.get("tensor-parallel-size") or 1),
+                kv_cache_dtype=str(flags.get("kv-cache-dtype") or "auto"),
+                dtype=str(flags.get("dtype") or "auto"),
+                quantization=flags.get("quantization"),
+                block_size=int(flags.get("block-size") or 16),
+                max_num_batched_tokens=flags.get("max-num-batched-tokens"),
+                max_num_seqs=flags.get("max-num-seqs"),
+            )
+        except Exception:  # noqa: BLE001 - a model the planner cannot read: vLLM decides
+            return
+        refusal = refuse_launch(p)
+        if refusal is not None:
+            self._notice = f"not started: {refusal.reason}"
+            self.changed()
+            raise SessionError(f"this launch cannot fit: {refusal.reason}",
+                               f"{refusal.hint}; S starts it anyway (the planner may be wrong)")
 
     def _prediction(self) -> tuple[int | None, float | None]:
         """The planner's KV tokens and max concurrency for the running (else edited) flags,

@@ -139,6 +139,8 @@ class VtuiApp(App[int]):
         Binding("question_mark", "help", "Help", tooltip="Every key (this list)"),
         Binding("q", "quit", "Quit"),
         Binding("f1", "help", "Help", show=False, tooltip="Every key (this list)"),
+        Binding("S", "start_server_anyway", "Start anyway", show=False,
+                tooltip="Start even when the planner says the flags cannot fit the GPU's memory"),
         Binding("c", "stop_run", "Cancel run", show=False, tooltip="Cancel the run in progress (what was measured is kept)"),
         Binding("p", "save_preset", "Save preset", show=False, tooltip="Save the flags and workload as a preset"),
         Binding("b", "baseline", "Baseline", show=False, tooltip="Mark the last run as the baseline of the comparison"),
@@ -299,11 +301,15 @@ class VtuiApp(App[int]):
             return
         self._start_server()
 
+    def action_start_server_anyway(self) -> None:
+        """S: start even when the planner says the launch cannot fit (it may be wrong)."""
+        self._start_server(force=True)
+
     @work(exclusive=True, group="server", exit_on_error=False)
-    async def _start_server(self) -> None:
+    async def _start_server(self, force: bool = False) -> None:
         self.action_show("tab-server")
         try:
-            await self.session.start_server()
+            await self.session.start_server(force=force)
         except SessionError as exc:
             self._error(exc)
             return
