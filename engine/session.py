@@ -150,6 +150,21 @@ class RunRecord:
 
 
 @dataclass(frozen=True)
+class StoredRun:
+    """One run of the history, as the Runs tab lists it (any path, any session)."""
+
+    id: int
+    name: str
+    preset: str | None
+    model: str | None
+    started: float
+    status: str
+    req_s: float | None
+    ttft_p50_ms: float | None
+    compared: bool  # shown in the comparison beside this session's runs
+
+
+@dataclass(frozen=True)
 class ComparisonView:
     """Runs side by side: one column per run, best value and baseline delta per row."""
 
@@ -1719,16 +1734,62 @@ class Session:
         )
 
     def comparison(self) -> ComparisonView | None:
-        """The runs of this session side by side (engine.compare when it can)."""
-        key = (len(self._runs), self._baseline)
+        """This session's runs and the stored runs picked in the Runs tab, side by side."""
+        pinned = tuple(self._pinned)
+        key = (len(self._runs), self._baseline, tuple(i.id for i in pinned))
         if self._comparison_cache is not None and self._comparison_cache[0] == key:
             return self._comparison_cache[1]
         records = [r for r in self._runs if r.summary]
-        view = compare_view(records, self._baseline) if records else None
+        view = compare_view(records, self._baseline, pinned) if records or pinned else None
         self._comparison_cache = (key, view)
         return view
 
-    _comparison_cache: tuple[tuple[int, int | None], ComparisonView | None] | None = None
+    _comparison_cache: tuple[Any, ComparisonView | None] | None = None
+    _pinned: tuple[Any, ...] = ()  # engine.history.RunInfo of stored runs in the comparison
+
+    def stored_runs(self, text: str = "", limit: int = 200) -> tuple[StoredRun, ...]:
+        """The run history, newest first, for the Runs tab: runs of any path and session
+        (vtui bench, sweep, earlier TUIs). ``text`` filters: every word must appear in the
+        run's name, preset, model, date (YYYY-MM-DD) or status. Empty without a history."""
+        history = self._get_history()
+        if history is None:
+            return ()
+        try:
+            infos = history.list_runs(limit=limit)
+        except Exception:  # noqa: BLE001 - a history that cannot be read lists nothing
+            return ()
+        words = text.lower().split()
+        compared = {i.id for i in self._pinned}
+        out = []
+        for info in infos:
+            day = time.strftime("%Y-%m-%d %H:%M", time.localtime(info.started))
+            hay = " ".join(str(x) for x in (info.name, info.preset, info.model, day, info.status)).lower()
+            if any(w not in hay for w in words):
+                continue
+            load = info.summary.get("load") or {}
+            out.append(StoredRun(info.id, info.name, info.preset, info.model, info.started, info.status,
+                                 _num(load, "request_throughput"), _num(load, "median_ttft_ms"),
+                                 info.id in compared))
+        return tuple(out)
+
+    def toggle_stored(self, run_id: int) -> bool:
+        """Put a stored run into the comparison, or take it out; True when it is in now."""
+        if any(i.id == run_id for i in self._pinned):
+            self._pinned = tuple(i for i in self._pinned if i.id != run_id)
+            self.changed()
+            return False
+        history = self._get_history()
+        if history is None:
+            raise SessionError("no run history here", "runs are stored when the history can be written")
+        try:
+            info = history.get_run(run_id)
+        except Exception as exc:  # noqa: BLE001 - named in the error
+            raise SessionError(f"stored run {run_id}: {exc}", "pick a run from the list") from None
+        if not info.summary.get("load"):
+            raise SessionError(f"stored run {run_id} ({info.name}) measured nothing", "pick a run with results")
+        self._pinned = (*self._pinned, info)
+        self.changed()
+        return True
 
     def snapshot(self) -> SessionSnapshot:
         """The current state, frozen."""
@@ -1886,12 +1947,15 @@ def run_info(record: RunRecord, *, baseline: bool = False, vllm_version: str | N
     )
 
 
-def compare_view(records: Sequence[RunRecord], baseline: int | None) -> ComparisonView:
-    """engine.compare's table of ``records``, formatted for display (strings only)."""
+def compare_view(records: Sequence[RunRecord], baseline: int | None, stored: Sequence[Any] = ()) -> ComparisonView:
+    """engine.compare's table of ``records`` (this session's runs) and ``stored`` runs of the
+    history (``RunInfo``, after them), formatted for display (strings only)."""
     from engine.compare import compare, fmt_delta, fmt_number
 
     base_col = next((i for i, r in enumerate(records) if r.index == baseline), 0)
-    infos = [run_info(r, baseline=i == base_col) for i, r in enumerate(records)]
+    own = {r.history_id for r in records}
+    extra = [s for s in stored if s.id not in own]
+    infos = [run_info(r, baseline=i == base_col) for i, r in enumerate(records)] + list(extra)
     cmp = compare(infos, base_col)
     rows: list[tuple[str, tuple[str, ...], frozenset[int]]] = []
     flag_rows = 0
@@ -1908,5 +1972,6 @@ def compare_view(records: Sequence[RunRecord], baseline: int | None) -> Comparis
             cells.append(fmt_number(v) + (f" ({delta})" if delta else ""))
         rows.append((f"{row.label}{unit}{arrow}", tuple(cells), row.best))
     return ComparisonView(
-        columns=tuple(r.label for r in records), rows=tuple(rows), baseline=base_col, flag_rows=flag_rows
+        columns=tuple(r.label for r in records) + tuple(f"stored #{s.id} {s.name}" for s in extra),
+        rows=tuple(rows), baseline=base_col, flag_rows=flag_rows,
     )

@@ -370,3 +370,53 @@ def test_a_value_is_shown_as_text_that_reads_back_as_the_same_value(kind: str, v
 
     spec = FlagSpec("some-flag", kind=kind)  # type: ignore[arg-type]
     assert spec.coerce(_show(value)) == value
+
+
+async def test_runs_tab_lists_stored_runs_and_adds_them_to_the_comparison() -> None:
+    """Runs from any path (here written straight to the history, as vtui bench and sweep do)
+    are listed in the Runs tab, filtered by what is typed, and Enter puts one beside the
+    session's runs (issue 18, item 7)."""
+    import secrets
+
+    from textual.widgets import DataTable
+
+    from engine.flags import FlagSet
+    from engine.history import History
+    from engine.session import Session
+
+    tag = "stored-" + secrets.token_hex(3)
+    with History() as history:
+        for k, (rate, ttft) in enumerate(((12.5, 40.0), (15.0, 35.0))):
+            rec = history.start_run(f"{tag} bench {k}", preset="online-chat", model="/models/tiny",
+                                    flags={"max-num-seqs": 8 * (k + 1)})
+            rec.finish("ok", {"load": {"completed": 10, "failed": 0, "request_throughput": rate,
+                                       "median_ttft_ms": ttft, "p99_ttft_ms": ttft * 2}})
+    session = Session(FlagSet(model="/models/tiny", values={}), telemetry=False, schema=builtin_schema())
+    app = VtuiApp(session, schema=builtin_schema(), presets=list_presets(include_user=False), cursor_blink=False)
+    try:
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.press("5")
+            await pilot.pause()
+            app.screen.query_one("#stored-filter", Input).value = tag
+            await pilot.pause()
+            table = app.screen.query_one("#stored-table", DataTable)
+            assert table.row_count == 2
+            names = {str(table.get_row_at(i)[1]) for i in range(2)}
+            assert names == {f"{tag} bench 0", f"{tag} bench 1"}
+            table.focus()
+            await pilot.press("enter")  # the newest first: bench 1
+            await pilot.pause()
+            comp = session.comparison()
+            assert comp is not None and comp.columns == (f"stored #{table.get_row_at(0)[0]} {tag} bench 1",)
+            assert str(table.get_row_at(0)[8]) == "yes"
+            await pilot.press("down", "enter")
+            await pilot.pause()
+            comp = session.comparison()
+            assert comp is not None and len(comp.columns) == 2
+            ttft = next(cells for label, cells, _ in comp.rows if label.startswith("TTFT p50"))
+            assert ttft[0].startswith("35") and "(+14.3%)" in ttft[1]  # bench 0 against bench 1
+            await pilot.press("enter")  # again: out of the comparison
+            await pilot.pause()
+            assert len(session.comparison().columns) == 1  # type: ignore[union-attr]
+    finally:
+        await session.close()

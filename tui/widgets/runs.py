@@ -1,19 +1,28 @@
 """Runs side by side: one column per run, the best value per row marked, deltas to the
-baseline in percent (computed in the core; this only lays them out)."""
+baseline in percent (computed in the core; this only lays them out), and below it the stored
+history of every path (vtui bench, sweep, earlier sessions), any of which Enter adds to the
+comparison."""
 
 from __future__ import annotations
 
+import time
+
 from rich.text import Text
+from textual import on
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.reactive import reactive
-from textual.widgets import DataTable, Static
+from textual.widgets import DataTable, Input, Static
 
-from engine.session import SessionSnapshot
+from engine.session import SessionError, SessionSnapshot, StoredRun
+
+
+def _n(value: float | None, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)
 
 
 class RunsPanel(Vertical):
-    """The comparison table of this session's runs."""
+    """The comparison table, and the stored runs to pick from."""
 
     BORDER_TITLE = "Runs"
     COMPONENT_CLASSES = {"runs--best", "runs--flag"}
@@ -24,19 +33,71 @@ class RunsPanel(Vertical):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self._shown: object = None
+        self._runs_seen = -1
 
     def compose(self) -> ComposeResult:
         yield Static("no runs yet: r runs the workload, b marks the last run as baseline", id="runs-help")
         yield DataTable(id="runs-table", zebra_stripes=True, cursor_type="column")
+        yield Static("stored runs (every path): Enter adds one to the comparison or takes it out",
+                     id="stored-help")
+        yield Input(placeholder="filter: model, preset, date, status", id="stored-filter", compact=True)
+        yield DataTable(id="stored-table", zebra_stripes=True, cursor_type="row")
+
+    def on_mount(self) -> None:
+        table = self.query_one("#stored-table", DataTable)
+        for key, label in (("id", "id"), ("name", "name"), ("preset", "preset"), ("model", "model"),
+                           ("started", "started"), ("status", "status"), ("req_s", "req/s"),
+                           ("ttft", "TTFT p50 ms"), ("in", "compared")):
+            table.add_column(label, key=key)
+        self.refresh_stored()
+
+    def _session(self) -> object | None:
+        return getattr(self.app, "session", None)
+
+    def refresh_stored(self) -> None:
+        """List the history again (the core reads and filters it)."""
+        session = self._session()
+        stored: tuple[StoredRun, ...] = ()
+        if session is not None and hasattr(session, "stored_runs"):
+            stored = session.stored_runs(self.query_one("#stored-filter", Input).value)
+        table = self.query_one("#stored-table", DataTable)
+        table.clear()
+        for r in stored:
+            table.add_row(str(r.id), r.name, r.preset or "-", (r.model or "-").rsplit("/", 1)[-1],
+                          time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started)), r.status,
+                          _n(r.req_s, "{:.2f}"), _n(r.ttft_p50_ms, "{:.1f}"), "yes" if r.compared else "",
+                          key=str(r.id))
+
+    @on(Input.Changed, "#stored-filter")
+    def _filter(self) -> None:
+        self.refresh_stored()
+
+    @on(DataTable.RowSelected, "#stored-table")
+    def _toggle(self, event: DataTable.RowSelected) -> None:
+        session = self._session()
+        if session is None or event.row_key.value is None:
+            return
+        try:
+            session.toggle_stored(int(event.row_key.value))  # type: ignore[attr-defined]
+        except SessionError as exc:
+            self.notify(f"{exc}: {exc.hint}", severity="warning")
+            return
+        self.refresh_stored()
+        refresh = getattr(self.app, "refresh_now", None)
+        if refresh is not None:
+            refresh()
 
     def watch_snapshot(self, snap: SessionSnapshot | None) -> None:
         if snap is None or not self.is_mounted:
             return
+        if len(snap.runs) != self._runs_seen:  # a run ended (and was stored): list it
+            self._runs_seen = len(snap.runs)
+            self.refresh_stored()
         comp = snap.comparison
         if comp is self._shown:
             return  # the comparison only changes when a run ends or the baseline moves
         self._shown = comp
-        table = self.query_one(DataTable)
+        table = self.query_one("#runs-table", DataTable)
         table.clear(columns=True)
         help_ = self.query_one("#runs-help", Static)
         if comp is None:
@@ -48,8 +109,8 @@ class RunsPanel(Vertical):
         table.add_column("", key="label")
         for i, name in enumerate(comp.columns):
             mark = " (baseline)" if comp.baseline == i else ""
-            status = snap.runs[i].status if i < len(snap.runs) else ""
-            status = "" if status == "ok" else f" [{status}]"
+            status = str(snap.runs[i].status) if i < len(snap.runs) else ""
+            status = "" if status in ("", "ok") else f" [{status}]"
             table.add_column(f"{name}{mark}{status}", key=f"run{i}")
         for n, (label, cells, best_cols) in enumerate(comp.rows):
             is_flag = n < comp.flag_rows
