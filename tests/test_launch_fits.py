@@ -67,3 +67,19 @@ async def test_cpu_backend_is_not_refused_by_the_planner(tiny_model: object) -> 
         assert session.snapshot().server.state == "READY"
     finally:
         await session.close()
+
+
+def test_vtui_serve_refuses_what_cannot_fit_unless_forced() -> None:
+    """`vtui serve` checks the same way against the largest visible GPU (a fake NVML replaying
+    the H200 capture: 139.8 GiB); no GPU (NVML missing) means nothing to check."""
+    from tests.fake_nvml import FakeNvml, NVMLError_LibraryNotFound
+    from tui.cli import UserError
+    from tui.commands.serve import check_fits
+
+    flags = FlagSet(model="qwen2.5-7b", values={"gpu-memory-utilization": 0.03, "max-model-len": 4096})
+    with pytest.raises(UserError, match="cannot fit: weights 14.2 GiB") as info:
+        check_fits(flags, nvml_module=FakeNvml())
+    assert "--force starts it anyway" in info.value.hint
+    check_fits(flags, force=True, nvml_module=FakeNvml())
+    check_fits(flags, nvml_module=FakeNvml(init_error=NVMLError_LibraryNotFound))
+    check_fits(flags.set("gpu-memory-utilization", 0.9), nvml_module=FakeNvml())

@@ -47,6 +47,8 @@ def add_parser(subparsers: Any) -> None:
                         help="stop a server vtui left running on the same port or GPUs, then start")
     parser.add_argument("--stop-left", action="store_true",
                         help="stop every server vtui left running (only those its records prove it started), then exit")
+    parser.add_argument("--force", action="store_true",
+                        help="start even when the planner says the flags cannot fit the GPU's memory")
     parser.add_argument("--verbose", "-v", action="store_true", help="print every server log line")
     parser.add_argument("--no-validate", action="store_true", help="skip vtui's flag checks (vLLM still checks)")
     parser.add_argument(
@@ -195,11 +197,37 @@ def _print(text: str = "") -> None:
     print(text, flush=True)
 
 
+def check_fits(flags: Any, *, force: bool = False, nvml_module: Any = None) -> None:
+    """Refuse at once a launch the planner shows cannot fit the largest visible GPU's memory
+    (vLLM would take a minute and more to fail); nothing to check without a GPU, or with
+    ``force``. ``nvml_module``: the NVML binding (tests pass a fake)."""
+    if force:
+        return
+    from engine.planner import plan_for_flags, refuse_launch
+    from engine.telemetry.nvml import NvmlReader
+
+    reader = NvmlReader(module=nvml_module)
+    try:
+        totals = [g.mem_total_bytes for g in reader.sample() if g.available and g.mem_total_bytes]
+    finally:
+        reader.close()
+    if not totals:
+        return
+    try:
+        p = plan_for_flags(flags, max(totals))
+    except Exception:  # noqa: BLE001 - a model the planner cannot read: vLLM decides
+        return
+    refusal = refuse_launch(p)
+    if refusal is not None:
+        raise UserError(f"this launch cannot fit: {refusal.reason}", f"{refusal.hint}; --force starts it anyway")
+
+
 async def _serve(args: argparse.Namespace, flags: Any) -> int:
     from engine.errors import StartupError
     from engine.logparse import Phase
     from engine.supervisor import ServerEvent, ServerState, Supervisor
 
+    check_fits(flags, force=args.force)
     sup = Supervisor(
         flags,
         host=args.host,
