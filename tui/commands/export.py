@@ -1,4 +1,5 @@
-"""``vtui export``: print a flag set as a docker run line, a vllm serve line, JSON or argv.
+"""``vtui export``: print a flag set as a docker run line, a vllm serve line, JSON, argv, a
+Kubernetes Deployment and Service (``--format k8s``) or a docker compose file (``--format compose``).
 
 Input: flags after ``--`` (``vtui export --model M -- --max-num-seqs 64``), a whole
 command line (``--line "vllm serve M ..."``, also docker run and python -m lines), or a
@@ -23,8 +24,12 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--preset", help="a preset TOML file whose [server] flags to export")
     parser.add_argument("--model", help="the model (folder or Hugging Face id) when flags come after --")
     parser.add_argument(
-        "--format", choices=("docker", "serve", "json", "argv"), default="docker", help="output form"
+        "--format", choices=("docker", "serve", "json", "argv", "k8s", "compose"), default="docker",
+        help="output form (k8s: a Deployment and a Service; compose: a docker compose file)"
     )
+    parser.add_argument("--name", default=None, help="k8s/compose: the app's name (default: from the model)")
+    parser.add_argument("--secret", default="vllm-secrets",
+                        help="k8s: the Secret holding VLLM_API_KEY / HF_TOKEN, referenced by name")
     parser.add_argument("--port", type=int, default=None, help="host port for docker -p (default: the server port)")
     parser.add_argument(
         "--gpus", default="all", help="docker GPUs: 'all', a count, or device ids like 0,1"
@@ -81,6 +86,13 @@ def run(args: argparse.Namespace) -> int:
             print(flags.to_docker_line(host_port=args.port, gpus=_gpus(args.gpus), image=args.image))
         elif args.format == "serve":
             print(flags.to_serve_line(multiline=True))
+        elif args.format in ("k8s", "compose"):
+            from engine import deploy
+
+            if args.format == "k8s":
+                print(deploy.kubernetes(flags, name=args.name, image=args.image, secret=args.secret), end="")
+            else:
+                print(deploy.compose(flags, name=args.name, image=args.image, host_port=args.port), end="")
         elif args.format == "json":
             print(json.dumps(flags.to_dict(), indent=2, ensure_ascii=False))
         else:
