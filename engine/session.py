@@ -34,7 +34,7 @@ from engine.status import RunStatus
 SERIES_POINTS = 120
 # The log pane keeps the last 1000 lines; the full log is in the supervisor's file.
 LOG_LINES = 1000
-EXPORT_KINDS = ("docker", "serve", "results", "perfetto")
+EXPORT_KINDS = ("docker", "serve", "k8s", "compose", "results", "perfetto")
 
 
 class SessionError(Exception):
@@ -1518,13 +1518,19 @@ class Session:
     # ------------------------------------------------------------------ export
 
     def export(self, kind: str, run_index: int | None = None) -> str:
-        """Text for an export: "docker", "serve", "results" (JSON) or "perfetto" (JSON)."""
+        """Text for an export: "docker", "serve", "k8s" (Deployment + Service), "compose",
+        "results" (JSON) or "perfetto" (JSON)."""
         if kind not in EXPORT_KINDS:
             raise SessionError(f"unknown export {kind!r}", f"one of {', '.join(EXPORT_KINDS)}")
         if kind == "docker":
             return str(self._flags.to_docker_line())
         if kind == "serve":
             return str(self._flags.to_serve_line())
+        if kind in ("k8s", "compose"):
+            from engine import deploy
+
+            make = deploy.kubernetes if kind == "k8s" else deploy.compose
+            return make(self._flags, name=self._workload_label, version=self._version())
         if not self._runs:
             raise SessionError("no run to export", "run a workload first (r)")
         record = self._runs[(run_index or len(self._runs)) - 1]
@@ -1557,7 +1563,8 @@ class Session:
 
     def _write_export(self, name: str, kind: str, text: str, path: Path | None) -> Path:
         if path is None:
-            suffix = {"docker": "sh", "serve": "sh", "results": "json", "perfetto": "trace.json"}[kind]
+            suffix = {"docker": "sh", "serve": "sh", "k8s": "k8s.yaml", "compose": "compose.yaml", "results": "json",
+                      "perfetto": "trace.json"}[kind]
             stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self._clock()))
             path = paths.data_dir() / "exports" / f"{name}-{stamp}.{suffix}"
         path.parent.mkdir(parents=True, exist_ok=True)

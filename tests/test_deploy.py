@@ -66,3 +66,13 @@ def test_vtui_export_writes_both(capsys) -> None:  # type: ignore[no-untyped-def
     assert [d["kind"] for d in docs] == ["Deployment", "Service"]
     assert main(["export", "--line", "vllm serve m --max-num-seqs 8", "--format", "compose", "--no-check"]) == 0
     assert "m" in yaml.safe_load(capsys.readouterr().out)["services"]
+
+
+async def test_the_tui_export_dialog_offers_kubernetes_and_compose() -> None:
+    """The session makes them from the edited flags, as the dialog's buttons show them."""
+    import tui_data
+
+    session = tui_data.make_session()
+    docs = list(yaml.safe_load_all(session.export("k8s")))
+    assert docs[0]["spec"]["template"]["spec"]["containers"][0]["args"][:2] == ["--model", str(session.flags.model)]
+    assert "services" in yaml.safe_load(session.export("compose"))

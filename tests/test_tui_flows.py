@@ -121,7 +121,7 @@ async def test_export_gives_the_exact_docker_line_and_copies_it() -> None:
         assert screen.text == expected
         # Each button says the key that does the same; the key is one of the dialog's bindings.
         labels = [str(b.label) for b in screen.query(Button)]
-        assert labels == ["docker run", "vllm serve", "results JSON", "Perfetto trace", "Copy (c)",
+        assert labels == ["docker run", "vllm serve", "k8s", "compose", "results", "trace", "Copy (c)",
                           "Save to file (w)", "Close"]
         keys = {b.key for b in ExportScreen.BINDINGS if isinstance(b, Binding)}
         assert {m.group(1) for label in labels if (m := re.search(r"\((\w)\)$", label))} == {"c", "w"} <= keys

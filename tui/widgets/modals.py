@@ -131,8 +131,10 @@ class PromptScreen(ModalScreen[str | None]):
 EXPORT_LABELS = (
     ("docker", "docker run"),
     ("serve", "vllm serve"),
-    ("results", "results JSON"),
-    ("perfetto", "Perfetto trace"),
+    ("k8s", "k8s"),
+    ("compose", "compose"),
+    ("results", "results"),
+    ("perfetto", "trace"),
 )
 
 
@@ -154,7 +156,7 @@ class ExportScreen(ModalScreen[None]):
         with Vertical(classes="dialog wide"):
             with Horizontal(classes="buttons"):
                 for kind, label in EXPORT_LABELS:
-                    yield Button(label, id=f"kind-{kind}", compact=True)
+                    yield Button(label, id=f"kind-{kind}", compact=True, classes="kind")
             yield TextArea("", read_only=True, id="export-text", soft_wrap=True)
             yield Static("", id="export-status", classes="muted")
             with Horizontal(classes="buttons"):
