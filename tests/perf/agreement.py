@@ -95,7 +95,7 @@ async def run_session(url: str, tok: Path, conc: int, n: int, seed: int,
         record = await session.run_workload()
     finally:
         await session.close(stop_server=False)
-    if record.status != "done" or record.result is None:
+    if not record.status.measured or record.result is None:
         raise RuntimeError(f"TUI session run: {record.status} {record.error}")
     return {**record.result.summary, **record.result.extra}
 
