@@ -423,7 +423,8 @@ class Session:
         self._model_flags = dict(model_flags or {})
         self._schema_obj = schema
         self._flags = flags
-        self._loaded_flags = flags  # what "dirty" compares against
+        self._loaded_flags = flags  # what "dirty" compares against (moves with each start/apply)
+        self._preset_flags = flags  # what run names compare against: the preset as loaded or saved
         self._flag_text_errors: dict[str, str] = {}
         self._flag_errors: dict[str, str] = {}
         self._workload = workload
@@ -664,6 +665,7 @@ class Session:
         flags = _flagset(self._flags.model, {**self._model_flags, **preset.flags})
         self._flags = flags
         self._loaded_flags = flags
+        self._preset_flags = flags
         self._workload = workload
         self._arrivals = arrivals
         self._slo = preset.slo
@@ -695,6 +697,7 @@ class Session:
             raise SessionError(str(exc), "use letters, digits, . _ - in the name") from None
         self.changed()
         self._loaded_flags = self._flags
+        self._preset_flags = self._flags
         self._preset_name = name
         self._workload_label = name
         self._notice = f"saved preset {name} to {path}"
@@ -1092,8 +1095,7 @@ class Session:
             raise SessionError("no workload chosen", "load a preset first")
         if self.run_active:
             raise SessionError("a run is already going", "stop it first (c)")
-        label = label or run_name(self._workload_label or "run", self._loaded_flags,
-                                  self._running_flags or self._flags, [r.label for r in self._runs])
+        label = label or self._next_run_label()
         flags = self._running_flags or self._flags
         api_key = getattr(self._attached, "api_key", None)
         if not api_key and self._supervisor is not None:
@@ -1186,6 +1188,11 @@ class Session:
         return record
 
     _handle: Any = None
+
+    def _next_run_label(self) -> str:
+        """The next run's name: the preset and the flags changed since it (see run_name)."""
+        return run_name(self._workload_label or "run", self._preset_flags, self._running_flags or self._flags,
+                        [r.label for r in self._runs])
 
     @property
     def _recording(self) -> Any:

@@ -302,3 +302,19 @@ def test_runs_are_named_by_what_differs_and_numbered_when_repeated() -> None:
     assert run_name("online-chat", loaded, edited, [same, name]) == f"{name} (2)"
     assert run_name("online-chat", loaded, edited, [name, f"{name} (2)"]) == f"{name} (3)"
     assert run_name("online-chat", loaded, loaded.unset("max-num-batched-tokens"), []) == "online-chat mnbt=default"
+
+
+async def test_a_run_after_apply_is_named_by_the_flags_changed_since_the_preset(tiny_model: Path) -> None:
+    """Starting or applying moves what 'dirty' compares against; the run name keeps the preset
+    as its base (stand-in server: this is about the name, not vLLM)."""
+    from tests import fakevllm
+
+    session = Session(FlagSet(model=str(tiny_model), values={}), launcher=fakevllm.command(), telemetry=False,
+                      record_history=False, tiny=True)
+    session.load_preset("online-chat")
+    try:
+        assert session.set_flag_text("max-num-seqs", "7") is None
+        await session.start_server(timeout=30)
+        assert session._next_run_label() == "online-chat mns=7"
+    finally:
+        await session.close()
