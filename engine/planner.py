@@ -413,6 +413,16 @@ def refuse_launch(p: MemoryPlan) -> Refusal | None:
     return None
 
 
+def refusal_for(flags: Any, memory_bytes: int) -> Refusal | None:
+    """:func:`refuse_launch` for a launch with these flags on a GPU of ``memory_bytes``; None
+    also when the planner cannot read the model or flags (vLLM decides then)."""
+    try:
+        p = plan_for_flags(flags, memory_bytes)
+    except Exception:  # noqa: BLE001 - an unreadable model is no reason to refuse
+        return None
+    return refuse_launch(p)
+
+
 @dataclass(frozen=True)
 class PlanComparison:
     """The planner's KV token prediction beside the figure vLLM printed."""

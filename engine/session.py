@@ -1655,17 +1655,13 @@ class Session:
         weights, activations and one request of max-model-len cannot fit the memory budget,
         instead of waiting a minute and more for vLLM to fail. On the CPU backend the planner
         is not calibrated yet (issue 18, item 3), so vLLM decides there."""
-        from engine.planner import plan_for_flags, refuse_launch
+        from engine.planner import refusal_for
 
         snap = self._telemetry
         gpus = [g for g in getattr(snap, "gpus", ()) if g.available and g.mem_total_bytes]
         if not gpus:
             return
-        try:
-            p = plan_for_flags(flags, int(gpus[0].mem_total_bytes))
-        except Exception:  # noqa: BLE001 - a model the planner cannot read: vLLM decides
-            return
-        refusal = refuse_launch(p)
+        refusal = refusal_for(flags, int(gpus[0].mem_total_bytes))
         if refusal is not None:
             self._notice = f"not started: {refusal.reason}"
             self.changed()

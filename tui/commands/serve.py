@@ -203,7 +203,7 @@ def check_fits(flags: Any, *, force: bool = False, nvml_module: Any = None) -> N
     ``force``. ``nvml_module``: the NVML binding (tests pass a fake)."""
     if force:
         return
-    from engine.planner import plan_for_flags, refuse_launch
+    from engine.planner import refusal_for
     from engine.telemetry.nvml import NvmlReader
 
     reader = NvmlReader(module=nvml_module)
@@ -213,11 +213,7 @@ def check_fits(flags: Any, *, force: bool = False, nvml_module: Any = None) -> N
         reader.close()
     if not totals:
         return
-    try:
-        p = plan_for_flags(flags, max(totals))
-    except Exception:  # noqa: BLE001 - a model the planner cannot read: vLLM decides
-        return
-    refusal = refuse_launch(p)
+    refusal = refusal_for(flags, max(totals))
     if refusal is not None:
         raise UserError(f"this launch cannot fit: {refusal.reason}", f"{refusal.hint}; --force starts it anyway")
 
