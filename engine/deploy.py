@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from engine.flags import _CONTAINER_HF_CACHE, _CONTAINER_MODELS, _DEFAULT_IMAGE, SECRET_FLAGS, FlagSet
+from engine.flags import _CONTAINER_HF_CACHE, _CONTAINER_MODELS, SECRET_FLAGS, FlagSet, default_image
 
 SHM_SIZE = "16Gi"  # tensor-parallel workers exchange tensors through /dev/shm
 PORT = 8000
@@ -26,13 +26,7 @@ PORT = 8000
 
 def image_for(version: str | None, image: str | None = None) -> str:
     """vllm/vllm-openai:v<version> (the installed vLLM when the run does not say)."""
-    if image:
-        return image
-    from engine.flags import installed_vllm_version
-
-    ver = version or installed_vllm_version()
-    tag = f"v{ver}" if ver and ver != "unknown" and not ver.startswith("v") else (ver or "latest")
-    return f"{_DEFAULT_IMAGE}:{tag}"
+    return image or default_image(version)
 
 
 def gpu_count(flags: FlagSet) -> int:

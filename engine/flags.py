@@ -38,16 +38,21 @@ if TYPE_CHECKING:
 __all__ = [
     "SECRET_FLAGS",
     "TUNING_FLAGS",
+    "CommandLine",
+    "DockerRun",
     "FlagError",
     "FlagSet",
     "FlagSpec",
     "FlagValue",
     "Schema",
     "builtin_schema",
+    "default_image",
     "installed_vllm_version",
     "load_schema",
     "parse_argv",
     "parse_command_line",
+    "read_argv",
+    "read_command_line",
     "recordable_values",
     "validate",
 ]
@@ -891,36 +896,35 @@ class FlagSet:
         self,
         *,
         host_port: int | None = None,
-        gpus: str | int | Sequence[int] = "all",
+        gpus: str | int | Sequence[int] | None = None,
         image: str | None = None,
         version: str | None = None,
         hf_cache: str = "~/.cache/huggingface",
         env: Sequence[str] = ("HF_TOKEN",),
         multiline: bool = True,
         name: str | None = None,
+        docker: DockerRun | None = None,
     ) -> str:
         """A ``docker run ... vllm/vllm-openai:v<version> --model ... --flags`` line.
 
-        GPUs: ``"all"``, a count, or device ids (``[0, 1]`` -> ``--gpus '"device=0,1"'``).
-        A local model folder is mounted read-only under /models and ``--model`` points
-        there. Environment variables are passed by name only (``-e HF_TOKEN``). The
-        server listens on all interfaces inside the container (``--host`` is dropped)
-        and ``-p HOST_PORT:PORT`` publishes it.
+        GPUs: ``"all"`` (the default), a count, or device ids (``[0, 1]`` -> ``--gpus
+        '"device=0,1"'``). A local model folder is mounted read-only under /models and
+        ``--model`` points there. Environment variables are passed by name only (``-e
+        HF_TOKEN``). The server listens on all interfaces inside the container (``--host``
+        is dropped) and ``-p HOST_PORT:PORT`` publishes it.
+
+        ``docker``: the options and image of an imported ``docker run`` line. They are kept
+        as the user wrote them, in order, image tag included; ``host_port``, ``gpus``,
+        ``image`` and ``version`` replace theirs only when given, and vtui adds only what the
+        line needs to work (a mount for a local model folder, ``-e`` for a secret in use).
         """
+        if docker is not None:
+            return self._docker_line_from(docker, host_port=host_port, gpus=gpus, image=image,
+                                          version=version, multiline=multiline)
         port = int(self.values.get("port", 8000))
         hp = port if host_port is None else host_port
-        ver = version if version is not None else installed_vllm_version()
-        tag = f"v{ver}" if ver and ver != "unknown" and not ver.startswith("v") else (ver or "latest")
-        img = image or f"{_DEFAULT_IMAGE}:{tag}"
-        if isinstance(gpus, str) and gpus != "all":
-            gpus_arg = gpus
-        elif isinstance(gpus, int) and not isinstance(gpus, bool):
-            gpus_arg = str(gpus)
-        elif isinstance(gpus, str):
-            gpus_arg = "all"
-        else:
-            gpus_arg = f'"device={",".join(str(int(g)) for g in cast(Sequence[int], gpus))}"'
-        chunks: list[list[str]] = [["docker", "run"], ["--runtime", "nvidia", "--gpus", gpus_arg]]
+        img = image or default_image(version)
+        chunks: list[list[str]] = [["docker", "run"], ["--runtime", "nvidia", "--gpus", _gpus_arg(gpus)]]
         if name:
             chunks.append(["--name", name])
         chunks.append(["--ipc=host"])
@@ -949,6 +953,49 @@ class FlagSet:
         if model:
             chunks.append(_flag_value("--model", model))
         # Secrets travel as -e VAR: vLLM reads VLLM_API_KEY, huggingface_hub HF_TOKEN.
+        chunks += self._chunks(secrets="omit", skip=("host",))
+        return _join_line(chunks, multiline=multiline)
+
+    def _docker_line_from(self, docker: DockerRun, *, host_port: int | None, gpus: str | int | Sequence[int] | None,
+                          image: str | None, version: str | None, multiline: bool) -> str:
+        port = int(self.values.get("port", 8000))
+        chunks: list[list[str]] = [[docker.program, "run"]]
+        gpus_done = False
+        for opt, val in docker.options:
+            if val is not None and opt in ("-p", "--publish") and host_port is not None \
+                    and _published_port(val) == port:
+                val = f"{host_port}:{port}"
+            elif opt == "--gpus" and gpus is not None:
+                if gpus_done:
+                    continue
+                val, gpus_done = _gpus_arg(gpus), True
+            if val is None:
+                chunks.append([opt])
+            elif opt in _DOCKER_VALUE_OPTS:
+                chunks.append([opt, val])
+            else:
+                chunks.append([f"{opt}={val}"])  # a switch written with a value: --rm=false
+        if gpus is not None and not gpus_done:
+            chunks.append(["--gpus", _gpus_arg(gpus)])
+        if host_port is not None and not docker.publishes():
+            chunks.append(["-p", f"{host_port}:{port}"])
+        model = self.model
+        local = _local_dir(model)
+        if local is not None:
+            inside = docker.container_path(str(local.resolve()))
+            if inside is None:
+                host = str(local.resolve())
+                if ":" in host or "," in host:
+                    raise FlagError("model", f"folder {host!r} contains ':' or ',', which docker -v cannot mount")
+                inside = str(_CONTAINER_MODELS / (local.resolve().name or "model"))
+                chunks.append(["-v", f"{host}:{inside}:ro"])
+            model = inside
+        for var in (SECRET_FLAGS[k] for k in SECRET_FLAGS if k in self.values):
+            if var not in docker.env_names():
+                chunks.append(["-e", var])
+        chunks.append([image or docker.image_tagged(version)])
+        if model:
+            chunks.append(_flag_value("--model", model))
         chunks += self._chunks(secrets="omit", skip=("host",))
         return _join_line(chunks, multiline=multiline)
 
@@ -1055,6 +1102,124 @@ def _join_line(chunks: Sequence[Sequence[str]], *, multiline: bool) -> str:
 
     parts = [" ".join(q(t) for t in chunk) for chunk in chunks if chunk]
     return (" \\\n  " if multiline else " ").join(parts)
+
+
+def default_image(version: str | None = None) -> str:
+    """vllm/vllm-openai:v<version>, the installed vLLM's when ``version`` is None."""
+    ver = version if version is not None else installed_vllm_version()
+    tag = f"v{ver}" if ver and ver != "unknown" and not ver.startswith("v") else (ver or "latest")
+    return f"{_DEFAULT_IMAGE}:{tag}"
+
+
+def _gpus_arg(gpus: str | int | Sequence[int] | None) -> str:
+    """docker's --gpus value: "all" (None too), a count, or '"device=0,1"' for ids."""
+    if gpus is None or gpus == "all":
+        return "all"
+    if isinstance(gpus, str):
+        return gpus
+    if isinstance(gpus, int) and not isinstance(gpus, bool):
+        return str(gpus)
+    return f'"device={",".join(str(int(g)) for g in cast(Sequence[int], gpus))}"'
+
+
+def _published_port(value: str) -> int | None:
+    """The container port of a ``-p`` value: ``8000``, ``9000:8000``, ``0.0.0.0:9000:8000/tcp``."""
+    last = value.rsplit(":", 1)[-1].split("/", 1)[0]
+    return int(last) if last.isdigit() else None
+
+
+def _has_tag(image: str) -> bool:
+    """Whether ``image`` names a tag (``repo:tag``; a registry port such as ``host:5000/x`` is not one)."""
+    name = image.split("@", 1)[0]
+    return ":" in name.rsplit("/", 1)[-1]
+
+
+@dataclass(frozen=True)
+class DockerRun:
+    """What a ``docker run`` line holds besides vLLM's flags: the options before the image in
+    the user's order (each option as written, with its value or None for a switch), the
+    image with its tag, and the program (docker, podman, nvidia-docker)."""
+
+    options: tuple[tuple[str, str | None], ...] = ()
+    image: str = ""
+    program: str = "docker"
+
+    def image_tagged(self, version: str | None) -> str:
+        """The image as written, or with vLLM ``version``'s tag (v0.x.y) when one is given."""
+        if version is None:
+            return self.image
+        repo = self.image.split("@", 1)[0]
+        if _has_tag(repo):
+            repo = repo.rsplit(":", 1)[0]
+        return f"{repo}:{default_image(version).rsplit(':', 1)[1]}"
+
+    def values(self, *names: str) -> list[str]:
+        """The values given to any of ``names``, in order."""
+        return [v for o, v in self.options if o in names and v is not None]
+
+    def has(self, *names: str) -> bool:
+        return any(o in names for o, _ in self.options)
+
+    def publishes(self) -> bool:
+        """Whether the line already makes the server reachable (-p, -P, or the host's network)."""
+        return self.has("-p", "--publish", "-P", "--publish-all") or any(
+            v == "host" for v in self.values("--network", "--net"))
+
+    def env_names(self) -> set[str]:
+        """Variables passed with -e/--env (by name or NAME=value)."""
+        return {v.split("=", 1)[0] for v in self.values("-e", "--env")}
+
+    def mounts(self) -> list[tuple[str, str]]:
+        """(host source, container path) of every -v/--volume/--mount."""
+        found: list[tuple[str, str]] = []
+        for opt, val in self.options:
+            if val is None:
+                continue
+            if opt in ("-v", "--volume"):
+                parts = val.split(":")
+                if len(parts) >= 2:
+                    found.append((parts[0], parts[1]))
+            elif opt == "--mount":
+                kv = dict(p.partition("=")[::2] for p in val.split(","))
+                src = kv.get("source") or kv.get("src")
+                dst = kv.get("target") or kv.get("destination") or kv.get("dst")
+                if src and dst:
+                    found.append((src, dst))
+        return found
+
+    def host_path(self, inside: str) -> str | None:
+        """The host path mounted at container path ``inside`` (the HF cache aside), or None."""
+        for src, dst in sorted(self.mounts(), key=lambda m: -len(m[1])):
+            if dst.rstrip("/") == _CONTAINER_HF_CACHE:
+                continue  # the HF cache holds downloads, not a model folder passed by path
+            dst_clean = dst.rstrip("/") or "/"
+            if inside == dst_clean or inside.startswith(dst_clean + "/"):
+                if src.startswith("/") or src.startswith("~"):
+                    return src.rstrip("/") + inside[len(dst_clean):] if inside != dst_clean else src
+                return None
+        return None
+
+    def container_path(self, host: str) -> str | None:
+        """Where host path ``host`` is mounted in the container, or None."""
+        for src, dst in sorted(self.mounts(), key=lambda m: -len(m[0])):
+            src_clean = os.path.expanduser(src).rstrip("/") or "/"
+            if dst.rstrip("/") == _CONTAINER_HF_CACHE or not src_clean.startswith("/"):
+                continue
+            if host == src_clean or host.startswith(src_clean + "/"):
+                return dst.rstrip("/") + host[len(src_clean):] if host != src_clean else dst
+        return None
+
+
+@dataclass(frozen=True)
+class CommandLine:
+    """A command line as vtui read it: the flags, the docker part of a ``docker run`` line,
+    and ``notes`` saying what vtui changed in reading it (a legacy entry point written as
+    ``vllm serve``, a secret's value dropped from ``-e``). Show the notes to the user."""
+
+    flags: FlagSet
+    form: Literal["serve", "module", "docker"] = "serve"
+    docker: DockerRun | None = None
+    notes: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------- parsing
@@ -1164,8 +1329,29 @@ def _split(text: str) -> list[str]:
     try:
         tokens = list(lex)
     except ValueError as exc:
+        at = _open_quote(joined)
+        if at is not None:
+            raise FlagError("", f"the quote {joined[at]} here is never closed", token=joined[at : at + 40],
+                            hint=f"close it with a matching {joined[at]}") from None
         raise FlagError("", f"cannot split the line: {exc}", token=joined[-40:]) from None
     return tokens
+
+
+def _open_quote(text: str) -> int | None:
+    """Where the quote that is never closed opens (shell rules: no escapes inside '...')."""
+    quote, start, i = "", 0, 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\" and quote != "'":
+            i += 2
+            continue
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote, start = ch, i
+        i += 1
+    return start if quote else None
 
 
 def parse_command_line(text: str, schema: Schema | None = None) -> FlagSet:
@@ -1173,17 +1359,28 @@ def parse_command_line(text: str, schema: Schema | None = None) -> FlagSet:
 
     Backslash-newline continuations, leading ``$ `` prompts, ``VAR=value`` prefixes,
     ``sudo``/``env`` and ``# comments`` are accepted. Raises FlagError naming the
-    flag or the token that cannot be read.
+    flag or the token that cannot be read. The flags only: read_command_line() keeps
+    the docker options and says what changed.
     """
+    return read_command_line(text, schema).flags
+
+
+def read_command_line(text: str, schema: Schema | None = None) -> CommandLine:
+    """Like parse_command_line(), keeping the docker part and the notes (see CommandLine)."""
     text = text.strip()
     if text.startswith("$ "):
         text = text[2:]
     tokens = _split(text)
-    return parse_argv(tokens, schema)
+    return read_argv(tokens, schema)
 
 
 def parse_argv(tokens: Sequence[str], schema: Schema | None = None) -> FlagSet:
     """Like parse_command_line() for an already split argv (e.g. a process's cmdline)."""
+    return read_argv(tokens, schema).flags
+
+
+def read_argv(tokens: Sequence[str], schema: Schema | None = None) -> CommandLine:
+    """Like read_command_line() for an already split argv."""
     sch = schema or load_schema()
     toks = list(tokens)
     while toks and (toks[0] in ("sudo", "env", "exec", "nohup") or re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", toks[0])):
@@ -1194,11 +1391,11 @@ def parse_argv(tokens: Sequence[str], schema: Schema | None = None) -> FlagSet:
     if prog in ("docker", "podman", "nvidia-docker"):
         if len(toks) < 2 or toks[1] != "run":
             raise FlagError("", f"only '{prog} run' lines can be read", token=" ".join(toks[:2]))
-        return _parse_docker(toks[2:], sch)
+        return _parse_docker(toks[2:], sch, program=prog)
     if prog == "vllm":
         if len(toks) < 2 or toks[1] != "serve":
             raise FlagError("", "only 'vllm serve' lines can be read", token=" ".join(toks[:2]))
-        return _parse_serve_args(toks[2:], sch, positional_model=True)
+        return CommandLine(_parse_serve_args(toks[2:], sch, positional_model=True))
     if re.fullmatch(r"python[0-9.]*", prog):
         rest = toks[1:]
         while rest and rest[0].startswith("-") and rest[0] != "-m":
@@ -1209,7 +1406,8 @@ def parse_argv(tokens: Sequence[str], schema: Schema | None = None) -> FlagSet:
                 if not args or args[0] != "serve":
                     raise FlagError("", "only the 'serve' subcommand can be read", token=" ".join(args[:1]))
                 args = args[1:]
-            return _parse_serve_args(args, sch, positional_model=True)
+            return CommandLine(_parse_serve_args(args, sch, positional_model=True), "module",
+                               notes=(_MODULE_NOTES.get(rest[1], _MODULE_NOTE_DEFAULT).format(module=rest[1]),))
         raise FlagError(
             "",
             "expected 'python -m vllm.entrypoints.openai.api_server' (or vllm.entrypoints.api_server)",
@@ -1222,18 +1420,22 @@ def parse_argv(tokens: Sequence[str], schema: Schema | None = None) -> FlagSet:
     )
 
 
-def _parse_docker(toks: list[str], sch: Schema) -> FlagSet:
-    mounts: list[tuple[str, str]] = []
+def _parse_docker(toks: list[str], sch: Schema, *, program: str = "docker") -> CommandLine:
+    options: list[tuple[str, str | None]] = []
+    notes: list[str] = []
     i = 0
     while i < len(toks):
         tok = toks[i]
         if not tok.startswith("-") or tok == "-":
             break
         opt, eq, val = tok.partition("=")
+        value: str | None = val if eq else None
+        if not tok.startswith("--") and len(tok) > 2 and tok[:2] in _DOCKER_VALUE_OPTS:
+            opt, value, eq = tok[:2], tok[2:], "="  # glued short option: -p8000:8000, -eFOO=bar
         if opt in _DOCKER_VALUE_OPTS and not eq:
             if i + 1 >= len(toks):
                 raise FlagError("", f"docker option {opt} needs a value", token=tok)
-            val = toks[i + 1]
+            value = toks[i + 1]
             i += 2
         elif opt.startswith("--") and not eq and opt not in _DOCKER_SWITCHES:
             raise FlagError(
@@ -1241,21 +1443,22 @@ def _parse_docker(toks: list[str], sch: Schema) -> FlagSet:
             )
         else:
             i += 1
-        if opt in ("-v", "--volume"):
-            parts = val.split(":")
-            if len(parts) >= 2:
-                mounts.append((parts[0], parts[1]))
-        elif opt == "--mount":
-            kv = dict(p.partition("=")[::2] for p in val.split(","))
-            src = kv.get("source") or kv.get("src")
-            dst = kv.get("target") or kv.get("destination") or kv.get("dst")
-            if src and dst:
-                mounts.append((src, dst))
+        if opt in ("-e", "--env") and value is not None and "=" in value:
+            var = value.split("=", 1)[0]
+            if _SECRET_ENV.search(var):
+                # Its value would be in every export: keep the name, so docker passes it
+                # from the environment it runs in.
+                notes.append(f"-e {var}=... was read as -e {var}: its value is not kept or exported; "
+                             f"set {var} in the environment that runs docker")
+                value = var
+        options.append((opt, value))
     if i >= len(toks):
         raise FlagError("", "no image found in the docker run line", token=" ".join(toks[-1:]))
     image, args = toks[i], toks[i + 1 :]
+    docker = DockerRun(tuple(options), image, program)
     if args and (args[0] == "vllm" or PurePosixPath(args[0]).name.startswith("python")):
-        fs = parse_argv(args, sch)  # an image run with an explicit command
+        inner = read_argv(args, sch)  # an image run with an explicit command
+        fs, notes = inner.flags, [*notes, *inner.notes]
     elif "vllm" in image:
         fs = _parse_serve_args(args, sch, positional_model=True)
     else:
@@ -1265,15 +1468,20 @@ def _parse_docker(toks: list[str], sch: Schema) -> FlagSet:
     # Map the model path back from the container to the host folder it was mounted from.
     model = fs.model
     if model.startswith("/"):
-        for src, dst in sorted(mounts, key=lambda m: -len(m[1])):
-            if dst.rstrip("/") == _CONTAINER_HF_CACHE:
-                continue  # the HF cache holds downloads, not a model folder passed by path
-            dst_clean = dst.rstrip("/") or "/"
-            if model == dst_clean or model.startswith(dst_clean + "/"):
-                if src.startswith("/") or src.startswith("~"):
-                    model = src.rstrip("/") + model[len(dst_clean) :] if model != dst_clean else src
-                break
-    return FlagSet(model, fs.values, fs.schema)
+        model = docker.host_path(model) or model
+    return CommandLine(FlagSet(model, fs.values, fs.schema), "docker", docker, tuple(notes))
+
+
+# An environment variable whose value must not be kept: tokens, keys, passwords.
+_SECRET_ENV = re.compile(r"TOKEN|KEY|SECRET|PASSW", re.IGNORECASE)
+
+_MODULE_NOTE_DEFAULT = "`python -m {module}` is the server `vllm serve` runs: exports write it as `vllm serve`"
+_MODULE_NOTES = {
+    "vllm.entrypoints.api_server": (
+        "`python -m {module}` is vLLM's legacy demo server (POST /generate only, no OpenAI API); "
+        "vtui runs and exports the OpenAI-compatible `vllm serve` with the same flags instead"
+    ),
+}
 
 
 _DOCKER_SWITCHES = {

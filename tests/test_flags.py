@@ -159,7 +159,7 @@ def test_seed_line_with_lost_line_breaks_says_so() -> None:
         ("vllm serve m --enable-chunked-prefill=true", "enable-chunked-prefill", "takes no value", None),
         ("vllm serve m --max-num-seqs", "max-num-seqs", "needs a value", "--max-num-seqs"),
         ("vllm serve m --max-model-len 1.5K", "max-model-len", "expected an integer", "1.5K"),
-        ("vllm serve m 'unclosed", "", "No closing quotation", None),
+        ("vllm serve m 'unclosed", "", "never closed", "'unclosed"),
         ("ls -l /models", "", "expected a line starting with", "ls"),
         ("vllm bench serve --model m", "", "only 'vllm serve'", "vllm bench"),
         ("docker run --foo x vllm/vllm-openai", "", "unknown docker run option", "--foo"),

@@ -32,15 +32,19 @@ def add_parser(subparsers: Any) -> None:
                         help="k8s: the Secret holding VLLM_API_KEY / HF_TOKEN, referenced by name")
     parser.add_argument("--port", type=int, default=None, help="host port for docker -p (default: the server port)")
     parser.add_argument(
-        "--gpus", default="all", help="docker GPUs: 'all', a count, or device ids like 0,1"
+        "--gpus", default=None,
+        help="docker GPUs: 'all' (the default), a count, or device ids like 0,1; replaces an imported line's"
     )
-    parser.add_argument("--image", default=None, help="docker image (default vllm/vllm-openai:v<installed vLLM>)")
+    parser.add_argument("--image", default=None,
+                        help="docker image (default: an imported docker line's, else vllm/vllm-openai:v<installed vLLM>)")
+    parser.add_argument("--installed-version", action="store_true",
+                        help="tag the image with the installed vLLM's version instead of the imported line's tag")
     parser.add_argument("--no-check", action="store_true", help="export even if validation finds problems")
     parser.set_defaults(func=run, allow_extra=True)
 
 
-def _gpus(text: str) -> str | int | list[int]:
-    if text == "all":
+def _gpus(text: str | None) -> str | int | list[int] | None:
+    if text is None or text == "all":
         return "all"
     parts = [p for p in text.split(",") if p.strip()]
     if not parts or not all(p.strip().isdigit() for p in parts):
@@ -53,7 +57,9 @@ def _gpus(text: str) -> str | int | list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.flags import FlagError, load_schema, parse_argv, parse_command_line, validate
+    import sys
+
+    from engine.flags import CommandLine, FlagError, installed_vllm_version, load_schema, parse_argv, read_command_line, validate
     from tui.cli import UserError
 
     extra = [a for a in getattr(args, "extra", []) if a != "--"]
@@ -64,9 +70,13 @@ def run(args: argparse.Namespace) -> int:
             'e.g. vtui export --line "vllm serve Qwen/Qwen2.5-7B --max-num-seqs 64" --format docker',
         )
     schema = load_schema()
+    read: CommandLine | None = None
     try:
         if args.line:
-            flags = parse_command_line(args.line, schema)
+            read = read_command_line(args.line, schema)
+            flags = read.flags
+            for note in read.notes:
+                print(f"note: {note}", file=sys.stderr)
         elif args.preset:
             flags = _from_preset(args.preset, schema)
         else:
@@ -81,18 +91,26 @@ def run(args: argparse.Namespace) -> int:
             first = problems[0]
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             raise UserError(f"{first}{more}", "fix the flag, or pass --no-check to export anyway")
+    docker = read.docker if read is not None else None
+    version = installed_vllm_version() if args.installed_version else None
+    image = args.image
+    if image is None and docker is not None:
+        image = docker.image_tagged(version)  # k8s and compose keep the imported line's image too
     try:
         if args.format == "docker":
-            print(flags.to_docker_line(host_port=args.port, gpus=_gpus(args.gpus), image=args.image))
+            print(flags.to_docker_line(host_port=args.port, gpus=_gpus(args.gpus), image=args.image, version=version,
+                                       docker=docker))
         elif args.format == "serve":
             print(flags.to_serve_line(multiline=True))
         elif args.format in ("k8s", "compose"):
             from engine import deploy
 
             if args.format == "k8s":
-                print(deploy.kubernetes(flags, name=args.name, image=args.image, secret=args.secret), end="")
+                print(deploy.kubernetes(flags, name=args.name, image=image, version=version, secret=args.secret),
+                      end="")
             else:
-                print(deploy.compose(flags, name=args.name, image=args.image, host_port=args.port), end="")
+                print(deploy.compose(flags, name=args.name, image=image, version=version, host_port=args.port),
+                      end="")
         elif args.format == "json":
             print(json.dumps(flags.to_dict(), indent=2, ensure_ascii=False))
         else:
