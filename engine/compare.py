@@ -56,6 +56,23 @@ def _failure_rate(load: Mapping[str, Any], tel: Mapping[str, Any]) -> float | No
     return 100.0 * failed / (done + failed)
 
 
+def _j_per(load_key: str) -> Callable[[Mapping[str, Any], Mapping[str, Any]], float | None]:
+    """Joules over the window (the telemetry's energy) per ``load[load_key]``."""
+
+    def read(load: Mapping[str, Any], tel: Mapping[str, Any]) -> float | None:
+        e = tel.get("energy")
+        joules = _get(e, "joules") if isinstance(e, Mapping) else None
+        count = _get(load, load_key)
+        return None if joules is None or not count else joules / count
+
+    return read
+
+
+def _power(load: Mapping[str, Any], tel: Mapping[str, Any]) -> float | None:
+    e = tel.get("energy")
+    return _get(e, "mean_power_w") if isinstance(e, Mapping) else None
+
+
 METRICS: tuple[Metric, ...] = (
     *(
         Metric(f"{name}_{p}", f"{name.upper()} {p}", "ms", "lower", _load(f"{'median' if p == 'p50' else p}_{name}_ms"))
@@ -68,6 +85,9 @@ METRICS: tuple[Metric, ...] = (
     Metric("failure_rate", "failure rate", "%", "lower", _failure_rate),
     Metric("peak_gpu_mem", "peak GPU memory", "GiB", "lower", _tel("peak_gpu_mem_bytes", 1 / GIB)),
     Metric("mean_gpu_util", "mean GPU utilization", "%", "higher", _tel("mean_gpu_util_pct")),
+    Metric("j_per_token", "energy per output token", "J/tok", "lower", _j_per("total_output_tokens")),
+    Metric("j_per_request", "energy per request", "J/req", "lower", _j_per("completed")),
+    Metric("mean_power", "mean GPU power", "W", None, _power),
     Metric("peak_kv_usage", "peak KV cache usage", "%", None, _tel("peak_kv_cache_usage", 100.0)),
     Metric("preemptions", "preemptions", "", "lower", _tel("preemptions")),
     Metric("server_peak_rss", "peak server RSS", "GiB", None, _tel("server_peak_rss_bytes", 1 / GIB)),

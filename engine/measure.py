@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from engine.flags import FlagSet
     from engine.telemetry.metrics import ServerSample
     from engine.telemetry.store import SeriesStore
+    from engine.telemetry.summary import EnergySummary
     from loadgen import LoadRun, RunResult
     from loadgen.records import RequestResult
     from loadgen.spec import SLO, ArrivalSpec, WorkloadSpec
@@ -166,6 +167,22 @@ class MeasuredRun:
     @property
     def load(self) -> Mapping[str, Any]:
         return self.summary.get("load") or {}
+
+
+def energy_figures(e: EnergySummary | None, load: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's energy as every screen and file shows it: joules over the window, per
+    output token and per completed request, mean and idle power (see EnergySummary)."""
+    if e is None or e.joules is None:
+        return {"joules": None, "reason": e.reason if e is not None else "no telemetry"}
+    return {
+        "joules": e.joules,
+        "j_per_token": e.per(float(load.get("total_output_tokens") or 0)),
+        "j_per_request": e.per(float(load.get("completed") or 0)),
+        "mean_power_w": e.mean_power_w,
+        "idle_power_w": e.idle_power_w,
+        "estimated": e.estimated,
+        "reason": None,
+    }
 
 
 def _server_sample_dict(sample: Any) -> dict[str, Any]:
@@ -312,8 +329,12 @@ async def measure(
         t_start = float(result.extra.get("t_start") or t0)
         t_end = t_start + float(load.get("duration") or 0.0)
         summary["load"] = load
+        # The GPUs' idle draw: before this run's warm-up (prompt building, a quiet server).
+        warm_start = t_start - float(result.extra.get("warmup_s") or 0.0) - 0.5
         with contextlib.suppress(Exception):  # a run without telemetry still has its load figures
-            summary["telemetry"] = summarize(store, t_start, t_end).to_dict()
+            tsum = summarize(store, t_start, t_end, idle=(min(t0, warm_start) - 10.0, warm_start))
+            summary["telemetry"] = tsum.to_dict()
+            summary["energy"] = energy_figures(tsum.energy, load)
         exact = len(marks) == 2 and not marks[0].stale and not marks[1].stale
         server = server_window(marks[0], marks[1]) if exact else {}
         summary["server"] = server

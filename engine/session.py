@@ -103,6 +103,7 @@ class DeviceView:
     mem_total_gib: float | None
     vllm_mem_gib: float | None  # the vLLM process tree's share (RSS on the CPU backend)
     util_pct: float | None  # GPU utilization, or host CPU percent
+    power_w: float | None = None  # the GPU's draw now (None for the host row)
 
 
 @dataclass(frozen=True)
@@ -1876,6 +1877,7 @@ def _devices_view(snap: Any) -> tuple[tuple[DeviceView, ...], str | None]:
                 mem_total_gib=_gib(g.mem_total_bytes),
                 vllm_mem_gib=_gib(g.server_mem_bytes),
                 util_pct=g.util_gpu_pct,
+                power_w=g.power_w,
             )
         )
     host = snap.host

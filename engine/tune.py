@@ -70,6 +70,23 @@ if TYPE_CHECKING:
     from loadgen.spec import SLO, ArrivalSpec, WorkloadSpec
 
 MODES = ("rate", "concurrency")
+# What the search maximises at each configuration's SLO limit: requests/s meeting the SLO,
+# the same per watt the server's GPUs drew in that step, or output tokens per joule.
+OBJECTIVES = ("goodput", "goodput-per-watt", "tokens-per-joule")
+
+
+def objective_value(m: Measurement | None, objective: str) -> float | None:
+    """The step's figure for ``objective`` (see OBJECTIVES); None without a power reading."""
+    if m is None:
+        return None
+    if objective == "goodput":
+        return m.goodput
+    if not m.mean_power_w or m.mean_power_w <= 0:
+        return None
+    return (m.goodput if objective == "goodput-per-watt" else m.output_throughput) / m.mean_power_w
+
+
+OBJECTIVE_UNITS = {"goodput": "req/s", "goodput-per-watt": "req/s/W", "tokens-per-joule": "tok/J"}
 
 # The seed articles' tuning flags over the values they use (issue 7).
 DEFAULT_SPACE: tuple[tuple[str, tuple[Any, ...]], ...] = (
@@ -260,6 +277,8 @@ class Measurement:
     fatal: str = ""
     e2el_min_ms: float | None = None
     """Fastest request of the step: a lower bound on the time a request holds a sequence slot."""
+    mean_power_w: float | None = None
+    """The server's GPUs' mean draw over the step (NVML), for the energy objectives."""
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -379,10 +398,16 @@ class TuneSettings:
     """A config whose goodput is within this fraction of the best (or above it) has its
     limit measured a second time before it becomes the best; the lower goodput counts."""
     step: StepRule = StepRule()
+    objective: str = "goodput"
+    """What the best maximises (OBJECTIVES). The energy ones measure every config fully: a
+    config with a lower limit can still draw less per request, so no step at the best's
+    limit and no Little's-law bound drops it early."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise TuneError("mode", f"must be one of {', '.join(MODES)}")
+        if self.objective not in OBJECTIVES:
+            raise TuneError("objective", f"must be one of {', '.join(OBJECTIVES)}")
         if not self.budget_s > 0:
             raise TuneError("budget", "must be > 0")
         if not 0 < self.tolerance < 1:
@@ -478,10 +503,16 @@ class TuneResult:
     starts: int
     steps: int
     state_path: Path | None
+    objective: str = "goodput"
+
+    def score(self, c: ConfigResult) -> float | None:
+        """``c``'s figure for this search's objective at its limit."""
+        return None if c.goodput is None else objective_value(c.at, self.objective)
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "id": self.id, "status": self.status, "mode": self.mode,
+            "id": self.id, "status": self.status, "mode": self.mode, "objective": self.objective,
+            "best_score": self.score(self.best) if self.best else None,
             "best": self.best.to_dict() if self.best else None,
             "best_flags": self.best_flags.to_dict() if self.best_flags else None,
             "best_serve_line": self.best_flags.to_serve_line() if self.best_flags else None,
@@ -888,7 +919,7 @@ class Tuner:
         (batching only slows each request). 0.8 of that E2EL leaves room for the client's
         share of it and for prefix-cache hits faster than anything seen.
         """
-        if best is None or not self.settings.prune or not best.goodput:
+        if best is None or not self.settings.prune or not best.goodput or self.settings.objective != "goodput":
             return ""
         seqs = values.get("max-num-seqs", self.base.get("max-num-seqs"))
         fastest = [m.e2el_min_ms for ms in self.state.measurements.values() for m in ms if m.e2el_min_ms]
@@ -919,19 +950,27 @@ class Tuner:
             flags = flags.set(name, value)
         return flags
 
+    def score(self, c: ConfigResult) -> float | None:
+        """``c``'s figure for the search's objective at its limit (None: not measured there)."""
+        return None if c.goodput is None else objective_value(c.at, self.settings.objective)
+
     def best(self, exclude: str | None = None) -> ConfigResult | None:
-        """The configuration with the highest goodput at its limit (ties: higher limit)."""
+        """The configuration with the highest objective at its limit (ties: higher limit)."""
         done = [c for c in self.state.configs.values()
-                if c.goodput is not None and c.limit_load is not None and c.key != exclude]
+                if self.score(c) is not None and c.limit_load is not None and c.key != exclude]
         if not done:
             return None
-        return max(done, key=lambda c: (c.goodput or 0.0, c.limit_load or 0.0, -c.order))
+        return max(done, key=lambda c: (self.score(c) or 0.0, c.limit_load or 0.0, -c.order))
 
     def _report(self, c: ConfigResult) -> None:
         unit = "req/s" if self.settings.mode == "rate" else "concurrent"
         if c.status in (DONE, CUT_SHORT) and c.limit_load is not None:
             lim = "any load" if math.isinf(c.limit_load) else f"{c.limit_load:.3g} {unit}"
-            self.say(f"{c.key}: limit {lim}, goodput {c.goodput or 0:.3g} req/s ({c.steps} steps)"
+            obj = self.settings.objective
+            extra = "" if obj == "goodput" else (
+                f", {obj} {self.score(c):.3g} {OBJECTIVE_UNITS[obj]}" if self.score(c) is not None
+                else f", {obj} n/a (no power reading)")
+            self.say(f"{c.key}: limit {lim}, goodput {c.goodput or 0:.3g} req/s{extra} ({c.steps} steps)"
                      + (" [cut short]" if c.status == CUT_SHORT else "")
                      + (" [limit measured twice]" if c.confirmed else ""))
         else:
@@ -993,8 +1032,9 @@ class Tuner:
 
         try:
             result = await self._bracket(probe, finish, best, key)
-            if (s.confirm and result.status == DONE and result.goodput is not None and result.at is not None
-                    and (best is None or result.goodput >= (1 - s.confirm_margin) * (best.goodput or 0.0))):
+            if (s.confirm and result.status == DONE and self.score(result) is not None and result.at is not None
+                    and (best is None
+                         or (self.score(result) or 0.0) >= (1 - s.confirm_margin) * (self.score(best) or 0.0))):
                 result = await self._confirm(probe, result, ms, key)
             return result
         except _ConfigBudget:
@@ -1018,7 +1058,7 @@ class Tuner:
         if m.fatal:
             raise _Fatal(m.fatal)
         if m.ok:
-            worse = m if m.goodput < at.goodput else at
+            worse = m if self._value(m) < self._value(at) else at
             limit = min(result.limit_load, m.request_throughput) if math.isinf(at.load) else result.limit_load
             return dataclasses.replace(result, goodput=worse.goodput, at=worse, limit_load=limit,
                                        confirmed=True, steps=len(ms))
@@ -1039,10 +1079,14 @@ class Tuner:
             return self._unstable(result, ms, f"limit {base:.3g} missed when measured again ({first_miss}),"
                                               f" and {load:.3g} too ({m2.reason})")
         before = [x for x in ms if x.ok and x.load == load and x is not m2]
-        worse = min([m2, *before], key=lambda x: x.goodput)
+        worse = min([m2, *before], key=self._value)
         return dataclasses.replace(
             result, limit_load=load, goodput=worse.goodput, at=worse, confirmed=True, steps=len(ms),
             reason=f"limit {base:.3g} missed when measured again ({first_miss}); {load:.3g} held")
+
+    def _value(self, m: Measurement) -> float:
+        """A step's objective figure, 0 without one (the lower of two steps counts)."""
+        return objective_value(m, self.settings.objective) or 0.0
 
     @staticmethod
     def _unstable(result: ConfigResult, ms: list[Measurement], reason: str) -> ConfigResult:
@@ -1071,7 +1115,7 @@ class Tuner:
             return m
 
         # 1. Can it beat the best so far? One step at the best's limit load says.
-        if best is not None and s.prune and best.limit_load is not None:
+        if best is not None and s.prune and s.objective == "goodput" and best.limit_load is not None:
             # A miss there is checked once more unless requests failed or the server died:
             # one slow burst on a shared box must not drop a config that could win.
             m = await step(best.limit_load)
@@ -1153,7 +1197,7 @@ class Tuner:
             id=st.id, status=st.status, mode=self.settings.mode, best=best, best_flags=best_flags,
             configs=tuple(configs), pareto=tuple(pareto_points(st.measurements, gpus)),
             elapsed_s=st.elapsed_s, budget_s=self.settings.budget_s, starts=st.starts, steps=st.steps,
-            state_path=self.state_file,
+            state_path=self.state_file, objective=self.settings.objective,
         )
 
 
@@ -1171,14 +1215,23 @@ class _Fatal(Exception):
 def format_table(result: TuneResult) -> str:
     """Every configuration tried, best first among the measured, as plain text."""
     unit = "req/s" if result.mode == "rate" else "conc"
-    head = ("", "configuration", "status", f"limit {unit}", "goodput req/s", "steps", "reason")
+    energy = result.objective != "goodput"
+    head: tuple[str, ...] = ("", "configuration", "status", f"limit {unit}", "goodput req/s", "steps", "reason")
+    if energy:
+        head = (*head[:5], "GPU W", f"{result.objective} {OBJECTIVE_UNITS[result.objective]}", *head[5:])
     rows = [head]
     best_key = result.best.key if result.best else None
     for c in result.configs:
         lim = "" if c.limit_load is None else ("any" if math.isinf(c.limit_load) else f"{c.limit_load:.3g}")
         status = c.status + (" (checked)" if c.confirmed else "")
-        rows.append(("*" if c.key == best_key else "", c.key, status, lim,
-                     "" if c.goodput is None else f"{c.goodput:.3g}", str(c.steps), c.reason[:90]))
+        row: tuple[str, ...] = ("*" if c.key == best_key else "", c.key, status, lim,
+                                "" if c.goodput is None else f"{c.goodput:.3g}", str(c.steps), c.reason[:90])
+        if energy:
+            watts = c.at.mean_power_w if c.at is not None else None
+            score = result.score(c)
+            row = (*row[:5], "" if watts is None else f"{watts:.0f}", "" if score is None else f"{score:.3g}",
+                   *row[5:])
+        rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -1360,6 +1413,7 @@ class ServerMeasurer:
             ttft_ms=s.get(f"p{word}_ttft_ms"), tpot_ms=s.get(f"p{word}_tpot_ms"), e2el_ms=s.get(f"p{word}_e2el_ms"),
             tokens_per_user=per_user, duration_s=dur, stopped_early=bool(stop.reason), fatal=fatal,
             e2el_min_ms=fastest[0] * 1000 if fastest else None,
+            mean_power_w=(run.summary.get("energy") or {}).get("mean_power_w") if run is not None else None,
         )
 
     async def close(self) -> None:

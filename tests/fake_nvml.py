@@ -181,6 +181,16 @@ class FakeNvml:
         self._check("nvmlDeviceGetPowerUsage", handle)
         return int(self.row.power_w * 1000)  # milliwatts, as NVML
 
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: int) -> int:  # noqa: N802
+        """Millijoules since the driver loaded: the capture's power integrated over its rows
+        (rows are ``t`` seconds apart), from an arbitrary non-zero start like a real counter."""
+        self._check("nvmlDeviceGetTotalEnergyConsumption", handle)
+        rows = self.rows
+        total = 123_456_789.0
+        for a, b in zip(rows[: self.cursor], rows[1 : self.cursor + 1], strict=True):
+            total += (a.power_w + b.power_w) / 2 * max(0.0, b.t - a.t) * 1000
+        return int(total)
+
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: int) -> int:  # noqa: N802
         self._check("nvmlDeviceGetEnforcedPowerLimit", handle)
         return 700_000  # an H200 SXM's 700 W

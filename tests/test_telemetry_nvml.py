@@ -21,7 +21,9 @@ def test_replays_captured_h200_row() -> None:
         available=True, reason=None, mem_used_bytes=131229 * MIB, mem_total_bytes=143771 * MIB,
         util_gpu_pct=23.0, util_mem_pct=20.0, power_w=134.0, power_limit_w=700.0, temp_c=40.0,
         sm_clock_mhz=1980.0, server_mem_bytes=(131229 - 615) * MIB, other_mem_bytes=0, nprocs=1,
+        energy_mj=float(fake.nvmlDeviceGetTotalEnergyConsumption(0)),
     )
+    assert g.energy_mj is not None and g.energy_mj > 123_456_789  # the counter, in millijoules
 
 
 def test_memory_attributed_to_server_tree_vs_others() -> None:
@@ -95,7 +97,7 @@ def test_not_supported_field_is_none_and_not_retried() -> None:
     assert g.mem_used_bytes == 615 * MIB and g.power_limit_w == 700.0
     calls = fake.calls
     reader.sample()
-    assert fake.calls - calls == 5  # seven reads, minus the two known unsupported
+    assert fake.calls - calls == 6  # eight reads, minus the two known unsupported
 
 
 def test_gpu_lost_mid_run_reads_not_available_and_others_continue() -> None:

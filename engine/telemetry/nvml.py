@@ -60,6 +60,7 @@ class GpuSample:
     server_mem_bytes: int | None = None  # held by the given process tree (the vLLM server)
     other_mem_bytes: int | None = None  # held by every other compute process
     nprocs: int | None = None  # compute processes on the device
+    energy_mj: float | None = None  # NVML's total energy counter (millijoules since the driver loaded)
 
 
 def _text(value: object) -> str:
@@ -260,6 +261,7 @@ class NvmlReader:
         temp = self._dev(index, handle, "nvmlDeviceGetTemperature", _NVML_TEMPERATURE_GPU)
         clock = self._dev(index, handle, "nvmlDeviceGetClockInfo", _NVML_CLOCK_SM)
         procs = self._dev(index, handle, "nvmlDeviceGetComputeRunningProcesses")
+        energy = self._dev(index, handle, "nvmlDeviceGetTotalEnergyConsumption")  # Volta and later
         if index in self._lost:
             return GpuSample(t, index, uuid, name, False, f"GPU lost: {self._lost[index]}")
         server_mem = other_mem = None
@@ -293,6 +295,7 @@ class NvmlReader:
             server_mem_bytes=server_mem,
             other_mem_bytes=other_mem,
             nprocs=nprocs,
+            energy_mj=None if energy is None else float(energy),
         )
 
 

@@ -33,7 +33,7 @@ DEFAULT_CAPACITY = 7200  # one hour at 2 Hz
 
 GPU_FIELDS = (
     "available", "mem_used_bytes", "mem_total_bytes", "util_gpu_pct", "util_mem_pct", "power_w",
-    "power_limit_w", "temp_c", "sm_clock_mhz", "server_mem_bytes", "other_mem_bytes",
+    "power_limit_w", "temp_c", "sm_clock_mhz", "server_mem_bytes", "other_mem_bytes", "energy_mj",
 )
 HOST_FIELDS = (
     "cpu_percent", "mem_used_bytes", "mem_total_bytes", "proc_alive", "proc_rss_bytes", "proc_cpu_percent",

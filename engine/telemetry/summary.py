@@ -53,6 +53,71 @@ class GpuSummary:
 
 
 @dataclass(frozen=True)
+class EnergySummary:
+    """What the server's GPUs drew over a run's window, summed over devices.
+
+    From NVML's energy counter where every device has one (exact: every joule between the
+    window's first and last sample); otherwise from the power samples (``estimated``: what
+    the 1 Hz readings miss between them is not counted). ``idle_power_w`` is the mean power
+    before the load started (warm-up excluded), the baseline the run's draw compares with.
+    """
+
+    joules: float | None
+    mean_power_w: float | None
+    idle_power_w: float | None
+    seconds: float
+    estimated: bool
+    reason: str | None = None  # why there is no figure
+
+    def per(self, count: float | None) -> float | None:
+        """Joules per unit (per output token, per request)."""
+        return None if self.joules is None or not count else self.joules / count
+
+
+def _rate(t: F64, v: F64) -> float | None:
+    """Mean rate of a cumulative counter over its samples (its unit per second)."""
+    ok = ~np.isnan(v)
+    t, v = t[ok], v[ok]
+    if len(v) < 2 or t[-1] <= t[0]:
+        return None
+    inc = counter_increase(v)
+    return None if inc is None else inc / float(t[-1] - t[0])
+
+
+def energy(store: SeriesStore, t0: float, t1: float, idle: tuple[float, float] | None = None) -> EnergySummary:
+    """The GPUs' energy over [t0, t1] (see EnergySummary); ``idle``: the span for the baseline."""
+    seconds = max(0.0, t1 - t0)
+    indices = store.gpu_indices()
+    if not indices:
+        why = store.gpu_unavailable.reason if store.gpu_unavailable is not None else "no GPU samples"
+        return EnergySummary(None, None, None, seconds, False, why)
+    # The server's GPUs only: those where its processes hold memory. Where NVML does not
+    # say (some containers hide the pids), every sampled GPU counts.
+    own = [i for i in indices if (_max(store.series(f"gpu{i}.server_mem_bytes", t0, t1)[1]) or 0) > 0]
+    indices = own or indices
+    watts: list[float] = []
+    estimated = False
+    for idx in indices:
+        t, e = store.series(f"gpu{idx}.energy_mj", t0, t1)
+        rate = _rate(t, e)
+        if rate is not None:
+            watts.append(rate / 1000.0)
+            continue
+        p = _mean(store.series(f"gpu{idx}.power_w", t0, t1)[1])
+        if p is None:
+            return EnergySummary(None, None, None, seconds, False,
+                                 f"GPU {idx} reported neither an energy counter nor power in the window")
+        watts.append(p)
+        estimated = True
+    idle_w: float | None = None
+    if idle is not None and idle[1] > idle[0]:
+        means = [_mean(store.series(f"gpu{idx}.power_w", idle[0], idle[1])[1]) for idx in indices]
+        idle_w = float(sum(m for m in means if m is not None)) if all(m is not None for m in means) else None
+    power = float(sum(watts))
+    return EnergySummary(power * seconds, power, idle_w, seconds, estimated)
+
+
+@dataclass(frozen=True)
 class TelemetrySummary:
     """What the GPU(s), host and server did over one run; ``to_dict()`` for JSON results."""
 
@@ -78,6 +143,7 @@ class TelemetrySummary:
     server_e2e: Quantiles | None
     stale_scrapes: int
     cache_config: dict[str, str]
+    energy: EnergySummary | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict; latency percentiles in milliseconds."""
@@ -89,8 +155,10 @@ class TelemetrySummary:
         return out
 
 
-def summarize(store: SeriesStore, t0: float | None = None, t1: float | None = None) -> TelemetrySummary:
-    """Summarise [t0, t1] (the whole store when omitted)."""
+def summarize(store: SeriesStore, t0: float | None = None, t1: float | None = None, *,
+              idle: tuple[float, float] | None = None) -> TelemetrySummary:
+    """Summarise [t0, t1] (the whole store when omitted); ``idle``: the span before the load
+    whose mean GPU power is the energy's baseline."""
     gpus: list[GpuSummary] = []
     for idx in store.gpu_indices():
         def s(f: str, idx: int = idx) -> F64:
@@ -144,7 +212,8 @@ def summarize(store: SeriesStore, t0: float | None = None, t1: float | None = No
         server_e2e=latency("e2e"),
         stale_scrapes=int(np.nansum(stale)) if len(stale) else 0,
         cache_config=dict(store.cache_config),
+        energy=energy(store, t0, t1, idle) if t0 is not None and t1 is not None else None,
     )
 
 
-__all__ = ["GpuSummary", "TelemetrySummary", "counter_increase", "summarize"]
+__all__ = ["EnergySummary", "GpuSummary", "TelemetrySummary", "counter_increase", "energy", "summarize"]

@@ -216,13 +216,16 @@ async def _bench(args: argparse.Namespace, workload: Any, arrivals: Any, slo: An
     if run.result is None:  # refused before any load was sent
         raise UserError(run.error or "the run failed", run.hint or "check --url/--dataset")
     out = run.result.to_json()
-    out.update({k: run.summary[k] for k in ("server", "cross_check", "stream", "slo_verdict") if k in run.summary})
+    out.update({k: run.summary[k] for k in ("server", "cross_check", "stream", "slo_verdict", "energy")
+                if k in run.summary})
     out["telemetry"] = {"summary": run.summary.get("telemetry") or {},
                         "series": run.store.to_dict(run.started, run.ended) if run.store is not None else {}}
     out["status"] = run.status.value
     check = CrossCheck.from_dict(run.summary.get("cross_check") or {})
     print_table(out)
     print(telemetry_line(run.summary.get("telemetry") or {}))
+    if (run.summary.get("telemetry") or {}).get("gpus"):
+        print(energy_line(run.summary.get("energy") or {}))
     print(cross_check_line(check))
     for warning in check.warnings:
         print(f"WARNING: {warning}")
@@ -300,6 +303,21 @@ def telemetry_line(d: dict[str, Any]) -> str:
     kv_text = "n/a" if kv is None else f"{kv * 100:.1f}%"
     return (f"telemetry: {dev}; KV cache peak {kv_text}, running peak {d.get('peak_running')}, "
             f"waiting peak {d.get('peak_waiting')}, preemptions {d.get('preemptions')}")
+
+
+def energy_line(e: dict[str, Any]) -> str:
+    """One line of what the server's GPUs drew over the window (measure.energy_figures)."""
+    if e.get("joules") is None:
+        return f"energy: n/a ({e.get('reason') or 'no reading'})"
+
+    def num(v: Any, fmt: str) -> str:
+        return "n/a" if v is None else fmt.format(v)
+
+    idle = e.get("idle_power_w")
+    return (f"energy{' (estimated from power samples)' if e.get('estimated') else ''}: "
+            f"{num(e.get('j_per_token'), '{:.3f}')} J/output token, {num(e.get('j_per_request'), '{:.1f}')} J/request, "
+            f"{e['joules']:.0f} J over the window at {num(e.get('mean_power_w'), '{:.0f}')} W"
+            f" (idle {num(idle, '{:.0f}')} W)")
 
 
 def _err(text: str) -> None:

@@ -55,6 +55,8 @@ def add_parser(subparsers: Any) -> None:
                              "of those changes alone lost to it (default: skipped, which is exact when the flags "
                              "act separately)")
     parser.add_argument("--no-prune", action="store_true", help="measure every configuration fully")
+    parser.add_argument("--objective", choices=("goodput", "goodput-per-watt", "tokens-per-joule"), default="goodput",
+                        help="what the best maximises at its SLO limit (the energy ones need NVML's GPU readings)")
     parser.add_argument("--start-timeout", type=float, default=600.0, help="seconds to wait for vLLM to start")
     parser.add_argument("--step-timeout", type=float, default=300.0, help="seconds one step may take")
     parser.add_argument("--resume", metavar="ID", help="carry on a saved search (see --list)")
@@ -137,10 +139,17 @@ def run(args: argparse.Namespace) -> int:
         settings = TuneSettings(
             mode=args.mode, budget_s=args.budget_min * 60, tolerance=args.tolerance, start_load=args.start_load,
             start_timeout_s=args.start_timeout, step_timeout_s=args.step_timeout, prune=not args.no_prune,
-            exhaustive=args.exhaustive,
+            exhaustive=args.exhaustive, objective=args.objective,
             step=step)
     except TuneError as exc:
         raise UserError(str(exc), "see `vtui tune --help`") from None
+    if settings.objective != "goodput":
+        from engine.telemetry.nvml import NvmlReader
+
+        missing = NvmlReader().status()
+        if missing is not None:
+            raise UserError(f"--objective {settings.objective} needs the GPUs' power from NVML: {missing.reason}",
+                            "use --objective goodput on this box")
 
     arrivals: ArrivalSpec | None = None
     if args.resume:

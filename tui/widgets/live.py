@@ -88,8 +88,9 @@ class LivePanel(VerticalScroll):
             mem = f"{_f(d.mem_used_gib)}/{_f(d.mem_total_gib)} GiB"
             vllm = f" (vLLM {_f(d.vllm_mem_gib, '{:.2f}')} GiB)" if d.vllm_mem_gib is not None else ""
             util = f"  {'CPU' if d.name.startswith('host') else 'util'} {_f(d.util_pct, '{:.0f}')}%"
+            watts = f"  {d.power_w:.0f} W" if d.power_w is not None else ""
             text.append(f"{d.name:<12}", style="bold")
-            text.append(f" mem {mem}{vllm}{util}\n")
+            text.append(f" mem {mem}{vllm}{util}{watts}\n")
         text.rstrip()
         return text
 
