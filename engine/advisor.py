@@ -1234,6 +1234,42 @@ def rule_tail_headroom(run: RunData) -> list[Finding]:
         ev, expect=(Expectation(f"{metric}_p99_over_mean", "down", 0.1),))]
 
 
+def rule_launch_bound(run: RunData) -> list[Finding]:
+    """Decode far slower than the GPU's memory allows at a small batch (engine.speedoflight):
+    the step waits on kernel launches or scheduling, not on memory."""
+    sol = run.telemetry.get("speed_of_light")
+    if not isinstance(sol, Mapping) or not sol.get("launch_bound") or _completed(run) < 10:
+        return []
+    step, floor, mbu, batch = (_f(sol.get(k)) for k in ("step_ms", "floor_ms", "mbu", "batch"))
+    if step is None or floor is None or mbu is None or batch is None:
+        return []
+    ev = {"step_ms": step, "floor_ms": floor, "mbu": mbu, "batch": batch, "gpu": sol.get("gpu")}
+    symptom = (f"decode step {step:.1f} ms against a floor of {floor:.1f} ms on {sol.get('gpu')} "
+               f"(MBU {mbu * 100:.0f}%) at a mean batch of {batch:.1f}")
+    if run.flag("enforce-eager"):
+        return [Finding(
+            "launch_bound", "medium", symptom,
+            "--enforce-eager runs every layer's kernels one launch at a time: at a small batch the launches, "
+            "not the memory reads, set the step time",
+            (Change("enforce-eager", True, False),),
+            "CUDA graphs replay the step's kernels at once: the decode step comes closer to the floor",
+            "a longer start (graph capture) and some GPU memory for the graphs",
+            ev, expect=(Expectation("tpot_p50", "down", 0.1),))]
+    arr = run.workload.get("arrivals") if isinstance(run.workload.get("arrivals"), Mapping) else {}
+    assert isinstance(arr, Mapping)
+    if arr.get("mode", "closed") != "closed" or not arr.get("concurrency"):
+        return []
+    old = int(arr["concurrency"])
+    return [Finding(
+        "launch_bound", "low", symptom,
+        "at this batch a step's fixed cost (launches, scheduling, sampling) dominates: the GPU reads the weights "
+        "in a fraction of the step",
+        (Change("concurrency", old, old * 4, scope="load"),),
+        "more sequences per step cost little extra time: output tokens/s rises almost in proportion",
+        "each user's stream slows a little as the batch grows",
+        ev, expect=(Expectation("output_throughput", "up", 0.3),))]
+
+
 RULES = (
     rule_startup_failure,
     rule_kv_saturation,
@@ -1244,6 +1280,7 @@ RULES = (
     rule_headroom_wasted,
     rule_tp_oversized,
     rule_tail_headroom,
+    rule_launch_bound,
 )
 
 

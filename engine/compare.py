@@ -68,6 +68,16 @@ def _j_per(load_key: str) -> Callable[[Mapping[str, Any], Mapping[str, Any]], fl
     return read
 
 
+def _sol(key: str, scale: float = 1.0) -> Callable[[Mapping[str, Any], Mapping[str, Any]], float | None]:
+    """A figure of the run's speed of light (engine.speedoflight), kept in its telemetry."""
+
+    def read(load: Mapping[str, Any], tel: Mapping[str, Any]) -> float | None:
+        sol = tel.get("speed_of_light")
+        return _get(sol, key, scale) if isinstance(sol, Mapping) else None
+
+    return read
+
+
 def _power(load: Mapping[str, Any], tel: Mapping[str, Any]) -> float | None:
     e = tel.get("energy")
     return _get(e, "mean_power_w") if isinstance(e, Mapping) else None
@@ -88,6 +98,9 @@ METRICS: tuple[Metric, ...] = (
     Metric("j_per_token", "energy per output token", "J/tok", "lower", _j_per("total_output_tokens")),
     Metric("j_per_request", "energy per request", "J/req", "lower", _j_per("completed")),
     Metric("mean_power", "mean GPU power", "W", None, _power),
+    Metric("decode_floor", "decode step floor", "ms", None, _sol("floor_ms")),
+    Metric("mbu", "decode MBU", "%", "higher", _sol("mbu", 100.0)),
+    Metric("prefill_mfu", "prefill MFU (lower bound)", "%", "higher", _sol("prefill_mfu", 100.0)),
     Metric("peak_kv_usage", "peak KV cache usage", "%", None, _tel("peak_kv_cache_usage", 100.0)),
     Metric("preemptions", "preemptions", "", "lower", _tel("preemptions")),
     Metric("server_peak_rss", "peak server RSS", "GiB", None, _tel("server_peak_rss_bytes", 1 / GIB)),

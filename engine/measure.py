@@ -103,6 +103,8 @@ class RunPlan:
     check_max_len: bool = True
     percentiles: tuple[float, ...] | None = None
     meta: Mapping[str, Any] = field(default_factory=dict)  # extra workload facts to store (scaled, ...)
+    peak_bw_tbs: float | None = None  # a GPU's peaks where engine.speedoflight's table lacks it
+    peak_tflops: float | None = None
 
 
 class RunHandle:
@@ -167,6 +169,19 @@ class MeasuredRun:
     @property
     def load(self) -> Mapping[str, Any]:
         return self.summary.get("load") or {}
+
+
+def speed_of_light(target: Target, plan: RunPlan, telemetry: Mapping[str, Any],
+                   load: Mapping[str, Any]) -> dict[str, Any]:
+    """The run against its GPU's limits (engine.speedoflight), or ``{"reason": ...}``."""
+    from engine.speedoflight import for_run
+
+    gpus = telemetry.get("gpus") or []
+    name = next((g.get("name") for g in gpus if g.get("name")), None)
+    sol = for_run(target.model_label or target.model, target.flags, name, load,
+                  mean_running=telemetry.get("mean_running"), peak_bw_tbs=plan.peak_bw_tbs,
+                  peak_tflops=plan.peak_tflops)
+    return {"reason": sol} if isinstance(sol, str) else {**sol.to_dict(), "line": sol.line(), "reason": None}
 
 
 def energy_figures(e: EnergySummary | None, load: Mapping[str, Any]) -> dict[str, Any]:
@@ -335,6 +350,9 @@ async def measure(
             tsum = summarize(store, t_start, t_end, idle=(min(t0, warm_start) - 10.0, warm_start))
             summary["telemetry"] = tsum.to_dict()
             summary["energy"] = energy_figures(tsum.energy, load)
+        if "telemetry" in summary:
+            with contextlib.suppress(Exception):  # derived figures: never the run's undoing
+                summary["telemetry"]["speed_of_light"] = speed_of_light(target, plan, summary["telemetry"], load)
         exact = len(marks) == 2 and not marks[0].stale and not marks[1].stale
         server = server_window(marks[0], marks[1]) if exact else {}
         summary["server"] = server

@@ -133,6 +133,7 @@ class TelemetrySummary:
     server_mean_cpu_pct: float | None
     peak_kv_cache_usage: float | None  # 0..1
     peak_running: float | None
+    mean_running: float | None
     peak_waiting: float | None
     preemptions: float | None
     prefix_hit_rate: float | None  # 0..1 over the run
@@ -202,6 +203,7 @@ def summarize(store: SeriesStore, t0: float | None = None, t1: float | None = No
         server_mean_cpu_pct=_mean(h("proc_cpu_percent")),
         peak_kv_cache_usage=_max(sv("kv_cache_usage")),
         peak_running=_max(sv("running")),
+        mean_running=_mean(sv("running")),
         peak_waiting=_max(sv("waiting")),
         preemptions=counter_increase(sv("preemptions_total")),
         prefix_hit_rate=hit_rate,

@@ -77,6 +77,10 @@ def add_parser(subparsers: Any) -> None:
     s.add_argument("--slo-tpot-ms", type=float)
     s.add_argument("--slo-e2el-ms", type=float)
     s.add_argument("--result-file", help="write the result JSON (vllm bench serve keys + ours)")
+    s.add_argument("--peak-bw-tbs", type=float, metavar="TB/S",
+                   help="the GPU's memory bandwidth, for the speed of light where vtui's table lacks the GPU")
+    s.add_argument("--peak-tflops", type=float, metavar="TFLOPS",
+                   help="the GPU's dense bf16 TFLOPS (with --peak-bw-tbs)")
     s.add_argument("--requests-file", help="write one JSON line per request")
     s.add_argument("--quiet", "-q", action="store_true", help="no live progress line")
     s.add_argument("--no-history", action="store_true",
@@ -154,6 +158,10 @@ def build_specs(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
 def run(args: argparse.Namespace) -> int:
     workload, arrivals, slo = build_specs(args)
+    peaks = (args.peak_bw_tbs, args.peak_tflops)
+    if (peaks[0] is None) != (peaks[1] is None) or any(p is not None and not p > 0 for p in peaks):
+        raise UserError("--peak-bw-tbs and --peak-tflops go together, both > 0",
+                        "e.g. --peak-bw-tbs 4.8 --peak-tflops 989 (an H200)")
     if workload.kind in ("sharegpt", "jsonl", "trace"):
         path = Path(workload.dataset).expanduser()
         if not path.is_file():
@@ -198,7 +206,8 @@ async def _bench(args: argparse.Namespace, workload: Any, arrivals: Any, slo: An
     conc = arrivals.concurrency if arrivals.mode == "closed" else f"rate {arrivals.rate:g}"
     plan = RunPlan(args.name or f"bench c={conc} {workload.input_len}/{workload.output_len}", workload, arrivals,
                    slo, preset=args.preset, tags=("bench",), read_timeout_s=args.timeout,
-                   requests_file=args.requests_file, transport=args.transport)
+                   requests_file=args.requests_file, transport=args.transport,
+                   peak_bw_tbs=args.peak_bw_tbs, peak_tflops=args.peak_tflops)
     history = None if args.no_history else open_history(lambda text: _err(f"vtui: {text}"))
     progress = _Progress(args.quiet)
     handle = RunHandle()
@@ -226,6 +235,8 @@ async def _bench(args: argparse.Namespace, workload: Any, arrivals: Any, slo: An
     print(telemetry_line(run.summary.get("telemetry") or {}))
     if (run.summary.get("telemetry") or {}).get("gpus"):
         print(energy_line(run.summary.get("energy") or {}))
+        sol = (run.summary.get("telemetry") or {}).get("speed_of_light") or {}
+        print(f"speed of light: {sol.get('line') or sol.get('reason') or 'n/a'}")
     print(cross_check_line(check))
     for warning in check.warnings:
         print(f"WARNING: {warning}")
