@@ -935,15 +935,7 @@ class FlagSet:
         else:
             hf_mount = f"{hf_cache}:{_CONTAINER_HF_CACHE}"
         chunks.append(["-v", hf_mount])
-        model = self.model
-        local = _local_dir(model)
-        if local is not None:
-            host = str(local.resolve())
-            if ":" in host or "," in host:
-                raise FlagError("model", f"folder {host!r} contains ':' or ',', which docker -v cannot mount")
-            inside = str(_CONTAINER_MODELS / (local.resolve().name or "model"))
-            chunks.append(["-v", f"{host}:{inside}:ro"])
-            model = inside
+        model = self._docker_model(chunks, None)
         env_names = list(dict.fromkeys([*env, *(SECRET_FLAGS[k] for k in SECRET_FLAGS if k in self.values)]))
         for var in env_names:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", var):
@@ -955,6 +947,21 @@ class FlagSet:
         # Secrets travel as -e VAR: vLLM reads VLLM_API_KEY, huggingface_hub HF_TOKEN.
         chunks += self._chunks(secrets="omit", skip=("host",))
         return _join_line(chunks, multiline=multiline)
+
+    def _docker_model(self, chunks: list[list[str]], docker: DockerRun | None) -> str:
+        """The model as the container sees it: a local folder is mounted read-only under
+        /models (appended to ``chunks``) unless ``docker``'s own mounts already hold it."""
+        local = _local_dir(self.model)
+        if local is None:
+            return self.model
+        host = str(local.resolve())
+        inside = docker.container_path(host) if docker is not None else None
+        if inside is None:
+            if ":" in host or "," in host:
+                raise FlagError("model", f"folder {host!r} contains ':' or ',', which docker -v cannot mount")
+            inside = str(_CONTAINER_MODELS / (local.resolve().name or "model"))
+            chunks.append(["-v", f"{host}:{inside}:ro"])
+        return inside
 
     def _docker_line_from(self, docker: DockerRun, *, host_port: int | None, gpus: str | int | Sequence[int] | None,
                           image: str | None, version: str | None, multiline: bool) -> str:
@@ -979,17 +986,7 @@ class FlagSet:
             chunks.append(["--gpus", _gpus_arg(gpus)])
         if host_port is not None and not docker.publishes():
             chunks.append(["-p", f"{host_port}:{port}"])
-        model = self.model
-        local = _local_dir(model)
-        if local is not None:
-            inside = docker.container_path(str(local.resolve()))
-            if inside is None:
-                host = str(local.resolve())
-                if ":" in host or "," in host:
-                    raise FlagError("model", f"folder {host!r} contains ':' or ',', which docker -v cannot mount")
-                inside = str(_CONTAINER_MODELS / (local.resolve().name or "model"))
-                chunks.append(["-v", f"{host}:{inside}:ro"])
-            model = inside
+        model = self._docker_model(chunks, docker)
         for var in (SECRET_FLAGS[k] for k in SECRET_FLAGS if k in self.values):
             if var not in docker.env_names():
                 chunks.append(["-e", var])
