@@ -83,9 +83,11 @@ def cross_check(load: Mapping[str, Any], telemetry: Mapping[str, Any], *,
     hit = _num(telemetry.get("prefix_hit_rate"))
     warnings: list[str] = []
     if _differ(c_ttft, s_ttft):
-        warnings.append(f"mean TTFT {c_ttft:.1f} ms here, {s_ttft:.1f} ms on the server: the client's figure "
-                        f"includes {'its own or the network' if (c_ttft or 0) > (s_ttft or 0) else 'less than'} "
-                        "the server's time")
+        why = ("the difference is the time from vLLM's first token to this client reading it: the API server's "
+               "streaming, the network and this client"
+               if (c_ttft or 0) > (s_ttft or 0) else
+               "the server's figure is the larger: it also counts requests that were not this run's")
+        warnings.append(f"mean TTFT {c_ttft:.1f} ms here, {s_ttft:.1f} ms on the server: {why}")
     if _differ(c_tpot, s_tpot):
         warnings.append(f"mean TPOT {c_tpot:.2f} ms here, {s_tpot:.2f} ms from the server's (E2E - TTFT)/(n - 1)")
     if c_prompt is not None and s_prompt is not None and abs(c_prompt - s_prompt) > max(1.0, 0.01 * s_prompt):
