@@ -48,6 +48,11 @@ def test_the_issue_scenarios_are_all_shipped() -> None:
         "chunked-disable-512",
         "high-concurrency-chat",
         "long-document",
+        # vtui's scenario library beside the seeds' (issue 20, item 6)
+        "agentic-multiturn",
+        "rag-8k",
+        "code-completion",
+        "batch-summarization",
     }
     assert scan_presets()[1] == []
 
