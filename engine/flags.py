@@ -26,6 +26,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -677,13 +678,16 @@ def _schema_from_extract(data: Mapping[str, Any]) -> Schema:
 _SCHEMAS: dict[tuple[str, str], Schema] = {}
 
 
-def load_schema(*, use_vllm: bool = True, refresh: bool = False, timeout: float = 300.0) -> Schema:
+def load_schema(*, use_vllm: bool = True, refresh: bool = False, timeout: float = 300.0,
+                wait: bool = True) -> Schema:
     """The schema of the installed vLLM, or the built-in one when vLLM is absent.
 
-    The first call for a vLLM version extracts its parser in a subprocess (several
-    seconds) and caches it as ``data_dir()/schema-<version>.json``; later calls read the
+    The first call for a vLLM version extracts its parser in a subprocess (about 10 s on
+    2 cores) and caches it as ``data_dir()/schema-<version>.json``; later calls read the
     file. If extraction fails, the built-in schema is returned with the reason in
-    ``source``.
+    ``source``. ``wait=False``: without a cached schema, the extraction runs in a thread
+    and the built-in schema (which flags no unknown flag) answers now, so a first start
+    need not wait for it; a later call finds the cache (:func:`schema_pending` says when).
     """
     version = installed_vllm_version() if use_vllm else None
     if version is None:
@@ -701,22 +705,59 @@ def load_schema(*, use_vllm: bool = True, refresh: bool = False, timeout: float 
         except (OSError, ValueError, KeyError, TypeError):
             schema = None  # a damaged cache file is rebuilt below
     if schema is None:
+        failed = _BACKGROUND_FAILED.get(key)
+        if not wait or failed is not None:
+            if failed is None:
+                _extract_in_background(cache, key, timeout)
+            why = failed or "being read in the background"
+            return Schema(builtin_schema().flags, source=f"built-in (vLLM {version} schema {why})")
         try:
-            raw = _extract_vllm_schema(timeout)
+            schema = _extract_and_cache(cache, timeout)
         except FlagError as exc:
             fallback = builtin_schema()
             return Schema(
                 fallback.flags,
                 source=f"built-in (vLLM {version} schema unavailable: {exc.reason})",
             )
-        text = json.dumps(_schema_from_extract(raw).to_json())
-        # Read back through JSON so a fresh and a cached schema are identical.
-        schema = _schema_from_cache(json.loads(text))
-        tmp = cache.with_suffix(".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(cache)  # atomic: a concurrent reader never sees half a file
     _SCHEMAS[key] = schema
     return schema
+
+
+def _extract_and_cache(cache: Path, timeout: float) -> Schema:
+    raw = _extract_vllm_schema(timeout)
+    text = json.dumps(_schema_from_extract(raw).to_json())
+    # Read back through JSON so a fresh and a cached schema are identical.
+    schema = _schema_from_cache(json.loads(text))
+    tmp = cache.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(cache)  # atomic: a concurrent reader never sees half a file
+    return schema
+
+
+_BACKGROUND: dict[tuple[str, str], threading.Thread] = {}
+_BACKGROUND_FAILED: dict[tuple[str, str], str] = {}
+
+
+def _extract_in_background(cache: Path, key: tuple[str, str], timeout: float) -> None:
+    if key in _BACKGROUND and _BACKGROUND[key].is_alive():
+        return
+
+    def work() -> None:
+        try:
+            _SCHEMAS[key] = _extract_and_cache(cache, timeout)
+        except FlagError as exc:
+            _BACKGROUND_FAILED[key] = f"unavailable: {exc.reason}"
+        except Exception as exc:  # noqa: BLE001 - a cache it cannot write, an output it cannot read
+            _BACKGROUND_FAILED[key] = f"unavailable: {type(exc).__name__}: {exc}"
+
+    thread = threading.Thread(target=work, name="vtui-schema", daemon=True)
+    _BACKGROUND[key] = thread
+    thread.start()
+
+
+def schema_pending() -> bool:
+    """Whether a background extraction (load_schema(wait=False)) is still running."""
+    return any(t.is_alive() for t in _BACKGROUND.values())
 
 
 def _current_schema() -> Schema:

@@ -546,10 +546,13 @@ class Session:
     # ------------------------------------------------------------------ flags
 
     def _schema(self) -> Any:
-        if self._schema_obj is None:
-            from engine.flags import load_schema
+        from engine.flags import load_schema, schema_pending
 
-            self._schema_obj = load_schema()
+        # Never wait for the installed vLLM's schema (about 10 s the first time on a data
+        # folder): the built-in one answers until the background read is done.
+        if self._schema_obj is None or (not self._schema_obj.complete and not schema_pending()
+                                        and "background" in self._schema_obj.source):
+            self._schema_obj = load_schema(wait=False)
         return self._schema_obj
 
     _schema_obj: Any = None

@@ -53,6 +53,12 @@ def vtui_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     schema_cache = TEST_CACHE / "schema" / key
     for cached in schema_cache.glob("schema-*.json"):
         shutil.copyfile(cached, data / cached.name)
+    # Read it now if it was not carried: `vtui serve` and the TUI no longer wait for it (they
+    # read it in the background), so a test's subprocess must find it already cached to check
+    # flags against the installed vLLM whatever the order the tests run in.
+    from engine.flags import load_schema
+
+    load_schema()
     yield home
     with contextlib.suppress(OSError):
         schema_cache.mkdir(parents=True, exist_ok=True)

@@ -64,7 +64,7 @@ def _merge(defaults: list[str], user: list[str]) -> list[str]:
 
 
 def build_flags(args: argparse.Namespace) -> Any:
-    from engine.flags import FlagError, parse_argv, validate
+    from engine.flags import FlagError, load_schema, parse_argv, validate
     from engine.tinymodel import ModelError, resolve_model
 
     extra = list(getattr(args, "extra", []) or [])
@@ -77,12 +77,16 @@ def build_flags(args: argparse.Namespace) -> Any:
     # What comes with the model (tiny defaults, load-format dummy) is visible in the command
     # line, and a flag the user gives after `--` wins over it.
     argv = ["vllm", "serve", model.path, *_merge(model.argv(), extra)]
+    # On a data folder without the installed vLLM's flag schema, reading it (about 10 s) runs
+    # beside the launch instead of before it: the built-in schema types the flags meanwhile,
+    # and vLLM's own parser still checks them as it starts (tests/perf/start_cost.py).
+    schema = load_schema(wait=False)
     try:
-        flags = parse_argv(argv)
+        flags = parse_argv(argv, schema)
     except FlagError as exc:
         raise UserError(str(exc), exc.hint or "Check the vLLM flags after `--`.") from None
     if not args.no_validate:
-        problems = validate(flags)
+        problems = validate(flags, schema)
         if problems:
             first = problems[0]
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
