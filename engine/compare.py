@@ -143,6 +143,46 @@ def split_summary(summary: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mappin
     return summary, {}
 
 
+def pareto_frontier(points: Sequence[tuple[float, float]]) -> list[bool]:
+    """For each (x, y), bigger being better on both: True when no other point is at least as
+    good on both axes and better on one."""
+    return [not any(x2 >= x and y2 >= y and (x2 > x or y2 > y) for x2, y2 in points) for x, y in points]
+
+
+@dataclass(frozen=True)
+class RunPoint:
+    """A stored run on the throughput-latency plane: output tokens/s per user (mean output
+    tokens / mean E2EL, what one stream delivers) against output tokens/s per GPU."""
+
+    run_id: int
+    name: str
+    tokens_per_user: float
+    tokens_per_gpu: float
+    slo_met: bool | None  # None: the run had no SLO
+    frontier: bool  # on the Pareto frontier of the runs that met their SLO (or had none)
+
+
+def run_points(runs: Sequence[RunInfo]) -> list[RunPoint]:
+    """The runs that completed requests, with the frontier marked among those not missing an SLO."""
+    from engine.flags import devices_needed
+
+    found: list[tuple[RunInfo, float, float, bool | None]] = []
+    for run in runs:
+        load = split_summary(run.summary)[0]
+        done, out = _get(load, "completed"), _get(load, "total_output_tokens")
+        e2el, thr = _get(load, "mean_e2el_ms"), _get(load, "output_throughput")
+        if not (done and out and e2el and thr):
+            continue
+        verdict = run.summary.get("slo_verdict")
+        met = verdict.get("met") if isinstance(verdict, Mapping) else None
+        found.append((run, out / done / (e2el / 1000), thr / devices_needed(run.flags),
+                      met if isinstance(met, bool) else None))
+    eligible = [(u, g) for _, u, g, met in found if met is not False]
+    marks = iter(pareto_frontier(eligible))
+    return [RunPoint(r.id, r.name, u, g, met, next(marks) if met is not False else False)
+            for r, u, g, met in found]
+
+
 def delta_pct(value: float | None, base: float | None) -> float | None:
     """(value - base) / |base| in percent; None when either is missing or base is 0 (0 vs 0 is 0)."""
     if value is None or base is None:

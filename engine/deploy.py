@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from engine.flags import _CONTAINER_HF_CACHE, _CONTAINER_MODELS, SECRET_FLAGS, FlagSet, default_image
+from engine.flags import _CONTAINER_HF_CACHE, _CONTAINER_MODELS, SECRET_FLAGS, FlagSet, default_image, devices_needed
 
 SHM_SIZE = "16Gi"  # tensor-parallel workers exchange tensors through /dev/shm
 PORT = 8000
@@ -30,10 +30,8 @@ def image_for(version: str | None, image: str | None = None) -> str:
 
 
 def gpu_count(flags: FlagSet) -> int:
-    """GPUs one server needs: tensor parallel x pipeline parallel size."""
-    tp = int(flags.get("tensor-parallel-size") or 1)
-    pp = int(flags.get("pipeline-parallel-size") or 1)
-    return max(1, tp * pp)
+    """GPUs one server needs: tensor x pipeline (x data) parallel size (engine.flags.devices_needed)."""
+    return devices_needed(flags.values)
 
 
 def _name(text: str) -> str:

@@ -48,6 +48,7 @@ __all__ = [
     "Schema",
     "builtin_schema",
     "default_image",
+    "devices_needed",
     "installed_vllm_version",
     "load_schema",
     "parse_argv",
@@ -1080,6 +1081,16 @@ class FlagSet:
             if a != b:
                 out[name] = (a, b)
         return out
+
+
+def devices_needed(values: Mapping[str, Any]) -> int:
+    """GPUs one server with these flag values uses: tensor x pipeline x data parallel sizes."""
+    n = 1
+    for name in ("tensor-parallel-size", "pipeline-parallel-size", "data-parallel-size"):
+        v = values.get(name)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            n *= v
+    return n
 
 
 def _local_dir(model: str) -> Path | None:

@@ -1768,6 +1768,18 @@ class Session:
                                  info.id in compared))
         return tuple(out)
 
+    def run_points(self, limit: int = 200) -> tuple[Any, ...]:
+        """The stored runs on the throughput-latency plane, frontier marked (engine.compare.run_points)."""
+        from engine.compare import run_points
+
+        history = self._get_history()
+        if history is None:
+            return ()
+        try:
+            return tuple(run_points(history.list_runs(limit=limit)))
+        except Exception:  # noqa: BLE001 - a history that cannot be read plots nothing
+            return ()
+
     def toggle_stored(self, run_id: int) -> bool:
         """Put a stored run into the comparison, or take it out; True when it is in now."""
         if any(i.id == run_id for i in self._pinned):

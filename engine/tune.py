@@ -535,22 +535,12 @@ def pareto_points(measurements: Mapping[str, Sequence[Measurement]], gpus: Mappi
         for m in ms:
             if m.ok and m.output_throughput > 0:
                 pts.append((key, m, m.tokens_per_user, m.output_throughput / max(1, gpus.get(key, 1))))
-    out = []
-    for key, m, x, y in pts:
-        dominated = any((x2 >= x and y2 >= y) and (x2 > x or y2 > y) for _, _, x2, y2 in pts)
-        out.append(ParetoPoint(key, m.load, x, y, m.goodput, not dominated))
+    from engine.compare import pareto_frontier
+
+    marks = pareto_frontier([(x, y) for _, _, x, y in pts])
+    out = [ParetoPoint(key, m.load, x, y, m.goodput, front) for (key, m, x, y), front in zip(pts, marks, strict=True)]
     out.sort(key=lambda p: (-p.tokens_per_user, -p.tokens_per_gpu))
     return out
-
-
-def gpu_count(values: Mapping[str, Any]) -> int:
-    """Devices a launch uses: tensor x pipeline x data parallel sizes (1 on a CPU)."""
-    n = 1
-    for name in ("tensor-parallel-size", "pipeline-parallel-size", "data-parallel-size"):
-        v = values.get(name)
-        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-            n *= v
-    return n
 
 
 # ---------------------------------------------------------------------------- state
@@ -1192,7 +1182,9 @@ class Tuner:
         best = self.best()
         best_flags = self._flags(best.values) if best is not None else None
         configs = sorted(st.configs.values(), key=lambda c: (c.order == 0, c.order, c.key))
-        gpus = {k: gpu_count({**self.base.values, **c.values}) for k, c in st.configs.items()}
+        from engine.flags import devices_needed
+
+        gpus = {k: devices_needed({**self.base.values, **c.values}) for k, c in st.configs.items()}
         return TuneResult(
             id=st.id, status=st.status, mode=self.settings.mode, best=best, best_flags=best_flags,
             configs=tuple(configs), pareto=tuple(pareto_points(st.measurements, gpus)),
@@ -1448,7 +1440,6 @@ __all__ = [
     "allowed_failures",
     "format_pareto",
     "format_table",
-    "gpu_count",
     "judge",
     "list_states",
     "load_state",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from typing import Any
 
 import pytest
 
@@ -140,3 +141,29 @@ def test_compare_cli(tmp_path, monkeypatch, capsys) -> None:
     assert data["baseline_run"] == 1 and [r["id"] for r in data["runs"]] == [1, 2]
     assert main(["compare", "1", "7"]) == 2
     assert "no run with id 7" in capsys.readouterr().err
+
+
+def test_pareto_frontier_and_stored_run_points() -> None:
+    from engine.compare import RunPoint, pareto_frontier, run_points
+    from engine.history import RunInfo
+
+    assert pareto_frontier([(1, 5), (2, 4), (1, 4), (3, 1), (2, 4)]) == [True, True, False, True, True]
+
+    def run(i: int, out_tok_s: float, e2el_ms: float, tp: int = 1, met: bool | None = None) -> RunInfo:
+        load = {"completed": 10, "total_output_tokens": 1000, "mean_e2el_ms": e2el_ms, "output_throughput": out_tok_s}
+        summary: dict[str, Any] = {"load": load}
+        if met is not None:
+            summary["slo_verdict"] = {"met": met, "why": None}
+        return RunInfo(id=i, name=f"r{i}", preset=None, started=float(i), ended=None, status="ok",
+                       flags={"tensor-parallel-size": tp}, vllm_version=None, model="m", gpus=[], workload={},
+                       summary=summary, baseline=False, tags=())
+
+    pts = run_points([run(1, 800.0, 1000.0), run(2, 1600.0, 2000.0, tp=2), run(3, 2000.0, 4000.0),
+                      run(4, 5000.0, 500.0, met=False), run(5, 100.0, 0.0)])
+    by = {p.run_id: p for p in pts}
+    assert set(by) == {1, 2, 3, 4}  # run 5 has no E2EL: not on the plane
+    # per user: 1000 tokens / 10 requests / mean E2EL; per GPU: output tokens/s / (tp x pp x dp)
+    assert by[1] == RunPoint(1, "r1", 100.0, 800.0, None, True)
+    assert (by[2].tokens_per_user, by[2].tokens_per_gpu) == (50.0, 800.0) and not by[2].frontier  # dominated by 1
+    assert by[3].frontier  # the most per GPU
+    assert by[4].slo_met is False and not by[4].frontier  # best on both, but it missed its SLO

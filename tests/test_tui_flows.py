@@ -420,3 +420,26 @@ async def test_runs_tab_lists_stored_runs_and_adds_them_to_the_comparison() -> N
             assert len(session.comparison().columns) == 1  # type: ignore[union-attr]
     finally:
         await session.close()
+
+
+async def test_runs_tab_plots_the_stored_runs_pareto_chart() -> None:
+    from engine.compare import RunPoint
+    from textual_plotext import PlotextPlot
+
+    app = make_app()
+    points = [RunPoint(1, "a", 100.0, 800.0, None, True), RunPoint(2, "b", 50.0, 800.0, None, False),
+              RunPoint(3, "c", 20.0, 2000.0, True, True), RunPoint(4, "d", 200.0, 3000.0, False, False)]
+    shown: list[tuple[object, ...]] = [()]
+    app.session.run_points = lambda limit=200: shown[0]  # type: ignore[method-assign]
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("5")
+        await pilot.pause()
+        plot = app.screen.query_one("#runs-pareto", PlotextPlot)
+        assert not plot.display  # nothing stored yet: no empty axes
+        shown[0] = tuple(points)
+        app.screen.query_one("RunsPanel").refresh_stored()  # type: ignore[attr-defined]
+        await pilot.pause()
+        assert plot.display
+        text = app.export_screenshot().replace("&#160;", " ")
+        for label in ("Pareto frontier", "missed the SLO", "output tokens/s per GPU"):
+            assert label in text, label

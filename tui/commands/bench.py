@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 import time
@@ -37,7 +38,8 @@ def add_parser(subparsers: Any) -> None:
     g = p.add_argument_group("server")
     g.add_argument("--url", help="base URL of a running server (default: start one)")
     g.add_argument("--model", help="served model name (with --url) or model to start")
-    g.add_argument("--api-key", help="sent as 'Authorization: Bearer ...'")
+    g.add_argument("--api-key", help="sent as 'Authorization: Bearer ...' (default: $VLLM_API_KEY; prefer the "
+                   "variable: a command line is visible to every user of the box in ps)")
     g.add_argument("--tokenizer", help="local tokenizer/model folder (default: the server's "
                    "/tokenize, or the started model's folder)")
     g.add_argument("--endpoint", choices=("completions", "chat"))
@@ -198,7 +200,8 @@ async def _bench(args: argparse.Namespace, workload: Any, arrivals: Any, slo: An
 
     sup = None
     if args.url:
-        target = Target(args.url, args.model, tokenizer=args.tokenizer, api_key=args.api_key,
+        target = Target(args.url, args.model, tokenizer=args.tokenizer,
+                        api_key=args.api_key or os.environ.get("VLLM_API_KEY") or None,
                         root_pid=_listening_pid(args.url), model_label=args.model or args.url)
     else:
         sup = await _start_server(args)

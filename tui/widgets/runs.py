@@ -13,6 +13,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.reactive import reactive
 from textual.widgets import DataTable, Input, Static
+from textual_plotext import PlotextPlot
 
 from engine.session import SessionError, SessionSnapshot, StoredRun
 
@@ -42,6 +43,7 @@ class RunsPanel(Vertical):
                      id="stored-help")
         yield Input(placeholder="filter: model, preset, date, status", id="stored-filter", compact=True)
         yield DataTable(id="stored-table", zebra_stripes=True, cursor_type="row")
+        yield PlotextPlot(id="runs-pareto")
 
     def on_mount(self) -> None:
         table = self.query_one("#stored-table", DataTable)
@@ -67,6 +69,29 @@ class RunsPanel(Vertical):
                           time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started)), r.status,
                           _n(r.req_s, "{:.2f}"), _n(r.ttft_p50_ms, "{:.1f}"), "yes" if r.compared else "",
                           key=str(r.id))
+        self._plot_pareto(session)
+
+    def _plot_pareto(self, session: object | None) -> None:
+        """The stored runs' tokens/s per user against tokens/s per GPU, frontier apart (the core
+        computes the points and the frontier; this only draws them). Hidden under two runs."""
+        points = session.run_points() if session is not None and hasattr(session, "run_points") else ()
+        plot = self.query_one("#runs-pareto", PlotextPlot)
+        plot.display = len(points) >= 2
+        if not plot.display:
+            return
+        plt = plot.plt
+        plt.clear_data()
+        plt.clear_figure()
+        groups = (("Pareto frontier", [p for p in points if p.frontier]),
+                  ("met the SLO or had none", [p for p in points if not p.frontier and p.slo_met is not False]),
+                  ("missed the SLO", [p for p in points if p.slo_met is False]))
+        for label, group in groups:
+            if group:
+                plt.scatter([p.tokens_per_gpu for p in group], [p.tokens_per_user for p in group], label=label)
+        plt.title("stored runs: output tokens/s per user against per GPU")
+        plt.xlabel("output tokens/s per GPU")
+        plt.ylabel("tok/s per user")
+        plot.refresh()
 
     @on(Input.Changed, "#stored-filter")
     def _filter(self) -> None:
