@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 # The stream's shape and the client's own cost, as every path stores them.
 STREAM_KEYS = ("tokens_per_event", "same_read_gap_fraction", "burst_requests", "stream_bursts",
                "client_lag_p50_ms", "client_own_lag_p99_ms", "client_cpu_mean", "client_cpu_p90",
-               "client_sched_delay", "warmup_requests", "warmup_s")
+               "client_sched_delay", "warmup_requests", "warmup_s", "first_request_s")
 SERVER_LOG_LINES = 10
 
 
@@ -361,6 +361,10 @@ async def measure(
             # requests); the scrapes at the measured window's edges cannot. One figure per run.
             summary["telemetry"].update({k: v for k, v in server.items() if k not in ("t0", "t1")})
         summary["cross_check"] = cross_check(load, server, shared_prefix=bool(plan.workload.prefix_len)).to_dict()
+        # How long the run took to send its first request (warm-up or measured) once the server
+        # was ready and the run was asked for: building prompts, starting the worker process.
+        first = t_start - float(result.extra.get("warmup_s") or 0.0)
+        result.extra["first_request_s"] = round(max(0.0, first - t0), 3)
         summary["stream"] = {k: result.extra.get(k) for k in STREAM_KEYS}
         summary["client_bound"] = result.client_bound
         summary["failures_by_reason"] = dict(result.failures_by_reason)

@@ -66,6 +66,9 @@ def test_a_run_is_stored_once_with_what_every_path_shows(url: str, tmp_path: Pat
     # the summary the caller shows is the one stored, warm-up counted apart
     assert stored.summary["load"] == run.summary["load"] and run.load["completed"] == 8
     assert len(requests) == 8 and run.summary["stream"]["warmup_requests"] == 2
+    # When the first request left, counted from the run's start (prompts built, worker spawned).
+    first = run.summary["stream"]["first_request_s"]
+    assert isinstance(first, float) and 0.0 <= first <= run.ended - run.started
     assert {"load", "telemetry", "server", "cross_check", "stream", "client_bound"} <= set(stored.summary)
 
 

@@ -424,6 +424,9 @@ def print_table(d: dict[str, Any]) -> None:
               f"network read ({(d.get('same_read_gap_fraction') or 0):.0%} of gaps were 0): the "
               f"server wrote their tokens back to back, so their TPOT/ITL say nothing of decode "
               f"speed (a starved API server process on a busy box does this to any client)")
+    first = (d.get("stream") or {}).get("first_request_s")
+    if isinstance(first, (int, float)):
+        print(f"first request sent {first:.2f} s after the run began (prompts built, worker started)")
     print("TPOT = (E2EL - TTFT) / (output tokens - 1); ITL = gap between streamed chunks "
           "(vLLM's definitions)")
 
