@@ -19,6 +19,7 @@ import asyncio
 import collections
 import contextlib
 import json
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -237,6 +238,9 @@ class TuneView:
     best_serve_line: str | None = None
     best_docker_line: str | None = None  # on one line (the export has the multi-line form)
     pareto: tuple[Any, ...] = ()  # engine.tune.ParetoPoint on the frontier
+    # Latency against load, per configuration: (key, ((load, TTFT pX ms, TPOT pX ms, met), ...)),
+    # finite loads in increasing order (the capacity probe at "all at once" has no place on the axis).
+    step_series: tuple[tuple[str, tuple[tuple[float, float | None, float | None, bool], ...]], ...] = ()
     state_path: str | None = None
     resume_command: str = ""  # how to carry on headless: "vtui tune --resume ID"
     error: str | None = None  # why it failed (status "failed")
@@ -311,6 +315,16 @@ def parse_tune_form(fields: Mapping[str, str], *, schema: Any = None, percentile
         raise TuneFormError("space", f"search space: {exc}",
                            "one line per flag: NAME=V1,V2,... e.g. max-num-seqs=64,128,256") from None
     return TuneRequest(slo=slo, space=space, budget_s=budget_min * 60.0, mode=mode, start_load=start_load)
+
+
+def _step_series(measurements: Mapping[str, Sequence[Any]]) -> tuple[Any, ...]:
+    """Each configuration's steps as (load, TTFT, TPOT, met) points, by load (see TuneView)."""
+    out = []
+    for key, ms in measurements.items():
+        pts = sorted((m.load, m.ttft_ms, m.tpot_ms, bool(m.ok)) for m in ms if math.isfinite(m.load))
+        if pts:
+            out.append((key, tuple(pts)))
+    return tuple(out)
 
 
 def _frontier(points: Sequence[Any]) -> tuple[Any, ...]:
@@ -1485,6 +1499,7 @@ class Session:
             best_serve_line=str(flags.to_serve_line()) if flags is not None else None,
             best_docker_line=str(flags.to_docker_line(multiline=False)) if flags is not None else None,
             pareto=_frontier(result.pareto),
+            step_series=_step_series(result.measurements),
             state_path=str(result.state_path) if result.state_path else None,
             resume_command=f"vtui tune --resume {result.id}",
             error=self._tune_error,

@@ -504,6 +504,8 @@ class TuneResult:
     steps: int
     state_path: Path | None
     objective: str = "goodput"
+    measurements: Mapping[str, tuple[Measurement, ...]] = dataclasses.field(default_factory=dict)
+    """Every step of every configuration, in the order measured (the state file keeps them too)."""
 
     def score(self, c: ConfigResult) -> float | None:
         """``c``'s figure for this search's objective at its limit."""
@@ -1190,7 +1192,9 @@ class Tuner:
             configs=tuple(configs), pareto=tuple(pareto_points(st.measurements, gpus)),
             elapsed_s=st.elapsed_s, budget_s=self.settings.budget_s, starts=st.starts, steps=st.steps,
             state_path=self.state_file, objective=self.settings.objective,
+            measurements={k: tuple(ms) for k, ms in st.measurements.items()},
         )
+
 
 
 class _ConfigBudget(Exception):

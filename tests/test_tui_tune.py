@@ -180,3 +180,34 @@ def test_finished_tune_snapshot(snap_compare: Callable[..., bool]) -> None:
         await pilot.pause()  # type: ignore[attr-defined]
 
     assert snap_compare(app, terminal_size=(120, 40), run_before=before)
+
+
+async def test_the_tune_screen_charts_ttft_against_load_per_configuration() -> None:
+    from textual_plotext import PlotextPlot
+
+    from engine.session import parse_tune_form
+
+    app, session = make_app(RecordedMeasurer(LIMITS), publish=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        app.action_tune()
+        await pilot.pause()
+        chart = app.screen.query_one("#tune-chart", PlotextPlot)
+        assert not chart.display  # no step yet: no empty axes
+        form = {**session.tune_form_defaults(), "space": SPACE, "budget_min": "10"}
+        await session.tune(parse_tune_form(form, schema=builtin_schema()))
+        view = session.snapshot().tune
+        assert view is not None and view.step_series
+        for key, pts in view.step_series:  # the core's series: finite loads, in increasing order
+            loads = [p[0] for p in pts]
+            assert loads == sorted(loads) and key in {r.key for r in view.rows}
+        # The recorded measurer gives no latencies: draw a series as a real measurer gives them.
+        series = ((BEST, ((1.0, 80.0, 9.0, True), (2.0, 150.0, 11.0, True), (4.0, 900.0, 30.0, False))),
+                  ("max-num-seqs=64,max-num-batched-tokens=512", ((1.0, 120.0, None, True),)))
+        snap = session.snapshot()
+        app.show_snapshot(dataclasses.replace(snap, tune=dataclasses.replace(view, step_series=series)))
+        await pilot.pause()
+        assert chart.display
+        chart.scroll_visible(animate=False)
+        await pilot.pause()
+        text = app.export_screenshot().replace("&#160;", " ")
+        assert "TTFT against load" in text and "TTFT ms" in text

@@ -764,3 +764,17 @@ async def test_capacity_probe_runs_to_the_end_while_rate_steps_stop_early() -> N
         step = await m.measure(10.0, requests=60, timeout=60, warmup=0)
         assert not step.ok and step.stopped_early and step.completed < 60
         await m.close()
+
+
+async def test_the_result_keeps_every_step_for_the_latency_chart() -> None:
+    from engine.session import _step_series
+
+    space = space_of(max_num_seqs=(16, 64))
+    k16, k64 = keys(space)
+    tuner, m = make_tuner(space, {k16: 4.0, k64: 10.0})
+    res = await tuner.run()
+    assert sum(len(v) for v in res.measurements.values()) == res.steps == len(m.steps)
+    assert [ms.load for ms in res.measurements[k64]] == [ld for k, ld in m.steps if k == k64]
+    ms = (Measurement(4.0, False, ttft_ms=900.0), Measurement(math.inf, True, ttft_ms=50.0),
+          Measurement(1.0, True, ttft_ms=80.0, tpot_ms=9.0))
+    assert _step_series({"a": ms}) == (("a", ((1.0, 80.0, 9.0, True), (4.0, 900.0, None, False))),)

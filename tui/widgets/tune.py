@@ -24,6 +24,7 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Input, Label, Select, Static, TextArea
+from textual_plotext import PlotextPlot
 
 from engine.session import TUNE_PERCENTILES, TuneFormError, TuneRequest, TuneView, parse_tune_form
 
@@ -131,10 +132,12 @@ class TuneScreen(Screen[None]):
                 with VerticalScroll(id="tune-details"):
                     yield Static("", id="tune-best")
                     yield Static("", id="tune-pareto")
+                    yield PlotextPlot(id="tune-chart")
                     yield Static("", id="tune-log")
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
+        self._render_chart(None)  # hidden until a step is measured
         if not self.cursor_blink:
             for widget in self.query(Input):
                 widget.cursor_blink = False
@@ -278,7 +281,32 @@ class TuneScreen(Screen[None]):
                      Text(str(r.steps)), Text(r.reason)]
             table.add_row(*cells, key=r.key)
 
+    def _render_chart(self, view: TuneView | None) -> None:
+        """TTFT against load for each configuration's steps (the best first, at most 6 lines):
+        where each one's latency turns up. The session gives the points; this draws them."""
+        chart = self.query_one("#tune-chart", PlotextPlot)
+        series = list(view.step_series) if view is not None else []
+        series = [(k, [p for p in pts if p[1] is not None]) for k, pts in series]
+        series = [(k, pts) for k, pts in series if pts]
+        chart.display = bool(series)
+        if not series:
+            return
+        assert view is not None
+        series.sort(key=lambda item: item[0] != view.best_key)
+        plt = chart.plt
+        plt.clear_data()
+        plt.clear_figure()
+        for key, pts in series[:6]:
+            plt.plot([p[0] for p in pts], [p[1] for p in pts], marker="braille",
+                     label=("★ " if key == view.best_key else "") + key[:40])
+        unit = "req/s" if view.mode == "rate" else "concurrent requests"
+        plt.title(f"TTFT against load ({view.slo_label})" if view.slo_label else "TTFT against load")
+        plt.xlabel(f"load ({unit})")
+        plt.ylabel("TTFT ms")
+        chart.refresh()
+
     def _render_results(self, view: TuneView | None) -> None:
+        self._render_chart(view)
         best = self.query_one("#tune-best", Static)
         pareto = self.query_one("#tune-pareto", Static)
         log = self.query_one("#tune-log", Static)
