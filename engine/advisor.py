@@ -1270,6 +1270,110 @@ def rule_launch_bound(run: RunData) -> list[Finding]:
         ev, expect=(Expectation("output_throughput", "up", 0.3),))]
 
 
+def _installed_has(flag: str) -> bool:
+    """Whether the installed vLLM (its schema, never waited for) has ``flag``."""
+    from engine.flags import load_schema
+
+    return load_schema(wait=False).get(flag) is not None
+
+
+def _workload(run: RunData) -> Mapping[str, Any]:
+    w = run.workload.get("workload") if isinstance(run.workload, Mapping) else None
+    return w if isinstance(w, Mapping) else {}
+
+
+def _mean_running(run: RunData) -> float | None:
+    vals = [v for _, v in run.series("running")]
+    return sum(vals) / len(vals) if vals else None
+
+
+def rule_prefix_cache_off(run: RunData) -> list[Finding]:
+    """Prompts share prefixes but the prefix cache is off: every request prefills them again."""
+    w = _workload(run)
+    prefix = int(_f(w.get("prefix_len")) or 0)
+    turns = int(_f(w.get("num_turns")) or 1) if w.get("kind") == "chat" else 1
+    if run.flag("enable-prefix-caching") is not False or (prefix <= 0 and turns <= 1) or _completed(run) < 10:
+        return []
+    if not _installed_has("enable-prefix-caching"):
+        return []
+    ttft = _f(run.load.get("median_ttft_ms"))
+    shared = (f"{prefix} tokens of shared prefix" + (f" over {int(_f(w.get('num_prefixes')) or 1)} prefixes"
+                                                     if prefix else "")) if prefix else ""
+    what = " and ".join(x for x in (shared, f"{turns}-turn sessions that resend the conversation"
+                                     if turns > 1 else "") if x)
+    return [Finding(
+        "prefix_cache_off", "medium",
+        f"the prompts carry {what}, and --no-enable-prefix-caching prefills them for every request"
+        + (f" (TTFT p50 {ttft:.0f} ms)" if ttft else ""),
+        "a prefix computed once could be served from the KV cache to every request that repeats it",
+        (Change("enable-prefix-caching", False, True),),
+        "TTFT falls by about the share of the prompt that repeats; throughput rises under load",
+        "cached blocks take KV cache space that would otherwise hold more running sequences",
+        {"prefix_len": prefix, "num_turns": turns, "ttft_p50_ms": ttft},
+        expect=(Expectation("ttft_p50", "down", 0.1),))]
+
+
+def rule_kv_cache_fp8(run: RunData) -> list[Finding]:
+    """The KV cache filled up (preemptions) on a GPU with a 16-bit KV cache: fp8 holds twice the tokens."""
+    _total, what = _device_bytes(run)
+    kv_dtype = str(run.flag("kv-cache-dtype") or "auto")
+    if what != "GPU" or kv_dtype not in ("auto", "bfloat16", "float16"):
+        return []
+    preempted = _preemptions(run) or 0.0
+    peak = max((v for _, v in run.series("kv_cache_usage")), default=0.0)
+    if preempted <= 0 and peak < 0.95:
+        return []
+    from engine.flags import load_schema
+
+    spec = load_schema(wait=False).get("kv-cache-dtype")
+    if spec is None or "fp8" not in (spec.choices or ()):
+        return []
+    return [Finding(
+        "kv_cache_fp8", "low",
+        f"the KV cache reached {peak * 100:.0f}% with {preempted:.0f} preemptions, in a 16-bit KV cache",
+        "each cached token takes 2 bytes per value; fp8 takes 1, so the same memory holds about twice the tokens",
+        (Change("kv-cache-dtype", None if kv_dtype == "auto" else kv_dtype, "fp8", old_is_default=kv_dtype == "auto"),),
+        "about twice the KV tokens: fewer or no preemptions, more sequences running at once",
+        "a small accuracy cost on some models (check your evals); attention kernels differ per GPU",
+        {"peak_kv_usage": peak, "preemptions": preempted, "kv_cache_dtype": kv_dtype},
+        expect=(Expectation("preemptions", "down", 0.3),))]
+
+
+# Speculative decoding pays when few sequences decode at once (spare compute per step).
+SPEC_MAX_BATCH = 4.0
+SPEC_MIN_OUTPUT = 64
+
+
+def rule_speculative_ngram(run: RunData) -> list[Finding]:
+    """Few sequences decode at once and outputs are long: n-gram speculative decoding can emit
+    several tokens per step where the output repeats the prompt."""
+    if run.flag("speculative-config") or _completed(run) < 10 or not _installed_has("speculative-config"):
+        return []
+    if _device_bytes(run)[1] != "GPU" or _workload(run).get("kind", "random") == "random":
+        # A CPU has no idle compute per step to spend; random token prompts give n-gram
+        # lookup nothing to find in them.
+        return []
+    batch = _mean_running(run)
+    done = _f(run.load.get("completed")) or 0.0
+    out_per_req = (_f(run.load.get("total_output_tokens")) or 0.0) / done if done else 0.0
+    tpot = _f(run.load.get("median_tpot_ms"))
+    if batch is None or batch > SPEC_MAX_BATCH or out_per_req < SPEC_MIN_OUTPUT or not tpot:
+        return []
+    config = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}'
+    return [Finding(
+        "speculative_ngram", "low",
+        f"a mean of {batch:.1f} sequences decoding at once, {out_per_req:.0f} output tokens per request, "
+        f"TPOT p50 {tpot:.1f} ms",
+        "at so small a batch each decode step leaves most of the GPU's compute idle; speculative decoding "
+        "spends it proposing several tokens per step and verifying them in one pass",
+        (Change("speculative-config", None, config),),
+        "lower TPOT where outputs repeat spans of the prompt (code edits, quoting RAG answers); "
+        "little change on free-form text",
+        "verification costs compute at every step: at larger batches it can lower throughput",
+        {"mean_running": batch, "output_tokens_per_request": out_per_req, "tpot_p50_ms": tpot},
+        expect=(Expectation("tpot_p50", "down", 0.1),))]
+
+
 RULES = (
     rule_startup_failure,
     rule_kv_saturation,
@@ -1281,6 +1385,9 @@ RULES = (
     rule_tp_oversized,
     rule_tail_headroom,
     rule_launch_bound,
+    rule_prefix_cache_off,
+    rule_kv_cache_fp8,
+    rule_speculative_ngram,
 )
 
 

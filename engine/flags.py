@@ -78,6 +78,11 @@ TUNING_FLAGS: tuple[str, ...] = (
     "enforce-eager",
     "swap-space",
     "kv-offloading-size",
+    # Beyond the seed articles (issue 20, item 5); shown only where the installed vLLM has them.
+    "async-scheduling",
+    "speculative-config",
+    "max-num-partial-prefills",
+    "long-prefill-token-threshold",
 )
 
 # Secret flags and the environment variable each is exported as. vLLM itself reads

