@@ -118,6 +118,10 @@ def test_the_advisor_names_launches_when_decode_is_far_from_the_floor() -> None:
     assert "decode step 20.0 ms against a floor of 3.2 ms on H200 (MBU 16%)" in eager.symptom
     [graphs] = rule_launch_bound(run_with(sol))
     assert graphs.changes[0].describe() == "concurrency 1 -> 4 (load generator)"
+    # where the installed vLLM has it, overlapping the scheduler with the model is offered too
+    assert [c.describe() for alt in graphs.alternatives for c in alt] == ["--async-scheduling (default) -> on"]
+    [done] = rule_launch_bound(run_with(sol, **{"async-scheduling": True}))
+    assert done.alternatives == ()
     assert rule_launch_bound(run_with({**sol, "launch_bound": False})) == []
     assert rule_launch_bound(run_with({"reason": "no GPU: the speed of light is a GPU's"})) == []
 
