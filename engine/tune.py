@@ -88,6 +88,11 @@ def objective_value(m: Measurement | None, objective: str) -> float | None:
 
 OBJECTIVE_UNITS = {"goodput": "req/s", "goodput-per-watt": "req/s/W", "tokens-per-joule": "tok/J"}
 
+
+def config_score(c: ConfigResult, objective: str) -> float | None:
+    """A configuration's figure for ``objective`` at its limit (None: not measured there)."""
+    return None if c.goodput is None else objective_value(c.at, objective)
+
 # The seed articles' tuning flags over the values they use (issue 7).
 DEFAULT_SPACE: tuple[tuple[str, tuple[Any, ...]], ...] = (
     ("enable-chunked-prefill", (True, False)),
@@ -509,7 +514,7 @@ class TuneResult:
 
     def score(self, c: ConfigResult) -> float | None:
         """``c``'s figure for this search's objective at its limit."""
-        return None if c.goodput is None else objective_value(c.at, self.objective)
+        return config_score(c, self.objective)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -944,7 +949,7 @@ class Tuner:
 
     def score(self, c: ConfigResult) -> float | None:
         """``c``'s figure for the search's objective at its limit (None: not measured there)."""
-        return None if c.goodput is None else objective_value(c.at, self.settings.objective)
+        return config_score(c, self.settings.objective)
 
     def best(self, exclude: str | None = None) -> ConfigResult | None:
         """The configuration with the highest objective at its limit (ties: higher limit)."""
