@@ -57,7 +57,7 @@ import math
 import os
 import secrets
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -92,6 +92,16 @@ OBJECTIVE_UNITS = {"goodput": "req/s", "goodput-per-watt": "req/s/W", "tokens-pe
 def config_score(c: ConfigResult, objective: str) -> float | None:
     """A configuration's figure for ``objective`` at its limit (None: not measured there)."""
     return None if c.goodput is None else objective_value(c.at, objective)
+
+
+def best_config(configs: Iterable[ConfigResult], objective: str, exclude: str | None = None) -> ConfigResult | None:
+    """The configuration with the highest ``objective`` at its limit (ties: the higher limit,
+    then the earlier tried); None when none was measured at a limit."""
+    done = [c for c in configs
+            if config_score(c, objective) is not None and c.limit_load is not None and c.key != exclude]
+    if not done:
+        return None
+    return max(done, key=lambda c: (config_score(c, objective) or 0.0, c.limit_load or 0.0, -c.order))
 
 # The seed articles' tuning flags over the values they use (issue 7).
 DEFAULT_SPACE: tuple[tuple[str, tuple[Any, ...]], ...] = (
@@ -602,12 +612,16 @@ class TuneState:
     def summary(self) -> dict[str, Any]:
         """What a listing shows: configs finished of all, time spent, the best so far."""
         finished = [c for c in self.configs.values() if c.status not in (NOT_TRIED, CUT_SHORT)]
-        scored = [c for c in self.configs.values() if c.goodput is not None]
-        best = max(scored, key=lambda c: c.goodput or 0.0) if scored else None
+        settings = self.inputs.get("settings")
+        objective = settings.get("objective", "goodput") if isinstance(settings, dict) else "goodput"
+        if objective not in OBJECTIVES:
+            objective = "goodput"
+        best = best_config(self.configs.values(), objective)  # as the search ranks (Tuner.best)
         space = self.inputs.get("space")
         total = math.prod(len(v) for v in space.values()) if isinstance(space, dict) else len(self.configs)
         return {"done": len(finished), "total": max(total, len(self.configs)), "elapsed_s": self.elapsed_s,
-                "best": best.key if best else None, "goodput": best.goodput if best else None}
+                "best": best.key if best else None, "goodput": best.goodput if best else None,
+                "objective": objective, "score": config_score(best, objective) if best else None}
 
     @classmethod
     def load(cls, path: Path) -> TuneState:
@@ -953,11 +967,7 @@ class Tuner:
 
     def best(self, exclude: str | None = None) -> ConfigResult | None:
         """The configuration with the highest objective at its limit (ties: higher limit)."""
-        done = [c for c in self.state.configs.values()
-                if self.score(c) is not None and c.limit_load is not None and c.key != exclude]
-        if not done:
-            return None
-        return max(done, key=lambda c: (self.score(c) or 0.0, c.limit_load or 0.0, -c.order))
+        return best_config(self.state.configs.values(), self.settings.objective, exclude)
 
     def _report(self, c: ConfigResult) -> None:
         unit = "req/s" if self.settings.mode == "rate" else "concurrent"

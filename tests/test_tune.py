@@ -778,3 +778,27 @@ async def test_the_result_keeps_every_step_for_the_latency_chart() -> None:
     ms = (Measurement(4.0, False, ttft_ms=900.0), Measurement(math.inf, True, ttft_ms=50.0),
           Measurement(1.0, True, ttft_ms=80.0, tpot_ms=9.0))
     assert _step_series({"a": ms}) == (("a", ((1.0, 80.0, 9.0, True), (4.0, 900.0, None, False))),)
+
+
+@pytest.mark.parametrize(("objective", "best", "score"), [
+    ("goodput", "fast", 20.0),
+    ("goodput-per-watt", "frugal", 15.0 / 300.0),
+    ("tokens-per-joule", "frugal", 1500.0 / 300.0),
+])
+def test_summary_names_the_best_by_the_searchs_objective(objective: str, best: str, score: float) -> None:
+    # `vtui tune --list` and the history show this summary: a search for goodput per watt
+    # must name the efficient configuration, not the one with the most goodput.
+    from engine.tune import ConfigResult
+
+    def done(key: str, goodput: float, out_tps: float, watts: float, order: int) -> ConfigResult:
+        at = Measurement(load=goodput, ok=True, goodput=goodput, output_throughput=out_tps, mean_power_w=watts)
+        return ConfigResult(key=key, values={}, status=DONE, limit_load=goodput, goodput=goodput, at=at, order=order)
+
+    state = TuneState(id="t", inputs={"settings": {"objective": objective}, "space": {"a": [1, 2]}}, configs={
+        "fast": done("fast", 20.0, 2000.0, 600.0, 0),
+        "frugal": done("frugal", 15.0, 1500.0, 300.0, 1),
+    })
+    summary = state.summary()
+    assert (summary["best"], summary["objective"]) == (best, objective)
+    assert summary["score"] == pytest.approx(score)
+    assert summary["goodput"] == state.configs[best].goodput

@@ -91,7 +91,7 @@ def _slo(args: argparse.Namespace) -> Any:
 
 def _list() -> int:
     from engine.history import HistoryError
-    from engine.tune import list_states
+    from engine.tune import OBJECTIVE_UNITS, list_states
     from tui.cli import UserError
 
     try:
@@ -103,7 +103,12 @@ def _list() -> int:
         if st["status"] == "unreadable":
             rows.append(f"{st['id']}: unreadable ({st.get('error', '')})")
             continue
-        best = f"  best {st['best']} ({st['goodput']:.3g} req/s)" if st.get("best") and st.get("goodput") else ""
+        best = ""
+        if st.get("best") and st.get("score") is not None:
+            objective = st.get("objective") or "goodput"
+            best = f"  best {st['best']} ({st['score']:.3g} {OBJECTIVE_UNITS.get(objective, '')})"
+        elif st.get("best") and st.get("goodput"):  # saved by a vtui before summaries had a score
+            best = f"  best {st['best']} ({st['goodput']:.3g} req/s)"
         rows.append(f"{st['id']}  {st['status']:<11} {st.get('done', 0)}/{st.get('total', 0)} configs  "
                     f"{(st.get('elapsed_s') or 0) / 60:.1f} min  {st.get('model') or ''}{best}")
     print("\n".join(rows) if rows else "no saved searches")
