@@ -235,6 +235,12 @@ def test_history_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: py
     assert main(["history", "list"]) == 0
     out = capsys.readouterr().out
     assert out.index("cli-b") < out.index("cli-a") and " ok " in out
+    assert main(["history", "list", "--format", "json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [r["id"] for r in listed] == [b, a] and listed[0]["name"] == "cli-b" and listed[0]["status"] == "ok"
+    assert main(["history", "list", "--format", "csv"]) == 2 and "a table or JSON, not csv" in capsys.readouterr().err
+    assert main(["history", "show", str(a), "--format", "json"]) == 2
+    assert "--format applies to `vtui history list` and `export`" in capsys.readouterr().err
     assert main(["history", "show", str(a)]) == 0
     assert "--max-num-seqs 128" in capsys.readouterr().out
     assert main(["history", "baseline", "cli-b"]) == 0 and "baseline: run" in capsys.readouterr().out

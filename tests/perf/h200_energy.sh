@@ -14,7 +14,7 @@ case $what in
 sweep)
     vtui sweep chunked-enable-256 chunked-enable-2048 --model qwen2.5-7b --requests 512 --concurrency 128 \
         --warmup 8 --format markdown --output "$out/sweep.md" 2> >(tee "$out/sweep.err.txt" >&2) | tee "$out/sweep.out.txt"
-    vtui history --limit 4 --format json > "$out/history.json" 2>&1 || vtui history > "$out/history.txt" 2>&1 || true
+    vtui history list --limit 4 --format json > "$out/history.json" 2>&1 || true
     ;;
 tune)
     vtui tune --model qwen2.5-7b --objective goodput-per-watt --input-len 1024 --output-len 128 \

@@ -33,7 +33,8 @@ def add_parser(subparsers: Any) -> None:
                         choices=("list", "show", "delete", "baseline", "tag", "export"))
     parser.add_argument("run", nargs="?", metavar="RUN")
     parser.add_argument("tags", nargs="*", metavar="TAG")
-    parser.add_argument("--format", choices=EXPORT_FORMATS, default="json", help="export format")
+    parser.add_argument("--format", choices=EXPORT_FORMATS,
+                        help="export: the format (default json); list: json prints the listing as JSON")
     parser.add_argument("--output", "-o", type=Path, help="export to this file instead of printing")
     parser.add_argument("--limit", type=int, default=50, help="list at most this many runs")
     parser.add_argument("--clear", action="store_true", help="baseline: unset it")
@@ -51,8 +52,14 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"`vtui history {args.action}` needs a RUN", "see `vtui history list` for run ids")
     store = open_history(read_only=not writes)
     try:
+        if args.format is not None and args.action not in ("list", "export"):
+            raise UserError(f"--format applies to `vtui history list` and `export`, not `{args.action}`",
+                            f"e.g. vtui history export {args.run or 'RUN'} --format {args.format}")
         if args.action == "list":
-            return _list(store, args.limit)
+            if args.format not in (None, "json"):
+                raise UserError(f"`vtui history list` prints a table or JSON, not {args.format}",
+                                "use --format json, or `vtui history export RUN --format ...` for one run")
+            return _list(store, args.limit, as_json=args.format == "json")
         if args.action == "baseline" and args.clear:
             store.set_baseline(None)
             print("baseline cleared")
@@ -74,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
             info = store.tag(info.id, *args.tags, remove=args.remove)
             print(f"run #{info.id} tags: {', '.join(info.tags) or '(none)'}")
             return 0
-        return _export(store, info, args.format, args.output)
+        return _export(store, info, args.format or "json", args.output)
     except HistoryError as exc:
         raise UserError(str(exc), "see `vtui history list` for run ids") from None
     finally:
@@ -85,10 +92,18 @@ def _when(t: float | None) -> str:
     return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
-def _list(store: Any, limit: int) -> int:
+def _list(store: Any, limit: int, *, as_json: bool = False) -> int:
     from engine.compare import fmt_number, split_summary
 
     runs = store.list_runs(limit=limit)
+    if as_json:
+        print(json.dumps([{
+            "id": r.id, "name": r.name, "preset": r.preset, "status": r.status, "started": r.started,
+            "duration_s": r.duration_s, "requests": r.requests,
+            "request_throughput": split_summary(r.summary)[0].get("request_throughput"),
+            "baseline": bool(r.baseline), "tags": list(r.tags),
+        } for r in runs], indent=2))
+        return 0
     if not runs:
         print("no runs stored yet")
         return 0
