@@ -34,7 +34,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 if TYPE_CHECKING:
-    from engine.modelconfig import ModelConfig
+    from engine.server.modelconfig import ModelConfig
 
 __all__ = [
     "SECRET_FLAGS",

@@ -29,7 +29,7 @@ from typing import Any
 
 from engine import paths
 from engine.flags import recordable_values
-from engine.status import RunStatus
+from engine.runs.status import RunStatus
 
 # Sparklines show the last 120 points: one minute at the 2 Hz telemetry rate.
 SERIES_POINTS = 120
@@ -67,7 +67,7 @@ class LogLine:
     n: int
     t: float
     text: str
-    level: str  # engine.logparse.LEVELS: "error" | "warning" | "info" | "debug"
+    level: str  # engine.server.logparse.LEVELS: "error" | "warning" | "info" | "debug"
     poll: bool = False  # vtui's own polling (a log view hides these by default)
 
 
@@ -75,7 +75,7 @@ class LogLine:
 class ServerView:
     """What the Server panel shows: state, phase, facts and the planner's prediction."""
 
-    state: str = "STOPPED"  # engine.supervisor.ServerState name, or "ATTACHED"
+    state: str = "STOPPED"  # engine.server.supervisor.ServerState name, or "ATTACHED"
     phase: str = ""
     base_url: str | None = None
     model: str | None = None  # the served model name (what requests ask for)
@@ -143,7 +143,7 @@ class RunRecord:
     label: str
     flags: Any  # engine.flags.FlagSet
     started_t: float
-    status: RunStatus  # engine.status: the same words as the history and every path
+    status: RunStatus  # engine.runs.status: the same words as the history and every path
     summary: Mapping[str, Any]  # {"load": RunResult.summary, "telemetry": TelemetrySummary dict}
     result: Any = None  # loadgen.RunResult, None when the run failed before measuring
     history_id: Any = None
@@ -210,7 +210,7 @@ class TuneRequest:
     """What a flag search is asked for: SLO limits, the space, the budget, the load axis."""
 
     slo: Any  # loadgen.spec.SLO, at least one limit
-    space: Any  # engine.tune.SearchSpace
+    space: Any  # engine.tune.search.SearchSpace
     budget_s: float
     mode: str = "rate"  # "rate" (open loop, req/s) or "concurrency" (closed loop)
     start_load: float | None = None  # first load probed; None: a saturation step decides
@@ -230,14 +230,14 @@ class TuneView:
     steps: int
     configs_total: int  # configurations in the space
     lines: tuple[str, ...]  # the latest progress lines, oldest first
-    rows: tuple[Any, ...]  # engine.tune.ConfigResult, in the order tried
+    rows: tuple[Any, ...]  # engine.tune.search.ConfigResult, in the order tried
     best_key: str | None = None
     best_goodput: float | None = None  # req/s meeting every limit at the best's limit load
     best_limit: float | None = None  # req/s or concurrency; inf: met with all requests at once
     best_flags: Any = None  # engine.flags.FlagSet of the winner
     best_serve_line: str | None = None
     best_docker_line: str | None = None  # on one line (the export has the multi-line form)
-    pareto: tuple[Any, ...] = ()  # engine.tune.ParetoPoint on the frontier
+    pareto: tuple[Any, ...] = ()  # engine.tune.search.ParetoPoint on the frontier
     # Latency against load, per configuration: (key, ((load, TTFT pX ms, TPOT pX ms, met), ...)),
     # finite loads in increasing order (the capacity probe at "all at once" has no place on the axis).
     step_series: tuple[tuple[str, tuple[tuple[float, float | None, float | None, bool], ...]], ...] = ()
@@ -264,7 +264,7 @@ def parse_tune_form(fields: Mapping[str, str], *, schema: Any = None, percentile
     limit is not judged, but one limit at least is needed. ``percentile``: used when the
     form has no ``percentile`` field ("99" or "90", "p" optional).
     """
-    from engine.tune import MODES, SearchSpace, TuneError
+    from engine.tune.search import MODES, SearchSpace, TuneError
     from loadgen.spec import SLO, SpecError
 
     ptext = str(fields.get("percentile", "") or "").strip().lower().removeprefix("p")
@@ -430,7 +430,7 @@ class Session:
         tune_measurer: Callable[..., Any] | None = None,
     ) -> None:
         """``tune_measurer``: builds the flag search's measurer, called like
-        ``engine.tune.ServerMeasurer(workload, slo, mode=, arrivals=, tokenizer=, supervisor=)``
+        ``engine.tune.search.ServerMeasurer(workload, slo, mode=, arrivals=, tokenizer=, supervisor=)``
         (the default); tests pass a stand-in answering from recorded measurements."""
         self._clock = clock
         # Flags that come with the model, kept under every preset's flags (a shipped
@@ -489,7 +489,7 @@ class Session:
 
         self._tune_measurer = tune_measurer
         self._tune_task: asyncio.Task[Any] | None = None
-        self._tune_result: Any = None  # engine.tune.TuneResult, latest
+        self._tune_result: Any = None  # engine.tune.search.TuneResult, latest
         self._tune_request: TuneRequest | None = None
         self._tune_status = ""
         self._tune_error: str | None = None
@@ -755,10 +755,10 @@ class Session:
 
     def _add_log(self, text: str, level: str | None = None) -> None:
         """One line of the server's output (or, with ``level``, a note of vtui's own),
-        classified once by engine.logparse.classify_line (a traceback's indented lines keep
+        classified once by engine.server.logparse.classify_line (a traceback's indented lines keep
         its level). Polls (vtui's own /health and /metrics) keep at most POLL_LINES places,
         so they never push the server's own lines out of the buffer."""
-        from engine.logparse import LineKind, classify_line
+        from engine.server.logparse import LineKind, classify_line
 
         text = text.rstrip("\n")
         with self._log_lock:
@@ -906,7 +906,7 @@ class Session:
         return result
 
     def _new_supervisor(self, flags: Any) -> Any:
-        from engine.supervisor import Supervisor
+        from engine.server.supervisor import Supervisor
 
         sup = Supervisor(flags, port=self._port, launcher=self._launcher, log_dir=paths.logs_dir())
         sup.subscribe(self._on_server_event)
@@ -914,7 +914,7 @@ class Session:
 
     async def attach(self, url: str) -> Any:
         """Watch and load a server that is already running (not started here)."""
-        from engine.attach import attach
+        from engine.server.attach import attach
 
         self._refuse_while_tuning("attach to another server")
         if self.server_started_here:
@@ -932,7 +932,7 @@ class Session:
         return server
 
     def attach_server(self, server: Any) -> None:
-        """Use an ``engine.attach.AttachedServer`` (already probed) as this session's server."""
+        """Use an ``engine.server.attach.AttachedServer`` (already probed) as this session's server."""
         self._supervisor = None
         self._attached = server
         self._detached = None
@@ -1098,12 +1098,12 @@ class Session:
     async def run_workload(self, label: str | None = None) -> RunRecord:
         """Run the chosen workload against the server; returns the recorded run.
 
-        The run is :func:`engine.measure.measure`, the same pipeline as `vtui bench`, sweep
+        The run is :func:`engine.runs.measure.measure`, the same pipeline as `vtui bench`, sweep
         and tune, driven from a thread with its own event loop; this coroutine only waits for
         it. The run is written to the history as it goes. A server that dies mid-run stops
         the run and the measured part is kept (status ``server-died``).
         """
-        from engine.measure import RunHandle, RunPlan, Target, measure
+        from engine.runs.measure import RunHandle, RunPlan, Target, measure
 
         self._refuse_while_tuning("start a load run")
         base_url = self._base_url()
@@ -1152,7 +1152,7 @@ class Session:
         def thread_main() -> None:
             # The run's parent side (merging the worker's batches, history writes) on a loop of
             # its own, so the screen's loop never waits for it; the streams are read in the
-            # worker process (engine.measure -> loadgen.LoadRun).
+            # worker process (engine.runs.measure -> loadgen.LoadRun).
             run_loop = asyncio.new_event_loop()
             try:
                 outcome = run_loop.run_until_complete(measure(
@@ -1272,7 +1272,7 @@ class Session:
     def tune_form_defaults(self) -> dict[str, str]:
         """The Tune form's starting text: the session's SLO (else TTFT 500 ms and TPOT
         50 ms), 30 minutes, the default space, rate mode."""
-        from engine.tune import SearchSpace
+        from engine.tune.search import SearchSpace
 
         slo = self._slo
         limits = {k: getattr(slo, k, None) if slo is not None else None for k in ("ttft_ms", "tpot_ms", "e2el_ms")}
@@ -1308,7 +1308,7 @@ class Session:
 
     async def tune(self, request: TuneRequest, *, settings: Any = None) -> Any:
         """Search the flags with the most goodput under ``request.slo`` on this session's
-        server and workload (engine.tune.Tuner); returns the ``TuneResult``.
+        server and workload (engine.tune.search.Tuner); returns the ``TuneResult``.
 
         The edited flags are the base every configuration starts from. The server is the
         one started here (one is made when there is none; an attached server is refused):
@@ -1317,12 +1317,12 @@ class Session:
         :meth:`load_tuned_flags`, and the server runs it only after an apply. Progress is in
         the snapshot's ``tune``; the state is saved in the history after every step (resumable headless
         with ``vtui tune --resume ID``). :meth:`stop_tune` ends it as "interrupted".
-        ``settings``: an ``engine.tune.TuneSettings`` for the knobs the form does not have
+        ``settings``: an ``engine.tune.search.TuneSettings`` for the knobs the form does not have
         (requests per step, timeouts); the request's mode, budget and start load win.
         """
         import dataclasses as dc
 
-        from engine.tune import HistoryStore, ServerMeasurer, TuneError, Tuner, TuneSettings
+        from engine.tune.search import HistoryStore, ServerMeasurer, TuneError, Tuner, TuneSettings
 
         self._check_can_tune()
         try:
@@ -1512,7 +1512,7 @@ class Session:
             return None
         if self._history is None:
             try:
-                from engine.history import History
+                from engine.runs.history import History
 
                 self._history = History()
             except Exception:  # noqa: BLE001 - history is optional for the live view
@@ -1521,13 +1521,13 @@ class Session:
         return self._history
 
     def advise_last_run(self) -> list[Any]:
-        """The advisor's findings (``engine.advisor.Finding``) for this session's latest
+        """The advisor's findings (``engine.advise.advisor.Finding``) for this session's latest
         finished run, read back from the history; never changes a flag or the server.
 
         Raises SessionError when there is no run yet or the run was not stored.
         """
-        from engine.advisor import RunData, advise
-        from engine.history import HistoryError
+        from engine.advise.advisor import RunData, advise
+        from engine.runs.history import HistoryError
 
         if not self._runs:
             raise SessionError("no finished run to advise on", "run a workload first (r)")
@@ -1553,7 +1553,7 @@ class Session:
         if kind == "serve":
             return str(self._flags.to_serve_line())
         if kind in ("k8s", "compose"):
-            from engine import deploy
+            from engine.runs import deploy
 
             make = deploy.kubernetes if kind == "k8s" else deploy.compose
             return make(self._flags, name=self._workload_label, version=self._version())
@@ -1571,7 +1571,7 @@ class Session:
             out["flags"] = recordable_values(record.flags)
             out["model"] = str(record.flags.model)
             return json.dumps(out, indent=2, default=str)
-        from engine.trace import build_trace
+        from engine.runs.trace import build_trace
 
         history = self._get_history()
         if history is not None and record.history_id is not None:
@@ -1674,7 +1674,7 @@ class Session:
         weights, activations and one request of max-model-len cannot fit the memory budget,
         instead of waiting a minute and more for vLLM to fail. On the CPU backend the planner
         is not calibrated yet (issue 18, item 3), so vLLM decides there."""
-        from engine.planner import refusal_for
+        from engine.server.planner import refusal_for
 
         snap = self._telemetry
         gpus = [g for g in getattr(snap, "gpus", ()) if g.available and g.mem_total_bytes]
@@ -1690,7 +1690,7 @@ class Session:
     def _prediction(self) -> tuple[int | None, float | None]:
         """The planner's KV tokens and max concurrency for the running (else edited) flags,
         on the memory the sampler saw (first GPU, or the host's RAM on the CPU backend)."""
-        from engine.planner import numa_node_memory
+        from engine.server.planner import numa_node_memory
 
         flags = self._running_flags or self._flags
         devices, _ = _devices_view(self._telemetry)
@@ -1706,7 +1706,7 @@ class Session:
         out: tuple[int | None, float | None] = (None, None)
         if memory is not None:
             try:
-                from engine.planner import plan_for_flags
+                from engine.server.planner import plan_for_flags
 
                 p = plan_for_flags(flags, int(memory * 2**30), device="cpu" if cpu else "gpu")
                 out = (p.kv_tokens, p.max_concurrency)
@@ -1756,7 +1756,7 @@ class Session:
         return view
 
     _comparison_cache: tuple[Any, ComparisonView | None] | None = None
-    _pinned: tuple[Any, ...] = ()  # engine.history.RunInfo of stored runs in the comparison
+    _pinned: tuple[Any, ...] = ()  # engine.runs.history.RunInfo of stored runs in the comparison
 
     def stored_runs(self, text: str = "", limit: int = 200) -> tuple[StoredRun, ...]:
         """The run history, newest first, for the Runs tab: runs of any path and session
@@ -1784,8 +1784,8 @@ class Session:
         return tuple(out)
 
     def run_points(self, limit: int = 200) -> tuple[Any, ...]:
-        """The stored runs on the throughput-latency plane, frontier marked (engine.compare.run_points)."""
-        from engine.compare import run_points
+        """The stored runs on the throughput-latency plane, frontier marked (engine.runs.compare.run_points)."""
+        from engine.runs.compare import run_points
 
         history = self._get_history()
         if history is None:
@@ -1950,8 +1950,8 @@ def _server_metrics_view(s: Any) -> ServerMetricsView:
 
 
 def run_info(record: RunRecord, *, baseline: bool = False, vllm_version: str | None = None) -> Any:
-    """A session run as engine.history's RunInfo, so engine.compare can lay it out."""
-    from engine.history import RunInfo
+    """A session run as engine.runs.history's RunInfo, so engine.runs.compare can lay it out."""
+    from engine.runs.history import RunInfo
 
     return RunInfo(
         id=record.history_id if record.history_id is not None else record.index,
@@ -1972,9 +1972,9 @@ def run_info(record: RunRecord, *, baseline: bool = False, vllm_version: str | N
 
 
 def compare_view(records: Sequence[RunRecord], baseline: int | None, stored: Sequence[Any] = ()) -> ComparisonView:
-    """engine.compare's table of ``records`` (this session's runs) and ``stored`` runs of the
+    """engine.runs.compare's table of ``records`` (this session's runs) and ``stored`` runs of the
     history (``RunInfo``, after them), formatted for display (strings only)."""
-    from engine.compare import compare, fmt_delta, fmt_number
+    from engine.runs.compare import compare, fmt_delta, fmt_number
 
     base_col = next((i for i, r in enumerate(records) if r.index == baseline), 0)
     own = {r.history_id for r in records}

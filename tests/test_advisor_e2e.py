@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.advisor import RunData, advise, check_expected
-from engine.history import History
+from engine.advise.advisor import RunData, advise, check_expected
 from engine.presets import Preset
-from engine.sweep import run_sweep
+from engine.runs.history import History
+from engine.tune.sweep import run_sweep
 from tests.vllm_args import EAGER
 
 # block_size is 128 on the CPU backend: 5 blocks = 4 usable (vLLM keeps a null block)

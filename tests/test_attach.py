@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from engine import procs
-from engine.attach import AttachError, attach, cache_config_labels, is_loopback, stop_attached
-from engine.supervisor import find_free_port
+from engine.server import procs
+from engine.server.attach import AttachError, attach, cache_config_labels, is_loopback, stop_attached
+from engine.server.supervisor import find_free_port
 
 CAPTURES = Path(__file__).parent / "data" / "captures"
 

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.flags import FlagError, FlagSet, parse_command_line, validate
-from engine.logparse import LEVELS, classify_line
+from engine.server.logparse import LEVELS, classify_line
 from engine.session import Session
 from loadgen import ArrivalSpec, WorkloadSpec
 from loadgen.testserver import ServerConfig, serve_in_thread

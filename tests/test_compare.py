@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from engine.compare import FORMATS, best_indexes, compare, delta_pct, render
-from engine.history import RunInfo
+from engine.runs.compare import FORMATS, best_indexes, compare, delta_pct, render
+from engine.runs.history import RunInfo
 
 GIB = 1024**3
 
@@ -125,7 +125,7 @@ def test_renderings() -> None:
 
 
 def test_compare_cli(tmp_path, monkeypatch, capsys) -> None:
-    from engine.history import History
+    from engine.runs.history import History
     from tui.cli import main
 
     monkeypatch.setenv("VTUI_HOME", str(tmp_path))
@@ -144,8 +144,8 @@ def test_compare_cli(tmp_path, monkeypatch, capsys) -> None:
 
 
 def test_pareto_frontier_and_stored_run_points() -> None:
-    from engine.compare import RunPoint, pareto_frontier, run_points
-    from engine.history import RunInfo
+    from engine.runs.compare import RunPoint, pareto_frontier, run_points
+    from engine.runs.history import RunInfo
 
     assert pareto_frontier([(1, 5), (2, 4), (1, 4), (3, 1), (2, 4)]) == [True, True, False, True, True]
 

@@ -1,10 +1,10 @@
-"""engine.crosscheck: the client's figures beside the server's own /metrics over one run."""
+"""engine.runs.crosscheck: the client's figures beside the server's own /metrics over one run."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from engine.crosscheck import cross_check
+from engine.runs.crosscheck import cross_check
 
 LOAD = {"completed": 100, "mean_ttft_ms": 50.0, "mean_tpot_ms": 4.0, "total_input_tokens": 12_800}
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import yaml
 
-from engine import deploy
 from engine.flags import builtin_schema, parse_command_line
+from engine.runs import deploy
 
 LINE = ("vllm serve Qwen/Qwen2.5-7B-Instruct --max-num-seqs 128 --tensor-parallel-size 2 "
         "--pipeline-parallel-size 2 --api-key sk-never-in-a-file --port 9000 --host 0.0.0.0 "

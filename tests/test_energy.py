@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 from fake_nvml import FakeNvml, load_capture
 
-from engine.compare import compare
-from engine.history import RunInfo
-from engine.measure import energy_figures
+from engine.runs.compare import compare
+from engine.runs.history import RunInfo
+from engine.runs.measure import energy_figures
 from engine.telemetry.nvml import GpuSample, GpuUnavailable, NvmlReader
 from engine.telemetry.store import SeriesStore
 from engine.telemetry.summary import energy, summarize
-from engine.tune import Measurement, format_table, objective_value
+from engine.tune.search import Measurement, format_table, objective_value
 from tests.test_tune import SLO_TTFT, TableMeasurer, keys, make_tuner, space_of
 from tui.commands.bench import energy_line
 

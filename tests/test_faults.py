@@ -30,11 +30,11 @@ from typing import Any
 import httpx
 import pytest
 
-from engine import procs
 from engine.flags import FlagSet
-from engine.history import History
+from engine.runs.history import History
+from engine.server import procs
+from engine.server.supervisor import ServerState, Supervisor, list_registered, port_is_free
 from engine.session import Session, SessionError
-from engine.supervisor import ServerState, Supervisor, list_registered, port_is_free
 from loadgen import ArrivalSpec, LoadRun, WorkloadSpec
 from tests import fakevllm
 from tests.vllm_args import SERVER_ARGS
@@ -183,7 +183,7 @@ async def test_server_sigkill_mid_sweep_is_cut_short_and_next_preset_restarts(
     tiny_model: Path, tmp_path: Path
 ) -> None:
     from engine.presets import Preset
-    from engine.sweep import run_sweep
+    from engine.tune.sweep import run_sweep
 
     presets = [
         Preset(name=f"p{i}", flags={"max-num-seqs": 4},
@@ -376,7 +376,7 @@ def test_vtui_serve_interrupted_leaves_no_server(tiny_model: Path, sig: signal.S
 
 
 def test_vtui_serve_leave_running_survives_sighup_and_can_be_attached(tiny_model: Path) -> None:
-    from engine.attach import attach
+    from engine.server.attach import attach
 
     owner = spawn_serve(tiny_model, "--leave-running")
     refs: list[procs.ProcRef] = []
@@ -574,10 +574,10 @@ async def _until_server_finished(url: str, n: int, timeout: float = 180.0) -> No
 @pytest.mark.vllm
 async def test_vllm_sigkill_mid_tune_step_and_mid_vtui_bench(tiny_model: Path, tmp_path: Path) -> None:
     """The two paths test_vllm_sigkill_mid_session_run and the sweep's test leave: a tune step
-    (engine.tune.ServerMeasurer) and `vtui bench` (its own process) each see the real server
+    (engine.tune.search.ServerMeasurer) and `vtui bench` (its own process) each see the real server
     SIGKILLed mid-run: the run ends within seconds with what completed, says the server died,
     and bench exits 1 with the run stored as server-died."""
-    from engine.tune import ServerMeasurer
+    from engine.tune.search import ServerMeasurer
     from loadgen.spec import SLO
 
     sup = Supervisor(flags_for(tiny_model, **VLLM_VALUES), log_dir=tmp_path)

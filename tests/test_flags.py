@@ -22,7 +22,7 @@ from engine.flags import (
     parse_command_line,
     validate,
 )
-from engine.planner import load_model_config
+from engine.server.planner import load_model_config
 
 BUILTIN = builtin_schema()
 HAS_VLLM = installed_vllm_version() is not None
@@ -360,10 +360,10 @@ def test_docker_line(tmp_path: Path) -> None:
     assert toks[:2] == ["docker", "run"]
     assert "--runtime nvidia" in line and "--ipc=host" in line
     assert "--gpus '\"device=0,1\"'" in line
-    assert ["-p", "9000:8001"] == toks[toks.index("-p") : toks.index("-p") + 2]
+    assert toks[toks.index("-p") : toks.index("-p") + 2] == ["-p", "9000:8001"]
     assert "-v ~/.cache/huggingface:/root/.cache/huggingface" in line
     assert ["-v", f"{model_dir}:/models/qwen 7b:ro"] == toks[toks.index("-v", toks.index("-v") + 1) :][:2]
-    assert ["-e", "HF_TOKEN"] == toks[toks.index("-e") : toks.index("-e") + 2]
+    assert toks[toks.index("-e") : toks.index("-e") + 2] == ["-e", "HF_TOKEN"]
     assert "vllm/vllm-openai:v0.32.0" in toks
     assert toks[toks.index("--model") + 1] == "/models/qwen 7b"
     assert "--host" not in toks  # inside the container the server must listen on all interfaces

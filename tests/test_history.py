@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import history
-from engine.history import MIGRATIONS, SCHEMA_VERSION, History, HistoryError
+from engine.runs import history
+from engine.runs.history import MIGRATIONS, SCHEMA_VERSION, History, HistoryError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,7 +85,7 @@ def test_list_show_delete_baseline_tag(tmp_path: Path) -> None:
 WRITER = textwrap.dedent(
     """
     import sys, time
-    from engine.history import History
+    from engine.runs.history import History
     store = History(sys.argv[1])
     rec = store.start_run("victim", preset="online-chat")
     i = 0

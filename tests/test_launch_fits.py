@@ -13,7 +13,7 @@ import time
 import pytest
 
 from engine.flags import FlagSet
-from engine.planner import load_model_config, plan, refuse_launch
+from engine.server.planner import load_model_config, plan, refuse_launch
 from engine.session import Session, SessionError
 from engine.telemetry.nvml import GpuSample
 from engine.telemetry.sampler import TelemetrySnapshot

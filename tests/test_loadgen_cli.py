@@ -127,7 +127,7 @@ def test_workload_from_a_preset_file_flags_win(url: str, tmp_path: Path) -> None
 
 
 def test_bench_runs_are_stored_unless_no_history(url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from engine.history import History
+    from engine.runs.history import History
 
     with History() as h:
         before = {r.id for r in h.list_runs()}
@@ -152,14 +152,14 @@ def test_bench_runs_are_stored_unless_no_history(url: str, capsys: pytest.Captur
 
 def test_measured_run_keeps_secrets_out_of_the_history(url: str, tmp_path: Path) -> None:
     """A server vtui started with --api-key (vtui bench, the TUI, sweep all record through
-    engine.measure): its flags go into the history with the key as a $VLLM_API_KEY
+    engine.runs.measure): its flags go into the history with the key as a $VLLM_API_KEY
     reference, never the key itself."""
     import asyncio
     from types import SimpleNamespace
 
     from engine.flags import FlagSet
-    from engine.history import History
-    from engine.measure import RunPlan, Target, measure
+    from engine.runs.history import History
+    from engine.runs.measure import RunPlan, Target, measure
     from loadgen import ArrivalSpec, WorkloadSpec
 
     flags = FlagSet(model=str(tmp_path), values={"api-key": "sk-not-for-the-history", "max-num-seqs": 8})

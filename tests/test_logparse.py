@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import errors
-from engine.logparse import (
+from engine.server.logparse import (
     LEVELS,
     LineKind,
     Phase,

@@ -1,4 +1,4 @@
-"""engine.measure: the one measured-run pipeline, and engine.status, its one vocabulary.
+"""engine.runs.measure: the one measured-run pipeline, and engine.runs.status, its one vocabulary.
 
 Against loadgen.testserver (a stand-in without a model: these tests are about what the
 pipeline decides and stores, not about vLLM's figures; the real-vLLM paths are in
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.history import History
-from engine.measure import RunHandle, RunPlan, Target, measure
-from engine.status import RunStatus, decide
+from engine.runs.history import History
+from engine.runs.measure import RunHandle, RunPlan, Target, measure
+from engine.runs.status import RunStatus, decide
 from loadgen import ArrivalSpec, WorkloadSpec
 from loadgen.spec import SLO
 from loadgen.testserver import ServerConfig, free_port, serve_in_processes

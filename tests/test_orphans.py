@@ -25,9 +25,10 @@ from typing import Any
 import psutil
 import pytest
 
-from engine import errors, procs
+from engine import errors
 from engine.flags import FlagSet
-from engine.supervisor import (
+from engine.server import procs
+from engine.server.supervisor import (
     RegisteredServer,
     ServerAlreadyRunning,
     ServerState,
@@ -71,7 +72,7 @@ OWNER = textwrap.dedent(
     """
     import asyncio, json, sys, threading, time
     from engine.flags import FlagSet
-    from engine.supervisor import Supervisor
+    from engine.server.supervisor import Supervisor
 
     model, stand_in, mode = sys.argv[1:4]
 
@@ -553,8 +554,8 @@ def test_vtui_serve_left_running_then_kill_9_next_serve_refuses_and_stop_left_st
 async def test_session_closed_without_stopping_leaves_its_server_to_the_user(tiny_model: Path) -> None:
     """Quitting the TUI with 'leave it running' (Session.close(stop_server=False)) tells the
     reaper; the server outlives the session and is listed as left running."""
+    from engine.server.supervisor import list_registered
     from engine.session import Session
-    from engine.supervisor import list_registered
     from tests import fakevllm
 
     session = Session(FlagSet(model=str(tiny_model), values={}), launcher=fakevllm.command(), telemetry=False,

@@ -1,4 +1,4 @@
-"""engine.modelconfig and engine.planner, checked against real vLLM startup lines."""
+"""engine.server.modelconfig and engine.server.planner, checked against real vLLM startup lines."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.modelconfig import ModelConfig, ModelConfigError
-from engine.planner import (
+from engine.server.modelconfig import ModelConfig, ModelConfigError
+from engine.server.planner import (
     GIB,
     PlanError,
     compare_to_reported,

@@ -28,7 +28,7 @@ from engine.presets import (
 )
 
 SHIPPED = sorted(presets.SHIPPED_DIR.glob("*.toml"))
-TINY_CONFIG = {"max_position_embeddings": 4096, "torch_dtype": "bfloat16"}  # engine.tinymodel's config
+TINY_CONFIG = {"max_position_embeddings": 4096, "torch_dtype": "bfloat16"}  # engine.server.tinymodel's config
 
 
 @pytest.fixture(autouse=True)

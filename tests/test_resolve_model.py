@@ -1,4 +1,4 @@
-"""``engine.tinymodel.resolve_model``: every --model value becomes one folder (or hub id) and its flags.
+"""``engine.server.tinymodel.resolve_model``: every --model value becomes one folder (or hub id) and its flags.
 
 No vLLM here: the tiny model and a dummy folder are built into the test cache (no server).
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.tinymodel import (
+from engine.server.tinymodel import (
     DUMMY_FLAGS,
     TINY_CPU_DEFAULTS,
     ModelError,

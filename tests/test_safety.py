@@ -18,15 +18,16 @@ from pathlib import Path
 import psutil
 import pytest
 
-from engine import errors, paths, procs
+from engine import errors, paths
 from engine.flags import FlagSet
-from engine.session import Session
-from engine.supervisor import (
+from engine.server import procs
+from engine.server.supervisor import (
     Supervisor,
     bind_needs_confirmation,
     cleanup_all,
     list_registered,
 )
+from engine.session import Session
 from loadgen import ArrivalSpec, WorkloadSpec
 from tests import fakevllm
 

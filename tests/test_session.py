@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import tui_data
+
 from engine.flags import FlagSet, builtin_schema
 from engine.presets import find_preset
 from engine.session import Session, SessionError, SessionSnapshot
@@ -237,7 +237,7 @@ async def test_attach_run_record_and_export_against_real_vllm(vllm_server: objec
     assert snap.server_metrics.kv_usage_pct is not None
 
     # The run is in the history as it was measured.
-    from engine.history import History
+    from engine.runs.history import History
 
     with History() as history:
         info = history.get_run(record.history_id)
@@ -318,3 +318,4 @@ async def test_a_run_after_apply_is_named_by_the_flags_changed_since_the_preset(
         assert session._next_run_label() == "online-chat mns=7"
     finally:
         await session.close()
+

@@ -1,4 +1,4 @@
-"""Session.tune: the flag search (engine.tune.Tuner) driven by the TUI's core.
+"""Session.tune: the flag search (engine.tune.search.Tuner) driven by the TUI's core.
 
 The unit tests give the session a measurer that answers from recorded measurements
 (``RecordedMeasurer``): it stands in for *measurement* (starting vLLM and sending load),
@@ -21,7 +21,7 @@ import tui_data
 
 from engine.flags import FlagSet
 from engine.session import Session, SessionError, TuneRequest, parse_tune_form, space_lines
-from engine.tune import (
+from engine.tune.search import (
     DONE,
     Measurement,
     SearchSpace,

@@ -7,15 +7,14 @@ about vtui's bookkeeping and screen, not vLLM's start (test_supervisor.py starts
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from pathlib import Path
 
 from engine import paths
 from engine.flags import FlagSet
+from engine.server.supervisor import STARTS_FILE, Supervisor, last_start_seconds, remember_start_seconds
 from engine.session import Session
-from engine.supervisor import STARTS_FILE, Supervisor, last_start_seconds, remember_start_seconds
 from tests import fakevllm
 from tui.widgets.status import starting_text
 

@@ -25,11 +25,11 @@ import httpx
 import psutil
 import pytest
 
-from engine import errors, procs
+from engine import errors
 from engine.flags import FlagSet
-from engine.logparse import Phase
-from engine.supervisor import ServerEvent, ServerState, Supervisor, list_registered
-
+from engine.server import procs
+from engine.server.logparse import Phase
+from engine.server.supervisor import ServerEvent, ServerState, Supervisor, list_registered
 from tests.vllm_args import EAGER, SERVER_ARGS
 
 
@@ -198,7 +198,7 @@ def test_session_server_started_and_reported_its_facts(vllm_server: Any) -> None
     # checked on what it computes from the figures vLLM used: the worker's memory, and the KV
     # tokens given the server's own non-KV figure. Its estimate of the non-KV figure is measured
     # on quiet starts by tests/perf/start_cost.py (6 of 6 compiled starts within 0.3%).
-    from engine.planner import CPU_BLOCK_SIZE, GIB, load_model_config, plan
+    from engine.server.planner import CPU_BLOCK_SIZE, GIB, load_model_config, plan
 
     assert facts.cpu_node_gib is not None and facts.cpu_requested_gib is not None
     assert facts.cpu_non_kv_gib is not None
@@ -286,8 +286,8 @@ OWNER = textwrap.dedent(
     """
     import asyncio, json, sys
     from engine.flags import FlagSet
-    from engine.logparse import Phase
-    from engine.supervisor import Supervisor
+    from engine.server.logparse import Phase
+    from engine.server.supervisor import Supervisor
 
     async def main():
         flags = FlagSet(model=sys.argv[1], values={"gpu-memory-utilization": 0.2, "max-model-len": 2048,
@@ -372,7 +372,7 @@ def test_interrupted_owner_leaves_no_server(tiny_model: Path, tmp_path: Path, si
 
 
 async def test_stand_in_left_running_survives_cleanup_and_is_found_later(tmp_path: Path, stand_in: list[str]) -> None:
-    from engine.supervisor import cleanup_all
+    from engine.server.supervisor import cleanup_all
 
     sup = Supervisor(make_flags(tmp_path), program=stand_in, log_dir=tmp_path, leave_running=True)
     facts = await sup.start(timeout=30)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.history import History
+from engine.runs.history import History
 from tui.cli import main
 
 

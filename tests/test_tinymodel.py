@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.tinymodel import ensure_dummy_model, ensure_tiny_model, shipped_config_names
+from engine.server.tinymodel import ensure_dummy_model, ensure_tiny_model, shipped_config_names
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,7 +53,7 @@ def test_rebuild_is_identical_and_second_call_is_cached(tiny_model: Path, tmp_pa
 
 
 def test_two_processes_building_at_once_get_one_model(tmp_path: Path) -> None:
-    code = "import sys; from engine.tinymodel import ensure_tiny_model; print(ensure_tiny_model(__import__('pathlib').Path(sys.argv[1])))"
+    code = "import sys; from engine.server.tinymodel import ensure_tiny_model; print(ensure_tiny_model(__import__('pathlib').Path(sys.argv[1])))"
     procs = [
         subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
         for _ in range(2)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.history import History, RunInfo
-from engine.trace import assign_lanes, build_trace, write_trace
+from engine.runs.history import History, RunInfo
+from engine.runs.trace import assign_lanes, build_trace, write_trace
 
 T0 = 1_800_000_000.0
 

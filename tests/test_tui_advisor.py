@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 import tui_data
 
-from engine.advisor import RunData, advise
+from engine.advise.advisor import RunData, advise
 from engine.flags import builtin_schema
-from engine.history import History
 from engine.presets import list_presets
+from engine.runs.history import History
+from engine.runs.status import RunStatus
 from engine.session import RunRecord, Session, SessionError
-from engine.status import RunStatus
 from tui.app import VtuiApp
 from tui.widgets.modals import AdviceScreen
 

@@ -19,9 +19,8 @@ from textual.widgets import Button, Input
 from textual.widgets._footer import FooterKey
 
 from engine.flags import builtin_schema
-from engine.logparse import classify_line
 from engine.presets import find_preset, list_presets
-from engine.logparse import classify_lines
+from engine.server.logparse import classify_line, classify_lines
 from engine.session import LogLine
 from tui.app import VtuiApp
 from tui.widgets.flags import FlagRow
@@ -381,7 +380,7 @@ async def test_runs_tab_lists_stored_runs_and_adds_them_to_the_comparison() -> N
     from textual.widgets import DataTable
 
     from engine.flags import FlagSet
-    from engine.history import History
+    from engine.runs.history import History
     from engine.session import Session
 
     tag = "stored-" + secrets.token_hex(3)
@@ -423,8 +422,9 @@ async def test_runs_tab_lists_stored_runs_and_adds_them_to_the_comparison() -> N
 
 
 async def test_runs_tab_plots_the_stored_runs_pareto_chart() -> None:
-    from engine.compare import RunPoint
     from textual_plotext import PlotextPlot
+
+    from engine.runs.compare import RunPoint
 
     app = make_app()
     points = [RunPoint(1, "a", 100.0, 800.0, None, True), RunPoint(2, "b", 50.0, 800.0, None, False),

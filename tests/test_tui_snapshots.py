@@ -20,10 +20,10 @@ import pytest
 import tui_data
 from textual.widgets import Input, TextArea
 
-from engine.advisor import RunData, advise
+from engine.advise.advisor import RunData, advise
 from engine.flags import builtin_schema
 from engine.presets import list_presets
-from engine.logparse import classify_lines
+from engine.server.logparse import classify_lines
 from engine.session import LogLine, Session, SessionSnapshot, parse_tune_form
 from tui.app import VtuiApp
 from tui.widgets.modals import AdviceScreen, ConfirmScreen, DiffScreen, QuitScreen

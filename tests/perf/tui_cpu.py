@@ -35,10 +35,10 @@ sys.path.insert(0, str(ROOT))
 
 
 def _session(url: str, seconds: float, concurrency: int) -> Any:
-    from engine.attach import AttachedServer
     from engine.flags import FlagSet
+    from engine.server.attach import AttachedServer
+    from engine.server.tinymodel import ensure_tiny_model
     from engine.session import Session
-    from engine.tinymodel import ensure_tiny_model
     from loadgen import ArrivalSpec, WorkloadSpec
 
     tok = ensure_tiny_model()

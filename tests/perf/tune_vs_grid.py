@@ -3,7 +3,7 @@
 (a) grid: every configuration is started; a saturation step (all requests at once) gives
     the throughput T; then the rate steps down 1 req/s from floor(T) + 1 until a step
     meets the SLO (every step runs all its requests, as ``vllm bench serve`` does);
-(b) ours: engine.tune.Tuner on the same space, workload, SLO and step rule.
+(b) ours: engine.tune.search.Tuner on the same space, workload, SLO and step rule.
 (c) check: our answer, and every configuration the grid found a limit for, is measured
     again ``--check-steps`` times at the limit claimed for it, on a fresh start of its
     flags. A method's claimed goodput is a maximum over noisy single steps (the grid takes
@@ -42,9 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from engine import paths  # noqa: E402
 from engine.flags import FlagSet  # noqa: E402
-from engine.supervisor import Supervisor  # noqa: E402
-from engine.tinymodel import ensure_tiny_model  # noqa: E402
-from engine.tune import SearchSpace, ServerMeasurer, StepRule, Tuner, TuneSettings  # noqa: E402
+from engine.server.supervisor import Supervisor  # noqa: E402
+from engine.server.tinymodel import ensure_tiny_model  # noqa: E402
+from engine.tune.search import SearchSpace, ServerMeasurer, StepRule, Tuner, TuneSettings  # noqa: E402
 from loadgen.spec import SLO, WorkloadSpec  # noqa: E402
 
 

@@ -3,7 +3,7 @@
     vtui advise last                      # the newest run in the history
     vtui advise 12 --format json
     vtui advise 12 --after 13             # did run 13 (the suggestion applied) do what was expected?
-    vtui advise run.json                  # advisor run data written by engine.advisor.RunData.to_dict
+    vtui advise run.json                  # advisor run data written by engine.advise.advisor.RunData.to_dict
 
 RUN is a history id, a run name, ``last`` or ``baseline``, or a run-data JSON file.
 Nothing is changed: each finding names one flag change (old -> new) for you to apply.
@@ -31,8 +31,8 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _load(ref: str, history: Any) -> Any:
-    from engine.advisor import RunData, RunDataError
-    from engine.history import HistoryError
+    from engine.advise.advisor import RunData, RunDataError
+    from engine.runs.history import HistoryError
 
     path = Path(ref).expanduser()
     if ref.endswith(".json") or path.is_file():
@@ -41,7 +41,7 @@ def _load(ref: str, history: Any) -> Any:
         except RunDataError as exc:
             raise UserError(str(exc), "give a file written by RunData.to_dict, or a history run id") from None
     if history is None:
-        from engine.history import History
+        from engine.runs.history import History
 
         try:
             history = History(read_only=True)
@@ -54,7 +54,7 @@ def _load(ref: str, history: Any) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.advisor import advise, check_expected
+    from engine.advise.advisor import advise, check_expected
 
     history = None
     before = _load(args.run, history)

@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def _start_server(args: argparse.Namespace) -> Any:
     from engine.errors import StartupError
-    from engine.supervisor import Supervisor
+    from engine.server.supervisor import Supervisor
     from tui.commands.serve import build_flags
 
     flags = build_flags(args)
@@ -193,10 +193,10 @@ async def _start_server(args: argparse.Namespace) -> Any:
 
 
 async def _bench(args: argparse.Namespace, workload: Any, arrivals: Any, slo: Any) -> int:
-    from engine.crosscheck import CrossCheck
-    from engine.history import open_history
-    from engine.measure import RunHandle, RunPlan, Target, measure
-    from engine.status import RunStatus
+    from engine.runs.crosscheck import CrossCheck
+    from engine.runs.history import open_history
+    from engine.runs.measure import RunHandle, RunPlan, Target, measure
+    from engine.runs.status import RunStatus
 
     sup = None
     if args.url:
@@ -274,7 +274,7 @@ def _listening_pid(url: str) -> int | None:
     GPU memory share, RSS), None when it is elsewhere or psutil may not say."""
     from urllib.parse import urlsplit
 
-    from engine.attach import is_loopback, listening_pid
+    from engine.server.attach import is_loopback, listening_pid
 
     parts = urlsplit(url)
     if not (parts.hostname and is_loopback(parts.hostname) and parts.port):

@@ -28,7 +28,7 @@ def add_parser(subparsers: Any) -> None:
 
 def open_history(read_only: bool = True) -> Any:
     """The user's history, or a UserError saying why it cannot be opened."""
-    from engine.history import History, HistoryError
+    from engine.runs.history import History, HistoryError
     from tui.cli import UserError
 
     try:
@@ -52,8 +52,8 @@ def write_or_print(text: str, output: Path | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.compare import compare, render
-    from engine.history import HistoryError
+    from engine.runs.compare import compare, render
+    from engine.runs.history import HistoryError
     from tui.cli import UserError
 
     store = open_history()

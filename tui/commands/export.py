@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         elif args.format == "serve":
             print(flags.to_serve_line(multiline=True))
         elif args.format in ("k8s", "compose"):
-            from engine import deploy
+            from engine.runs import deploy
 
             if args.format == "k8s":
                 print(deploy.kubernetes(flags, name=args.name, image=image, version=version, secret=args.secret),

@@ -43,7 +43,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.history import HistoryError
+    from engine.runs.history import HistoryError
     from tui.cli import UserError
     from tui.commands.compare import open_history
 
@@ -93,7 +93,7 @@ def _when(t: float | None) -> str:
 
 
 def _list(store: Any, limit: int, *, as_json: bool = False) -> int:
-    from engine.compare import fmt_number, split_summary
+    from engine.runs.compare import fmt_number, split_summary
 
     runs = store.list_runs(limit=limit)
     if as_json:
@@ -124,7 +124,7 @@ def _list(store: Any, limit: int, *, as_json: bool = False) -> int:
 
 
 def _show(store: Any, info: Any) -> int:
-    from engine.compare import compare, render
+    from engine.runs.compare import compare, render
 
     print(f"run #{info.id} {info.name}" + ("  [baseline]" if info.baseline else ""))
     print(f"  status    {info.status}")
@@ -169,7 +169,7 @@ def _export(store: Any, info: Any, fmt: str, output: Path | None) -> int:
     elif fmt == "csv":
         text = _requests_csv(store.requests(info.id))
     elif fmt == "trace":
-        from engine.trace import build_trace
+        from engine.runs.trace import build_trace
 
         text = json.dumps(build_trace(info, store.requests(info.id), store.samples(info.id)), separators=(",", ":"))
     else:

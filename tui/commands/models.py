@@ -41,7 +41,7 @@ def _summary(config_path: Any) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from engine import paths
-    from engine.tinymodel import CONFIGS_DIR, TINY_NAME, ensure_dummy_model, ensure_tiny_model, shipped_config_names
+    from engine.server.tinymodel import CONFIGS_DIR, TINY_NAME, ensure_dummy_model, ensure_tiny_model, shipped_config_names
 
     names = shipped_config_names()
     if args.build:

@@ -33,8 +33,8 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.modelconfig import ModelConfigError
-    from engine.planner import PlanError, compare_to_reported, load_model_config, parse_size, plan, shipped_configs
+    from engine.server.modelconfig import ModelConfigError
+    from engine.server.planner import PlanError, compare_to_reported, load_model_config, parse_size, plan, shipped_configs
     from tui.cli import UserError
 
     if args.list:

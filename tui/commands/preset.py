@@ -107,7 +107,7 @@ def _check(args: argparse.Namespace) -> int:
     preset = pr.find_preset(args.name)
     model = args.model
     if model is None:
-        from engine.tinymodel import ensure_tiny_model
+        from engine.server.tinymodel import ensure_tiny_model
 
         model = str(ensure_tiny_model())
     gpus, backend, config = detect_box(model)

@@ -65,7 +65,7 @@ def _merge(defaults: list[str], user: list[str]) -> list[str]:
 
 def build_flags(args: argparse.Namespace) -> Any:
     from engine.flags import FlagError, load_schema, parse_argv, validate
-    from engine.tinymodel import ModelError, resolve_model
+    from engine.server.tinymodel import ModelError, resolve_model
 
     extra = list(getattr(args, "extra", []) or [])
     if extra and extra[0] == "--":
@@ -97,7 +97,7 @@ def build_flags(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     if args.stop_left:
         return stop_left_running()
-    from engine.supervisor import server_devices
+    from engine.server.supervisor import server_devices
 
     flags = build_flags(args)
     port = args.port if args.port is not None else flags.get("port")
@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
 
 def stop_left_running() -> int:
     """``vtui serve --stop-left``: stop what earlier vtuis left running; 1 when something survived."""
-    from engine.supervisor import find_left_running
+    from engine.server.supervisor import find_left_running
 
     left = find_left_running()
     if not left:
@@ -139,7 +139,7 @@ def check_left_running(args: argparse.Namespace, host: str, port: int | None, de
     Returns an exit code when ``vtui serve`` should end here (attach chosen, quit, a stop that
     failed), None to go on. Without a terminal, a conflict is an error unless ``--replace``.
     """
-    from engine.supervisor import conflicting_servers, find_left_running
+    from engine.server.supervisor import conflicting_servers, find_left_running
 
     conflicts = conflicting_servers(host, port, devices)
     clashing = {entry.pid for entry, _ in conflicts}
@@ -181,7 +181,7 @@ def _confirm_public_bind(args: argparse.Namespace, flags: Any) -> bool:
 
     Asks on a terminal; without one, only ``--yes`` agrees (otherwise the supervisor
     refuses with its own error and hint)."""
-    from engine.supervisor import bind_needs_confirmation
+    from engine.server.supervisor import bind_needs_confirmation
 
     if not bind_needs_confirmation(args.host, has_api_key="api-key" in flags.values):
         return False
@@ -207,7 +207,7 @@ def check_fits(flags: Any, *, force: bool = False, nvml_module: Any = None) -> N
     ``force``. ``nvml_module``: the NVML binding (tests pass a fake)."""
     if force:
         return
-    from engine.planner import refusal_for
+    from engine.server.planner import refusal_for
     from engine.telemetry.nvml import NvmlReader
 
     reader = NvmlReader(module=nvml_module)
@@ -224,8 +224,8 @@ def check_fits(flags: Any, *, force: bool = False, nvml_module: Any = None) -> N
 
 async def _serve(args: argparse.Namespace, flags: Any) -> int:
     from engine.errors import StartupError
-    from engine.logparse import Phase
-    from engine.supervisor import ServerEvent, ServerState, Supervisor
+    from engine.server.logparse import Phase
+    from engine.server.supervisor import ServerEvent, ServerState, Supervisor
 
     check_fits(flags, force=args.force)
     sup = Supervisor(

@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-# Re-exported: tui/commands/tune.py imports it from here (engine.tinymodel is light: stdlib only).
-from engine.tinymodel import is_tiny_model as is_tiny_model
+# Re-exported: tui/commands/tune.py imports it from here (engine.server.tinymodel is light: stdlib only).
+from engine.server.tinymodel import is_tiny_model as is_tiny_model
 
 
 def add_parser(subparsers: Any) -> None:
@@ -85,11 +85,11 @@ def resolve_presets(args: argparse.Namespace, tiny: bool) -> list[Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.compare import compare, render
-    from engine.history import open_history
     from engine.presets import check_applicable
-    from engine.sweep import run_sweep
-    from engine.tinymodel import ModelError, resolve_model
+    from engine.runs.compare import compare, render
+    from engine.runs.history import open_history
+    from engine.server.tinymodel import ModelError, resolve_model
+    from engine.tune.sweep import run_sweep
     from tui.cli import UserError
     from tui.commands.compare import write_or_print
     from tui.commands.preset import detect_box

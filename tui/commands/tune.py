@@ -90,8 +90,8 @@ def _slo(args: argparse.Namespace) -> Any:
 
 
 def _list() -> int:
-    from engine.history import HistoryError
-    from engine.tune import OBJECTIVE_UNITS, list_states
+    from engine.runs.history import HistoryError
+    from engine.tune.search import OBJECTIVE_UNITS, list_states
     from tui.cli import UserError
 
     try:
@@ -117,7 +117,7 @@ def _list() -> int:
 
 def run(args: argparse.Namespace) -> int:
     from engine.flags import FlagError, FlagSet
-    from engine.tune import (
+    from engine.tune.search import (
         HistoryStore,
         SearchSpace,
         ServerMeasurer,
@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
                 preset = find_preset(args.preset)
             except PresetError as exc:
                 raise UserError(str(exc), "see `vtui preset list`") from None
-        from engine.tinymodel import ModelError, resolve_model
+        from engine.server.tinymodel import ModelError, resolve_model
 
         try:
             resolved = resolve_model(args.model)

@@ -92,7 +92,7 @@ class LivePanel(VerticalScroll):
             text.append(f"{d.name:<12}", style="bold")
             text.append(f" mem {mem}{vllm}{util}{watts}\n")
         sol = ((snap.runs[-1].summary.get("telemetry") or {}).get("speed_of_light") or {}) if snap.runs else {}
-        if sol.get("line"):  # engine.speedoflight, for the last run
+        if sol.get("line"):  # engine.advise.speedoflight, for the last run
             text.append("last run    ", style="bold")
             text.append(f" {sol['line']}\n")
         text.rstrip()

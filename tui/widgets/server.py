@@ -3,7 +3,7 @@ downtime, vLLM's error line and hint after a failed start, and the log with a fi
 
 The log hides vtui's own polling (uvicorn's access lines for the /health and /metrics
 requests vtui sends every second) unless asked, and can show only warnings and errors;
-which line is which is decided once, by the session, with ``engine.logparse.classify_line``.
+which line is which is decided once, by the session, with ``engine.server.logparse.classify_line``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.widgets import Input, Label, RichLog, Static
 
-from engine.logparse import level_rank
+from engine.server.logparse import level_rank
 from engine.session import LogLine, SessionSnapshot
 
 # The level filter's steps, in the order its key cycles through them.
@@ -169,7 +169,7 @@ class ServerPanel(Vertical):
             if line.n <= self._last_n:
                 continue
             self._last_n = line.n
-            if line.poll and not self.show_polls:  # classified once, by the session (engine.logparse)
+            if line.poll and not self.show_polls:  # classified once, by the session (engine.server.logparse)
                 self._hidden_polls += 1
                 continue
             level = line.level

@@ -2,8 +2,8 @@
 
 Each scenario's flags are chosen to make one symptom happen (KV saturation, a queue
 held back by --max-num-seqs, long prefills without chunking) or none (healthy). The
-runs go through ``engine.sweep.run_sweep`` into a scratch history, then
-``engine.advisor.RunData.from_history`` turns each into a small JSON file here.
+runs go through ``engine.tune.sweep.run_sweep`` into a scratch history, then
+``engine.advise.advisor.RunData.from_history`` turns each into a small JSON file here.
 
     flock /tmp/vtui-vllm.lock .venv/bin/python tests/data/runs/record_runs.py [SCENARIO...]
 
@@ -86,7 +86,7 @@ def patient_supervisor(flags: Any) -> Any:
     still shows: the load run's requests fail.
     """
     from engine import paths
-    from engine.supervisor import Supervisor
+    from engine.server.supervisor import Supervisor
 
     class Patient(Supervisor):
         async def _died(self, reason: str) -> None:
@@ -101,9 +101,9 @@ def patient_supervisor(flags: Any) -> Any:
 
 
 async def record(names: list[str], history_path: Path) -> None:
-    from engine.history import History
-    from engine.sweep import run_sweep
-    from engine.tinymodel import ensure_tiny_model
+    from engine.runs.history import History
+    from engine.server.tinymodel import ensure_tiny_model
+    from engine.tune.sweep import run_sweep
 
     model = str(ensure_tiny_model())
     history = History(history_path)
@@ -113,8 +113,8 @@ async def record(names: list[str], history_path: Path) -> None:
 
 def convert(history_path: Path, names: list[str] | None = None) -> None:
     """Write one JSON file per stored run (named after its preset)."""
-    from engine.advisor import RunData
-    from engine.history import History
+    from engine.advise.advisor import RunData
+    from engine.runs.history import History
 
     with History(history_path, read_only=True) as history:
         for info in history.list_runs():

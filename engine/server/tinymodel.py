@@ -218,8 +218,8 @@ def ensure_tiny_model(root: Path | None = None, *, seed: int = 0) -> Path:
 
 
 def shipped_config_names() -> list[str]:
-    """Names of the real-model configs shipped under engine/models/configs/."""
-    from engine.planner import shipped_configs
+    """Names of the real-model configs shipped under engine/server/models/configs/."""
+    from engine.server.planner import shipped_configs
 
     return sorted(shipped_configs())
 

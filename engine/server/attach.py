@@ -21,8 +21,8 @@ from urllib.parse import urlsplit
 import httpx
 import psutil
 
-from engine import procs
-from engine.supervisor import is_loopback  # one test of "this machine only", the bind policy's
+from engine.server import procs
+from engine.server.supervisor import is_loopback  # one test of "this machine only", the bind policy's
 
 
 class AttachError(Exception):
@@ -170,7 +170,7 @@ def _local_details(server: AttachedServer, port: int) -> AttachedServer:
             flags_error = f"cannot read its command line: {exc}"
     except ImportError as exc:  # flags module missing: still report the process
         flags_error = f"flag parsing unavailable: {exc}"
-    from engine.supervisor import list_registered
+    from engine.server.supervisor import list_registered
 
     registered = any(e.pid == pid and abs(e.create_time - create_time) < 0.05 for e in list_registered(prune=False))
     return replace(
@@ -213,7 +213,7 @@ async def take_over(
 
     ``flags`` defaults to the ones recovered from its command line.
     """
-    from engine.supervisor import Supervisor
+    from engine.server.supervisor import Supervisor
 
     flags = flags if flags is not None else server.flags
     if flags is None:

@@ -13,8 +13,8 @@ policy that puts a server in the wanted flags.
    requests as the client's, warm-up left out;
 4. watches the server: the supervisor's death event (within 2 s) or a refused connection
    stops the run at once, and what completed is kept;
-5. decides the status (:mod:`engine.status`), cross-checks the client against the server
-   (:mod:`engine.crosscheck`), and stores one record whose summary is what every screen shows.
+5. decides the status (:mod:`engine.runs.status`), cross-checks the client against the server
+   (:mod:`engine.runs.crosscheck`), and stores one record whose summary is what every screen shows.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from engine.history import History, Recording, RunInfo, to_jsonable
-from engine.status import RunStatus, decide
+from engine.runs.history import History, Recording, RunInfo, to_jsonable
+from engine.runs.status import RunStatus, decide
 
 if TYPE_CHECKING:
     from engine.flags import FlagSet
@@ -53,7 +53,7 @@ SERVER_LOG_LINES = 10
 class Target:
     """The server a run measures.
 
-    ``supervisor``: the ``engine.supervisor.Supervisor`` when vtui started the server (its
+    ``supervisor``: the ``engine.server.supervisor.Supervisor`` when vtui started the server (its
     death stops the run; its last log lines go into the record). ``flags``: the values to
     record, secrets as references (``engine.flags.recordable_values``). ``api_key`` is sent
     with each request and stored nowhere.
@@ -103,7 +103,7 @@ class RunPlan:
     check_max_len: bool = True
     percentiles: tuple[float, ...] | None = None
     meta: Mapping[str, Any] = field(default_factory=dict)  # extra workload facts to store (scaled, ...)
-    peak_bw_tbs: float | None = None  # a GPU's peaks where engine.speedoflight's table lacks it
+    peak_bw_tbs: float | None = None  # a GPU's peaks where engine.advise.speedoflight's table lacks it
     peak_tflops: float | None = None
 
 
@@ -173,8 +173,8 @@ class MeasuredRun:
 
 def speed_of_light(target: Target, plan: RunPlan, telemetry: Mapping[str, Any],
                    load: Mapping[str, Any]) -> dict[str, Any]:
-    """The run against its GPU's limits (engine.speedoflight), or ``{"reason": ...}``."""
-    from engine.speedoflight import for_run
+    """The run against its GPU's limits (engine.advise.speedoflight), or ``{"reason": ...}``."""
+    from engine.advise.speedoflight import for_run
 
     gpus = telemetry.get("gpus") or []
     name = next((g.get("name") for g in gpus if g.get("name")), None)
@@ -239,7 +239,7 @@ async def measure(
     log lines. ``asyncio.CancelledError`` and ``KeyboardInterrupt`` store the run as cancelled
     and propagate.
     """
-    from engine.crosscheck import cross_check
+    from engine.runs.crosscheck import cross_check
     from engine.telemetry.metrics import MetricsScraper
     from engine.telemetry.recorder import TelemetryRecorder
     from engine.telemetry.summary import summarize

@@ -6,7 +6,7 @@ p99 (or p90) TTFT/TPOT/E2EL stay under their limits?
 
 The search logic (:class:`Tuner`) is separate from measurement (:class:`Measurer`): it is
 tested on recorded measurement tables with no server, and :class:`ServerMeasurer` does the
-real thing with :class:`engine.supervisor.Supervisor` and :class:`loadgen.LoadRun`.
+real thing with :class:`engine.server.supervisor.Supervisor` and :class:`loadgen.LoadRun`.
 
 How the budget is spent (vLLM's ``auto_tune.sh`` runs the whole grid and steps the rate
 down 1 req/s at a time from the saturated throughput):
@@ -552,7 +552,7 @@ def pareto_points(measurements: Mapping[str, Sequence[Measurement]], gpus: Mappi
         for m in ms:
             if m.ok and m.output_throughput > 0:
                 pts.append((key, m, m.tokens_per_user, m.output_throughput / max(1, gpus.get(key, 1))))
-    from engine.compare import pareto_frontier
+    from engine.runs.compare import pareto_frontier
 
     marks = pareto_frontier([(x, y) for _, _, x, y in pts])
     out = [ParetoPoint(key, m.load, x, y, m.goodput, front) for (key, m, x, y), front in zip(pts, marks, strict=True)]
@@ -666,14 +666,14 @@ class FileStore:
 
 @dataclass(frozen=True)
 class HistoryStore:
-    """The run history (engine.history, table ``tunes``): ``vtui tune --list`` and
+    """The run history (engine.runs.history, table ``tunes``): ``vtui tune --list`` and
     ``--resume ID`` read it. The file is opened per save (a few ms, between steps that take
     seconds), so no SQLite connection is held across the search's awaits."""
 
     path: Path | None = None
 
     def save(self, state: TuneState) -> None:
-        from engine.history import History
+        from engine.runs.history import History
 
         with History(self.path) as h:
             h.save_tune(state.id, state.to_json(), status=state.status,
@@ -683,7 +683,7 @@ class HistoryStore:
 
 def load_state(ref: str, history_path: Path | None = None) -> TuneState:
     """A saved search by id (from the history) or by the path of a JSON state file."""
-    from engine.history import History, HistoryError
+    from engine.runs.history import History, HistoryError
 
     path = Path(ref)
     if ref.endswith(".json") or path.is_file():
@@ -702,7 +702,7 @@ def load_state(ref: str, history_path: Path | None = None) -> TuneState:
 
 def list_states(history_path: Path | None = None) -> list[dict[str, Any]]:
     """Saved searches, newest first: id, status, model, started, and :meth:`TuneState.summary`."""
-    from engine.history import History
+    from engine.runs.history import History
 
     with History(history_path) as h:
         rows = [{"id": t.id, "status": t.status, "model": t.model, "started": t.started, **t.summary}
@@ -1308,8 +1308,8 @@ class ServerMeasurer:
         self.warmups = 0  # bursts sent (a test reads it)
 
     async def start(self, flags: FlagSet, *, timeout: float) -> StartOutcome:
-        from engine.measure import ensure_server
-        from engine.supervisor import Supervisor
+        from engine.runs.measure import ensure_server
+        from engine.server.supervisor import Supervisor
 
         def make(f: FlagSet) -> Any:
             return self._factory(f) if self._factory else Supervisor(f, log_dir=self.log_dir or paths.logs_dir())
@@ -1361,15 +1361,15 @@ class ServerMeasurer:
                            warmup_requests=warmup, seed=base.seed, workers=base.workers)
 
     async def measure(self, load: float, *, requests: int, timeout: float, warmup: int) -> Measurement:
-        from engine.measure import RunHandle, RunPlan, Target, wait_for
-        from engine.measure import measure as measure_run
-        from engine.supervisor import ServerState
+        from engine.runs.measure import RunHandle, RunPlan, Target, wait_for
+        from engine.runs.measure import measure as measure_run
+        from engine.server.supervisor import ServerState
 
         if self.sup is None:
             return Measurement(load, False, "no server", fatal="no server running")
         p = self.slo.percentile
         pcts = tuple(sorted({50.0, 90.0, 95.0, 99.0, float(p)}))
-        # One tune step is one measured run (engine.measure, as on every path); the search's
+        # One tune step is one measured run (engine.runs.measure, as on every path); the search's
         # own store keeps its figures, so it is not filed in the run history one by one.
         plan = RunPlan(f"tune step {load:g}", self.workload, self._arrivals(load, requests, warmup), self.slo,
                        percentiles=pcts, tags=("tune",))

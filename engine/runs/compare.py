@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.history import RunInfo
+from engine.runs.history import RunInfo
 
 GIB = 1024**3
 FORMATS = ("text", "markdown", "csv", "json")
@@ -69,7 +69,7 @@ def _j_per(load_key: str) -> Callable[[Mapping[str, Any], Mapping[str, Any]], fl
 
 
 def _sol(key: str, scale: float = 1.0) -> Callable[[Mapping[str, Any], Mapping[str, Any]], float | None]:
-    """A figure of the run's speed of light (engine.speedoflight), kept in its telemetry."""
+    """A figure of the run's speed of light (engine.advise.speedoflight), kept in its telemetry."""
 
     def read(load: Mapping[str, Any], tel: Mapping[str, Any]) -> float | None:
         sol = tel.get("speed_of_light")

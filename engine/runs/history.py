@@ -36,12 +36,12 @@ from typing import Any, cast
 import psutil
 
 from engine import paths
-from engine.status import RunStatus
+from engine.runs.status import RunStatus
 
 COMMIT_INTERVAL_S = 0.25
 """How often the writer thread commits; four times inside the one-second promise."""
 
-STATUSES = tuple(s.value for s in RunStatus)  # engine.status: one vocabulary on every path
+STATUSES = tuple(s.value for s in RunStatus)  # engine.runs.status: one vocabulary on every path
 
 
 class HistoryError(Exception):
@@ -552,7 +552,7 @@ class History:
     # ------------------------------------------------------------- flag searches
     def save_tune(self, tune_id: str, state: Mapping[str, Any], *, status: str, model: str | None = None,
                   summary: Mapping[str, Any] | None = None) -> None:
-        """Insert or replace a search's state (``engine.tune.TuneState.to_json()``), one transaction."""
+        """Insert or replace a search's state (``engine.tune.search.TuneState.to_json()``), one transaction."""
         now = time.time()
         text = json.dumps(state, separators=(",", ":"), allow_nan=False)
         with self._writing() as conn:
@@ -670,7 +670,7 @@ class RunRecorder:
 
     def finish(self, status: str = RunStatus.OK, summary: Mapping[str, Any] | None = None,
                timeout: float = 10.0) -> None:
-        """Write everything queued, set the status (``engine.status``) and end time, stop the
+        """Write everything queued, set the status (``engine.runs.status``) and end time, stop the
         writer thread."""
         final = RunStatus.parse(status)
         if final is RunStatus.RUNNING:

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.history import RunInfo
+from engine.runs.history import RunInfo
 
 PID_CLIENT = 1
 PID_SERVER = 2
@@ -194,7 +194,7 @@ def _from_run_result(
     result: Any, samples: Iterable[tuple[str, float, Mapping[str, Any]]]
 ) -> tuple[RunInfo, list[Mapping[str, Any]], list[tuple[str, float, Mapping[str, Any]]]]:
     """A loadgen ``RunResult`` (not stored in the history) as trace inputs."""
-    from engine.history import to_jsonable
+    from engine.runs.history import to_jsonable
 
     reqs = [to_jsonable(r) for r in getattr(result, "requests", ())]
     # RequestResult.to_dict() is in ms; the trace reads the dataclass fields in seconds.

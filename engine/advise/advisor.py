@@ -69,8 +69,8 @@ class RunDataError(ValueError):
 
 
 def _status_word(stored: Any) -> str:
-    """A recorded run's status in engine.status words (older files say complete/cut_short)."""
-    from engine.status import RunStatus
+    """A recorded run's status in engine.runs.status words (older files say complete/cut_short)."""
+    from engine.runs.status import RunStatus
 
     try:
         return RunStatus.parse(str(stored or "ok")).value
@@ -116,7 +116,7 @@ class RunData:
     name: str
     flags: Mapping[str, Any]
     model: str | None = None
-    status: str = "ok"  # engine.status words
+    status: str = "ok"  # engine.runs.status words
     started: float | None = None
     ended: float | None = None
     load: Mapping[str, Any] = field(default_factory=dict)
@@ -289,7 +289,7 @@ class RunData:
 
     @classmethod
     def from_history(cls, history: Any, ref: str | int, *, max_requests: int = 400) -> RunData:
-        """A stored run (``engine.history``: id, name, ``last``...) as advisor input.
+        """A stored run (``engine.runs.history``: id, name, ``last``...) as advisor input.
 
         Keeps series and at most ``max_requests`` request rows (evenly spaced), so the
         result stays small enough to store as test data.
@@ -380,8 +380,8 @@ def _read_model_config(model: str | None) -> dict[str, Any] | None:
 
 
 def failure_from_line(line: str, hint: str = "") -> dict[str, Any]:
-    """The typed startup failure for vLLM's line (as ``engine.logparse`` classifies it)."""
-    from engine.logparse import classify_failure
+    """The typed startup failure for vLLM's line (as ``engine.server.logparse`` classifies it)."""
+    from engine.server.logparse import classify_failure
 
     err = classify_failure([line])
     out: dict[str, Any] = {"kind": type(err).__name__, "vllm_line": err.vllm_line or line, "hint": hint or err.hint}
@@ -608,7 +608,7 @@ def _request_tokens(run: RunData) -> float | None:
 def _model_config(run: RunData) -> Any:
     if run.model_config is None:
         return None
-    from engine.modelconfig import ModelConfig, ModelConfigError
+    from engine.server.modelconfig import ModelConfig, ModelConfigError
 
     try:
         return ModelConfig.from_dict(run.model_config, path=f"{run.model or run.name}/config.json")
@@ -620,7 +620,7 @@ def _kv_bytes_per_token(run: RunData) -> int | None:
     mc = _model_config(run)
     if mc is None:
         return None
-    from engine.planner import PlanError, kv_bytes_per_token
+    from engine.server.planner import PlanError, kv_bytes_per_token
 
     try:
         return kv_bytes_per_token(mc, kv_cache_dtype=str(run.flag("kv-cache-dtype", "auto")),
@@ -782,7 +782,7 @@ def _plan(run: RunData, **over: Any) -> Any:
     total, _ = _device_bytes(run)
     if mc is None or not total:
         return None
-    from engine.planner import PlanError, plan
+    from engine.server.planner import PlanError, plan
 
     kw: dict[str, Any] = {
         "gpu_memory": int(total),
@@ -880,7 +880,7 @@ def rule_kv_saturation(run: RunData) -> list[Finding]:
             ev["extra_bytes"] = extra_bytes
             tokens_txt = ""
             if bpt:
-                from engine.planner import kv_tokens_for_memory
+                from engine.server.planner import kv_tokens_for_memory
 
                 extra_tokens = kv_tokens_for_memory(extra_bytes, bpt, run.block_size)
                 ev["extra_kv_tokens"] = extra_tokens
@@ -1235,7 +1235,7 @@ def rule_tail_headroom(run: RunData) -> list[Finding]:
 
 
 def rule_launch_bound(run: RunData) -> list[Finding]:
-    """Decode far slower than the GPU's memory allows at a small batch (engine.speedoflight):
+    """Decode far slower than the GPU's memory allows at a small batch (engine.advise.speedoflight):
     the step waits on kernel launches or scheduling, not on memory."""
     sol = run.telemetry.get("speed_of_light")
     if not isinstance(sol, Mapping) or not sol.get("launch_bound") or _completed(run) < 10:

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from engine.modelconfig import ModelConfig
+from engine.server.modelconfig import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -166,7 +166,7 @@ def for_run(model: str | None, flags: Mapping[str, Any], gpu_name: str | None, l
             peak_tflops: float | None = None) -> SpeedOfLight | str:
     """A run's speed of light, or why there is none (no GPU, a GPU not in the table, a
     model whose config.json vtui cannot read). ``flags``: the run's (tp, dtype, quantization)."""
-    from engine.planner import PlanError, kv_bytes_per_token, load_model_config, weight_bytes
+    from engine.server.planner import PlanError, kv_bytes_per_token, load_model_config, weight_bytes
 
     if not gpu_name and peak_bw_tbs is None:
         return "no GPU: the speed of light is a GPU's"

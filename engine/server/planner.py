@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.modelconfig import DTYPE_BYTES, ModelConfig
+from engine.server.modelconfig import DTYPE_BYTES, ModelConfig
 
 __all__ = [
     "GIB",

@@ -8,7 +8,7 @@ process gone, or ``/health`` answering non-200 / refusing connections) within 2 
 
 Nothing is left behind: ``stop()`` signals the group and the process tree, then SIGKILLs
 what remains; an atexit hook and SIGTERM/SIGHUP handlers do the same when the owning
-process is interrupted, and the server's parent is a reaper (``engine.procs``) that ends its
+process is interrupted, and the server's parent is a reaper (``engine.server.procs``) that ends its
 group when vtui dies in any way, kill -9 included; unless the user chose to leave it
 running (``leave_running``, which can be set at any time). A registry file per server in
 ``data_dir()/servers/`` lets a later vtui find a server left behind (``find_left_running``),
@@ -41,8 +41,9 @@ from typing import Any, Protocol
 
 import httpx
 
-from engine import errors, paths, procs
-from engine.logparse import LogEvent, Phase, StartupFacts, classify_failure, parse_line
+from engine import errors, paths
+from engine.server import procs
+from engine.server.logparse import LogEvent, Phase, StartupFacts, classify_failure, parse_line
 
 MODULE_ENTRY = ("-m", "vllm.entrypoints.openai.api_server")
 _TAIL_LINES = 400
@@ -489,7 +490,7 @@ def _on_signal(signum: int, frame: object) -> None:
     cleanup_all()
     # Dying of the signal skips atexit: write what open history runs still queue (up to
     # the last 0.25 s of requests) and mark them cut short now.
-    history = sys.modules.get("engine.history")
+    history = sys.modules.get("engine.runs.history")
     if history is not None:
         with contextlib.suppress(Exception):
             history.finish_open_runs()
@@ -757,7 +758,7 @@ class Supervisor:
         # The server writes its log file itself and we follow the file. Through a pipe, a server
         # outliving vtui (--leave-running) would die on its next log line.
         log_out = open(self.log_path, "a", encoding="utf-8")  # noqa: SIM115 - handed to the child
-        # The reaper runs the server and ends its group when vtui dies (engine.procs): it reads
+        # The reaper runs the server and ends its group when vtui dies (engine.server.procs): it reads
         # the control pipe, whose write end only this process holds, and reports the server's pid.
         ctl_r, ctl_w = os.pipe()
         status_r, status_w = os.pipe()
@@ -979,7 +980,7 @@ class Supervisor:
         last_error = next(
             (line for line in reversed(self.tail) if (p := parse_line(line)) is not None and p.is_error), ""
         )
-        from engine.logparse import strip_prefix
+        from engine.server.logparse import strip_prefix
 
         err = errors.EngineDied(
             f"the server died: {reason}", vllm_line=strip_prefix(last_error), exit_code=self.exit_code

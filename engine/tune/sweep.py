@@ -1,10 +1,10 @@
 """Run several presets in a row against one model and store every run in the history.
 
 The server is started once and restarted (through its supervisor, on the same port) only
-when a preset's flags differ from the running ones: :func:`engine.measure.ensure_server`.
-Each preset is one :func:`engine.measure.measure` run: every request, the stats windows,
+when a preset's flags differ from the running ones: :func:`engine.runs.measure.ensure_server`.
+Each preset is one :func:`engine.runs.measure.measure` run: every request, the stats windows,
 GPU/host telemetry and the server's /metrics are recorded as it happens, and the run is
-stored with the status every path uses (:mod:`engine.status`). A preset whose server does
+stored with the status every path uses (:mod:`engine.runs.status`). A preset whose server does
 not start, or whose load the server refuses, is stored as ``failed`` with vLLM's own line,
 and the sweep goes on.
 
@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from engine import paths
-from engine.history import History, Recording, RunInfo
 from engine.presets import Preset
-from engine.status import RunStatus
+from engine.runs.history import History, Recording, RunInfo
+from engine.runs.status import RunStatus
 
 
 @dataclass(frozen=True)
@@ -61,8 +61,8 @@ async def run_sweep(
     shipped architecture); a preset's own value wins.
     """
     from engine.flags import FlagSet, installed_vllm_version, recordable_values
-    from engine.measure import RunPlan, Target, ensure_server, measure
-    from engine.supervisor import Supervisor
+    from engine.runs.measure import RunPlan, Target, ensure_server, measure
+    from engine.server.supervisor import Supervisor
 
     def make_supervisor(flags: FlagSet) -> Any:
         if supervisor_factory is not None:
