@@ -57,10 +57,10 @@ def vtui_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     os.environ["VTUI_HOME"] = str(home)
     # engine.flags caches the installed vLLM's flag schema (10-25 s to extract) in data_dir();
     # carry it between sessions through the test cache, since data_dir() is new each session.
-    # Keyed by the hash of engine/flags.py, so a changed extractor never reads an old schema.
+    # Keyed by the hash of engine/flags/schema.py, so a changed extractor never reads an old schema.
     data = home / "data"
     data.mkdir(parents=True, exist_ok=True)
-    flags_src = Path(__file__).resolve().parents[1] / "engine" / "flags.py"
+    flags_src = Path(__file__).resolve().parents[1] / "engine" / "flags" / "schema.py"
     key = hashlib.sha256(flags_src.read_bytes()).hexdigest()[:16] if flags_src.exists() else "none"
     schema_cache = TEST_CACHE / "schema" / key
     for cached in schema_cache.glob("schema-*.json"):

@@ -217,7 +217,7 @@ def test_vllm_schema_matches_installed_parser(vllm_schema) -> None:
 
 
 def test_schema_cache_file_is_reused(vllm_schema) -> None:
-    from engine import flags as flagmod
+    from engine.flags import schema as flagmod
     from engine.paths import data_dir
 
     cache = data_dir() / f"schema-{vllm_schema.vllm_version}.json"

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from engine import flags
+from engine.flags import schema as flags
 
 
 @pytest.fixture

@@ -1,0 +1,134 @@
+"""Checks of a flag set against the schema and vLLM's own rules across flags."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from engine.flags.flagset import FlagSet
+from engine.flags.schema import Schema, load_schema
+from engine.flags.spec import FlagError
+
+if TYPE_CHECKING:
+    from engine.server.modelconfig import ModelConfig
+
+
+
+def validate(
+    flags: FlagSet,
+    schema: Schema | None = None,
+    *,
+    gpu_count: int | None = None,
+    model_config: ModelConfig | None = None,
+    max_request_len: int | None = None,
+) -> list[FlagError]:
+    """Everything vLLM would reject about ``flags`` before it spends a minute starting.
+
+    Checks types, ranges and choices; unknown flags (only against the installed
+    vLLM's complete schema); tensor parallel against visible GPUs and attention heads;
+    the request length against max-model-len; and the combinations vLLM's config
+    refuses (with vLLM's wording). Returns an empty list when all is well.
+    """
+    sch = schema or flags.schema or load_schema()
+    errors: list[FlagError] = []
+    if not flags.model:
+        errors.append(FlagError("model", "no model given"))
+    for name, value in flags.values.items():
+        spec = sch.get(name)
+        if spec is None:
+            if sch.complete:
+                errors.append(FlagError(name, sch.unknown_reason(name)))
+            continue
+        reason = spec.check(value)
+        if reason:
+            errors.append(FlagError(spec.name, reason))
+
+    def num(name: str) -> int | None:
+        v = flags.get(name)
+        spec = sch.get(name)
+        if spec is not None and spec.check(v) is not None:
+            return None  # already reported
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+    tp = num("tensor-parallel-size") or 1
+    pp = num("pipeline-parallel-size") or 1
+    if gpu_count is not None and tp * pp > gpu_count:
+        what = f"tensor-parallel-size {tp}" + (f" x pipeline-parallel-size {pp}" if pp > 1 else "")
+        errors.append(
+            FlagError("tensor-parallel-size", f"{what} needs {tp * pp} GPUs but {gpu_count} are visible")
+        )
+    mml = num("max-model-len")
+    if mml == -1:
+        mml = None
+    if model_config is not None:
+        heads = model_config.num_attention_heads
+        if heads % tp:
+            errors.append(
+                FlagError(
+                    "tensor-parallel-size",
+                    f"Total number of attention heads ({heads}) must be divisible by"
+                    f" tensor parallel size ({tp}).",
+                )
+            )
+        kv = model_config.num_kv_heads
+        if not heads % tp and (kv % tp if kv >= tp else tp % kv):
+            errors.append(
+                FlagError(
+                    "tensor-parallel-size",
+                    f"the model's {kv} KV heads cannot be split or replicated evenly over {tp} GPUs",
+                )
+            )
+        limit = model_config.max_position_embeddings
+        if mml is not None and limit is not None and mml > limit:
+            errors.append(
+                FlagError(
+                    "max-model-len",
+                    f"User-specified max_model_len ({mml}) is greater than the derived"
+                    f" max_model_len (max_position_embeddings={limit} in the model's config.json)",
+                )
+            )
+        if mml is None:
+            mml = limit
+    if max_request_len is not None and mml is not None and max_request_len > mml:
+        errors.append(
+            FlagError(
+                "max-model-len",
+                f"requests of up to {max_request_len} tokens (input + output) do not fit in"
+                f" max-model-len {mml}",
+            )
+        )
+    mnbt = num("max-num-batched-tokens")
+    seqs = num("max-num-seqs")
+    if flags.get("enable-chunked-prefill") is False and mnbt is not None and mml is not None and mnbt < mml:
+        errors.append(
+            FlagError(
+                "max-num-batched-tokens",
+                f"max_num_batched_tokens ({mnbt}) is smaller than max_model_len ({mml})."
+                " This effectively limits the maximum sequence length to max_num_batched_tokens"
+                " and makes vLLM reject longer sequences. Please increase max_num_batched_tokens"
+                " or decrease max_model_len.",
+            )
+        )
+    if mnbt is not None and seqs is not None and mnbt < seqs:
+        errors.append(
+            FlagError(
+                "max-num-batched-tokens",
+                f"max_num_batched_tokens ({mnbt}) must be greater than or equal to max_num_seqs ({seqs}).",
+            )
+        )
+    return errors
+
+
+def recordable_values(flags: Any) -> dict[str, Any]:
+    """The flag values as they may be written down (history, exports, presets), without
+    the model.
+
+    Secrets (--api-key, --hf-token) become ``$VLLM_API_KEY``-style references: the raw
+    values went into the history and the results export before (FlagSet.values holds them
+    as typed).
+    """
+    to_dict = getattr(flags, "to_dict", None)
+    if callable(to_dict):
+        out = dict(to_dict())
+        out.pop("model", None)
+        return out
+    return dict(getattr(flags, "values", {}) or {})
