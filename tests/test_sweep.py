@@ -43,16 +43,20 @@ def test_bad_override_and_unknown_preset(tmp_path: Path, capsys: pytest.CaptureF
 
 
 @pytest.mark.vllm
-def test_sweep_two_presets_on_vllm_cpu(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_sweep_two_presets_on_vllm_cpu(tiny_model: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """The first seed article's enable-256 vs enable-2048 rows on the tiny model: two servers
-    (the flags differ, so one restart), every run stored, the comparison shows the flag row."""
+    (the flags differ, so one restart), every run stored, the comparison shows the flag row,
+    and the latency-against-load chart of the two runs is drawn (--plot)."""
+    chart = tmp_path / "sweep.png"
     code = main([
         "sweep", "chunked-enable-256", "chunked-enable-2048", "--model", str(tiny_model),
         "--requests", "24", "--warmup", "2", "--format", "json",
         "--set", "enforce-eager=true",  # tests/vllm_args.py: faster starts
+        "--plot", str(chart),
     ])
     out, err = capsys.readouterr()
     assert code == 0, err
+    assert f"wrote {chart}" in err and chart.read_bytes()[:4] == b"\x89PNG"
     assert "restarting vLLM with" in err and "--max-num-batched-tokens 2048" in err
     assert "--gpu-memory-utilization (unset) -> 0.2" in err  # the [tiny] scaling was said, not silent
     table = json.loads(out)

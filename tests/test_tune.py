@@ -676,10 +676,13 @@ def test_vtui_tune_end_to_end_on_vllm_cpu(tiny_model: Path, tmp_path: Path, caps
                   "--output-len", "16", "--space", "max-num-seqs=4,16", "--budget-min", "6",
                   "--min-requests", "20", "--min-step-s", "2", "--flag", "gpu-memory-utilization=0.2",
                   "--flag", "max-model-len=512", "--flag", "enforce-eager=true",  # tests/vllm_args.py
-                  "--json", str(out)])
+                  "--json", str(out), "--plot"])
     captured = capsys.readouterr()
     assert rc in (0, 1), captured.err
     data = json.loads(out.read_text())
+    chart = tmp_path / "tune-load.svg"  # --plot without a file: next to --json's
+    svg = chart.read_text()
+    assert f"wrote {chart}" in captured.err and svg.lstrip().startswith("<?xml") and "latency against load" in svg
     assert {c["key"] for c in data["configs"]} == {"max-num-seqs=4", "max-num-seqs=16"}
     assert data["starts"] >= 1 and data["steps"] >= 1
     first = min(data["configs"], key=lambda c: c["order"] or 99)

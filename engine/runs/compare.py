@@ -183,6 +183,34 @@ def run_points(runs: Sequence[RunInfo]) -> list[RunPoint]:
             for r, u, g, met in found]
 
 
+@dataclass(frozen=True)
+class LoadPoint:
+    """A run on the latency-against-load plane: the requests/s it achieved against its p99
+    TTFT and TPOT (what a sweep of loads or presets is read by)."""
+
+    run_id: int
+    name: str
+    load: float  # requests/s completed over the run
+    ttft_p99_ms: float | None
+    tpot_p99_ms: float | None
+    slo_met: bool | None  # None: the run had no SLO
+
+
+def load_points(runs: Sequence[RunInfo]) -> list[LoadPoint]:
+    """The runs that completed requests, by achieved load (lowest first)."""
+    found: list[LoadPoint] = []
+    for run in runs:
+        load = split_summary(run.summary)[0]
+        rps = _get(load, "request_throughput")
+        if not rps or not _get(load, "completed"):
+            continue
+        verdict = run.summary.get("slo_verdict")
+        met = verdict.get("met") if isinstance(verdict, Mapping) else None
+        found.append(LoadPoint(run.id, run.name, rps, _get(load, "p99_ttft_ms"), _get(load, "p99_tpot_ms"),
+                               met if isinstance(met, bool) else None))
+    return sorted(found, key=lambda p: (p.load, p.run_id))
+
+
 def delta_pct(value: float | None, base: float | None) -> float | None:
     """(value - base) / |base| in percent; None when either is missing or base is 0 (0 vs 0 is 0)."""
     if value is None or base is None:

@@ -544,6 +544,20 @@ def _jsonable_load(load: float) -> float | str:
     return "inf" if math.isinf(load) else load
 
 
+StepPoint = tuple[float, float | None, float | None, bool]  # load, TTFT, TPOT (at the SLO's percentile), met
+
+
+def step_series(measurements: Mapping[str, Sequence[Measurement]]) -> tuple[tuple[str, tuple[StepPoint, ...]], ...]:
+    """Each configuration's steps as (load, TTFT, TPOT, met) points, by load; a step at
+    "all at once" (infinite load) has no place on a load axis and is left out."""
+    out = []
+    for key, ms in measurements.items():
+        pts = sorted((m.load, m.ttft_ms, m.tpot_ms, bool(m.ok)) for m in ms if math.isfinite(m.load))
+        if pts:
+            out.append((key, tuple(pts)))
+    return tuple(out)
+
+
 def pareto_points(measurements: Mapping[str, Sequence[Measurement]], gpus: Mapping[str, int]) -> list[ParetoPoint]:
     """Every SLO-meeting step of every configuration, with the frontier marked (no other
     point is at least as good on both axes and better on one)."""

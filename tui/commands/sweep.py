@@ -21,6 +21,7 @@ from typing import Any
 
 # Re-exported: tui/commands/tune.py imports it from here (engine.server.tinymodel is light: stdlib only).
 from engine.server.tinymodel import is_tiny_model as is_tiny_model
+from tui.commands.compare import add_plot_argument, draw, plot_target
 
 
 def add_parser(subparsers: Any) -> None:
@@ -44,6 +45,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--no-history", action="store_true", help="do not store the runs")
     parser.add_argument("--format", choices=("text", "markdown", "csv", "json"), default="text")
     parser.add_argument("--output", "-o", type=Path, help="write the comparison to this file")
+    add_plot_argument(parser, "--output", "latency against load over the sweep's runs")
     parser.add_argument("--start-timeout", type=float, default=600.0, help="seconds to wait for vLLM to start")
     parser.set_defaults(func=run)
 
@@ -133,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         say("--url: the presets' flags are not applied to an attached server; only their workloads run")
 
+    plot = plot_target(args.plot, args.output, "--output", "load")
     history = None if args.no_history else open_history(say)
     try:
         steps = asyncio.run(run_sweep(presets, model=model, url=args.url, history=history, say=say,
@@ -147,4 +150,13 @@ def run(args: argparse.Namespace) -> int:
     if not steps:
         return 1
     write_or_print(render(compare([s.run for s in steps]), args.format), args.output)
+    if plot is not None:
+        from engine.runs.compare import load_points
+        from engine.runs.plots import load_steps, save_latency_load
+
+        points = load_steps(load_points([s.run for s in steps]))
+        if points:
+            draw(lambda: save_latency_load({"sweep": points}, plot, title=f"sweep of {len(steps)} presets"), plot)
+        else:
+            say(f"no chart: no run completed a request ({plot} not written)")
     return 0 if any(s.status.measured for s in steps) else 1

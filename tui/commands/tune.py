@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tui.commands.compare import add_plot_argument, draw, plot_target
+
 SLO_METRICS = ("ttft", "tpot", "e2el")
 
 
@@ -62,6 +64,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--resume", metavar="ID", help="carry on a saved search (see --list)")
     parser.add_argument("--list", action="store_true", help="list saved searches and exit")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the result as JSON")
+    add_plot_argument(parser, "--json", "latency against load for every configuration")
     parser.set_defaults(func=run)
 
 
@@ -226,6 +229,7 @@ def run(args: argparse.Namespace) -> int:
         except SpecError as exc:
             raise UserError(str(exc), "check the workload options") from None
 
+    plot = plot_target(args.plot, args.json, "--json", "load")
     model = base.model
     measurer = ServerMeasurer(workload, slo, mode=settings.mode, arrivals=arrivals,
                               tokenizer=model if Path(model).is_dir() else None)
@@ -264,4 +268,16 @@ def run(args: argparse.Namespace) -> int:
           f" (`vtui tune --resume {result.id}`)")
     if args.json:
         args.json.write_text(json.dumps(result.to_json(), indent=1), encoding="utf-8")
+    if plot is not None:
+        from engine.runs.plots import save_latency_load, tune_steps
+        from engine.tune.search import step_series
+
+        series = tune_steps(step_series(result.measurements))
+        if any(series.values()):
+            draw(lambda: save_latency_load(
+                series, plot, title=f"tune {result.id}", slo_ttft_ms=slo.ttft_ms, slo_tpot_ms=slo.tpot_ms,
+                percentile=slo.percentile,
+                load_unit="requests/s" if result.mode == "rate" else "concurrent requests"), plot)
+        else:
+            say(f"no chart: no step was measured at a finite load ({plot} not written)")
     return 0 if result.best is not None else 1
