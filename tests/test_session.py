@@ -349,6 +349,9 @@ async def test_every_snapshot_arrives_while_a_high_rate_run_and_the_sampler_push
         await session.close()
     load = record.summary["load"]
     assert load["completed"] == 1500 and load["failed"] == 0
+    # The run keeps what the server said at start (the advisor's evidence), without its argv echo.
+    assert record.summary["startup"]["vllm_version"] == "9.9.9"
+    assert "non_default_args" not in record.summary["startup"]
     during = got[before:]
     duration = float(load["duration"])
     assert len(during) >= duration * 50 * 0.3, (len(during), duration)  # the 50 Hz poll kept up

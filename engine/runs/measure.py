@@ -387,6 +387,13 @@ async def measure(
         summary["hint"] = hint
     if server_log:
         summary["server_log"] = list(server_log)
+    facts = getattr(sup, "facts", None) if sup is not None else None
+    if facts is not None and hasattr(facts, "to_dict"):
+        # What vLLM said at start (KV tokens, captured CUDA graph sizes, versions): the advisor's
+        # evidence about the server the run measured (engine.advise.advisor.RunData.startup).
+        # vLLM's echo of its arguments stays out: it is the flags again, and where a server
+        # was given a secret on its command line the echo would carry it into the history.
+        summary["startup"] = {k: v for k, v in facts.to_dict().items() if k != "non_default_args"}
     if recorder is None:  # the caller's store: the GPUs it saw
         gpus.update(getattr(store, "gpu_names", None) or {})
     gpu_list = [{"index": i, "name": name} for i, name in sorted(gpus.items())]
