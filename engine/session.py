@@ -25,11 +25,31 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from engine import paths
 from engine.flags import recordable_values
 from engine.runs.status import RunStatus
+
+if TYPE_CHECKING:
+    # For the annotations only: the modules are imported where they are used (most of them
+    # inside the methods), so importing the session (and `vtui --help`) stays light.
+    from engine.advise.advisor import Finding
+    from engine.flags import FlagSet, Schema
+    from engine.presets import Preset
+    from engine.runs.compare import RunPoint
+    from engine.runs.history import History, Recording, RunInfo
+    from engine.runs.measure import MeasuredRun, RunHandle
+    from engine.server.attach import AttachedServer
+    from engine.server.logparse import LineKind, StartupFacts
+    from engine.server.supervisor import RestartResult, ServerEvent, Supervisor
+    from engine.telemetry.metrics import Quantiles, ServerSample
+    from engine.telemetry.sampler import Sampler, TelemetrySnapshot
+    from engine.tune.search import ConfigResult, Measurement, Measurer, ParetoPoint, SearchSpace, TuneResult, TuneSettings
+    from loadgen.records import RequestResult
+    from loadgen.run import RunResult
+    from loadgen.spec import SLO, ArrivalSpec, WorkloadSpec
+    from loadgen.stats import StatsWindow
 
 # Sparklines show the last 120 points: one minute at the 2 Hz telemetry rate.
 SERIES_POINTS = 120
@@ -141,12 +161,12 @@ class RunRecord:
 
     index: int  # 1-based, in the order runs were started
     label: str
-    flags: Any  # engine.flags.FlagSet
+    flags: FlagSet
     started_t: float
     status: RunStatus  # engine.runs.status: the same words as the history and every path
-    summary: Mapping[str, Any]  # {"load": RunResult.summary, "telemetry": TelemetrySummary dict}
-    result: Any = None  # loadgen.RunResult, None when the run failed before measuring
-    history_id: Any = None
+    summary: Mapping[str, Any]  # JSON: {"load": RunResult.summary, "telemetry": TelemetrySummary dict}
+    result: RunResult | None = None  # None when the run failed before measuring
+    history_id: int | None = None  # the run's id in the history, None when it was not stored
     error: str | None = None
     ended_t: float | None = None
 
@@ -183,14 +203,14 @@ class SessionSnapshot:
     t: float
     seq: int  # grows whenever something changed; a renderer may skip equal seqs
     model: str
-    flags: Any  # the edited engine.flags.FlagSet
-    running_flags: Any  # the FlagSet the server runs with, None when no server
+    flags: FlagSet  # the edited flags
+    running_flags: FlagSet | None  # the flags the server runs with, None when no server
     flag_errors: Mapping[str, str]  # flag name -> reason, as typed
     dirty: bool  # edited flags differ from the preset or run they were loaded from
     workload_label: str
     preset_name: str | None
     server: ServerView
-    window: Any  # latest loadgen.StatsWindow, or None
+    window: StatsWindow | None  # the latest load-run window
     devices: tuple[DeviceView, ...]
     gpu_unavailable: str | None  # the reason, shown once
     server_metrics: ServerMetricsView
@@ -209,8 +229,8 @@ class SessionSnapshot:
 class TuneRequest:
     """What a flag search is asked for: SLO limits, the space, the budget, the load axis."""
 
-    slo: Any  # loadgen.spec.SLO, at least one limit
-    space: Any  # engine.tune.search.SearchSpace
+    slo: SLO  # at least one limit
+    space: SearchSpace
     budget_s: float
     mode: str = "rate"  # "rate" (open loop, req/s) or "concurrency" (closed loop)
     start_load: float | None = None  # first load probed; None: a saturation step decides
@@ -230,14 +250,14 @@ class TuneView:
     steps: int
     configs_total: int  # configurations in the space
     lines: tuple[str, ...]  # the latest progress lines, oldest first
-    rows: tuple[Any, ...]  # engine.tune.search.ConfigResult, in the order tried
+    rows: tuple[ConfigResult, ...]  # in the order tried
     best_key: str | None = None
     best_goodput: float | None = None  # req/s meeting every limit at the best's limit load
     best_limit: float | None = None  # req/s or concurrency; inf: met with all requests at once
-    best_flags: Any = None  # engine.flags.FlagSet of the winner
+    best_flags: FlagSet | None = None  # the winner's
     best_serve_line: str | None = None
     best_docker_line: str | None = None  # on one line (the export has the multi-line form)
-    pareto: tuple[Any, ...] = ()  # engine.tune.search.ParetoPoint on the frontier
+    pareto: tuple[ParetoPoint, ...] = ()  # the points on the frontier
     # Latency against load, per configuration: (key, ((load, TTFT pX ms, TPOT pX ms, met), ...)),
     # finite loads in increasing order (the capacity probe at "all at once" has no place on the axis).
     step_series: tuple[tuple[str, tuple[tuple[float, float | None, float | None, bool], ...]], ...] = ()
@@ -252,12 +272,12 @@ TUNE_FIELDS = ("percentile", "ttft_ms", "tpot_ms", "e2el_ms", "budget_min", "spa
 TUNE_PERCENTILES = (99.0, 90.0)  # as `vtui tune --slo-METRIC-p99-ms / -p90-ms`
 
 
-def space_lines(space: Any) -> str:
+def space_lines(space: SearchSpace) -> str:
     """A search space as the editable text ``SearchSpace.parse`` reads back, one flag a line."""
     return "\n".join(space.lines())
 
 
-def parse_tune_form(fields: Mapping[str, str], *, schema: Any = None, percentile: float = 99.0) -> TuneRequest:
+def parse_tune_form(fields: Mapping[str, str], *, schema: Schema | None = None, percentile: float = 99.0) -> TuneRequest:
     """A :class:`TuneRequest` from the Tune form's text (keys: :data:`TUNE_FIELDS`).
 
     Raises TuneFormError naming the field (and the space line) that is wrong; an empty
@@ -317,7 +337,10 @@ def parse_tune_form(fields: Mapping[str, str], *, schema: Any = None, percentile
     return TuneRequest(slo=slo, space=space, budget_s=budget_min * 60.0, mode=mode, start_load=start_load)
 
 
-def _step_series(measurements: Mapping[str, Sequence[Any]]) -> tuple[Any, ...]:
+_StepSeries = tuple[tuple[str, tuple[tuple[float, float | None, float | None, bool], ...]], ...]
+
+
+def _step_series(measurements: Mapping[str, Sequence[Measurement]]) -> _StepSeries:
     """Each configuration's steps as (load, TTFT, TPOT, met) points, by load (see TuneView)."""
     out = []
     for key, ms in measurements.items():
@@ -327,7 +350,7 @@ def _step_series(measurements: Mapping[str, Sequence[Any]]) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def _frontier(points: Sequence[Any]) -> tuple[Any, ...]:
+def _frontier(points: Sequence[ParetoPoint]) -> tuple[ParetoPoint, ...]:
     """The Pareto points on the frontier, once each (a limit measured twice gives twins)."""
     seen: set[tuple[str, float, float, float]] = set()
     out = []
@@ -339,11 +362,10 @@ def _frontier(points: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def slo_label(slo: Any) -> str:
+def slo_label(slo: SLO) -> str:
     """``p99 TTFT <= 500 ms, p99 TPOT <= 50 ms``."""
     parts = []
-    for key in ("ttft", "tpot", "e2el"):
-        limit = getattr(slo, f"{key}_ms", None)
+    for key, limit in (("ttft", slo.ttft_ms), ("tpot", slo.tpot_ms), ("e2el", slo.e2el_ms)):
         if limit is not None:
             parts.append(f"p{slo.percentile:g} {key.upper()} <= {limit:g} ms")
     return ", ".join(parts)
@@ -357,7 +379,7 @@ def _short_flag(name: str) -> str:
     return "".join(part[:1] for part in name.split("-") if part) or name
 
 
-def run_name(base: str, loaded: Any, flags: Any, taken: Sequence[str]) -> str:
+def run_name(base: str, loaded: FlagSet | None, flags: FlagSet | None, taken: Sequence[str]) -> str:
     """A run named by what differs: the preset (or workload) and every flag changed since it
     was loaded (``online-chat mnbt=512``), numbered when the name was taken (``... (2)``).
     Secrets never appear (recordable_values gives their references, and they are skipped)."""
@@ -381,21 +403,13 @@ def run_name(base: str, loaded: Any, flags: Any, taken: Sequence[str]) -> str:
     return f"{name} ({n})"
 
 
-def _pcts(obj: Any) -> dict[str, float]:
-    """p50/p90/p99 of a Percentiles-like object or mapping, in ms, skipping missing ones."""
-    out: dict[str, float] = {}
-    if obj is None:
-        return out
-    for key in ("p50", "p90", "p99"):
-        value = obj.get(key) if isinstance(obj, Mapping) else getattr(obj, key, None)
-        if value is not None:
-            out[key] = float(value)
-    return out
-
-
-def _num(obj: Any, *names: str) -> float | None:
+def _num(obj: object, *names: str) -> float | None:
+    """The first of ``names`` in a JSON mapping (a stored run's summary) that reads as a
+    number; None when none does, or when ``obj`` is not a mapping."""
+    if not isinstance(obj, Mapping):
+        return None
     for name in names:
-        value = obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+        value = obj.get(name)
         if value is not None:
             try:
                 return float(value)
@@ -412,11 +426,11 @@ class Session:
 
     def __init__(
         self,
-        flags: Any,
+        flags: FlagSet,
         *,
-        workload: Any = None,
-        arrivals: Any = None,
-        slo: Any = None,
+        workload: WorkloadSpec | None = None,
+        arrivals: ArrivalSpec | None = None,
+        slo: SLO | None = None,
         workload_label: str = "",
         preset_name: str | None = None,
         launcher: Sequence[str] = (),
@@ -424,10 +438,10 @@ class Session:
         record_history: bool = True,
         telemetry: bool = True,
         tiny: bool = False,
-        schema: Any = None,
+        schema: Schema | None = None,
         clock: Callable[[], float] = time.time,
-        model_flags: Mapping[str, Any] | None = None,
-        tune_measurer: Callable[..., Any] | None = None,
+        model_flags: Mapping[str, object] | None = None,
+        tune_measurer: Callable[..., Measurer] | None = None,
     ) -> None:
         """``tune_measurer``: builds the flag search's measurer, called like
         ``engine.tune.search.ServerMeasurer(workload, slo, mode=, arrivals=, tokenizer=, supervisor=)``
@@ -435,7 +449,7 @@ class Session:
         self._clock = clock
         # Flags that come with the model, kept under every preset's flags (a shipped
         # architecture needs load-format = dummy whatever the scenario).
-        self._model_flags = dict(model_flags or {})
+        self._model_flags: dict[str, object] = dict(model_flags or {})
         self._schema_obj = schema
         self._flags = flags
         self._loaded_flags = flags  # what "dirty" compares against (moves with each start/apply)
@@ -454,9 +468,9 @@ class Session:
 
         self._seq = 0
         self._subscribers: list[Callable[[SessionSnapshot], None]] = []
-        self._supervisor: Any = None
-        self._attached: Any = None
-        self._running_flags: Any = None
+        self._supervisor: Supervisor | None = None
+        self._attached: AttachedServer | None = None
+        self._running_flags: FlagSet | None = None
         self._server_error: tuple[str, str] | None = None
         self._downtime: float | None = None
         self._busy: str | None = None
@@ -465,13 +479,13 @@ class Session:
         self._log_n = 0
         self._log_lock = threading.Lock()
 
-        self._window: Any = None
-        self._telemetry: Any = None
+        self._window: StatsWindow | None = None
+        self._telemetry: TelemetrySnapshot | None = None
         self._tiny = tiny
         from engine.telemetry.store import SeriesStore
 
         self.store = SeriesStore()
-        self._sampler: Any = None
+        self._sampler: Sampler | None = None
         # Sparkline series, pushed from the sampler thread, the run's thread and the UI loop
         # while snapshot() copies them: every access holds the lock (a dict changed while
         # iterated raised RuntimeError and stopped the screen's updates without a word).
@@ -484,12 +498,12 @@ class Session:
         self._run_completed = 0
         self._runs: list[RunRecord] = []
         self._baseline: int | None = None
-        self._history: Any = None
+        self._history: History | None = None
         self._sweeping = False
 
         self._tune_measurer = tune_measurer
-        self._tune_task: asyncio.Task[Any] | None = None
-        self._tune_result: Any = None  # engine.tune.search.TuneResult, latest
+        self._tune_task: asyncio.Task[TuneResult] | None = None
+        self._tune_result: TuneResult | None = None  # the latest
         self._tune_request: TuneRequest | None = None
         self._tune_status = ""
         self._tune_error: str | None = None
@@ -503,12 +517,12 @@ class Session:
     # ------------------------------------------------------------------ state access
 
     @property
-    def flags(self) -> Any:
+    def flags(self) -> FlagSet:
         """The edited FlagSet."""
         return self._flags
 
     @property
-    def supervisor(self) -> Any:
+    def supervisor(self) -> Supervisor | None:
         """The Supervisor of the server started here, or None."""
         return self._supervisor
 
@@ -559,7 +573,7 @@ class Session:
 
     # ------------------------------------------------------------------ flags
 
-    def _schema(self) -> Any:
+    def _schema(self) -> Schema:
         from engine.flags import load_schema, schema_pending
 
         # Never wait for the installed vLLM's schema (about 10 s the first time on a data
@@ -569,7 +583,7 @@ class Session:
             self._schema_obj = load_schema(wait=False)
         return self._schema_obj
 
-    _schema_obj: Any = None
+    _schema_obj: Schema | None = None
 
     def set_flag_text(self, name: str, text: str) -> str | None:
         """Set a flag from what the user typed; returns the reason it is invalid, or None.
@@ -590,7 +604,7 @@ class Session:
         self._revalidate()
         return self._flag_errors.get(name)
 
-    def set_flag(self, name: str, value: Any) -> str | None:
+    def set_flag(self, name: str, value: object) -> str | None:
         """Set a typed flag value; returns the reason it is invalid, or None."""
         from engine.flags import FlagError
 
@@ -634,7 +648,8 @@ class Session:
         return list(self._flags.display_argv())
 
     def flags_diff(self) -> list[tuple[str, Any, Any]]:
-        """(flag, running value, edited value) for every flag an apply would change."""
+        """(flag, running value, edited value) for every flag an apply would change (values
+        as FlagSet holds them: typed per flag, None when unset)."""
         if self._running_flags is None:
             return []
         return _diff_rows(self._running_flags, self._flags)
@@ -652,12 +667,12 @@ class Session:
 
     # ------------------------------------------------------------------ presets
 
-    def list_presets(self) -> list[Any]:
+    def list_presets(self) -> list[Preset]:
         from engine.presets import list_presets
 
         return list(list_presets())
 
-    def load_preset(self, preset: Any) -> Any:
+    def load_preset(self, preset: Preset | str | Path) -> Preset:
         """Take a preset's flags (on this session's model) and its workload.
 
         On the tiny model the preset's explicit ``[tiny]`` scaling applies; what it
@@ -730,10 +745,9 @@ class Session:
             return "ATTACHED"
         if self._supervisor is None:
             return "DETACHED" if self._detached else "STOPPED"
-        state = getattr(self._supervisor, "state", None)
-        return str(getattr(state, "name", state or "STOPPED"))
+        return self._supervisor.state.name
 
-    def _on_server_event(self, event: Any) -> None:
+    def _on_server_event(self, event: ServerEvent) -> None:
         """Supervisor callback (on the loop): record log lines, notice death."""
         if event.kind == "log" and event.line is not None:
             self._add_log(event.line)
@@ -742,7 +756,7 @@ class Session:
         elif event.kind == "state" and event.state is not None and event.state.name == "READY" and self.tune_active:
             # The search restarted the server with the next configuration (same port): the
             # sampler follows the new process tree, and the flags panel shows what runs.
-            self._running_flags = getattr(self._supervisor, "flags", None)
+            self._running_flags = _flags_of(self._supervisor)
             self._start_telemetry()
         elif event.kind == "state" and event.state is not None and event.state.name == "DEAD":
             err = event.error
@@ -776,7 +790,7 @@ class Session:
                 self._polls -= 1  # the oldest, about to go, is a poll
             self._logs.append(LogLine(self._log_n, self._clock(), text, kind.level, kind.poll))
 
-    _last_kind: Any = None
+    _last_kind: LineKind | None = None
     _polls = 0
 
     def _on_server_dead(self) -> None:
@@ -788,7 +802,7 @@ class Session:
             self.stop_workload("server-died")
         self._notice = "server died; what was measured is kept (press s to start it again)"
 
-    async def start_server(self, timeout: float = 600.0, *, force: bool = False) -> Any:
+    async def start_server(self, timeout: float = 600.0, *, force: bool = False) -> StartupFacts:
         """Launch vLLM with the edited flags; refuses when a flag is invalid, or (unless
         ``force``) when the planner shows the launch cannot fit the GPU's memory budget.
 
@@ -815,10 +829,7 @@ class Session:
         try:
             facts = await sup.start(timeout=timeout)
         except StartupError as exc:
-            self._server_error = (
-                str(getattr(exc, "vllm_line", "") or exc),
-                str(getattr(exc, "hint", "") or ""),
-            )
+            self._server_error = (str(exc.vllm_line or exc), str(exc.hint or ""))
             self._notice = "server failed to start"
             raise SessionError(self._server_error[0], self._server_error[1]) from exc
         finally:
@@ -839,7 +850,7 @@ class Session:
         if sup is None:
             if self._attached is not None:
                 # Not ours to stop: let go of it and say that it goes on.
-                url = getattr(self._attached, "url", None)
+                url = self._attached.url
                 await self._halt_telemetry()
                 self._attached = None
                 self._detached = url
@@ -858,7 +869,7 @@ class Session:
             self._notice = "server stopped"
             self.changed()
 
-    async def apply_flags(self, timeout: float = 600.0, *, force: bool = False) -> Any:
+    async def apply_flags(self, timeout: float = 600.0, *, force: bool = False) -> StartupFacts | RestartResult:
         """Restart the server with the edited flags (see :meth:`flags_diff` first).
 
         With no server running this is a start. The server keeps its port, so the URL and
@@ -889,30 +900,27 @@ class Session:
         try:
             result = await self._supervisor.restart(self._flags, timeout=timeout)
         except StartupError as exc:
-            self._server_error = (
-                str(getattr(exc, "vllm_line", "") or exc),
-                str(getattr(exc, "hint", "") or ""),
-            )
+            self._server_error = (str(exc.vllm_line or exc), str(exc.hint or ""))
             self._running_flags = None
             raise SessionError(self._server_error[0], self._server_error[1]) from exc
         finally:
             self._busy = None
             self.changed()
-        self._downtime = float(getattr(result, "downtime_s", 0.0))
+        self._downtime = float(result.downtime_s)
         self._running_flags = self._flags
         self._loaded_flags = self._flags
         self._notice = f"restarted in {self._downtime:.1f} s"
         self._restart_telemetry()
         return result
 
-    def _new_supervisor(self, flags: Any) -> Any:
+    def _new_supervisor(self, flags: FlagSet) -> Supervisor:
         from engine.server.supervisor import Supervisor
 
         sup = Supervisor(flags, port=self._port, launcher=self._launcher, log_dir=paths.logs_dir())
         sup.subscribe(self._on_server_event)
         return sup
 
-    async def attach(self, url: str) -> Any:
+    async def attach(self, url: str) -> AttachedServer:
         """Watch and load a server that is already running (not started here)."""
         from engine.server.attach import attach
 
@@ -931,12 +939,12 @@ class Session:
         self.attach_server(server)
         return server
 
-    def attach_server(self, server: Any) -> None:
+    def attach_server(self, server: AttachedServer) -> None:
         """Use an ``engine.server.attach.AttachedServer`` (already probed) as this session's server."""
         self._supervisor = None
         self._attached = server
         self._detached = None
-        recovered = getattr(server, "flags", None)
+        recovered: FlagSet | None = server.flags  # recovered from its command line, or None
         self._running_flags = recovered
         if recovered is not None:
             self._flags = recovered
@@ -950,14 +958,14 @@ class Session:
         if self._supervisor is not None:
             return str(self._supervisor.base_url)
         if self._attached is not None:
-            return str(getattr(self._attached, "base_url", None) or getattr(self._attached, "url", ""))
+            return str(self._attached.url)
         return None
 
     def _served_model(self) -> str | None:
         if self._supervisor is not None:
             return str(self._supervisor.model)
         if self._attached is not None:
-            return getattr(self._attached, "model", None)
+            return self._attached.model
         return None
 
     # ------------------------------------------------------------------ telemetry
@@ -1026,10 +1034,10 @@ class Session:
 
     def _server_pid(self) -> int | None:
         if self._supervisor is not None:
-            return getattr(self._supervisor, "pid", None)
-        return getattr(self._attached, "pid", None)
+            return self._supervisor.pid
+        return self._attached.pid if self._attached is not None else None
 
-    def _on_telemetry(self, snap: Any) -> None:
+    def _on_telemetry(self, snap: TelemetrySnapshot) -> None:
         """Sampler thread callback: keep the latest snapshot and extend the sparklines."""
         self._telemetry = snap
         self.store.add_snapshot(snap.gpus, snap.host, snap.gpu_unavailable)
@@ -1044,7 +1052,7 @@ class Session:
                 self._push("mem", devices[0].mem_used_gib)
         self.changed()
 
-    def _on_server_sample(self, sample: Any) -> None:
+    def _on_server_sample(self, sample: ServerSample) -> None:
         """A /metrics scrape (on the session's loop)."""
         self._server_sample = sample
         self.store.add_server(sample)
@@ -1054,9 +1062,9 @@ class Session:
             self._push("running", sample.running)
         self.changed()
 
-    _server_sample: Any = None
+    _server_sample: ServerSample | None = None
 
-    def inject_telemetry(self, snap: Any) -> None:
+    def inject_telemetry(self, snap: TelemetrySnapshot) -> None:
         """Feed a telemetry snapshot by hand (headless tests, replay)."""
         self._on_telemetry(snap)
 
@@ -1078,20 +1086,16 @@ class Session:
 
     # ------------------------------------------------------------------ load runs
 
-    def _on_window(self, window: Any) -> None:
+    def _on_window(self, window: StatsWindow) -> None:
         """Load-run thread callback: keep the latest window, extend the sparklines."""
         self._window = window
-        self._push("req_s", _num(window, "req_s") or 0.0)
-        self._push("tok_s", _num(window, "output_tok_s") or 0.0)
-        ttft = _pcts(getattr(window, "ttft", None)).get("p50")
-        if ttft is not None:
-            self._push("ttft_p50", ttft)
-        tpot = _pcts(getattr(window, "tpot", None)).get("p50")
-        if tpot is not None:
-            self._push("tpot_p50", tpot)
+        self._push("req_s", window.req_s or 0.0)
+        self._push("tok_s", window.output_tok_s or 0.0)
+        self._push("ttft_p50", window.ttft.p50)
+        self._push("tpot_p50", window.tpot.p50)
         self.changed()
 
-    def inject_window(self, window: Any) -> None:
+    def inject_window(self, window: StatsWindow) -> None:
         """Feed a stats window by hand (headless tests, replay)."""
         self._on_window(window)
 
@@ -1115,11 +1119,10 @@ class Session:
             raise SessionError("a run is already going", "stop it first (c)")
         label = label or self._next_run_label()
         flags = self._running_flags or self._flags
-        api_key = getattr(self._attached, "api_key", None)
-        if not api_key and self._supervisor is not None:
+        api_key: str | None = None  # an attached server's key is not known (AttachedServer keeps none)
+        if self._supervisor is not None:
             # A server started here with --api-key wants it on every request.
-            secret_env = getattr(flags, "secret_env", None)
-            api_key = secret_env().get("VLLM_API_KEY") if callable(secret_env) else None
+            api_key = flags.secret_env().get("VLLM_API_KEY")
         target = Target(base_url, self._served_model(), api_key=api_key or None,
                         tokenizer=str(flags.model) if Path(flags.model).is_dir() else None,
                         supervisor=self._supervisor, root_pid=self._server_pid(),
@@ -1139,13 +1142,13 @@ class Session:
         self.changed()
 
         loop = asyncio.get_running_loop()
-        done: asyncio.Future[Any] = loop.create_future()
+        done: asyncio.Future[MeasuredRun] = loop.create_future()
 
-        def finish(outcome: Any, error: BaseException | None) -> None:
+        def finish(outcome: MeasuredRun | BaseException) -> None:
             if done.done():
                 return
-            if error is not None:
-                done.set_exception(error)
+            if isinstance(outcome, BaseException):
+                done.set_exception(outcome)
             else:
                 done.set_result(outcome)
 
@@ -1158,9 +1161,9 @@ class Session:
                 outcome = run_loop.run_until_complete(measure(
                     target, plan, history=self._get_history(), store=self.store, handle=handle,
                     on_window=self._on_window, on_request=self._on_request))
-                loop.call_soon_threadsafe(finish, outcome, None)
+                loop.call_soon_threadsafe(finish, outcome)
             except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
-                loop.call_soon_threadsafe(finish, None, exc)
+                loop.call_soon_threadsafe(finish, exc)
             finally:
                 run_loop.close()
 
@@ -1175,7 +1178,7 @@ class Session:
             self._handle = None
         ended = self._clock()
         result = run.result
-        windows = getattr(result, "windows", ())
+        windows = result.windows if result is not None else ()
         if windows:
             self._window = windows[-1]  # the run's last published window stays on screen
         if result is None and run.status is RunStatus.FAILED:
@@ -1205,7 +1208,7 @@ class Session:
         self.changed()
         return record
 
-    _handle: Any = None
+    _handle: RunHandle | None = None
 
     def _next_run_label(self) -> str:
         """The next run's name: the preset and the flags changed since it (see run_name)."""
@@ -1213,11 +1216,11 @@ class Session:
                         [r.label for r in self._runs])
 
     @property
-    def _recording(self) -> Any:
+    def _recording(self) -> Recording | None:
         handle = self._handle
         return None if handle is None else handle.recording
 
-    def _on_request(self, result: Any) -> None:
+    def _on_request(self, result: RequestResult) -> None:
         """Load-run thread callback, once per finished request: count and record it."""
         self._run_completed += 1
 
@@ -1239,18 +1242,14 @@ class Session:
         record = self._runs[index - 1]
         history = self._get_history()
         if history is not None and record.history_id is not None:
-            for name in ("set_baseline", "tag_baseline"):
-                fn = getattr(history, name, None)
-                if fn is not None:
-                    try:
-                        fn(record.history_id)
-                    except Exception:  # noqa: BLE001 - the marker in this session still holds
-                        pass
-                    break
+            try:
+                history.set_baseline(record.history_id)
+            except Exception:  # noqa: BLE001 - the marker in this session still holds
+                pass
         self._notice = f"baseline: {record.label}"
         self.changed()
 
-    async def sweep(self, presets: Sequence[Any]) -> list[RunRecord]:
+    async def sweep(self, presets: Sequence[Preset | str | Path]) -> list[RunRecord]:
         """Run several presets in a row, restarting only when the flags differ."""
         self._refuse_while_tuning("start a sweep")
         if self._sweeping:
@@ -1275,7 +1274,9 @@ class Session:
         from engine.tune.search import SearchSpace
 
         slo = self._slo
-        limits = {k: getattr(slo, k, None) if slo is not None else None for k in ("ttft_ms", "tpot_ms", "e2el_ms")}
+        limits: dict[str, float | None] = {"ttft_ms": None, "tpot_ms": None, "e2el_ms": None}
+        if slo is not None:
+            limits = {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "e2el_ms": slo.e2el_ms}
         if all(v is None for v in limits.values()):
             limits = {"ttft_ms": 500.0, "tpot_ms": 50.0, "e2el_ms": None}
         out = {k: "" if v is None else f"{v:g}" for k, v in limits.items()}
@@ -1285,9 +1286,10 @@ class Session:
 
     def tune_percentile(self) -> float:
         """The percentile the SLO is judged at (the session's SLO's, else 99)."""
-        return float(getattr(self._slo, "percentile", 99.0) or 99.0)
+        return float(self._slo.percentile or 99.0) if self._slo is not None else 99.0
 
-    def _check_can_tune(self) -> None:
+    def _check_can_tune(self) -> WorkloadSpec:
+        """Refuse a tune that cannot start now; returns the workload it runs."""
         if self.tune_active:
             raise SessionError("a tune is already running", "stop it first (x on the Tune screen)")
         if self.run_active or self._sweeping:
@@ -1305,8 +1307,9 @@ class Session:
             raise SessionError(f"--{name}: {reason}", "fix the flag: every configuration starts from these flags")
         if self._workload is None:
             raise SessionError("no workload chosen", "load a preset first")
+        return self._workload
 
-    async def tune(self, request: TuneRequest, *, settings: Any = None) -> Any:
+    async def tune(self, request: TuneRequest, *, settings: TuneSettings | None = None) -> TuneResult:
         """Search the flags with the most goodput under ``request.slo`` on this session's
         server and workload (engine.tune.search.Tuner); returns the ``TuneResult``.
 
@@ -1324,7 +1327,7 @@ class Session:
 
         from engine.tune.search import HistoryStore, ServerMeasurer, TuneError, Tuner, TuneSettings
 
-        self._check_can_tune()
+        workload = self._check_can_tune()
         try:
             settings = dc.replace(settings or TuneSettings(), mode=request.mode, budget_s=request.budget_s,
                                   start_load=request.start_load)
@@ -1337,12 +1340,12 @@ class Session:
             self._supervisor = self._new_supervisor(base)
         tokenizer = base.model if Path(str(base.model)).is_dir() else None
         factory = self._tune_measurer or ServerMeasurer
-        measurer = factory(self._workload, request.slo, mode=settings.mode, arrivals=self._arrivals,
+        measurer = factory(workload, request.slo, mode=settings.mode, arrivals=self._arrivals,
                            tokenizer=tokenizer, supervisor=self._supervisor)
         try:
             tuner = Tuner(
                 measurer, base_flags=base, space=request.space, slo=request.slo, settings=settings,
-                workload={"workload": self._workload.to_dict(),
+                workload={"workload": workload.to_dict(),
                           "arrivals": self._arrivals.to_dict() if self._arrivals is not None else {}},
                 max_request_len=self._max_request_len(), schema=self._schema(), say=self._tune_say,
                 on_update=self._tune_update,
@@ -1371,10 +1374,9 @@ class Session:
         except asyncio.CancelledError:
             current = asyncio.current_task()
             self._tune_status = "interrupted"
-            self._tune_result = tuner.result()
+            result = self._tune_result = tuner.result()
             if not self._tune_stop_requested or (current is not None and current.cancelling()):
                 raise  # the caller was cancelled (the app is closing): pass it on
-            result = self._tune_result
         except Exception as exc:  # noqa: BLE001 - shown on the Tune screen, the state file keeps the steps
             self._tune_status = "failed"
             self._tune_error = f"{type(exc).__name__}: {exc}"
@@ -1395,12 +1397,12 @@ class Session:
         """The server runs the last configuration tried (or nothing): say so in the view."""
         sup = self._supervisor
         ready = sup is not None and self._state_name() == "READY"
-        self._running_flags = getattr(sup, "flags", None) if ready else None
+        self._running_flags = _flags_of(sup) if ready else None
         self._tune_elapsed0 += time.monotonic() - self._tune_t0
         self._tune_t0 = 0.0
         self.changed()
 
-    def _tune_notice(self, result: Any) -> str:
+    def _tune_notice(self, result: TuneResult) -> str:
         if result.best is None:
             return f"tune {result.id}: {result.status}; no configuration met the SLO"
         return (f"tune {result.id}: {result.status}; best {result.best.key} "
@@ -1410,7 +1412,7 @@ class Session:
         self._tune_lines.append(line)
         self.changed()
 
-    def _tune_update(self, result: Any) -> None:
+    def _tune_update(self, result: TuneResult) -> None:
         self._tune_result = result
         self.changed()
 
@@ -1428,13 +1430,14 @@ class Session:
 
     def load_tuned_flags(self) -> list[tuple[str, Any, Any]]:
         """Put the search's winning values into the flag editor (the rest of the edits stay);
-        nothing restarts until apply. Returns (flag, old, new) for what changed."""
+        nothing restarts until apply. Returns (flag, old, new) for what changed (values as
+        FlagSet holds them: typed per flag, None when unset)."""
         from engine.flags import FlagError
 
         if self.tune_active:
             raise SessionError("the tune is still running", "wait for it to end, or stop it (x)")
         result = self._tune_result
-        best = getattr(result, "best", None)
+        best = result.best if result is not None else None
         if best is None:
             raise SessionError("no tuned flags to load", "run a tune that finds a configuration meeting the SLO")
         old = self._flags
@@ -1507,7 +1510,7 @@ class Session:
 
     # ------------------------------------------------------------------ history
 
-    def _get_history(self) -> Any:
+    def _get_history(self) -> History | None:
         if not self._record_history:
             return None
         if self._history is None:
@@ -1520,7 +1523,7 @@ class Session:
                 return None
         return self._history
 
-    def advise_last_run(self) -> list[Any]:
+    def advise_last_run(self) -> list[Finding]:
         """The advisor's findings (``engine.advise.advisor.Finding``) for this session's latest
         finished run, read back from the history; never changes a flag or the server.
 
@@ -1561,7 +1564,7 @@ class Session:
             raise SessionError("no run to export", "run a workload first (r)")
         record = self._runs[(run_index or len(self._runs)) - 1]
         if kind == "results":
-            out: dict[str, Any] = dict(record.result.to_json()) if record.result is not None else {}
+            out: dict[str, Any] = dict(record.result.to_json()) if record.result is not None else {}  # JSON
             out["telemetry"] = record.summary.get("telemetry", {})
             out["label"] = record.label
             out["status"] = record.status.value
@@ -1620,41 +1623,45 @@ class Session:
                 # Left running by choice: its reaper must not end it when vtui exits.
                 self._supervisor.leave_running = True
         history = self._history
-        if history is not None and hasattr(history, "close"):
+        if history is not None:
             history.close()
 
     # ------------------------------------------------------------------ snapshot
 
     def _version(self) -> str | None:
         if self._attached is not None and self._supervisor is None:
-            return getattr(self._attached, "version", None)
-        facts = getattr(self._supervisor, "facts", None)
-        return getattr(facts, "vllm_version", None) or getattr(facts, "version", None)
+            return self._attached.version
+        if self._supervisor is None:
+            return None
+        return self._supervisor.facts.vllm_version or None
 
     def _server_view(self) -> ServerView:
         sup = self._supervisor
-        facts = getattr(sup, "facts", None) if sup is not None else getattr(self._attached, "facts", None)
-        kv_tokens = _num(facts, "kv_cache_tokens", "kv_tokens") if facts is not None else None
-        max_conc = _num(facts, "max_concurrency") if facts is not None else None
+        # What vLLM said while starting; an attached server's come from its /metrics instead.
+        facts = sup.facts if sup is not None else None
+        kv_tokens = _float(facts.kv_cache_tokens) if facts is not None else None
+        max_conc = _float(facts.max_concurrency) if facts is not None else None
         if self._attached is not None and sup is None:
-            kv_tokens = kv_tokens or _num(self._attached, "kv_cache_tokens", "kv_tokens")
-            max_conc = max_conc or _num(self._attached, "max_concurrency")
+            kv_tokens = kv_tokens or _float(self._attached.kv_cache_tokens)
+            max_conc = max_conc or _float(self._attached.max_concurrency)
         pred_tokens, pred_conc = self._prediction()
         error_line, error_hint = self._server_error or (None, None)
         if error_line is None and sup is not None and self._state_name() in ("FAILED", "DEAD"):
-            err = getattr(sup, "error", None)
+            err = sup.error
             if err is not None:
                 error_line = str(getattr(err, "vllm_line", "") or err)
                 error_hint = str(getattr(err, "hint", "") or "")
         phase = sup.phase.label if sup is not None and sup.phase is not None else ""
-        launched = getattr(sup, "launched_at", None) if self._state_name() == "STARTING" else None
+        # launched_at and expected_start_s are set by the start that made the state STARTING.
+        starting = sup is not None and self._state_name() == "STARTING"
+        launched = sup.launched_at if sup is not None and starting else None
         return ServerView(
             state=self._state_name(),
             phase=phase,
             base_url=self._base_url(),
             model=self._served_model(),
             version=self._version(),
-            pid=getattr(sup, "pid", None) if sup is not None else getattr(self._attached, "pid", None),
+            pid=self._server_pid(),
             attached=self._attached is not None and sup is None,
             started_here=sup is not None,
             kv_tokens=int(kv_tokens) if kv_tokens is not None else None,
@@ -1664,12 +1671,12 @@ class Session:
             restart_downtime_s=self._downtime,
             error_line=error_line,
             error_hint=error_hint,
-            log_path=str(getattr(sup, "log_path", "") or "") or None,
+            log_path=str(sup.log_path) if sup is not None and sup.log_path is not None else None,
             starting_s=time.monotonic() - launched if isinstance(launched, float) else None,
-            expected_start_s=getattr(sup, "expected_start_s", None) if launched is not None else None,
+            expected_start_s=sup.expected_start_s if sup is not None and launched is not None else None,
         )
 
-    def _refuse_what_cannot_fit(self, flags: Any) -> None:
+    def _refuse_what_cannot_fit(self, flags: FlagSet) -> None:
         """On a GPU (the planner was within 0.5% of vLLM there), refuse at once a launch whose
         weights, activations and one request of max-model-len cannot fit the memory budget,
         instead of waiting a minute and more for vLLM to fail. On the CPU backend the planner
@@ -1677,10 +1684,10 @@ class Session:
         from engine.server.planner import refusal_for
 
         snap = self._telemetry
-        gpus = [g for g in getattr(snap, "gpus", ()) if g.available and g.mem_total_bytes]
-        if not gpus:
+        totals = [m for g in (snap.gpus if snap is not None else ()) if g.available and (m := g.mem_total_bytes)]
+        if not totals:
             return
-        refusal = refusal_for(flags, int(gpus[0].mem_total_bytes))
+        refusal = refusal_for(flags, int(totals[0]))
         if refusal is not None:
             self._notice = f"not started: {refusal.reason}"
             self.changed()
@@ -1715,20 +1722,18 @@ class Session:
         self._prediction_cache = (key, out)
         return out
 
-    _prediction_cache: tuple[Any, tuple[int | None, float | None]] | None = None
+    # ((id of the flags, memory GiB), (KV tokens, max concurrency))
+    _prediction_cache: tuple[tuple[int, float | None], tuple[int | None, float | None]] | None = None
 
     def _progress(self) -> RunProgress | None:
         if not self.run_active:
             return None
         now = self._clock()
         elapsed = now - self._run_started
-        wl = self._workload
-        planned = _num(wl, "num_requests", "count", "requests") if wl is not None else None
-        duration = _num(wl, "duration_s", "duration") if wl is not None else None
-        if duration is None and self._arrivals is not None:
-            duration = _num(self._arrivals, "duration_s", "duration")
-        if planned is None and self._arrivals is not None:
-            planned = _num(self._arrivals, "num_requests", "count", "requests")
+        # The arrivals say when a run stops (0: not on that); the workload has no say in it.
+        arrivals = self._arrivals
+        planned = float(arrivals.num_requests) if arrivals is not None else None
+        duration = float(arrivals.duration_s) if arrivals is not None else None
         fraction = None
         if planned:
             fraction = min(1.0, self._run_completed / planned)
@@ -1755,8 +1760,9 @@ class Session:
         self._comparison_cache = (key, view)
         return view
 
-    _comparison_cache: tuple[Any, ComparisonView | None] | None = None
-    _pinned: tuple[Any, ...] = ()  # engine.runs.history.RunInfo of stored runs in the comparison
+    # ((runs, baseline, stored ids), the view)
+    _comparison_cache: tuple[tuple[int, int | None, tuple[int, ...]], ComparisonView | None] | None = None
+    _pinned: tuple[RunInfo, ...] = ()  # the stored runs in the comparison
 
     def stored_runs(self, text: str = "", limit: int = 200) -> tuple[StoredRun, ...]:
         """The run history, newest first, for the Runs tab: runs of any path and session
@@ -1783,7 +1789,7 @@ class Session:
                                  info.id in compared))
         return tuple(out)
 
-    def run_points(self, limit: int = 200) -> tuple[Any, ...]:
+    def run_points(self, limit: int = 200) -> tuple[RunPoint, ...]:
         """The stored runs on the throughput-latency plane, frontier marked (engine.runs.compare.run_points)."""
         from engine.runs.compare import run_points
 
@@ -1847,11 +1853,22 @@ class Session:
 
 
 # --------------------------------------------------------------------------- adapters
-# These translate the other core modules' objects into the snapshot's views. They
-# read attributes by name so a missing figure shows as "-" instead of crashing.
+# These translate the other core modules' objects into the snapshot's views; a figure the
+# object does not have (None) shows as "-".
 
 
-def _flags_differ(a: Any, b: Any) -> bool:
+def _flags_of(sup: Supervisor | None) -> FlagSet | None:
+    """The flags a supervisor of this session runs with. The Supervisor needs only their
+    FlagsLike part, but the session hands it nothing but FlagSets (``_new_supervisor``,
+    ``apply_flags``), and the tune's ``Tuner`` restarts it with FlagSets too."""
+    return None if sup is None else cast("FlagSet", sup.flags)
+
+
+def _float(value: float | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _flags_differ(a: FlagSet | None, b: FlagSet | None) -> bool:
     if a is b:
         return False
     if a is None or b is None:
@@ -1859,30 +1876,12 @@ def _flags_differ(a: Any, b: Any) -> bool:
     return not a.same_launch(b)
 
 
-def _diff_rows(old: Any, new: Any) -> list[tuple[str, Any, Any]]:
-    """Rows of FlagSet.diff normalised to (name, old, new)."""
-    diff = old.diff(new)
-    rows: list[tuple[str, Any, Any]] = []
-    if isinstance(diff, Mapping):
-        for name, pair in diff.items():
-            a, b = pair if isinstance(pair, tuple) else (None, pair)
-            rows.append((str(name), a, b))
-        return rows
-    for item in diff:
-        if isinstance(item, tuple) and len(item) == 3:
-            rows.append((str(item[0]), item[1], item[2]))
-        else:
-            rows.append(
-                (
-                    str(getattr(item, "name", getattr(item, "flag", item))),
-                    getattr(item, "old", getattr(item, "before", None)),
-                    getattr(item, "new", getattr(item, "after", None)),
-                )
-            )
-    return rows
+def _diff_rows(old: FlagSet, new: FlagSet) -> list[tuple[str, Any, Any]]:
+    """FlagSet.diff as rows of (name, old value, new value); values typed per flag."""
+    return [(str(name), a, b) for name, (a, b) in old.diff(new).items()]
 
 
-def _flagset(model: str, values: Mapping[str, Any]) -> Any:
+def _flagset(model: str, values: Mapping[str, object]) -> FlagSet:
     from engine.flags import FlagSet
 
     return FlagSet(model=model, values=dict(values))
@@ -1892,7 +1891,7 @@ def _gib(value: float | None) -> float | None:
     return None if value is None else float(value) / 2**30
 
 
-def _devices_view(snap: Any) -> tuple[tuple[DeviceView, ...], str | None]:
+def _devices_view(snap: TelemetrySnapshot | None) -> tuple[tuple[DeviceView, ...], str | None]:
     """GPU rows from a TelemetrySnapshot, or the host row when NVML gave none."""
     if snap is None:
         return (), None
@@ -1924,14 +1923,14 @@ def _devices_view(snap: Any) -> tuple[tuple[DeviceView, ...], str | None]:
     return tuple(rows), unavailable
 
 
-def _ms(q: Any) -> dict[str, float]:
+def _ms(q: Quantiles | None) -> dict[str, float]:
     """Server Quantiles (seconds) to {"p50": ms, ...}."""
     if q is None:
         return {}
-    return {k: v * 1000.0 for k in ("p50", "p90", "p99") if (v := getattr(q, k, None)) is not None}
+    return {k: v * 1000.0 for k, v in (("p50", q.p50), ("p90", q.p90), ("p99", q.p99)) if v is not None}
 
 
-def _server_metrics_view(s: Any) -> ServerMetricsView:
+def _server_metrics_view(s: ServerSample | None) -> ServerMetricsView:
     """The Live panel's server figures from the latest ServerSample."""
     if s is None:
         return ServerMetricsView()
@@ -1949,7 +1948,7 @@ def _server_metrics_view(s: Any) -> ServerMetricsView:
     )
 
 
-def run_info(record: RunRecord, *, baseline: bool = False, vllm_version: str | None = None) -> Any:
+def run_info(record: RunRecord, *, baseline: bool = False, vllm_version: str | None = None) -> RunInfo:
     """A session run as engine.runs.history's RunInfo, so engine.runs.compare can lay it out."""
     from engine.runs.history import RunInfo
 
@@ -1971,7 +1970,7 @@ def run_info(record: RunRecord, *, baseline: bool = False, vllm_version: str | N
     )
 
 
-def compare_view(records: Sequence[RunRecord], baseline: int | None, stored: Sequence[Any] = ()) -> ComparisonView:
+def compare_view(records: Sequence[RunRecord], baseline: int | None, stored: Sequence[RunInfo] = ()) -> ComparisonView:
     """engine.runs.compare's table of ``records`` (this session's runs) and ``stored`` runs of the
     history (``RunInfo``, after them), formatted for display (strings only)."""
     from engine.runs.compare import compare, fmt_delta, fmt_number
