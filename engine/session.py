@@ -19,7 +19,6 @@ import asyncio
 import collections
 import contextlib
 import json
-import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -37,7 +36,7 @@ if TYPE_CHECKING:
     from engine.advise.advisor import Finding
     from engine.flags import FlagSet, Schema
     from engine.presets import Preset
-    from engine.runs.compare import RunPoint
+    from engine.runs.compare import LoadPoint, RunPoint
     from engine.runs.history import History, Recording, RunInfo
     from engine.runs.measure import MeasuredRun, RunHandle
     from engine.server.attach import AttachedServer
@@ -45,7 +44,15 @@ if TYPE_CHECKING:
     from engine.server.supervisor import RestartResult, ServerEvent, Supervisor
     from engine.telemetry.metrics import Quantiles, ServerSample
     from engine.telemetry.sampler import Sampler, TelemetrySnapshot
-    from engine.tune.search import ConfigResult, Measurement, Measurer, ParetoPoint, SearchSpace, TuneResult, TuneSettings
+    from engine.tune.search import (
+        ConfigResult,
+        Measurer,
+        ParetoPoint,
+        SearchSpace,
+        StepPoint,
+        TuneResult,
+        TuneSettings,
+    )
     from loadgen.records import RequestResult
     from loadgen.run import RunResult
     from loadgen.spec import SLO, ArrivalSpec, WorkloadSpec
@@ -260,7 +267,7 @@ class TuneView:
     pareto: tuple[ParetoPoint, ...] = ()  # the points on the frontier
     # Latency against load, per configuration: (key, ((load, TTFT pX ms, TPOT pX ms, met), ...)),
     # finite loads in increasing order (the capacity probe at "all at once" has no place on the axis).
-    step_series: tuple[tuple[str, tuple[tuple[float, float | None, float | None, bool], ...]], ...] = ()
+    step_series: tuple[tuple[str, tuple[StepPoint, ...]], ...] = ()  # engine.tune.search.step_series
     state_path: str | None = None
     resume_command: str = ""  # how to carry on headless: "vtui tune --resume ID"
     error: str | None = None  # why it failed (status "failed")
@@ -335,19 +342,6 @@ def parse_tune_form(fields: Mapping[str, str], *, schema: Schema | None = None, 
         raise TuneFormError("space", f"search space: {exc}",
                            "one line per flag: NAME=V1,V2,... e.g. max-num-seqs=64,128,256") from None
     return TuneRequest(slo=slo, space=space, budget_s=budget_min * 60.0, mode=mode, start_load=start_load)
-
-
-_StepSeries = tuple[tuple[str, tuple[tuple[float, float | None, float | None, bool], ...]], ...]
-
-
-def _step_series(measurements: Mapping[str, Sequence[Measurement]]) -> _StepSeries:
-    """Each configuration's steps as (load, TTFT, TPOT, met) points, by load (see TuneView)."""
-    out = []
-    for key, ms in measurements.items():
-        pts = sorted((m.load, m.ttft_ms, m.tpot_ms, bool(m.ok)) for m in ms if math.isfinite(m.load))
-        if pts:
-            out.append((key, tuple(pts)))
-    return tuple(out)
 
 
 def _frontier(points: Sequence[ParetoPoint]) -> tuple[ParetoPoint, ...]:
@@ -1474,6 +1468,8 @@ class Session:
         return self._write_export(f"tune-{kind}", kind, self.export_tune(kind), path)
 
     def _tune_view(self) -> TuneView | None:
+        from engine.tune.search import step_series
+
         result = self._tune_result
         if result is None:
             return None
@@ -1502,7 +1498,7 @@ class Session:
             best_serve_line=str(flags.to_serve_line()) if flags is not None else None,
             best_docker_line=str(flags.to_docker_line(multiline=False)) if flags is not None else None,
             pareto=_frontier(result.pareto),
-            step_series=_step_series(result.measurements),
+            step_series=step_series(result.measurements),
             state_path=str(result.state_path) if result.state_path else None,
             resume_command=f"vtui tune --resume {result.id}",
             error=self._tune_error,
@@ -1788,6 +1784,14 @@ class Session:
                                  _num(load, "request_throughput"), _num(load, "median_ttft_ms"),
                                  info.id in compared))
         return tuple(out)
+
+    def load_points(self) -> tuple[LoadPoint, ...]:
+        """The compared runs (this session's and the stored ones picked) on the latency-against-
+        load plane, by load (engine.runs.compare.load_points): a sweep of loads read as a curve."""
+        from engine.runs.compare import load_points
+
+        infos = [run_info(r) for r in self._runs if r.summary] + list(self._pinned)
+        return tuple(load_points(infos))
 
     def run_points(self, limit: int = 200) -> tuple[RunPoint, ...]:
         """The stored runs on the throughput-latency plane, frontier marked (engine.runs.compare.run_points)."""

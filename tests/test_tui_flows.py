@@ -414,9 +414,16 @@ async def test_runs_tab_lists_stored_runs_and_adds_them_to_the_comparison() -> N
             assert comp is not None and len(comp.columns) == 2
             ttft = next(cells for label, cells, _ in comp.rows if label.startswith("TTFT p50"))
             assert ttft[0].startswith("35") and "(+14.3%)" in ttft[1]  # bench 0 against bench 1
+            # Two runs compared: their latency against the load each achieved, as a curve.
+            assert [(p.load, p.ttft_p99_ms) for p in session.load_points()] == [(12.5, 80.0), (15.0, 70.0)]
+            from textual_plotext import PlotextPlot
+
+            assert app.screen.query_one("#runs-load", PlotextPlot).display
+            assert "latency against load" in app.export_screenshot().replace("&#160;", " ")
             await pilot.press("enter")  # again: out of the comparison
             await pilot.pause()
             assert len(session.comparison().columns) == 1  # type: ignore[union-attr]
+            assert not app.screen.query_one("#runs-load", PlotextPlot).display  # one run is no curve
     finally:
         await session.close()
 

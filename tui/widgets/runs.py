@@ -43,6 +43,7 @@ class RunsPanel(Vertical):
                      id="stored-help")
         yield Input(placeholder="filter: model, preset, date, status", id="stored-filter", compact=True)
         yield DataTable(id="stored-table", zebra_stripes=True, cursor_type="row")
+        yield PlotextPlot(id="runs-load")
         yield PlotextPlot(id="runs-pareto")
 
     def on_mount(self) -> None:
@@ -70,6 +71,28 @@ class RunsPanel(Vertical):
                           _n(r.req_s, "{:.2f}"), _n(r.ttft_p50_ms, "{:.1f}"), "yes" if r.compared else "",
                           key=str(r.id))
         self._plot_pareto(session)
+        self._plot_load(session)
+
+    def _plot_load(self, session: object | None) -> None:
+        """The compared runs' p99 TTFT and TPOT against the requests/s each achieved (a sweep
+        read as a curve; the core gives the points). Hidden under two runs."""
+        points = session.load_points() if session is not None and hasattr(session, "load_points") else ()
+        plot = self.query_one("#runs-load", PlotextPlot)
+        plot.display = len(points) >= 2
+        if not plot.display:
+            return
+        plt = plot.plt
+        plt.clear_data()
+        plt.clear_figure()
+        loads = [p.load for p in points]
+        for label, values, side in (("TTFT p99 ms", [p.ttft_p99_ms for p in points], "left"),
+                                    ("TPOT p99 ms (right)", [p.tpot_p99_ms for p in points], "right")):
+            pairs = [(x, y) for x, y in zip(loads, values, strict=True) if y is not None]
+            if pairs:
+                plt.plot([x for x, _ in pairs], [y for _, y in pairs], label=label, marker="dot", yside=side)
+        plt.title("compared runs: latency against load")
+        plt.xlabel("requests/s")
+        plot.refresh()
 
     def _plot_pareto(self, session: object | None) -> None:
         """The stored runs' tokens/s per user against tokens/s per GPU, frontier apart (the core
@@ -122,6 +145,7 @@ class RunsPanel(Vertical):
         if comp is self._shown:
             return  # the comparison only changes when a run ends or the baseline moves
         self._shown = comp
+        self._plot_load(self._session())
         table = self.query_one("#runs-table", DataTable)
         table.clear(columns=True)
         help_ = self.query_one("#runs-help", Static)
