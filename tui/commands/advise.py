@@ -4,9 +4,13 @@
     vtui advise 12 --format json
     vtui advise 12 --after 13             # did run 13 (the suggestion applied) do what was expected?
     vtui advise run.json                  # advisor run data written by engine.advise.advisor.RunData.to_dict
+    vtui advise 12 --draft-model Qwen/Qwen2.5-0.5B-Instruct   # a draft for speculative decoding
 
 RUN is a history id, a run name, ``last`` or ``baseline``, or a run-data JSON file.
 Nothing is changed: each finding names one flag change (old -> new) for you to apply.
+--draft-model offers a draft model (a smaller model of the same family: a local folder or a
+Hugging Face id): where the run decoded few sequences at once on a GPU with long outputs, the
+advice puts it in --speculative-config instead of n-gram speculation.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument("run", metavar="RUN", help="history id, name, 'last', 'baseline', or a run-data .json file")
     p.add_argument("--after", metavar="RUN2", help="a later run with a suggestion applied: check its effect")
+    p.add_argument("--draft-model", metavar="PATH_OR_ID",
+                   help="a draft model for speculative decoding, named in the advice where the run has room for it")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=run)
 
@@ -53,12 +59,26 @@ def _load(ref: str, history: Any) -> Any:
         raise UserError(str(exc), "`vtui history` lists the stored runs") from None
 
 
+def _draft(value: str | None) -> str | None:
+    """The --draft-model value: a Hugging Face id, or a local folder that must exist."""
+    if value is None:
+        return None
+    draft = value.strip()
+    if not draft:
+        raise UserError("--draft-model is empty", "give a local model folder or a Hugging Face id")
+    if draft.startswith(("/", "./", "../", "~")) and not Path(draft).expanduser().is_dir():
+        raise UserError(f"--draft-model {draft}: no such folder",
+                        "give a local model folder (with config.json) or a Hugging Face id such as org/name")
+    return str(Path(draft).expanduser()) if draft.startswith("~") else draft
+
+
 def run(args: argparse.Namespace) -> int:
     from engine.advise.advisor import advise, check_expected
 
     history = None
+    draft = _draft(args.draft_model)
     before = _load(args.run, history)
-    findings = advise(before)
+    findings = advise(before, draft_model=draft)
     verdicts = []
     after = None
     if args.after:
@@ -66,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
         verdicts = [check_expected(f, before, after) for f in findings]
     if args.format == "json":
         out: dict[str, Any] = {"run": before.name, "findings": [f.to_dict() for f in findings]}
+        if draft:
+            out["draft_model"] = draft
         if after is not None:
             out["after"] = after.name
             out["verdicts"] = [v.to_dict() for v in verdicts]
