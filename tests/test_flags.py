@@ -463,3 +463,25 @@ def test_exported_argv_is_accepted_by_the_real_vllm_parser(vllm_schema) -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got == ["/models/m", 4000, False, 2, ["a b", "c"], "fp8", "awq", 1024, 0.5]
+
+
+@pytest.mark.parametrize(("version", "refused"), [("0.24.0", True), ("0.11.0", True), ("0.10.2", False),
+                                                   ("0.8.5", False), ("unknown", False)])
+def test_concurrent_partial_prefill_is_refused_where_vllm_refuses_it(version: str, refused: bool) -> None:
+    # vLLM 0.11 and later run only the V1 engine and refuse to start with either flag above 1
+    # ("Concurrent Partial Prefill is not supported"; seen with 0.23 and 0.24 in users' logs):
+    # vtui says so before the start. Earlier versions fell back to the V0 engine.
+    from engine.flags import FlagSpec, Schema
+
+    specs = {**BUILTIN.flags, "max-num-partial-prefills": FlagSpec("max-num-partial-prefills", "int", default=1),
+             "max-long-partial-prefills": FlagSpec("max-long-partial-prefills", "int", default=1)}
+    schema = Schema(specs, source=f"vllm {version}", vllm_version=version, complete=True)
+    fs = parse_command_line("vllm serve m --max-num-partial-prefills 2", schema)
+    errors = [e for e in validate(fs, schema) if e.flag == "max-num-partial-prefills"]
+    if refused:
+        assert len(errors) == 1 and "Concurrent Partial Prefill is not supported" in errors[0].reason
+        assert f"vLLM {version}" in errors[0].reason and "long-prefill-token-threshold" in errors[0].hint
+    else:
+        assert errors == []
+    one = parse_command_line("vllm serve m --max-num-partial-prefills 1", schema)
+    assert [e for e in validate(one, schema) if "partial" in e.flag] == []

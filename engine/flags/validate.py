@@ -108,6 +108,19 @@ def validate(
                 " or decrease max_model_len.",
             )
         )
+    partial = [(name, v) for name in ("max-num-partial-prefills", "max-long-partial-prefills")
+               if (v := num(name)) is not None and v > 1]
+    if partial and sch.complete and _version_at_least(sch.vllm_version, (0, 11)):
+        name, value = partial[0]
+        errors.append(
+            FlagError(
+                name,
+                f"Concurrent Partial Prefill is not supported: vLLM {sch.vllm_version} runs only the V1"
+                f" engine, which refuses --{name} {value} at start (only its V0 engine, gone since 0.11,"
+                " had it)",
+                hint="leave it at 1; --long-prefill-token-threshold caps what one long prompt takes of a step",
+            )
+        )
     if mnbt is not None and seqs is not None and mnbt < seqs:
         errors.append(
             FlagError(
@@ -116,6 +129,15 @@ def validate(
             )
         )
     return errors
+
+
+def _version_at_least(version: str | None, least: tuple[int, ...]) -> bool:
+    """Whether a vLLM version string ("0.24.0", "0.11.1rc2+cu130") is at least ``least``;
+    False when it does not read as one."""
+    import re
+
+    found = re.match(r"v?(\d+)\.(\d+)", version or "")
+    return found is not None and (int(found.group(1)), int(found.group(2))) >= least
 
 
 def recordable_values(flags: Any) -> dict[str, Any]:
