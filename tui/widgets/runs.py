@@ -73,17 +73,24 @@ class RunsPanel(Vertical):
         self._plot_pareto(session)
         self._plot_load(session)
 
+    def _blank_plot(self, selector: str, points: int) -> PlotextPlot | None:
+        """The chart cleared for drawing, or None (and hidden) under two points: no empty axes."""
+        plot = self.query_one(selector, PlotextPlot)
+        plot.display = points >= 2
+        if not plot.display:
+            return None
+        plot.plt.clear_data()
+        plot.plt.clear_figure()
+        return plot
+
     def _plot_load(self, session: object | None) -> None:
         """The compared runs' p99 TTFT and TPOT against the requests/s each achieved (a sweep
         read as a curve; the core gives the points). Hidden under two runs."""
         points = session.load_points() if session is not None and hasattr(session, "load_points") else ()
-        plot = self.query_one("#runs-load", PlotextPlot)
-        plot.display = len(points) >= 2
-        if not plot.display:
+        plot = self._blank_plot("#runs-load", len(points))
+        if plot is None:
             return
         plt = plot.plt
-        plt.clear_data()
-        plt.clear_figure()
         loads = [p.load for p in points]
         for label, values, side in (("TTFT p99 ms", [p.ttft_p99_ms for p in points], "left"),
                                     ("TPOT p99 ms (right)", [p.tpot_p99_ms for p in points], "right")):
@@ -98,13 +105,10 @@ class RunsPanel(Vertical):
         """The stored runs' tokens/s per user against tokens/s per GPU, frontier apart (the core
         computes the points and the frontier; this only draws them). Hidden under two runs."""
         points = session.run_points() if session is not None and hasattr(session, "run_points") else ()
-        plot = self.query_one("#runs-pareto", PlotextPlot)
-        plot.display = len(points) >= 2
-        if not plot.display:
+        plot = self._blank_plot("#runs-pareto", len(points))
+        if plot is None:
             return
         plt = plot.plt
-        plt.clear_data()
-        plt.clear_figure()
         groups = (("Pareto frontier", [p for p in points if p.frontier]),
                   ("met the SLO or had none", [p for p in points if not p.frontier and p.slo_met is not False]),
                   ("missed the SLO", [p for p in points if p.slo_met is False]))
