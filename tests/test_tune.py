@@ -770,7 +770,7 @@ async def test_capacity_probe_runs_to_the_end_while_rate_steps_stop_early() -> N
 
 
 async def test_the_result_keeps_every_step_for_the_latency_chart() -> None:
-    from engine.session import _step_series
+    from engine.tune.search import step_series as _step_series
 
     space = space_of(max_num_seqs=(16, 64))
     k16, k64 = keys(space)

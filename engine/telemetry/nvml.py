@@ -122,6 +122,13 @@ class NvmlReader:
             self._ensure_init()
             return self._unavailable
 
+    def visible_indices(self) -> tuple[int, ...]:
+        """NVML's indices of the devices this reader sees (CUDA_VISIBLE_DEVICES applied); empty
+        without NVML or a GPU."""
+        with self._lock:
+            self._ensure_init()
+            return () if self._unavailable is not None else tuple(i for i, _ in self._handles)
+
     def close(self) -> None:
         """Shut NVML down (idempotent; a later sample initialises afresh). Registered with atexit."""
         with self._lock:

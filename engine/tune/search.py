@@ -466,6 +466,13 @@ class ConfigResult:
     order: int = 0
     confirmed: bool = False
     """Its limit met the SLO in two separate steps (see TuneSettings.confirm)."""
+    slot: int | None = None
+    """The slot it ran in, when the search ran trials side by side (engine.tune.slots)."""
+    side_by_side: tuple[str, ...] = ()
+    """The configurations measured in other slots while this one was (their noise is in its steps)."""
+    alone: bool = False
+    """Its limit was measured again with no other trial running (the winner and runner-up of
+    a search that ran trials side by side): its figures are that step's."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -474,6 +481,7 @@ class ConfigResult:
             "limit_load": "inf" if self.limit_load is not None and math.isinf(self.limit_load) else self.limit_load,
             "goodput": self.goodput, "at": self.at.to_dict() if self.at else None, "start_s": self.start_s,
             "steps": self.steps, "order": self.order, "confirmed": self.confirmed,
+            "slot": self.slot, "side_by_side": list(self.side_by_side), "alone": self.alone,
         }
 
     @classmethod
@@ -486,6 +494,8 @@ class ConfigResult:
             goodput=d.get("goodput"), at=Measurement.from_dict(d["at"]) if d.get("at") else None,
             start_s=d.get("start_s"), steps=int(d.get("steps", 0)), order=int(d.get("order", 0)),
             confirmed=bool(d.get("confirmed", False)),
+            slot=None if d.get("slot") is None else int(d["slot"]),
+            side_by_side=tuple(str(k) for k in d.get("side_by_side") or ()), alone=bool(d.get("alone", False)),
         )
 
 
@@ -766,12 +776,16 @@ class Tuner:
         clock: Callable[[], float] = time.monotonic,
         say: Callable[[str], None] = lambda line: None,
         on_update: Callable[[TuneResult], None] | None = None,
+        slots: Sequence[Measurer] = (),
     ) -> None:
         """``on_update``: called with the result so far after every start and step (a live
-        view redraws from it); an exception in it is the caller's bug and propagates."""
+        view redraws from it); an exception in it is the caller's bug and propagates.
+        ``slots``: more measurers, each with its own server on its own GPUs
+        (engine.tune.slots): up to ``1 + len(slots)`` configurations are measured at once."""
         if slo.empty:
             raise TuneError("slo", "give at least one limit (TTFT, TPOT or E2EL)")
         self.measurer = measurer
+        self.measurers: tuple[Measurer, ...] = (measurer, *slots)
         self.base = base_flags
         self.space = space
         self.slo = slo
@@ -865,7 +879,9 @@ class Tuner:
             seed = self.space.seed(self.base.values)
             s_exhaustive = self.settings.exhaustive or not self.settings.prune
             tried: set[str] = set()  # this session: a config cut short now is not retried now
-            while True:
+            if len(self.measurers) > 1:
+                await self._run_slots(by_key, seed, s_exhaustive, order)
+            while len(self.measurers) == 1:
                 pending = [k for k in by_key if k not in tried and (
                     k not in st.configs or st.configs[k].status in (CUT_SHORT, NOT_TRIED))]
                 if not pending:
@@ -912,14 +928,126 @@ class Tuner:
             self._persist()
             raise
         finally:
-            with contextlib.suppress(Exception):
-                await self.measurer.close()
+            for measurer in self.measurers:
+                with contextlib.suppress(Exception):
+                    await measurer.close()
         for key, values in by_key.items():
             if key not in st.configs or st.configs[key].status == NOT_TRIED:
                 st.configs[key] = ConfigResult(key, values, NOT_TRIED, reason="budget reached before it")
         st.status = status
         self._persist()
         return self.result()
+
+    async def _run_slots(self, by_key: Mapping[str, Mapping[str, Any]], seed: Mapping[str, Any],
+                         exhaustive: bool, order: int) -> None:
+        """The search with trials side by side, one per slot (``self.measurers``): the same
+        order (nearest the best so far first), bounds and bracketing as one at a time; a slot
+        takes the next configuration as soon as it is free. The best so far is the one known
+        when a trial starts (a trial already running is not stopped when another finishes
+        better). Then the winner and the runner-up are measured again alone
+        (:meth:`_measure_alone`). BudgetExhausted when the budget ends it."""
+        st = self.state
+        free = list(range(len(self.measurers)))
+        running: dict[asyncio.Task[ConfigResult], tuple[str, int]] = {}
+        tried: set[str] = set()
+        beside: dict[str, set[str]] = {}
+        out_of_budget = False
+        try:
+            while True:
+                while free and not out_of_budget:
+                    pending = [k for k in by_key if k not in tried and (
+                        k not in st.configs or st.configs[k].status in (CUT_SHORT, NOT_TRIED))]
+                    if not pending:
+                        break
+                    best = self.best()
+                    anchor = best.values if best is not None else seed
+                    if best is not None and not exhaustive:
+                        on_line = [k for k in pending if self._flags_changed(by_key[k], best.values) <= 1]
+                        if not on_line:
+                            if running:
+                                break  # a trial still running may become the best, with lines of its own
+                            self._skip_off_line(pending, by_key, best, order)
+                            order += len(pending)
+                            break
+                        pending = on_line
+                    pending.sort(key=lambda k: (st.configs.get(k) is None or st.configs[k].status != CUT_SHORT,
+                                                self.space.distance(by_key[k], anchor), list(by_key).index(k)))
+                    key = pending[0]
+                    if self.remaining() < self._estimate_start() + self._estimate_step(1.0, 1):
+                        out_of_budget = True
+                        break
+                    order += 1
+                    tried.add(key)
+                    best = self.best(exclude=key)
+                    bound = self._bound_reason(by_key[key], best)
+                    if bound:
+                        st.configs[key] = ConfigResult(key, by_key[key], DOMINATED, reason=bound, order=order)
+                        self._persist()
+                        self.say(f"{key}: not started: {bound}")
+                        continue
+                    slot = free.pop(0)
+                    for other, _ in running.values():
+                        beside.setdefault(key, set()).add(other)
+                        beside.setdefault(other, set()).add(key)
+                    task = asyncio.create_task(self._tune_config(key, by_key[key], best, order, self.measurers[slot]))
+                    running[task] = (key, slot)
+                if not running:
+                    break
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    key, slot = running.pop(task)
+                    free.append(slot)
+                    result = dataclasses.replace(task.result(), slot=slot, side_by_side=tuple(sorted(beside.get(key, ()))))
+                    st.configs[key] = result
+                    self._persist()
+                    self._report(result)
+                    out_of_budget = out_of_budget or result.status == CUT_SHORT
+        except BaseException:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+            raise
+        if out_of_budget:
+            raise BudgetExhausted
+        await self._measure_alone()
+
+    async def _measure_alone(self) -> None:
+        """The winner's and the runner-up's limits measured once more with every other slot's
+        server stopped, so that no neighbour's noise (shared host cores, PCIe, memory) decides
+        the result: the figures reported for them are this step's. A limit that holds only
+        beside others becomes UNSTABLE."""
+        for extra in self.measurers[1:]:
+            with contextlib.suppress(Exception):
+                await extra.close()
+        first = self.best()
+        top = [c for c in (first, self.best(exclude=first.key) if first else None) if c is not None]
+        s = self.settings
+        for c in top:
+            load = c.limit_load
+            if load is None or not math.isfinite(load):
+                continue  # met with all requests at once: nothing a neighbour could have flattered
+            n = s.step.requests(load, s.mode)
+            if self.remaining() < self._estimate_start() + self._estimate_step(load, n):
+                self.say(f"{c.key}: no budget left to measure its limit alone; its figures ran beside others")
+                break
+            outcome = await self.measurer.start(self._flags(c.values), timeout=min(s.start_timeout_s, self.remaining()))
+            self.state.starts += 1
+            if not outcome.ok:
+                self.say(f"{c.key}: could not start it alone: {outcome.reason}")
+                continue
+            m = await self.measurer.measure(load, requests=n, timeout=min(s.step_timeout_s, max(5.0, self.remaining())),
+                                            warmup=s.step.warmup)
+            self.state.steps += 1
+            self.state.measurements.setdefault(c.key, []).append(m)
+            if m.ok:
+                new = dataclasses.replace(c, at=m, goodput=m.goodput, alone=True)
+                self.say(f"{c.key}: alone at {load:.3g}: meets SLO, goodput {m.goodput:.3g} req/s")
+            else:
+                new = dataclasses.replace(c, status=UNSTABLE, alone=True, limit_load=None, goodput=None, at=None,
+                                          reason=f"met {load:.3g} beside other trials, missed it alone ({m.reason})")
+                self.say(f"{c.key}: {new.reason}")
+            self.state.configs[c.key] = new
+            self._persist()
 
     def _flags_changed(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> int:
         return sum(a[n] != b[n] for n, _ in self.space.dims)
@@ -1000,14 +1128,15 @@ class Tuner:
     # -- one configuration -------------------------------------------------------------
 
     async def _tune_config(self, key: str, values: Mapping[str, Any], best: ConfigResult | None,
-                           order: int) -> ConfigResult:
+                           order: int, measurer: Measurer | None = None) -> ConfigResult:
         st = self.state
         s = self.settings
+        measurer = measurer or self.measurer
         flags = self._flags(values)
         self.say(f"{key}: starting ({order}; {self.remaining() / 60:.1f} min left)")
         timeout = min(s.start_timeout_s, max(1.0, self.remaining()))
         t = self.clock()
-        outcome = await self.measurer.start(flags, timeout=timeout)
+        outcome = await measurer.start(flags, timeout=timeout)
         start_s = self.clock() - t
         st.starts += 1
         if outcome.restarted:
@@ -1029,7 +1158,7 @@ class Tuner:
             warm = s.step.warmup if first_step[0] else 0
             tmo = min(s.step_timeout_s, max(5.0, self.remaining()))
             t0 = self.clock()
-            m = await self.measurer.measure(load, requests=n, timeout=tmo, warmup=warm)
+            m = await measurer.measure(load, requests=n, timeout=tmo, warmup=warm)
             actual = self.clock() - t0
             first_step[0] = False
             self._step_costs.append((n / load if math.isfinite(load) and load > 0 else actual, actual))

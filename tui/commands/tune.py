@@ -63,9 +63,42 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--step-timeout", type=float, default=300.0, help="seconds one step may take")
     parser.add_argument("--resume", metavar="ID", help="carry on a saved search (see --list)")
     parser.add_argument("--list", action="store_true", help="list saved searches and exit")
+    parser.add_argument("--gpus", metavar="LIST",
+                        help="GPUs the search may use, e.g. 0,1,2,3 or 0-7 (default: every visible one); "
+                             "cut into slots of the GPUs a configuration needs, one trial per slot at once")
+    parser.add_argument("--parallel", type=int, metavar="N", help="at most N trials at once (default: one per slot)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the result as JSON")
     add_plot_argument(parser, "--json", "latency against load for every configuration")
     parser.set_defaults(func=run)
+
+
+def _slots(args: argparse.Namespace, base: Any, space: Any) -> list[Any]:
+    """The search's slots (engine.tune.slots): --gpus (default every visible GPU) cut into
+    blocks of the most GPUs any configuration needs, at most --parallel of them."""
+    from engine.flags import devices_needed
+    from engine.telemetry.nvml import NvmlReader
+    from engine.tune.slots import SlotError, parse_gpus, plan_slots
+    from tui.cli import UserError
+
+    try:
+        gpus = parse_gpus(args.gpus) if args.gpus else NvmlReader().visible_indices()
+        if args.gpus and not NvmlReader().visible_indices():
+            raise SlotError(f"--gpus {args.gpus}: no NVIDIA GPU is visible on this machine")
+        size = max(devices_needed({**base.values, **values}) for values in space.configs())
+        return plan_slots(gpus, size, parallel=args.parallel)
+    except SlotError as exc:
+        raise UserError(str(exc), "e.g. --gpus 0,1,2,3 --parallel 2") from None
+
+
+def _slot_supervisor(slot: Any) -> Any:
+    """A Supervisor factory for one slot: its GPUs only, pinned to its cores (taskset, where
+    the box has it), a port of its own (each picks a free one)."""
+    import shutil
+
+    from engine.server.supervisor import Supervisor
+
+    taskset = shutil.which("taskset")
+    return lambda flags: Supervisor(flags, env=slot.env(), launcher=slot.launcher(taskset))
 
 
 def _slo(args: argparse.Namespace) -> Any:
@@ -230,14 +263,21 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(str(exc), "check the workload options") from None
 
     plot = plot_target(args.plot, args.json, "--json", "load")
+    slots = _slots(args, base, space)
     model = base.model
-    measurer = ServerMeasurer(workload, slo, mode=settings.mode, arrivals=arrivals,
-                              tokenizer=model if Path(model).is_dir() else None)
+    measurers = [ServerMeasurer(workload, slo, mode=settings.mode, arrivals=arrivals,
+                                tokenizer=model if Path(model).is_dir() else None,
+                                supervisor_factory=_slot_supervisor(slot) if len(slots) > 1 else None)
+                 for slot in slots]
+    if len(slots) > 1:
+        say(f"{len(slots)} trials at once: " + "; ".join(
+            f"{s.label()} on cores {','.join(map(str, s.cpus))}" for s in slots))
     try:
         tuner = Tuner(
-            measurer, base_flags=base, space=space, slo=slo, settings=settings,
+            measurers[0], base_flags=base, space=space, slo=slo, settings=settings,
             workload={"workload": workload.to_dict(), "arrivals": arrivals.to_dict() if arrivals else {}},
-            max_request_len=workload.max_request_len(), state=state, store=HistoryStore(), say=say)
+            max_request_len=workload.max_request_len(), state=state, store=HistoryStore(), say=say,
+            slots=measurers[1:])
     except TuneError as exc:
         raise UserError(str(exc), "start a new search instead of --resume") from None
     n = len(space.configs())

@@ -1,0 +1,85 @@
+"""Slots: the GPUs and host cores of one host shared out between trials that run at once.
+
+A trial (one configuration of a search: its own server, port and load generator) needs as
+many GPUs as its flags ask for (tensor x pipeline x data parallel, engine.flags.devices_needed).
+The GPUs given to a search are cut into slots of the largest size any configuration needs, so
+trials never share a GPU; ``--parallel`` caps how many run at once. The host's cores are cut the
+same way, so a trial's server (pinned with ``taskset``) does not take the cores its neighbour's
+client reads streams on.
+
+On a box without GPUs there is one slot with no devices: the search runs as it always did.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+class SlotError(ValueError):
+    """GPUs or a parallelism that cannot make a slot, naming what was wrong."""
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one trial runs: its GPUs (CUDA_VISIBLE_DEVICES for its server) and host cores."""
+
+    index: int
+    gpus: tuple[int, ...] = ()
+    cpus: tuple[int, ...] = ()
+
+    def env(self) -> dict[str, str]:
+        """The server's environment additions: only its own GPUs are visible to it."""
+        return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, self.gpus))} if self.gpus else {}
+
+    def launcher(self, taskset: str | None) -> list[str]:
+        """The argv prefix that pins the server to this slot's cores (none without taskset)."""
+        return [taskset, "-c", ",".join(map(str, self.cpus))] if taskset and self.cpus else []
+
+    def label(self) -> str:
+        gpus = f"GPU {','.join(map(str, self.gpus))}" if self.gpus else "no GPU"
+        return f"slot {self.index} ({gpus})"
+
+
+def parse_gpus(text: str) -> tuple[int, ...]:
+    """``"0,1,2,3"`` or ``"0-3"`` or ``"0,2-3"`` -> (0, 1, 2, 3); SlotError when it is not one."""
+    out: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not m:
+            raise SlotError(f"--gpus {text!r}: {part!r} is not a GPU index or a range such as 0-3")
+        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+        if hi < lo:
+            raise SlotError(f"--gpus {text!r}: the range {part!r} runs backwards")
+        out.extend(range(lo, hi + 1))
+    if len(set(out)) != len(out):
+        raise SlotError(f"--gpus {text!r}: a GPU is named twice")
+    return tuple(out)
+
+
+def plan_slots(gpus: Sequence[int], size: int, *, parallel: int | None = None,
+               cpus: Sequence[int] | None = None) -> list[Slot]:
+    """Slots of ``size`` GPUs each out of ``gpus`` (no GPU shared), at most ``parallel`` of
+    them, and the host's ``cpus`` (default: this process's affinity) shared out in equal
+    contiguous blocks. No GPUs: one slot without devices (a CPU box)."""
+    if parallel is not None and parallel < 1:
+        raise SlotError(f"--parallel {parallel}: must be at least 1")
+    if size < 1:
+        raise SlotError(f"a trial needs at least one GPU, not {size}")
+    host = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+    if not gpus:
+        return [Slot(0, (), tuple(host))]
+    n = len(gpus) // size
+    if n == 0:
+        raise SlotError(f"a configuration of the search needs {size} GPUs, and {len(gpus)} were given "
+                        f"({','.join(map(str, gpus))})")
+    if parallel is not None:
+        n = min(n, parallel)
+    share = max(1, len(host) // n)
+    slots = []
+    for i in range(n):
+        mine = tuple(host[i * share:(i + 1) * share]) if len(host) >= n else tuple(host)  # too few: shared
+        slots.append(Slot(i, tuple(gpus[i * size:(i + 1) * size]), mine))
+    return slots

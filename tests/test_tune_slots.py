@@ -1,0 +1,209 @@
+"""Trials side by side (issue 19, on one host): slots out of the GPUs given, and the search
+running one configuration per slot. The GPUs here are logical (this box has none): a slot is
+the CUDA_VISIBLE_DEVICES its server gets and the cores it is pinned to; the measurers are the
+table-driven stand-ins of test_tune.py, which yield to the event loop so trials interleave."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from test_tune import BASE, SCHEMA, SLO_TTFT, FakeClock, TableMeasurer, keys, space_of
+
+from engine.flags import FlagSet
+from engine.tune.search import DONE, UNSTABLE, Measurement, StepRule, Tuner, TuneSettings, TuneState
+from engine.tune.slots import Slot, SlotError, parse_gpus, plan_slots
+
+
+@pytest.mark.parametrize(("text", "gpus"), [("0,1,2,3", (0, 1, 2, 3)), ("0-3", (0, 1, 2, 3)), ("0,2-3", (0, 2, 3)),
+                                            ("5", (5,))])
+def test_parse_gpus(text: str, gpus: tuple[int, ...]) -> None:
+    assert parse_gpus(text) == gpus
+
+
+@pytest.mark.parametrize(("text", "words"), [("0,x", "'x' is not a GPU index"), ("3-1", "runs backwards"),
+                                             ("0,0", "named twice"), ("", "is not a GPU index")])
+def test_parse_gpus_errors_name_the_part(text: str, words: str) -> None:
+    with pytest.raises(SlotError, match=words):
+        parse_gpus(text)
+
+
+def test_slots_never_share_a_gpu_and_split_the_cores() -> None:
+    slots = plan_slots(range(8), 2, cpus=range(16))
+    assert [s.gpus for s in slots] == [(0, 1), (2, 3), (4, 5), (6, 7)]
+    assert [s.cpus for s in slots] == [tuple(range(i * 4, i * 4 + 4)) for i in range(4)]
+    assert slots[1].env() == {"CUDA_VISIBLE_DEVICES": "2,3"}
+    assert slots[1].launcher("/usr/bin/taskset") == ["/usr/bin/taskset", "-c", "4,5,6,7"]
+    assert slots[1].launcher(None) == []
+    assert [s.gpus for s in plan_slots((0, 1, 2, 3, 4), 2, cpus=range(4))] == [(0, 1), (2, 3)]  # GPU 4 idles
+    assert len(plan_slots(range(8), 1, parallel=3, cpus=range(8))) == 3
+    # Fewer cores than slots: they share them rather than get none.
+    assert [s.cpus for s in plan_slots(range(4), 1, cpus=(0, 1))] == [(0, 1)] * 4
+
+
+def test_no_gpu_is_one_slot_as_before_and_bad_sizes_say_why() -> None:
+    assert plan_slots((), 1, cpus=(0, 1)) == [Slot(0, (), (0, 1))]
+    with pytest.raises(SlotError, match="needs 4 GPUs, and 2 were given"):
+        plan_slots((0, 1), 4, cpus=(0,))
+    with pytest.raises(SlotError, match="at least 1"):
+        plan_slots((0, 1), 1, parallel=0, cpus=(0,))
+
+
+class SlotMeasurer(TableMeasurer):
+    """A TableMeasurer that yields while it measures (as a real one awaits its server), and
+    records which other slots were measuring at the same moment."""
+
+    live: set[int] = set()
+    overlaps: list[tuple[int, frozenset[int]]] = []
+
+    def __init__(self, slot: int, *args: Any, alone_ok: bool = True, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.slot = slot
+        self.alone_ok = alone_ok
+
+    async def measure(self, load: float, *, requests: int, timeout: float, warmup: int) -> Measurement:
+        SlotMeasurer.live.add(self.slot)
+        try:
+            await asyncio.sleep(0.001)
+            SlotMeasurer.overlaps.append((self.slot, frozenset(SlotMeasurer.live - {self.slot})))
+            m = await super().measure(load, requests=requests, timeout=timeout, warmup=warmup)
+            alone = len(SlotMeasurer.live) == 1
+            if alone and not self.alone_ok and m.ok and self.key == self.table.get("_fragile"):
+                return Measurement(load, False, "p99 TTFT 700 ms > 500 ms", requests=requests, completed=requests)
+            return m
+        finally:
+            SlotMeasurer.live.discard(self.slot)
+
+
+def slot_tuner(space: Any, table: dict[str, Any], n: int, **kw: Any) -> tuple[Tuner, list[SlotMeasurer]]:
+    SlotMeasurer.live, SlotMeasurer.overlaps = set(), []
+    clock = FakeClock()
+    alone_ok = kw.pop("alone_ok", True)
+    ms = [SlotMeasurer(i, space, table, clock, alone_ok=alone_ok) for i in range(n)]
+    settings = TuneSettings(budget_s=1e9, step=StepRule(min_requests=50), **kw)
+    tuner = Tuner(ms[0], slots=ms[1:], base_flags=BASE, space=space, slo=SLO_TTFT, settings=settings,
+                  schema=SCHEMA, clock=clock, max_request_len=192)
+    return tuner, ms
+
+
+async def test_two_slots_measure_side_by_side_and_find_the_same_best_as_one() -> None:
+    space = space_of(max_num_seqs=(16, 32, 64, 128))
+    table = dict(zip(keys(space), (4.0, 7.0, 10.0, 6.0), strict=True))
+    alone_tuner, _ = slot_tuner(space, table, 1, exhaustive=True)
+    alone = await alone_tuner.run()
+    tuner, ms = slot_tuner(space, table, 2, exhaustive=True)
+    res = await tuner.run()
+    assert res.best is not None and alone.best is not None and res.best.key == alone.best.key == keys(space)[2]
+    # Where both measured a configuration fully, the same limit (side by side, a trial can start
+    # before the best so far would have ruled it out, so more rows may be DONE).
+    one = {c.key: c.limit_load for c in alone.configs if c.status == DONE}
+    two = {c.key: c.limit_load for c in res.configs if c.status == DONE}
+    assert set(one) <= set(two) and all(two[k] == v for k, v in one.items())
+    # Both slots measured, at the same moments, and every row says where and beside what it ran.
+    assert all(m.starts for m in ms)
+    assert any(others for _, others in SlotMeasurer.overlaps)
+    rows = {c.key: c for c in res.configs}
+    assert {c.slot for c in rows.values()} == {0, 1}
+    assert any(c.side_by_side for c in rows.values())
+    for c in rows.values():
+        for other in c.side_by_side:
+            assert c.key in rows[other].side_by_side  # side by side is mutual
+    # The winner and the runner-up were measured again alone, on slot 0, with slot 1 stopped.
+    assert res.best.alone and ms[1].closed
+    runner_up = max((c for c in rows.values() if c.key != res.best.key and c.status == DONE),
+                    key=lambda c: c.goodput or 0.0)
+    assert runner_up.alone
+    assert sum(1 for c in rows.values() if c.alone) == 2
+    # The state round-trips the new fields (a resumed search keeps them).
+    again = TuneState.from_json(tuner.state.to_json(), "test")
+    assert again.configs[res.best.key].slot == rows[res.best.key].slot and again.configs[res.best.key].alone
+
+
+async def test_a_limit_that_holds_only_beside_others_is_unstable() -> None:
+    space = space_of(max_num_seqs=(16, 64))
+    k16, k64 = keys(space)
+    table: dict[str, Any] = {k16: 4.0, k64: 10.0, "_fragile": k64}
+    tuner, _ = slot_tuner(space, table, 2, exhaustive=True, alone_ok=False)
+    res = await tuner.run()
+    rows = {c.key: c for c in res.configs}
+    assert rows[k64].status == UNSTABLE and "missed it alone" in rows[k64].reason
+    assert res.best is not None and res.best.key == k16
+
+
+async def test_one_slot_is_the_search_as_before() -> None:
+    space = space_of(max_num_seqs=(16, 64))
+    tuner, ms = slot_tuner(space, dict(zip(keys(space), (4.0, 10.0), strict=True)), 1)
+    res = await tuner.run()
+    assert all(c.slot is None and not c.side_by_side and not c.alone for c in res.configs)
+    assert res.best is not None and res.best.key == keys(space)[1] and ms[0].closed
+
+
+def test_flagset_base_has_the_schema() -> None:
+    assert isinstance(BASE, FlagSet)
+
+
+def test_vtui_tune_cuts_the_visible_gpus_into_slots_of_the_largest_configuration(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # NVML here is tests/fake_nvml.py with 4 logical GPUs (this box has none).
+    import argparse
+
+    from fake_nvml import FakeNvml
+
+    from engine.telemetry import nvml
+    from engine.tune.search import SearchSpace
+    from tui.commands.tune import _slot_supervisor, _slots
+
+    monkeypatch.setattr(nvml, "_import_pynvml", lambda: FakeNvml(device_count=4))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    space = SearchSpace.parse(["tensor-parallel-size=1,2", "max-num-seqs=64,128"])
+    args = argparse.Namespace(gpus=None, parallel=None)
+    slots = _slots(args, BASE, space)
+    assert [s.gpus for s in slots] == [(0, 1), (2, 3)]  # tp 2 is the largest: two slots of two
+    assert len(_slots(argparse.Namespace(gpus="1-3", parallel=None), BASE, space_of(max_num_seqs=(8, 16)))) == 3
+    assert len(_slots(argparse.Namespace(gpus=None, parallel=1), BASE, space)) == 1
+    sup = _slot_supervisor(slots[1])(BASE)
+    assert sup.extra_env == {"CUDA_VISIBLE_DEVICES": "2,3"}
+    assert not sup.launcher or (sup.launcher[1:3] == ("-c", ",".join(map(str, slots[1].cpus))))
+
+
+async def test_side_by_side_trials_run_their_own_servers_on_their_own_gpus_and_ports(tmp_path: Any) -> None:
+    """Two slots, each a real Supervisor running the stand-in server (tests/fakevllm.py: no
+    model on this box for two vLLMs at once) with its slot's CUDA_VISIBLE_DEVICES; both alive
+    at once on two ports, each with its own environment, and every process gone at the end."""
+    import fakevllm
+    import psutil
+
+    from engine.server.supervisor import Supervisor
+    from engine.tune.search import ServerMeasurer
+    from loadgen.spec import SLO, WorkloadSpec
+
+    seen: dict[int, tuple[int | None, str]] = {}
+    slots = plan_slots((0, 1, 2, 3), 2, cpus=(0, 1))
+
+    def factory(slot: Slot) -> Any:
+        def make(flags: FlagSet) -> Supervisor:
+            return Supervisor(flags, env=slot.env(), log_dir=tmp_path, program=fakevllm.command())
+        return make
+
+    class Watching(ServerMeasurer):
+        async def measure(self, load: float, *, requests: int, timeout: float, warmup: int) -> Measurement:
+            assert self.sup is not None and self.sup.pid is not None
+            env = psutil.Process(self.sup.pid).environ()
+            seen[self.sup.pid] = (self.sup.port, env.get("CUDA_VISIBLE_DEVICES", ""))
+            return await super().measure(load, requests=requests, timeout=timeout, warmup=warmup)
+
+    ms = [Watching(WorkloadSpec(input_len=8, output_len=2), SLO(ttft_ms=5000.0), supervisor_factory=factory(s),
+                   warmup_burst=0) for s in slots]
+    space = space_of(max_num_seqs=(8, 16))
+    settings = TuneSettings(budget_s=120, step=StepRule(min_requests=10, max_requests=20), exhaustive=True,
+                            start_timeout_s=60, step_timeout_s=30, max_load=20.0)
+    model = tmp_path / "model"  # the supervisor checks that a local model folder exists
+    model.mkdir()
+    tuner = Tuner(ms[0], slots=ms[1:], base_flags=FlagSet(str(model), {}, SCHEMA), space=space,
+                  slo=SLO(ttft_ms=5000.0), settings=settings, schema=SCHEMA, validate_flags=False)
+    res = await tuner.run()
+    assert {c.slot for c in res.configs} == {0, 1}, [(c.key, c.status, c.reason) for c in res.configs]
+    assert sorted({gpus for _, gpus in seen.values()}) == ["0,1", "2,3"], [(c.key, c.status, c.reason) for c in res.configs]
+    assert len({port for port, _ in seen.values()}) >= 2
+    assert not [pid for pid in seen if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
