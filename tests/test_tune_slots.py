@@ -162,6 +162,9 @@ def test_vtui_tune_cuts_the_visible_gpus_into_slots_of_the_largest_configuration
     assert [s.gpus for s in slots] == [(0, 1), (2, 3)]  # tp 2 is the largest: two slots of two
     assert len(_slots(argparse.Namespace(gpus="1-3", parallel=None), BASE, space_of(max_num_seqs=(8, 16)))) == 3
     assert len(_slots(argparse.Namespace(gpus=None, parallel=1), BASE, space)) == 1
+    # tp 8 cannot run on 4 GPUs: the search marks it invalid; the rest still get slots of their size.
+    wide = SearchSpace.parse(["tensor-parallel-size=1,8"])
+    assert [s.gpus for s in _slots(args, BASE, wide)] == [(0,), (1,), (2,), (3,)]
     sup = _slot_supervisor(slots[1])(BASE)
     assert sup.extra_env == {"CUDA_VISIBLE_DEVICES": "2,3"}
     assert not sup.launcher or (sup.launcher[1:3] == ("-c", ",".join(map(str, slots[1].cpus))))

@@ -84,7 +84,10 @@ def _slots(args: argparse.Namespace, base: Any, space: Any) -> list[Any]:
         gpus = parse_gpus(args.gpus) if args.gpus else NvmlReader().visible_indices()
         if args.gpus and not NvmlReader().visible_indices():
             raise SlotError(f"--gpus {args.gpus}: no NVIDIA GPU is visible on this machine")
-        size = max(devices_needed({**base.values, **values}) for values in space.configs())
+        needs = [devices_needed({**base.values, **values}) for values in space.configs()]
+        # A configuration needing more GPUs than given is the search's to mark invalid (as on one
+        # GPU before), not a reason to refuse the whole search.
+        size = max([n for n in needs if n <= len(gpus)] or [1])
         return plan_slots(gpus, size, parallel=args.parallel)
     except SlotError as exc:
         raise UserError(str(exc), "e.g. --gpus 0,1,2,3 --parallel 2") from None
