@@ -22,6 +22,10 @@ from engine.runs.history import RunInfo
 GIB = 1024**3
 FORMATS = ("text", "markdown", "csv", "json")
 
+# A metric's reader: ``(load, telemetry)`` parts of a stored summary (JSON, see split_summary) to
+# its value; the parts are read with .get and each value checked (_get), so Mapping[str, object].
+Reader = Callable[[Mapping[str, object], Mapping[str, object]], float | None]
+
 
 @dataclass(frozen=True)
 class Metric:
@@ -31,35 +35,35 @@ class Metric:
     label: str
     unit: str
     better: str | None  # "lower", "higher", or None (informative: no best, no judgement)
-    read: Callable[[Mapping[str, Any], Mapping[str, Any]], float | None]
+    read: Reader
 
 
-def _get(section: Mapping[str, Any], key: str, scale: float = 1.0) -> float | None:
+def _get(section: Mapping[str, object], key: str, scale: float = 1.0) -> float | None:
     value = section.get(key)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
     return float(value) * scale
 
 
-def _load(key: str, scale: float = 1.0) -> Callable[[Mapping[str, Any], Mapping[str, Any]], float | None]:
+def _load(key: str, scale: float = 1.0) -> Reader:
     return lambda load, tel: _get(load, key, scale)
 
 
-def _tel(key: str, scale: float = 1.0) -> Callable[[Mapping[str, Any], Mapping[str, Any]], float | None]:
+def _tel(key: str, scale: float = 1.0) -> Reader:
     return lambda load, tel: _get(tel, key, scale)
 
 
-def _failure_rate(load: Mapping[str, Any], tel: Mapping[str, Any]) -> float | None:
+def _failure_rate(load: Mapping[str, object], tel: Mapping[str, object]) -> float | None:
     done, failed = _get(load, "completed"), _get(load, "failed")
     if done is None or failed is None or done + failed == 0:
         return None
     return 100.0 * failed / (done + failed)
 
 
-def _j_per(load_key: str) -> Callable[[Mapping[str, Any], Mapping[str, Any]], float | None]:
+def _j_per(load_key: str) -> Reader:
     """Joules over the window (the telemetry's energy) per ``load[load_key]``."""
 
-    def read(load: Mapping[str, Any], tel: Mapping[str, Any]) -> float | None:
+    def read(load: Mapping[str, object], tel: Mapping[str, object]) -> float | None:
         e = tel.get("energy")
         joules = _get(e, "joules") if isinstance(e, Mapping) else None
         count = _get(load, load_key)
@@ -68,17 +72,17 @@ def _j_per(load_key: str) -> Callable[[Mapping[str, Any], Mapping[str, Any]], fl
     return read
 
 
-def _sol(key: str, scale: float = 1.0) -> Callable[[Mapping[str, Any], Mapping[str, Any]], float | None]:
+def _sol(key: str, scale: float = 1.0) -> Reader:
     """A figure of the run's speed of light (engine.advise.speedoflight), kept in its telemetry."""
 
-    def read(load: Mapping[str, Any], tel: Mapping[str, Any]) -> float | None:
+    def read(load: Mapping[str, object], tel: Mapping[str, object]) -> float | None:
         sol = tel.get("speed_of_light")
         return _get(sol, key, scale) if isinstance(sol, Mapping) else None
 
     return read
 
 
-def _power(load: Mapping[str, Any], tel: Mapping[str, Any]) -> float | None:
+def _power(load: Mapping[str, object], tel: Mapping[str, object]) -> float | None:
     e = tel.get("energy")
     return _get(e, "mean_power_w") if isinstance(e, Mapping) else None
 
@@ -116,6 +120,8 @@ class Row:
     label: str
     unit: str
     better: str | None
+    # A flag row holds str per run, a metric row float | None; typed loosely so that a reader that
+    # has checked ``kind`` (_cell, session.compare_view) takes them as they are.
     values: tuple[Any, ...]
     best: frozenset[int]
     deltas: tuple[float | None, ...]  # percent against the baseline column; None where meaningless
@@ -134,7 +140,7 @@ class Comparison:
         raise KeyError(key)
 
 
-def split_summary(summary: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+def split_summary(summary: Mapping[str, object]) -> tuple[Mapping[str, object], Mapping[str, object]]:
     """``(load, telemetry)`` parts of a stored summary."""
     if "load" in summary or "telemetry" in summary:
         load = summary.get("load") or {}
@@ -274,7 +280,7 @@ def compare(runs: Sequence[RunInfo], baseline: int | None = None, *, all_flags: 
     return Comparison(tuple(runs), baseline, tuple(rows))
 
 
-def _flag_text(value: Any) -> str:
+def _flag_text(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (list, tuple)):
@@ -394,7 +400,7 @@ def render_csv(cmp: Comparison) -> str:
         header += [f"run{run.id}", f"run{run.id}_delta_pct", f"run{run.id}_best"]
     writer.writerow(header)
     for row in cmp.rows:
-        cells: list[Any] = [row.kind, row.key, row.label, row.unit, row.better or ""]
+        cells: list[object] = [row.kind, row.key, row.label, row.unit, row.better or ""]
         for i in range(len(cmp.runs)):
             value = row.values[i]
             cells += [
@@ -406,7 +412,7 @@ def render_csv(cmp: Comparison) -> str:
     return buf.getvalue()
 
 
-def to_json(cmp: Comparison) -> dict[str, Any]:
+def to_json(cmp: Comparison) -> dict[str, object]:
     return {
         "runs": [
             {"id": r.id, "name": r.name, "preset": r.preset, "model": r.model, "status": r.status,

@@ -17,9 +17,12 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.runs.history import RunInfo
+
+if TYPE_CHECKING:
+    from loadgen.run import RunResult
 
 PID_CLIENT = 1
 PID_SERVER = 2
@@ -27,8 +30,13 @@ PID_GPU = 3
 PID_LOADGEN = 4
 GIB = 1024**3
 
+# A sample as History.samples gives it back: (kind, epoch seconds, its JSON). That JSON is a
+# parsing edge (whatever telemetry, /metrics or loadgen stored, nested lists and mappings read
+# with .get and checked value by value), so its values stay untyped; requests are read as objects.
+Sample = tuple[str, float, Mapping[str, Any]]
 
-def _num(value: Any) -> float | None:
+
+def _num(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
     return float(value)
@@ -56,10 +64,10 @@ def assign_lanes(spans: Sequence[tuple[float, float]]) -> list[int]:
 
 
 def build_trace(
-    run: RunInfo | Any,
-    requests: Sequence[Mapping[str, Any]] | None = None,
-    samples: Iterable[tuple[str, float, Mapping[str, Any]]] = (),
-) -> dict[str, Any]:
+    run: RunInfo | RunResult,
+    requests: Sequence[Mapping[str, object]] | None = None,
+    samples: Iterable[Sample] = (),
+) -> dict[str, object]:
     """The trace document: ``{"traceEvents": [...], "displayTimeUnit": "ms", ...}``.
 
     ``run`` is a stored :class:`RunInfo` with its ``requests`` and ``samples`` from the
@@ -69,13 +77,14 @@ def build_trace(
         run, requests, samples = _from_run_result(run, samples)
     requests = list(requests or [])
     samples = list(samples)
-    starts = [float(r["t_start"]) for r in requests if _num(r.get("t_start")) is not None]
-    t0 = min([run.started, *starts, *(t for _, t, _ in samples)])
+    # The requests with a usable start, with it (the others have no place on the timeline).
+    valid = [(r, start) for r in requests if (start := _num(r.get("t_start"))) is not None]
+    t0 = min([run.started, *(start for _, start in valid), *(t for _, t, _ in samples)])
 
     def us(t: float) -> int:
         return round((t - t0) * 1e6)
 
-    events: list[dict[str, Any]] = []
+    events: list[dict[str, object]] = []
 
     def meta(pid: int, name: str, tid: int | None = None, sort: int | None = None) -> None:
         if tid is None:
@@ -91,22 +100,20 @@ def build_trace(
     meta(PID_LOADGEN, "load generator", sort=4)
 
     # ---- requests
-    valid = [r for r in requests if _num(r.get("t_start")) is not None]
     spans = []
-    for r in valid:
-        start = float(r["t_start"])
+    for r, start in valid:
         e2el = _num(r.get("e2el_s")) or 0.0
         spans.append((start, start + max(e2el, 0.0)))
     lanes = assign_lanes(spans)
     for lane in sorted(set(lanes)):
         meta(PID_CLIENT, f"slot {lane}", tid=lane + 1)
-    for r, (start, end), lane in zip(valid, spans, lanes, strict=True):
+    for (r, _), (start, end), lane in zip(valid, spans, lanes, strict=True):
         tid = lane + 1
         ok = bool(r.get("ok"))
         cancelled = bool(r.get("cancelled"))
         ttft = _num(r.get("ttft_s"))
         n_out = r.get("output_tokens")
-        args: dict[str, Any] = {
+        args: dict[str, object] = {
             "id": r.get("id"),
             "ok": ok,
             "input_tokens": r.get("input_tokens"),
@@ -146,7 +153,7 @@ def build_trace(
                                "ts": first, "dur": e_us - first, "args": {"output_tokens": n_out}})
 
     # ---- counters
-    def counter(pid: int, name: str, t: float, values: Mapping[str, Any]) -> None:
+    def counter(pid: int, name: str, t: float, values: Mapping[str, object]) -> None:
         args = {k: v for k, v in ((k, _num(v)) for k, v in values.items()) if v is not None}
         if args:
             events.append({"ph": "C", "name": name, "pid": pid, "tid": 0, "ts": us(t), "args": args})
@@ -191,28 +198,27 @@ def build_trace(
 
 
 def _from_run_result(
-    result: Any, samples: Iterable[tuple[str, float, Mapping[str, Any]]]
-) -> tuple[RunInfo, list[Mapping[str, Any]], list[tuple[str, float, Mapping[str, Any]]]]:
+    result: RunResult, samples: Iterable[Sample]
+) -> tuple[RunInfo, list[Mapping[str, object]], list[Sample]]:
     """A loadgen ``RunResult`` (not stored in the history) as trace inputs."""
     from engine.runs.history import to_jsonable
 
-    reqs = [to_jsonable(r) for r in getattr(result, "requests", ())]
     # RequestResult.to_dict() is in ms; the trace reads the dataclass fields in seconds.
-    reqs = [
+    reqs: list[Mapping[str, object]] = [
         {"id": r.id, "t_start": r.t_start, "ttft_s": r.ttft_s, "e2el_s": r.e2el_s, "input_tokens": r.input_tokens,
          "output_tokens": r.output_tokens, "ok": r.ok, "error": r.error, "cancelled": r.cancelled}
-        for r in getattr(result, "requests", ())
-    ] or reqs
-    windows = [("window", float(w.t), to_jsonable(w)) for w in getattr(result, "windows", ())]
-    starts = [r["t_start"] for r in reqs] + [t for _, t, _ in windows]
+        for r in result.requests
+    ]
+    windows: list[Sample] = [("window", float(w.t), to_jsonable(w)) for w in result.windows]
+    starts = [r.t_start for r in result.requests] + [t for _, t, _ in windows]
     started = min(starts) if starts else 0.0
     info = RunInfo(id=0, name="run", preset=None, started=started, ended=None, status="complete", flags={},
-                   vllm_version=None, model=None, gpus=[], workload={}, summary=dict(getattr(result, "summary", {})),
+                   vllm_version=None, model=None, gpus=[], workload={}, summary=dict(result.summary),
                    baseline=False, tags=())
     return info, reqs, [*windows, *samples]
 
 
-def write_trace(path: str | Path, trace: Mapping[str, Any]) -> Path:
+def write_trace(path: str | Path, trace: Mapping[str, object]) -> Path:
     path = Path(path)
     path.write_text(json.dumps(trace, separators=(",", ":"), allow_nan=False), encoding="utf-8")
     return path

@@ -19,12 +19,16 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from engine import paths
-from engine.presets import Preset
+from engine.presets import FlagValue, Preset
 from engine.runs.history import History, Recording, RunInfo
 from engine.runs.status import RunStatus
+
+if TYPE_CHECKING:
+    from engine.flags import FlagSet
+    from engine.server.supervisor import Supervisor
 
 
 @dataclass(frozen=True)
@@ -50,8 +54,8 @@ async def run_sweep(
     say: Callable[[str], None] = print,
     start_timeout: float = 600.0,
     check_max_len: bool = True,
-    supervisor_factory: Callable[..., Any] | None = None,
-    extra_flags: Mapping[str, Any] | None = None,
+    supervisor_factory: Callable[[FlagSet], Supervisor] | None = None,
+    extra_flags: Mapping[str, FlagValue] | None = None,
 ) -> list[SweepStep]:
     """Run ``presets`` (already resolved: [tiny] applied, overrides made) in order.
 
@@ -64,20 +68,20 @@ async def run_sweep(
     from engine.runs.measure import RunPlan, Target, ensure_server, measure
     from engine.server.supervisor import Supervisor
 
-    def make_supervisor(flags: FlagSet) -> Any:
+    def make_supervisor(flags: FlagSet) -> Supervisor:
         if supervisor_factory is not None:
             return supervisor_factory(flags)
         return Supervisor(flags, log_dir=paths.logs_dir())
 
     steps: list[SweepStep] = []
-    sup: Any = None
+    sup: Supervisor | None = None
     tokenizer = model if Path(model).is_dir() else None
     version = installed_vllm_version()
     try:
         for n, preset in enumerate(presets, 1):
             label = f"[{n}/{len(presets)}] {preset.name}"
             flags = FlagSet.from_dict({"model": model, "values": {**(extra_flags or {}), **preset.flags}})
-            meta: dict[str, Any] = {"scaled": list(preset.scaled)}
+            meta: dict[str, object] = {"scaled": list(preset.scaled)}
             restarted, downtime = False, None
             if url is None:
                 def say_step(text: str, label: str = label) -> None:
