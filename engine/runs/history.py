@@ -31,12 +31,21 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, cast
 
 import psutil
 
 from engine import paths
 from engine.runs.status import RunStatus
+
+if TYPE_CHECKING:
+    from engine.telemetry.sampler import TelemetrySnapshot
+    from loadgen.records import RequestResult
+    from loadgen.stats import StatsWindow
+
+# Any appears only where a value is JSON read back from SQLite (a run's flags, workload, summary,
+# its requests and samples, a saved search) or a row as SQLite gives it: the readers index into it.
+# What is only written (and goes through to_jsonable) is `object`.
 
 COMMIT_INTERVAL_S = 0.25
 """How often the writer thread commits; four times inside the one-second promise."""
@@ -178,7 +187,7 @@ def _status_text(stored: str) -> str:
         return str(stored)  # shown as stored: nothing is lost by reading
 
 
-def to_jsonable(value: Any) -> Any:
+def to_jsonable(value: object) -> Any:
     """Dataclasses, enums, tuples, paths and inf/nan into plain JSON values."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         if hasattr(value, "to_dict"):
@@ -197,20 +206,18 @@ def to_jsonable(value: Any) -> Any:
     return str(value)
 
 
-def _dumps(value: Any) -> str:
+def _dumps(value: object) -> str:
     return json.dumps(to_jsonable(value), separators=(",", ":"), allow_nan=False)
 
 
-def _request_row(run_id: int, record: Any) -> tuple[Any, ...]:
+def _request_row(run_id: int, record: RequestResult | Mapping[str, Any]) -> tuple[object, ...]:
     """A loadgen ``RequestResult`` (or a dict of its fields) as a ``requests`` row."""
-    get = record.get if isinstance(record, Mapping) else lambda k, d=None: getattr(record, k, d)
+    # Every name read below is a RequestResult field: its fields as a dict read the same.
+    values = record if isinstance(record, Mapping) else {f.name: getattr(record, f.name)
+                                                         for f in dataclasses.fields(record)}
+    get = values.get
     known = {"id", "t_start", "ttft_s", "e2el_s", "itl_s", "input_tokens", "output_tokens", "ok", "error", "cancelled"}
-    if isinstance(record, Mapping):
-        extra = {k: v for k, v in record.items() if k not in known}
-    elif dataclasses.is_dataclass(record):
-        extra = {f.name: getattr(record, f.name) for f in dataclasses.fields(record) if f.name not in known}
-    else:
-        extra = {}
+    extra = {k: v for k, v in values.items() if k not in known}
     return (
         run_id,
         get("id"),
@@ -386,11 +393,11 @@ class History:
         name: str,
         *,
         preset: str | None = None,
-        flags: Mapping[str, Any] | None = None,
+        flags: Mapping[str, object] | None = None,
         model: str | None = None,
         vllm_version: str | None = None,
-        gpus: Sequence[Any] = (),
-        workload: Mapping[str, Any] | None = None,
+        gpus: Sequence[object] = (),
+        workload: Mapping[str, object] | None = None,
         tags: Iterable[str] = (),
         started: float | None = None,
     ) -> RunRecorder:
@@ -550,8 +557,8 @@ class History:
         return None if row is None else self._row_to_info(row)
 
     # ------------------------------------------------------------- flag searches
-    def save_tune(self, tune_id: str, state: Mapping[str, Any], *, status: str, model: str | None = None,
-                  summary: Mapping[str, Any] | None = None) -> None:
+    def save_tune(self, tune_id: str, state: Mapping[str, object], *, status: str, model: str | None = None,
+                  summary: Mapping[str, object] | None = None) -> None:
         """Insert or replace a search's state (``engine.tune.search.TuneState.to_json()``), one transaction."""
         now = time.time()
         text = json.dumps(state, separators=(",", ":"), allow_nan=False)
@@ -605,7 +612,15 @@ class History:
 
 # --------------------------------------------------------------------------- recorder
 
-_STOP = object()
+if TYPE_CHECKING:
+    # What the writer thread is handed, tagged by its first item.
+    _Item: TypeAlias = (tuple[Literal["request"], RequestResult | Mapping[str, Any]]
+                        | tuple[Literal["sample"], tuple[str, float, object]]
+                        | tuple[Literal["update"], dict[str, object]]
+                        | tuple[Literal["flush"], threading.Event]
+                        | tuple[Literal["stop"], None])
+
+_STOP: tuple[Literal["stop"], None] = ("stop", None)
 _live_recorders: weakref.WeakSet[RunRecorder] = weakref.WeakSet()
 
 
@@ -638,37 +653,37 @@ class RunRecorder:
         self._max_bytes = max_bytes
         self.error: HistoryError | None = None
         self.finished = False
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"history-run-{run_id}", daemon=True)
         self._thread.start()
         _live_recorders.add(self)
 
     # ------------------------------------------------------------- producer side
-    def add_request(self, record: Any) -> None:
+    def add_request(self, record: RequestResult | Mapping[str, Any]) -> None:
         """A loadgen ``RequestResult`` (or dict with its field names)."""
         if not self.finished:
             self._queue.put(("request", record))
 
-    def add_sample(self, kind: str, t: float, data: Any) -> None:
+    def add_sample(self, kind: str, t: float, data: object) -> None:
         """A point of a series: ``kind`` e.g. ``telemetry`` or ``window``; ``t`` epoch seconds."""
         if not self.finished:
             self._queue.put(("sample", (kind, float(t), data)))
 
-    def add_window(self, window: Any) -> None:
+    def add_window(self, window: StatsWindow) -> None:
         """A loadgen ``StatsWindow`` (its ``t`` is the sample time)."""
-        self.add_sample("window", float(getattr(window, "t", None) or time.time()), window)
+        self.add_sample("window", float(window.t or time.time()), window)
 
-    def add_telemetry(self, snapshot: Any) -> None:
+    def add_telemetry(self, snapshot: TelemetrySnapshot) -> None:
         """A telemetry ``TelemetrySnapshot`` (its ``t`` is the sample time)."""
-        self.add_sample("telemetry", float(getattr(snapshot, "t", None) or time.time()), snapshot)
+        self.add_sample("telemetry", float(snapshot.t or time.time()), snapshot)
 
-    def update(self, **fields: Any) -> None:
+    def update(self, **fields: object) -> None:
         """Change run columns while it runs (``summary``, ``vllm_version``, ``gpus``, ``flags``...)."""
         if not self.finished:
             self._queue.put(("update", fields))
 
-    def finish(self, status: str = RunStatus.OK, summary: Mapping[str, Any] | None = None,
+    def finish(self, status: str = RunStatus.OK, summary: Mapping[str, object] | None = None,
                timeout: float = 10.0) -> None:
         """Write everything queued, set the status (``engine.runs.status``) and end time, stop the
         writer thread."""
@@ -677,7 +692,7 @@ class RunRecorder:
             raise ValueError("a finished run cannot be 'running'")
         if self.finished:
             return
-        fields: dict[str, Any] = {"status": final.value, "ended": time.time()}
+        fields: dict[str, object] = {"status": final.value, "ended": time.time()}
         if summary is not None:
             fields["summary"] = summary
         self._queue.put(("update", fields))
@@ -704,7 +719,7 @@ class RunRecorder:
         stop = False
         try:
             while not stop:
-                batch: list[Any] = []
+                batch: list[_Item] = []
                 deadline = time.monotonic() + COMMIT_INTERVAL_S
                 while True:
                     wait = deadline - time.monotonic()
@@ -714,7 +729,7 @@ class RunRecorder:
                         item = self._queue.get(timeout=wait)
                     except queue.Empty:
                         break
-                    if item is _STOP:
+                    if item[0] == "stop":  # _STOP
                         stop = True
                         break
                     batch.append(item)
@@ -724,26 +739,26 @@ class RunRecorder:
         finally:
             conn.close()
 
-    def _write(self, conn: sqlite3.Connection, batch: list[Any]) -> None:
+    def _write(self, conn: sqlite3.Connection, batch: list[_Item]) -> None:
         events = [item[1] for item in batch if item[0] == "flush"]
         if self.error is None and batch:
             try:
                 conn.execute("BEGIN IMMEDIATE")
-                requests = [_request_row(self.run_id, rec) for kind, rec in batch if kind == "request"]
+                requests = [_request_row(self.run_id, item[1]) for item in batch if item[0] == "request"]
                 if requests:
                     conn.executemany(
                         "INSERT INTO requests (run_id, req_id, t_start, ttft_s, e2el_s, itl_s, input_tokens,"
                         " output_tokens, ok, error, cancelled, extra) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                         requests,
                     )
-                samples = [(self.run_id, k, t, _dumps(d)) for kind, (k, t, d) in
-                           ((kind, rec) for kind, rec in batch if kind == "sample")]
+                samples = [(self.run_id, k, t, _dumps(d)) for k, t, d in
+                           (item[1] for item in batch if item[0] == "sample")]
                 if samples:
                     conn.executemany("INSERT INTO samples (run_id, kind, t, data) VALUES (?,?,?,?)", samples)
-                for kind, fields in batch:
-                    if kind != "update":
+                for item in batch:
+                    if item[0] != "update":
                         continue
-                    for column, value in fields.items():
+                    for column, value in item[1].items():
                         if column not in self._COLUMNS:
                             raise ValueError(f"unknown run column {column!r}")
                         stored = _dumps(value) if column in ("flags", "gpus", "workload", "summary") else value
@@ -767,49 +782,56 @@ class RunRecorder:
 
 class Recording:
     """A run's recorder that tolerates a missing or failing history (``None``, a full disk, a
-    read-only file): the run goes on and ``finish`` still returns its ``RunInfo``."""
+    read-only file): the run goes on and ``finish`` still returns its ``RunInfo``. The keywords
+    are :meth:`History.start_run`'s."""
 
-    def __init__(self, history: History | None, name: str, **meta: Any) -> None:
+    def __init__(self, history: History | None, name: str, *, preset: str | None = None,
+                 flags: Mapping[str, object] | None = None, model: str | None = None,
+                 vllm_version: str | None = None, gpus: Sequence[object] = (),
+                 workload: Mapping[str, object] | None = None, tags: Iterable[str] = ()) -> None:
         self.recorder: RunRecorder | None = None
         self.error: HistoryError | None = None
         self.started = time.time()
-        self.meta = meta
         self.name = name
+        self.preset, self.flags, self.model, self.vllm_version = preset, flags, model, vllm_version
+        self.gpus, self.workload = gpus, workload
         if history is not None:
             try:
-                self.recorder = history.start_run(name, started=self.started, **meta)
+                self.recorder = history.start_run(name, started=self.started, preset=preset, flags=flags, model=model,
+                                                  vllm_version=vllm_version, gpus=gpus, workload=workload, tags=tags)
             except HistoryError as exc:
                 self.error = exc
 
-    def add_request(self, r: Any) -> None:
+    def add_request(self, r: RequestResult | Mapping[str, Any]) -> None:
         if self.recorder is not None:
             self.recorder.add_request(r)
 
-    def add_window(self, w: Any) -> None:
+    def add_window(self, w: StatsWindow) -> None:
         if self.recorder is not None:
             self.recorder.add_window(w)
 
-    def add_sample(self, kind: str, t: float, data: Any) -> None:
+    def add_sample(self, kind: str, t: float, data: object) -> None:
         if self.recorder is not None:
             self.recorder.add_sample(kind, t, data)
 
-    def finish(self, history: History | None, status: str, summary: Mapping[str, Any], **update: Any) -> RunInfo:
+    def finish(self, history: History | None, status: str, summary: Mapping[str, object], *,
+               gpus: Sequence[object] | None = None) -> RunInfo:
+        """Store the status and summary (and ``gpus`` when given: the GPUs the run saw)."""
         ended = time.time()
         if self.recorder is not None:
-            if update:
-                self.recorder.update(**update)
+            if gpus is not None:
+                self.recorder.update(gpus=gpus)
             self.recorder.finish(status, summary)
             self.error = self.error or self.recorder.error
             if history is not None and self.error is None:
                 with contextlib.suppress(HistoryError):
                     return history.get_run(self.recorder.run_id)
-        meta = {**self.meta, **update}
         return RunInfo(
-            id=-1, name=self.name, preset=meta.get("preset"), started=self.started, ended=ended,
+            id=-1, name=self.name, preset=self.preset, started=self.started, ended=ended,
             status=RunStatus.parse(status).value,
-            flags=dict(meta.get("flags") or {}), vllm_version=meta.get("vllm_version"), model=meta.get("model"),
-            gpus=list(meta.get("gpus") or []), workload=dict(meta.get("workload") or {}), summary=dict(summary),
-            baseline=False, tags=(),
+            flags=dict(self.flags or {}), vllm_version=self.vllm_version, model=self.model,
+            gpus=list((self.gpus if gpus is None else gpus) or []), workload=dict(self.workload or {}),
+            summary=dict(summary), baseline=False, tags=(),
         )
 
 

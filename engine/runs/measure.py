@@ -34,7 +34,9 @@ from engine.runs.status import RunStatus, decide
 
 if TYPE_CHECKING:
     from engine.flags import FlagSet
+    from engine.server.supervisor import ServerEvent, Supervisor
     from engine.telemetry.metrics import ServerSample
+    from engine.telemetry.sampler import TelemetrySnapshot
     from engine.telemetry.store import SeriesStore
     from engine.telemetry.summary import EnergySummary
     from loadgen import LoadRun, RunResult
@@ -47,6 +49,9 @@ STREAM_KEYS = ("tokens_per_event", "same_read_gap_fraction", "burst_requests", "
                "client_lag_p50_ms", "client_own_lag_p99_ms", "client_cpu_mean", "client_cpu_p90",
                "client_sched_delay", "warmup_requests", "warmup_s", "first_request_s")
 SERVER_LOG_LINES = 10
+
+# Any appears only where a value is JSON: a run's summary (the record every screen reads back
+# and indexes into) and the load figures read from it. What is only written out is `object`.
 
 
 @dataclass(frozen=True)
@@ -63,15 +68,18 @@ class Target:
     model: str | None = None  # the served name; None asks the server
     tokenizer: str | None = None  # a local tokenizer folder; None uses the server's
     api_key: str | None = field(default=None, repr=False)
-    supervisor: Any = None
+    supervisor: Supervisor | None = None
     root_pid: int | None = None
-    flags: Mapping[str, Any] = field(default_factory=dict)
+    flags: Mapping[str, object] = field(default_factory=dict)
     model_label: str | None = None  # what the history calls the model
     vllm_version: str | None = None
 
     @classmethod
-    def of(cls, sup: Any, *, api_key: str | None = None, tokenizer: str | os.PathLike[str] | None = None) -> Target:
-        """The server a supervisor runs: its URL, served name, process tree and flags."""
+    def of(cls, sup: Supervisor, *, api_key: str | None = None, tokenizer: str | os.PathLike[str] | None = None) -> Target:
+        """The server a supervisor runs: its URL, served name, process tree and flags.
+
+        ``getattr`` here and in :func:`measure`: the tests' stand-ins for a Supervisor (a
+        SimpleNamespace, tests/test_tune.py's ReadyStandIn) have no pid, facts, tail or subscribe."""
         from pathlib import Path
 
         from engine.flags import recordable_values
@@ -102,7 +110,7 @@ class RunPlan:
     transport: str = "fast"
     check_max_len: bool = True
     percentiles: tuple[float, ...] | None = None
-    meta: Mapping[str, Any] = field(default_factory=dict)  # extra workload facts to store (scaled, ...)
+    meta: Mapping[str, object] = field(default_factory=dict)  # extra workload facts to store (scaled, ...)
     peak_bw_tbs: float | None = None  # a GPU's peaks where engine.advise.speedoflight's table lacks it
     peak_tflops: float | None = None
 
@@ -172,7 +180,7 @@ class MeasuredRun:
 
 
 def speed_of_light(target: Target, plan: RunPlan, telemetry: Mapping[str, Any],
-                   load: Mapping[str, Any]) -> dict[str, Any]:
+                   load: Mapping[str, object]) -> dict[str, object]:
     """The run against its GPU's limits (engine.advise.speedoflight), or ``{"reason": ...}``."""
     from engine.advise.speedoflight import for_run
 
@@ -184,7 +192,7 @@ def speed_of_light(target: Target, plan: RunPlan, telemetry: Mapping[str, Any],
     return {"reason": sol} if isinstance(sol, str) else {**sol.to_dict(), "line": sol.line(), "reason": None}
 
 
-def energy_figures(e: EnergySummary | None, load: Mapping[str, Any]) -> dict[str, Any]:
+def energy_figures(e: EnergySummary | None, load: Mapping[str, Any]) -> dict[str, object]:
     """The run's energy as every screen and file shows it: joules over the window, per
     output token and per completed request, mean and idle power (see EnergySummary)."""
     if e is None or e.joules is None:
@@ -200,13 +208,13 @@ def energy_figures(e: EnergySummary | None, load: Mapping[str, Any]) -> dict[str
     }
 
 
-def _server_sample_dict(sample: Any) -> dict[str, Any]:
+def _server_sample_dict(sample: ServerSample) -> dict[str, object]:
     """A ServerSample without its raw histograms (large; the summary keeps their deltas)."""
     return {f.name: to_jsonable(getattr(sample, f.name)) for f in dataclasses.fields(sample)
             if f.name not in ("histograms", "cache_config")}
 
 
-def server_window(first: ServerSample, last: ServerSample) -> dict[str, Any]:
+def server_window(first: ServerSample, last: ServerSample) -> dict[str, object]:
     """The server's own figures between two scrapes: histogram and counter deltas."""
     from engine.telemetry.store import SeriesStore
     from engine.telemetry.summary import summarize
@@ -240,6 +248,7 @@ async def measure(
     and propagate.
     """
     from engine.runs.crosscheck import cross_check
+    from engine.server.supervisor import ServerState
     from engine.telemetry.metrics import MetricsScraper
     from engine.telemetry.recorder import TelemetryRecorder
     from engine.telemetry.summary import summarize
@@ -259,7 +268,7 @@ async def measure(
     handle.recording = rec
     gpus: dict[int, str | None] = {}
 
-    def on_snapshot(snap: Any) -> None:
+    def on_snapshot(snap: TelemetrySnapshot) -> None:
         for g in snap.gpus:
             gpus.setdefault(g.index, g.name)
         rec.add_sample("telemetry", snap.t, snap)
@@ -279,8 +288,8 @@ async def measure(
     died: list[str] = []
     sup = target.supervisor
 
-    def on_server_event(event: Any) -> None:
-        if event.kind == "state" and getattr(event.state, "name", "") == "DEAD":
+    def on_server_event(event: ServerEvent) -> None:
+        if event.kind == "state" and event.state is ServerState.DEAD:
             died.append(str(getattr(event.error, "vllm_line", "") or event.error or "the server process ended"))
             handle.cancel("server-died")
 
@@ -395,9 +404,9 @@ async def measure(
         # was given a secret on its command line the echo would carry it into the history.
         summary["startup"] = {k: v for k, v in facts.to_dict().items() if k != "non_default_args"}
     if recorder is None:  # the caller's store: the GPUs it saw
-        gpus.update(getattr(store, "gpu_names", None) or {})
+        gpus.update(store.gpu_names)
     gpu_list = [{"index": i, "name": name} for i, name in sorted(gpus.items())]
-    info = rec.finish(history, status, summary, **({"gpus": gpu_list} if gpu_list else {}))
+    info = rec.finish(history, status, summary, gpus=gpu_list or None)
     return MeasuredRun(
         name=plan.name, status=status, started=t0, ended=t1, summary=summary, result=result, error=error,
         hint=hint, info=info, history_error=None if rec.error is None else rec.error.reason,
@@ -408,7 +417,10 @@ async def measure(
 class ServerReady:
     """What :func:`ensure_server` did."""
 
-    supervisor: Any  # stopped when the start failed (a next call restarts it, same port)
+    # A Supervisor, stopped when the start failed (a next call restarts it, same port); None when
+    # ``make`` itself raised a StartupError. Any, not ``Supervisor | None``: engine.tune.sweep hands
+    # it to Target.of once ``error`` is None, which mypy cannot connect to the None case.
+    supervisor: Any
     restarted: bool = False  # an existing server was restarted with new flags
     started: bool = False  # a server was started (first start or restart)
     seconds: float = 0.0
@@ -416,15 +428,16 @@ class ServerReady:
     hint: str | None = None
 
 
-async def ensure_server(sup: Any, flags: FlagSet, *, make: Callable[[FlagSet], Any],
+async def ensure_server(sup: Supervisor | None, flags: FlagSet, *, make: Callable[[FlagSet], Supervisor],
                         timeout: float, say: Callable[[str], None] | None = None) -> ServerReady:
     """A server running ``flags``: ``sup`` itself when it is ready with the same command line,
     else ``sup`` restarted through its supervisor (same port, same log), or a new one from
     ``make`` when there is none. The one restart policy of sweep and tune. A start that fails
     leaves no server running and says vLLM's own line in ``error``."""
     from engine.errors import StartupError
+    from engine.server.supervisor import ServerState
 
-    if sup is not None and getattr(getattr(sup, "state", None), "name", "") == "READY":
+    if sup is not None and sup.state is ServerState.READY:
         now = sup.flags
         if flags.same_launch(now):
             return ServerReady(sup)
@@ -442,10 +455,11 @@ async def ensure_server(sup: Any, flags: FlagSet, *, make: Callable[[FlagSet], A
                 say(f"restarting vLLM with {shown}")
             await sup.restart(flags, timeout=timeout)
     except StartupError as exc:
-        with contextlib.suppress(Exception):
-            await sup.stop()
+        if sup is not None:  # None: ``make`` itself failed
+            with contextlib.suppress(Exception):
+                await sup.stop()
         return ServerReady(sup, restarted, False, time.monotonic() - t0,
-                           error=getattr(exc, "vllm_line", "") or str(exc), hint=getattr(exc, "hint", "") or None)
+                           error=exc.vllm_line or str(exc), hint=exc.hint or None)
     return ServerReady(sup, restarted, True, time.monotonic() - t0)
 
 
