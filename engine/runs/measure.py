@@ -418,9 +418,8 @@ class ServerReady:
     """What :func:`ensure_server` did."""
 
     # A Supervisor, stopped when the start failed (a next call restarts it, same port); None when
-    # ``make`` itself raised a StartupError. Any, not ``Supervisor | None``: engine.tune.sweep hands
-    # it to Target.of once ``error`` is None, which mypy cannot connect to the None case.
-    supervisor: Any
+    # ``make`` itself raised a StartupError (then ``error`` says why).
+    supervisor: Supervisor | None
     restarted: bool = False  # an existing server was restarted with new flags
     started: bool = False  # a server was started (first start or restart)
     seconds: float = 0.0

@@ -98,6 +98,7 @@ async def run_sweep(
                     info = rec.finish(history, RunStatus.FAILED, {"error": ready.error, "hint": ready.hint})
                     steps.append(SweepStep(preset.name, RunStatus.FAILED, info, error=ready.error, hint=ready.hint))
                     continue
+                assert sup is not None  # ensure_server gives None only with an error, handled above
                 restarted = ready.restarted and ready.started
                 if ready.started:
                     downtime = ready.seconds
