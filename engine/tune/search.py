@@ -878,47 +878,7 @@ class Tuner:
             self._persist()
             seed = self.space.seed(self.base.values)
             s_exhaustive = self.settings.exhaustive or not self.settings.prune
-            tried: set[str] = set()  # this session: a config cut short now is not retried now
-            if len(self.measurers) > 1:
-                await self._run_slots(by_key, seed, s_exhaustive, order)
-            while len(self.measurers) == 1:
-                pending = [k for k in by_key if k not in tried and (
-                    k not in st.configs or st.configs[k].status in (CUT_SHORT, NOT_TRIED))]
-                if not pending:
-                    break
-                best = self.best()
-                anchor = best.values if best is not None else seed
-                if best is not None and not s_exhaustive:
-                    # Lines through the best first (one flag changed, any value); when all
-                    # of them lost to it, the best is best along every flag.
-                    on_line = [k for k in pending if self._flags_changed(by_key[k], best.values) <= 1]
-                    if not on_line:
-                        self._skip_off_line(pending, by_key, best, order)
-                        order += len(pending)
-                        break
-                    pending = on_line
-                # Resumed half-measured configs first, then nearest to the best so far.
-                pending.sort(key=lambda k: (st.configs.get(k) is None or st.configs[k].status != CUT_SHORT,
-                                            self.space.distance(by_key[k], anchor), list(by_key).index(k)))
-                key = pending[0]
-                order += 1
-                if self.remaining() < self._estimate_start() + self._estimate_step(1.0, 1):
-                    raise BudgetExhausted
-                tried.add(key)
-                # A half-measured config resumed here is not its own rival: its steps are reused.
-                best = self.best(exclude=key)
-                bound = self._bound_reason(by_key[key], best)
-                if bound:
-                    st.configs[key] = ConfigResult(key, by_key[key], DOMINATED, reason=bound, order=order)
-                    self._persist()
-                    self.say(f"{key}: not started: {bound}")
-                    continue
-                result = await self._tune_config(key, by_key[key], best, order)
-                st.configs[key] = result
-                self._persist()
-                self._report(result)
-                if result.status == CUT_SHORT:
-                    raise BudgetExhausted
+            await self._run_slots(by_key, seed, s_exhaustive, order)
         except BudgetExhausted:
             status = "budget"
             self.say(f"budget of {self.settings.budget_s / 60:.1f} min reached after {self.elapsed() / 60:.1f} min")
@@ -940,12 +900,15 @@ class Tuner:
 
     async def _run_slots(self, by_key: Mapping[str, Mapping[str, Any]], seed: Mapping[str, Any],
                          exhaustive: bool, order: int) -> None:
-        """The search with trials side by side, one per slot (``self.measurers``): the same
-        order (nearest the best so far first), bounds and bracketing as one at a time; a slot
-        takes the next configuration as soon as it is free. The best so far is the one known
-        when a trial starts (a trial already running is not stopped when another finishes
-        better). Then the winner and the runner-up are measured again alone
+        """The search loop, one trial per slot (``self.measurers``; one slot: one at a time).
+
+        The next configuration is the nearest to the best so far (lines through the best
+        first; resumed half-measured ones before all), unless a bound rules it out; a slot
+        takes the next as soon as it is free. With several slots the best so far is the one
+        known when a trial starts (a trial already running is not stopped when another
+        finishes better), and at the end the winner and the runner-up are measured again alone
         (:meth:`_measure_alone`). BudgetExhausted when the budget ends it."""
+        side_by_side = len(self.measurers) > 1
         st = self.state
         free = list(range(len(self.measurers)))
         running: dict[asyncio.Task[ConfigResult], tuple[str, int]] = {}
@@ -962,6 +925,8 @@ class Tuner:
                     best = self.best()
                     anchor = best.values if best is not None else seed
                     if best is not None and not exhaustive:
+                        # Lines through the best first (one flag changed, any value); when all
+                        # of them lost to it, the best is best along every flag.
                         on_line = [k for k in pending if self._flags_changed(by_key[k], best.values) <= 1]
                         if not on_line:
                             if running:
@@ -978,6 +943,7 @@ class Tuner:
                         break
                     order += 1
                     tried.add(key)
+                    # A half-measured config resumed here is not its own rival: its steps are reused.
                     best = self.best(exclude=key)
                     bound = self._bound_reason(by_key[key], best)
                     if bound:
@@ -997,7 +963,9 @@ class Tuner:
                 for task in done:
                     key, slot = running.pop(task)
                     free.append(slot)
-                    result = dataclasses.replace(task.result(), slot=slot, side_by_side=tuple(sorted(beside.get(key, ()))))
+                    result = task.result()
+                    if side_by_side:
+                        result = dataclasses.replace(result, slot=slot, side_by_side=tuple(sorted(beside.get(key, ()))))
                     st.configs[key] = result
                     self._persist()
                     self._report(result)
@@ -1009,7 +977,8 @@ class Tuner:
             raise
         if out_of_budget:
             raise BudgetExhausted
-        await self._measure_alone()
+        if side_by_side:
+            await self._measure_alone()
 
     async def _measure_alone(self) -> None:
         """The winner's and the runner-up's limits measured once more with every other slot's
