@@ -25,10 +25,16 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, SupportsFloat, SupportsIndex, SupportsInt, TypedDict, cast
+
+if TYPE_CHECKING:  # only for annotations: the advisor imports engine modules where it uses them
+    from engine.flags import FlagSet
+    from engine.runs.history import History
+    from engine.server.modelconfig import ModelConfig
+    from engine.server.planner import MemoryPlan
 
 __all__ = [
     "RULES",
@@ -47,7 +53,7 @@ GIB = 1024**3
 
 # vLLM defaults used when a flag is unset (V1 engine, OpenAI server). max-num-batched-tokens
 # depends on the device and usage context, so an unset value is shown as "default".
-DEFAULTS: Mapping[str, Any] = {
+DEFAULTS: Mapping[str, float | bool] = {
     "gpu-memory-utilization": 0.9,
     "max-num-seqs": 256,
     "tensor-parallel-size": 1,
@@ -69,7 +75,7 @@ class RunDataError(ValueError):
 # --------------------------------------------------------------------------- run data
 
 
-def _status_word(stored: Any) -> str:
+def _status_word(stored: object) -> str:
     """A recorded run's status in engine.runs.status words (older files say complete/cut_short)."""
     from engine.runs.status import RunStatus
 
@@ -83,7 +89,7 @@ def _norm_flag(name: str) -> str:
     return str(name).strip().lstrip("-").replace("_", "-")
 
 
-def _f(value: Any) -> float | None:
+def _f(value: object) -> float | None:
     """A finite float, or None (missing, bool, text, nan)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -91,10 +97,37 @@ def _f(value: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def _pct(d: Any, key: str) -> float | None:
+def _pct(d: object, key: str) -> float | None:
     if isinstance(d, Mapping):
         return _f(d.get(key))
     return None
+
+
+def _float(value: object) -> float:
+    """``float(value)`` for a flag's or a JSON value: the same number, or the same TypeError, as float()."""
+    if isinstance(value, (str, bytes, bytearray, SupportsFloat, SupportsIndex)):
+        return float(value)
+    raise TypeError(f"float() argument must be a string or a real number, not {type(value).__name__!r}")
+
+
+def _int(value: object) -> int:
+    """``int(value)`` for a flag's or a JSON value: the same number, or the same TypeError, as int()."""
+    if isinstance(value, (str, bytes, bytearray, SupportsInt, SupportsIndex)):
+        return int(value)
+    raise TypeError(f"int() argument must be a string, a bytes-like object or a real number, "
+                    f"not {type(value).__name__!r}")
+
+
+def _time(row: Mapping[str, object]) -> float:
+    """A series row's ``t``: a number (what any arithmetic on it needs), else TypeError."""
+    t = row["t"]
+    if isinstance(t, (int, float)):
+        return t
+    raise TypeError(f"a row's time is not a number: {t!r}")
+
+
+# One request row: (input_tokens, output_tokens, ttft_ms, tpot_ms); tpot None for one output token.
+RequestRow = tuple[float | None, float | None, float | None, float | None]
 
 
 @dataclass(frozen=True)
@@ -121,40 +154,43 @@ class RunData:
     It is the caller's, not the run's, so :meth:`to_dict` does not write it.
     """
 
+    # The mappings hold JSON as read back (from the history or a file): every value is narrowed
+    # where it is read (_f, _int, _float, isinstance), never trusted to be of one type.
     name: str
-    flags: Mapping[str, Any]
+    flags: Mapping[str, object]
     model: str | None = None
     status: str = "ok"  # engine.runs.status words
     started: float | None = None
     ended: float | None = None
-    load: Mapping[str, Any] = field(default_factory=dict)
-    telemetry: Mapping[str, Any] = field(default_factory=dict)
-    windows: tuple[Mapping[str, Any], ...] = ()
-    server: tuple[Mapping[str, Any], ...] = ()
-    gpus: tuple[Mapping[str, Any], ...] = ()
-    host: tuple[Mapping[str, Any], ...] = ()
-    requests: tuple[tuple[Any, ...], ...] = ()
-    workload: Mapping[str, Any] = field(default_factory=dict)
-    failure: Mapping[str, Any] | None = None
-    model_config: Mapping[str, Any] | None = None
-    startup: Mapping[str, Any] = field(default_factory=dict)
+    load: Mapping[str, object] = field(default_factory=dict)
+    telemetry: Mapping[str, object] = field(default_factory=dict)
+    windows: tuple[Mapping[str, object], ...] = ()
+    server: tuple[Mapping[str, object], ...] = ()
+    gpus: tuple[Mapping[str, object], ...] = ()
+    host: tuple[Mapping[str, object], ...] = ()
+    requests: tuple[RequestRow, ...] = ()
+    workload: Mapping[str, object] = field(default_factory=dict)
+    failure: Mapping[str, object] | None = None
+    model_config: Mapping[str, object] | None = None
+    startup: Mapping[str, object] = field(default_factory=dict)
     draft_model: str | None = None
     note: str = ""
     """Where the data came from (recorded how, or changed how), for test data."""
 
     # ------------------------------------------------------------- flags
-    def flag(self, name: str, default: Any = None) -> Any:
+    def flag(self, name: str, default: object = None) -> object:
         """A flag's value (any spelling), else ``default``."""
         return self.flags.get(_norm_flag(name), default)
 
-    def flag_or_default(self, name: str) -> Any:
+    def flag_or_default(self, name: str) -> object:
         return self.flag(name, DEFAULTS.get(_norm_flag(name)))
 
     # ------------------------------------------------------------- derived
     @property
     def t0(self) -> float | None:
         """Start of the run: the earliest time stamp seen (for 'N s into the run')."""
-        ts = [s["t"] for series in (self.windows, self.server) for s in series if _f(s.get("t")) is not None]
+        ts = [t for series in (self.windows, self.server) for s in series
+              if isinstance(t := s.get("t"), (int, float)) and _f(t) is not None]
         if self.started is not None:
             ts.append(self.started)
         return min(ts) if ts else None
@@ -180,14 +216,14 @@ class RunData:
         return sum(vals) / len(vals) if vals else None
 
     @property
-    def cache_config(self) -> Mapping[str, Any]:
+    def cache_config(self) -> Mapping[str, object]:
         cc = self.telemetry.get("cache_config") if isinstance(self.telemetry, Mapping) else None
         return cc if isinstance(cc, Mapping) else {}
 
     @property
     def block_size(self) -> int:
         v = _f(_num_text(self.cache_config.get("block_size")))
-        return int(v) if v else int(self.flag("block-size", 16) or 16)
+        return int(v) if v else _int(self.flag("block-size", 16) or 16)
 
     @property
     def kv_tokens(self) -> int | None:
@@ -201,7 +237,7 @@ class RunData:
     def series(self, key: str, source: str = "server") -> list[tuple[float, float]]:
         """``(t, value)`` points of one field of a series, missing values skipped."""
         rows = {"server": self.server, "windows": self.windows, "gpus": self.gpus, "host": self.host}[source]
-        out = []
+        out: list[tuple[float, float]] = []
         for row in rows:
             if row.get("stale"):
                 continue
@@ -211,7 +247,7 @@ class RunData:
         return out
 
     # ------------------------------------------------------------- loading
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "name": self.name, "note": self.note, "model": self.model, "status": self.status,
             "started": self.started, "ended": self.ended, "flags": dict(self.flags),
@@ -224,7 +260,7 @@ class RunData:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any], source: str = "run data") -> RunData:
+    def from_dict(cls, d: object, source: str = "run data") -> RunData:
         """Inverse of :meth:`to_dict`; raises :class:`RunDataError` naming the bad key."""
         if not isinstance(d, Mapping):
             raise RunDataError(source, "expected a JSON object")
@@ -232,13 +268,13 @@ class RunData:
         if not isinstance(flags, Mapping):
             raise RunDataError(source, "key 'flags': expected an object of flag -> value")
 
-        def rows(key: str) -> tuple[Mapping[str, Any], ...]:
+        def rows(key: str) -> tuple[Mapping[str, object], ...]:
             value = d.get(key) or []
             if not isinstance(value, list) or not all(isinstance(r, Mapping) for r in value):
                 raise RunDataError(source, f"key {key!r}: expected a list of objects")
             return tuple(value)
 
-        def mapping(key: str) -> Mapping[str, Any]:
+        def mapping(key: str) -> Mapping[str, object]:
             value = d.get(key) or {}
             if not isinstance(value, Mapping):
                 raise RunDataError(source, f"key {key!r}: expected an object")
@@ -280,11 +316,11 @@ class RunData:
     def from_startup_failure(
         cls,
         name: str,
-        flags: Mapping[str, Any],
+        flags: Mapping[str, object],
         error: BaseException,
         *,
         model: str | None = None,
-        model_config: Mapping[str, Any] | None = None,
+        model_config: Mapping[str, object] | None = None,
         gpu_memory_bytes: float | None = None,
         gpu_count: int = 1,
     ) -> RunData:
@@ -299,7 +335,7 @@ class RunData:
                    model_config=model_config if model_config is not None else _read_model_config(model))
 
     @classmethod
-    def from_history(cls, history: Any, ref: str | int, *, max_requests: int = 400) -> RunData:
+    def from_history(cls, history: History, ref: str | int, *, max_requests: int = 400) -> RunData:
         """A stored run (``engine.runs.history``: id, name, ``last``...) as advisor input.
 
         Keeps series and at most ``max_requests`` request rows (evenly spaced), so the
@@ -308,8 +344,8 @@ class RunData:
         info = history.resolve(ref)
         windows = [_window_row(t, d) for _, t, d in history.samples(info.id, "window")]
         server = [_server_row(t, d) for _, t, d in history.samples(info.id, "server")]
-        gpus: list[dict[str, Any]] = []
-        host: list[dict[str, Any]] = []
+        gpus: list[dict[str, object]] = []
+        host: list[dict[str, object]] = []
         last_host = -math.inf
         for _, t, d in history.samples(info.id, "telemetry"):
             for g in d.get("gpus") or []:
@@ -321,7 +357,7 @@ class RunData:
                 host.append({"t": t, "cpu_percent": h.get("cpu_percent"), "cpu_count": h.get("cpu_count"),
                              "mem_total_bytes": h.get("mem_total_bytes"),
                              "proc_cpu_percent": h.get("proc_cpu_percent")})
-        requests = []
+        requests: list[RequestRow] = []
         for r in history.requests(info.id):
             if not r.get("ok") or r.get("ttft_s") is None:
                 continue
@@ -353,7 +389,7 @@ class RunData:
         )
 
 
-def _num_text(value: Any) -> Any:
+def _num_text(value: object) -> object:
     """cache_config_info labels are text ("11527"); numbers pass through."""
     if isinstance(value, str):
         try:
@@ -363,8 +399,8 @@ def _num_text(value: Any) -> Any:
     return value
 
 
-def _window_row(t: float, d: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {"t": t}
+def _window_row(t: float, d: Mapping[str, object]) -> dict[str, object]:
+    out: dict[str, object] = {"t": t}
     for key in ("window_s", "completed", "failed", "in_flight", "req_s", "output_tok_s", "client_bound",
                 "client_lag_ms", "client_cpu", "total_completed"):
         out[key] = d.get(key)
@@ -375,13 +411,13 @@ def _window_row(t: float, d: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _server_row(t: float, d: Mapping[str, Any]) -> dict[str, Any]:
+def _server_row(t: float, d: Mapping[str, object]) -> dict[str, object]:
     return {"t": t, "stale": bool(d.get("stale")), "running": d.get("running"), "waiting": d.get("waiting"),
             "kv_cache_usage": d.get("kv_cache_usage"), "preemptions_total": d.get("preemptions_total"),
             "prefix_hit_rate": d.get("prefix_hit_rate")}
 
 
-def _read_model_config(model: str | None) -> dict[str, Any] | None:
+def _read_model_config(model: str | None) -> dict[str, object] | None:
     if not model:
         return None
     path = Path(model).expanduser() / "config.json"
@@ -392,22 +428,25 @@ def _read_model_config(model: str | None) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def failure_from_line(line: str, hint: str = "") -> dict[str, Any]:
+def failure_from_line(line: str, hint: str = "") -> dict[str, object]:
     """The typed startup failure for vLLM's line (as ``engine.server.logparse`` classifies it)."""
+    from engine.errors import MaxModelLenTooLarge
     from engine.server.logparse import classify_failure
 
     err = classify_failure([line])
-    out: dict[str, Any] = {"kind": type(err).__name__, "vllm_line": err.vllm_line or line, "hint": hint or err.hint}
-    est = getattr(err, "estimated_max_len", None)
+    out: dict[str, object] = {"kind": type(err).__name__, "vllm_line": err.vllm_line or line,
+                              "hint": hint or err.hint}
+    est = err.estimated_max_len if isinstance(err, MaxModelLenTooLarge) else None
     if est is not None:
         out["estimated_max_len"] = est
     return out
 
 
-def failure_from_error(err: BaseException) -> dict[str, Any]:
+def failure_from_error(err: BaseException) -> dict[str, object]:
     """A raised ``engine.errors.StartupError`` as ``RunData.failure``."""
-    out: dict[str, Any] = {"kind": type(err).__name__, "vllm_line": getattr(err, "vllm_line", "") or str(err),
-                           "hint": getattr(err, "hint", "")}
+    # getattr: any exception is taken, and only some carry vLLM's line, a hint or an estimate.
+    out: dict[str, object] = {"kind": type(err).__name__, "vllm_line": getattr(err, "vllm_line", "") or str(err),
+                              "hint": getattr(err, "hint", "")}
     est = getattr(err, "estimated_max_len", None)
     if est is not None:
         out["estimated_max_len"] = est
@@ -423,8 +462,8 @@ class Change:
     setting (workers, concurrency), which the user changes in the workload instead."""
 
     flag: str
-    old: Any
-    new: Any
+    old: object
+    new: object
     scope: str = "server"
     old_is_default: bool = False
     """True when ``old`` is vLLM's default because the flag was not set."""
@@ -432,7 +471,7 @@ class Change:
     def describe(self) -> str:
         dash = "--" if self.scope == "server" else ""
 
-        def show(v: Any) -> str:
+        def show(v: object) -> str:
             if v is None:
                 return "(unset)"
             if isinstance(v, bool):
@@ -448,7 +487,7 @@ class Change:
         where = "" if self.scope == "server" else " (load generator)"
         return f"{dash}{self.flag} {old} -> {show(self.new)}{where}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"flag": self.flag, "old": self.old, "new": self.new, "scope": self.scope,
                 "old_is_default": self.old_is_default}
 
@@ -475,18 +514,18 @@ class Finding:
     """The suggestion: applied together (usually one flag)."""
     expected: str
     tradeoff: str
-    evidence: Mapping[str, Any]
+    evidence: Mapping[str, object]
     alternatives: tuple[tuple[Change, ...], ...] = ()
     expect: tuple[Expectation, ...] = ()
     window: tuple[float, float] | None = None
     """Seconds into the run where the symptom was seen."""
 
     @property
-    def flag_changes(self) -> dict[str, tuple[Any, Any]]:
+    def flag_changes(self) -> dict[str, tuple[object, object]]:
         """``{flag: (old, new)}`` of the server flags, as ``FlagSet.diff`` gives them."""
         return {c.flag: (None if c.old_is_default else c.old, c.new) for c in self.changes if c.scope == "server"}
 
-    def apply(self, flags: Any) -> Any:
+    def apply(self, flags: FlagSet) -> FlagSet:
         """A new FlagSet with the suggestion applied (the given one is unchanged).
 
         The advisor never launches anything: the TUI loads this into the editor and
@@ -512,7 +551,7 @@ class Finding:
                 f"  expect: {self.expected}\n"
                 f"  trade-off: {self.tradeoff}")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "rule": self.rule, "severity": self.severity, "symptom": self.symptom, "cause": self.cause,
             "changes": [c.to_dict() for c in self.changes],
@@ -524,7 +563,7 @@ class Finding:
         }
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable(value: object) -> object:
     if isinstance(value, Mapping):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -537,7 +576,7 @@ def _jsonable(value: Any) -> Any:
 # --------------------------------------------------------------------------- helpers
 
 
-def _span(points: Sequence[tuple[float, float]], pred: Any) -> tuple[float, float, int] | None:
+def _span(points: Sequence[tuple[float, float]], pred: Callable[[float], bool]) -> tuple[float, float, int] | None:
     """First and last time the predicate held, and how many points held."""
     hits = [t for t, v in points if pred(v)]
     if not hits:
@@ -618,7 +657,7 @@ def _request_tokens(run: RunData) -> float | None:
     return None
 
 
-def _model_config(run: RunData) -> Any:
+def _model_config(run: RunData) -> ModelConfig | None:
     if run.model_config is None:
         return None
     from engine.server.modelconfig import ModelConfig, ModelConfigError
@@ -638,7 +677,7 @@ def _kv_bytes_per_token(run: RunData) -> int | None:
     try:
         return kv_bytes_per_token(mc, kv_cache_dtype=str(run.flag("kv-cache-dtype", "auto")),
                                   dtype=str(run.flag("dtype", "auto")),
-                                  tensor_parallel_size=int(run.flag_or_default("tensor-parallel-size")))
+                                  tensor_parallel_size=_int(run.flag_or_default("tensor-parallel-size")))
     except PlanError:
         return None
 
@@ -673,12 +712,12 @@ def rule_startup_failure(run: RunData) -> list[Finding]:
         return []
     kind = str(f.get("kind") or "")
     line = str(f.get("vllm_line") or "")
-    ev: dict[str, Any] = {"error": kind, "vllm_line": line}
+    ev: dict[str, object] = {"error": kind, "vllm_line": line}
     symptom = f"the server did not start ({kind}): {line}"
     changes: tuple[Change, ...] = ()
     alts: tuple[tuple[Change, ...], ...] = ()
     cause, expected, tradeoff = "", "the server starts", ""
-    util = float(run.flag_or_default("gpu-memory-utilization"))
+    util = _float(run.flag_or_default("gpu-memory-utilization"))
     util_default = run.flag("gpu-memory-utilization") is None
     if kind == "MaxModelLenTooLarge":
         est = f.get("estimated_max_len")
@@ -687,7 +726,7 @@ def rule_startup_failure(run: RunData) -> list[Finding]:
         planned = _planner_max_len(run)
         if planned is not None:
             ev["planner_max_model_len"] = planned
-        new_len = int(est) if est else planned
+        new_len = _int(est) if est else planned
         cause = "the KV cache left after the weights cannot hold one request of --max-model-len tokens"
         if new_len:
             new_len = max(16, int(new_len) // 16 * 16)  # whole KV blocks
@@ -699,12 +738,12 @@ def rule_startup_failure(run: RunData) -> list[Finding]:
         if blocks and old_len:
             # The cache size is pinned: only more blocks help (plus vLLM's one null block).
             block = run.block_size
-            if not run.cache_config.get("block_size") and est and int(blocks) > 1:
+            if not run.cache_config.get("block_size") and est and _int(blocks) > 1:
                 # A failed start has no cache config; vLLM's estimate is (blocks - 1 null) x block size.
-                block = max(1, int(est) // (int(blocks) - 1))
+                block = max(1, _int(est) // (_int(blocks) - 1))
             ev["block_size"] = block
-            need = math.ceil(int(old_len) / block) + 1
-            alts = ((Change("num-gpu-blocks-override", int(blocks), max(int(blocks) + 1, need)),),)
+            need = math.ceil(_int(old_len) / block) + 1
+            alts = ((Change("num-gpu-blocks-override", _int(blocks), max(_int(blocks) + 1, need)),),)
         else:
             alts = ((Change("gpu-memory-utilization", util, round(min(0.95, util + 0.05), 2),
                             old_is_default=util_default),),)
@@ -760,7 +799,7 @@ def rule_startup_failure(run: RunData) -> list[Finding]:
             cause = "vLLM's argument parser refused a flag value"
     elif kind == "DeviceOutOfMemory":
         cause = "the activation peak at start did not fit"
-        seqs = int(run.flag_or_default("max-num-seqs"))
+        seqs = _int(run.flag_or_default("max-num-seqs"))
         changes = (Change("max-num-seqs", seqs, max(1, seqs // 2), old_is_default=run.flag("max-num-seqs") is None),)
         alts = ((Change("gpu-memory-utilization", util, round(max(0.05, util - 0.05), 2), old_is_default=util_default),),)
         expected = "the server starts"
@@ -790,27 +829,39 @@ def _closest_flag(bad: str) -> str | None:
     return found[0] if found else None
 
 
-def _plan(run: RunData, **over: Any) -> Any:
+def _int_flag(value: object) -> int | None:
+    """An integer flag's value for the planner, passed on as the run holds it: FlagSet and the
+    history keep these ints (or None), and the planner meets any other value as it always did."""
+    return cast("int | None", value)
+
+
+def _plan(run: RunData, *, gpu_memory_utilization: float | None = None,
+          tensor_parallel_size: int | None = None) -> MemoryPlan | None:
+    """The planner's split for the run's flags, with ``gpu_memory_utilization`` or
+    ``tensor_parallel_size`` in place of the run's where given; None where it cannot tell."""
     mc = _model_config(run)
     total, _ = _device_bytes(run)
     if mc is None or not total:
         return None
     from engine.server.planner import PlanError, plan
 
-    kw: dict[str, Any] = {
-        "gpu_memory": int(total),
-        "gpu_memory_utilization": float(run.flag_or_default("gpu-memory-utilization")),
-        "max_model_len": run.flag("max-model-len"),
-        "tensor_parallel_size": int(run.flag_or_default("tensor-parallel-size")),
-        "kv_cache_dtype": str(run.flag("kv-cache-dtype", "auto")),
-        "dtype": str(run.flag("dtype", "auto")),
-        "max_num_batched_tokens": run.flag("max-num-batched-tokens"),
-        "max_num_seqs": run.flag("max-num-seqs"),
-        "block_size": run.block_size,
-    }
-    kw.update(over)
+    # Every flag is read, in this order, even where one is replaced: a flag that cannot be read fails as before.
+    gpu_memory = int(total)
+    util = _float(run.flag_or_default("gpu-memory-utilization"))
+    max_model_len = _int_flag(run.flag("max-model-len"))
+    tp = _int(run.flag_or_default("tensor-parallel-size"))
+    kv_cache_dtype = str(run.flag("kv-cache-dtype", "auto"))
+    dtype = str(run.flag("dtype", "auto"))
+    max_num_batched_tokens = _int_flag(run.flag("max-num-batched-tokens"))
+    max_num_seqs = _int_flag(run.flag("max-num-seqs"))
+    block_size = run.block_size
     try:
-        return plan(mc, **kw)
+        return plan(mc, gpu_memory=gpu_memory,
+                    gpu_memory_utilization=util if gpu_memory_utilization is None else gpu_memory_utilization,
+                    max_model_len=max_model_len,
+                    tensor_parallel_size=tp if tensor_parallel_size is None else tensor_parallel_size,
+                    kv_cache_dtype=kv_cache_dtype, dtype=dtype, max_num_batched_tokens=max_num_batched_tokens,
+                    max_num_seqs=max_num_seqs, block_size=block_size)
     except PlanError:
         return None
 
@@ -848,9 +899,9 @@ def rule_kv_saturation(run: RunData) -> list[Finding]:
     running = [v for _, v in run.series("running")]
     peak_running = max(running, default=0.0)
     per_req = _request_tokens(run)
-    ev: dict[str, Any] = {"peak_kv_usage": peak, "preemptions": pre, "peak_running": peak_running,
-                          "tokens_per_request": per_req, "kv_tokens": run.kv_tokens}
-    seqs = int(run.flag_or_default("max-num-seqs"))
+    ev: dict[str, object] = {"peak_kv_usage": peak, "preemptions": pre, "peak_running": peak_running,
+                             "tokens_per_request": per_req, "kv_tokens": run.kv_tokens}
+    seqs = _int(run.flag_or_default("max-num-seqs"))
     seqs_default = run.flag("max-num-seqs") is None
     symptom = f"KV cache usage {lo:.0%}-{peak:.0%}{when} and {pre:.0f} preemptions"
     cause = ("the KV cache cannot hold every running sequence at full length, so vLLM evicts some and "
@@ -870,17 +921,17 @@ def rule_kv_saturation(run: RunData) -> list[Finding]:
     if blocks:
         # The cache size is pinned by the override: raising memory would change nothing.
         need_tokens = (demand or seqs) * (per_req or run.block_size)
-        new_blocks = max(int(blocks) * 2, math.ceil(need_tokens * 1.25 / run.block_size))
-        extra = (new_blocks - int(blocks)) * run.block_size
+        new_blocks = max(_int(blocks) * 2, math.ceil(need_tokens * 1.25 / run.block_size))
+        extra = (new_blocks - _int(blocks)) * run.block_size
         ev["extra_kv_tokens"] = extra
         size = f", {extra * bpt / GIB:.2f} GiB more at {bpt:,} bytes/token" if bpt else ""
-        changes = (Change("num-gpu-blocks-override", int(blocks), new_blocks),)
+        changes = (Change("num-gpu-blocks-override", _int(blocks), new_blocks),)
         alts = ((lower,),)
         expected = (f"about {extra:,} more KV tokens ({new_blocks} blocks of {run.block_size}{size}) hold "
                     f"{demand:.0f} sequences of ~{per_req or 0:.0f} tokens: preemptions near zero, lower TPOT p99")
         tradeoff = "more memory reserved for the KV cache"
     else:
-        util = float(run.flag_or_default("gpu-memory-utilization"))
+        util = _float(run.flag_or_default("gpu-memory-utilization"))
         total, what = _device_bytes(run)
         used = run.peak_gpu_used_bytes
         room = 0.95 - util
@@ -934,10 +985,10 @@ def rule_client_bound(run: RunData) -> list[Finding]:
         return []
     lag = max((_f(w.get("client_lag_ms")) or 0.0 for w in bound), default=_f(run.load.get("client_lag_p99_ms")) or 0.0)
     cpu = max((_f(w.get("client_cpu")) or 0.0 for w in bound), default=_f(run.load.get("client_cpu_max")) or 0.0)
-    when = _when(run, bound[0]["t"], bound[-1]["t"]) if bound else "over the run"
-    window = (_rel(run, bound[0]["t"]), _rel(run, bound[-1]["t"])) if bound else None
-    workers = run.workload.get("arrivals", {}).get("workers") if isinstance(run.workload.get("arrivals"), Mapping) \
-        else None
+    when = _when(run, _time(bound[0]), _time(bound[-1])) if bound else "over the run"
+    window = (_rel(run, _time(bound[0])), _rel(run, _time(bound[-1]))) if bound else None
+    arrivals = run.workload.get("arrivals")
+    workers = arrivals.get("workers") if isinstance(arrivals, Mapping) else None
     old = int(workers) if workers else 1
     return [Finding(
         "client_bound", "medium",
@@ -969,7 +1020,7 @@ def rule_queue(run: RunData) -> list[Finding]:
     util = run.mean_gpu_util
     if util is not None and util >= 70:
         return []  # the GPU is busy: the queue is real demand, not a scheduler limit
-    seqs = int(run.flag_or_default("max-num-seqs"))
+    seqs = _int(run.flag_or_default("max-num-seqs"))
     run_when_queued = [running.get(t) for t, _ in queued if running.get(t) is not None]
     at_cap = [r for r in run_when_queued if r is not None and r >= seqs - 0.5]
     mean_wait = sum(v for _, v in queued) / len(queued)
@@ -979,9 +1030,9 @@ def rule_queue(run: RunData) -> list[Finding]:
     proc_cpu = [v for _, v in run.series("proc_cpu_percent", "host")]
     busy = f"GPU utilization {util:.0f} %" if util is not None else (
         f"no GPU readings; server CPU {sum(proc_cpu) / len(proc_cpu):.0f} % of a core" if proc_cpu else "no GPU readings")
-    ev: dict[str, Any] = {"mean_waiting": mean_wait, "peak_waiting": peak_wait, "max_num_seqs": seqs,
-                          "running_at_cap_fraction": len(at_cap) / max(1, len(run_when_queued)),
-                          "peak_kv_usage": kv_peak, "mean_gpu_util": util}
+    ev: dict[str, object] = {"mean_waiting": mean_wait, "peak_waiting": peak_wait, "max_num_seqs": seqs,
+                             "running_at_cap_fraction": len(at_cap) / max(1, len(run_when_queued)),
+                             "peak_kv_usage": kv_peak, "mean_gpu_util": util}
     per_req = _request_tokens(run)
     fit = int(run.kv_tokens // per_req) if run.kv_tokens and per_req else None
     if run_when_queued and len(at_cap) >= 0.6 * len(run_when_queued):
@@ -1002,7 +1053,7 @@ def rule_queue(run: RunData) -> list[Finding]:
             ev, window=(_rel(run, span[0]), _rel(run, span[1])),
             expect=(Expectation("mean_waiting", "down", 0.3), Expectation("request_throughput", "up", 0.05)))]
     budget = run.flag("max-num-batched-tokens")
-    old = int(budget) if budget else 2048
+    old = _int(budget) if budget else 2048
     return [Finding(
         "queue_scheduler_bound", "medium",
         f"{mean_wait:.0f} requests waiting on average (peak {peak_wait:.0f}) {when} with fewer than "
@@ -1016,11 +1067,11 @@ def rule_queue(run: RunData) -> list[Finding]:
 
 
 def _prompt_mix(run: RunData) -> dict[str, float] | None:
-    rows = [r for r in run.requests if r[0] is not None and r[2] is not None]
+    rows = [(i, t) for i, t in ((r[0], r[2]) for r in run.requests) if i is not None and t is not None]
     if len(rows) < 12:
         return None
-    ins = [float(r[0]) for r in rows]
-    ttft = [float(r[2]) for r in rows]
+    ins = [float(i) for i, _ in rows]
+    ttft = [float(t) for _, t in rows]
     p10, p90 = _quantile(ins, 0.1), _quantile(ins, 0.9)
     q1, q3 = _quantile(ins, 0.25), _quantile(ins, 0.75)
     short = [t for i, t in zip(ins, ttft, strict=True) if i <= q1]
@@ -1072,12 +1123,12 @@ def rule_prefill_ttft(run: RunData) -> list[Finding]:
             "fall",
             "long prompts take a few more steps to their first token (their TTFT can rise)",
             ev, expect=(Expectation("ttft_short_p90", "down", 0.1), Expectation("tpot_p99", "down", 0.1)))]
-    if budget is not None and int(budget) < mix["input_p90"] / 4:
+    if budget is not None and _int(budget) < mix["input_p90"] / 4:
         new = _pow2_at_least(mix["input_p90"] / 2)
         return [Finding(
             "prefill_ttft", "low", symptom,
-            f"the chunked-prefill budget ({int(budget)} tokens a step) splits a long prompt into many steps",
-            (Change("max-num-batched-tokens", int(budget), new),),
+            f"the chunked-prefill budget ({_int(budget)} tokens a step) splits a long prompt into many steps",
+            (Change("max-num-batched-tokens", _int(budget), new),),
             "long prompts reach their first token in fewer steps: TTFT p99 falls",
             "bigger steps: running decodes wait longer (TPOT p99 up)",
             ev, expect=(Expectation("ttft_p99", "down", 0.1),))]
@@ -1109,7 +1160,7 @@ def rule_tpot_tail(run: RunData) -> list[Finding]:
                           old_is_default=budget is None))
         cause = "chunked prefill is off: a step that prefills a whole prompt stalls every running decode"
     else:
-        old = int(budget) if budget else 8192
+        old = _int(budget) if budget else 8192
         new = max(256, _pow2_at_least(old / 4) if old > 256 else 256)
         if new >= old:
             return []
@@ -1130,13 +1181,13 @@ def rule_headroom_wasted(run: RunData) -> list[Finding]:
     peak = max(kv)
     if peak >= 0.25 or (_preemptions(run) or 0) > 0:
         return []
-    ev: dict[str, Any] = {"peak_kv_usage": peak, "kv_tokens": run.kv_tokens}
+    ev: dict[str, object] = {"peak_kv_usage": peak, "kv_tokens": run.kv_tokens}
     symptom = f"KV cache usage never above {peak:.1%} over {_completed(run)} requests"
     waiting = [v for _, v in run.series("waiting")]
     queued = sum(1 for v in waiting if v >= 1) >= max(3, 0.5 * len(waiting)) if waiting else False
     if queued and rule_queue(run):
         return []  # the queue finding already says to raise max-num-seqs, with its number
-    seqs = int(run.flag_or_default("max-num-seqs"))
+    seqs = _int(run.flag_or_default("max-num-seqs"))
     seqs_default = run.flag("max-num-seqs") is None
     raise_seqs = Change("max-num-seqs", seqs, seqs * 2, old_is_default=seqs_default)
     if run.flag("num-gpu-blocks-override") or queued:
@@ -1145,7 +1196,7 @@ def rule_headroom_wasted(run: RunData) -> list[Finding]:
             "the cache has room for many more sequences than run at once",
             (raise_seqs,), "more sequences per step use the idle cache: higher throughput at high load",
             "bigger batches: TPOT rises", ev, expect=(Expectation("peak_kv_usage", "up", 0.1),))]
-    util = float(run.flag_or_default("gpu-memory-utilization"))
+    util = _float(run.flag_or_default("gpu-memory-utilization"))
     total, what = _device_bytes(run)
     bpt = _kv_bytes_per_token(run)
     kv_tokens = run.kv_tokens
@@ -1178,7 +1229,7 @@ def rule_headroom_wasted(run: RunData) -> list[Finding]:
 
 def rule_tp_oversized(run: RunData) -> list[Finding]:
     """Tensor parallel larger than the model needs: the weights fit on fewer GPUs."""
-    tp = int(run.flag_or_default("tensor-parallel-size"))
+    tp = _int(run.flag_or_default("tensor-parallel-size"))
     if tp <= 1:
         return []
     mc = _model_config(run)
@@ -1186,9 +1237,9 @@ def rule_tp_oversized(run: RunData) -> list[Finding]:
     if mc is None or not total or what != "GPU":
         return []
     mml = run.flag("max-model-len") or mc.max_position_embeddings
-    per_req = _request_tokens(run) or float(mml)
+    per_req = _request_tokens(run) or _float(mml)
     demand_seqs = max([_f(s.get("running")) or 0.0 for s in run.server] + [1.0])
-    need_tokens = max(float(mml), demand_seqs * per_req)
+    need_tokens = max(_float(mml), demand_seqs * per_req)
     cur = _plan(run)
     for smaller in (t for t in (1, 2, 4, 8) if t < tp and mc.num_attention_heads % t == 0):
         p = _plan(run, tensor_parallel_size=smaller)
@@ -1231,13 +1282,13 @@ def rule_tail_headroom(run: RunData) -> list[Finding]:
     assert isinstance(arr, Mapping)
     ev = {"metric": metric, "mean_ms": mean, "p99_ms": p99, "ratio": ratio}
     if arr.get("mode", "closed") == "closed" and arr.get("concurrency"):
-        old: Any = int(arr["concurrency"])
+        old: float = int(arr["concurrency"])
         change = Change("concurrency", old, max(1, math.floor(old * 0.7)), scope="load")
     elif _f(arr.get("rate")):
         old = float(arr["rate"])
         change = Change("rate", old, round(old * 0.7, 2), scope="load")
     else:
-        seqs = int(run.flag_or_default("max-num-seqs"))
+        seqs = _int(run.flag_or_default("max-num-seqs"))
         change = Change("max-num-seqs", seqs, max(1, math.floor(seqs * 0.7)),
                         old_is_default=run.flag("max-num-seqs") is None)
     return [Finding(
@@ -1297,7 +1348,7 @@ def _installed_has(flag: str) -> bool:
     return load_schema(wait=False).get(flag) is not None
 
 
-def _workload(run: RunData) -> Mapping[str, Any]:
+def _workload(run: RunData) -> Mapping[str, object]:
     w = run.workload.get("workload") if isinstance(run.workload, Mapping) else None
     return w if isinstance(w, Mapping) else {}
 
@@ -1364,7 +1415,7 @@ SPEC_MAX_BATCH = 4.0
 SPEC_MIN_OUTPUT = 64
 
 
-def _spec_room(run: RunData, *, text_only: bool) -> dict[str, Any] | None:
+def _spec_room(run: RunData, *, text_only: bool) -> dict[str, float] | None:
     """Evidence that speculative decoding has room on this run, or None: a GPU decoding a
     mean of SPEC_MAX_BATCH or fewer sequences at once, SPEC_MIN_OUTPUT+ output tokens per
     request, no speculative decoding yet, where the installed vLLM has --speculative-config.
@@ -1384,7 +1435,7 @@ def _spec_room(run: RunData, *, text_only: bool) -> dict[str, Any] | None:
     return {"mean_running": batch, "output_tokens_per_request": out_per_req, "tpot_p50_ms": tpot}
 
 
-def _spec_symptom(ev: Mapping[str, Any]) -> str:
+def _spec_symptom(ev: Mapping[str, float]) -> str:
     return (f"a mean of {ev['mean_running']:.1f} sequences decoding at once, {ev['output_tokens_per_request']:.0f} "
             f"output tokens per request, TPOT p50 {ev['tpot_p50_ms']:.1f} ms")
 
@@ -1498,7 +1549,7 @@ def _captured_max(run: RunData) -> tuple[int, str] | None:
     flag = _f(run.flag("max-cudagraph-capture-size"))
     if flag is not None:
         return _top_capture(int(flag), tokens), f"from --max-cudagraph-capture-size {int(flag)}"
-    seqs = int(run.flag_or_default("max-num-seqs"))
+    seqs = _int(run.flag_or_default("max-num-seqs"))
     ceiling = CUDAGRAPH_BLACKWELL_MAX if _BLACKWELL.search(_gpu_name(run)) else CUDAGRAPH_DEFAULT_MAX
     limit = min(2 * seqs, ceiling)
     top = _top_capture(limit, tokens)
@@ -1507,7 +1558,17 @@ def _captured_max(run: RunData) -> tuple[int, str] | None:
     return top, f"vLLM's default for these flags: min(2 x max-num-seqs {seqs}, {ceiling})"
 
 
-def _graph_gap(run: RunData) -> dict[str, Any] | None:
+class _GraphGap(TypedDict):
+    """rule_cudagraph_capture's evidence, as _graph_gap finds it."""
+
+    mean_running: float
+    peak_running: float
+    captured_max: int
+    captured_from: str
+    share_above: float
+
+
+def _graph_gap(run: RunData) -> _GraphGap | None:
     """Evidence that the decode steps of a GPU run with CUDA graphs ran past the largest
     captured graph, or None: the mean of the server's running-requests samples while busy
     (an idle sample has no decode step) above the largest captured size."""
@@ -1535,12 +1596,12 @@ def rule_cudagraph_capture(run: RunData) -> list[Finding]:
     if ev is None or not _installed_has("max-cudagraph-capture-size"):
         return []
     size, mean, peak = int(ev["captured_max"]), float(ev["mean_running"]), float(ev["peak_running"])
-    seqs = int(run.flag_or_default("max-num-seqs"))
+    seqs = _int(run.flag_or_default("max-num-seqs"))
     # Cover every batch the run reached (none can exceed max-num-seqs), on vLLM's capture list.
     new = _capture_cover(min(peak, float(seqs)))
     if new <= size:
         return []
-    ev = {**ev, "max_num_seqs": seqs, "suggested": new}
+    evidence = {**ev, "max_num_seqs": seqs, "suggested": new}
     old = run.flag("max-cudagraph-capture-size")
     return [Finding(
         "cudagraph_capture", "low",
@@ -1554,7 +1615,7 @@ def rule_cudagraph_capture(run: RunData) -> list[Finding]:
         "the step is short (a small model, short contexts)",
         "a longer start (more graph sizes to capture) and GPU memory for the larger graphs, taken from the "
         "KV cache",
-        ev, expect=(Expectation("tpot_p50", "down", 0.05),))]
+        evidence, expect=(Expectation("tpot_p50", "down", 0.05),))]
 
 
 # Short prompts behind long prefills (chunked prefill on). vLLM's V1 scheduler gives each
@@ -1582,7 +1643,28 @@ def _step_budget(run: RunData) -> tuple[int, str] | None:
     return None
 
 
-def _short_behind_long(run: RunData) -> dict[str, Any] | None:
+class _ShortBehindLong(TypedDict):
+    """rule_partial_prefills' evidence, as _short_behind_long finds it."""
+
+    step_tokens: int
+    step_from: str
+    short_max_tokens: int
+    short_count: int
+    long_count: int
+    requests: int
+    short_input_p50: float
+    long_input_p50: float
+    ttft_short_p50: float
+    ttft_short_p90: float
+    ttft_long_p50: float
+    ttft_p50: float
+    ttft_p99: float
+    mean_waiting: float | None
+    tpot_p50_ms: float | None
+    long_steps: int
+
+
+def _short_behind_long(run: RunData) -> _ShortBehindLong | None:
     """Evidence that short prompts waited behind long prefills within the step budget, or None.
 
     With chunked prefill on and a step budget B: at least PARTIAL_MIN_GROUP requests with prompts
@@ -1599,7 +1681,8 @@ def _short_behind_long(run: RunData) -> dict[str, Any] | None:
         return None
     step, step_from = budget
     half = step // 2
-    rows = [(float(r[0]), float(r[2])) for r in run.requests if _f(r[0]) is not None and _f(r[2]) is not None]
+    # _f(v) is float(v) where it is not None.
+    rows = [(i, t) for i, t in ((_f(r[0]), _f(r[2])) for r in run.requests) if i is not None and t is not None]
     if len(rows) < 12:
         return None
     short = [(i, t) for i, t in rows if i <= half]
@@ -1655,7 +1738,7 @@ def rule_partial_prefills(run: RunData) -> list[Finding]:
     step, half = int(ev["step_tokens"]), int(ev["short_max_tokens"])
     new = half  # long prompts take at most half a step; the other half is left to short ones
     steps = int(ev["long_steps"])
-    ev = {**ev, "suggested_threshold": new}
+    evidence = {**ev, "suggested_threshold": new}
     changes: tuple[Change, ...] = (
         Change("long-prefill-token-threshold", threshold_set, new, old_is_default=threshold_set is None),)
     from engine.flags import load_schema
@@ -1690,7 +1773,7 @@ def rule_partial_prefills(run: RunData) -> list[Finding]:
         f"{how}: short prompts' TTFT p90 comes down toward their p50",
         f"long prompts' prefill spreads over more steps ({math.ceil(ev['long_input_p50'] / new)} instead of "
         f"{steps} for the median long prompt): their TTFT rises",
-        ev, expect=(Expectation("ttft_short_p90", "down", 0.1),))]
+        evidence, expect=(Expectation("ttft_short_p90", "down", 0.1),))]
 
 
 RULES = (
@@ -1713,7 +1796,8 @@ RULES = (
 )
 
 
-def advise(run: RunData, rules: Iterable[Any] = RULES, *, draft_model: str | None = None) -> list[Finding]:
+def advise(run: RunData, rules: Iterable[Callable[[RunData], list[Finding]]] = RULES, *,
+           draft_model: str | None = None) -> list[Finding]:
     """Every finding the run's data supports, most severe first. Never changes anything.
 
     ``draft_model`` (a local folder or a Hugging Face id) is a draft the caller offers for
@@ -1740,7 +1824,7 @@ def measure(run: RunData) -> dict[str, float | None]:
     waiting = [v for _, v in run.series("waiting")]
     kv = [v for _, v in run.series("kv_cache_usage")]
     mix = _prompt_mix(run)
-    tp = int(run.flag_or_default("tensor-parallel-size"))
+    tp = _int(run.flag_or_default("tensor-parallel-size"))
     thr = _f(load.get("request_throughput"))
 
     def ratio(metric: str) -> float | None:
@@ -1809,7 +1893,7 @@ class Verdict:
             lines.append("  the symptom is still there in the new run")
         return "\n".join(lines)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"rule": self.rule, "status": self.status, "applied": self.applied, "still_firing": self.still_firing,
                 "checks": [{"metric": c.metric, "direction": c.direction, "before": c.before, "after": c.after,
                             "met": c.met} for c in self.checks]}

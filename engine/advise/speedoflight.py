@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import SupportsFloat, SupportsIndex, SupportsInt, cast
 
 from engine.server.modelconfig import ModelConfig
 
@@ -125,8 +125,23 @@ class SpeedOfLight:
         return (f"decode step {step}, floor {self.floor_ms:.1f} ms ({self.bound}-bound at batch {self.batch:.0f},"
                 f" context {self.context:.0f}){mbu}{mfu} on {self.gpu}{why}")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+def _float(value: object) -> float:
+    """``float(value)`` for a value read from JSON: the same number, or the same TypeError, as float()."""
+    if isinstance(value, (str, bytes, bytearray, SupportsFloat, SupportsIndex)):
+        return float(value)
+    raise TypeError(f"float() argument must be a string or a real number, not {type(value).__name__!r}")
+
+
+def _int(value: object) -> int:
+    """``int(value)`` for a flag's value: the same number, or the same TypeError, as int()."""
+    if isinstance(value, (str, bytes, bytearray, SupportsInt, SupportsIndex)):
+        return int(value)
+    raise TypeError(f"int() argument must be a string, a bytes-like object or a real number, "
+                    f"not {type(value).__name__!r}")
 
 
 # Below this MBU at a batch this small, the step waits on something other than memory.
@@ -134,18 +149,18 @@ LAUNCH_BOUND_MBU = 0.3
 LAUNCH_BOUND_BATCH = 8
 
 
-def assess(cost: ModelCost, peaks: GpuPeaks, load: Mapping[str, Any], *, mean_running: float | None) -> SpeedOfLight:
+def assess(cost: ModelCost, peaks: GpuPeaks, load: Mapping[str, object], *, mean_running: float | None) -> SpeedOfLight:
     """Set a run's figures (vllm-bench keys in ``load``) against the floor.
 
     Batch: the server's mean running requests over the window (else, by Little's law,
     requests/s x mean E2EL); context: mean prompt plus half the mean output (the average length a
     decode step attends to); step: the median TPOT.
     """
-    done = float(load.get("completed") or 0)
-    prompt = float(load.get("total_input_tokens") or 0) / done if done else 0.0
-    output = float(load.get("total_output_tokens") or 0) / done if done else 0.0
+    done = _float(load.get("completed") or 0)
+    prompt = _float(load.get("total_input_tokens") or 0) / done if done else 0.0
+    output = _float(load.get("total_output_tokens") or 0) / done if done else 0.0
     if not (mean_running and mean_running > 0):  # Little's law: requests/s x mean time in the system
-        mean_running = float(load.get("request_throughput") or 0) * float(load.get("mean_e2el_ms") or 0) / 1000
+        mean_running = _float(load.get("request_throughput") or 0) * _float(load.get("mean_e2el_ms") or 0) / 1000
     batch = mean_running or 1.0
     batch = max(1.0, batch)
     context = prompt + output / 2
@@ -161,7 +176,7 @@ def assess(cost: ModelCost, peaks: GpuPeaks, load: Mapping[str, Any], *, mean_ru
     return SpeedOfLight(peaks.name, batch, context, step_ms, floor_s * 1000, bound, mbu, mfu, launch, peaks.source)
 
 
-def for_run(model: str | None, flags: Mapping[str, Any], gpu_name: str | None, load: Mapping[str, Any], *,
+def for_run(model: str | None, flags: Mapping[str, object], gpu_name: str | None, load: Mapping[str, object], *,
             mean_running: float | None, peak_bw_tbs: float | None = None,
             peak_tflops: float | None = None) -> SpeedOfLight | str:
     """A run's speed of light, or why there is none (no GPU, a GPU not in the table, a
@@ -177,8 +192,9 @@ def for_run(model: str | None, flags: Mapping[str, Any], gpu_name: str | None, l
         return "the model is not known"
     try:
         config = load_model_config(model)
-        tp = int(flags.get("tensor-parallel-size") or 1)
-        quant = flags.get("quantization")
+        tp = _int(flags.get("tensor-parallel-size") or 1)
+        # --quantization is text (a FlagSet choice, or the history's JSON): passed on as the run holds it.
+        quant = cast("str | None", flags.get("quantization"))
         dtype = str(flags.get("dtype") or "auto")
         cost = ModelCost.of(config, weight_bytes=weight_bytes(config, dtype=dtype, quantization=quant or None),
                             kv_bytes_per_token=kv_bytes_per_token(
