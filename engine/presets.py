@@ -40,13 +40,16 @@ import json
 import math
 import re
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from engine import paths
 from loadgen.spec import SLO, ArrivalSpec, SpecError, WorkloadSpec
+
+if TYPE_CHECKING:
+    from engine.flags import Schema
 
 MAX_PRESET_BYTES = 1024 * 1024
 """Preset files above 1 MiB are refused: a scenario is a few hundred bytes."""
@@ -57,6 +60,9 @@ DEFAULT_MODEL = "default"
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "presets"
 
 FlagValue = bool | int | float | str | list[str]
+
+TableValue = bool | int | float | str
+"""A value of [workload], [arrivals] or [slo]: one TOML scalar (loadgen's from_dict checks it)."""
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _FLAG_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
@@ -92,8 +98,8 @@ class TinyScaling:
     note: str = ""
     unset: tuple[str, ...] = ()
     flags: Mapping[str, FlagValue] = field(default_factory=dict)
-    workload: Mapping[str, Any] = field(default_factory=dict)
-    arrivals: Mapping[str, Any] = field(default_factory=dict)
+    workload: Mapping[str, TableValue] = field(default_factory=dict)
+    arrivals: Mapping[str, TableValue] = field(default_factory=dict)
 
     def is_empty(self) -> bool:
         return not (self.note or self.unset or self.flags or self.workload or self.arrivals)
@@ -108,8 +114,8 @@ class Preset:
     description: str = ""
     model: str = DEFAULT_MODEL
     flags: Mapping[str, FlagValue] = field(default_factory=dict)
-    workload: Mapping[str, Any] = field(default_factory=dict)
-    arrivals: Mapping[str, Any] = field(default_factory=dict)
+    workload: Mapping[str, TableValue] = field(default_factory=dict)
+    arrivals: Mapping[str, TableValue] = field(default_factory=dict)
     slo: SLO | None = None
     tiny: TinyScaling = field(default_factory=TinyScaling)
     source: Path | None = None
@@ -178,9 +184,9 @@ class Preset:
                 out.extend([f"--{name}", str(value)])
         return out
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The TOML document as a dict (what :func:`dumps_toml` writes)."""
-        doc: dict[str, Any] = {"name": self.name}
+        doc: dict[str, object] = {"name": self.name}
         if self.description:
             doc["description"] = self.description
         doc["model"] = self.model
@@ -193,7 +199,7 @@ class Preset:
         if self.slo is not None:
             doc["slo"] = self.slo.to_dict()
         if not self.tiny.is_empty():
-            tiny: dict[str, Any] = {}
+            tiny: dict[str, object] = {}
             if self.tiny.note:
                 tiny["note"] = self.tiny.note
             if self.tiny.unset:
@@ -232,7 +238,7 @@ def user_presets_dir() -> Path:
     return path
 
 
-def load_preset(path: str | Path, *, schema: Any = None) -> Preset:
+def load_preset(path: str | Path, *, schema: Schema | None = None) -> Preset:
     """Read and validate one preset file; raises :class:`PresetError` naming file, line, key.
 
     ``schema``: an ``engine.flags.Schema`` to check flags against (default: the one
@@ -251,7 +257,7 @@ def load_preset(path: str | Path, *, schema: Any = None) -> Preset:
     return loads_preset(raw, source=path, schema=schema)
 
 
-def loads_preset(data: bytes | str, *, source: str | Path | None = None, schema: Any = None) -> Preset:
+def loads_preset(data: bytes | str, *, source: str | Path | None = None, schema: Schema | None = None) -> Preset:
     """Parse and validate preset text (bytes must be UTF-8)."""
     if isinstance(data, bytes):
         if len(data) > MAX_PRESET_BYTES:
@@ -303,9 +309,10 @@ def _key_line(text: str | None, table: str, key: str) -> int | None:
 
 
 def preset_from_dict(
-    doc: Mapping[str, Any], *, source: str | Path | None = None, text: str | None = None, schema: Any = None
+    doc: Mapping[str, object], *, source: str | Path | None = None, text: str | None = None,
+    schema: Schema | None = None,
 ) -> Preset:
-    """Validate a parsed TOML document and build the :class:`Preset`."""
+    """Validate a parsed TOML document (each value checked here) and build the :class:`Preset`."""
 
     def fail(table: str, key: str | None, reason: str) -> PresetError:
         full = f"{table}.{key}" if table and key else (key or table or None)
@@ -334,8 +341,7 @@ def preset_from_dict(
     arrivals = _check_spec(doc.get("arrivals", {}), "arrivals", ArrivalSpec, fail)
     slo = None
     if "slo" in doc:
-        _check_spec(doc["slo"], "slo", SLO, fail)
-        slo = SLO.from_dict(doc["slo"], source="slo")
+        slo = SLO.from_dict(_check_spec(doc["slo"], "slo", SLO, fail), source="slo")
 
     tiny = TinyScaling()
     if "tiny" in doc:
@@ -371,9 +377,17 @@ def preset_from_dict(
     return preset
 
 
+_Fail = Callable[[str, str | None, str], PresetError]
+"""preset_from_dict's ``fail(table, key, reason)``: the PresetError to raise, with the line."""
+
+
 def _check_spec(
-    value: object, table: str, cls: Any, fail: Any, base: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
+    value: object,
+    table: str,
+    cls: type[WorkloadSpec] | type[ArrivalSpec] | type[SLO],
+    fail: _Fail,
+    base: Mapping[str, TableValue] | None = None,
+) -> dict[str, TableValue]:
     """Validate a table with loadgen's own ``from_dict`` (merged over ``base`` for [tiny.*])."""
     if not isinstance(value, dict):
         raise fail("", table, f"must be a table, not {_tname(value)}")
@@ -399,7 +413,7 @@ def _tname(value: object) -> str:
     )
 
 
-def _check_flags(value: object, table: str, fail: Any) -> dict[str, FlagValue]:
+def _check_flags(value: object, table: str, fail: _Fail) -> dict[str, FlagValue]:
     if not isinstance(value, dict):
         raise fail("", table, f"must be a table, not {_tname(value)}")
     out: dict[str, FlagValue] = {}
@@ -424,7 +438,7 @@ def _check_flags(value: object, table: str, fail: Any) -> dict[str, FlagValue]:
     return out
 
 
-def _validate_flags_with_schema(preset: Preset, fail: Any, schema: Any = None) -> None:
+def _validate_flags_with_schema(preset: Preset, fail: _Fail, schema: Schema | None = None) -> None:
     """Check flag names, types and values with engine.flags.
 
     Without ``schema`` the schema already loaded in this process (else the built-in
@@ -523,16 +537,16 @@ def save_user_preset(preset: Preset, *, overwrite: bool = False) -> Path:
 
 def preset_from_flags(
     name: str,
-    flags: Mapping[str, Any],
-    workload: Mapping[str, Any] | None = None,
-    arrivals: Mapping[str, Any] | None = None,
+    flags: Mapping[str, object],
+    workload: Mapping[str, object] | None = None,
+    arrivals: Mapping[str, object] | None = None,
     *,
     description: str = "",
     model: str = DEFAULT_MODEL,
     slo: SLO | None = None,
 ) -> Preset:
     """Build and validate a preset from current flags (names with or without dashes)."""
-    doc: dict[str, Any] = {"name": name, "model": model, "flags": {k.lstrip("-"): v for k, v in flags.items()}}
+    doc: dict[str, object] = {"name": name, "model": model, "flags": {k.lstrip("-"): v for k, v in flags.items()}}
     if description:
         doc["description"] = description
     if workload:
@@ -609,7 +623,7 @@ the default 0.92 failed at start on the CI box (8.37 of 9.71 GiB free), see REFE
 def check_applicable(
     preset: Preset,
     gpu_count: int | None,
-    model_config: Mapping[str, Any] | None = None,
+    model_config: Mapping[str, object] | None = None,
     backend: str = "cuda",
 ) -> list[NotApplicable]:
     """Flags of ``preset`` that cannot apply on this box, each with the reason.
@@ -693,7 +707,7 @@ def _as_int(value: object) -> int:
     return 1
 
 
-def read_model_config(model_dir: str | Path) -> dict[str, Any] | None:
+def read_model_config(model_dir: str | Path) -> dict[str, object] | None:
     """``config.json`` of a local model folder, or None when there is none."""
     path = Path(model_dir) / "config.json"
     try:
@@ -722,7 +736,7 @@ def _toml_string(text: str) -> str:
     return out.replace("\x7f", "\\u007f")
 
 
-def _toml_value(value: Any) -> str:
+def _toml_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -740,14 +754,14 @@ def _toml_value(value: Any) -> str:
     raise TypeError(f"cannot write {type(value).__name__} to TOML")
 
 
-def dumps_toml(doc: Mapping[str, Any]) -> str:
+def dumps_toml(doc: Mapping[str, object]) -> str:
     """Write a document of scalars, lists and nested tables as TOML."""
     lines: list[str] = []
     _write_table(doc, [], lines)
     return "\n".join(lines).lstrip("\n") + "\n"
 
 
-def _write_table(table: Mapping[str, Any], prefix: list[str], lines: list[str]) -> None:
+def _write_table(table: Mapping[str, object], prefix: list[str], lines: list[str]) -> None:
     subtables = [(k, v) for k, v in table.items() if isinstance(v, Mapping)]
     scalars = [(k, v) for k, v in table.items() if not isinstance(v, Mapping)]
     if prefix and (scalars or not subtables):

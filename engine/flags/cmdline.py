@@ -7,11 +7,10 @@ import re
 import shlex
 from collections.abc import Sequence
 from pathlib import PurePosixPath
-from typing import Any
 
 from engine.flags.flagset import _DOCKER_VALUE_OPTS, CommandLine, DockerRun, FlagSet
 from engine.flags.schema import Schema, load_schema
-from engine.flags.spec import FlagError, _looks_like_option, _norm
+from engine.flags.spec import FlagError, FlagValue, _looks_like_option, _norm
 
 _PY_MODULES = {
     "vllm.entrypoints.openai.api_server",
@@ -264,7 +263,7 @@ _DOCKER_SWITCHES = {
 
 
 def _parse_serve_args(args: Sequence[str], sch: Schema, *, positional_model: bool) -> FlagSet:
-    values: dict[str, Any] = {}
+    values: dict[str, FlagValue] = {}
     model: str | None = None
     i = 0
     n = len(args)
@@ -356,7 +355,9 @@ def _parse_serve_args(args: Sequence[str], sch: Schema, *, positional_model: boo
         else:
             raise FlagError(spec.name, "needs a value", token=tok)
         if spec.kind == "list":  # append action: one item per occurrence
-            values[spec.name] = tuple(values.get(spec.name, ())) + (spec._parse_item(text),)
+            item = spec._parse_item(text)
+            before = values.get(spec.name)  # absent, or a tuple this branch wrote
+            values[spec.name] = (*before, item) if isinstance(before, tuple) else (item,)
             continue
         try:
             typed = spec.parse(text)

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Literal, cast
 
 from engine.flags.schema import Schema, _current_schema, installed_vllm_version
 from engine.flags.spec import (
@@ -25,6 +25,9 @@ from engine.flags.spec import (
     _looks_like_option,
     _norm,
 )
+
+if TYPE_CHECKING:
+    from engine.server.supervisor import FlagsLike
 
 # docker run options that take a value (the rest are switches such as --rm, -d, -it).
 _DOCKER_VALUE_OPTS = {
@@ -44,7 +47,7 @@ _DOCKER_VALUE_OPTS = {
 }
 
 
-def _freeze(value: Any) -> Any:
+def _freeze(value: object) -> object:
     return tuple(value) if isinstance(value, list) else value
 
 
@@ -57,7 +60,7 @@ class FlagSet:
     """
 
     model: str
-    values: Mapping[str, Any] = field(default_factory=dict)
+    values: Mapping[str, object] = field(default_factory=dict)
     schema: Schema | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -73,12 +76,12 @@ class FlagSet:
     def _spec(self, name: str) -> FlagSpec | None:
         return self._schema().get(name)
 
-    def get(self, name: str, default: Any = None) -> Any:
+    def get(self, name: str, default: object = None) -> object:
         """The value of ``name`` (any spelling), or ``default`` when not set."""
         spec = self._spec(name)
         return self.values.get(spec.name if spec else _norm(name), default)
 
-    def set(self, name: str, value: Any) -> FlagSet:
+    def set(self, name: str, value: object) -> FlagSet:
         """A copy with ``name`` set. Text is parsed as vLLM would; typed values are
         checked. None unsets. A flag the schema does not know is kept as given
         (validate() reports it). Raises FlagError for a value of the wrong type.
@@ -145,10 +148,13 @@ class FlagSet:
         ``$VLLM_API_KEY``-style references, never their values."""
         return [tok.lstrip("\0") for chunk in self._chunks(secrets="ref") for tok in chunk]
 
-    def same_launch(self, other: Any) -> bool:
-        """Whether ``other`` launches the same server (model and every flag, secrets included)."""
-        return bool(str(self.model) == str(getattr(other, "model", None))
-                    and self.to_argv(include_secrets=True) == other.to_argv(include_secrets=True))
+    def same_launch(self, other: FlagSet | FlagsLike) -> bool:
+        """Whether ``other`` launches the same server (model and every flag, secrets included).
+
+        ``other``: a FlagSet, or a Supervisor's flags (a FlagSet too, as every caller passes;
+        FlagsLike does not name ``to_argv``'s ``include_secrets``, hence the cast)."""
+        return bool(str(self.model) == str(other.model)
+                    and self.to_argv(include_secrets=True) == cast(FlagSet, other).to_argv(include_secrets=True))
 
     def secret_env(self) -> dict[str, str]:
         """Environment variables that carry the secret flags (VLLM_API_KEY, HF_TOKEN)."""
@@ -200,7 +206,7 @@ class FlagSet:
         if docker is not None:
             return self._docker_line_from(docker, host_port=host_port, gpus=gpus, image=image,
                                           version=version, multiline=multiline)
-        port = int(self.values.get("port", 8000))
+        port = _port(self.values)
         hp = port if host_port is None else host_port
         img = image or default_image(version)
         chunks: list[list[str]] = [["docker", "run"], ["--runtime", "nvidia", "--gpus", _gpus_arg(gpus)]]
@@ -244,7 +250,7 @@ class FlagSet:
 
     def _docker_line_from(self, docker: DockerRun, *, host_port: int | None, gpus: str | int | Sequence[int] | None,
                           image: str | None, version: str | None, multiline: bool) -> str:
-        port = int(self.values.get("port", 8000))
+        port = _port(self.values)
         chunks: list[list[str]] = [[docker.program, "run"]]
         gpus_done = False
         for opt, val in docker.options:
@@ -277,12 +283,12 @@ class FlagSet:
 
     # -- dict form ------------------------------------------------------------------
 
-    def to_dict(self, *, include_secrets: bool = False) -> dict[str, Any]:
+    def to_dict(self, *, include_secrets: bool = False) -> dict[str, object]:
         """Flat JSON/TOML-friendly form: ``{"model": ..., "max-num-seqs": 128, ...}``.
 
         Secrets become ``$VLLM_API_KEY``-style references unless include_secrets.
         """
-        out: dict[str, Any] = {"model": self.model}
+        out: dict[str, object] = {"model": self.model}
         for name, value in self.values.items():
             if name in SECRET_FLAGS and not include_secrets and not _is_env_ref(value):
                 value = f"${SECRET_FLAGS[name]}"
@@ -290,14 +296,15 @@ class FlagSet:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], schema: Schema | None = None) -> FlagSet:
+    def from_dict(cls, data: Mapping[str, object], schema: Schema | None = None) -> FlagSet:
         """Inverse of to_dict(); keys may use dashes or underscores. Raises FlagError.
 
         Also accepts the nested form ``{"model": ..., "values": {...}}``.
         """
         sch = schema or _current_schema()
-        if isinstance(data.get("values"), Mapping) and sch.get("values") is None:
-            data = {"model": data.get("model", ""), **data["values"]}
+        nested = data.get("values")
+        if isinstance(nested, Mapping) and sch.get("values") is None:
+            data = {"model": data.get("model", ""), **nested}
         model = data.get("model", "")
         if not isinstance(model, str):
             raise FlagError("model", f"expected text, got {model!r}")
@@ -308,9 +315,9 @@ class FlagSet:
             fs = fs.set(str(key), value)
         return fs
 
-    def diff(self, other: FlagSet) -> dict[str, tuple[Any, Any]]:
+    def diff(self, other: FlagSet) -> dict[str, tuple[object, object]]:
         """``{name: (self's value, other's value)}`` for every difference (None = unset)."""
-        out: dict[str, tuple[Any, Any]] = {}
+        out: dict[str, tuple[object, object]] = {}
         if self.model != other.model:
             out["model"] = (self.model, other.model)
         for name in [*self.values, *(k for k in other.values if k not in self.values)]:
@@ -320,7 +327,7 @@ class FlagSet:
         return out
 
 
-def devices_needed(values: Mapping[str, Any]) -> int:
+def devices_needed(values: Mapping[str, object]) -> int:
     """GPUs one server with these flag values uses: tensor x pipeline x data parallel sizes."""
     n = 1
     for name in ("tensor-parallel-size", "pipeline-parallel-size", "data-parallel-size"):
@@ -328,6 +335,12 @@ def devices_needed(values: Mapping[str, Any]) -> int:
         if isinstance(v, int) and not isinstance(v, bool) and v > 0:
             n *= v
     return n
+
+
+def _port(values: Mapping[str, object]) -> int:
+    """The port the server listens on: --port (an int flag), else vLLM's 8000."""
+    # Typed int by the schema; int() raises on anything else, as it always did.
+    return int(cast("int | str", values.get("port", 8000)))
 
 
 def _local_dir(model: str) -> Path | None:
@@ -341,7 +354,7 @@ def _local_dir(model: str) -> Path | None:
         return None
 
 
-def _guess_spec(name: str, value: Any) -> FlagSpec:
+def _guess_spec(name: str, value: object) -> FlagSpec:
     """Formatting spec for a flag the schema does not know, from its value's type."""
     if isinstance(value, bool):
         return FlagSpec(name, "bool")
@@ -352,11 +365,11 @@ def _guess_spec(name: str, value: Any) -> FlagSpec:
     return FlagSpec(name, "str")
 
 
-def _is_env_ref(value: Any) -> bool:
+def _is_env_ref(value: object) -> bool:
     return _env_ref_name(value) is not None
 
 
-def _env_ref_name(value: Any) -> str | None:
+def _env_ref_name(value: object) -> str | None:
     if isinstance(value, tuple) and len(value) == 1:
         value = value[0]
     if isinstance(value, str):
@@ -370,7 +383,7 @@ def _env_name(flag: str) -> str:
     return "VLLM_" + flag.upper().replace("-", "_")
 
 
-def _resolve_secret(name: str, value: Any) -> Any:
+def _resolve_secret(name: str, value: object) -> object:
     var = _env_ref_name(value)
     if var is None:
         return value

@@ -14,12 +14,15 @@ import sys
 import tempfile
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypedDict
 
-from engine.flags.spec import SECRET_FLAGS, TUNING_FLAGS, FlagError, FlagSpec, Kind, _norm
+from engine.flags.spec import SECRET_FLAGS, TUNING_FLAGS, FlagError, FlagSpec, FlagValue, Kind, _norm
+
+# The extraction's output and the cache file are JSON, read here once into FlagSpecs:
+# ``Mapping[str, Any]`` below is that JSON at the edge, before it is checked.
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,7 @@ class Schema:
         rest = sorted((s for s in self.flags.values() if not s.tuning), key=lambda s: s.name)
         return tuning + rest
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         """JSON-safe form (what the cache file holds)."""
         return {
             "source": self.source,
@@ -85,8 +88,8 @@ class Schema:
         }
 
 
-def _spec_to_json(spec: FlagSpec) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _spec_to_json(spec: FlagSpec) -> dict[str, object]:
+    out: dict[str, object] = {}
     for f in spec.__dataclass_fields__:
         v = getattr(spec, f)
         out[f] = list(v) if isinstance(v, tuple) else v
@@ -155,16 +158,25 @@ _BUILTIN: tuple[FlagSpec, ...] = (
              help="Run the model repository's own Python code."),
 )
 
+
+class _Bounds(TypedDict, total=False):
+    """Range checks laid over one flag's spec (only the keys given replace the spec's)."""
+
+    minimum: float | None
+    maximum: float | None
+    exclusive_minimum: bool
+
+
 # Bounds vLLM enforces but does not declare in argparse; laid over the extracted schema.
-_BOUNDS: Mapping[str, dict[str, Any]] = {
-    s.name: {"minimum": s.minimum, "maximum": s.maximum, "exclusive_minimum": s.exclusive_minimum}
+_BOUNDS: Mapping[str, _Bounds] = {
+    s.name: _Bounds(minimum=s.minimum, maximum=s.maximum, exclusive_minimum=s.exclusive_minimum)
     for s in _BUILTIN
     if s.minimum is not None or s.maximum is not None
 } | {
-    "data-parallel-size": {"minimum": 1},
-    "cpu-offload-gb": {"minimum": 0},
-    "max-num-partial-prefills": {"minimum": 1},
-    "max-logprobs": {"minimum": -1},
+    "data-parallel-size": _Bounds(minimum=1),
+    "cpu-offload-gb": _Bounds(minimum=0),
+    "max-num-partial-prefills": _Bounds(minimum=1),
+    "max-logprobs": _Bounds(minimum=-1),
 }
 
 
@@ -175,17 +187,15 @@ def builtin_schema() -> Schema:
 
 
 def _with_tuning(spec: FlagSpec) -> FlagSpec:
-    updates: dict[str, Any] = {"tuning": spec.name in TUNING_FLAGS}
-    if spec.name in SECRET_FLAGS:
-        updates["secret"] = True
-    updates.update({k: v for k, v in _BOUNDS.get(spec.name, {}).items()})
-    return _replace(spec, **updates)
-
-
-def _replace(spec: FlagSpec, **changes: Any) -> FlagSpec:
-    from dataclasses import replace
-
-    return replace(spec, **changes)
+    bounds = _BOUNDS.get(spec.name, {})
+    return replace(
+        spec,
+        tuning=spec.name in TUNING_FLAGS,
+        secret=True if spec.name in SECRET_FLAGS else spec.secret,
+        minimum=bounds.get("minimum", spec.minimum),
+        maximum=bounds.get("maximum", spec.maximum),
+        exclusive_minimum=bounds.get("exclusive_minimum", spec.exclusive_minimum),
+    )
 
 
 def installed_vllm_version() -> str | None:
@@ -289,40 +299,43 @@ def _spec_from_action(a: Mapping[str, Any], quant: Sequence[str]) -> FlagSpec | 
     action, qual, inner = a["action"], a.get("type") or "", a.get("inner") or ""
     nargs = a.get("nargs")
     help_text = " ".join(str(a.get("help") or "").split())
-    kw: dict[str, Any] = {
-        "name": name, "default": a.get("default"), "help": help_text, "group": a.get("group", ""),
-        "aliases": aliases,
-    }
+    default: FlagValue | None = a.get("default")
     base = inner if "optional_type" in qual or "parse_type" in qual else qual
-    kw["nullable"] = "optional_type" in qual
+    # FlagSpec's own defaults, changed below where the action says otherwise.
+    negatable, json_or_str, human, allow_auto, append = True, False, False, False, False
+    choices: tuple[str, ...] = ()
+    item_kind: Kind = "str"
     if action in ("BooleanOptionalAction", "_StoreTrueAction", "_StoreFalseAction"):
         kind: Kind = "bool"
-        kw["negatable"] = action == "BooleanOptionalAction"
+        negatable = action == "BooleanOptionalAction"
     elif a.get("choices"):
         kind = "choice"
-        kw["choices"] = tuple(a["choices"])
+        choices = tuple(a["choices"])
     elif "parse_dataclass" in qual or base in ("loads",) or "union_dict_and_str" in qual:
         kind = "json"
-        kw["json_or_str"] = "union_dict_and_str" in qual
+        json_or_str = "union_dict_and_str" in qual
     elif base in ("int", "human_readable_int", "human_readable_int_or_auto"):
         kind = "int"
-        kw["human"] = base.startswith("human")
-        kw["allow_auto"] = base == "human_readable_int_or_auto"
+        human = base.startswith("human")
+        allow_auto = base == "human_readable_int_or_auto"
     elif base == "float":
         kind = "float"
     else:
         kind = "str"
     if name == "quantization" and quant:
         kind = "choice"
-        kw["choices"] = tuple(quant)
+        choices = tuple(quant)
     if nargs in ("+", "*") or action in ("_AppendAction", "LoRAParserAction"):
-        kw["item_kind"] = kind if kind != "choice" else "str"
-        kw["append"] = action == "_AppendAction"
+        item_kind = kind if kind != "choice" else "str"
+        append = action == "_AppendAction"
         kind = "list"
-        if isinstance(kw["default"], list):
-            kw["default"] = tuple(kw["default"])
-    kw["kind"] = kind
-    return _with_tuning(FlagSpec(**kw))
+        if isinstance(default, list):
+            default = tuple(default)
+    return _with_tuning(FlagSpec(
+        name=name, kind=kind, default=default, choices=choices, help=help_text, group=a.get("group", ""),
+        aliases=aliases, item_kind=item_kind, nullable="optional_type" in qual, negatable=negatable,
+        append=append, human=human, allow_auto=allow_auto, json_or_str=json_or_str,
+    ))
 
 
 def _schema_from_extract(data: Mapping[str, Any]) -> Schema:
@@ -441,7 +454,7 @@ def _schema_from_cache(data: Mapping[str, Any]) -> Schema:
     return Schema(specs, source=str(data["source"]), vllm_version=version, complete=version is not None)
 
 
-def _extract_vllm_schema(timeout: float) -> dict[str, Any]:
+def _extract_vllm_schema(timeout: float) -> Mapping[str, Any]:
     with tempfile.TemporaryDirectory(prefix="vtui-schema-") as tmp:
         out = Path(tmp) / "schema.json"
         code = _EXTRACT.replace("OUT_PATH", repr(str(out)))
@@ -460,5 +473,5 @@ def _extract_vllm_schema(timeout: float) -> dict[str, Any]:
         if proc.returncode != 0 or not out.exists():
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
             raise FlagError("", f"importing vLLM failed (exit {proc.returncode}): {tail[0]}")
-        data: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+        data: Mapping[str, Any] = json.loads(out.read_text(encoding="utf-8"))
         return data

@@ -11,10 +11,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Literal
 
 Kind = Literal["int", "float", "str", "bool", "choice", "json", "list"]
-FlagValue = bool | int | float | str | tuple[Any, ...] | dict[str, Any] | list[Any]
+FlagValue = bool | int | float | str | tuple[object, ...] | dict[str, object] | list[object]
 
 # The flags the seed articles and vLLM's tuning guide turn, in display order.
 TUNING_FLAGS: tuple[str, ...] = (
@@ -101,7 +101,7 @@ class FlagSpec:
     name: str
     """Canonical name without dashes, e.g. ``max-num-seqs``."""
     kind: Kind
-    default: Any = None
+    default: FlagValue | None = None
     choices: tuple[str, ...] = ()
     help: str = ""
     minimum: float | None = None
@@ -145,7 +145,7 @@ class FlagSpec:
             return None
         return self._parse_scalar(self.kind, text)
 
-    def _parse_scalar(self, kind: Kind, text: str) -> FlagValue:
+    def _parse_scalar(self, kind: Kind, text: str) -> FlagValue | None:
         try:
             if kind == "bool":
                 low = text.strip().lower()
@@ -170,8 +170,8 @@ class FlagSpec:
             if kind == "json":
                 if self.json_or_str and not re.match(r"(?s)^\s*\{.*\}\s*$", text):
                     return text
-                parsed = json.loads(text)
-                return parsed  # type: ignore[no-any-return]  # JSON is Any by nature
+                parsed: FlagValue | None = json.loads(text)  # "null" reads as None
+                return parsed
             if kind == "list":
                 return (self._parse_item(text),)
             return text
@@ -180,14 +180,14 @@ class FlagSpec:
         except (ValueError, TypeError) as exc:
             raise FlagError(self.name, f"expected {_kind_words(kind)}, got {text!r} ({exc})") from None
 
-    def _parse_item(self, text: str) -> Any:
+    def _parse_item(self, text: str) -> FlagValue | None:
         if self.nullable and text in ("", "None"):
             return None
         if self.item_kind == "list":
             return text
         return self._parse_scalar(self.item_kind, text)
 
-    def coerce(self, value: Any) -> FlagValue | None:
+    def coerce(self, value: object) -> FlagValue | None:
         """Typed value from a Python value (a preset, the UI) or text; raises FlagError."""
         if value is None:
             return None
@@ -221,7 +221,7 @@ class FlagSpec:
         elif kind == "list":
             items = [value] if isinstance(value, (str, int, float)) else value
             if isinstance(items, (list, tuple)):
-                out = []
+                out: list[FlagValue | None] = []
                 for item in items:
                     if item is None or (isinstance(item, str) and self.item_kind == "str"):
                         out.append(item)
@@ -230,7 +230,7 @@ class FlagSpec:
                 return tuple(out)
         raise FlagError(self.name, f"expected {_kind_words(kind)}, got {value!r}")
 
-    def check(self, value: Any) -> str | None:
+    def check(self, value: object) -> str | None:
         """Why ``value`` is not acceptable (type, range, choices), or None."""
         try:
             typed = self.coerce(value)
@@ -254,7 +254,7 @@ class FlagSpec:
 
     # -- formatting ------------------------------------------------------------
 
-    def to_argv(self, value: FlagValue) -> list[str]:
+    def to_argv(self, value: object) -> list[str]:
         """argv tokens for this flag and value (empty for a store_true flag set False)."""
         flag = f"--{self.name}"
         if self.kind == "bool" or (isinstance(value, bool) and self.kind not in ("json", "list")):
@@ -296,7 +296,7 @@ def _flag_value(flag: str, text: str) -> list[str]:
     return [flag, text]
 
 
-def _format_scalar(value: Any) -> str:
+def _format_scalar(value: object) -> str:
     if value is None:
         return "None"
     if isinstance(value, bool):

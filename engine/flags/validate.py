@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from engine.flags.flagset import FlagSet
 from engine.flags.schema import Schema, load_schema
@@ -10,6 +10,7 @@ from engine.flags.spec import FlagError
 
 if TYPE_CHECKING:
     from engine.server.modelconfig import ModelConfig
+    from engine.server.supervisor import FlagsLike
 
 
 
@@ -140,14 +141,21 @@ def _version_at_least(version: str | None, least: tuple[int, ...]) -> bool:
     return found is not None and (int(found.group(1)), int(found.group(2))) >= least
 
 
-def recordable_values(flags: Any) -> dict[str, Any]:
+def recordable_values(flags: FlagSet | FlagsLike | None) -> dict[str, object]:
     """The flag values as they may be written down (history, exports, presets), without
     the model.
 
     Secrets (--api-key, --hf-token) become ``$VLLM_API_KEY``-style references: the raw
     values went into the history and the results export before (FlagSet.values holds them
     as typed).
+
+    ``flags``: a FlagSet, or a Supervisor's flags (FlagsLike: a FlagSet, or a test's
+    stand-in, read through whatever ``to_dict``/``values`` it has); None gives {}.
     """
+    if isinstance(flags, FlagSet):
+        out = flags.to_dict()
+        out.pop("model", None)
+        return out
     to_dict = getattr(flags, "to_dict", None)
     if callable(to_dict):
         out = dict(to_dict())
