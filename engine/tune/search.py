@@ -785,7 +785,7 @@ class Tuner:
         if slo.empty:
             raise TuneError("slo", "give at least one limit (TTFT, TPOT or E2EL)")
         self.measurer = measurer
-        self.measurers: tuple[Measurer, ...] = (measurer, *slots)
+        self._slots: tuple[Measurer, ...] = tuple(slots)
         self.base = base_flags
         self.space = space
         self.slo = slo
@@ -814,6 +814,11 @@ class Tuner:
         self._elapsed0 = self.state.elapsed_s
         self._start_costs: list[float] = []
         self._step_costs: list[tuple[float, float]] = []  # (requests/load seconds, actual seconds)
+
+    @property
+    def measurers(self) -> tuple[Measurer, ...]:
+        """One measurer per slot; the first is ``measurer`` (which a caller may replace)."""
+        return (self.measurer, *self._slots)
 
     @staticmethod
     def _check_same(old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
