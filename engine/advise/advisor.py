@@ -28,7 +28,9 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, SupportsFloat, SupportsIndex, SupportsInt, TypedDict, cast
+from typing import TYPE_CHECKING, TypedDict, cast
+
+from engine.advise.speedoflight import as_float, as_int
 
 if TYPE_CHECKING:  # only for annotations: the advisor imports engine modules where it uses them
     from engine.flags import FlagSet
@@ -101,21 +103,6 @@ def _pct(d: object, key: str) -> float | None:
     if isinstance(d, Mapping):
         return _f(d.get(key))
     return None
-
-
-def _float(value: object) -> float:
-    """``float(value)`` for a flag's or a JSON value: the same number, or the same TypeError, as float()."""
-    if isinstance(value, (str, bytes, bytearray, SupportsFloat, SupportsIndex)):
-        return float(value)
-    raise TypeError(f"float() argument must be a string or a real number, not {type(value).__name__!r}")
-
-
-def _int(value: object) -> int:
-    """``int(value)`` for a flag's or a JSON value: the same number, or the same TypeError, as int()."""
-    if isinstance(value, (str, bytes, bytearray, SupportsInt, SupportsIndex)):
-        return int(value)
-    raise TypeError(f"int() argument must be a string, a bytes-like object or a real number, "
-                    f"not {type(value).__name__!r}")
 
 
 def _time(row: Mapping[str, object]) -> float:
@@ -223,7 +210,7 @@ class RunData:
     @property
     def block_size(self) -> int:
         v = _f(_num_text(self.cache_config.get("block_size")))
-        return int(v) if v else _int(self.flag("block-size", 16) or 16)
+        return int(v) if v else as_int(self.flag("block-size", 16) or 16)
 
     @property
     def kv_tokens(self) -> int | None:
@@ -677,7 +664,7 @@ def _kv_bytes_per_token(run: RunData) -> int | None:
     try:
         return kv_bytes_per_token(mc, kv_cache_dtype=str(run.flag("kv-cache-dtype", "auto")),
                                   dtype=str(run.flag("dtype", "auto")),
-                                  tensor_parallel_size=_int(run.flag_or_default("tensor-parallel-size")))
+                                  tensor_parallel_size=as_int(run.flag_or_default("tensor-parallel-size")))
     except PlanError:
         return None
 
@@ -717,7 +704,7 @@ def rule_startup_failure(run: RunData) -> list[Finding]:
     changes: tuple[Change, ...] = ()
     alts: tuple[tuple[Change, ...], ...] = ()
     cause, expected, tradeoff = "", "the server starts", ""
-    util = _float(run.flag_or_default("gpu-memory-utilization"))
+    util = as_float(run.flag_or_default("gpu-memory-utilization"))
     util_default = run.flag("gpu-memory-utilization") is None
     if kind == "MaxModelLenTooLarge":
         est = f.get("estimated_max_len")
@@ -726,7 +713,7 @@ def rule_startup_failure(run: RunData) -> list[Finding]:
         planned = _planner_max_len(run)
         if planned is not None:
             ev["planner_max_model_len"] = planned
-        new_len = _int(est) if est else planned
+        new_len = as_int(est) if est else planned
         cause = "the KV cache left after the weights cannot hold one request of --max-model-len tokens"
         if new_len:
             new_len = max(16, int(new_len) // 16 * 16)  # whole KV blocks
@@ -738,12 +725,12 @@ def rule_startup_failure(run: RunData) -> list[Finding]:
         if blocks and old_len:
             # The cache size is pinned: only more blocks help (plus vLLM's one null block).
             block = run.block_size
-            if not run.cache_config.get("block_size") and est and _int(blocks) > 1:
+            if not run.cache_config.get("block_size") and est and as_int(blocks) > 1:
                 # A failed start has no cache config; vLLM's estimate is (blocks - 1 null) x block size.
-                block = max(1, _int(est) // (_int(blocks) - 1))
+                block = max(1, as_int(est) // (as_int(blocks) - 1))
             ev["block_size"] = block
-            need = math.ceil(_int(old_len) / block) + 1
-            alts = ((Change("num-gpu-blocks-override", _int(blocks), max(_int(blocks) + 1, need)),),)
+            need = math.ceil(as_int(old_len) / block) + 1
+            alts = ((Change("num-gpu-blocks-override", as_int(blocks), max(as_int(blocks) + 1, need)),),)
         else:
             alts = ((Change("gpu-memory-utilization", util, round(min(0.95, util + 0.05), 2),
                             old_is_default=util_default),),)
@@ -799,7 +786,7 @@ def rule_startup_failure(run: RunData) -> list[Finding]:
             cause = "vLLM's argument parser refused a flag value"
     elif kind == "DeviceOutOfMemory":
         cause = "the activation peak at start did not fit"
-        seqs = _int(run.flag_or_default("max-num-seqs"))
+        seqs = as_int(run.flag_or_default("max-num-seqs"))
         changes = (Change("max-num-seqs", seqs, max(1, seqs // 2), old_is_default=run.flag("max-num-seqs") is None),)
         alts = ((Change("gpu-memory-utilization", util, round(max(0.05, util - 0.05), 2), old_is_default=util_default),),)
         expected = "the server starts"
@@ -847,9 +834,9 @@ def _plan(run: RunData, *, gpu_memory_utilization: float | None = None,
 
     # Every flag is read, in this order, even where one is replaced: a flag that cannot be read fails as before.
     gpu_memory = int(total)
-    util = _float(run.flag_or_default("gpu-memory-utilization"))
+    util = as_float(run.flag_or_default("gpu-memory-utilization"))
     max_model_len = _int_flag(run.flag("max-model-len"))
-    tp = _int(run.flag_or_default("tensor-parallel-size"))
+    tp = as_int(run.flag_or_default("tensor-parallel-size"))
     kv_cache_dtype = str(run.flag("kv-cache-dtype", "auto"))
     dtype = str(run.flag("dtype", "auto"))
     max_num_batched_tokens = _int_flag(run.flag("max-num-batched-tokens"))
@@ -901,7 +888,7 @@ def rule_kv_saturation(run: RunData) -> list[Finding]:
     per_req = _request_tokens(run)
     ev: dict[str, object] = {"peak_kv_usage": peak, "preemptions": pre, "peak_running": peak_running,
                              "tokens_per_request": per_req, "kv_tokens": run.kv_tokens}
-    seqs = _int(run.flag_or_default("max-num-seqs"))
+    seqs = as_int(run.flag_or_default("max-num-seqs"))
     seqs_default = run.flag("max-num-seqs") is None
     symptom = f"KV cache usage {lo:.0%}-{peak:.0%}{when} and {pre:.0f} preemptions"
     cause = ("the KV cache cannot hold every running sequence at full length, so vLLM evicts some and "
@@ -921,17 +908,17 @@ def rule_kv_saturation(run: RunData) -> list[Finding]:
     if blocks:
         # The cache size is pinned by the override: raising memory would change nothing.
         need_tokens = (demand or seqs) * (per_req or run.block_size)
-        new_blocks = max(_int(blocks) * 2, math.ceil(need_tokens * 1.25 / run.block_size))
-        extra = (new_blocks - _int(blocks)) * run.block_size
+        new_blocks = max(as_int(blocks) * 2, math.ceil(need_tokens * 1.25 / run.block_size))
+        extra = (new_blocks - as_int(blocks)) * run.block_size
         ev["extra_kv_tokens"] = extra
         size = f", {extra * bpt / GIB:.2f} GiB more at {bpt:,} bytes/token" if bpt else ""
-        changes = (Change("num-gpu-blocks-override", _int(blocks), new_blocks),)
+        changes = (Change("num-gpu-blocks-override", as_int(blocks), new_blocks),)
         alts = ((lower,),)
         expected = (f"about {extra:,} more KV tokens ({new_blocks} blocks of {run.block_size}{size}) hold "
                     f"{demand:.0f} sequences of ~{per_req or 0:.0f} tokens: preemptions near zero, lower TPOT p99")
         tradeoff = "more memory reserved for the KV cache"
     else:
-        util = _float(run.flag_or_default("gpu-memory-utilization"))
+        util = as_float(run.flag_or_default("gpu-memory-utilization"))
         total, what = _device_bytes(run)
         used = run.peak_gpu_used_bytes
         room = 0.95 - util
@@ -1020,7 +1007,7 @@ def rule_queue(run: RunData) -> list[Finding]:
     util = run.mean_gpu_util
     if util is not None and util >= 70:
         return []  # the GPU is busy: the queue is real demand, not a scheduler limit
-    seqs = _int(run.flag_or_default("max-num-seqs"))
+    seqs = as_int(run.flag_or_default("max-num-seqs"))
     run_when_queued = [running.get(t) for t, _ in queued if running.get(t) is not None]
     at_cap = [r for r in run_when_queued if r is not None and r >= seqs - 0.5]
     mean_wait = sum(v for _, v in queued) / len(queued)
@@ -1053,7 +1040,7 @@ def rule_queue(run: RunData) -> list[Finding]:
             ev, window=(_rel(run, span[0]), _rel(run, span[1])),
             expect=(Expectation("mean_waiting", "down", 0.3), Expectation("request_throughput", "up", 0.05)))]
     budget = run.flag("max-num-batched-tokens")
-    old = _int(budget) if budget else 2048
+    old = as_int(budget) if budget else 2048
     return [Finding(
         "queue_scheduler_bound", "medium",
         f"{mean_wait:.0f} requests waiting on average (peak {peak_wait:.0f}) {when} with fewer than "
@@ -1123,12 +1110,12 @@ def rule_prefill_ttft(run: RunData) -> list[Finding]:
             "fall",
             "long prompts take a few more steps to their first token (their TTFT can rise)",
             ev, expect=(Expectation("ttft_short_p90", "down", 0.1), Expectation("tpot_p99", "down", 0.1)))]
-    if budget is not None and _int(budget) < mix["input_p90"] / 4:
+    if budget is not None and as_int(budget) < mix["input_p90"] / 4:
         new = _pow2_at_least(mix["input_p90"] / 2)
         return [Finding(
             "prefill_ttft", "low", symptom,
-            f"the chunked-prefill budget ({_int(budget)} tokens a step) splits a long prompt into many steps",
-            (Change("max-num-batched-tokens", _int(budget), new),),
+            f"the chunked-prefill budget ({as_int(budget)} tokens a step) splits a long prompt into many steps",
+            (Change("max-num-batched-tokens", as_int(budget), new),),
             "long prompts reach their first token in fewer steps: TTFT p99 falls",
             "bigger steps: running decodes wait longer (TPOT p99 up)",
             ev, expect=(Expectation("ttft_p99", "down", 0.1),))]
@@ -1160,7 +1147,7 @@ def rule_tpot_tail(run: RunData) -> list[Finding]:
                           old_is_default=budget is None))
         cause = "chunked prefill is off: a step that prefills a whole prompt stalls every running decode"
     else:
-        old = _int(budget) if budget else 8192
+        old = as_int(budget) if budget else 8192
         new = max(256, _pow2_at_least(old / 4) if old > 256 else 256)
         if new >= old:
             return []
@@ -1187,7 +1174,7 @@ def rule_headroom_wasted(run: RunData) -> list[Finding]:
     queued = sum(1 for v in waiting if v >= 1) >= max(3, 0.5 * len(waiting)) if waiting else False
     if queued and rule_queue(run):
         return []  # the queue finding already says to raise max-num-seqs, with its number
-    seqs = _int(run.flag_or_default("max-num-seqs"))
+    seqs = as_int(run.flag_or_default("max-num-seqs"))
     seqs_default = run.flag("max-num-seqs") is None
     raise_seqs = Change("max-num-seqs", seqs, seqs * 2, old_is_default=seqs_default)
     if run.flag("num-gpu-blocks-override") or queued:
@@ -1196,7 +1183,7 @@ def rule_headroom_wasted(run: RunData) -> list[Finding]:
             "the cache has room for many more sequences than run at once",
             (raise_seqs,), "more sequences per step use the idle cache: higher throughput at high load",
             "bigger batches: TPOT rises", ev, expect=(Expectation("peak_kv_usage", "up", 0.1),))]
-    util = _float(run.flag_or_default("gpu-memory-utilization"))
+    util = as_float(run.flag_or_default("gpu-memory-utilization"))
     total, what = _device_bytes(run)
     bpt = _kv_bytes_per_token(run)
     kv_tokens = run.kv_tokens
@@ -1229,7 +1216,7 @@ def rule_headroom_wasted(run: RunData) -> list[Finding]:
 
 def rule_tp_oversized(run: RunData) -> list[Finding]:
     """Tensor parallel larger than the model needs: the weights fit on fewer GPUs."""
-    tp = _int(run.flag_or_default("tensor-parallel-size"))
+    tp = as_int(run.flag_or_default("tensor-parallel-size"))
     if tp <= 1:
         return []
     mc = _model_config(run)
@@ -1237,9 +1224,9 @@ def rule_tp_oversized(run: RunData) -> list[Finding]:
     if mc is None or not total or what != "GPU":
         return []
     mml = run.flag("max-model-len") or mc.max_position_embeddings
-    per_req = _request_tokens(run) or _float(mml)
+    per_req = _request_tokens(run) or as_float(mml)
     demand_seqs = max([_f(s.get("running")) or 0.0 for s in run.server] + [1.0])
-    need_tokens = max(_float(mml), demand_seqs * per_req)
+    need_tokens = max(as_float(mml), demand_seqs * per_req)
     cur = _plan(run)
     for smaller in (t for t in (1, 2, 4, 8) if t < tp and mc.num_attention_heads % t == 0):
         p = _plan(run, tensor_parallel_size=smaller)
@@ -1288,7 +1275,7 @@ def rule_tail_headroom(run: RunData) -> list[Finding]:
         old = float(arr["rate"])
         change = Change("rate", old, round(old * 0.7, 2), scope="load")
     else:
-        seqs = _int(run.flag_or_default("max-num-seqs"))
+        seqs = as_int(run.flag_or_default("max-num-seqs"))
         change = Change("max-num-seqs", seqs, max(1, math.floor(seqs * 0.7)),
                         old_is_default=run.flag("max-num-seqs") is None)
     return [Finding(
@@ -1549,7 +1536,7 @@ def _captured_max(run: RunData) -> tuple[int, str] | None:
     flag = _f(run.flag("max-cudagraph-capture-size"))
     if flag is not None:
         return _top_capture(int(flag), tokens), f"from --max-cudagraph-capture-size {int(flag)}"
-    seqs = _int(run.flag_or_default("max-num-seqs"))
+    seqs = as_int(run.flag_or_default("max-num-seqs"))
     ceiling = CUDAGRAPH_BLACKWELL_MAX if _BLACKWELL.search(_gpu_name(run)) else CUDAGRAPH_DEFAULT_MAX
     limit = min(2 * seqs, ceiling)
     top = _top_capture(limit, tokens)
@@ -1596,7 +1583,7 @@ def rule_cudagraph_capture(run: RunData) -> list[Finding]:
     if ev is None or not _installed_has("max-cudagraph-capture-size"):
         return []
     size, mean, peak = int(ev["captured_max"]), float(ev["mean_running"]), float(ev["peak_running"])
-    seqs = _int(run.flag_or_default("max-num-seqs"))
+    seqs = as_int(run.flag_or_default("max-num-seqs"))
     # Cover every batch the run reached (none can exceed max-num-seqs), on vLLM's capture list.
     new = _capture_cover(min(peak, float(seqs)))
     if new <= size:
@@ -1824,7 +1811,7 @@ def measure(run: RunData) -> dict[str, float | None]:
     waiting = [v for _, v in run.series("waiting")]
     kv = [v for _, v in run.series("kv_cache_usage")]
     mix = _prompt_mix(run)
-    tp = _int(run.flag_or_default("tensor-parallel-size"))
+    tp = as_int(run.flag_or_default("tensor-parallel-size"))
     thr = _f(load.get("request_throughput"))
 
     def ratio(metric: str) -> float | None:

@@ -129,15 +129,15 @@ class SpeedOfLight:
         return asdict(self)
 
 
-def _float(value: object) -> float:
-    """``float(value)`` for a value read from JSON: the same number, or the same TypeError, as float()."""
+def as_float(value: object) -> float:
+    """``float(value)`` for a flag's or a JSON value: the same number, or the same TypeError, as float()."""
     if isinstance(value, (str, bytes, bytearray, SupportsFloat, SupportsIndex)):
         return float(value)
     raise TypeError(f"float() argument must be a string or a real number, not {type(value).__name__!r}")
 
 
-def _int(value: object) -> int:
-    """``int(value)`` for a flag's value: the same number, or the same TypeError, as int()."""
+def as_int(value: object) -> int:
+    """``int(value)`` for a flag's or a JSON value: the same number, or the same TypeError, as int()."""
     if isinstance(value, (str, bytes, bytearray, SupportsInt, SupportsIndex)):
         return int(value)
     raise TypeError(f"int() argument must be a string, a bytes-like object or a real number, "
@@ -156,11 +156,11 @@ def assess(cost: ModelCost, peaks: GpuPeaks, load: Mapping[str, object], *, mean
     requests/s x mean E2EL); context: mean prompt plus half the mean output (the average length a
     decode step attends to); step: the median TPOT.
     """
-    done = _float(load.get("completed") or 0)
-    prompt = _float(load.get("total_input_tokens") or 0) / done if done else 0.0
-    output = _float(load.get("total_output_tokens") or 0) / done if done else 0.0
+    done = as_float(load.get("completed") or 0)
+    prompt = as_float(load.get("total_input_tokens") or 0) / done if done else 0.0
+    output = as_float(load.get("total_output_tokens") or 0) / done if done else 0.0
     if not (mean_running and mean_running > 0):  # Little's law: requests/s x mean time in the system
-        mean_running = _float(load.get("request_throughput") or 0) * _float(load.get("mean_e2el_ms") or 0) / 1000
+        mean_running = as_float(load.get("request_throughput") or 0) * as_float(load.get("mean_e2el_ms") or 0) / 1000
     batch = mean_running or 1.0
     batch = max(1.0, batch)
     context = prompt + output / 2
@@ -192,7 +192,7 @@ def for_run(model: str | None, flags: Mapping[str, object], gpu_name: str | None
         return "the model is not known"
     try:
         config = load_model_config(model)
-        tp = _int(flags.get("tensor-parallel-size") or 1)
+        tp = as_int(flags.get("tensor-parallel-size") or 1)
         # --quantization is text (a FlagSet choice, or the history's JSON): passed on as the run holds it.
         quant = cast("str | None", flags.get("quantization"))
         dtype = str(flags.get("dtype") or "auto")
