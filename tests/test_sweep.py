@@ -73,7 +73,14 @@ def test_sweep_two_presets_on_vllm_cpu(tiny_model: Path, capsys: pytest.CaptureF
         runs = {r.id: r for r in store.list_runs()}
         for entry in table["runs"]:
             run = runs[entry["id"]]
-            assert run.status == "ok" and run.requests == 24
+            # A whole measured run. The preset's SLO (p99 TTFT 2 s, TPOT 50 ms, set for an H200) is
+            # no promise of the tiny model on a 2-core box that is busy: a run-4 proof loop saw
+            # slo-missed here with every request done; then the verdict must say why.
+            assert run.status in ("ok", "slo-missed") and run.requests == 24, run.status
+            verdict = run.summary.get("slo_verdict") or {}
+            assert verdict.get("met") is (run.status == "ok"), verdict
+            if run.status == "slo-missed":
+                assert verdict.get("why"), verdict
             assert run.flags["max-num-batched-tokens"] in (256, 2048)
             kinds = {k for k, _, _ in store.samples(run.id)}
             assert {"telemetry", "server", "window"} <= kinds
