@@ -96,7 +96,9 @@ def main() -> None:
     py = sys.executable
     times: dict[str, list[float]] = {"plain vLLM": [], "vtui serve (empty data folder)": [], "vtui serve": []}
     with tempfile.TemporaryDirectory(prefix="vtui-start-") as home, tempfile.TemporaryDirectory() as logs:
-        env = {**os.environ, "VTUI_HOME": home, "PYTHONPATH": str(ROOT)}
+        # ROOT first, and whatever PYTHONPATH held (on the GPU machine vLLM is staged there).
+        pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        env = {**os.environ, "VTUI_HOME": home, "PYTHONPATH": pythonpath}
         plain_env = {k: v for k, v in os.environ.items() if k != "VTUI_HOME"}
         for rep in range(a.repeat):
             kinds = ["plain vLLM", "vtui serve (empty data folder)" if rep == 0 else "vtui serve"]
