@@ -681,8 +681,15 @@ def test_vtui_tune_end_to_end_on_vllm_cpu(tiny_model: Path, tmp_path: Path, caps
     assert rc in (0, 1), captured.err
     data = json.loads(out.read_text())
     chart = tmp_path / "tune-load.svg"  # --plot without a file: next to --json's
-    svg = chart.read_text()
-    assert f"wrote {chart}" in captured.err and svg.lstrip().startswith("<?xml") and "latency against load" in svg
+    if "no chart: no step was measured at a finite load" in captured.err:
+        # A busy box can spend the budget on the capacity probes ("all at once"): nothing to draw
+        # on a load axis, said rather than an empty chart (a CI-like run at b5a64ea did this).
+        assert not chart.exists()
+        steps = load_state(data["id"]).measurements
+        assert all(math.isinf(m.load) for ms in steps.values() for m in ms), steps
+    else:
+        svg = chart.read_text()
+        assert f"wrote {chart}" in captured.err and svg.lstrip().startswith("<?xml") and "latency against load" in svg
     assert {c["key"] for c in data["configs"]} == {"max-num-seqs=4", "max-num-seqs=16"}
     assert data["starts"] >= 1 and data["steps"] >= 1
     first = min(data["configs"], key=lambda c: c["order"] or 99)
