@@ -1704,9 +1704,8 @@ def _installed_runs_partial_prefills() -> bool:
     from engine.flags import load_schema
 
     schema = load_schema(wait=False)
-    m = re.match(r"(\d+)\.(\d+)", str(schema.vllm_version or ""))
-    return schema.get("max-num-partial-prefills") is not None and m is not None \
-        and (int(m.group(1)), int(m.group(2))) < PARTIAL_V1_DEFAULT
+    return schema.get("max-num-partial-prefills") is not None and schema.release is not None \
+        and schema.release < PARTIAL_V1_DEFAULT
 
 
 def rule_partial_prefills(run: RunData) -> list[Finding]:

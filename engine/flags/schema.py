@@ -46,6 +46,13 @@ class Schema:
         object.__setattr__(self, "_alias", MappingProxyType(alias))
         object.__setattr__(self, "flags", MappingProxyType(dict(self.flags)))
 
+    @property
+    def release(self) -> tuple[int, int] | None:
+        """(major, minor) of ``vllm_version`` ("0.24.0", "v0.11.1rc2+cu130" -> (0, 11)); None
+        when there is none or it does not read as one."""
+        found = re.match(r"v?(\d+)\.(\d+)", self.vllm_version or "")
+        return (int(found.group(1)), int(found.group(2))) if found else None
+
     def canonical(self, name: str) -> str | None:
         """Canonical name for any spelling (``-tp``, ``--max_num_seqs``), or None."""
         return self._alias.get(_norm(name))

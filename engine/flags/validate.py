@@ -111,7 +111,7 @@ def validate(
         )
     partial = [(name, v) for name in ("max-num-partial-prefills", "max-long-partial-prefills")
                if (v := num(name)) is not None and v > 1]
-    if partial and sch.complete and _version_at_least(sch.vllm_version, (0, 11)):
+    if partial and sch.complete and sch.release is not None and sch.release >= (0, 11):
         name, value = partial[0]
         errors.append(
             FlagError(
@@ -130,15 +130,6 @@ def validate(
             )
         )
     return errors
-
-
-def _version_at_least(version: str | None, least: tuple[int, ...]) -> bool:
-    """Whether a vLLM version string ("0.24.0", "0.11.1rc2+cu130") is at least ``least``;
-    False when it does not read as one."""
-    import re
-
-    found = re.match(r"v?(\d+)\.(\d+)", version or "")
-    return found is not None and (int(found.group(1)), int(found.group(2))) >= least
 
 
 def recordable_values(flags: FlagSet | FlagsLike | None) -> dict[str, object]:
