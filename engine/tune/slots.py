@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 
@@ -57,6 +57,13 @@ def parse_gpus(text: str) -> tuple[int, ...]:
     if len(set(out)) != len(out):
         raise SlotError(f"--gpus {text!r}: a GPU is named twice")
     return tuple(out)
+
+
+def slot_size(needs: Iterable[int], gpus: int) -> int:
+    """GPUs per slot: the most any configuration needs among those that fit in ``gpus`` (one
+    needing more is the search's to mark invalid, as on one GPU, not a reason to refuse the
+    whole search); 1 when none fits."""
+    return max([n for n in needs if n <= gpus] or [1])
 
 
 def plan_slots(gpus: Sequence[int], size: int, *, parallel: int | None = None,

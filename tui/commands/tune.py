@@ -77,17 +77,19 @@ def _slots(args: argparse.Namespace, base: Any, space: Any) -> list[Any]:
     blocks of the most GPUs any configuration needs, at most --parallel of them."""
     from engine.flags import devices_needed
     from engine.telemetry.nvml import NvmlReader
-    from engine.tune.slots import SlotError, parse_gpus, plan_slots
+    from engine.tune.slots import SlotError, parse_gpus, plan_slots, slot_size
     from tui.cli import UserError
 
+    reader = NvmlReader()
     try:
-        gpus = parse_gpus(args.gpus) if args.gpus else NvmlReader().visible_indices()
-        if args.gpus and not NvmlReader().visible_indices():
+        visible = reader.visible_indices()
+    finally:
+        reader.close()
+    try:
+        gpus = parse_gpus(args.gpus) if args.gpus else visible
+        if args.gpus and not visible:
             raise SlotError(f"--gpus {args.gpus}: no NVIDIA GPU is visible on this machine")
-        needs = [devices_needed({**base.values, **values}) for values in space.configs()]
-        # A configuration needing more GPUs than given is the search's to mark invalid (as on one
-        # GPU before), not a reason to refuse the whole search.
-        size = max([n for n in needs if n <= len(gpus)] or [1])
+        size = slot_size((devices_needed({**base.values, **values}) for values in space.configs()), len(gpus))
         return plan_slots(gpus, size, parallel=args.parallel)
     except SlotError as exc:
         raise UserError(str(exc), "e.g. --gpus 0,1,2,3 --parallel 2") from None
