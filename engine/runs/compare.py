@@ -155,6 +155,13 @@ def pareto_frontier(points: Sequence[tuple[float, float]]) -> list[bool]:
     return [not any(x2 >= x and y2 >= y and (x2 > x or y2 > y) for x2, y2 in points) for x, y in points]
 
 
+def slo_met(run: RunInfo) -> bool | None:
+    """Whether a stored run met its SLO (its ``slo_verdict``); None when it had none."""
+    verdict = run.summary.get("slo_verdict")
+    met = verdict.get("met") if isinstance(verdict, Mapping) else None
+    return met if isinstance(met, bool) else None
+
+
 @dataclass(frozen=True)
 class RunPoint:
     """A stored run on the throughput-latency plane: output tokens/s per user (mean output
@@ -179,10 +186,7 @@ def run_points(runs: Sequence[RunInfo]) -> list[RunPoint]:
         e2el, thr = _get(load, "mean_e2el_ms"), _get(load, "output_throughput")
         if not (done and out and e2el and thr):
             continue
-        verdict = run.summary.get("slo_verdict")
-        met = verdict.get("met") if isinstance(verdict, Mapping) else None
-        found.append((run, out / done / (e2el / 1000), thr / devices_needed(run.flags),
-                      met if isinstance(met, bool) else None))
+        found.append((run, out / done / (e2el / 1000), thr / devices_needed(run.flags), slo_met(run)))
     eligible = [(u, g) for _, u, g, met in found if met is not False]
     marks = iter(pareto_frontier(eligible))
     return [RunPoint(r.id, r.name, u, g, met, next(marks) if met is not False else False)
@@ -210,10 +214,8 @@ def load_points(runs: Sequence[RunInfo]) -> list[LoadPoint]:
         rps = _get(load, "request_throughput")
         if not rps or not _get(load, "completed"):
             continue
-        verdict = run.summary.get("slo_verdict")
-        met = verdict.get("met") if isinstance(verdict, Mapping) else None
         found.append(LoadPoint(run.id, run.name, rps, _get(load, "p99_ttft_ms"), _get(load, "p99_tpot_ms"),
-                               met if isinstance(met, bool) else None))
+                               slo_met(run)))
     return sorted(found, key=lambda p: (p.load, p.run_id))
 
 
