@@ -53,6 +53,7 @@ class RunsPanel(Vertical):
                            ("ttft", "TTFT p50 ms"), ("in", "compared")):
             table.add_column(label, key=key)
         self.refresh_stored()
+        self._plot_load(self._session())  # then again whenever the comparison changes
 
     def _session(self) -> object | None:
         return getattr(self.app, "session", None)
@@ -71,7 +72,6 @@ class RunsPanel(Vertical):
                           _n(r.req_s, "{:.2f}"), _n(r.ttft_p50_ms, "{:.1f}"), "yes" if r.compared else "",
                           key=str(r.id))
         self._plot_pareto(session)
-        self._plot_load(session)
 
     def _blank_plot(self, selector: str, points: int) -> PlotextPlot | None:
         """The chart cleared for drawing, or None (and hidden) under two points: no empty axes."""
