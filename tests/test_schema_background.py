@@ -23,6 +23,7 @@ def slow_extract(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> threading.E
     monkeypatch.setattr(flags, "_SCHEMAS", {})
     monkeypatch.setattr(flags, "_BACKGROUND", {})
     monkeypatch.setattr(flags, "_BACKGROUND_FAILED", {})
+    monkeypatch.setattr(flags, "START_GRACE_S", 0.0)
     release = threading.Event()
 
     def extract(timeout: float) -> dict[str, Any]:
@@ -67,3 +68,26 @@ def test_a_failed_background_read_says_why_and_is_not_retried(monkeypatch: pytes
     again = flags.load_schema()  # even a caller that would wait gets the reason, not a second try
     assert not again.complete and "unavailable: importing vLLM failed (exit 1)" in again.source
     assert len(calls) == 1
+
+
+def test_the_background_read_waits_while_a_server_starts(monkeypatch: pytest.MonkeyPatch,
+                                                          slow_extract: threading.Event) -> None:
+    """It imports vLLM too: beside a server's own start on an empty data folder it cost 4-6 s on the H200."""
+    started: list[float] = []
+
+    def extract(timeout: float) -> dict[str, Any]:
+        started.append(time.monotonic())
+        return {"version": "9.9.9-test", "quantization": [], "flags": []}
+
+    monkeypatch.setattr(flags, "_extract_vllm_schema", extract)
+    with flags.background_held():
+        with flags.background_held():  # two starts at once (a restart beside a tune trial)
+            flags.load_schema(wait=False)
+            time.sleep(0.3)
+        time.sleep(0.2)
+        assert started == [] and flags.schema_pending()
+        released = time.monotonic()
+    for thread in list(flags._BACKGROUND.values()):
+        thread.join(10)
+    assert len(started) == 1 and started[0] >= released
+    assert flags.load_schema(wait=False).vllm_version == "9.9.9-test"

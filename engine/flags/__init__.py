@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from engine.flags.cmdline import parse_argv, parse_command_line, read_argv, read_command_line
 from engine.flags.flagset import CommandLine, DockerRun, FlagSet, default_image, devices_needed
-from engine.flags.schema import Schema, builtin_schema, installed_vllm_version, load_schema, schema_pending
+from engine.flags.schema import Schema, background_held, builtin_schema, installed_vllm_version, load_schema, schema_pending
 from engine.flags.spec import SECRET_FLAGS, TUNING_FLAGS, FlagError, FlagSpec, FlagValue
 from engine.flags.validate import recordable_values, validate
 
@@ -47,5 +47,6 @@ __all__ = [
     "read_command_line",
     "recordable_values",
     "schema_pending",
+    "background_held",
     "validate",
 ]

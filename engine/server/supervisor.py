@@ -42,6 +42,7 @@ from typing import Any, Protocol
 import httpx
 
 from engine import errors, paths
+from engine.flags import background_held
 from engine.server import procs
 from engine.server.logparse import LogEvent, Phase, StartupFacts, classify_failure, parse_line
 
@@ -648,9 +649,10 @@ class Supervisor:
         self._reset()
         self._set_state(ServerState.STARTING)
         try:
-            self._precheck()
-            await self._launch()
-            return await self._wait_ready(timeout)
+            with background_held():  # no flag-schema read importing vLLM beside vLLM's own start
+                self._precheck()
+                await self._launch()
+                return await self._wait_ready(timeout)
         except errors.StartupError as exc:
             await self._fail(exc)
             raise
