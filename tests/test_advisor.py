@@ -623,10 +623,23 @@ PARTIAL_SYMPTOM = (
     "the p50 280 ms, 0.0 requests waiting in the server on average")
 
 
-def test_partial_prefills_fires_where_short_prompts_wait_behind_long_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_partial_prefills_waits_for_a_smaller_step_that_tpot_tail_asks_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both read the same run; applied together, a 512-token threshold on a 256-token step does nothing."""
     from engine.advise.advisor import rule_partial_prefills
 
     _schema_as(monkeypatch, "0.32.0", drop=("max-num-partial-prefills",))
+    run = _step(load("prefill-chunked-256"), 1024)
+    found = {f.rule: [c.describe() for c in f.changes] for f in advise(run)}
+    assert found["tpot_tail"] == ["--max-num-batched-tokens 1,024 -> 256"]
+    assert "partial_prefills" not in found and rule_partial_prefills(run) == []
+
+
+def test_partial_prefills_fires_where_short_prompts_wait_behind_long_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.advise import advisor
+    from engine.advise.advisor import rule_partial_prefills
+
+    _schema_as(monkeypatch, "0.32.0", drop=("max-num-partial-prefills",))
+    monkeypatch.setattr(advisor, "rule_tpot_tail", lambda _run: [])  # a run whose TPOT tail is fine
     run = _step(load("prefill-chunked-256"), 1024)
     [f] = rule_partial_prefills(run)
     assert f.rule == "partial_prefills"
@@ -647,8 +660,10 @@ def test_partial_prefills_fires_where_short_prompts_wait_behind_long_ones(monkey
 
 
 def test_partial_prefills_flag_only_where_the_engine_runs_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.advise import advisor
     from engine.advise.advisor import rule_partial_prefills
 
+    monkeypatch.setattr(advisor, "rule_tpot_tail", lambda _run: [])  # a run whose TPOT tail is fine
     run = _step(load("prefill-chunked-256"), 1024)
     # vLLM 0.24 has the flag, but its V1 engine refuses any value above 1 at startup.
     _schema_as(monkeypatch, "0.24.0", add=("max-num-partial-prefills",))
@@ -671,6 +686,7 @@ def test_partial_prefills_silent_without_the_evidence(monkeypatch: pytest.Monkey
     from engine.advise.advisor import rule_partial_prefills
 
     _schema_as(monkeypatch, "0.32.0")
+    monkeypatch.setattr(advisor, "rule_tpot_tail", lambda _run: [])  # each case below silent for its own reason
     recorded = load("prefill-chunked-256")
     assert rule_partial_prefills(recorded) == []  # a 256-token step: no prompt fits in half of one
     assert rule_partial_prefills(_step(recorded, None)) == []  # the step unknown (no flag, no log)

@@ -1717,9 +1717,12 @@ def rule_partial_prefills(run: RunData) -> list[Finding]:
     ev = _short_behind_long(run)
     if ev is None or not _installed_has("long-prefill-token-threshold"):
         return []
-    if rule_client_bound(run) or rule_queue(run) or rule_prefill_ttft(run):
+    if rule_client_bound(run) or rule_queue(run) or rule_prefill_ttft(run) or rule_tpot_tail(run):
         # The client's numbers include its own delay; requests queued in the server; or the
-        # step budget itself is the problem (rule_prefill_ttft raises it): those findings come first.
+        # step budget itself changes first (rule_prefill_ttft raises it, rule_tpot_tail lowers
+        # it): a threshold sized to half of today's step means nothing once the step is smaller
+        # (both fired on the prefill-chunked-256 run at a 1,024-token step: 1,024 -> 256 and a
+        # threshold of 512), so those findings come first and this one waits for a new run.
         return []
     step, half = int(ev["step_tokens"]), int(ev["short_max_tokens"])
     new = half  # long prompts take at most half a step; the other half is left to short ones
