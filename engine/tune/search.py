@@ -60,14 +60,19 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from engine import paths
 from loadgen.spec import allowed_failures, judge  # the SLO's own test; re-exported
 
 if TYPE_CHECKING:
-    from engine.flags import FlagSet, Schema
+    from engine.flags import FlagSet, FlagValue, Schema
+    from engine.server.supervisor import Supervisor
+    from loadgen.records import RequestResult
     from loadgen.spec import SLO, ArrivalSpec, WorkloadSpec
+
+    # One flag's value in a search space; None leaves the flag unset (FlagSet.set(name, None)).
+    SpaceValue: TypeAlias = FlagValue | None
 
 MODES = ("rate", "concurrency")
 # What the search maximises at each configuration's SLO limit: requests/s meeting the SLO,
@@ -104,7 +109,7 @@ def best_config(configs: Iterable[ConfigResult], objective: str, exclude: str | 
     return max(done, key=lambda c: (config_score(c, objective) or 0.0, c.limit_load or 0.0, -c.order))
 
 # The seed articles' tuning flags over the values they use (issue 7).
-DEFAULT_SPACE: tuple[tuple[str, tuple[Any, ...]], ...] = (
+DEFAULT_SPACE: tuple[tuple[str, tuple[SpaceValue, ...]], ...] = (
     ("enable-chunked-prefill", (True, False)),
     ("max-num-batched-tokens", (512, 2048, 8192)),
     ("max-num-seqs", (64, 128, 256)),
@@ -139,7 +144,7 @@ class BudgetExhausted(Exception):
 # ---------------------------------------------------------------------------- space
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: object) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
     if isinstance(value, float):
@@ -151,7 +156,7 @@ def _fmt(value: Any) -> str:
 class SearchSpace:
     """Flag name -> the values to try, in order (the order defines 'nearby')."""
 
-    dims: tuple[tuple[str, tuple[Any, ...]], ...]
+    dims: tuple[tuple[str, tuple[SpaceValue, ...]], ...]
 
     def __post_init__(self) -> None:
         names = [n for n, _ in self.dims]
@@ -176,14 +181,14 @@ class SearchSpace:
         """
         from engine.flags import FlagError, FlagSet
 
-        dims: list[tuple[str, tuple[Any, ...]]] = []
+        dims: list[tuple[str, tuple[SpaceValue, ...]]] = []
         probe = FlagSet("m", {}, schema)
         for spec in specs:
             name, sep, rest = spec.partition("=")
             name = name.strip().lstrip("-")
             if not sep or not name or not rest.strip():
                 raise TuneError(f"--space {spec!r}", "expected NAME=V1,V2,... (e.g. max-num-seqs=64,128,256)")
-            values: list[Any] = []
+            values: list[SpaceValue] = []
             for text in rest.split(","):
                 text = text.strip()
                 if text.lower() in ("on", "off") and _is_bool_flag(probe, name):
@@ -193,17 +198,17 @@ class SearchSpace:
                 except FlagError as exc:
                     raise TuneError(f"--space {spec!r}", f"value {text!r}: {exc}") from None
                 canon = next(iter(fs.values)) if fs.values else name
-                values.append(fs.values.get(canon))
+                values.append(_space_value(fs.values.get(canon)))
                 name = canon
             dims.append((name, tuple(values)))
         return cls(tuple(dims))
 
-    def configs(self) -> list[dict[str, Any]]:
+    def configs(self) -> list[dict[str, SpaceValue]]:
         """Every combination, first dimension slowest."""
         names = [n for n, _ in self.dims]
         return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*(v for _, v in self.dims))]
 
-    def key(self, values: Mapping[str, Any]) -> str:
+    def key(self, values: Mapping[str, object]) -> str:
         """A stable name for one configuration: ``max-num-seqs=64,enable-chunked-prefill=on``."""
         return ",".join(f"{n}={_fmt(values[n])}" for n, _ in self.dims)
 
@@ -211,32 +216,73 @@ class SearchSpace:
         """One ``NAME=V1,V2`` line a dimension: what :meth:`parse` reads back."""
         return [f"{n}=" + ",".join(_fmt(v) for v in vals) for n, vals in self.dims]
 
-    def index(self, values: Mapping[str, Any]) -> tuple[int, ...]:
+    def index(self, values: Mapping[str, SpaceValue]) -> tuple[int, ...]:
         return tuple(list(vals).index(values[n]) for n, vals in self.dims)
 
-    def distance(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> int:
+    def distance(self, a: Mapping[str, SpaceValue], b: Mapping[str, SpaceValue]) -> int:
         """Ordinal distance: steps along each dimension's list."""
         return sum(abs(x - y) for x, y in zip(self.index(a), self.index(b), strict=True))
 
-    def seed(self, base: Mapping[str, Any]) -> dict[str, Any]:
+    def seed(self, base: Mapping[str, object]) -> dict[str, SpaceValue]:
         """Where the search starts: the base flags' value when it is in the list,
         chunked prefill on (vLLM's default since V1), else the middle value."""
-        out: dict[str, Any] = {}
+        out: dict[str, SpaceValue] = {}
         for name, values in self.dims:
             if name in base and base[name] in values:
-                out[name] = base[name]
+                out[name] = _space_value(base[name])
             elif name == "enable-chunked-prefill" and True in values:
                 out[name] = True
             else:
                 out[name] = values[(len(values) - 1) // 2] if len(values) % 2 else values[len(values) // 2]
         return out
 
-    def to_dict(self) -> dict[str, list[Any]]:
+    def to_dict(self) -> dict[str, list[SpaceValue]]:
         return {n: list(v) for n, v in self.dims}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Sequence[Any]]) -> SearchSpace:
-        return cls(tuple((str(n), tuple(v)) for n, v in d.items()))
+    def from_dict(cls, d: Mapping[str, object]) -> SearchSpace:
+        """From :meth:`to_dict`'s form (a state file's JSON); TuneError when a flag's values are not a list."""
+        dims: list[tuple[str, tuple[SpaceValue, ...]]] = []
+        for n, v in d.items():
+            if not isinstance(v, (list, tuple)):
+                raise TuneError("space", f"{n}: {v!r} is not a list of values")
+            dims.append((str(n), tuple(_space_value(x) for x in v)))
+        return cls(tuple(dims))
+
+
+def _space_value(value: object) -> SpaceValue:
+    """``value`` as a flag value (what FlagSet holds, or JSON read back); TypeError when it is none."""
+    if value is None or isinstance(value, (bool, int, float, str, tuple, list, dict)):
+        return value
+    raise TypeError(f"not a flag value: {value!r}")
+
+
+def _space_values(d: object) -> dict[str, SpaceValue]:
+    """A configuration's flag values read back from JSON; TypeError when it is not an object."""
+    if not isinstance(d, Mapping):
+        raise TypeError(f"flag values: expected an object, got {type(d).__name__}")
+    return {k: _space_value(v) for k, v in d.items()}
+
+
+def _opt_number(value: object) -> float | None:
+    """A JSON number or null, as read (no conversion); TypeError for anything else."""
+    if value is None or isinstance(value, (int, float)):
+        return value
+    raise TypeError(f"not a number: {value!r}")
+
+
+def _to_float(value: object) -> float:
+    """``float(value)`` for what JSON holds (a number, or a number's text)."""
+    if isinstance(value, (int, float, str)):
+        return float(value)
+    raise TypeError(f"not a number: {value!r}")
+
+
+def _to_int(value: object) -> int:
+    """``int(value)`` for what JSON holds (a number, or a number's text)."""
+    if isinstance(value, (int, float, str)):
+        return int(value)
+    raise TypeError(f"not an integer: {value!r}")
 
 
 def _is_bool_flag(probe: FlagSet, name: str) -> bool:
@@ -295,14 +341,14 @@ class Measurement:
     mean_power_w: float | None = None
     """The server's GPUs' mean draw over the step (NVML), for the energy objectives."""
 
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
+    def to_dict(self) -> dict[str, object]:
+        d: dict[str, object] = dataclasses.asdict(self)
         if math.isinf(self.load):
             d["load"] = "inf"
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Measurement:
+    def from_dict(cls, d: Mapping[str, Any]) -> Measurement:  # JSON, passed on as read: a parsing edge
         known = {f.name for f in dataclasses.fields(cls)}
         kw = {k: v for k, v in d.items() if k in known}
         kw["load"] = math.inf if kw.get("load") == "inf" else float(kw["load"])
@@ -436,12 +482,12 @@ class TuneSettings:
         if not 0 <= self.confirm_margin < 1:
             raise TuneError("confirm_margin", "must be in [0, 1)")
 
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
+    def to_dict(self) -> dict[str, object]:
+        d: dict[str, object] = dataclasses.asdict(self)
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> TuneSettings:
+    def from_dict(cls, d: Mapping[str, Any]) -> TuneSettings:  # JSON, passed on as read: a parsing edge
         kw = dict(d)
         kw["step"] = StepRule(**kw.get("step", {}))
         return cls(**kw)
@@ -452,7 +498,7 @@ class ConfigResult:
     """One configuration's outcome: a row of the table."""
 
     key: str
-    values: Mapping[str, Any]
+    values: Mapping[str, SpaceValue]
     status: str
     reason: str = ""
     hint: str = ""
@@ -474,7 +520,7 @@ class ConfigResult:
     """Its limit was measured again with no other trial running (the winner and runner-up of
     a search that ran trials side by side): its figures are that step's."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "key": self.key, "values": dict(self.values), "status": self.status, "reason": self.reason,
             "hint": self.hint,
@@ -485,17 +531,27 @@ class ConfigResult:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> ConfigResult:
+    def from_dict(cls, d: Mapping[str, object]) -> ConfigResult:
+        """From :meth:`to_dict`'s form (a state file's JSON); TypeError when a field has the wrong type."""
         limit = d.get("limit_load")
+        raw_at = d.get("at")
+        at = None
+        if raw_at:
+            if not isinstance(raw_at, Mapping):
+                raise TypeError(f"at: expected an object, got {type(raw_at).__name__}")
+            at = Measurement.from_dict(raw_at)
+        side = d.get("side_by_side") or ()
+        if not isinstance(side, (list, tuple)):
+            raise TypeError(f"side_by_side: expected a list, got {type(side).__name__}")
         return cls(
-            key=str(d["key"]), values=dict(d.get("values", {})), status=str(d["status"]),
+            key=str(d["key"]), values=_space_values(d.get("values", {})), status=str(d["status"]),
             reason=str(d.get("reason", "")), hint=str(d.get("hint", "")),
-            limit_load=math.inf if limit == "inf" else (None if limit is None else float(limit)),
-            goodput=d.get("goodput"), at=Measurement.from_dict(d["at"]) if d.get("at") else None,
-            start_s=d.get("start_s"), steps=int(d.get("steps", 0)), order=int(d.get("order", 0)),
+            limit_load=math.inf if limit == "inf" else (None if limit is None else _to_float(limit)),
+            goodput=_opt_number(d.get("goodput")), at=at,
+            start_s=_opt_number(d.get("start_s")), steps=_to_int(d.get("steps", 0)), order=_to_int(d.get("order", 0)),
             confirmed=bool(d.get("confirmed", False)),
-            slot=None if d.get("slot") is None else int(d["slot"]),
-            side_by_side=tuple(str(k) for k in d.get("side_by_side") or ()), alone=bool(d.get("alone", False)),
+            slot=None if d.get("slot") is None else _to_int(d["slot"]),
+            side_by_side=tuple(str(k) for k in side), alone=bool(d.get("alone", False)),
         )
 
 
@@ -536,7 +592,7 @@ class TuneResult:
         """``c``'s figure for this search's objective at its limit."""
         return config_score(c, self.objective)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "id": self.id, "status": self.status, "mode": self.mode, "objective": self.objective,
             "best_score": self.score(self.best) if self.best else None,
@@ -612,6 +668,8 @@ class TuneState:
 
     id: str
     inputs: dict[str, Any]
+    """The search's inputs as saved (JSON): a resume parses each with its own ``from_dict``
+    (a parsing edge; ``vtui tune --resume`` reads it)."""
     configs: dict[str, ConfigResult] = field(default_factory=dict)
     measurements: dict[str, list[Measurement]] = field(default_factory=dict)
     elapsed_s: float = 0.0
@@ -619,7 +677,7 @@ class TuneState:
     steps: int = 0
     status: str = "running"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "version": 1, "id": self.id, "inputs": self.inputs, "status": self.status,
             "elapsed_s": self.elapsed_s, "starts": self.starts, "steps": self.steps,
@@ -633,7 +691,7 @@ class TuneState:
         tmp.write_text(json.dumps(self.to_json(), indent=1), encoding="utf-8")
         os.replace(tmp, path)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, object]:
         """What a listing shows: configs finished of all, time spent, the best so far."""
         finished = [c for c in self.configs.values() if c.status not in (NOT_TRIED, CUT_SHORT)]
         settings = self.inputs.get("settings")
@@ -658,7 +716,7 @@ class TuneState:
         return cls.from_json(d, str(path))
 
     @classmethod
-    def from_json(cls, d: Any, where: str) -> TuneState:
+    def from_json(cls, d: Any, where: str) -> TuneState:  # the state file's JSON: a parsing edge
         """From :meth:`to_json`'s form; TuneError naming ``where`` when it is not one."""
         try:
             return cls(
@@ -724,7 +782,7 @@ def load_state(ref: str, history_path: Path | None = None) -> TuneState:
     return TuneState.from_json(d, f"saved search {ref!r}")
 
 
-def list_states(history_path: Path | None = None) -> list[dict[str, Any]]:
+def list_states(history_path: Path | None = None) -> list[dict[str, Any]]:  # rows of saved JSON summaries
     """Saved searches, newest first: id, status, model, started, and :meth:`TuneState.summary`."""
     from engine.runs.history import History
 
@@ -765,7 +823,7 @@ class Tuner:
         space: SearchSpace,
         slo: SLO,
         settings: TuneSettings = TuneSettings(),
-        workload: Mapping[str, Any] | None = None,
+        workload: Mapping[str, object] | None = None,
         max_request_len: int | None = None,
         tune_id: str | None = None,
         state_file: Path | None = None,
@@ -821,7 +879,7 @@ class Tuner:
         return (self.measurer, *self._slots)
 
     @staticmethod
-    def _check_same(old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+    def _check_same(old: Mapping[str, object], new: Mapping[str, object]) -> None:
         for key in ("base_flags", "space", "slo", "workload"):
             a = json.dumps(old.get(key), sort_keys=True, default=str)
             b = json.dumps(new.get(key), sort_keys=True, default=str)
@@ -903,7 +961,7 @@ class Tuner:
         self._persist()
         return self.result()
 
-    async def _run_slots(self, by_key: Mapping[str, Mapping[str, Any]], seed: Mapping[str, Any],
+    async def _run_slots(self, by_key: Mapping[str, Mapping[str, SpaceValue]], seed: Mapping[str, SpaceValue],
                          exhaustive: bool, order: int) -> None:
         """The search loop, one trial per slot (``self.measurers``; one slot: one at a time).
 
@@ -1023,10 +1081,10 @@ class Tuner:
             self.state.configs[c.key] = new
             self._persist()
 
-    def _flags_changed(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> int:
+    def _flags_changed(self, a: Mapping[str, object], b: Mapping[str, object]) -> int:
         return sum(a[n] != b[n] for n, _ in self.space.dims)
 
-    def _skip_off_line(self, pending: list[str], by_key: Mapping[str, Mapping[str, Any]], best: ConfigResult,
+    def _skip_off_line(self, pending: list[str], by_key: Mapping[str, Mapping[str, SpaceValue]], best: ConfigResult,
                        order: int) -> None:
         for i, key in enumerate(pending):
             changed = [n for n, _ in self.space.dims if by_key[key][n] != best.values[n]]
@@ -1038,7 +1096,7 @@ class Tuner:
             self.say(f"{len(pending)} configurations skipped: every one-flag change from {best.key} lost to it"
                      " (--exhaustive measures them too)")
 
-    def _bound_reason(self, values: Mapping[str, Any], best: ConfigResult | None) -> str:
+    def _bound_reason(self, values: Mapping[str, object], best: ConfigResult | None) -> str:
         """Why a config cannot beat ``best`` without starting it, or "".
 
         Little's law: completions/s <= max-num-seqs / (time each request holds a slot),
@@ -1059,7 +1117,7 @@ class Tuner:
         return (f"at most {bound:.3g} req/s (max-num-seqs {seqs} / 0.8 x fastest E2EL {min(fastest):.0f} ms),"
                 f" below the best so far ({best.goodput:.3g} req/s, {best.key})")
 
-    def _static_problems(self, values: Mapping[str, Any]) -> str:
+    def _static_problems(self, values: Mapping[str, object]) -> str:
         if not self.validate_flags:
             return ""
         from engine.flags import FlagError, validate
@@ -1071,7 +1129,7 @@ class Tuner:
         errs = validate(flags, self.schema, max_request_len=self.max_request_len)
         return "; ".join(str(e) for e in errs)
 
-    def _flags(self, values: Mapping[str, Any]) -> FlagSet:
+    def _flags(self, values: Mapping[str, object]) -> FlagSet:
         flags = self.base
         for name, value in values.items():
             flags = flags.set(name, value)
@@ -1101,7 +1159,7 @@ class Tuner:
 
     # -- one configuration -------------------------------------------------------------
 
-    async def _tune_config(self, key: str, values: Mapping[str, Any], best: ConfigResult | None,
+    async def _tune_config(self, key: str, values: Mapping[str, SpaceValue], best: ConfigResult | None,
                            order: int, measurer: Measurer | None = None) -> ConfigResult:
         st = self.state
         s = self.settings
@@ -1166,7 +1224,7 @@ class Tuner:
         except _Fatal as exc:
             return finish(DIED, str(exc))
 
-    async def _confirm(self, probe: Callable[..., Any], result: ConfigResult, ms: list[Measurement],
+    async def _confirm(self, probe: _Probe, result: ConfigResult, ms: list[Measurement],
                        key: str) -> ConfigResult:
         """Measure a would-be best's limit step again; the lower goodput counts.
 
@@ -1217,7 +1275,7 @@ class Tuner:
         return dataclasses.replace(result, status=UNSTABLE, limit_load=None, goodput=None, at=None,
                                    reason=reason, steps=len(ms))
 
-    async def _bracket(self, probe: Callable[..., Any], finish: Callable[..., ConfigResult],
+    async def _bracket(self, probe: _Probe, finish: _Finish,
                        best: ConfigResult | None, key: str) -> ConfigResult:
         s = self.settings
         integer = s.mode == "concurrency"
@@ -1329,6 +1387,18 @@ class Tuner:
 
 
 
+class _Probe(Protocol):
+    """One step of a configuration at ``load`` (``fresh``: measure again, even if measured)."""
+
+    async def __call__(self, load: float, fresh: bool = False) -> Measurement: ...
+
+
+class _Finish(Protocol):
+    """The configuration's result with ``status``, from the steps measured so far."""
+
+    def __call__(self, status: str, reason: str = "") -> ConfigResult: ...
+
+
 class _ConfigBudget(Exception):
     """The next step of this configuration does not fit the budget."""
 
@@ -1407,8 +1477,8 @@ class ServerMeasurer:
         tokenizer: str | Path | None = None,
         log_dir: Path | None = None,
         early_stop: bool = True,
-        supervisor_factory: Callable[[FlagSet], Any] | None = None,
-        supervisor: Any = None,
+        supervisor_factory: Callable[[FlagSet], Supervisor] | None = None,
+        supervisor: Supervisor | None = None,
         warmup_burst: int = 32,
     ) -> None:
         self.workload = workload
@@ -1419,7 +1489,7 @@ class ServerMeasurer:
         self.log_dir = log_dir
         self.early_stop = early_stop
         self._factory = supervisor_factory
-        self.sup: Any = supervisor
+        self.sup: Supervisor | None = supervisor
         self._owned = supervisor is None
         self.warmup_burst = max(0, int(warmup_burst))
         self.warmups = 0  # bursts sent (a test reads it)
@@ -1428,7 +1498,7 @@ class ServerMeasurer:
         from engine.runs.measure import ensure_server
         from engine.server.supervisor import Supervisor
 
-        def make(f: FlagSet) -> Any:
+        def make(f: FlagSet) -> Supervisor:
             return self._factory(f) if self._factory else Supervisor(f, log_dir=self.log_dir or paths.logs_dir())
 
         t0 = time.monotonic()
@@ -1495,7 +1565,7 @@ class ServerMeasurer:
 
         fastest: list[float] = []
 
-        def on_request(r: Any) -> None:
+        def on_request(r: RequestResult) -> None:
             if r.ok and not r.cancelled and r.e2el_s > 0:
                 fastest[:] = [min([r.e2el_s, *fastest])]
             # A step at 'inf' is the capacity probe: it runs to the end, or its throughput
