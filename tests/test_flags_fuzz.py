@@ -10,10 +10,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from engine.flags import FlagSet, builtin_schema, parse_command_line
+from engine.flags.spec import _looks_like_option
 
 SCHEMA = builtin_schema()
 
@@ -73,6 +74,8 @@ BASH = shutil.which("bash")
 @pytest.mark.skipif(BASH is None, reason="no bash")
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(fs=flag_sets())
+@example(fs=FlagSet(model="-0", values={}))
+@example(fs=FlagSet(model="-x", values={}))
 def test_a_real_shell_sees_our_argv_and_runs_nothing(fs: FlagSet, tmp_path: Path) -> None:
     # Replace the program with a function that prints its arguments NUL-separated:
     # bash must hand it exactly [model, *argv], and no $(...) or `...` may run.
@@ -81,6 +84,8 @@ def test_a_real_shell_sees_our_argv_and_runs_nothing(fs: FlagSet, tmp_path: Path
     out = subprocess.run([BASH, "--norc", "--noprofile", "-c", script], cwd=tmp_path, capture_output=True, timeout=20)
     assert out.returncode == 0, out.stderr
     got = out.stdout.split(b"\0")[:-1]
-    head = [f"--model={fs.model}"] if fs.model.startswith("-") else ([fs.model] if fs.model else [])
+    # A model that argparse would read as an option goes as --model=...; "-0" or "-1.5" reads as
+    # a value and stays positional (engine.flags.spec._looks_like_option; hypothesis found "-0").
+    head = [f"--model={fs.model}"] if _looks_like_option(fs.model) else ([fs.model] if fs.model else [])
     assert [g.decode() for g in got] == head + fs.to_argv()
     assert not (tmp_path / "CANARY").exists()
