@@ -165,6 +165,15 @@ def test_vtui_tune_cuts_the_visible_gpus_into_slots_of_the_largest_configuration
     # tp 8 cannot run on 4 GPUs: the search marks it invalid; the rest still get slots of their size.
     wide = SearchSpace.parse(["tensor-parallel-size=1,8"])
     assert [s.gpus for s in _slots(args, BASE, wide)] == [(0,), (1,), (2,), (3,)]
+    # A GPU this process cannot see is refused by name, before anything starts.
+    from tui.cli import UserError
+
+    with pytest.raises(UserError, match=r"--gpus 2-5: GPU 4, 5 is not visible here \(visible: 0,1,2,3"):
+        _slots(argparse.Namespace(gpus="2-5", parallel=None), BASE, space)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    with pytest.raises(UserError, match=r"GPU 0 is not visible here \(visible: 1;"):
+        _slots(argparse.Namespace(gpus="0", parallel=None), BASE, space)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     sup = _slot_supervisor(slots[1])(BASE)
     assert sup.extra_env == {"CUDA_VISIBLE_DEVICES": "2,3"}
     assert not sup.launcher or (sup.launcher[1:3] == ("-c", ",".join(map(str, slots[1].cpus))))

@@ -59,6 +59,17 @@ def parse_gpus(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+def check_visible(asked: Sequence[int], visible: Sequence[int], text: str) -> None:
+    """SlotError unless every GPU of ``--gpus TEXT`` is one this process can see."""
+    if not visible:
+        raise SlotError(f"--gpus {text}: no NVIDIA GPU is visible on this machine")
+    missing = [g for g in asked if g not in visible]
+    if missing:
+        seen = ",".join(str(g) for g in visible)
+        raise SlotError(f"--gpus {text}: GPU {', '.join(str(g) for g in missing)} is not visible here "
+                        f"(visible: {seen}; CUDA_VISIBLE_DEVICES applies)")
+
+
 def slot_size(needs: Iterable[int], gpus: int) -> int:
     """GPUs per slot: the most any configuration needs among those that fit in ``gpus`` (one
     needing more is the search's to mark invalid, as on one GPU, not a reason to refuse the

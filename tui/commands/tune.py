@@ -77,7 +77,7 @@ def _slots(args: argparse.Namespace, base: Any, space: Any) -> list[Any]:
     blocks of the most GPUs any configuration needs, at most --parallel of them."""
     from engine.flags import devices_needed
     from engine.telemetry.nvml import NvmlReader
-    from engine.tune.slots import SlotError, parse_gpus, plan_slots, slot_size
+    from engine.tune.slots import SlotError, check_visible, parse_gpus, plan_slots, slot_size
     from tui.cli import UserError
 
     reader = NvmlReader()
@@ -87,8 +87,8 @@ def _slots(args: argparse.Namespace, base: Any, space: Any) -> list[Any]:
         reader.close()
     try:
         gpus = parse_gpus(args.gpus) if args.gpus else visible
-        if args.gpus and not visible:
-            raise SlotError(f"--gpus {args.gpus}: no NVIDIA GPU is visible on this machine")
+        if args.gpus:
+            check_visible(gpus, visible, args.gpus)
         size = slot_size((devices_needed({**base.values, **values}) for values in space.configs()), len(gpus))
         return plan_slots(gpus, size, parallel=args.parallel)
     except SlotError as exc:
