@@ -15,7 +15,6 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from engine.runs.history import RunInfo
 
@@ -120,9 +119,8 @@ class Row:
     label: str
     unit: str
     better: str | None
-    # A flag row holds str per run, a metric row float | None; typed loosely so that a reader that
-    # has checked ``kind`` (_cell, session.compare_view) takes them as they are.
-    values: tuple[Any, ...]
+    # A flag row holds str per run, a metric row float | None (fmt_number lays out either).
+    values: tuple[str, ...] | tuple[float | None, ...]
     best: frozenset[int]
     deltas: tuple[float | None, ...]  # percent against the baseline column; None where meaningless
 
@@ -295,10 +293,13 @@ def _flag_text(value: object) -> str:
 # --------------------------------------------------------------------------- rendering
 
 
-def fmt_number(value: float | None) -> str:
-    """Three significant figures or so: 0.0123, 1.23, 12.3, 123, 12345."""
+def fmt_number(value: float | str | None) -> str:
+    """Three significant figures or so: 0.0123, 1.23, 12.3, 123, 12345 (text, a flag row's
+    value, as it is)."""
     if value is None:
         return "n/a"
+    if isinstance(value, str):
+        return value
     magnitude = abs(value)
     if magnitude == 0:
         return "0"

@@ -11,9 +11,8 @@ engine core and leaves out the frontend's delay (REFERENCE.md).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
 
 # Client and server disagree when they differ by more than this share...
 DISAGREE = 0.10
@@ -34,25 +33,26 @@ class CrossCheck:
     prefix_hit_rate: float | None
     warnings: tuple[str, ...]
 
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+    def to_dict(self) -> dict[str, object]:
+        d: dict[str, object] = asdict(self)
         d["warnings"] = list(self.warnings)
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> CrossCheck:
+    def from_dict(cls, d: Mapping[str, object]) -> CrossCheck:
         """Back from :meth:`to_dict` (a stored run); missing figures are None."""
+        warnings = d.get("warnings") or ()
         return cls(**{f: _num(d.get(f)) for f in (
             "client_mean_ttft_ms", "server_mean_ttft_ms", "client_mean_tpot_ms", "server_tpot_ms",
             "client_prompt_tokens", "server_prompt_tokens", "prefix_hit_rate")},
-            warnings=tuple(str(w) for w in d.get("warnings") or ()))
+            warnings=tuple(str(w) for w in warnings) if isinstance(warnings, Iterable) else ())
 
 
-def _num(v: Any) -> float | None:
+def _num(v: object) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
-def _quantile(telemetry: Mapping[str, Any], key: str, field: str) -> float | None:
+def _quantile(telemetry: Mapping[str, object], key: str, field: str) -> float | None:
     q = telemetry.get(key)
     return _num(q.get(field)) if isinstance(q, Mapping) else None
 
@@ -63,7 +63,7 @@ def _differ(a: float | None, b: float | None) -> bool:
     return abs(a - b) > FLOOR_MS and abs(a / b - 1) > DISAGREE
 
 
-def cross_check(load: Mapping[str, Any], telemetry: Mapping[str, Any], *,
+def cross_check(load: Mapping[str, object], telemetry: Mapping[str, object], *,
                 shared_prefix: bool = False) -> CrossCheck:
     """``load``: the run's result (vllm bench serve's keys); ``telemetry``: its
     ``TelemetrySummary.to_dict()`` over the same window; ``shared_prefix``: the workload

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -67,9 +66,9 @@ def kubernetes(flags: FlagSet, *, name: str | None = None, version: str | None =
     # --api-key must get its key, so that one is required.
     env = [{"name": var, "valueFrom": {"secretKeyRef": {"name": secret, "key": var, "optional": var == "HF_TOKEN"}}}
            for var in ("HF_TOKEN", *(SECRET_FLAGS[k] for k in SECRET_FLAGS if k in flags.values and k != "hf-token"))]
-    mounts: list[dict[str, Any]] = [{"name": "shm", "mountPath": "/dev/shm"},
+    mounts: list[dict[str, object]] = [{"name": "shm", "mountPath": "/dev/shm"},
                                     {"name": "hf-cache", "mountPath": _CONTAINER_HF_CACHE}]
-    volumes: list[dict[str, Any]] = [
+    volumes: list[dict[str, object]] = [
         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
         {"name": "hf-cache", **({"persistentVolumeClaim": {"claimName": hf_cache_claim}} if hf_cache_claim
                                 else {"emptyDir": {}})},
@@ -78,7 +77,7 @@ def kubernetes(flags: FlagSet, *, name: str | None = None, version: str | None =
         mounts.append({"name": "model", "mountPath": args[1], "readOnly": True})
         volumes.append({"name": "model", "hostPath": {"path": folder, "type": "Directory"}})
     gpus = gpu_count(flags)
-    def probe() -> dict[str, Any]:  # a fresh dict each: PyYAML would write anchors for shared ones
+    def probe() -> dict[str, object]:  # a fresh dict each: PyYAML would write anchors for shared ones
         return {"httpGet": {"path": "/health", "port": PORT}}
 
     container = {

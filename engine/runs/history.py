@@ -43,9 +43,10 @@ if TYPE_CHECKING:
     from loadgen.records import RequestResult
     from loadgen.stats import StatsWindow
 
-# Any appears only where a value is JSON read back from SQLite (a run's flags, workload, summary,
-# its requests and samples, a saved search) or a row as SQLite gives it: the readers index into it.
-# What is only written (and goes through to_jsonable) is `object`.
+# Any appears only where JSON read back from SQLite is handed to readers that index into it
+# (engine.advise, engine.tune, engine.session, the TUI): a run's summary, its requests and its
+# samples. Flags, workload, GPUs and a saved search come back as `object` values; what is only
+# written (and goes through to_jsonable) is `object` too.
 
 COMMIT_INTERVAL_S = 0.25
 """How often the writer thread commits; four times inside the one-second promise."""
@@ -142,11 +143,11 @@ class RunInfo:
     started: float
     ended: float | None
     status: str
-    flags: Mapping[str, Any]
+    flags: Mapping[str, object]
     vllm_version: str | None
     model: str | None
-    gpus: Sequence[Any]
-    workload: Mapping[str, Any]
+    gpus: Sequence[object]
+    workload: Mapping[str, object]
     summary: Mapping[str, Any]
     baseline: bool
     tags: tuple[str, ...]
@@ -157,8 +158,8 @@ class RunInfo:
     def duration_s(self) -> float | None:
         return None if self.ended is None else self.ended - self.started
 
-    def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = dataclasses.asdict(self)
         out["flags"] = dict(self.flags)
         out["workload"] = dict(self.workload)
         out["summary"] = dict(self.summary)
@@ -176,7 +177,7 @@ class TuneInfo:
     updated: float
     status: str
     model: str | None
-    summary: Mapping[str, Any]
+    summary: Mapping[str, object]
 
 
 def _status_text(stored: str) -> str:
@@ -187,7 +188,11 @@ def _status_text(stored: str) -> str:
         return str(stored)  # shown as stored: nothing is lost by reading
 
 
-def to_jsonable(value: object) -> Any:
+JsonValue: TypeAlias = "bool | int | float | str | list[JsonValue] | dict[str, JsonValue] | None"
+"""A value as ``json.dumps`` writes it (what :func:`to_jsonable` gives)."""
+
+
+def to_jsonable(value: object) -> JsonValue:
     """Dataclasses, enums, tuples, paths and inf/nan into plain JSON values."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         if hasattr(value, "to_dict"):
@@ -210,7 +215,7 @@ def _dumps(value: object) -> str:
     return json.dumps(to_jsonable(value), separators=(",", ":"), allow_nan=False)
 
 
-def _request_row(run_id: int, record: RequestResult | Mapping[str, Any]) -> tuple[object, ...]:
+def _request_row(run_id: int, record: RequestResult | Mapping[str, object]) -> tuple[object, ...]:
     """A loadgen ``RequestResult`` (or a dict of its fields) as a ``requests`` row."""
     # Every name read below is a RequestResult field: its fields as a dict read the same.
     values = record if isinstance(record, Mapping) else {f.name: getattr(record, f.name)
@@ -224,7 +229,7 @@ def _request_row(run_id: int, record: RequestResult | Mapping[str, Any]) -> tupl
         float(cast(float, get("t_start"))),
         get("ttft_s"),
         get("e2el_s"),
-        _dumps(list(get("itl_s", ()) or ())),
+        _dumps(list(cast(Iterable[object], get("itl_s", ()) or ()))),  # not a list: the TypeError becomes .error
         get("input_tokens"),
         get("output_tokens"),
         1 if get("ok") else 0,
@@ -290,6 +295,11 @@ def _explain(path: Path, exc: BaseException) -> HistoryError:
     else:
         reason = text
     return HistoryError(path, reason)
+
+
+# One row of History._SELECT as the schema stores it (its JSON columns still text).
+_RunRow: TypeAlias = tuple[int, str, str | None, float, float | None, str, str, str | None, str | None, str, str, str,
+                           int, str, int]
 
 
 class History:
@@ -430,7 +440,7 @@ class History:
         return RunRecorder(self.path, int(run_id), max_bytes=self.max_bytes)
 
     # ------------------------------------------------------------- reading
-    def _row_to_info(self, row: sqlite3.Row | tuple[Any, ...]) -> RunInfo:
+    def _row_to_info(self, row: _RunRow) -> RunInfo:
         (rid, name, preset, started, ended, status, flags, vv, model, gpus, workload, summary, baseline, tags, n) = row
         return RunInfo(
             id=int(rid),
@@ -570,7 +580,7 @@ class History:
                 (str(tune_id), now, now, status, model, _dumps(summary or {}), text),
             )
 
-    def load_tune(self, tune_id: str) -> dict[str, Any]:
+    def load_tune(self, tune_id: str) -> dict[str, object]:
         """A saved search's state; HistoryError when there is none or it is not JSON."""
         row = self._conn.execute("SELECT state FROM tunes WHERE id = ?", (str(tune_id),)).fetchone()
         if row is None:
@@ -614,7 +624,7 @@ class History:
 
 if TYPE_CHECKING:
     # What the writer thread is handed, tagged by its first item.
-    _Item: TypeAlias = (tuple[Literal["request"], RequestResult | Mapping[str, Any]]
+    _Item: TypeAlias = (tuple[Literal["request"], RequestResult | Mapping[str, object]]
                         | tuple[Literal["sample"], tuple[str, float, object]]
                         | tuple[Literal["update"], dict[str, object]]
                         | tuple[Literal["flush"], threading.Event]
@@ -660,7 +670,7 @@ class RunRecorder:
         _live_recorders.add(self)
 
     # ------------------------------------------------------------- producer side
-    def add_request(self, record: RequestResult | Mapping[str, Any]) -> None:
+    def add_request(self, record: RequestResult | Mapping[str, object]) -> None:
         """A loadgen ``RequestResult`` (or dict with its field names)."""
         if not self.finished:
             self._queue.put(("request", record))
@@ -802,7 +812,7 @@ class Recording:
             except HistoryError as exc:
                 self.error = exc
 
-    def add_request(self, r: RequestResult | Mapping[str, Any]) -> None:
+    def add_request(self, r: RequestResult | Mapping[str, object]) -> None:
         if self.recorder is not None:
             self.recorder.add_request(r)
 

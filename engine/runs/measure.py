@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex
 
 from engine.runs.history import History, Recording, RunInfo, to_jsonable
 from engine.runs.status import RunStatus, decide
@@ -50,8 +50,8 @@ STREAM_KEYS = ("tokens_per_event", "same_read_gap_fraction", "burst_requests", "
                "client_sched_delay", "warmup_requests", "warmup_s", "first_request_s")
 SERVER_LOG_LINES = 10
 
-# Any appears only where a value is JSON: a run's summary (the record every screen reads back
-# and indexes into) and the load figures read from it. What is only written out is `object`.
+# Any appears only in MeasuredRun.summary, JSON that every screen (and engine.tune.search) reads
+# back and indexes into. What is only written out, or read here value by value, is `object`.
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,7 @@ class MeasuredRun:
     status: RunStatus
     started: float
     ended: float
-    summary: Mapping[str, Any]
+    summary: Mapping[str, Any]  # JSON every screen reads back and indexes into (engine.tune.search too)
     result: RunResult | None = None
     error: str | None = None
     hint: str | None = None
@@ -175,32 +175,45 @@ class MeasuredRun:
         return self.info.id if self.info is not None and self.info.id >= 0 else None
 
     @property
-    def load(self) -> Mapping[str, Any]:
-        return self.summary.get("load") or {}
+    def load(self) -> Mapping[str, object]:
+        load = self.summary.get("load")
+        return load if isinstance(load, Mapping) else {}
 
 
-def speed_of_light(target: Target, plan: RunPlan, telemetry: Mapping[str, Any],
+def speed_of_light(target: Target, plan: RunPlan, telemetry: Mapping[str, object],
                    load: Mapping[str, object]) -> dict[str, object]:
-    """The run against its GPU's limits (engine.advise.speedoflight), or ``{"reason": ...}``."""
+    """The run against its GPU's limits (engine.advise.speedoflight), or ``{"reason": ...}``.
+    ``telemetry``: the run's ``TelemetrySummary.to_dict()``."""
     from engine.advise.speedoflight import for_run
 
-    gpus = telemetry.get("gpus") or []
-    name = next((g.get("name") for g in gpus if g.get("name")), None)
+    gpus = telemetry.get("gpus")
+    names = (g.get("name") for g in (gpus if isinstance(gpus, (list, tuple)) else ()) if isinstance(g, Mapping))
+    name = next((n for n in names if isinstance(n, str) and n), None)
+    running = telemetry.get("mean_running")
     sol = for_run(target.model_label or target.model, target.flags, name, load,
-                  mean_running=telemetry.get("mean_running"), peak_bw_tbs=plan.peak_bw_tbs,
-                  peak_tflops=plan.peak_tflops)
+                  mean_running=running if isinstance(running, (int, float)) and not isinstance(running, bool) else None,
+                  peak_bw_tbs=plan.peak_bw_tbs, peak_tflops=plan.peak_tflops)
     return {"reason": sol} if isinstance(sol, str) else {**sol.to_dict(), "line": sol.line(), "reason": None}
 
 
-def energy_figures(e: EnergySummary | None, load: Mapping[str, Any]) -> dict[str, object]:
+def _count(value: object) -> float:
+    """``float(value or 0)`` for a figure of vllm bench serve's keys (a JSON number)."""
+    if not value:
+        return 0.0
+    if isinstance(value, (str, bytes, SupportsFloat, SupportsIndex)):
+        return float(value)
+    raise TypeError(f"not a number: {value!r}")
+
+
+def energy_figures(e: EnergySummary | None, load: Mapping[str, object]) -> dict[str, object]:
     """The run's energy as every screen and file shows it: joules over the window, per
     output token and per completed request, mean and idle power (see EnergySummary)."""
     if e is None or e.joules is None:
         return {"joules": None, "reason": e.reason if e is not None else "no telemetry"}
     return {
         "joules": e.joules,
-        "j_per_token": e.per(float(load.get("total_output_tokens") or 0)),
-        "j_per_request": e.per(float(load.get("completed") or 0)),
+        "j_per_token": e.per(_count(load.get("total_output_tokens"))),
+        "j_per_request": e.per(_count(load.get("completed"))),
         "mean_power_w": e.mean_power_w,
         "idle_power_w": e.idle_power_w,
         "estimated": e.estimated,
@@ -346,29 +359,32 @@ async def measure(
                 break
             await asyncio.sleep(0.1)
     server_log = tuple(list(getattr(sup, "tail", ()))[-SERVER_LOG_LINES:]) if server_died and sup is not None else ()
-    summary: dict[str, Any] = {}
+    summary: dict[str, object] = {}
     slo_met: bool | None = None
+    completed = 0
     if result is not None:
         load = dict(result.summary)
+        completed = int(load.get("completed", 0))
         t_start = float(result.extra.get("t_start") or t0)
         t_end = t_start + float(load.get("duration") or 0.0)
         summary["load"] = load
         # The GPUs' idle draw: before this run's warm-up (prompt building, a quiet server).
         warm_start = t_start - float(result.extra.get("warmup_s") or 0.0) - 0.5
+        telemetry: dict[str, object] | None = None
         with contextlib.suppress(Exception):  # a run without telemetry still has its load figures
             tsum = summarize(store, t_start, t_end, idle=(min(t0, warm_start) - 10.0, warm_start))
-            summary["telemetry"] = tsum.to_dict()
+            summary["telemetry"] = telemetry = tsum.to_dict()
             summary["energy"] = energy_figures(tsum.energy, load)
-        if "telemetry" in summary:
+        if telemetry is not None:
             with contextlib.suppress(Exception):  # derived figures: never the run's undoing
-                summary["telemetry"]["speed_of_light"] = speed_of_light(target, plan, summary["telemetry"], load)
+                telemetry["speed_of_light"] = speed_of_light(target, plan, telemetry, load)
         exact = len(marks) == 2 and not marks[0].stale and not marks[1].stale
         server = server_window(marks[0], marks[1]) if exact else {}
         summary["server"] = server
-        if server and "telemetry" in summary:
+        if server and telemetry is not None:
             # The 1 Hz samples can miss a run's first or last wave (seen on the H200: 96 of 128
             # requests); the scrapes at the measured window's edges cannot. One figure per run.
-            summary["telemetry"].update({k: v for k, v in server.items() if k not in ("t0", "t1")})
+            telemetry.update({k: v for k, v in server.items() if k not in ("t0", "t1")})
         summary["cross_check"] = cross_check(load, server, shared_prefix=bool(plan.workload.prefix_len)).to_dict()
         # How long the run took to send its first request (warm-up or measured) once the server
         # was ready and the run was asked for: building prompts, starting the worker process.
@@ -388,7 +404,7 @@ async def measure(
         error = error or (died[0] if died else "the server stopped accepting connections mid-run")
         hint = hint or "what completed before is kept"
     status = decide(server_died=server_died, cancelled=handle.cancelled and not server_died,
-                    completed=int(summary.get("load", {}).get("completed", 0)),
+                    completed=completed,
                     client_bound=bool(result is not None and result.client_bound), slo_met=slo_met)
     if error is not None:
         summary["error"] = error

@@ -17,9 +17,9 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from engine.runs.history import RunInfo
+from engine.runs.history import JsonValue, RunInfo
 
 if TYPE_CHECKING:
     from loadgen.run import RunResult
@@ -30,10 +30,10 @@ PID_GPU = 3
 PID_LOADGEN = 4
 GIB = 1024**3
 
-# A sample as History.samples gives it back: (kind, epoch seconds, its JSON). That JSON is a
-# parsing edge (whatever telemetry, /metrics or loadgen stored, nested lists and mappings read
-# with .get and checked value by value), so its values stay untyped; requests are read as objects.
-Sample = tuple[str, float, Mapping[str, Any]]
+# A sample as History.samples gives it back: (kind, epoch seconds, its JSON). That JSON is
+# whatever telemetry, /metrics or loadgen stored: nested lists and mappings, read with .get and
+# checked value by value, as are the requests.
+Sample = tuple[str, float, Mapping[str, object]]
 
 
 def _num(value: object) -> float | None:
@@ -160,7 +160,8 @@ def build_trace(
 
     for kind, t, data in samples:
         if kind in ("telemetry", "gpu"):
-            gpus = data.get("gpus") or ()
+            listed = data.get("gpus")
+            gpus = listed if isinstance(listed, (list, tuple)) else ()  # what is not a list holds no GPU
             mem = {f"gpu{g.get('index', i)}": (_num(g.get("mem_used_bytes")) or math.nan) / GIB
                    for i, g in enumerate(gpus) if isinstance(g, Mapping) and g.get("mem_used_bytes") is not None}
             util = {f"gpu{g.get('index', i)}": g.get("util_gpu_pct") for i, g in enumerate(gpus) if isinstance(g, Mapping)}
@@ -209,13 +210,20 @@ def _from_run_result(
          "output_tokens": r.output_tokens, "ok": r.ok, "error": r.error, "cancelled": r.cancelled}
         for r in result.requests
     ]
-    windows: list[Sample] = [("window", float(w.t), to_jsonable(w)) for w in result.windows]
+    windows: list[Sample] = [("window", float(w.t), _window_json(to_jsonable(w))) for w in result.windows]
     starts = [r.t_start for r in result.requests] + [t for _, t, _ in windows]
     started = min(starts) if starts else 0.0
     info = RunInfo(id=0, name="run", preset=None, started=started, ended=None, status="complete", flags={},
                    vllm_version=None, model=None, gpus=[], workload={}, summary=dict(result.summary),
                    baseline=False, tags=())
     return info, reqs, [*windows, *samples]
+
+
+def _window_json(value: JsonValue) -> Mapping[str, object]:
+    """A StatsWindow through to_jsonable: a dataclass comes back a JSON object."""
+    if not isinstance(value, dict):
+        raise TypeError(f"a window as JSON is an object, not {type(value).__name__}")
+    return value
 
 
 def write_trace(path: str | Path, trace: Mapping[str, object]) -> Path:
