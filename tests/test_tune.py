@@ -812,3 +812,34 @@ def test_summary_names_the_best_by_the_searchs_objective(objective: str, best: s
     assert (summary["best"], summary["objective"]) == (best, objective)
     assert summary["score"] == pytest.approx(score)
     assert summary["goodput"] == state.configs[best].goodput
+
+
+async def test_a_client_bound_step_is_measured_again_and_marked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19, item 3: a step whose load generator could not keep up is not judged on it."""
+    from engine.tune.search import Measurement, ServerMeasurer
+    from loadgen import WorkloadSpec
+    from loadgen.spec import SLO
+
+    tries: list[bool] = []
+
+    def measurer(outcomes: list[bool]) -> ServerMeasurer:
+        m = ServerMeasurer(WorkloadSpec(input_len=8, output_len=8), SLO(ttft_ms=500))
+
+        async def once(load: float, *, requests: int, timeout: float, warmup: int) -> Measurement:
+            bound = outcomes[len(tries)]
+            tries.append(bound)
+            return Measurement(load, not bound, "TTFT p99 over" if bound else "", requests=requests,
+                               completed=requests, client_bound=bound)
+
+        monkeypatch.setattr(m, "_measure_once", once)
+        return m
+
+    again = await measurer([True, False]).measure(4.0, requests=20, timeout=60, warmup=0)
+    assert tries == [True, False] and again.ok and again.remeasured and not again.client_bound
+    tries.clear()
+    still = await measurer([True, True]).measure(4.0, requests=20, timeout=60, warmup=0)
+    assert tries == [True, True] and still.remeasured and still.client_bound
+    tries.clear()
+    fine = await measurer([False]).measure(4.0, requests=20, timeout=60, warmup=0)
+    assert tries == [False] and not fine.remeasured
+    assert Measurement.from_dict(still.to_dict()) == still  # kept in the saved search

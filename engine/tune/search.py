@@ -340,6 +340,10 @@ class Measurement:
     """Fastest request of the step: a lower bound on the time a request holds a sequence slot."""
     mean_power_w: float | None = None
     """The server's GPUs' mean draw over the step (NVML), for the energy objectives."""
+    client_bound: bool = False
+    """The load generator could not keep up (loadgen.run.client_bound): its latencies include its own delay."""
+    remeasured: bool = False
+    """The first try was client-bound and this is the second (ServerMeasurer.measure)."""
 
     def to_dict(self) -> dict[str, object]:
         d: dict[str, object] = dataclasses.asdict(self)
@@ -1202,7 +1206,9 @@ class Tuner:
             self.say(f"  {key}: {shown}{' again' if fresh else ''}: "
                      + ("meets SLO" if m.ok else f"violates ({m.reason})")
                      + f", goodput {m.goodput:.3g} req/s, {m.completed}/{n} done in {actual:.0f} s"
-                     + (" (stopped early)" if m.stopped_early else ""))
+                     + (" (stopped early)" if m.stopped_early else "")
+                     + (" (client-bound at first: measured again)" if m.remeasured else "")
+                     + (" (client-bound: the load generator set this pace, not the server)" if m.client_bound else ""))
             return m
 
         def finish(status: str, reason: str = "") -> ConfigResult:
@@ -1548,6 +1554,17 @@ class ServerMeasurer:
                            warmup_requests=warmup, seed=base.seed, workers=base.workers)
 
     async def measure(self, load: float, *, requests: int, timeout: float, warmup: int) -> Measurement:
+        """One step; measured once more when the load generator could not keep up (a busy
+        host, or trials side by side sharing its cores): a step judged on the client's own
+        delay would put the configuration's limit where the client's is. The second try is
+        the one kept, marked ``remeasured`` (and ``client_bound`` again if it still was)."""
+        m = await self._measure_once(load, requests=requests, timeout=timeout, warmup=warmup)
+        if m.client_bound and not m.fatal:
+            again = await self._measure_once(load, requests=requests, timeout=timeout, warmup=warmup)
+            return dataclasses.replace(again, remeasured=True)
+        return m
+
+    async def _measure_once(self, load: float, *, requests: int, timeout: float, warmup: int) -> Measurement:
         from engine.runs.measure import RunHandle, RunPlan, Target, wait_for
         from engine.runs.measure import measure as measure_run
         from engine.server.supervisor import ServerState
@@ -1612,6 +1629,7 @@ class ServerMeasurer:
             tokens_per_user=per_user, duration_s=dur, stopped_early=bool(stop.reason), fatal=fatal,
             e2el_min_ms=fastest[0] * 1000 if fastest else None,
             mean_power_w=(run.summary.get("energy") or {}).get("mean_power_w") if run is not None else None,
+            client_bound=bool(result.client_bound),
         )
 
     async def close(self) -> None:
