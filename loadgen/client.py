@@ -17,7 +17,6 @@ import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 
@@ -128,8 +127,8 @@ class ClientPool:
 def build_body(cfg: ClientConfig, p: PlannedRequest,
                messages: list[dict[str, str]] | None = None) -> bytes:
     """The JSON body vLLM's benchmark would send for this request."""
-    body: dict[str, Any] = {"model": cfg.model, "stream": True,
-                            "stream_options": {"include_usage": True}}
+    body: dict[str, object] = {"model": cfg.model, "stream": True,
+                               "stream_options": {"include_usage": True}}
     if cfg.endpoint == "chat":
         body["messages"] = messages if messages is not None else [
             {"role": role, "content": text} for role, text in p.messages
@@ -254,9 +253,10 @@ def _classify(exc: BaseException) -> tuple[str, str]:
 
 
 Client = httpx.AsyncClient | ClientPool | FastPool
+Pool = FastPool | ClientPool  # what open_client gives a worker
 
 
-def open_client(cfg: ClientConfig) -> FastPool | ClientPool:
+def open_client(cfg: ClientConfig) -> Pool:
     """The per-worker client for ``cfg.transport``."""
     if cfg.transport == "httpx":
         return ClientPool(cfg)
@@ -269,6 +269,7 @@ async def _send_head(pool: FastPool, conn: _Conn, cfg: ClientConfig, body: bytes
     conn.requests += 1
     conn.bytes_in = 0
     sse.new_conn = conn.requests == 1
+    assert conn.transport is not None  # set on connect, before the pool hands it out
     conn.transport.write(pool.request_bytes(cfg.path, body, cfg.headers()))
     sse.sent = time.perf_counter()
     resp = Response(conn, cfg.read_timeout_s)

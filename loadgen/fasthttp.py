@@ -16,7 +16,7 @@ import socket
 import ssl
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import cast
 from urllib.parse import urlsplit
 
 
@@ -33,7 +33,7 @@ class _Conn(asyncio.Protocol):
     """One TCP connection; received data queues up with its arrival time."""
 
     def __init__(self) -> None:
-        self.transport: Any = None
+        self.transport: asyncio.Transport | None = None
         self.chunks: list[tuple[float, bytes]] = []
         self.waiter: asyncio.Future[None] | None = None
         self.eof = False
@@ -41,8 +41,10 @@ class _Conn(asyncio.Protocol):
         self.requests = 0  # requests sent on this connection (>1: it was kept alive)
         self.bytes_in = 0  # bytes received since the last request was written
 
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A TCP connection's transport: an asyncio.Transport, or uvloop's, which behaves as
+        # one without subclassing it (so a cast, not an isinstance check).
+        self.transport = cast(asyncio.Transport, transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 # Failure reasons (RequestResult.error). Each is a key of RunResult.failures_by_reason.
 HTTP_ERROR = "http_error"  # detail: "HTTP 503: <body excerpt>"
@@ -81,7 +80,7 @@ class RequestResult:
     def t_end(self) -> float:
         return self.t_start + self.e2el_s
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The per-request JSONL record."""
         return {
             "id": self.id,

@@ -23,17 +23,23 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import httpx
 
 from loadgen.client import ClientConfig
-from loadgen.records import RequestResult
+from loadgen.records import PlannedRequest, RequestResult
 from loadgen.spec import SLO, ArrivalSpec, WorkloadSpec
 from loadgen.stats import DEFAULT_PERCENTILES, Accumulator, RunAggregator, SlidingWindow, StatsWindow, percentile
 from loadgen.tokens import Codec, LocalTokenizer, RemoteTokenizer
 from loadgen.worker import Batch, Worker, WorkerPlan, run_in_process
 from loadgen.workload import DEFAULT_POOL, REMOTE_POOL, build_requests
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+    from multiprocessing.context import SpawnProcess
+
+    from loadgen.worker import Command, Message
 
 # Client-bound means the client's own work delayed its reading of the streams: a worker that
 # uses this much of a core (p90 of its 100 ms samples) cannot keep up...
@@ -119,6 +125,8 @@ def check_lengths(workload: WorkloadSpec, max_model_len: int | None) -> None:
 class RunResult:
     """A finished (or cancelled) run."""
 
+    # summary and extra: the result document's parts, JSON values that engine/ reads key by
+    # key and converts (``float(extra.get("t_start") or t0)``): left loosely typed for it.
     summary: dict[str, Any]  # vllm bench serve's keys
     windows: tuple[StatsWindow, ...]
     requests: tuple[RequestResult, ...]  # the first keep_requests records
@@ -137,9 +145,9 @@ class RunResult:
         """Nothing completed: the run failed (non-zero exit in ``vtui bench``)."""
         return bool(self.summary.get("completed", 0) == 0)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         """The result file: vLLM's keys first, then ours."""
-        d = dict(self.summary)
+        d: dict[str, object] = dict(self.summary)
         d.update(self.extra)
         d["failures_by_reason"] = self.failures_by_reason
         d["failure_examples"] = self.failure_examples
@@ -231,7 +239,7 @@ class LoadRun:
             return min(DEFAULT_POOL, max(1, math.ceil(rate * a.duration_s)))
         return DEFAULT_POOL
 
-    async def _prepare(self) -> tuple[str, list[Any], int]:
+    async def _prepare(self) -> tuple[str, list[PlannedRequest], int]:
         info = await probe_server(self.base_url, self.model, self.api_key)
         if self._check_max_len:
             check_lengths(self.workload, info.max_model_len)
@@ -338,15 +346,15 @@ class LoadRun:
     async def _run_processes(self, plans: list[WorkerPlan], state: _State) -> None:
         ctx = multiprocessing.get_context("spawn")
         loop = asyncio.get_running_loop()
-        procs: list[Any] = []
-        ctls: list[Any] = []
-        readers: list[Any] = []
+        procs: list[SpawnProcess] = []
+        ctls: list[Connection[Command, object]] = []
+        readers: list[Connection[object, Message]] = []
         ready: set[int] = set()
         all_ready = asyncio.Event()
         all_done = asyncio.Event()
         done: set[int] = set()
 
-        def on_readable(w: int, conn: Any) -> None:
+        def on_readable(w: int, conn: Connection[object, Message]) -> None:
             try:
                 while conn.poll():
                     msg = conn.recv()
@@ -435,7 +443,7 @@ def _main_module_hidden() -> Iterator[None]:
         yield
         return
     with _MAIN_LOCK:
-        saved: dict[str, Any] = {k: main.__dict__[k] for k in ("__spec__", "__file__") if k in main.__dict__}
+        saved: dict[str, object] = {k: main.__dict__[k] for k in ("__spec__", "__file__") if k in main.__dict__}
         main.__dict__.pop("__file__", None)
         main.__dict__["__spec__"] = None
         try:
@@ -445,7 +453,7 @@ def _main_module_hidden() -> Iterator[None]:
             main.__dict__.update(saved)
 
 
-def _fd(stream: Any) -> int:
+def _fd(stream: IO[str] | None) -> int:
     try:
         return int(stream.fileno()) if stream is not None else -1
     except (AttributeError, OSError, ValueError):
@@ -591,7 +599,7 @@ class _State:
         cpu_p90 = self.cpu.quantile(90) if self.cpu.n else 0.0
         own_p99 = self.own_lag.quantile(99) if self.own_lag.n else 0.0
         bound = client_bound(own_p99, cpu_p90)
-        extra: dict[str, Any] = {
+        extra: dict[str, object] = {
             "date": _dt.datetime.now().strftime("%Y%m%d-%H%M%S"),
             "backend": "openai-chat" if w.endpoint == "chat" else "openai",
             "endpoint_type": "openai-chat" if w.endpoint == "chat" else "openai",

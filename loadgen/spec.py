@@ -11,7 +11,10 @@ import math
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar, cast
+
+if TYPE_CHECKING:
+    from _typeshed import ConvertibleToFloat, ConvertibleToInt, DataclassInstance
 
 WORKLOAD_KINDS = ("random", "sharegpt", "jsonl", "trace", "chat")
 LENGTH_DISTS = ("fixed", "uniform", "normal")
@@ -29,7 +32,7 @@ class SpecError(ValueError):
         self.reason = reason
 
 
-def _coerce(source: str, key: str, value: Any, typ: type) -> Any:
+def _coerce(source: str, key: str, value: object, typ: type) -> object:
     """Convert a TOML/JSON/flag value to the field's type, or raise SpecError naming the key."""
     if value is None:
         return None
@@ -54,11 +57,14 @@ def _coerce(source: str, key: str, value: Any, typ: type) -> Any:
     return value
 
 
-def _from_dict(cls: type, d: Mapping[str, Any], source: str) -> Any:
+_D = TypeVar("_D", bound="DataclassInstance")
+
+
+def _from_dict(cls: type[_D], d: Mapping[str, object], source: str) -> _D:
     if not isinstance(d, Mapping):
         raise SpecError(source, cls.__name__, f"expected a table, got {type(d).__name__}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, object] = {}
     for key, value in d.items():
         name = key.replace("-", "_")
         if name not in fields:
@@ -73,9 +79,9 @@ def _from_dict(cls: type, d: Mapping[str, Any], source: str) -> Any:
     return obj
 
 
-def _to_dict(obj: Any) -> dict[str, Any]:
+def _to_dict(obj: DataclassInstance) -> dict[str, object]:
     """Only the fields that differ from the defaults, so preset files stay short."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         default = f.default if f.default is not dataclasses.MISSING else None
@@ -151,12 +157,11 @@ class WorkloadSpec:
             raise SpecError(src, "num_turns", "must be at least 1")
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any], source: str = "workload") -> WorkloadSpec:
+    def from_dict(cls, d: Mapping[str, object], source: str = "workload") -> WorkloadSpec:
         """Build from a preset's ``[workload]`` table; errors name ``source`` and the key."""
-        result: WorkloadSpec = _from_dict(cls, d, source)
-        return result
+        return _from_dict(cls, d, source)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """Non-default fields only."""
         return _to_dict(self)
 
@@ -228,15 +233,14 @@ class ArrivalSpec:
             raise SpecError(src, "max_in_flight", "must be >= 0")
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any], source: str = "arrivals") -> ArrivalSpec:
+    def from_dict(cls, d: Mapping[str, object], source: str = "arrivals") -> ArrivalSpec:
         """Build from a preset table; errors name ``source`` and the key."""
-        result: ArrivalSpec = _from_dict(cls, d, source)
-        return result
+        return _from_dict(cls, d, source)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """Non-default fields only (``inf`` rate written as the string "inf" for TOML/JSON)."""
         d = _to_dict(self)
-        if "rate" in d and math.isinf(d["rate"]):
+        if "rate" in d and math.isinf(self.rate):
             d["rate"] = "inf"
         return d
 
@@ -287,11 +291,10 @@ class SLO:
         return out
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any], source: str = "slo") -> SLO:
-        result: SLO = _from_dict(cls, d, source)
-        return result
+    def from_dict(cls, d: Mapping[str, object], source: str = "slo") -> SLO:
+        return _from_dict(cls, d, source)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return _to_dict(self)
 
 
@@ -318,12 +321,13 @@ def allowed_failures(n: int, percentile: float) -> int:
     return math.floor(n * (100.0 - percentile) / 100.0)
 
 
-def judge(slo: SLO, summary: Mapping[str, Any]) -> tuple[bool, str]:
+def judge(slo: SLO, summary: Mapping[str, object]) -> tuple[bool, str]:
     """Whether a run's summary (vLLM bench keys) meets ``slo``; the reason when not."""
     p = slo.percentile
     word = str(int(p)) if int(p) == p else str(p)
-    completed = int(summary.get("completed", 0))
-    failed = int(summary.get("failed", 0))
+    # JSON numbers; int()/float() raise TypeError/ValueError on anything else.
+    completed = int(cast("ConvertibleToInt", summary.get("completed", 0)))
+    failed = int(cast("ConvertibleToInt", summary.get("failed", 0)))
     n = completed + failed
     if completed == 0:
         return False, "no request completed"
@@ -336,8 +340,9 @@ def judge(slo: SLO, summary: Mapping[str, Any]) -> tuple[bool, str]:
         value = summary.get(f"p{word}_{metric}_ms")
         if value is None:
             return False, f"p{word} {metric.upper()} not measured"
-        if float(value) > limit:
-            return False, f"p{word} {metric.upper()} {float(value):.0f} ms > {limit:g} ms"
+        ms = float(cast("ConvertibleToFloat", value))
+        if ms > limit:
+            return False, f"p{word} {metric.upper()} {ms:.0f} ms > {limit:g} ms"
     return True, ""
 
 

@@ -15,7 +15,6 @@ from array import array
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from loadgen.records import RequestResult
 from loadgen.spec import SLO
@@ -165,8 +164,8 @@ class StatsWindow:
     client_lag_ms: float  # worst event-loop lag seen in the window, any worker
     client_cpu: float  # busiest worker's CPU use in the window, 0..1 of one core
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {}
+    def to_dict(self) -> dict[str, object]:
+        d: dict[str, object] = {}
         for k in self.__slots__:
             v = getattr(self, k)
             d[k] = _pct_dict(v) if isinstance(v, Percentiles) else v
@@ -335,10 +334,10 @@ class RunAggregator:
         return peak
 
     def summary(self, duration_s: float, percentiles: Sequence[float] = DEFAULT_PERCENTILES
-                ) -> dict[str, Any]:
+                ) -> dict[str, float | None]:
         """The keys ``vllm bench serve`` writes, computed the same way."""
         dur = max(duration_s, 1e-9)
-        out: dict[str, Any] = {
+        out: dict[str, float | None] = {
             "duration": duration_s,
             "completed": self.completed,
             "failed": self.failed,
@@ -364,7 +363,7 @@ class RunAggregator:
             out[f"max_{name}_ms"] = s.max
         return out
 
-    def stream_shape(self) -> dict[str, Any]:
+    def stream_shape(self) -> dict[str, float | bool | None]:
         """Tokens per stream event, the share of gaps of zero and the requests that came
         whole in one read; ``stream_bursts`` is set when those make TPOT/ITL unreliable."""
         gaps = self.events - self.completed

@@ -29,9 +29,12 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from multiprocessing.sharedctypes import SynchronizedArray
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,7 @@ _HEAD_SSE = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8
              b"transfer-encoding: chunked\r\n\r\n")
 
 
-def _json_response(status: int, obj: Any) -> bytes:
+def _json_response(status: int, obj: object) -> bytes:
     body = json.dumps(obj).encode()
     reason = {200: b"OK", 400: b"Bad Request", 404: b"Not Found"}.get(status, b"Error")
     return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
@@ -60,7 +63,7 @@ def _json_response(status: int, obj: Any) -> bytes:
 
 
 class _Proto(asyncio.Protocol):
-    def __init__(self, cfg: ServerConfig, stats: Any = None) -> None:
+    def __init__(self, cfg: ServerConfig, stats: SynchronizedArray[float] | None = None) -> None:
         self.cfg = cfg
         self.stats = stats  # shared [count, sum_s, max_s] of real first-chunk delays
         self.buf = b""
@@ -164,6 +167,7 @@ class _Proto(asyncio.Protocol):
 
     async def _stream(self, tr: asyncio.Transport, req: dict[str, Any], chat: bool,
                       mode: str) -> None:
+        # req: the request's JSON body as parsed, read key by key (a parsing edge).
         cfg = self.cfg
         if mode == "reset":
             tr.abort()
@@ -227,7 +231,7 @@ class _Proto(asyncio.Protocol):
         self._done()
 
 
-async def serve(cfg: ServerConfig, sock: socket.socket, stats: Any = None) -> None:
+async def serve(cfg: ServerConfig, sock: socket.socket, stats: SynchronizedArray[float] | None = None) -> None:
     """Serve forever on an already bound socket."""
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: _Proto(cfg, stats), sock=sock, backlog=4096)
@@ -245,13 +249,13 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def _proc_main(cfg: ServerConfig, host: str, port: int, cpu: int | None,
-               stats: Any = None) -> None:
+               stats: SynchronizedArray[float] | None = None) -> None:
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
     try:
         import uvloop
 
-        runner: Any = uvloop.run
+        runner: Callable[[Coroutine[object, None, None]], None] = uvloop.run
     except ImportError:
         runner = asyncio.run
     with contextlib.suppress(KeyboardInterrupt):
@@ -295,7 +299,7 @@ def serve_in_thread(cfg: ServerConfig | None = None) -> Iterator[str]:
 class ServerHandle:
     """Processes serving one URL, with their shared first-chunk delay statistics."""
 
-    def __init__(self, url: str, stats: Any) -> None:
+    def __init__(self, url: str, stats: SynchronizedArray[float]) -> None:
         self.url = url
         self._stats = stats
 

@@ -18,9 +18,13 @@ import string
 from collections.abc import Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
+
+if TYPE_CHECKING:
+    import tokenizers
+    from transformers import PreTrainedTokenizerBase
 
 
 class TokenizerError(RuntimeError):
@@ -96,8 +100,8 @@ class LocalTokenizer:
 
     def __init__(self, path: str | Path) -> None:
         p = Path(path).expanduser()
-        self._hf: Any = None
-        self._tok: Any = None
+        self._hf: PreTrainedTokenizerBase | None = None
+        self._tok: tokenizers.Tokenizer | None = None
         hf_error: Exception | None = None
         if p.is_dir():
             try:
@@ -123,7 +127,7 @@ class LocalTokenizer:
         # Batch calls go to the Rust tokenizer, which encodes a batch on all cores. Under
         # transformers that is its backend_tokenizer, used only where it gives the same ids
         # as transformers' own encode (the server's), and decodes without clean-up.
-        self._rust: Any = self._tok
+        self._rust: tokenizers.Tokenizer | None = self._tok
         if self._hf is not None:
             rust = getattr(self._hf, "backend_tokenizer", None) if getattr(self._hf, "is_fast", False) else None
             if rust is not None and not getattr(self._hf, "clean_up_tokenization_spaces", False):
@@ -136,6 +140,7 @@ class LocalTokenizer:
     def _encode(self, text: str, special: bool) -> list[int]:
         if self._tok is not None:
             return list(self._tok.encode(text, add_special_tokens=special).ids)
+        assert self._hf is not None  # one of the two is loaded
         return list(self._hf.encode(text, add_special_tokens=special))
 
     def encode(self, text: str) -> list[int]:
@@ -145,6 +150,7 @@ class LocalTokenizer:
     def decode(self, ids: list[int]) -> str:
         if self._tok is not None:
             return str(self._tok.decode(ids, skip_special_tokens=True))
+        assert self._hf is not None
         return str(self._hf.decode(ids, skip_special_tokens=True))
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
@@ -179,6 +185,7 @@ class LocalTokenizer:
                 special = set(self._tok.get_added_tokens_decoder())
                 size = self._tok.get_vocab_size(with_added_tokens=False)
             else:
+                assert self._hf is not None
                 special = set(self._hf.all_special_ids)
                 size = int(self._hf.vocab_size)
             self._pool = [i for i in range(size) if i not in special]
@@ -201,7 +208,8 @@ class RemoteTokenizer:
         self._key = ("remote", str(self._client.base_url), model, self._offset,
                      tuple(self._tokenize(_PROBE, False)))
 
-    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    def _post(self, path: str, body: dict[str, object]) -> dict[str, Any]:
+        """The server's JSON reply, read key by key by the callers (a parsing edge)."""
         try:
             r = self._client.post(path, json=body)
         except httpx.HTTPError as exc:

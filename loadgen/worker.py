@@ -24,15 +24,17 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, replace
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Literal, TypeAlias
 
 from loadgen.arrivals import iter_offsets
-from loadgen.client import ClientConfig, ClientPool, build_body, open_client, send
-from loadgen.fasthttp import FastPool
+from loadgen.client import ClientConfig, ClientPool, Pool, build_body, open_client, send
 from loadgen.records import CONNECT_REFUSED, PlannedRequest, RequestResult
 from loadgen.spec import ArrivalSpec
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
 
 FLUSH_S = 0.1
 LAG_TICK_S = 0.05
@@ -69,6 +71,15 @@ class Batch:
     own_lag_ms: float = 0.0  # worst loop lag less the time waiting for a core in that tick
 
 
+# The pipes between a worker process and its parent (LoadRun._run_processes): the worker
+# sends batches and one ("ready", worker); the parent sends ("go", t0) and ("cancel",).
+Message: TypeAlias = Batch | tuple[Literal["ready"], int]
+Command: TypeAlias = tuple[Literal["go"], float] | tuple[Literal["cancel"]]
+if TYPE_CHECKING:  # Connection is generic for the type checker only
+    Outbound: TypeAlias = Connection[Message, object]
+    Control: TypeAlias = Connection[object, Command]
+
+
 class Worker:
     """Runs a ``WorkerPlan``; ``emit`` receives a ``Batch`` every FLUSH_S and at the end."""
 
@@ -80,7 +91,7 @@ class Worker:
         self._sent = 0
         self._lag = 0.0
         self._own_lag = 0.0
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._stop = asyncio.Event()
         self._cancelled = False
         self.server_gone = False
@@ -139,7 +150,7 @@ class Worker:
             p = replace(p, index=k)
         return p, k
 
-    async def _one(self, client: Any, p: PlannedRequest, rid: int) -> None:
+    async def _one(self, client: Pool, p: PlannedRequest, rid: int) -> None:
         cfg = self.plan.client
         self._in_flight += 1
         self._sent += 1
@@ -152,7 +163,7 @@ class Worker:
         finally:
             self._in_flight -= 1
 
-    async def _session(self, client: Any, p: PlannedRequest, rid: int) -> None:
+    async def _session(self, client: Pool, p: PlannedRequest, rid: int) -> None:
         """A multi-turn chat: each turn carries the conversation so far (real replies)."""
         cfg = self.plan.client
         messages = [{"role": r, "content": t} for r, t in p.messages]
@@ -170,7 +181,7 @@ class Worker:
                 return  # a failed turn ends the session
             messages.append({"role": "assistant", "content": reply})
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Coroutine[object, None, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -210,7 +221,7 @@ class Worker:
             cpu = (time.process_time() - cpu0) / max(1e-9, time.perf_counter() - wall0)
             self._flush(cpu, done=True)
 
-    async def _prewarm(self, client: FastPool | ClientPool) -> None:
+    async def _prewarm(self, client: Pool) -> None:
         """Open the connections before t0, so the first requests are not connect-bound."""
         n = min(self.plan.slots or 64, 1024)
         if isinstance(client, ClientPool):
@@ -219,7 +230,7 @@ class Worker:
             with contextlib.suppress(Exception):
                 await client.warm(n)
 
-    async def _warmup(self, client: Any) -> None:
+    async def _warmup(self, client: Pool) -> None:
         sem = asyncio.Semaphore(max(1, self.plan.slots or 8))
         sink: list[RequestResult] = []
 
@@ -234,7 +245,7 @@ class Worker:
         d = self.plan.arrivals.duration_s
         return time.perf_counter() + d if d else math.inf
 
-    async def _closed(self, client: Any) -> None:
+    async def _closed(self, client: Pool) -> None:
         plan = self.plan
         mine = itertools.count(plan.worker, plan.num_workers)
         deadline = self._deadline_pc()
@@ -254,12 +265,12 @@ class Worker:
             t.add_done_callback(self._tasks.discard)
         await asyncio.wait(slots)
 
-    async def _open(self, client: Any) -> None:
+    async def _open(self, client: Pool) -> None:
         plan = self.plan
         base = time.perf_counter()
         sem = asyncio.Semaphore(plan.slots) if plan.slots else None
         if plan.trace:
-            offsets: Any = ((p.at_s or 0.0) for p in plan.pool)
+            offsets: Iterator[float] = ((p.at_s or 0.0) for p in plan.pool)
         else:
             offsets = iter_offsets(plan.arrivals)
 
@@ -310,7 +321,7 @@ def thread_sched_s() -> tuple[float, float]:
         return -1.0, 0.0
 
 
-def run_in_process(plan: WorkerPlan, conn: Any, ctl: Any) -> None:
+def run_in_process(plan: WorkerPlan, conn: Outbound, ctl: Control) -> None:
     """Entry point of a worker process: batches go out on ``conn``; ``ctl`` brings
     ("go", t0) and ("cancel",)."""
     # A session of its own, so a scheduling group of its own where the kernel groups by
@@ -325,24 +336,24 @@ def run_in_process(plan: WorkerPlan, conn: Any, ctl: Any) -> None:
     try:
         import uvloop  # vLLM depends on it; ~2x the event-loop throughput when present
 
-        runner: Any = uvloop.run
+        runner: Callable[[Coroutine[object, None, None]], None] = uvloop.run
     except ImportError:
         runner = asyncio.run
     with contextlib.suppress(KeyboardInterrupt):
         runner(_process_main(plan, conn, ctl))
 
 
-async def _process_main(plan: WorkerPlan, conn: Any, ctl: Any) -> None:
+async def _process_main(plan: WorkerPlan, conn: Outbound, ctl: Control) -> None:
     loop = asyncio.get_running_loop()
     go: asyncio.Future[float] = loop.create_future()
     # Batches leave through a thread: a parent that reads late (a busy UI, a full pipe)
     # then blocks that thread, never the loop that reads the streams and stamps them.
-    outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    outbox: queue.SimpleQueue[Message | None] = queue.SimpleQueue()  # None: close
 
     def sender() -> None:
         while True:
             item = outbox.get()
-            if item is _CLOSE:
+            if item is None:
                 return
             try:
                 conn.send(item)
@@ -376,9 +387,6 @@ async def _process_main(plan: WorkerPlan, conn: Any, ctl: Any) -> None:
     try:
         await worker.run(ready)
     finally:
-        outbox.put(_CLOSE)
+        outbox.put(None)
         await asyncio.to_thread(thread.join)
         conn.close()
-
-
-_CLOSE = object()

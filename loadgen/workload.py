@@ -16,7 +16,6 @@ import threading
 from collections import OrderedDict
 from collections.abc import Hashable
 from pathlib import Path
-from typing import Any
 
 from loadgen.records import PlannedRequest
 from loadgen.spec import WorkloadSpec
@@ -78,8 +77,8 @@ def _read_text(path: Path) -> str:
     return text
 
 
-def _jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
-    rows: list[tuple[int, dict[str, Any]]] = []
+def _jsonl(path: Path) -> list[tuple[int, dict[str, object]]]:
+    rows: list[tuple[int, dict[str, object]]] = []
     for lineno, line in enumerate(_read_text(path).splitlines(), 1):
         if not line.strip():
             continue
@@ -94,7 +93,7 @@ def _jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
     return rows
 
 
-def _int_field(path: Path, lineno: int, obj: dict[str, Any], *keys: str) -> int | None:
+def _int_field(path: Path, lineno: int, obj: dict[str, object], *keys: str) -> int | None:
     for k in keys:
         if k in obj:
             v = obj[k]
