@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from engine.telemetry.sampler import Sampler, TelemetrySnapshot
     from engine.tune.search import (
         ConfigResult,
+        LiveTrial,
         Measurer,
         ParetoPoint,
         SearchSpace,
@@ -132,6 +133,7 @@ class DeviceView:
     vllm_mem_gib: float | None  # the vLLM process tree's share (RSS on the CPU backend)
     util_pct: float | None  # GPU utilization, or host CPU percent
     power_w: float | None = None  # the GPU's draw now (None for the host row)
+    index: int | None = None  # NVML's index of the GPU (None for the host row)
 
 
 @dataclass(frozen=True)
@@ -244,6 +246,15 @@ class TuneRequest:
 
 
 @dataclass(frozen=True)
+class TrialView:
+    """A configuration being measured now (engine.tune.search.LiveTrial) with its slot's
+    devices as the resource table shows them: its GPUs, or the host where there are none."""
+
+    trial: LiveTrial
+    devices: tuple[DeviceView, ...]
+
+
+@dataclass(frozen=True)
 class TuneView:
     """What the Tune screen shows: the search's progress and what it found so far."""
 
@@ -270,6 +281,7 @@ class TuneView:
     step_series: tuple[tuple[str, tuple[StepPoint, ...]], ...] = ()  # engine.tune.search.step_series
     state_path: str | None = None
     resume_command: str = ""  # how to carry on headless: "vtui tune --resume ID"
+    running: tuple[TrialView, ...] = ()  # what each slot measures now, with its devices
     error: str | None = None  # why it failed (status "failed")
 
 
@@ -1343,6 +1355,8 @@ class Session:
                           "arrivals": self._arrivals.to_dict() if self._arrivals is not None else {}},
                 max_request_len=self._max_request_len(), schema=self._schema(), say=self._tune_say,
                 on_update=self._tune_update,
+                # One slot: the session's server, on the GPUs its telemetry sees.
+                slot_gpus=[tuple(g.index for g in self._telemetry.gpus) if self._telemetry is not None else ()],
                 # Saved in the run history after every start and step, where
                 # `vtui tune --list/--resume` look (as the CLI saves it).
                 store=HistoryStore())
@@ -1502,7 +1516,17 @@ class Session:
             state_path=str(result.state_path) if result.state_path else None,
             resume_command=f"vtui tune --resume {result.id}",
             error=self._tune_error,
+            running=self._trial_views(result.running) if running else (),
         )
+
+    def _trial_views(self, trials: tuple[LiveTrial, ...]) -> tuple[TrialView, ...]:
+        devices, _ = _devices_view(self._telemetry)
+        out = []
+        for t in trials:
+            # Unknown GPUs (a single slot started before the first telemetry sample): every row.
+            mine = tuple(d for d in devices if d.index is not None and d.index in t.gpus) if t.gpus else devices
+            out.append(TrialView(t, mine))
+        return tuple(out)
 
     # ------------------------------------------------------------------ history
 
@@ -1911,6 +1935,7 @@ def _devices_view(snap: TelemetrySnapshot | None) -> tuple[tuple[DeviceView, ...
                 vllm_mem_gib=_gib(g.server_mem_bytes),
                 util_pct=g.util_gpu_pct,
                 power_w=g.power_w,
+                index=g.index,
             )
         )
     host = snap.host

@@ -211,3 +211,35 @@ async def test_the_tune_screen_charts_ttft_against_load_per_configuration() -> N
         await pilot.pause()
         text = app.export_screenshot().replace("&#160;", " ")
         assert "TTFT against load" in text and "TTFT ms" in text
+
+
+async def test_the_tune_screen_lists_every_running_trial_with_its_gpus() -> None:
+    """Issue 19, item 5: what each slot measures now, beside the table of finished ones."""
+    from engine.session import DeviceView, TrialView, parse_tune_form
+    from engine.tune.search import LiveTrial, Measurement
+
+    app, session = make_app(RecordedMeasurer(LIMITS), publish=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        app.action_tune()
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, TuneScreen)
+        assert not screen.query_one("#tune-running", Static).display  # nothing runs: no empty panel
+        form = {**session.tune_form_defaults(), "space": SPACE, "budget_min": "10"}
+        await session.tune(parse_tune_form(form, schema=builtin_schema()))
+        snap = session.snapshot()
+        assert snap.tune is not None and snap.tune.running == ()  # over: nothing running
+        gpu = DeviceView("GPU2", 70.5, 141.0, 69.9, 97.0, index=2)
+        last = Measurement(4.0, True, requests=50, completed=50, ttft_ms=412.0, tpot_ms=31.5)
+        trials = (TrialView(LiveTrial(0, (0, 1), BEST, "starting", None, 0.0), ()),
+                  TrialView(LiveTrial(1, (2,), "max-num-seqs=64,max-num-batched-tokens=512", "measuring", 6.0,
+                                      0.0, steps=3, last=last), (gpu,)))
+        app.show_snapshot(dataclasses.replace(snap, tune=dataclasses.replace(snap.tune, status="running",
+                                                                               running=trials)))
+        await pilot.pause()
+        panel = screen.query_one("#tune-running", Static)
+        assert panel.display
+        text = text_of(screen, "#tune-running")
+        assert f"GPU 0,1 {BEST}: starting its server, 0 steps" in text
+        assert ("GPU 2 max-num-seqs=64,max-num-batched-tokens=512: measuring at 6 req/s, 3 steps; last 4 req/s: "
+                "p99 TTFT 412 ms, TPOT 31.5 ms, meets SLO  [GPU2 70.5/141 GiB 97%]") in text

@@ -219,3 +219,22 @@ async def test_side_by_side_trials_run_their_own_servers_on_their_own_gpus_and_p
     assert sorted({gpus for _, gpus in seen.values()}) == ["0,1", "2,3"], [(c.key, c.status, c.reason) for c in res.configs]
     assert len({port for port, _ in seen.values()}) >= 2
     assert not [pid for pid in seen if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+
+
+async def test_the_live_view_shows_what_each_slot_measures_now() -> None:
+    """Issue 19, item 5: every running trial, its slot's GPUs, phase, load and last step."""
+    space = space_of(max_num_seqs=(16, 32, 64, 128))
+    table = dict(zip(keys(space), (4.0, 7.0, 10.0, 6.0), strict=True))
+    tuner, _ = slot_tuner(space, table, 2, exhaustive=True)
+    tuner._slot_gpus = ((0, 1), (2, 3))
+    seen: list[tuple[Any, ...]] = []
+    tuner.on_update = lambda result: seen.append(result.running)
+    res = await tuner.run()
+    trials = [t for running in seen for t in running]
+    assert {(t.slot, t.gpus) for t in trials} == {(0, (0, 1)), (1, (2, 3))}
+    assert any(len(running) == 2 for running in seen)  # both slots at once
+    assert {t.phase for t in trials} >= {"starting", "measuring", "alone"}
+    measured = [t for t in trials if t.last is not None]
+    assert measured and all(t.steps >= 1 and t.key in table for t in measured)
+    assert all(t.load is not None for t in trials if t.phase == "measuring")
+    assert res.running == () and tuner.result().running == ()  # nothing runs once it ended

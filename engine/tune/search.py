@@ -572,6 +572,23 @@ class ParetoPoint:
 
 
 @dataclass(frozen=True)
+class LiveTrial:
+    """A configuration being measured now, in its slot: what the Tune screen shows of it.
+
+    ``phase``: "starting" (its server), "measuring" (a step at ``load``), "alone" (the
+    final measurement with the other slots stopped). ``last``: its latest finished step."""
+
+    slot: int
+    gpus: tuple[int, ...]
+    key: str
+    phase: str
+    load: float | None
+    since_s: float  # the search clock when this phase began
+    steps: int = 0
+    last: Measurement | None = None
+
+
+@dataclass(frozen=True)
 class TuneResult:
     """What a search found. ``status``: ``done`` (space covered), ``budget`` (stopped at
     the budget), ``interrupted``."""
@@ -591,6 +608,8 @@ class TuneResult:
     objective: str = "goodput"
     measurements: Mapping[str, tuple[Measurement, ...]] = dataclasses.field(default_factory=dict)
     """Every step of every configuration, in the order measured (the state file keeps them too)."""
+    running: tuple[LiveTrial, ...] = ()
+    """The configurations being measured now, by slot (empty once the search ended)."""
 
     def score(self, c: ConfigResult) -> float | None:
         """``c``'s figure for this search's objective at its limit."""
@@ -839,6 +858,7 @@ class Tuner:
         say: Callable[[str], None] = lambda line: None,
         on_update: Callable[[TuneResult], None] | None = None,
         slots: Sequence[Measurer] = (),
+        slot_gpus: Sequence[tuple[int, ...]] = (),
     ) -> None:
         """``on_update``: called with the result so far after every start and step (a live
         view redraws from it); an exception in it is the caller's bug and propagates.
@@ -848,6 +868,9 @@ class Tuner:
             raise TuneError("slo", "give at least one limit (TTFT, TPOT or E2EL)")
         self.measurer = measurer
         self._slots: tuple[Measurer, ...] = tuple(slots)
+        # GPUs of each slot (the first measurer's, then ``slots``'), for the live view only.
+        self._slot_gpus: tuple[tuple[int, ...], ...] = tuple(tuple(g) for g in slot_gpus)
+        self._live: dict[int, LiveTrial] = {}
         self.base = base_flags
         self.space = space
         self.slo = slo
@@ -955,6 +978,7 @@ class Tuner:
             self._persist()
             raise
         finally:
+            self._live.clear()
             for measurer in self.measurers:
                 with contextlib.suppress(Exception):
                     await measurer.close()
@@ -1030,6 +1054,7 @@ class Tuner:
                 for task in done:
                     key, slot = running.pop(task)
                     free.append(slot)
+                    self._live.pop(slot, None)
                     result = task.result()
                     if side_by_side:
                         result = dataclasses.replace(result, slot=slot, side_by_side=tuple(sorted(beside.get(key, ()))))
@@ -1066,13 +1091,17 @@ class Tuner:
             if self.remaining() < self._estimate_start() + self._estimate_step(load, n):
                 self.say(f"{c.key}: no budget left to measure its limit alone; its figures ran beside others")
                 break
+            self._set_live(self.measurer, c.key, "alone", notify=True)
             outcome = await self.measurer.start(self._flags(c.values), timeout=min(s.start_timeout_s, self.remaining()))
             self.state.starts += 1
             if not outcome.ok:
+                self._end_live(self.measurer)
                 self.say(f"{c.key}: could not start it alone: {outcome.reason}")
                 continue
+            self._set_live(self.measurer, c.key, "alone", load, notify=True)
             m = await self.measurer.measure(load, requests=n, timeout=min(s.step_timeout_s, max(5.0, self.remaining())),
                                             warmup=s.step.warmup)
+            self._end_live(self.measurer)
             self.state.steps += 1
             self.state.measurements.setdefault(c.key, []).append(m)
             if m.ok:
@@ -1170,6 +1199,7 @@ class Tuner:
         measurer = measurer or self.measurer
         flags = self._flags(values)
         self.say(f"{key}: starting ({order}; {self.remaining() / 60:.1f} min left)")
+        self._set_live(measurer, key, "starting", notify=True)
         timeout = min(s.start_timeout_s, max(1.0, self.remaining()))
         t = self.clock()
         outcome = await measurer.start(flags, timeout=timeout)
@@ -1194,7 +1224,9 @@ class Tuner:
             warm = s.step.warmup if first_step[0] else 0
             tmo = min(s.step_timeout_s, max(5.0, self.remaining()))
             t0 = self.clock()
+            self._set_live(measurer, key, "measuring", load, notify=True)
             m = await measurer.measure(load, requests=n, timeout=tmo, warmup=warm)
+            self._set_live(measurer, key, "measuring", load, last=m)
             actual = self.clock() - t0
             first_step[0] = False
             self._step_costs.append((n / load if math.isfinite(load) and load > 0 else actual, actual))
@@ -1389,7 +1421,26 @@ class Tuner:
             elapsed_s=st.elapsed_s, budget_s=self.settings.budget_s, starts=st.starts, steps=st.steps,
             state_path=self.state_file, objective=self.settings.objective,
             measurements={k: tuple(ms) for k, ms in st.measurements.items()},
+            running=tuple(self._live[i] for i in sorted(self._live)),
         )
+
+    def _set_live(self, measurer: Measurer, key: str, phase: str, load: float | None = None,
+                  last: Measurement | None = None, *, notify: bool = False) -> None:
+        """Record what ``measurer``'s slot does now (the Tune screen's running trials);
+        ``notify``: tell ``on_update`` at once (a start or a step can take minutes)."""
+        slot = next((i for i, m in enumerate(self.measurers) if m is measurer), 0)
+        old = self._live.get(slot)
+        same = old is not None and old.key == key
+        self._live[slot] = LiveTrial(
+            slot=slot, gpus=self._slot_gpus[slot] if slot < len(self._slot_gpus) else (), key=key, phase=phase,
+            load=load, since_s=self.clock(), steps=(old.steps if same and old else 0) + (last is not None),
+            last=last if last is not None else (old.last if same and old else None))
+        if notify and self.on_update is not None:
+            self.on_update(self.result())
+
+    def _end_live(self, measurer: Measurer) -> None:
+        slot = next((i for i, m in enumerate(self.measurers) if m is measurer), 0)
+        self._live.pop(slot, None)
 
 
 

@@ -282,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
             measurers[0], base_flags=base, space=space, slo=slo, settings=settings,
             workload={"workload": workload.to_dict(), "arrivals": arrivals.to_dict() if arrivals else {}},
             max_request_len=workload.max_request_len(), state=state, store=HistoryStore(), say=say,
-            slots=measurers[1:])
+            slots=measurers[1:], slot_gpus=[s.gpus for s in slots])
     except TuneError as exc:
         raise UserError(str(exc), "start a new search instead of --resume") from None
     n = len(space.configs())

@@ -128,6 +128,7 @@ class TuneScreen(Screen[None]):
                     yield Button("Load best (l)", id="tune-load", compact=True, disabled=True)
                     yield Button("Export (e)", id="tune-export", compact=True, disabled=True)
             with Vertical(id="tune-results"):
+                yield Static("", id="tune-running")
                 yield DataTable(id="tune-table", zebra_stripes=True, cursor_type="row")
                 with VerticalScroll(id="tune-details"):
                     yield Static("", id="tune-best")
@@ -238,6 +239,7 @@ class TuneScreen(Screen[None]):
     def _draw(self, view: TuneView | None) -> None:
         with self.app.batch_update():
             self._render_head(view)
+            self._render_running(view)
             self._render_table(view)
             self._render_results(view)
             running = view is not None and view.status == "running"
@@ -262,6 +264,36 @@ class TuneScreen(Screen[None]):
             text += f"  resume: {view.resume_command}"
         head.update(text)
         head.set_classes(f"-{view.status}")
+
+    def _render_running(self, view: TuneView | None) -> None:
+        """One line per slot measuring now: its GPUs, configuration, phase and load, its last
+        step's latencies, and its devices' memory and utilization (the session joins them)."""
+        running = self.query_one("#tune-running", Static)
+        trials = view.running if view is not None else ()
+        running.display = bool(trials)
+        if not trials:
+            return
+        assert view is not None
+        pct = self.percentile
+        lines = []
+        for tv in trials:
+            t = tv.trial
+            where = f"GPU {','.join(map(str, t.gpus))}" if t.gpus else "slot"
+            doing = {"starting": "starting its server", "alone": "measured alone"}.get(t.phase, "measuring")
+            if t.load is not None:
+                doing += f" at {_load(t.load, view.mode) or t.load}"
+            line = f"▶ {where} {t.key}: {doing}, {t.steps} steps"
+            if t.last is not None:
+                m = t.last
+                ttft = "-" if m.ttft_ms is None else f"{m.ttft_ms:.0f}"
+                tpot = "-" if m.tpot_ms is None else f"{m.tpot_ms:.1f}"
+                line += (f"; last {_load(m.load, view.mode)}: p{pct:g} TTFT {ttft} ms, TPOT {tpot} ms, "
+                         + ("meets SLO" if m.ok else "misses"))
+            dev = "  ".join(
+                f"{d.name} {d.mem_used_gib or 0:.1f}/{d.mem_total_gib or 0:.0f} GiB {d.util_pct or 0:.0f}%"
+                for d in tv.devices if d.mem_total_gib)
+            lines.append(line + (f"  [{dev}]" if dev else ""))
+        running.update("\n".join(lines))
 
     def _render_table(self, view: TuneView | None) -> None:
         rows = view.rows if view is not None else ()
