@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import math
 import sys
@@ -67,6 +68,11 @@ def add_parser(subparsers: Any) -> None:
                         help="GPUs the search may use, e.g. 0,1,2,3 or 0-7 (default: every visible one); "
                              "cut into slots of the GPUs a configuration needs, one trial per slot at once")
     parser.add_argument("--parallel", type=int, metavar="N", help="at most N trials at once (default: one per slot)")
+    parser.add_argument("--ray", metavar="ADDRESS",
+                        help="run each trial as a Ray actor with the GPUs its flags need, on any node of the "
+                             "cluster at ADDRESS ('auto': the one this machine belongs to; 'local': start one "
+                             "here); the search and the history stay here. Needs `pip install vtui[ray]`; the "
+                             "model must be at the same path (or a hub id) on every node")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the result as JSON")
     add_plot_argument(parser, "--json", "latency against load for every configuration")
     parser.set_defaults(func=run)
@@ -93,6 +99,32 @@ def _slots(args: argparse.Namespace, base: Any, space: Any) -> list[Any]:
         return plan_slots(gpus, size, parallel=args.parallel)
     except SlotError as exc:
         raise UserError(str(exc), "e.g. --gpus 0,1,2,3 --parallel 2") from None
+
+
+def _ray_measurers(args: argparse.Namespace, base: Any, space: Any, say: Any, factory: Any) -> list[Any]:
+    """One Ray actor per trial at once (engine.tune.ray): each asks for the GPUs the largest
+    configuration needs; as many as the cluster's GPUs hold, at most --parallel."""
+    from engine.flags import devices_needed
+    from engine.tune.ray import RayMeasurer, RayUnavailable, connect
+    from engine.tune.slots import slot_size
+    from tui.cli import UserError
+
+    if args.gpus:
+        raise UserError("--gpus names this machine's GPUs; with --ray the cluster grants them",
+                        "drop --gpus; --parallel N caps the trials at once")
+    if args.parallel is not None and args.parallel < 1:
+        raise UserError(f"--parallel {args.parallel}: must be at least 1", "e.g. --parallel 4")
+    try:
+        resources = connect(args.ray)
+    except RayUnavailable as exc:
+        raise UserError(str(exc), "start one with `ray start --head`, or pass --ray local") from None
+    gpus = int(resources.get("GPU", 0))
+    size = slot_size((devices_needed({**base.values, **values}) for values in space.configs()), gpus) if gpus else 0
+    n = max(1, gpus // size) if size else 1
+    n = min(n, args.parallel) if args.parallel else n
+    say(f"Ray cluster at {args.ray}: {gpus} GPUs, {resources.get('CPU', 0):g} CPUs; {n} trials at once, "
+        f"{size} GPU{'s' if size != 1 else ''} each")
+    return [RayMeasurer(factory, num_gpus=size, label=f"trial slot {i}", say=say) for i in range(n)]
 
 
 def _slot_supervisor(slot: Any) -> Any:
@@ -268,12 +300,18 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(str(exc), "check the workload options") from None
 
     plot = plot_target(args.plot, args.json, "--json", "load")
-    slots = _slots(args, base, space)
     model = base.model
-    measurers = [ServerMeasurer(workload, slo, mode=settings.mode, arrivals=arrivals,
-                                tokenizer=model if Path(model).is_dir() else None,
-                                supervisor_factory=_slot_supervisor(slot) if len(slots) > 1 else None)
-                 for slot in slots]
+    tokenizer = model if Path(model).is_dir() else None
+    measurers: list[Any]
+    if args.ray:
+        measurers = _ray_measurers(args, base, space, say, functools.partial(
+            ServerMeasurer, workload, slo, mode=settings.mode, arrivals=arrivals, tokenizer=tokenizer))
+        slots: list[Any] = []
+    else:
+        slots = _slots(args, base, space)
+        measurers = [ServerMeasurer(workload, slo, mode=settings.mode, arrivals=arrivals, tokenizer=tokenizer,
+                                    supervisor_factory=_slot_supervisor(slot) if len(slots) > 1 else None)
+                     for slot in slots]
     if len(slots) > 1:
         say(f"{len(slots)} trials at once: " + "; ".join(
             f"{s.label()} on cores {','.join(map(str, s.cpus))}" for s in slots))

@@ -1,0 +1,179 @@
+"""A search's trials on a Ray cluster (issue 19, item 4): one actor per slot, with the trial's GPUs.
+
+``RayMeasurer`` is a :class:`engine.tune.search.Measurer` for the search's slots: each one asks
+Ray for an actor with ``num_gpus`` GPUs (the trial's size), and that actor runs the search's
+ordinary measurer (``ServerMeasurer``: the vLLM server and the load generator) on the node Ray
+placed it, so the client sits beside its server and no network time is counted as server
+latency. Ray sets ``CUDA_VISIBLE_DEVICES`` to the GPUs it granted; the server inherits it.
+
+The search itself (``Tuner``) runs in the driver: it orders the configurations, keeps every
+step and writes the history there; an actor only starts servers and measures steps. When an
+actor or its node dies during a call, the driver starts a new actor (Ray places it where GPUs
+are free), starts the same flags there and repeats the call: the trial goes back in the queue
+at the step it was on, and nothing measured before is lost, since the driver holds it.
+
+Ray is an optional extra (``pip install vtui[ray]``); nothing here is imported without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+from engine.tune.search import Measurement, StartOutcome, TuneError
+
+if TYPE_CHECKING:
+    from engine.flags import FlagSet
+    from engine.tune.search import Measurer
+
+# The inner measurer, built in the actor (so it must pickle: a module-level function or a
+# functools.partial of one, not a lambda of the driver's).
+MeasurerFactory = Callable[[], "Measurer"]
+
+# How many times one call is carried to a new actor before the trial is given up.
+RETRIES = 3
+
+
+class RayUnavailable(TuneError):
+    """Ray is not installed, or no cluster answered at the address."""
+
+
+@dataclass(frozen=True)
+class FlagsMessage:
+    """A FlagSet as it crosses to an actor (its schema stays behind: the actor reads its own)."""
+
+    model: str
+    values: Mapping[str, object]
+
+    @classmethod
+    def of(cls, flags: FlagSet) -> FlagsMessage:
+        return cls(flags.model, dict(flags.values))
+
+    def flags(self) -> FlagSet:
+        from engine.flags import FlagSet
+
+        return FlagSet(self.model, dict(self.values))
+
+
+class TrialActor:
+    """What runs in a Ray actor: the search's measurer for one slot (see the module's text)."""
+
+    def __init__(self, factory: MeasurerFactory) -> None:
+        self.measurer = factory()
+
+    async def start(self, flags: FlagsMessage, timeout: float) -> StartOutcome:
+        return await self.measurer.start(flags.flags(), timeout=timeout)
+
+    async def measure(self, load: float, requests: int, timeout: float, warmup: int) -> Measurement:
+        return await self.measurer.measure(load, requests=requests, timeout=timeout, warmup=warmup)
+
+    async def close(self) -> None:
+        await self.measurer.close()
+
+    def where(self) -> str:
+        """The node and GPUs this actor runs on (for the progress lines)."""
+        return f"{socket.gethostname()} GPU {os.environ.get('CUDA_VISIBLE_DEVICES', '-')}"
+
+
+def _ray() -> tuple[ModuleType, type[Exception]]:
+    """The ``ray`` module (as a plain module: its stubs are partial) and its actor-death error."""
+    try:
+        import ray
+        from ray.exceptions import RayActorError
+    except ImportError:
+        raise RayUnavailable("ray", "Ray is not installed: pip install 'vtui[ray]'") from None
+    return ray, RayActorError
+
+
+def connect(address: str) -> dict[str, float]:
+    """Join the Ray cluster at ``address`` ("auto": the one this machine belongs to; "local":
+    start one here) and return its resources ({"GPU": 8.0, "CPU": 128.0, ...})."""
+    ray, _ = _ray()
+    if not ray.is_initialized():
+        try:
+            if address == "local":
+                ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+            else:
+                ray.init(address=address, log_to_driver=False, configure_logging=False)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise RayUnavailable("ray", f"no Ray cluster at {address!r}: {exc}") from None
+    return {k: float(v) for k, v in ray.cluster_resources().items()}
+
+
+class RayMeasurer:
+    """One slot of a search, as a Ray actor with ``num_gpus`` GPUs (see the module's text).
+
+    ``say``: a progress line when an actor is lost and its trial carried to a new one."""
+
+    def __init__(self, factory: MeasurerFactory, *, num_gpus: float, num_cpus: float = 1.0,
+                 label: str = "", say: Callable[[str], None] = lambda line: None,
+                 retries: int = RETRIES) -> None:
+        self.factory = factory
+        self.num_gpus = num_gpus
+        self.num_cpus = num_cpus
+        self.label = label or f"{num_gpus:g}-GPU actor"
+        self.say = say
+        self.retries = retries
+        self.actor: object | None = None
+        self.actors_started = 0
+        self._started: tuple[FlagsMessage, float] | None = None  # the trial's flags and start timeout
+        self._ready_actor: object | None = None  # the actor whose server runs them
+
+    def _new_actor(self) -> object:
+        ray, _ = _ray()
+        cls = ray.remote(TrialActor).options(num_gpus=self.num_gpus, num_cpus=self.num_cpus,
+                                             max_concurrency=4)
+        self.actor = cls.remote(self.factory)
+        self.actors_started += 1
+        return self.actor
+
+    async def _call(self, name: str, *args: object) -> object:
+        _, actor_error = _ray()
+        for attempt in range(self.retries + 1):
+            actor = self.actor if self.actor is not None else self._new_actor()
+            try:
+                if name != "start" and self._started is not None and actor is not self._ready_actor:
+                    # A new actor after a loss: bring its server up with the trial's flags first.
+                    await self._remote(actor, "start", *self._started)
+                return await self._remote(actor, name, *args)
+            except actor_error as exc:
+                self.actor = self._ready_actor = None
+                if attempt == self.retries:
+                    raise TuneError("ray", f"{self.label}: lost {self.retries + 1} actors in a row ({exc})") from None
+                self.say(f"{self.label}: its Ray actor died ({type(exc).__name__}); the trial goes on "
+                         "on a new actor, from the step it was on")
+        raise AssertionError("unreachable")
+
+    async def _remote(self, actor: object, name: str, *args: object) -> object:
+        result: object = await getattr(actor, name).remote(*args)
+        if name == "start":
+            self._ready_actor = actor  # its server runs the trial's flags now
+        return result
+
+    async def start(self, flags: FlagSet, *, timeout: float) -> StartOutcome:
+        message = FlagsMessage.of(flags)
+        self._started = (message, timeout)
+        outcome = await self._call("start", message, timeout)
+        assert isinstance(outcome, StartOutcome)
+        return outcome
+
+    async def measure(self, load: float, *, requests: int, timeout: float, warmup: int) -> Measurement:
+        m = await self._call("measure", load, requests, timeout, warmup)
+        assert isinstance(m, Measurement)
+        return m
+
+    async def close(self) -> None:
+        actor, self.actor, self._ready_actor, self._started = self.actor, None, None, None
+        if actor is None:
+            return
+        ray, actor_error = _ray()
+        try:
+            await asyncio.wait_for(self._remote(actor, "close"), 60)
+        except (TimeoutError, actor_error):
+            pass  # gone already, or stuck: killed below either way
+        ray.kill(actor)

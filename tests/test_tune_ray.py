@@ -1,0 +1,138 @@
+"""A search's trials as Ray actors (issue 19, item 4), on a Ray cluster started in the test.
+
+The cluster is real (``ray.init`` here, with 4 logical GPUs: these machines have none), and so
+are its actors, the GPUs it grants them (CUDA_VISIBLE_DEVICES) and the search. What runs in each
+actor is tests/ray_trials.TableTrial, a stand-in for a vLLM server on a GPU (see there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ray_trials import TableTrial
+from test_tune import BASE, SCHEMA, SLO_TTFT, keys, space_of
+
+from engine.tune.search import DONE, StepRule, Tuner, TuneResult, TuneSettings
+
+ray = pytest.importorskip("ray")
+
+from engine.tune.ray import RayMeasurer  # noqa: E402  (after the skip: it needs ray)
+
+TESTS = Path(__file__).resolve().parent
+SPACE = space_of(max_num_seqs=(16, 32, 64, 128))
+TABLE = dict(zip(keys(SPACE), (4.0, 7.0, 10.0, 6.0), strict=True))
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Any:
+    ray.init(num_cpus=4, num_gpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent)])}})
+    yield
+    ray.shutdown()
+
+
+def factory() -> TableTrial:
+    return TableTrial(SPACE, TABLE, step_s=0.15)
+
+
+def search(measurers: list[Any], lines: list[str]) -> Tuner:
+    settings = TuneSettings(budget_s=1e9, step=StepRule(min_requests=50), exhaustive=True)
+    return Tuner(measurers[0], slots=measurers[1:], base_flags=BASE, space=SPACE, slo=SLO_TTFT, settings=settings,
+                 schema=SCHEMA, max_request_len=192, say=lines.append)
+
+
+def limits(res: TuneResult) -> dict[str, float | None]:
+    return {c.key: c.limit_load for c in res.configs if c.status == DONE}
+
+
+def same_limits(alone: TuneResult, res: TuneResult) -> bool:
+    """Where one slot measured a configuration fully, the cluster found the same limit (side by
+    side a trial can start before the best so far would have ruled it out: more rows may be done)."""
+    one, many = limits(alone), limits(res)
+    return set(one) <= set(many) and all(many[k] == v for k, v in one.items())
+
+
+async def reference() -> TuneResult:
+    """The same search with one slot in this process: what the cluster must find."""
+    return await search([factory()], []).run()
+
+
+async def test_two_ray_actors_on_their_own_gpus_find_what_one_slot_finds(cluster: Any) -> None:
+    alone = await reference()
+    lines: list[str] = []
+    ms = [RayMeasurer(factory, num_gpus=2, num_cpus=0.5, label=f"slot {i}") for i in range(2)]
+    tuner = search(ms, lines)
+    where: list[str] = []
+
+    async def watch() -> None:
+        while not where:
+            if len(tuner.result().running) == 2 and all(m.actor is not None for m in ms):
+                where.extend([await m.actor.where.remote() for m in ms])  # type: ignore[attr-defined]
+            await asyncio.sleep(0.02)
+
+    watcher = asyncio.create_task(watch())
+    res = await tuner.run()
+    watcher.cancel()
+    assert res.best is not None and alone.best is not None and res.best.key == alone.best.key == keys(SPACE)[2]
+    assert same_limits(alone, res)
+    # Side by side, each actor on the two logical GPUs Ray granted it.
+    assert len(where) == 2 and sorted(w.split("GPU ")[1] for w in where) == ["0,1", "2,3"], where
+    assert {c.slot for c in res.configs} == {0, 1} and res.best.alone
+
+
+async def test_an_actor_killed_mid_step_puts_its_trial_on_a_new_actor_and_nothing_is_lost(cluster: Any) -> None:
+    alone = await reference()
+    lines: list[str] = []
+    ms = [RayMeasurer(factory, num_gpus=2, num_cpus=0.5, label=f"slot {i}", say=lines.append) for i in range(2)]
+    tuner = search(ms, lines)
+    killed: list[tuple[str, int]] = []
+
+    def on_update(result: TuneResult) -> None:
+        for t in result.running:
+            if not killed and t.slot == 1 and t.phase == "measuring" and t.steps >= 1 and ms[1].actor is not None:
+                killed.append((t.key, len(result.measurements.get(t.key, ()))))
+                ray.kill(ms[1].actor)  # the node or actor dies while this step runs
+
+    tuner.on_update = on_update
+    res = await tuner.run()
+    assert killed, "no step of slot 1 was seen running"
+    key, before = killed[0]
+    assert ms[1].actors_started >= 2
+    assert any("slot 1: its Ray actor died" in line and "new actor" in line for line in lines), lines
+    rows = {c.key: c for c in res.configs}
+    assert rows[key].status == DONE  # re-queued and finished
+    assert len(res.measurements[key]) > before  # the steps before the kill are kept, and more came
+    assert res.best is not None and alone.best is not None and res.best.key == alone.best.key
+    assert same_limits(alone, res)
+
+
+def test_vtui_tune_ray_sizes_the_actors_from_the_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`vtui tune --ray ADDRESS`: one actor per trial at once, with the GPUs the largest configuration needs."""
+    import argparse
+
+    from engine.tune import ray as tune_ray
+    from engine.tune.search import SearchSpace
+    from tui.cli import UserError
+    from tui.commands.tune import _ray_measurers
+
+    monkeypatch.setattr(tune_ray, "connect", lambda address: {"GPU": 8.0, "CPU": 64.0})
+    space = SearchSpace.parse(["tensor-parallel-size=1,2", "max-num-seqs=64,128"])
+    lines: list[str] = []
+
+    def args(**kw: Any) -> argparse.Namespace:
+        return argparse.Namespace(**{"ray": "auto", "gpus": None, "parallel": None, **kw})
+
+    ms = _ray_measurers(args(), BASE, space, lines.append, factory)
+    assert [m.num_gpus for m in ms] == [2, 2, 2, 2]  # tp 2 is the largest: four actors of two GPUs
+    assert lines == ["Ray cluster at auto: 8 GPUs, 64 CPUs; 4 trials at once, 2 GPUs each"]
+    assert len(_ray_measurers(args(parallel=3), BASE, space, lines.append, factory)) == 3
+    with pytest.raises(UserError, match="with --ray the cluster grants them"):
+        _ray_measurers(args(gpus="0,1"), BASE, space, lines.append, factory)
+    monkeypatch.setattr(tune_ray, "connect", lambda address: (_ for _ in ()).throw(
+        tune_ray.RayUnavailable("ray", f"no Ray cluster at {address!r}: refused")))
+    with pytest.raises(UserError, match="no Ray cluster at 'auto'"):
+        _ray_measurers(args(), BASE, space, lines.append, factory)
