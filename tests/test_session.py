@@ -18,7 +18,8 @@ import tui_data
 
 from engine.flags import FlagSet, builtin_schema
 from engine.presets import find_preset
-from engine.session import Session, SessionError, SessionSnapshot
+from engine.session import Session, SessionError
+from engine.views import SessionSnapshot
 from loadgen import ArrivalSpec, WorkloadSpec
 
 

@@ -20,7 +20,7 @@ import pytest
 import tui_data
 
 from engine.flags import FlagSet
-from engine.session import Session, SessionError, TuneRequest, parse_tune_form, space_lines
+from engine.session import Session, SessionError, parse_tune_form
 from engine.tune.search import (
     DONE,
     Measurement,
@@ -31,6 +31,7 @@ from engine.tune.search import (
     TuneSettings,
     load_state,
 )
+from engine.views import TuneRequest, space_lines
 from loadgen.spec import SLO
 
 SPACE = SearchSpace((("max-num-seqs", (64, 128)), ("max-num-batched-tokens", (512, 2048))))

@@ -21,7 +21,8 @@ from engine.flags import builtin_schema
 from engine.presets import list_presets
 from engine.runs.history import History
 from engine.runs.status import RunStatus
-from engine.session import RunRecord, Session, SessionError
+from engine.session import Session, SessionError
+from engine.views import RunRecord
 from tui.app import VtuiApp
 from tui.widgets.modals import AdviceScreen
 

@@ -21,7 +21,7 @@ from textual.widgets._footer import FooterKey
 from engine.flags import builtin_schema
 from engine.presets import find_preset, list_presets
 from engine.server.logparse import classify_line, classify_lines
-from engine.session import LogLine
+from engine.views import LogLine
 from tui.app import VtuiApp
 from tui.widgets.flags import FlagRow
 from tui.widgets.modals import ConfirmScreen, ExportScreen

@@ -24,7 +24,8 @@ from engine.advise.advisor import RunData, advise
 from engine.flags import builtin_schema
 from engine.presets import list_presets
 from engine.server.logparse import classify_lines
-from engine.session import LogLine, Session, SessionSnapshot, parse_tune_form
+from engine.session import Session, parse_tune_form
+from engine.views import LogLine, SessionSnapshot
 from tui.app import VtuiApp
 from tui.widgets.modals import AdviceScreen, ConfirmScreen, DiffScreen, QuitScreen
 

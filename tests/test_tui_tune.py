@@ -215,8 +215,9 @@ async def test_the_tune_screen_charts_ttft_against_load_per_configuration() -> N
 
 async def test_the_tune_screen_lists_every_running_trial_with_its_gpus() -> None:
     """Issue 19, item 5: what each slot measures now, beside the table of finished ones."""
-    from engine.session import DeviceView, TrialView, parse_tune_form
+    from engine.session import parse_tune_form
     from engine.tune.search import LiveTrial, Measurement
+    from engine.views import DeviceView, TrialView
 
     app, session = make_app(RecordedMeasurer(LIMITS), publish=False)
     async with app.run_test(size=(120, 40)) as pilot:

@@ -10,14 +10,14 @@ import dataclasses
 from pathlib import Path
 
 from engine.flags import FlagSet, builtin_schema
-from engine.session import (
+from engine.session import Session
+from engine.views import (
     DeviceView,
     LogLine,
     RunProgress,
     RunRecord,
     ServerMetricsView,
     ServerView,
-    Session,
     SessionSnapshot,
     compare_view,
 )

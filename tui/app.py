@@ -21,7 +21,8 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, TabbedContent, TabPane
 
-from engine.session import Session, SessionError, SessionSnapshot
+from engine.session import Session, SessionError
+from engine.views import SessionSnapshot
 from tui.messages import SessionUpdated
 from tui.widgets.flags import FlagEditor, FlagInput, FlagRow
 from tui.widgets.help import HelpScreen, KeyRow, bindings_of, key_rows

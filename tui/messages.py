@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
-from engine.session import SessionSnapshot
+from engine.views import SessionSnapshot
 
 
 @dataclass

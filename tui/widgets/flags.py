@@ -25,7 +25,7 @@ from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import Input, Label, Select, Static, Switch
 
-from engine.session import SessionSnapshot
+from engine.views import SessionSnapshot
 
 # Building a row per flag of the installed vLLM (about 200) takes a while and
 # scrolls forever; the filter narrows it, and at most this many rows are shown.

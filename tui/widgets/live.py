@@ -12,7 +12,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.reactive import reactive
 from textual.widgets import Label, ProgressBar, Sparkline, Static
 
-from engine.session import SessionSnapshot
+from engine.views import SessionSnapshot
 
 # (series name in the snapshot, label)
 SPARKS = (

@@ -15,7 +15,8 @@ from textual.reactive import reactive
 from textual.widgets import DataTable, Input, Static
 from textual_plotext import PlotextPlot
 
-from engine.session import SessionError, SessionSnapshot, StoredRun
+from engine.session import SessionError
+from engine.views import SessionSnapshot, StoredRun
 
 
 def _n(value: float | None, fmt: str) -> str:

@@ -17,7 +17,7 @@ from textual.reactive import reactive
 from textual.widgets import Input, Label, RichLog, Static
 
 from engine.server.logparse import level_rank
-from engine.session import LogLine, SessionSnapshot
+from engine.views import LogLine, SessionSnapshot
 
 # The level filter's steps, in the order its key cycles through them.
 LEVEL_STEPS = ("debug", "warning", "error")

@@ -8,7 +8,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from engine.session import SessionSnapshot
+from engine.views import SessionSnapshot
 
 _STATE_CLASSES = ("-ready", "-starting", "-failed", "-stopped")
 

@@ -26,7 +26,8 @@ from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Input, Label, Select, Static, TextArea
 from textual_plotext import PlotextPlot
 
-from engine.session import TUNE_PERCENTILES, TuneFormError, TuneRequest, TuneView, parse_tune_form
+from engine.session import TUNE_PERCENTILES, TuneFormError, parse_tune_form
+from engine.views import TuneRequest, TuneView
 
 # Progress lines shown under the table (the core keeps more; the history has every step).
 SHOWN_LINES = 5

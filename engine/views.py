@@ -1,0 +1,393 @@
+"""The views the screen reads: frozen, typed, built from the engine's objects.
+
+A :class:`~engine.session.Session` publishes ONE :class:`SessionSnapshot` a few times a
+second; this module owns its parts (the server, the devices, the server's own figures, the
+runs, the comparison, the flag search) and the pure functions that build them from the
+other core modules' objects (a TelemetrySnapshot, a ServerSample, a TuneResult's Pareto
+points, this session's RunRecords). Nothing here holds state or imports the session (views
+are below it) or Textual: the TUI, a script or a test reads the same objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from engine.flags import recordable_values
+
+if TYPE_CHECKING:
+    # For the annotations only: the modules are imported where they are used, so importing
+    # the views (and the session, and `vtui --help`) stays light.
+    from engine.flags import FlagSet
+    from engine.runs.history import RunInfo
+    from engine.runs.status import RunStatus
+    from engine.telemetry.metrics import Quantiles, ServerSample
+    from engine.telemetry.sampler import TelemetrySnapshot
+    from engine.tune.search import ConfigResult, LiveTrial, ParetoPoint, SearchSpace, StepPoint
+    from loadgen.run import RunResult
+    from loadgen.spec import SLO
+    from loadgen.stats import StatsWindow
+
+
+# --------------------------------------------------------------------------- snapshot
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One line of the server's output. ``n`` numbers lines from 1 for incremental display."""
+
+    n: int
+    t: float
+    text: str
+    level: str  # engine.server.logparse.LEVELS: "error" | "warning" | "info" | "debug"
+    poll: bool = False  # vtui's own polling (a log view hides these by default)
+
+
+@dataclass(frozen=True)
+class ServerView:
+    """What the Server panel shows: state, phase, facts and the planner's prediction."""
+
+    state: str = "STOPPED"  # engine.server.supervisor.ServerState name, or "ATTACHED"
+    phase: str = ""
+    base_url: str | None = None
+    model: str | None = None  # the served model name (what requests ask for)
+    version: str | None = None
+    pid: int | None = None
+    attached: bool = False
+    started_here: bool = False
+    kv_tokens: int | None = None
+    max_concurrency: float | None = None
+    predicted_kv_tokens: int | None = None
+    predicted_concurrency: float | None = None
+    restart_downtime_s: float | None = None
+    error_line: str | None = None
+    error_hint: str | None = None
+    log_path: str | None = None
+    starting_s: float | None = None  # while STARTING: seconds since the launch
+    expected_start_s: float | None = None  # the last start of the same model and flags, to ready
+
+
+@dataclass(frozen=True)
+class DeviceView:
+    """One row of the resource table: a GPU, or the host when no GPU is visible."""
+
+    name: str
+    mem_used_gib: float | None
+    mem_total_gib: float | None
+    vllm_mem_gib: float | None  # the vLLM process tree's share (RSS on the CPU backend)
+    util_pct: float | None  # GPU utilization, or host CPU percent
+    power_w: float | None = None  # the GPU's draw now (None for the host row)
+    index: int | None = None  # NVML's index of the GPU (None for the host row)
+
+
+@dataclass(frozen=True)
+class ServerMetricsView:
+    """The server's own figures from /metrics over the last window."""
+
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage_pct: float | None = None
+    preemptions_per_s: float | None = None
+    prefix_hit_pct: float | None = None
+    ttft_ms: Mapping[str, float] = field(default_factory=dict)  # "p50"/"p90"/"p99"
+    itl_ms: Mapping[str, float] = field(default_factory=dict)
+    e2el_ms: Mapping[str, float] = field(default_factory=dict)
+    error: str | None = None  # why the scrape failed, when it did
+
+
+@dataclass(frozen=True)
+class RunProgress:
+    """The load run in progress."""
+
+    label: str
+    started_t: float
+    elapsed_s: float
+    completed: int
+    planned: int | None  # planned request count, when the workload stops on a count
+    duration_s: float | None  # planned duration, when it stops on time
+    fraction: float | None  # 0..1, None when open-ended
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A run measured in this session."""
+
+    index: int  # 1-based, in the order runs were started
+    label: str
+    flags: FlagSet
+    started_t: float
+    status: RunStatus  # engine.runs.status: the same words as the history and every path
+    summary: Mapping[str, Any]  # JSON: {"load": RunResult.summary, "telemetry": TelemetrySummary dict}
+    result: RunResult | None = None  # None when the run failed before measuring
+    history_id: int | None = None  # the run's id in the history, None when it was not stored
+    error: str | None = None
+    ended_t: float | None = None
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """One run of the history, as the Runs tab lists it (any path, any session)."""
+
+    id: int
+    name: str
+    preset: str | None
+    model: str | None
+    started: float
+    status: str
+    req_s: float | None
+    ttft_p50_ms: float | None
+    compared: bool  # shown in the comparison beside this session's runs
+
+
+@dataclass(frozen=True)
+class ComparisonView:
+    """Runs side by side: one column per run, best value and baseline delta per row."""
+
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, tuple[str, ...], frozenset[int]], ...]  # label, cells, best columns
+    baseline: int | None  # column index
+    flag_rows: int = 0  # the first rows are the flags that differ between runs
+
+
+@dataclass(frozen=True)
+class SessionSnapshot:
+    """Everything the screen shows, frozen. Built a few times a second."""
+
+    t: float
+    seq: int  # grows whenever something changed; a renderer may skip equal seqs
+    model: str
+    flags: FlagSet  # the edited flags
+    running_flags: FlagSet | None  # the flags the server runs with, None when no server
+    flag_errors: Mapping[str, str]  # flag name -> reason, as typed
+    dirty: bool  # edited flags differ from the preset or run they were loaded from
+    workload_label: str
+    preset_name: str | None
+    server: ServerView
+    window: StatsWindow | None  # the latest load-run window
+    devices: tuple[DeviceView, ...]
+    gpu_unavailable: str | None  # the reason, shown once
+    server_metrics: ServerMetricsView
+    series: Mapping[str, tuple[float, ...]]  # sparkline name -> last points
+    logs: tuple[LogLine, ...]
+    run: RunProgress | None
+    runs: tuple[RunRecord, ...]
+    baseline: int | None  # RunRecord.index of the baseline
+    comparison: ComparisonView | None
+    notice: str | None  # the last thing that happened worth a line (run stopped, ...)
+    busy: str | None  # the action in progress ("starting", "restarting", ...)
+    tune: TuneView | None = None  # the flag search of this session (running or last), None before one
+
+
+@dataclass(frozen=True)
+class TuneRequest:
+    """What a flag search is asked for: SLO limits, the space, the budget, the load axis."""
+
+    slo: SLO  # at least one limit
+    space: SearchSpace
+    budget_s: float
+    mode: str = "rate"  # "rate" (open loop, req/s) or "concurrency" (closed loop)
+    start_load: float | None = None  # first load probed; None: a saturation step decides
+
+
+@dataclass(frozen=True)
+class TrialView:
+    """A configuration being measured now (engine.tune.search.LiveTrial) with its slot's
+    devices as the resource table shows them: its GPUs, or the host where there are none."""
+
+    trial: LiveTrial
+    devices: tuple[DeviceView, ...]
+
+
+@dataclass(frozen=True)
+class TuneView:
+    """What the Tune screen shows: the search's progress and what it found so far."""
+
+    id: str
+    status: str  # "running" | "done" | "budget" | "interrupted" | "failed"
+    mode: str
+    slo_label: str  # "p99 TTFT <= 500 ms, p99 TPOT <= 50 ms"
+    elapsed_s: float
+    budget_s: float
+    starts: int
+    steps: int
+    configs_total: int  # configurations in the space
+    lines: tuple[str, ...]  # the latest progress lines, oldest first
+    rows: tuple[ConfigResult, ...]  # in the order tried
+    best_key: str | None = None
+    best_goodput: float | None = None  # req/s meeting every limit at the best's limit load
+    best_limit: float | None = None  # req/s or concurrency; inf: met with all requests at once
+    best_flags: FlagSet | None = None  # the winner's
+    best_serve_line: str | None = None
+    best_docker_line: str | None = None  # on one line (the export has the multi-line form)
+    pareto: tuple[ParetoPoint, ...] = ()  # the points on the frontier
+    # Latency against load, per configuration: (key, ((load, TTFT pX ms, TPOT pX ms, met), ...)),
+    # finite loads in increasing order (the capacity probe at "all at once" has no place on the axis).
+    step_series: tuple[tuple[str, tuple[StepPoint, ...]], ...] = ()  # engine.tune.search.step_series
+    state_path: str | None = None
+    resume_command: str = ""  # how to carry on headless: "vtui tune --resume ID"
+    running: tuple[TrialView, ...] = ()  # what each slot measures now, with its devices
+    error: str | None = None  # why it failed (status "failed")
+
+
+# --------------------------------------------------------------------------- tune
+
+
+def space_lines(space: SearchSpace) -> str:
+    """A search space as the editable text ``SearchSpace.parse`` reads back, one flag a line."""
+    return "\n".join(space.lines())
+
+
+def frontier_points(points: Sequence[ParetoPoint]) -> tuple[ParetoPoint, ...]:
+    """The Pareto points on the frontier, once each (a limit measured twice gives twins)."""
+    seen: set[tuple[str, float, float, float]] = set()
+    out = []
+    for p in points:
+        twin = (p.key, p.load, round(p.tokens_per_user, 6), round(p.tokens_per_gpu, 6))
+        if p.frontier and twin not in seen:
+            seen.add(twin)
+            out.append(p)
+    return tuple(out)
+
+
+def slo_label(slo: SLO) -> str:
+    """``p99 TTFT <= 500 ms, p99 TPOT <= 50 ms``."""
+    parts = []
+    for key, limit in (("ttft", slo.ttft_ms), ("tpot", slo.tpot_ms), ("e2el", slo.e2el_ms)):
+        if limit is not None:
+            parts.append(f"p{slo.percentile:g} {key.upper()} <= {limit:g} ms")
+    return ", ".join(parts)
+
+
+# --------------------------------------------------------------------------- adapters
+# These translate the other core modules' objects into the snapshot's views; a figure the
+# object does not have (None) shows as "-".
+
+
+def summary_number(obj: object, *names: str) -> float | None:
+    """The first of ``names`` in a JSON mapping (a stored run's summary) that reads as a
+    number; None when none does, or when ``obj`` is not a mapping."""
+    if not isinstance(obj, Mapping):
+        return None
+    for name in names:
+        value = obj.get(name)
+        if value is not None:
+            try:
+                return float(value)
+            except (TypeError, ValueError):
+                continue
+    return None
+
+
+def _gib(value: float | None) -> float | None:
+    return None if value is None else float(value) / 2**30
+
+
+def devices_view(snap: TelemetrySnapshot | None) -> tuple[tuple[DeviceView, ...], str | None]:
+    """GPU rows from a TelemetrySnapshot, or the host row when NVML gave none."""
+    if snap is None:
+        return (), None
+    unavailable = snap.gpu_unavailable.reason if snap.gpu_unavailable is not None else None
+    rows: list[DeviceView] = []
+    for g in snap.gpus:
+        name = f"GPU{g.index}" + ("" if g.available else f" ({g.reason or 'lost'})")
+        rows.append(
+            DeviceView(
+                name=name,
+                mem_used_gib=_gib(g.mem_used_bytes),
+                mem_total_gib=_gib(g.mem_total_bytes),
+                vllm_mem_gib=_gib(g.server_mem_bytes),
+                util_pct=g.util_gpu_pct,
+                power_w=g.power_w,
+                index=g.index,
+            )
+        )
+    host = snap.host
+    if not rows and host is not None:
+        rows.append(
+            DeviceView(
+                name="host",
+                mem_used_gib=_gib(host.mem_used_bytes),
+                mem_total_gib=_gib(host.mem_total_bytes),
+                vllm_mem_gib=_gib(host.proc_rss_bytes),
+                util_pct=host.cpu_percent,
+            )
+        )
+    return tuple(rows), unavailable
+
+
+def _ms(q: Quantiles | None) -> dict[str, float]:
+    """Server Quantiles (seconds) to {"p50": ms, ...}."""
+    if q is None:
+        return {}
+    return {k: v * 1000.0 for k, v in (("p50", q.p50), ("p90", q.p90), ("p99", q.p99)) if v is not None}
+
+
+def server_metrics_view(s: ServerSample | None) -> ServerMetricsView:
+    """The Live panel's server figures from the latest ServerSample."""
+    if s is None:
+        return ServerMetricsView()
+    if s.stale:
+        return ServerMetricsView(error=s.reason or "no answer")
+    return ServerMetricsView(
+        running=s.running,
+        waiting=s.waiting,
+        kv_usage_pct=None if s.kv_cache_usage is None else s.kv_cache_usage * 100,
+        preemptions_per_s=s.preemptions_per_s,
+        prefix_hit_pct=None if s.prefix_hit_rate is None else s.prefix_hit_rate * 100,
+        ttft_ms=_ms(s.ttft),
+        itl_ms=_ms(s.itl),
+        e2el_ms=_ms(s.e2e),
+    )
+
+
+def run_info(record: RunRecord, *, baseline: bool = False, vllm_version: str | None = None) -> RunInfo:
+    """A session run as engine.runs.history's RunInfo, so engine.runs.compare can lay it out."""
+    from engine.runs.history import RunInfo
+
+    return RunInfo(
+        id=record.history_id if record.history_id is not None else record.index,
+        name=record.label,
+        preset=None,
+        started=record.started_t,
+        ended=record.ended_t,
+        status=str(record.status),
+        flags=recordable_values(record.flags),
+        vllm_version=vllm_version,
+        model=str(record.flags.model) if record.flags is not None else None,
+        gpus=(),
+        workload={},
+        summary=record.summary,
+        baseline=baseline,
+        tags=(),
+    )
+
+
+def compare_view(records: Sequence[RunRecord], baseline: int | None, stored: Sequence[RunInfo] = ()) -> ComparisonView:
+    """engine.runs.compare's table of ``records`` (this session's runs) and ``stored`` runs of the
+    history (``RunInfo``, after them), formatted for display (strings only)."""
+    from engine.runs.compare import compare, fmt_delta, fmt_number
+
+    base_col = next((i for i, r in enumerate(records) if r.index == baseline), 0)
+    own = {r.history_id for r in records}
+    extra = [s for s in stored if s.id not in own]
+    infos = [run_info(r, baseline=i == base_col) for i, r in enumerate(records)] + list(extra)
+    cmp = compare(infos, base_col)
+    rows: list[tuple[str, tuple[str, ...], frozenset[int]]] = []
+    flag_rows = 0
+    for row in cmp.rows:
+        if row.kind == "flag":
+            rows.append((row.label, tuple(str(v) for v in row.values), frozenset()))
+            flag_rows += 1
+            continue
+        arrow = {"lower": " ↓", "higher": " ↑"}.get(row.better or "", "")
+        unit = f" {row.unit}" if row.unit and row.unit not in row.label else ""
+        cells = []
+        for v, d in zip(row.values, row.deltas, strict=True):
+            delta = fmt_delta(d)
+            cells.append(fmt_number(v) + (f" ({delta})" if delta else ""))
+        rows.append((f"{row.label}{unit}{arrow}", tuple(cells), row.best))
+    return ComparisonView(
+        columns=tuple(r.label for r in records) + tuple(f"stored #{s.id} {s.name}" for s in extra),
+        rows=tuple(rows), baseline=base_col, flag_rows=flag_rows,
+    )
