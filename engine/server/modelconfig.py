@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import SupportsIndex, SupportsInt
 
 __all__ = ["DTYPE_BYTES", "ModelConfig", "ModelConfigError"]
 
@@ -121,11 +121,11 @@ class ModelConfig:
         return cls.from_dict(data, path=file)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, path: str | Path = "config.json") -> ModelConfig:
-        """Build from an already parsed config.json mapping."""
+    def from_dict(cls, data: Mapping[str, object], *, path: str | Path = "config.json") -> ModelConfig:
+        """Build from an already parsed config.json mapping (JSON values, checked here)."""
         file = Path(path)
         # Multimodal models keep the language model's numbers under text_config.
-        merged: dict[str, Any] = dict(data)
+        merged: dict[str, object] = dict(data)
         text_config = data.get("text_config")
         if isinstance(text_config, dict):
             merged = {**data, **text_config}
@@ -219,7 +219,7 @@ class ModelConfig:
 
 
 def _estimate_params(
-    cfg: Mapping[str, Any],
+    cfg: Mapping[str, object],
     *,
     layers: int,
     hidden: int,
@@ -249,10 +249,17 @@ def _estimate_params(
     per_mlp = (3 if gated else 2) * hidden * intermediate
     if num_experts:
         moe_inter = cfg.get("moe_intermediate_size") or intermediate
-        per_mlp = num_experts * 3 * hidden * int(moe_inter) + hidden * num_experts
+        per_mlp = num_experts * 3 * hidden * _int(moe_inter) + hidden * num_experts
         shared = cfg.get("shared_expert_intermediate_size") or 0
-        per_mlp += 3 * hidden * int(shared)
+        per_mlp += 3 * hidden * _int(shared)
     per_layer = attn + per_mlp + 2 * hidden
     embed = vocab * hidden
     head = 0 if tie else vocab * hidden
     return layers * per_layer + embed + head + hidden
+
+
+def _int(value: object) -> int:
+    """``int(value)`` for a config.json value: a number or a numeric string; TypeError otherwise."""
+    if isinstance(value, str | bytes | SupportsInt | SupportsIndex):
+        return int(value)
+    raise TypeError(f"int() argument must be a string or a real number, not {type(value).__name__!r}")

@@ -37,7 +37,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol, SupportsIndex, SupportsInt
 
 import httpx
 
@@ -60,7 +60,7 @@ class FlagsLike(Protocol):
 
     def to_argv(self) -> list[str]: ...
 
-    def get(self, name: str, default: Any = None) -> Any: ...
+    def get(self, name: str, default: object = None) -> object: ...
 
 
 class ServerState(enum.Enum):
@@ -113,7 +113,7 @@ class RegisteredServer:
     create_time: float
     url: str
     model: str
-    flags: Mapping[str, Any]
+    flags: Mapping[str, object]  # as the registry file's JSON holds them
     command: tuple[str, ...]
     started: float
     log_path: str
@@ -1178,8 +1178,10 @@ def _client() -> httpx.AsyncClient:
 
 
 def _int_or_none(value: object) -> int | None:
+    if not isinstance(value, str | bytes | SupportsInt | SupportsIndex):
+        return None  # None, or anything int() refuses with TypeError
     try:
-        return int(value) if value is not None else None  # type: ignore[call-overload]
+        return int(value)
     except (TypeError, ValueError):
         return None
 

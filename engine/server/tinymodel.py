@@ -32,7 +32,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from engine import paths
 
@@ -140,20 +140,41 @@ def _build_tokenizer(dest: Path) -> Tokenizer:
     return tok
 
 
-def _model_config(tok: Tokenizer) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Dims:
+    """The tiny Qwen2's sizes: config.json's and the weights' shapes both come from here."""
+
+    vocab_size: int = VOCAB_SIZE
+    hidden_size: int = 256
+    intermediate_size: int = 512
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 64
+
+
+_DIMS = _Dims()
+
+
+def _special_ids(tok: Tokenizer) -> tuple[int | None, int | None]:
+    """The ids of ``<|endoftext|>`` (bos and pad) and ``<|im_end|>`` (eos)."""
+    return tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")
+
+
+def _model_config(tok: Tokenizer, dims: _Dims = _DIMS) -> dict[str, object]:
     """config.json as transformers 5.19's Qwen2Config wrote it (less transformers_version)."""
-    layers = 2
-    endoftext, im_end = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")
+    layers = dims.num_hidden_layers
+    endoftext, im_end = _special_ids(tok)
     return {
         "architectures": ["Qwen2ForCausalLM"],
         "model_type": "qwen2",
-        "vocab_size": VOCAB_SIZE,
-        "hidden_size": 256,
-        "intermediate_size": 512,
+        "vocab_size": dims.vocab_size,
+        "hidden_size": dims.hidden_size,
+        "intermediate_size": dims.intermediate_size,
         "num_hidden_layers": layers,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 64,
+        "num_attention_heads": dims.num_attention_heads,
+        "num_key_value_heads": dims.num_key_value_heads,
+        "head_dim": dims.head_dim,
         "hidden_act": "silu",
         "max_position_embeddings": 4096,
         "initializer_range": INIT_STD,
@@ -176,15 +197,15 @@ def _model_config(tok: Tokenizer) -> dict[str, Any]:
     }
 
 
-def _tensor_shapes(cfg: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+def _tensor_shapes(dims: _Dims) -> dict[str, tuple[int, ...]]:
     """Qwen2ForCausalLM's state dict: names and shapes, tied embeddings (so no lm_head)."""
-    hidden, inter, head_dim = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
-    q, kv = cfg["num_attention_heads"] * head_dim, cfg["num_key_value_heads"] * head_dim
+    hidden, inter, head_dim = dims.hidden_size, dims.intermediate_size, dims.head_dim
+    q, kv = dims.num_attention_heads * head_dim, dims.num_key_value_heads * head_dim
     shapes: dict[str, tuple[int, ...]] = {
-        "model.embed_tokens.weight": (cfg["vocab_size"], hidden),
+        "model.embed_tokens.weight": (dims.vocab_size, hidden),
         "model.norm.weight": (hidden,),
     }
-    for i in range(cfg["num_hidden_layers"]):
+    for i in range(dims.num_hidden_layers):
         layer = f"model.layers.{i}."
         shapes |= {
             layer + "input_layernorm.weight": (hidden,),
@@ -221,7 +242,7 @@ def _write_bf16_safetensors(path: Path, tensors: Mapping[str, np.ndarray]) -> No
     """
     import numpy as np
 
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    header: dict[str, dict[str, object]] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for name in sorted(tensors):
         array = tensors[name]
@@ -244,7 +265,7 @@ def _build_model(dest: Path, tok: Tokenizer, seed: int) -> None:
     """
     import numpy as np
 
-    cfg = _model_config(tok)
+    cfg = _model_config(tok, _DIMS)
     (dest / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     generation = {
         "_from_model_config": True,
@@ -258,7 +279,8 @@ def _build_model(dest: Path, tok: Tokenizer, seed: int) -> None:
     (dest / "generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
     rng = np.random.default_rng(seed)
     tensors: dict[str, np.ndarray] = {}
-    for name, shape in sorted(_tensor_shapes(cfg).items()):
+    pad_token_id = _special_ids(tok)[0]  # config.json's pad_token_id
+    for name, shape in sorted(_tensor_shapes(_DIMS).items()):
         if name.endswith("norm.weight"):
             values = np.ones(shape, dtype=np.float32)
         elif name.endswith(".bias"):
@@ -266,7 +288,7 @@ def _build_model(dest: Path, tok: Tokenizer, seed: int) -> None:
         else:
             values = rng.standard_normal(shape, dtype=np.float32) * np.float32(INIT_STD)
             if name == "model.embed_tokens.weight":
-                values[cfg["pad_token_id"]] = 0.0
+                values[pad_token_id] = 0.0
         tensors[name] = _to_bf16(values)
     _write_bf16_safetensors(dest / "model.safetensors", tensors)
 

@@ -15,10 +15,11 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Never
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 RUNNING = ("vllm:num_requests_running",)
 WAITING = ("vllm:num_requests_waiting",)
@@ -42,7 +43,8 @@ LATENCY: dict[str, tuple[str, ...]] = {
 _COUNTERS: tuple[tuple[str, ...], ...] = (PREEMPTIONS, PREFIX_QUERIES, PREFIX_HITS, PROMPT_TOKENS, GENERATION_TOKENS, REQUESTS)
 
 
-def _empty() -> Mapping[str, Any]:
+def _empty() -> Mapping[str, Never]:
+    # An empty mapping, so a Mapping[str, V] for every V (Mapping is covariant in its values).
     return MappingProxyType({})
 
 
@@ -137,7 +139,7 @@ class MetricsPage:
         return None
 
 
-def _samples(text: str) -> tuple[list[Any], int, str | None]:
+def _samples(text: str) -> tuple[list[Sample], int, str | None]:
     """All samples of a page, and how many lines were rejected.
 
     The whole page is parsed in one go; if the parser rejects it, the page is parsed
@@ -147,7 +149,7 @@ def _samples(text: str) -> tuple[list[Any], int, str | None]:
         return [s for fam in text_string_to_metric_families(text) for s in fam.samples], 0, None
     except Exception as exc:  # noqa: BLE001 - the parser raises ValueError, IndexError, TypeError...
         whole_error = f"{type(exc).__name__}: {exc}"
-    samples: list[Any] = []
+    samples: list[Sample] = []
     errors = 0
     first: str | None = None
     for lineno, line in enumerate(text.splitlines(), 1):

@@ -17,9 +17,9 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Protocol, SupportsFloat, SupportsIndex, SupportsInt, TypeVar
 
 T = TypeVar("T")
 
@@ -63,6 +63,57 @@ class GpuSample:
     energy_mj: float | None = None  # NVML's total energy counter (millijoules since the driver loaded)
 
 
+class NvmlBinding(Protocol):
+    """The NVML binding's functions this module calls directly: ``pynvml`` (which has no
+    type stubs) or a test's fake. The per-device reads take the binding's own opaque
+    handle type, so they are looked up by name (:func:`_function`), like an optional
+    function of an older binding."""
+
+    def nvmlInit(self) -> None: ...  # noqa: N802 - pynvml's names
+
+    def nvmlShutdown(self) -> None: ...  # noqa: N802
+
+    def nvmlDeviceGetCount(self) -> int: ...  # noqa: N802
+
+    def nvmlDeviceGetHandleByIndex(self, index: int, /) -> object: ...  # noqa: N802
+
+
+# A device handle: opaque, only ever handed back to the binding that made it.
+Handle = object
+
+
+def _function(value: object) -> Callable[..., object]:
+    """A binding attribute as a function of the binding's own argument types; calling a
+    non-callable raises TypeError, as calling it directly would."""
+    if callable(value):
+        return value
+
+    def not_callable(*_args: object) -> object:
+        raise TypeError(f"{type(value).__name__!r} object is not callable")
+
+    return not_callable
+
+
+def _int(value: object) -> int:
+    """``int(value)`` for a reading of the untyped binding; TypeError for anything else."""
+    if isinstance(value, str | bytes | SupportsInt | SupportsIndex):
+        return int(value)
+    raise TypeError(f"int() argument must be a number, not {type(value).__name__!r}")
+
+
+def _float(value: object) -> float:
+    """``float(value)`` for a reading of the untyped binding; TypeError for anything else."""
+    if isinstance(value, str | bytes | SupportsFloat | SupportsIndex):
+        return float(value)
+    raise TypeError(f"float() argument must be a number, not {type(value).__name__!r}")
+
+
+def _field(value: object, name: str) -> object:
+    """A field of a binding's structure (``mem.used``); AttributeError when it has none."""
+    got: object = getattr(value, name)
+    return got
+
+
 def _text(value: object) -> str:
     # Old pynvml returned bytes for names and UUIDs; nvidia-ml-py returns str.
     if isinstance(value, bytes):
@@ -70,13 +121,14 @@ def _text(value: object) -> str:
     return str(value)
 
 
-def _import_pynvml() -> Any:
+def _import_pynvml() -> NvmlBinding:
     with warnings.catch_warnings():
         # The deprecated "pynvml" wheel warns on import; nvidia-ml-py provides the module.
         warnings.simplefilter("ignore", FutureWarning)
         import pynvml  # noqa: PLC0415 - deferred so importing vtui needs no NVML
 
-    return pynvml
+    binding: NvmlBinding = pynvml  # pynvml has no stubs: checked against the Protocol only here
+    return binding
 
 
 def parse_visible_devices(value: str) -> list[str]:
@@ -95,20 +147,19 @@ class NvmlReader:
 
     def __init__(
         self,
-        module: Any = None,
+        module: NvmlBinding | None = None,
         *,
         devices: Sequence[int | str] | None = None,
         env: Mapping[str, str] | None = None,
     ) -> None:
-        # Any: the binding is either pynvml or a duck-typed fake; it has no stubs.
-        self._module: Any = module
+        self._module = module
         self._devices = None if devices is None else [str(d) for d in devices]
         self._env = os.environ if env is None else env
         self._lock = threading.Lock()
         self._initialised = False
         self._nvml_up = False  # nvmlInit succeeded, so nvmlShutdown is owed
         self._unavailable: GpuUnavailable | None = None
-        self._handles: list[tuple[int, Any]] = []
+        self._handles: list[tuple[int, Handle]] = []
         self._ident: dict[int, tuple[str | None, str | None]] = {}
         self._lost: dict[int, str] = {}
         self._unsupported: set[tuple[int, str]] = set()
@@ -132,7 +183,7 @@ class NvmlReader:
     def close(self) -> None:
         """Shut NVML down (idempotent; a later sample initialises afresh). Registered with atexit."""
         with self._lock:
-            if self._nvml_up:
+            if self._nvml_up and self._module is not None:  # up implies a module
                 try:
                     self._module.nvmlShutdown()
                 except Exception:  # noqa: BLE001 - shutting down must never raise
@@ -152,27 +203,32 @@ class NvmlReader:
         try:
             if self._module is None:
                 self._module = _import_pynvml()
-            self._module.nvmlInit()
+            module = self._module
+            module.nvmlInit()
         except Exception as exc:  # noqa: BLE001 - ImportError, NVMLError_LibraryNotFound, DriverNotLoaded...
             self._unavailable = GpuUnavailable(f"NVML could not start: {_describe(exc)}")
             return
         self._nvml_up = True
         atexit.register(self.close)
         try:
-            self._discover()
+            self._discover(module)
         except Exception as exc:  # noqa: BLE001 - a binding without some function; never raise to callers
             self._unavailable = GpuUnavailable(f"NVML device discovery failed: {_describe(exc)}")
 
-    def _discover(self) -> None:
-        count = self._call(self._module.nvmlDeviceGetCount)
+    def _discover(self, module: NvmlBinding) -> None:
+        count = self._call(module.nvmlDeviceGetCount)
         if count is None:
             self._unavailable = GpuUnavailable(f"NVML could not count devices: {self._last_error}")
             return
-        handles = [(i, self._call(self._module.nvmlDeviceGetHandleByIndex, i)) for i in range(count)]
+        handles = [(i, self._call(module.nvmlDeviceGetHandleByIndex, i)) for i in range(count)]
         present = [(i, h) for i, h in handles if h is not None]
+        # Looked up as attributes (a binding without them fails discovery, as before); they
+        # take the binding's own handle type, so the Protocol cannot spell them.
+        get_uuid = _function(getattr(module, "nvmlDeviceGetUUID"))  # noqa: B009
+        get_name = _function(getattr(module, "nvmlDeviceGetName"))  # noqa: B009
         for i, h in present:
-            uuid = self._call(self._module.nvmlDeviceGetUUID, h)
-            name = self._call(self._module.nvmlDeviceGetName, h)
+            uuid = self._call(get_uuid, h)
+            name = self._call(get_name, h)
             self._ident[i] = (None if uuid is None else _text(uuid), None if name is None else _text(name))
         wanted = self._devices
         source = "the device list"
@@ -188,14 +244,14 @@ class NvmlReader:
         elif not self._handles:
             self._unavailable = GpuUnavailable(f"no GPU matches {source} ({','.join(wanted or []) or 'empty'})")
 
-    def _select(self, present: list[tuple[int, Any]], wanted: list[str]) -> list[tuple[int, Any]]:
+    def _select(self, present: list[tuple[int, Handle]], wanted: list[str]) -> list[tuple[int, Handle]]:
         # Indices are NVML's (PCI bus order). CUDA numbers devices fastest-first unless
         # CUDA_DEVICE_ORDER=PCI_BUS_ID; on a box of identical GPUs (the usual H100/H200
         # node) both orders agree. MIG instance UUIDs ("MIG-...") are not matched.
         by_index = dict(present)
-        chosen: list[tuple[int, Any]] = []
+        chosen: list[tuple[int, Handle]] = []
         for entry in wanted:
-            match: tuple[int, Any] | None = None
+            match: tuple[int, Handle] | None = None
             if entry.lstrip("-").isdigit():
                 idx = int(entry)
                 if idx in by_index:
@@ -215,7 +271,7 @@ class NvmlReader:
         return chosen
 
     # -- the choke point ---------------------------------------------------------
-    def _call(self, fn: Callable[..., T], *args: Any) -> T | None:
+    def _call(self, fn: Callable[..., T], *args: object) -> T | None:
         """Call one NVML function; any error becomes None and is remembered."""
         try:
             return fn(*args)
@@ -224,16 +280,17 @@ class NvmlReader:
             self._last_error_kind = type(exc).__name__
             return None
 
-    def _dev(self, index: int, handle: Any, name: str, *args: Any) -> Any:
-        """A per-device read; remembers NotSupported so it is not retried each tick."""
+    def _dev(self, index: int, handle: Handle, name: str, *args: object) -> object:
+        """A per-device read (untyped: the binding's value, converted by the caller);
+        remembers NotSupported so it is not retried each tick."""
         if (index, name) in self._unsupported or index in self._lost:
             return None
-        fn = getattr(self._module, name, None)
+        fn: object = getattr(self._module, name, None)
         if fn is None:  # an older binding without this function
             self._unsupported.add((index, name))
             return None
         self._last_error_kind = ""
-        value = self._call(fn, handle, *args)
+        value = self._call(_function(fn), handle, *args)
         if value is None:
             kind = self._last_error_kind
             if kind == "NVMLError_NotSupported":
@@ -252,14 +309,14 @@ class NvmlReader:
             now = time.time() if t is None else t
             return tuple(self._sample_safe(i, h, server_pids, now) for i, h in self._handles)
 
-    def _sample_safe(self, index: int, handle: Any, server_pids: Collection[int], t: float) -> GpuSample:
+    def _sample_safe(self, index: int, handle: Handle, server_pids: Collection[int], t: float) -> GpuSample:
         try:
             return self._sample_one(index, handle, server_pids, t)
         except Exception as exc:  # noqa: BLE001 - a reading of an unexpected shape; never raise to callers
             uuid, name = self._ident.get(index, (None, None))
             return GpuSample(t, index, uuid, name, False, f"unreadable: {_describe(exc)}")
 
-    def _sample_one(self, index: int, handle: Any, server_pids: Collection[int], t: float) -> GpuSample:
+    def _sample_one(self, index: int, handle: Handle, server_pids: Collection[int], t: float) -> GpuSample:
         uuid, name = self._ident.get(index, (None, None))
         mem = self._dev(index, handle, "nvmlDeviceGetMemoryInfo")
         util = self._dev(index, handle, "nvmlDeviceGetUtilizationRates")
@@ -274,16 +331,19 @@ class NvmlReader:
         server_mem = other_mem = None
         nprocs = None
         if procs is not None:
+            if not isinstance(procs, Sized) or not isinstance(procs, Iterable):
+                raise TypeError(f"process list of type {type(procs).__name__!r}")
             nprocs = len(procs)
             server_mem, other_mem = 0, 0
             for proc in procs:
                 # usedGpuMemory is None when the driver hides it (e.g. inside some
                 # containers, where NVML pids are also host pids and may not match ours).
-                used = getattr(proc, "usedGpuMemory", None) or 0
-                if getattr(proc, "pid", None) in server_pids:
-                    server_mem += int(used)
+                used: object = getattr(proc, "usedGpuMemory", None) or 0
+                pid: object = getattr(proc, "pid", None)
+                if pid in server_pids:
+                    server_mem += _int(used)
                 else:
-                    other_mem += int(used)
+                    other_mem += _int(used)
         return GpuSample(
             t=t,
             index=index,
@@ -291,18 +351,18 @@ class NvmlReader:
             name=name,
             available=mem is not None or util is not None,
             reason=None if (mem is not None or util is not None) else f"no readings: {self._last_error}",
-            mem_used_bytes=None if mem is None else int(mem.used),
-            mem_total_bytes=None if mem is None else int(mem.total),
-            util_gpu_pct=None if util is None else float(util.gpu),
-            util_mem_pct=None if util is None else float(util.memory),
-            power_w=None if power is None else power / 1000.0,  # NVML reports milliwatts
-            power_limit_w=None if limit is None else limit / 1000.0,
-            temp_c=None if temp is None else float(temp),
-            sm_clock_mhz=None if clock is None else float(clock),
+            mem_used_bytes=None if mem is None else _int(_field(mem, "used")),
+            mem_total_bytes=None if mem is None else _int(_field(mem, "total")),
+            util_gpu_pct=None if util is None else _float(_field(util, "gpu")),
+            util_mem_pct=None if util is None else _float(_field(util, "memory")),
+            power_w=None if power is None else _float(power) / 1000.0,  # NVML reports milliwatts
+            power_limit_w=None if limit is None else _float(limit) / 1000.0,
+            temp_c=None if temp is None else _float(temp),
+            sm_clock_mhz=None if clock is None else _float(clock),
             server_mem_bytes=server_mem,
             other_mem_bytes=other_mem,
             nprocs=nprocs,
-            energy_mj=None if energy is None else float(energy),
+            energy_mj=None if energy is None else _float(energy),
         )
 
 

@@ -9,7 +9,6 @@ with restarts treated as fresh starts (like PromQL ``increase`` without extrapol
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import numpy as np
 
@@ -146,7 +145,7 @@ class TelemetrySummary:
     cache_config: dict[str, str]
     energy: EnergySummary | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """Plain JSON-ready dict; latency percentiles in milliseconds."""
         out = asdict(self)
         for key in ("server_ttft", "server_itl", "server_e2e"):
