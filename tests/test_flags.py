@@ -485,3 +485,15 @@ def test_concurrent_partial_prefill_is_refused_where_vllm_refuses_it(version: st
         assert errors == []
     one = parse_command_line("vllm serve m --max-num-partial-prefills 1", schema)
     assert [e for e in validate(one, schema) if "partial" in e.flag] == []
+
+
+def test_typed_getters_read_a_number_once_and_name_a_wrong_one() -> None:
+    from engine.flags import FlagError, FlagSet
+
+    f = FlagSet("m", {"max-num-seqs": 64, "gpu-memory-utilization": 0.9, "a": "12", "b": "0.5", "c": "x", "d": True})
+    assert (f.get_int("max-num-seqs"), f.get_float("gpu-memory-utilization"), f.get_int("a"), f.get_float("b")) == \
+        (64, 0.9, 12, 0.5)
+    assert f.get_int("max-model-len") is None and f.get_str("dtype") is None and f.get_str("a") == "12"
+    for name, getter in (("c", f.get_int), ("d", f.get_int), ("b", f.get_int), ("c", f.get_float)):
+        with pytest.raises(FlagError, match=f"--{name}: expected"):
+            getter(name)

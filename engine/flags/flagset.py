@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Literal, cast
+from typing import TYPE_CHECKING, Literal, TypeVar, cast
 
 from engine.flags.schema import Schema, _current_schema, installed_vllm_version
 from engine.flags.spec import (
@@ -51,6 +51,9 @@ def _freeze(value: object) -> object:
     return tuple(value) if isinstance(value, list) else value
 
 
+_N = TypeVar("_N", int, float)
+
+
 @dataclass(frozen=True)
 class FlagSet:
     """A model plus typed ``vllm serve`` flag values (canonical names, no dashes).
@@ -83,27 +86,22 @@ class FlagSet:
 
     def get_int(self, name: str) -> int | None:
         """The value of an integer flag, or None when unset; FlagError when it is not one."""
-        value = self.get(name)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise FlagError(name, f"expected an integer, got {value!r}")
-        try:
-            return int(value)
-        except ValueError:
-            raise FlagError(name, f"expected an integer, got {value!r}") from None
+        return self._number(name, "an integer", int)
 
     def get_float(self, name: str) -> float | None:
         """The value of a numeric flag, or None when unset; FlagError when it is not one."""
+        return self._number(name, "a number", float)
+
+    def _number(self, name: str, what: str, convert: Callable[[int | float | str], _N]) -> _N | None:
         value = self.get(name)
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise FlagError(name, f"expected a number, got {value!r}")
-        try:
-            return float(value)
-        except ValueError:
-            raise FlagError(name, f"expected a number, got {value!r}") from None
+        if not isinstance(value, bool) and isinstance(value, (int, float, str)):
+            try:
+                return convert(value)
+            except ValueError:
+                pass
+        raise FlagError(name, f"expected {what}, got {value!r}")
 
     def get_str(self, name: str) -> str | None:
         """The value of a flag as text, or None when unset."""
