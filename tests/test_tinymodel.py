@@ -203,3 +203,13 @@ def test_dummy_model_has_real_config_and_tiny_tokenizer(tiny_model: Path) -> Non
 def test_unknown_dummy_name_lists_known_ones(tmp_path: Path) -> None:
     with pytest.raises(KeyError, match=r"qwen2\.5-7b"):
         ensure_dummy_model("gpt-5", tmp_path)
+
+
+def test_the_serve_line_keeps_what_the_model_needs_and_the_users_flags_win(tmp_path: Path) -> None:
+    from engine.server.tinymodel import ResolvedModel
+
+    m = ResolvedModel("/m", dummy=True, flags={"load-format": "dummy"}, defaults={"max-model-len": 2048})
+    assert m.serve_argv([]) == ["vllm", "serve", "/m", "--load-format=dummy", "--max-model-len=2048"]
+    assert m.serve_argv(["--max-model-len", "4096", "--enforce-eager"]) == \
+        ["vllm", "serve", "/m", "--load-format=dummy", "--max-model-len", "4096", "--enforce-eager"]
+    assert m.serve_argv(["--max-model-len=1024"]) == ["vllm", "serve", "/m", "--load-format=dummy", "--max-model-len=1024"]

@@ -28,7 +28,7 @@ import random
 import shutil
 import struct
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -430,6 +430,14 @@ class ResolvedModel:
     def argv(self) -> list[str]:
         """``flags`` then ``defaults`` as ``--name=value`` words, for a vLLM command line."""
         return [f"--{name}={value}" for name, value in {**self.flags, **self.defaults}.items()]
+
+    def serve_argv(self, user: Sequence[str]) -> list[str]:
+        """``vllm serve MODEL`` with what comes with the model first, then the user's flags:
+        a flag the user gave (``--name`` or ``--name=value``) replaces the model's own, so what
+        the model needs stays visible in the line and the user's choice wins."""
+        given = {a.split("=", 1)[0] for a in user if a.startswith("--")}
+        mine = [d for d in self.argv() if d.split("=", 1)[0] not in given]
+        return ["vllm", "serve", self.path, *mine, *user]
 
 
 def resolve_model(name: str | None, *, root: Path | None = None, source: str = "--model") -> ResolvedModel:

@@ -57,12 +57,6 @@ def add_parser(subparsers: Any) -> None:
     parser.set_defaults(func=run, allow_extra=True)
 
 
-def _merge(defaults: list[str], user: list[str]) -> list[str]:
-    """Defaults first, skipping any flag the user gave."""
-    given = {a.split("=", 1)[0] for a in user if a.startswith("--")}
-    return [d for d in defaults if d.split("=", 1)[0] not in given] + user
-
-
 def build_flags(args: argparse.Namespace) -> Any:
     from engine.flags import FlagError, load_schema, parse_argv, validate
     from engine.server.tinymodel import ModelError, resolve_model
@@ -76,7 +70,7 @@ def build_flags(args: argparse.Namespace) -> Any:
         raise UserError(str(exc), exc.hint) from None
     # What comes with the model (tiny defaults, load-format dummy) is visible in the command
     # line, and a flag the user gives after `--` wins over it.
-    argv = ["vllm", "serve", model.path, *_merge(model.argv(), extra)]
+    argv = model.serve_argv(extra)
     # On a data folder without the installed vLLM's flag schema, reading it (about 10 s) runs
     # beside the launch instead of before it: the built-in schema types the flags meanwhile,
     # and vLLM's own parser still checks them as it starts (tests/perf/start_cost.py).
