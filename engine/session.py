@@ -208,6 +208,30 @@ def run_name(base: str, loaded: FlagSet | None, flags: FlagSet | None, taken: Se
 class Session:
     """Holds flags, workload, server, load run, telemetry and runs; see module doc."""
 
+    @classmethod
+    def open(cls, model: str | None = None, preset: str | None = None) -> Session:
+        """The session ``vtui`` opens with: ``model`` read as ``--model`` is
+        (engine.server.tinymodel.resolve_model; the tiny model when None), its needed flags
+        (load-format dummy for a shipped architecture), the tiny model's CPU sizes where there
+        is no GPU, and ``preset`` (online-chat when None; a preset that does not load is left
+        out, the session still opens). Raises ``ModelError`` for a model that names nothing usable."""
+        from engine.flags import FlagSet
+        from engine.server.tinymodel import resolve_model
+        from engine.telemetry.nvml import NvmlReader
+
+        resolved = resolve_model(model)
+        # Each preset's [tiny] table says what the tiny model runs with (as in vtui sweep):
+        # its memory defaults are not added here.
+        model_flags: dict[str, object] = dict(resolved.flags)
+        no_gpu = NvmlReader().status() is not None
+        session = cls(FlagSet(model=resolved.path, values=model_flags), tiny=resolved.tiny and no_gpu,
+                      model_flags=model_flags)
+        try:
+            session.load_preset(preset or "online-chat")
+        except SessionError:
+            pass
+        return session
+
     def __init__(
         self,
         flags: FlagSet,

@@ -363,3 +363,14 @@ async def test_every_snapshot_arrives_while_a_high_rate_run_and_the_sampler_push
     final = got[-1]
     assert final.window is not None and final.window.completed == load["completed"]
     assert final.runs and final.runs[-1].summary is record.summary
+
+
+def test_the_session_vtui_opens_with(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`vtui` with no arguments: the tiny model with the online-chat preset (no GPU here); with
+    a shipped architecture, the flag it cannot start without."""
+    monkeypatch.setenv("VTUI_HOME", str(tmp_path))
+    default = Session.open()
+    assert default._preset_name == "online-chat" and default._tiny
+    assert Path(default.flags.model).name == "tiny-qwen2"
+    arch = Session.open("qwen2.5-7b", "batch-throughput")
+    assert arch.flags.get("load-format") == "dummy" and arch._preset_name == "batch-throughput" and not arch._tiny

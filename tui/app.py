@@ -629,23 +629,7 @@ def build_session(args: argparse.Namespace | None = None) -> Session:
 
     Raises ``engine.server.tinymodel.ModelError`` for a ``--model`` that names no usable model.
     """
-    from engine.flags import FlagSet
-    from engine.server.tinymodel import resolve_model
-    from engine.telemetry.nvml import NvmlReader
-
-    resolved = resolve_model(getattr(args, "model", None))
-    # load-format dummy for a shipped architecture. The tiny model's memory defaults are not
-    # added: each preset's [tiny] table says what the tiny model runs with (as in vtui sweep).
-    model_flags: dict[str, object] = dict(resolved.flags)
-    no_gpu = NvmlReader().status() is not None
-    session = Session(FlagSet(model=resolved.path, values=model_flags), tiny=resolved.tiny and no_gpu,
-                      model_flags=model_flags)
-    preset = getattr(args, "preset", None) or "online-chat"
-    try:
-        session.load_preset(preset)
-    except SessionError:
-        pass
-    return session
+    return Session.open(getattr(args, "model", None), getattr(args, "preset", None))
 
 
 def run_app(args: argparse.Namespace) -> int:
