@@ -82,21 +82,12 @@ def _slots(args: argparse.Namespace, base: Any, space: Any) -> list[Any]:
     """The search's slots (engine.tune.slots): --gpus (default every visible GPU) cut into
     blocks of the most GPUs any configuration needs, at most --parallel of them."""
     from engine.flags import devices_needed
-    from engine.telemetry.nvml import NvmlReader
-    from engine.tune.slots import SlotError, check_visible, parse_gpus, plan_slots, slot_size
+    from engine.tune.slots import SlotError, search_slots
     from tui.cli import UserError
 
-    reader = NvmlReader()
     try:
-        visible = reader.visible_indices()
-    finally:
-        reader.close()
-    try:
-        gpus = parse_gpus(args.gpus) if args.gpus else visible
-        if args.gpus:
-            check_visible(gpus, visible, args.gpus)
-        size = slot_size((devices_needed({**base.values, **values}) for values in space.configs()), len(gpus))
-        return plan_slots(gpus, size, parallel=args.parallel)
+        needs = [devices_needed({**base.values, **values}) for values in space.configs()]
+        return search_slots(args.gpus, needs, parallel=args.parallel)
     except SlotError as exc:
         raise UserError(str(exc), "e.g. --gpus 0,1,2,3 --parallel 2") from None
 
