@@ -36,6 +36,7 @@ __all__ = [
     "FlagSpec",
     "FlagValue",
     "Schema",
+    "background_held",
     "builtin_schema",
     "default_image",
     "devices_needed",
@@ -47,6 +48,5 @@ __all__ = [
     "read_command_line",
     "recordable_values",
     "schema_pending",
-    "background_held",
     "validate",
 ]
