@@ -707,6 +707,22 @@ def _as_int(value: object) -> int:
     return 1
 
 
+def detect_box(model_dir: str | Path | None) -> tuple[int, str, dict[str, object] | None]:
+    """(GPU count, backend "cuda" or "cpu", the model's config.json) of this machine and model:
+    what a preset's check and a sweep's [tiny] choice read."""
+    try:
+        from engine.telemetry.nvml import NvmlReader
+
+        reader = NvmlReader()
+        try:
+            gpus = 0 if reader.status() is not None else len(reader.sample())
+        finally:
+            reader.close()
+    except Exception:  # noqa: BLE001 - no NVML at all: a CPU box
+        gpus = 0
+    return gpus, "cuda" if gpus else "cpu", read_model_config(model_dir) if model_dir else None
+
+
 def read_model_config(model_dir: str | Path) -> dict[str, object] | None:
     """``config.json`` of a local model folder, or None when there is none."""
     path = Path(model_dir) / "config.json"

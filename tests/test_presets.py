@@ -264,3 +264,11 @@ def test_flag_values_are_checked_with_engine_flags(text: str, line: int, key: st
         loads_preset(text, source="f.toml")
     assert (info.value.line, info.value.key) == (line, key)
     assert reason in info.value.reason
+
+
+def test_detect_box_on_this_cpu_machine(tmp_path: Path) -> None:
+    from engine.presets import detect_box
+
+    (tmp_path / "config.json").write_text('{"model_type": "qwen2", "num_hidden_layers": 2}')
+    assert detect_box(tmp_path) == (0, "cpu", {"model_type": "qwen2", "num_hidden_layers": 2})
+    assert detect_box(None) == (0, "cpu", None)

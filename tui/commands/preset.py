@@ -84,23 +84,6 @@ def _list() -> int:
     return 0
 
 
-def detect_box(model_dir: str | None) -> tuple[int | None, str, dict[str, Any] | None]:
-    """(GPU count, backend, model config.json) of this machine and model."""
-    from engine.presets import read_model_config
-
-    gpus: int | None
-    try:
-        from engine.telemetry.nvml import NvmlReader
-
-        reader = NvmlReader()
-        gpus = 0 if reader.status() is not None else len(reader.sample())
-    except Exception:  # noqa: BLE001 - no NVML at all: a CPU box
-        gpus = 0
-    backend = "cuda" if gpus else "cpu"
-    config = read_model_config(model_dir) if model_dir else None
-    return gpus, backend, config
-
-
 def _check(args: argparse.Namespace) -> int:
     from engine import presets as pr
 
@@ -110,7 +93,7 @@ def _check(args: argparse.Namespace) -> int:
         from engine.server.tinymodel import ensure_tiny_model
 
         model = str(ensure_tiny_model())
-    gpus, backend, config = detect_box(model)
+    gpus, backend, config = pr.detect_box(model)
     gpus = args.gpus if args.gpus is not None else gpus
     backend = args.backend or backend
     problems = pr.check_applicable(preset, gpus, config, backend)

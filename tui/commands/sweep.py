@@ -87,14 +87,13 @@ def resolve_presets(args: argparse.Namespace, tiny: bool) -> list[Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.presets import check_applicable
+    from engine.presets import check_applicable, detect_box
     from engine.runs.compare import compare, render
     from engine.runs.history import open_history
     from engine.server.tinymodel import ModelError, resolve_model
     from engine.tune.sweep import run_sweep
     from tui.cli import UserError
     from tui.commands.compare import write_or_print
-    from tui.commands.preset import detect_box
 
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
