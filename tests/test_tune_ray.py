@@ -16,7 +16,7 @@ import pytest
 from ray_trials import TableTrial
 from test_tune import BASE, SCHEMA, SLO_TTFT, keys, space_of
 
-from engine.tune.search import DONE, StepRule, Tuner, TuneResult, TuneSettings
+from engine.tune.search import DOMINATED, DONE, StepRule, Tuner, TuneResult, TuneSettings
 
 ray = pytest.importorskip("ray")
 
@@ -104,7 +104,8 @@ async def test_an_actor_killed_mid_step_puts_its_trial_on_a_new_actor_and_nothin
     assert ms[1].actors_started >= 2
     assert any("slot 1: its Ray actor died" in line and "new actor" in line for line in lines), lines
     rows = {c.key: c for c in res.configs}
-    assert rows[key].status == DONE  # re-queued and finished
+    # Re-queued and finished: its limit measured, or ruled out against a better neighbour.
+    assert rows[key].status in (DONE, DOMINATED), (rows[key].status, rows[key].reason)
     assert len(res.measurements[key]) > before  # the steps before the kill are kept, and more came
     assert res.best is not None and alone.best is not None and res.best.key == alone.best.key
     assert same_limits(alone, res)

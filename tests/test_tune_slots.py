@@ -12,7 +12,7 @@ import pytest
 from test_tune import BASE, SCHEMA, SLO_TTFT, FakeClock, TableMeasurer, keys, space_of
 
 from engine.flags import FlagSet
-from engine.tune.search import DONE, UNSTABLE, Measurement, StepRule, Tuner, TuneSettings, TuneState
+from engine.tune.search import DOMINATED, DONE, UNSTABLE, Measurement, StepRule, Tuner, TuneSettings, TuneState
 from engine.tune.slots import Slot, SlotError, parse_gpus, plan_slots
 
 
@@ -238,3 +238,39 @@ async def test_the_live_view_shows_what_each_slot_measures_now() -> None:
     assert measured and all(t.steps >= 1 and t.key in table for t in measured)
     assert all(t.load is not None for t in trials if t.phase == "measuring")
     assert res.running == () and tuner.result().running == ()  # nothing runs once it ended
+
+
+class PacedMeasurer(SlotMeasurer):
+    """Steps of a configuration take ``pace[key]`` real seconds: one trial can finish while
+    its neighbour is still on its first steps."""
+
+    pace: dict[str, float] = {}
+
+    async def measure(self, load: float, *, requests: int, timeout: float, warmup: int) -> Measurement:
+        await asyncio.sleep(PacedMeasurer.pace.get(self.key, 0.0))
+        return await super().measure(load, requests=requests, timeout=timeout, warmup=warmup)
+
+
+async def test_a_trial_is_pruned_as_soon_as_a_neighbour_finishes_better() -> None:
+    """Issue 19, item 2: a trial that cannot beat the best so far is stopped even while it runs."""
+    space = space_of(max_num_seqs=(16, 64))
+    k16, k64 = keys(space)
+    table: dict[str, Any] = {k16: 4.0, k64: 10.0}
+    PacedMeasurer.pace = {k16: 0.05, k64: 0.0}  # 64 brackets its limit while 16 takes its first step
+    SlotMeasurer.live, SlotMeasurer.overlaps = set(), []
+    clock = FakeClock()
+    ms = [PacedMeasurer(i, space, table, clock) for i in range(2)]
+    tuner = Tuner(ms[0], slots=ms[1:], base_flags=BASE, space=space, slo=SLO_TTFT,
+                  settings=TuneSettings(budget_s=1e9, step=StepRule(min_requests=50)), schema=SCHEMA,
+                  clock=clock, max_request_len=192)
+    res = await tuner.run()
+    rows = {c.key: c for c in res.configs}
+    assert rows[k64].status == DONE and res.best is not None and res.best.key == k64
+    assert rows[k16].status == DOMINATED and "where max-num-seqs=64 meets it" in rows[k16].reason
+    loads16 = [m.load for m in res.measurements[k16]]
+    assert loads16[-2:] == [rows[k64].limit_load] * 2  # checked at the winner's limit, twice, then stopped
+    assert len(loads16) == 3  # inf, then twice at the winner's limit; bracketing its own limit alone took 7
+    alone = await Tuner(TableMeasurer(space, {k16: 4.0}, FakeClock()), base_flags=BASE, space=space_of(max_num_seqs=(16,)),
+                        slo=SLO_TTFT, settings=TuneSettings(budget_s=1e9, step=StepRule(min_requests=50)),
+                        schema=SCHEMA, clock=FakeClock(), max_request_len=192).run()
+    assert alone.configs[0].steps > len(loads16)

@@ -1334,20 +1334,36 @@ class Tuner:
                 hi = load if hi is None else min(hi, load)
             return m
 
-        # 1. Can it beat the best so far? One step at the best's limit load says.
-        if best is not None and s.prune and s.objective == "goodput" and best.limit_load is not None:
+        prunes = s.prune and s.objective == "goodput"
+
+        async def lost_to(rival: ConfigResult) -> ConfigResult | None:
+            """One step at ``rival``'s limit load says whether this can beat it: the finished
+            result when it cannot (or when it meets even "all at once"), None to go on."""
+            assert rival.limit_load is not None
+            if hi is not None and hi <= rival.limit_load:
+                return finish(DOMINATED, f"violates the SLO at {hi:.3g}, at or below {rival.limit_load:.3g} "
+                                         f"where {rival.key} meets it")
+            if lo is not None and lo >= rival.limit_load:
+                return None  # met there already
             # A miss there is checked once more unless requests failed or the server died:
             # one slow burst on a shared box must not drop a config that could win.
-            m = await step(best.limit_load)
+            m = await step(rival.limit_load)
             if not m.ok and s.confirm and not m.fatal and not m.failed:
-                m = await step(best.limit_load, fresh=True)
+                m = await step(rival.limit_load, fresh=True)
             if not m.ok:
-                where = "all at once" if math.isinf(best.limit_load) else f"{best.limit_load:.3g}"
+                where = "all at once" if math.isinf(rival.limit_load) else f"{rival.limit_load:.3g}"
                 twice = " (twice)" if len([x for x in self.state.measurements.get(key, ())
-                                           if x.load == best.limit_load]) > 1 else ""
-                return finish(DOMINATED, f"violates the SLO at {where}{twice}, where {best.key} meets it ({m.reason})")
-            if math.isinf(best.limit_load):
+                                           if x.load == rival.limit_load]) > 1 else ""
+                return finish(DOMINATED, f"violates the SLO at {where}{twice}, where {rival.key} meets it ({m.reason})")
+            if math.isinf(rival.limit_load):
                 return finish(DONE)
+            return None
+
+        # 1. Can it beat the best so far? One step at the best's limit load says.
+        if best is not None and prunes and best.limit_load is not None:
+            lost = await lost_to(best)
+            if lost is not None:
+                return lost
         # 2. No anchor: a saturation step gives the capacity (rate mode).
         elif s.start_load is None and not integer:
             m = await probe(math.inf)  # not step(): "violates at inf" says nothing about hi
@@ -1366,6 +1382,16 @@ class Tuner:
         # logic slip end the config instead of hanging the search.
         seen: set[float] = set()
         for _ in range(64):
+            # Side by side, a neighbour can finish better while this one brackets: it is pruned
+            # against that one now, as one at a time would have been from its start (issue 19,
+            # item 2). One at a time, the best does not change meanwhile.
+            rival = self.best(exclude=key)
+            if (prunes and rival is not None and rival.limit_load is not None
+                    and (best is None or (rival.key, rival.limit_load) != (best.key, best.limit_load))):
+                best = rival
+                lost = await lost_to(rival)
+                if lost is not None:
+                    return lost
             if lo is None and hi is None:
                 if ceiling is not None:
                     load = 0.75 * ceiling
