@@ -99,7 +99,12 @@ async def test_form_refuses_bad_input_then_runs_shows_rows_and_best_and_stops() 
 
         await pilot.press("x")  # cancels the step in flight; the search saves itself as interrupted
         await wait_group(app, "tune")
-        await pilot.pause()
+        # The screen shows the end at the app's next publish tick (a busy 2-core CI box drew
+        # "running" right after one pause): wait for that tick, up to 5 s.
+        for _ in range(50):
+            await pilot.pause(0.1)
+            if "interrupted" in text_of(screen, "#tune-head"):
+                break
         head = text_of(screen, "#tune-head")
         view = session.snapshot().tune
         assert view is not None and view.status == "interrupted"

@@ -16,7 +16,7 @@ import pytest
 from ray_trials import TableTrial
 from test_tune import BASE, SCHEMA, SLO_TTFT, keys, space_of
 
-from engine.tune.search import DOMINATED, DONE, StepRule, Tuner, TuneResult, TuneSettings
+from engine.tune.search import DIED, DOMINATED, DONE, StepRule, Tuner, TuneResult, TuneSettings
 
 ray = pytest.importorskip("ray")
 
@@ -137,3 +137,26 @@ def test_vtui_tune_ray_sizes_the_actors_from_the_cluster(monkeypatch: pytest.Mon
         tune_ray.RayUnavailable("ray", f"no Ray cluster at {address!r}: refused")))
     with pytest.raises(UserError, match="no Ray cluster at 'auto'"):
         _ray_measurers(args(), BASE, space, lines.append, factory)
+
+
+async def test_a_trial_whose_actors_keep_dying_ends_as_died_and_the_search_goes_on(cluster: Any) -> None:
+    lines: list[str] = []
+    ms = [RayMeasurer(factory, num_gpus=2, num_cpus=0.5, label=f"slot {i}", say=lines.append, retries=0)
+          for i in range(2)]
+    tuner = search(ms, lines)
+    killed: list[str] = []
+
+    def on_update(result: TuneResult) -> None:
+        for t in result.running:
+            if not killed and t.slot == 1 and t.phase == "measuring" and ms[1].actor is not None:
+                killed.append(t.key)
+                ray.kill(ms[1].actor)
+
+    tuner.on_update = on_update
+    res = await tuner.run()
+    assert killed
+    rows = {c.key: c for c in res.configs}
+    assert rows[killed[0]].status == DIED and "slot 1: lost 1 Ray actors in a row" in rows[killed[0]].reason
+    assert res.best is not None  # the others were measured
+    others = [c for c in res.configs if c.key != killed[0]]
+    assert others and all(c.status in (DONE, DOMINATED) for c in others), [(c.key, c.status) for c in others]

@@ -43,6 +43,10 @@ class RayUnavailable(TuneError):
     """Ray is not installed, or no cluster answered at the address."""
 
 
+class _ActorsLost(Exception):
+    """Every actor a call was carried to died (RETRIES + 1 of them)."""
+
+
 @dataclass(frozen=True)
 class FlagsMessage:
     """A FlagSet as it crosses to an actor (its schema stays behind: the actor reads its own)."""
@@ -144,7 +148,8 @@ class RayMeasurer:
             except actor_error as exc:
                 self.actor = self._ready_actor = None
                 if attempt == self.retries:
-                    raise TuneError("ray", f"{self.label}: lost {self.retries + 1} actors in a row ({exc})") from None
+                    raise _ActorsLost(f"{self.label}: lost {self.retries + 1} Ray actors in a row "
+                                      f"({type(exc).__name__})") from None
                 self.say(f"{self.label}: its Ray actor died ({type(exc).__name__}); the trial goes on "
                          "on a new actor, from the step it was on")
         raise AssertionError("unreachable")
@@ -158,12 +163,19 @@ class RayMeasurer:
     async def start(self, flags: FlagSet, *, timeout: float) -> StartOutcome:
         message = FlagsMessage.of(flags)
         self._started = (message, timeout)
-        outcome = await self._call("start", message, timeout)
+        try:
+            outcome = await self._call("start", message, timeout)
+        except _ActorsLost as exc:
+            return StartOutcome(False, reason=str(exc), hint="see `ray status`: a node may be down")
         assert isinstance(outcome, StartOutcome)
         return outcome
 
     async def measure(self, load: float, *, requests: int, timeout: float, warmup: int) -> Measurement:
-        m = await self._call("measure", load, requests, timeout, warmup)
+        try:
+            m = await self._call("measure", load, requests, timeout, warmup)
+        except _ActorsLost as exc:
+            # The trial ends as a server death would (the search goes on with the others).
+            return Measurement(load, False, str(exc), requests=requests, fatal=str(exc))
         assert isinstance(m, Measurement)
         return m
 
