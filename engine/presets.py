@@ -711,13 +711,9 @@ def detect_box(model_dir: str | Path | None) -> tuple[int, str, dict[str, object
     """(GPU count, backend "cuda" or "cpu", the model's config.json) of this machine and model:
     what a preset's check and a sweep's [tiny] choice read."""
     try:
-        from engine.telemetry.nvml import NvmlReader
+        from engine.telemetry.nvml import visible_gpus
 
-        reader = NvmlReader()
-        try:
-            gpus = 0 if reader.status() is not None else len(reader.sample())
-        finally:
-            reader.close()
+        gpus = len(visible_gpus())
     except Exception:  # noqa: BLE001 - no NVML at all: a CPU box
         gpus = 0
     return gpus, "cuda" if gpus else "cpu", read_model_config(model_dir) if model_dir else None

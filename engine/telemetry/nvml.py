@@ -369,3 +369,13 @@ class NvmlReader:
 def _describe(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     return f"{type(exc).__name__}: {text}" if type(exc).__name__ not in text else text
+
+
+def visible_gpus() -> tuple[int, ...]:
+    """NVML's indices of the GPUs this process sees (CUDA_VISIBLE_DEVICES applied); empty on a
+    box without NVML or a GPU. Opens a reader and closes it."""
+    reader = NvmlReader()
+    try:
+        return reader.visible_indices()
+    finally:
+        reader.close()

@@ -583,7 +583,6 @@ class LiveTrial:
     key: str
     phase: str
     load: float | None
-    since_s: float  # the search clock when this phase began
     steps: int = 0
     last: Measurement | None = None
 
@@ -1454,19 +1453,21 @@ class Tuner:
                   last: Measurement | None = None, *, notify: bool = False) -> None:
         """Record what ``measurer``'s slot does now (the Tune screen's running trials);
         ``notify``: tell ``on_update`` at once (a start or a step can take minutes)."""
-        slot = next((i for i, m in enumerate(self.measurers) if m is measurer), 0)
+        slot = self._slot_of(measurer)
         old = self._live.get(slot)
         same = old is not None and old.key == key
         self._live[slot] = LiveTrial(
             slot=slot, gpus=self._slot_gpus[slot] if slot < len(self._slot_gpus) else (), key=key, phase=phase,
-            load=load, since_s=self.clock(), steps=(old.steps if same and old else 0) + (last is not None),
+            load=load, steps=(old.steps if same and old else 0) + (last is not None),
             last=last if last is not None else (old.last if same and old else None))
         if notify and self.on_update is not None:
             self.on_update(self.result())
 
     def _end_live(self, measurer: Measurer) -> None:
-        slot = next((i for i, m in enumerate(self.measurers) if m is measurer), 0)
-        self._live.pop(slot, None)
+        self._live.pop(self._slot_of(measurer), None)
+
+    def _slot_of(self, measurer: Measurer) -> int:
+        return next((i for i, m in enumerate(self.measurers) if m is measurer), 0)
 
 
 

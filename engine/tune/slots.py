@@ -70,24 +70,16 @@ def check_visible(asked: Sequence[int], visible: Sequence[int], text: str) -> No
                         f"(visible: {seen}; CUDA_VISIBLE_DEVICES applies)")
 
 
-def visible_gpus() -> tuple[int, ...]:
-    """NVML's indices of the GPUs this process sees (CUDA_VISIBLE_DEVICES applied); empty on a
-    box without NVML or a GPU."""
-    from engine.telemetry.nvml import NvmlReader
-
-    reader = NvmlReader()
-    try:
-        return reader.visible_indices()
-    finally:
-        reader.close()
-
-
 def search_slots(gpus_text: str | None, needs: Iterable[int], *, parallel: int | None = None,
                  visible: Sequence[int] | None = None) -> list[Slot]:
-    """A search's slots: ``--gpus`` (default every visible GPU, :func:`visible_gpus`) cut into
+    """A search's slots: ``--gpus`` (default every visible GPU, engine.telemetry.nvml.visible_gpus) cut into
     blocks of the most GPUs a configuration needs (``needs``: each one's), at most ``parallel``.
     SlotError for a GPU list that does not read or names a GPU this process cannot see."""
-    seen = tuple(visible) if visible is not None else visible_gpus()
+    if visible is None:
+        from engine.telemetry.nvml import visible_gpus
+
+        visible = visible_gpus()
+    seen = tuple(visible)
     gpus = parse_gpus(gpus_text) if gpus_text else seen
     if gpus_text:
         check_visible(gpus, seen, gpus_text)
