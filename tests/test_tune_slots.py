@@ -152,7 +152,8 @@ def test_vtui_tune_cuts_the_visible_gpus_into_slots_of_the_largest_configuration
 
     from engine.telemetry import nvml
     from engine.tune.search import SearchSpace
-    from tui.commands.tune import _slot_supervisor, _slots
+    from engine.tune.slots import slot_supervisor
+    from tui.commands.tune import _slots
 
     monkeypatch.setattr(nvml, "_import_pynvml", lambda: FakeNvml(device_count=4))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -174,9 +175,23 @@ def test_vtui_tune_cuts_the_visible_gpus_into_slots_of_the_largest_configuration
     with pytest.raises(UserError, match=r"GPU 0 is not visible here \(visible: 1;"):
         _slots(argparse.Namespace(gpus="0", parallel=None), BASE, space)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    sup = _slot_supervisor(slots[1])(BASE)
+    sup = slot_supervisor(slots[1])(BASE)
     assert sup.extra_env == {"CUDA_VISIBLE_DEVICES": "2,3"}
     assert not sup.launcher or (sup.launcher[1:3] == ("-c", ",".join(map(str, slots[1].cpus))))
+
+
+def test_slot_supervisor_gives_each_server_its_slots_gpus_and_cores() -> None:
+    from engine.tune.slots import slot_supervisor, trial_needs
+
+    slot = Slot(1, (2, 3), (4, 5))
+    make = slot_supervisor(slot, taskset="/usr/bin/taskset")
+    a, b = make(BASE), make(BASE.set("max-num-seqs", 8))
+    assert a.extra_env == b.extra_env == {"CUDA_VISIBLE_DEVICES": "2,3"}
+    assert a.launcher == ("/usr/bin/taskset", "-c", "4,5")
+    assert a.flags.model == BASE.model and a is not b
+    assert slot_supervisor(Slot(0), taskset="/usr/bin/taskset")(BASE).extra_env == {}  # a CPU box: as before
+    assert trial_needs(BASE, [{"tensor-parallel-size": 2}, {"pipeline-parallel-size": 2, "tensor-parallel-size": 2},
+                              {}]) == [2, 4, 1]
 
 
 async def test_side_by_side_trials_run_their_own_servers_on_their_own_gpus_and_ports(tmp_path: Any) -> None:
@@ -274,3 +289,21 @@ async def test_a_trial_is_pruned_as_soon_as_a_neighbour_finishes_better() -> Non
                         slo=SLO_TTFT, settings=TuneSettings(budget_s=1e9, step=StepRule(min_requests=50)),
                         schema=SCHEMA, clock=FakeClock(), max_request_len=192).run()
     assert alone.configs[0].steps > len(loads16)
+
+
+@pytest.mark.parametrize(("resources", "needs", "parallel", "trials", "each"), [
+    ({"GPU": 8.0, "CPU": 64.0}, [1, 2, 1, 2], None, 4, 2),  # the largest (tp 2) sizes every actor
+    ({"GPU": 8.0, "CPU": 64.0}, [1, 2, 1, 2], 3, 3, 2),  # --parallel caps them
+    ({"GPU": 8.0, "CPU": 64.0}, [1, 1], 16, 8, 1),  # a cap above what the GPUs hold changes nothing
+    ({"GPU": 6.0}, [4, 1], None, 1, 4),  # 6 GPUs hold one 4-GPU trial; two idle
+    ({"GPU": 4.0}, [8, 2], None, 2, 2),  # tp 8 does not fit: the search marks it invalid
+    ({"CPU": 16.0}, [1, 2], 4, 1, 0),  # no GPU on the cluster: one actor, no GPUs
+])
+def test_ray_trials_from_the_clusters_resources(resources: dict[str, float], needs: list[int],
+                                                parallel: int | None, trials: int, each: int) -> None:
+    # engine.tune.ray imports ray only when a cluster is joined: this runs without it.
+    from engine.tune.ray import ray_trials
+
+    plan = ray_trials(resources, needs, parallel=parallel)
+    assert (plan.trials, plan.gpus_each) == (trials, each)
+    assert (plan.gpus, plan.cpus) == (int(resources.get("GPU", 0)), resources.get("CPU", 0.0))

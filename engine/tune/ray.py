@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -37,6 +37,30 @@ MeasurerFactory = Callable[[], "Measurer"]
 
 # How many times one call is carried to a new actor before the trial is given up.
 RETRIES = 3
+
+
+@dataclass(frozen=True)
+class RayTrials:
+    """How a search uses a Ray cluster: ``trials`` actors at once, ``gpus_each`` GPUs per actor
+    (0 on a cluster without GPUs), out of the cluster's ``gpus`` and ``cpus``."""
+
+    trials: int
+    gpus_each: int
+    gpus: int
+    cpus: float
+
+
+def ray_trials(resources: Mapping[str, float], needs: Iterable[int], *, parallel: int | None = None) -> RayTrials:
+    """One actor per trial at once: each asks for the GPUs the largest configuration that fits
+    the cluster needs (engine.tune.slots.slot_size over ``needs``, each configuration's), as
+    many as the cluster's GPUs hold, at most ``parallel``; one when it has no GPU."""
+    from engine.tune.slots import slot_size
+
+    gpus = int(resources.get("GPU", 0))
+    size = slot_size(needs, gpus) if gpus else 0
+    n = max(1, gpus // size) if size else 1
+    n = min(n, parallel) if parallel else n
+    return RayTrials(n, size, gpus, float(resources.get("CPU", 0)))
 
 
 class RayUnavailable(TuneError):

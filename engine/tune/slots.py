@@ -14,8 +14,14 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Sequence
+import shutil
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.flags import FlagSet
+    from engine.server.supervisor import Supervisor
 
 
 class SlotError(ValueError):
@@ -84,6 +90,28 @@ def search_slots(gpus_text: str | None, needs: Iterable[int], *, parallel: int |
     if gpus_text:
         check_visible(gpus, seen, gpus_text)
     return plan_slots(gpus, slot_size(needs, len(gpus)), parallel=parallel)
+
+
+def trial_needs(base: FlagSet, configs: Iterable[Mapping[str, object]]) -> list[int]:
+    """GPUs each configuration of a search needs (engine.flags.devices_needed): ``base``'s
+    flags with the configuration's values over them."""
+    from engine.flags import devices_needed
+
+    return [devices_needed({**base.values, **values}) for values in configs]
+
+
+def slot_supervisor(slot: Slot, *, taskset: str | None = None) -> Callable[[FlagSet], Supervisor]:
+    """A Supervisor factory for one slot: its GPUs only (``slot.env()``), pinned to its cores
+    (``taskset``, default the box's own, found once here; none on a box without it), a port
+    of its own (each picks a free one)."""
+    from engine.server.supervisor import Supervisor
+
+    found = taskset if taskset is not None else shutil.which("taskset")
+
+    def make(flags: FlagSet) -> Supervisor:
+        return Supervisor(flags, env=slot.env(), launcher=slot.launcher(found))
+
+    return make
 
 
 def slot_size(needs: Iterable[int], gpus: int) -> int:

@@ -81,23 +81,19 @@ def add_parser(subparsers: Any) -> None:
 def _slots(args: argparse.Namespace, base: Any, space: Any) -> list[Any]:
     """The search's slots (engine.tune.slots): --gpus (default every visible GPU) cut into
     blocks of the most GPUs any configuration needs, at most --parallel of them."""
-    from engine.flags import devices_needed
-    from engine.tune.slots import SlotError, search_slots
+    from engine.tune.slots import SlotError, search_slots, trial_needs
     from tui.cli import UserError
 
     try:
-        needs = [devices_needed({**base.values, **values}) for values in space.configs()]
-        return search_slots(args.gpus, needs, parallel=args.parallel)
+        return search_slots(args.gpus, trial_needs(base, space.configs()), parallel=args.parallel)
     except SlotError as exc:
         raise UserError(str(exc), "e.g. --gpus 0,1,2,3 --parallel 2") from None
 
 
 def _ray_measurers(args: argparse.Namespace, base: Any, space: Any, say: Any, factory: Any) -> list[Any]:
-    """One Ray actor per trial at once (engine.tune.ray): each asks for the GPUs the largest
-    configuration needs; as many as the cluster's GPUs hold, at most --parallel."""
-    from engine.flags import devices_needed
-    from engine.tune.ray import RayMeasurer, RayUnavailable, connect
-    from engine.tune.slots import slot_size
+    """One Ray actor per trial at once (engine.tune.ray.ray_trials sizes them)."""
+    from engine.tune.ray import RayMeasurer, RayUnavailable, connect, ray_trials
+    from engine.tune.slots import trial_needs
     from tui.cli import UserError
 
     if args.gpus:
@@ -109,24 +105,11 @@ def _ray_measurers(args: argparse.Namespace, base: Any, space: Any, say: Any, fa
         resources = connect(args.ray)
     except RayUnavailable as exc:
         raise UserError(str(exc), "start one with `ray start --head`, or pass --ray local") from None
-    gpus = int(resources.get("GPU", 0))
-    size = slot_size((devices_needed({**base.values, **values}) for values in space.configs()), gpus) if gpus else 0
-    n = max(1, gpus // size) if size else 1
-    n = min(n, args.parallel) if args.parallel else n
-    say(f"Ray cluster at {args.ray}: {gpus} GPUs, {resources.get('CPU', 0):g} CPUs; {n} trials at once, "
+    plan = ray_trials(resources, trial_needs(base, space.configs()), parallel=args.parallel)
+    size = plan.gpus_each
+    say(f"Ray cluster at {args.ray}: {plan.gpus} GPUs, {plan.cpus:g} CPUs; {plan.trials} trials at once, "
         f"{size} GPU{'s' if size != 1 else ''} each")
-    return [RayMeasurer(factory, num_gpus=size, label=f"trial slot {i}", say=say) for i in range(n)]
-
-
-def _slot_supervisor(slot: Any) -> Any:
-    """A Supervisor factory for one slot: its GPUs only, pinned to its cores (taskset, where
-    the box has it), a port of its own (each picks a free one)."""
-    import shutil
-
-    from engine.server.supervisor import Supervisor
-
-    taskset = shutil.which("taskset")
-    return lambda flags: Supervisor(flags, env=slot.env(), launcher=slot.launcher(taskset))
+    return [RayMeasurer(factory, num_gpus=size, label=f"trial slot {i}", say=say) for i in range(plan.trials)]
 
 
 def _slo(args: argparse.Namespace) -> Any:
@@ -193,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
         format_table,
         load_state,
     )
+    from engine.tune.slots import slot_supervisor
     from loadgen.spec import SLO, ArrivalSpec, SpecError, WorkloadSpec
     from tui.cli import UserError
 
@@ -301,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         slots = _slots(args, base, space)
         measurers = [ServerMeasurer(workload, slo, mode=settings.mode, arrivals=arrivals, tokenizer=tokenizer,
-                                    supervisor_factory=_slot_supervisor(slot) if len(slots) > 1 else None)
+                                    supervisor_factory=slot_supervisor(slot) if len(slots) > 1 else None)
                      for slot in slots]
     if len(slots) > 1:
         say(f"{len(slots)} trials at once: " + "; ".join(
