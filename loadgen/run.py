@@ -139,6 +139,7 @@ class RunResult:
     workers: int
     extra: dict[str, Any] = field(default_factory=dict)
     server_gone: bool = False  # the server stopped accepting connections mid-run
+    client_cpus: tuple[int, ...] = ()  # the cores the client's workers ran on (read back in each)
 
     @property
     def failed_run(self) -> bool:
@@ -157,6 +158,7 @@ class RunResult:
         d["cancelled"] = self.cancelled
         d["workers"] = self.workers
         d["server_gone"] = self.server_gone
+        d["client_cpus"] = list(self.client_cpus)
         d["windows"] = [w.to_dict() for w in self.windows]
         return d
 
@@ -172,7 +174,7 @@ class LoadRun:
         percentiles: tuple[float, ...] = DEFAULT_PERCENTILES,
         connect_timeout_s: float = 10.0, read_timeout_s: float = 600.0,
         request_timeout_s: float | None = None, check_max_len: bool = True,
-        transport: str = "fast", isolate: bool = True,
+        transport: str = "fast", isolate: bool = True, cpus: tuple[int, ...] | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -195,6 +197,10 @@ class LoadRun:
         # statistics merging) can delay reading the streams. False runs it in this event
         # loop: for unit tests against a local test server only.
         self.isolate = isolate
+        # cpus: the host cores the client's worker processes are pinned to (trials side by
+        # side, engine.tune.slots); pinning needs a process of the client's own, so a run
+        # with cpus never runs its worker in this event loop. None: not pinned.
+        self.cpus = tuple(cpus) if cpus else None
         self._cancelled = False
         self._cancel_hooks: list[Callable[[], None]] = []
         self.phase = "idle"  # idle, preparing, warmup, running, done
@@ -292,7 +298,7 @@ class LoadRun:
             plans.append(WorkerPlan(
                 client=cfg, arrivals=a, pool=pool, worker=w, num_workers=nw,
                 slots=max(1, slots) if a.mode == "closed" else slots, total=total,
-                warmup=0, trace=trace))
+                warmup=0, trace=trace, cpus=self.cpus))
         state = _State(self, nw, on_window, on_request)
         t_warm = time.monotonic()
         if warm_pool:
@@ -315,7 +321,7 @@ class LoadRun:
             return state.result(model, max_model_len, time.time())
         self.phase = "running"
         try:
-            if nw == 1 and not self.isolate:
+            if nw == 1 and not self.isolate and self.cpus is None:
                 await self._run_inline(plans[0], state)
             else:
                 await self._run_processes(plans, state)
@@ -504,6 +510,7 @@ class _State:
         self.cpu = Accumulator(cap=100_000)
         self.cpu_max = 0.0
         self.server_gone = False
+        self.cpus: set[int] = set()  # the cores the workers said they run on
         self.warmup: tuple[int, float] = (0, 0.0)  # requests, seconds (not measured)
         self._watch: deque[tuple[float, float, float, float]] = deque()
         self._file: IO[str] | None = None
@@ -522,6 +529,7 @@ class _State:
         self.in_flight[b.worker] = b.in_flight
         self.sent[b.worker] = b.sent
         self.server_gone = self.server_gone or b.server_gone
+        self.cpus.update(b.cpus)
         if not b.done:
             self.lag.add(b.lag_ms)
             self.own_lag.add(b.own_lag_ms)
@@ -623,7 +631,7 @@ class _State:
             "client_cpu_mean": self.cpu.mean,
             "client_cpu_p90": cpu_p90,
             "client_sched_delay": not bound and lag_p99 > CLIENT_LAG_LIMIT_MS,
-            "client_isolated": self.nw > 1 or run.isolate,
+            "client_isolated": self.nw > 1 or run.isolate or run.cpus is not None,
             **self.agg.stream_shape(),
             "percentiles_exact": self.agg.exact,
             "max_model_len": max_model_len or None,
@@ -645,4 +653,4 @@ class _State:
             failure_examples=dict(self.agg.failure_examples), client_bound=bound,
             client_lag_p99_ms=lag_p99, client_cpu_max=self.cpu_max,
             cancelled=run._cancelled, workers=self.nw, extra=extra,
-            server_gone=self.server_gone)
+            server_gone=self.server_gone, client_cpus=tuple(sorted(self.cpus)))

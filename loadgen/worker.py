@@ -53,6 +53,7 @@ class WorkerPlan:
     total: int = 0  # requests in the whole run (0 = until duration)
     warmup: int = 0  # warm-up requests this worker sends first (not measured)
     trace: bool = False  # use each planned request's at_s instead of the arrival process
+    cpus: tuple[int, ...] | None = None  # host cores to pin a worker process to (None: not pinned)
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class Batch:
     warmup_done: bool = False
     server_gone: bool = False  # a connection was refused: nothing listens any more
     own_lag_ms: float = 0.0  # worst loop lag less the time waiting for a core in that tick
+    cpus: tuple[int, ...] = ()  # the cores the worker may run on, read back at its start
 
 
 # The pipes between a worker process and its parent (LoadRun._run_processes): the worker
@@ -95,6 +97,7 @@ class Worker:
         self._stop = asyncio.Event()
         self._cancelled = False
         self.server_gone = False
+        self.cpus: tuple[int, ...] = ()  # read back in run()
 
     def _sink(self, r: RequestResult) -> None:
         self._pending.append(r)
@@ -115,7 +118,7 @@ class Worker:
     def _flush(self, cpu: float, done: bool = False, warmup_done: bool = False) -> None:
         batch = Batch(self.plan.worker, tuple(self._pending), self._in_flight, self._sent,
                       self._lag * 1000, cpu, done, warmup_done, self.server_gone,
-                      self._own_lag * 1000)
+                      self._own_lag * 1000, self.cpus)
         self._pending = []
         self._lag = 0.0
         self._own_lag = 0.0
@@ -189,6 +192,7 @@ class Worker:
     async def run(self, ready: Callable[[], Awaitable[float | None]] | None = None) -> None:
         """Warm up, then ``await ready()`` for the epoch t0 all workers start at, and run."""
         plan = self.plan
+        self.cpus = allowed_cpus()
         watcher = asyncio.get_running_loop().create_task(self._watch())
         cpu0, wall0 = time.process_time(), time.perf_counter()
         try:
@@ -321,9 +325,29 @@ def thread_sched_s() -> tuple[float, float]:
         return -1.0, 0.0
 
 
+def allowed_cpus() -> tuple[int, ...]:
+    """The cores this thread may run on (its affinity); () where the platform cannot say."""
+    if not hasattr(os, "sched_getaffinity"):
+        return ()
+    return tuple(sorted(os.sched_getaffinity(0)))
+
+
+def pin(cpus: tuple[int, ...] | None) -> None:
+    """Pin the calling thread (and the threads it starts later) to ``cpus``; None or () does
+    nothing. A core this process may not use (a cgroup's cpuset) leaves it as it was: the
+    read-back (:func:`allowed_cpus`) reports what it really ran on."""
+    if cpus and hasattr(os, "sched_setaffinity"):
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, cpus)
+
+
 def run_in_process(plan: WorkerPlan, conn: Outbound, ctl: Control) -> None:
     """Entry point of a worker process: batches go out on ``conn``; ``ctl`` brings
     ("go", t0) and ("cancel",)."""
+    # Pinned first, while this is the process's only thread: every thread started later (the
+    # batch sender, the event loop's executor) inherits the cores (trials side by side each
+    # get their own share of the host, engine.tune.slots).
+    pin(plan.cpus)
     # A session of its own, so a scheduling group of its own where the kernel groups by
     # session (Linux autogroup, on by default): the worker then competes for the cores as a
     # peer of the server, not as a share of the vtui process beside it (telemetry, TUI).

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from loadgen import SLO, ArrivalSpec, LoadRun, ServerError, StatsWindow, WorkloadSpec
+from loadgen import SLO, ArrivalSpec, LoadRun, RunResult, ServerError, StatsWindow, WorkloadSpec
 from loadgen.records import RequestResult
 from loadgen.testserver import ServerConfig, free_port, serve_in_thread
 
@@ -273,3 +273,26 @@ def test_worker_spawns_when_stderr_has_no_file_descriptor(url: str) -> None:
                          timeout=120, cwd=Path(__file__).resolve().parents[1])
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "completed 3"
+
+
+def test_a_pinned_client_runs_on_the_cores_it_was_given(url: str) -> None:
+    """Trials side by side (issue 19, item 3): LoadRun(cpus=...) pins its worker processes,
+    and the result says the cores each worker read back; without cpus, every core as before.
+    isolate=False with cpus still runs the worker in a process of its own: this one's
+    affinity (its event loop, the caller's) is left as it was."""
+    import os
+
+    every = tuple(sorted(os.sched_getaffinity(0)))
+    first = every[:1]
+    work, arrive = WorkloadSpec(input_len=20, output_len=4), ArrivalSpec(concurrency=2, num_requests=10, workers=1)
+    pinned = _run(LoadRun(url, None, work, arrive, cpus=first, isolate=False))
+    assert isinstance(pinned, RunResult) and pinned.summary["completed"] == 10
+    assert pinned.client_cpus == first and pinned.to_json()["client_cpus"] == list(first)
+    assert pinned.extra["client_isolated"] is True
+    assert tuple(sorted(os.sched_getaffinity(0))) == every
+    two = _run(LoadRun(url, None, work, ArrivalSpec(concurrency=4, num_requests=20, workers=2), cpus=first))
+    assert isinstance(two, RunResult) and two.client_cpus == first and two.summary["completed"] == 20
+    free = _run(LoadRun(url, None, work, arrive))
+    assert isinstance(free, RunResult) and free.client_cpus == every
+    inline = _run(LoadRun(url, None, work, arrive, isolate=False))  # in this loop: read back here
+    assert isinstance(inline, RunResult) and inline.client_cpus == every

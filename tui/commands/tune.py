@@ -284,8 +284,12 @@ def run(args: argparse.Namespace) -> int:
         slots: list[Any] = []
     else:
         slots = _slots(args, base, space)
+        # One slot: the server and its client on every core, as one trial at a time always ran
+        # (pinning a lone client measured worse, docs/SCALE.md); several: each on its slot's.
+        side_by_side = len(slots) > 1
         measurers = [ServerMeasurer(workload, slo, mode=settings.mode, arrivals=arrivals, tokenizer=tokenizer,
-                                    supervisor_factory=slot_supervisor(slot) if len(slots) > 1 else None)
+                                    supervisor_factory=slot_supervisor(slot) if side_by_side else None,
+                                    client_cpus=(slot.cpus or None) if side_by_side else None)
                      for slot in slots]
     if len(slots) > 1:
         say(f"{len(slots)} trials at once: " + "; ".join(
