@@ -8,6 +8,15 @@ the generic "Engine core initialization failed") and a ``hint`` saying what to c
 from __future__ import annotations
 
 
+class SessionError(Exception):
+    """An action the TUI's session refused or that failed, with a hint for the user
+    (engine.session re-exports it; engine.tune.live's form errors are a kind of it)."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
 class StartupError(Exception):
     """The server did not become ready. Base of every startup failure."""
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from engine import paths
+from engine.errors import SessionError
 from engine.flags import recordable_values
 from engine.runs.status import RunStatus
 from engine.telemetry.live import LiveTelemetry
@@ -37,7 +38,6 @@ from engine.tune.live import (
     TUNE_FIELDS,
     TUNE_PERCENTILES,
     LiveTune,
-    SessionError,
     TuneFormError,
     TuneGround,
     parse_tune_form,
@@ -89,8 +89,8 @@ EXPORT_KINDS = ("docker", "serve", "k8s", "compose", "results", "perfetto")
 RUN_SERIES = ("req_s", "tok_s", "ttft_p50", "tpot_p50")  # a new run starts these afresh
 POLL_LINES = 100  # vtui's own polling lines kept in the log buffer, at most
 
-# Re-exported: SessionError, the Tune form's parser and its constants live with the tune
-# (engine.tune.live); the TUI and the tests import them from here.
+# Re-exported: SessionError lives in engine.errors, the Tune form's parser and its constants
+# with the tune (engine.tune.live); the TUI and the tests import them from here.
 __all__ = ["EXPORT_KINDS", "LOG_LINES", "POLL_LINES", "RUN_SERIES", "TUNE_FIELDS", "TUNE_PERCENTILES",
            "Session", "SessionError", "TuneFormError", "parse_tune_form", "run_name"]
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from engine.errors import SessionError
 from engine.views import TrialView, TuneRequest, TuneView, devices_view, frontier_points, slo_label, space_lines
 
 if TYPE_CHECKING:
@@ -33,18 +34,6 @@ if TYPE_CHECKING:
 TUNE_LINES = 200
 TUNE_FIELDS = ("percentile", "ttft_ms", "tpot_ms", "e2el_ms", "budget_min", "space", "mode", "start_load")
 TUNE_PERCENTILES = (99.0, 90.0)  # as `vtui tune --slo-METRIC-p99-ms / -p90-ms`
-
-
-class SessionError(Exception):
-    """An action the session refused or that failed, with a hint for the user.
-
-    Defined here, where both engine.session and this module can import it without a cycle
-    (the session owns a LiveTune); engine.session re-exports it, so import it from there.
-    """
-
-    def __init__(self, message: str, hint: str = "") -> None:
-        super().__init__(message)
-        self.hint = hint
 
 
 class TuneFormError(SessionError):
