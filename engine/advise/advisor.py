@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict, cast
 
-from engine.advise.speedoflight import as_float, as_int
+from engine.values import as_float, as_int
 
 if TYPE_CHECKING:  # only for annotations: the advisor imports engine modules where it uses them
     from engine.flags import FlagSet

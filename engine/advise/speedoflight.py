@@ -19,9 +19,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import SupportsFloat, SupportsIndex, SupportsInt, cast
+from typing import cast
 
 from engine.server.modelconfig import ModelConfig
+from engine.values import as_float, as_int
 
 
 @dataclass(frozen=True)
@@ -127,21 +128,6 @@ class SpeedOfLight:
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
-
-
-def as_float(value: object) -> float:
-    """``float(value)`` for a flag's or a JSON value: the same number, or the same TypeError, as float()."""
-    if isinstance(value, (str, bytes, bytearray, SupportsFloat, SupportsIndex)):
-        return float(value)
-    raise TypeError(f"float() argument must be a string or a real number, not {type(value).__name__!r}")
-
-
-def as_int(value: object) -> int:
-    """``int(value)`` for a flag's or a JSON value: the same number, or the same TypeError, as int()."""
-    if isinstance(value, (str, bytes, bytearray, SupportsInt, SupportsIndex)):
-        return int(value)
-    raise TypeError(f"int() argument must be a string, a bytes-like object or a real number, "
-                    f"not {type(value).__name__!r}")
 
 
 # Below this MBU at a batch this small, the step waits on something other than memory.

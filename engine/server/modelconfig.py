@@ -12,7 +12,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import SupportsIndex, SupportsInt
+
+from engine.values import as_int
 
 __all__ = ["DTYPE_BYTES", "ModelConfig", "ModelConfigError"]
 
@@ -249,17 +250,11 @@ def _estimate_params(
     per_mlp = (3 if gated else 2) * hidden * intermediate
     if num_experts:
         moe_inter = cfg.get("moe_intermediate_size") or intermediate
-        per_mlp = num_experts * 3 * hidden * _int(moe_inter) + hidden * num_experts
+        per_mlp = num_experts * 3 * hidden * as_int(moe_inter) + hidden * num_experts
         shared = cfg.get("shared_expert_intermediate_size") or 0
-        per_mlp += 3 * hidden * _int(shared)
+        per_mlp += 3 * hidden * as_int(shared)
     per_layer = attn + per_mlp + 2 * hidden
     embed = vocab * hidden
     head = 0 if tie else vocab * hidden
     return layers * per_layer + embed + head + hidden
 
-
-def _int(value: object) -> int:
-    """``int(value)`` for a config.json value: a number or a numeric string; TypeError otherwise."""
-    if isinstance(value, str | bytes | SupportsInt | SupportsIndex):
-        return int(value)
-    raise TypeError(f"int() argument must be a string or a real number, not {type(value).__name__!r}")

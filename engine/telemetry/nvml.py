@@ -19,7 +19,9 @@ import time
 import warnings
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass
-from typing import Protocol, SupportsFloat, SupportsIndex, SupportsInt, TypeVar
+from typing import Protocol, TypeVar
+
+from engine.values import as_float, as_int
 
 T = TypeVar("T")
 
@@ -92,20 +94,6 @@ def _function(value: object) -> Callable[..., object]:
         raise TypeError(f"{type(value).__name__!r} object is not callable")
 
     return not_callable
-
-
-def _int(value: object) -> int:
-    """``int(value)`` for a reading of the untyped binding; TypeError for anything else."""
-    if isinstance(value, str | bytes | SupportsInt | SupportsIndex):
-        return int(value)
-    raise TypeError(f"int() argument must be a number, not {type(value).__name__!r}")
-
-
-def _float(value: object) -> float:
-    """``float(value)`` for a reading of the untyped binding; TypeError for anything else."""
-    if isinstance(value, str | bytes | SupportsFloat | SupportsIndex):
-        return float(value)
-    raise TypeError(f"float() argument must be a number, not {type(value).__name__!r}")
 
 
 def _field(value: object, name: str) -> object:
@@ -341,9 +329,9 @@ class NvmlReader:
                 used: object = getattr(proc, "usedGpuMemory", None) or 0
                 pid: object = getattr(proc, "pid", None)
                 if pid in server_pids:
-                    server_mem += _int(used)
+                    server_mem += as_int(used)
                 else:
-                    other_mem += _int(used)
+                    other_mem += as_int(used)
         return GpuSample(
             t=t,
             index=index,
@@ -351,18 +339,18 @@ class NvmlReader:
             name=name,
             available=mem is not None or util is not None,
             reason=None if (mem is not None or util is not None) else f"no readings: {self._last_error}",
-            mem_used_bytes=None if mem is None else _int(_field(mem, "used")),
-            mem_total_bytes=None if mem is None else _int(_field(mem, "total")),
-            util_gpu_pct=None if util is None else _float(_field(util, "gpu")),
-            util_mem_pct=None if util is None else _float(_field(util, "memory")),
-            power_w=None if power is None else _float(power) / 1000.0,  # NVML reports milliwatts
-            power_limit_w=None if limit is None else _float(limit) / 1000.0,
-            temp_c=None if temp is None else _float(temp),
-            sm_clock_mhz=None if clock is None else _float(clock),
+            mem_used_bytes=None if mem is None else as_int(_field(mem, "used")),
+            mem_total_bytes=None if mem is None else as_int(_field(mem, "total")),
+            util_gpu_pct=None if util is None else as_float(_field(util, "gpu")),
+            util_mem_pct=None if util is None else as_float(_field(util, "memory")),
+            power_w=None if power is None else as_float(power) / 1000.0,  # NVML reports milliwatts
+            power_limit_w=None if limit is None else as_float(limit) / 1000.0,
+            temp_c=None if temp is None else as_float(temp),
+            sm_clock_mhz=None if clock is None else as_float(clock),
             server_mem_bytes=server_mem,
             other_mem_bytes=other_mem,
             nprocs=nprocs,
-            energy_mj=None if energy is None else _float(energy),
+            energy_mj=None if energy is None else as_float(energy),
         )
 
 

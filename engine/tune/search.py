@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from engine import paths
+from engine.values import as_float, as_int
 from loadgen.spec import allowed_failures, judge  # the SLO's own test; re-exported
 
 if TYPE_CHECKING:
@@ -269,20 +270,6 @@ def _opt_number(value: object) -> float | None:
     if value is None or isinstance(value, (int, float)):
         return value
     raise TypeError(f"not a number: {value!r}")
-
-
-def _to_float(value: object) -> float:
-    """``float(value)`` for what JSON holds (a number, or a number's text)."""
-    if isinstance(value, (int, float, str)):
-        return float(value)
-    raise TypeError(f"not a number: {value!r}")
-
-
-def _to_int(value: object) -> int:
-    """``int(value)`` for what JSON holds (a number, or a number's text)."""
-    if isinstance(value, (int, float, str)):
-        return int(value)
-    raise TypeError(f"not an integer: {value!r}")
 
 
 def _is_bool_flag(probe: FlagSet, name: str) -> bool:
@@ -555,11 +542,11 @@ class ConfigResult:
         return cls(
             key=str(d["key"]), values=_space_values(d.get("values", {})), status=str(d["status"]),
             reason=str(d.get("reason", "")), hint=str(d.get("hint", "")),
-            limit_load=math.inf if limit == "inf" else (None if limit is None else _to_float(limit)),
+            limit_load=math.inf if limit == "inf" else (None if limit is None else as_float(limit)),
             goodput=_opt_number(d.get("goodput")), at=at,
-            start_s=_opt_number(d.get("start_s")), steps=_to_int(d.get("steps", 0)), order=_to_int(d.get("order", 0)),
+            start_s=_opt_number(d.get("start_s")), steps=as_int(d.get("steps", 0)), order=as_int(d.get("order", 0)),
             confirmed=bool(d.get("confirmed", False)),
-            slot=None if d.get("slot") is None else _to_int(d["slot"]),
+            slot=None if d.get("slot") is None else as_int(d["slot"]),
             side_by_side=tuple(str(k) for k in side), alone=bool(d.get("alone", False)),
         )
 
