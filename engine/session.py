@@ -488,10 +488,13 @@ class Session:
             self._running_flags = _flags_of(self._supervisor)
             self._start_telemetry()
         elif event.kind == "state" and event.state is not None and event.state.name == "DEAD":
+            from engine.errors import EngineDied, StartupError
+
             err = event.error
+            said = err if isinstance(err, (StartupError, EngineDied)) else None  # vLLM's line and a hint
             self._server_error = (
-                str(getattr(err, "vllm_line", "") or err or "the server died"),
-                str(getattr(err, "hint", "") or ""),
+                str((said.vllm_line if said is not None else "") or err or "the server died"),
+                str((said.hint if said is not None else "") or ""),
             )
             self._on_server_dead()
         self.changed()
@@ -1131,8 +1134,11 @@ class Session:
         if error_line is None and sup is not None and self._state_name() in ("FAILED", "DEAD"):
             err = sup.error
             if err is not None:
-                error_line = str(getattr(err, "vllm_line", "") or err)
-                error_hint = str(getattr(err, "hint", "") or "")
+                from engine.errors import EngineDied, StartupError
+
+                said = err if isinstance(err, (StartupError, EngineDied)) else None  # vLLM's line and a hint
+                error_line = str((said.vllm_line if said is not None else "") or err)
+                error_hint = str((said.hint if said is not None else "") or "")
         phase = sup.phase.label if sup is not None and sup.phase is not None else ""
         # launched_at and expected_start_s are set by the start that made the state STARTING.
         starting = sup is not None and self._state_name() == "STARTING"

@@ -155,16 +155,16 @@ def test_measured_run_keeps_secrets_out_of_the_history(url: str, tmp_path: Path)
     engine.runs.measure): its flags go into the history with the key as a $VLLM_API_KEY
     reference, never the key itself."""
     import asyncio
-    from types import SimpleNamespace
 
     from engine.flags import FlagSet
     from engine.runs.history import History
     from engine.runs.measure import RunPlan, Target, measure
+    from engine.server.logparse import StartupFacts
     from loadgen import ArrivalSpec, WorkloadSpec
+    from tests.standins import ServerStandIn
 
     flags = FlagSet(model=str(tmp_path), values={"api-key": "sk-not-for-the-history", "max-num-seqs": 8})
-    sup = SimpleNamespace(flags=flags, base_url=url, model=None, pid=None,
-                          facts=SimpleNamespace(vllm_version="0.32.0"))
+    sup = ServerStandIn(flags, url, ServerConfig().model, facts=StartupFacts(vllm_version="0.32.0"))
     target = Target.of(sup)
     assert target.api_key == "sk-not-for-the-history"  # sent with the requests...
     plan = RunPlan("secret check", WorkloadSpec(input_len=10, output_len=2), ArrivalSpec(num_requests=2))

@@ -49,6 +49,7 @@ from engine.tune.search import (
 )
 from loadgen.spec import SLO
 from loadgen.stats import percentile
+from tests.standins import ServerStandIn
 
 CAPTURES = Path(__file__).parent / "data" / "captures"
 SCHEMA = builtin_schema()
@@ -704,7 +705,7 @@ def test_vtui_tune_end_to_end_on_vllm_cpu(tiny_model: Path, tmp_path: Path, caps
     assert not ours
 
 
-class ReadyStandIn:
+class ReadyStandIn(ServerStandIn):
     """Stands in for engine.server.supervisor.Supervisor in front of loadgen.testserver (no model):
     this test is about what the measurer sends, not about starting vLLM."""
 
@@ -712,8 +713,7 @@ class ReadyStandIn:
         from engine.server.supervisor import ServerState
         from loadgen.testserver import ServerConfig
 
-        self.flags, self.base_url, self.model = flags, url, ServerConfig().model
-        self.state = ServerState.STOPPED
+        super().__init__(flags, url, ServerConfig().model, state=ServerState.STOPPED)
         self.starts = 0
 
     async def start(self, timeout: float) -> None:

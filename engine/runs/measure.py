@@ -25,16 +25,17 @@ import dataclasses
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex
+from typing import TYPE_CHECKING, Any, Protocol, SupportsFloat, SupportsIndex
 
 from engine.runs.history import History, Recording, RunInfo, to_jsonable
 from engine.runs.status import RunStatus, decide
 
 if TYPE_CHECKING:
     from engine.flags import FlagSet
-    from engine.server.supervisor import ServerEvent, Supervisor
+    from engine.server.logparse import StartupFacts
+    from engine.server.supervisor import FlagsLike, ServerEvent, ServerState, Supervisor
     from engine.telemetry.metrics import ServerSample
     from engine.telemetry.sampler import TelemetrySnapshot
     from engine.telemetry.store import SeriesStore
@@ -54,12 +55,42 @@ SERVER_LOG_LINES = 10
 # back and indexes into. What is only written out, or read here value by value, is `object`.
 
 
+class MeasuredServer(Protocol):
+    """What :func:`measure` needs of a server vtui started: ``engine.server.supervisor.Supervisor``
+    (mypy checks that it is one), or a test's stand-in (tests/standins.py)."""
+
+    @property
+    def base_url(self) -> str: ...
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def flags(self) -> FlagsLike: ...
+
+    @property
+    def pid(self) -> int | None: ...  # the server's root process (its telemetry's process tree)
+
+    @property
+    def facts(self) -> StartupFacts | None: ...  # what vLLM said at start
+
+    @property
+    def tail(self) -> Iterable[str]: ...  # its last log lines
+
+    @property
+    def state(self) -> ServerState: ...
+
+    def subscribe(self, callback: Callable[[ServerEvent], object]) -> Callable[[], None]:
+        """Call ``callback`` for every ServerEvent; returns the unsubscribe function."""
+        ...
+
+
 @dataclass(frozen=True)
 class Target:
     """The server a run measures.
 
-    ``supervisor``: the ``engine.server.supervisor.Supervisor`` when vtui started the server (its
-    death stops the run; its last log lines go into the record). ``flags``: the values to
+    ``supervisor``: the ``engine.server.supervisor.Supervisor`` (a :class:`MeasuredServer`) when
+    vtui started the server (its death stops the run; its last log lines go into the record). ``flags``: the values to
     record, secrets as references (``engine.flags.recordable_values``). ``api_key`` is sent
     with each request and stored nowhere.
     """
@@ -68,31 +99,29 @@ class Target:
     model: str | None = None  # the served name; None asks the server
     tokenizer: str | None = None  # a local tokenizer folder; None uses the server's
     api_key: str | None = field(default=None, repr=False)
-    supervisor: Supervisor | None = None
+    supervisor: MeasuredServer | None = None
     root_pid: int | None = None
     flags: Mapping[str, object] = field(default_factory=dict)
     model_label: str | None = None  # what the history calls the model
     vllm_version: str | None = None
 
     @classmethod
-    def of(cls, sup: Supervisor, *, api_key: str | None = None, tokenizer: str | os.PathLike[str] | None = None) -> Target:
+    def of(cls, sup: MeasuredServer, *, api_key: str | None = None, tokenizer: str | os.PathLike[str] | None = None) -> Target:
         """The server a supervisor runs: its URL, served name, process tree and flags.
-
-        ``getattr`` here and in :func:`measure`: the tests' stand-ins for a Supervisor (a
-        SimpleNamespace, tests/test_tune.py's ReadyStandIn) have no pid, facts, tail or subscribe."""
+        ``api_key``: None takes the server's own --api-key (where its flags are a FlagSet)."""
         from pathlib import Path
 
-        from engine.flags import recordable_values
+        from engine.flags import FlagSet, recordable_values
 
         flags = sup.flags
         folder = Path(str(flags.model))
         if api_key is None:
-            api_key = flags.secret_env().get("VLLM_API_KEY") if hasattr(flags, "secret_env") else None
+            api_key = flags.secret_env().get("VLLM_API_KEY") if isinstance(flags, FlagSet) else None
         return cls(
             base_url=sup.base_url, model=sup.model, api_key=api_key, supervisor=sup,
             tokenizer=str(tokenizer) if tokenizer else (str(folder) if (folder / "config.json").is_file() else None),
-            root_pid=getattr(sup, "pid", None), flags=recordable_values(flags), model_label=str(flags.model),
-            vllm_version=getattr(getattr(sup, "facts", None), "vllm_version", None))
+            root_pid=sup.pid, flags=recordable_values(flags), model_label=str(flags.model),
+            vllm_version=sup.facts.vllm_version if sup.facts is not None else None)
 
 
 @dataclass(frozen=True)
@@ -261,6 +290,7 @@ async def measure(
     log lines. ``asyncio.CancelledError`` and ``KeyboardInterrupt`` store the run as cancelled
     and propagate.
     """
+    from engine.errors import EngineDied, StartupError
     from engine.runs.crosscheck import cross_check
     from engine.server.supervisor import ServerState
     from engine.telemetry.metrics import MetricsScraper
@@ -304,10 +334,12 @@ async def measure(
 
     def on_server_event(event: ServerEvent) -> None:
         if event.kind == "state" and event.state is ServerState.DEAD:
-            died.append(str(getattr(event.error, "vllm_line", "") or event.error or "the server process ended"))
+            err = event.error
+            line = err.vllm_line if isinstance(err, (StartupError, EngineDied)) else ""
+            died.append(str(line or err or "the server process ended"))
             handle.cancel("server-died")
 
-    unsubscribe = sup.subscribe(on_server_event) if sup is not None and hasattr(sup, "subscribe") else None
+    unsubscribe = sup.subscribe(on_server_event) if sup is not None else None
     lr = LoadRun(target.base_url, target.model, plan.workload, plan.arrivals, plan.slo, target.api_key,
                  tokenizer=target.tokenizer, requests_file=plan.requests_file,
                  read_timeout_s=plan.read_timeout_s, transport=plan.transport,
@@ -334,8 +366,10 @@ async def measure(
             await recorder.start()
         try:
             result = await lr.run(on_window=window, on_request=request, on_measured=on_measured)
-        except (ServerError, DatasetError, TokenizerError) as exc:
-            error, hint = str(exc), getattr(exc, "hint", "") or None
+        except ServerError as exc:
+            error, hint = str(exc), exc.hint or None
+        except (DatasetError, TokenizerError) as exc:
+            error = str(exc)
         if result is not None and marks and not died and not result.server_gone:
             marks.append(await scraper.scrape())
     except BaseException:
@@ -356,10 +390,10 @@ async def measure(
     if server_died and not died and sup is not None:
         # A refused connection may be seen before the supervisor's own check: give it its 2 s.
         for _ in range(20):
-            if getattr(getattr(sup, "state", None), "name", "") == "DEAD":
+            if sup.state is ServerState.DEAD:
                 break
             await asyncio.sleep(0.1)
-    server_log = tuple(list(getattr(sup, "tail", ()))[-SERVER_LOG_LINES:]) if server_died and sup is not None else ()
+    server_log = tuple(list(sup.tail)[-SERVER_LOG_LINES:]) if server_died and sup is not None else ()
     summary: dict[str, object] = {}
     slo_met: bool | None = None
     completed = 0
@@ -414,8 +448,8 @@ async def measure(
         summary["hint"] = hint
     if server_log:
         summary["server_log"] = list(server_log)
-    facts = getattr(sup, "facts", None) if sup is not None else None
-    if facts is not None and hasattr(facts, "to_dict"):
+    facts = sup.facts if sup is not None else None
+    if facts is not None:
         # What vLLM said at start (KV tokens, captured CUDA graph sizes, versions): the advisor's
         # evidence about the server the run measured (engine.advise.advisor.RunData.startup).
         # vLLM's echo of its arguments stays out: it is the flags again, and where a server
@@ -491,5 +525,5 @@ async def wait_for(coro: Awaitable[MeasuredRun], handle: RunHandle, timeout: flo
     return task.result() if done else None
 
 
-__all__ = ["MeasuredRun", "RunHandle", "RunPlan", "ServerReady", "Target", "ensure_server", "measure",
-           "server_window", "wait_for"]
+__all__ = ["MeasuredRun", "MeasuredServer", "RunHandle", "RunPlan", "ServerReady", "Target", "ensure_server",
+           "measure", "server_window", "wait_for"]

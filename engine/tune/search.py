@@ -1639,6 +1639,7 @@ class ServerMeasurer:
         return m
 
     async def _measure_once(self, load: float, *, requests: int, timeout: float, warmup: int) -> Measurement:
+        from engine.errors import EngineDied, StartupError
         from engine.runs.measure import RunHandle, RunPlan, Target, wait_for
         from engine.runs.measure import measure as measure_run
         from engine.server.supervisor import ServerState
@@ -1677,8 +1678,9 @@ class ServerMeasurer:
         dur = time.monotonic() - t0
         fatal = ""
         if self.sup.state is not ServerState.READY:
-            err = getattr(self.sup, "error", None)
-            fatal = f"server died under load: {getattr(err, 'vllm_line', '') or err or self.sup.state.value}"
+            err = self.sup.error
+            line = err.vllm_line if isinstance(err, (StartupError, EngineDied)) else ""
+            fatal = f"server died under load: {line or err or self.sup.state.value}"
         if result is None:
             return Measurement(load, False, f"step did not end within {timeout:.0f} s", requests=requests,
                                duration_s=dur, fatal=fatal)
