@@ -34,7 +34,7 @@ def test_slots_never_share_a_gpu_and_split_the_cores() -> None:
     slots = plan_slots(range(8), 2, cpus=range(16))
     assert [s.gpus for s in slots] == [(0, 1), (2, 3), (4, 5), (6, 7)]
     assert [s.cpus for s in slots] == [tuple(range(i * 4, i * 4 + 4)) for i in range(4)]
-    assert slots[1].env() == {"CUDA_VISIBLE_DEVICES": "2,3"}
+    assert slots[1].env() == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "2,3"}
     assert slots[1].launcher("/usr/bin/taskset") == ["/usr/bin/taskset", "-c", "4,5,6,7"]
     assert slots[1].launcher(None) == []
     assert [s.gpus for s in plan_slots((0, 1, 2, 3, 4), 2, cpus=range(4))] == [(0, 1), (2, 3)]  # GPU 4 idles
@@ -177,8 +177,23 @@ def test_vtui_tune_cuts_the_visible_gpus_into_slots_of_the_largest_configuration
         _slots(argparse.Namespace(gpus="0", parallel=None), BASE, space)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     sup = slot_supervisor(slots[1])(BASE)
-    assert sup.extra_env == {"CUDA_VISIBLE_DEVICES": "2,3"}
+    assert sup.extra_env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "2,3"}
     assert not sup.launcher or (sup.launcher[1:3] == ("-c", ",".join(map(str, slots[1].cpus))))
+
+
+def test_a_lone_trial_on_chosen_gpus_gets_those_gpus_and_every_core() -> None:
+    # `vtui tune --gpus 3` on a many-GPU box is one slot: its server must see GPU 3 only (it
+    # saw every GPU, and so used GPU 0, before this), not pinned to any core.
+    from engine.tune.slots import trial_supervisor
+
+    make = trial_supervisor(Slot(0, (3,), (0, 1, 2, 3)), side_by_side=False)
+    assert make is not None
+    sup = make(BASE)
+    assert sup.extra_env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "3"}
+    assert sup.launcher == ()
+    assert trial_supervisor(Slot(0, (), (0, 1)), side_by_side=False) is None  # a CPU box alone: as always
+    beside = trial_supervisor(Slot(1, (), (1,)), side_by_side=True)
+    assert beside is not None and beside(BASE).extra_env == {}
 
 
 def test_slot_supervisor_gives_each_server_its_slots_gpus_and_cores() -> None:
@@ -187,7 +202,7 @@ def test_slot_supervisor_gives_each_server_its_slots_gpus_and_cores() -> None:
     slot = Slot(1, (2, 3), (4, 5))
     make = slot_supervisor(slot, taskset="/usr/bin/taskset")
     a, b = make(BASE), make(BASE.set("max-num-seqs", 8))
-    assert a.extra_env == b.extra_env == {"CUDA_VISIBLE_DEVICES": "2,3"}
+    assert a.extra_env == b.extra_env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "2,3"}
     assert a.launcher == ("/usr/bin/taskset", "-c", "4,5")
     assert a.flags.model == BASE.model and a is not b
     assert slot_supervisor(Slot(0), taskset="/usr/bin/taskset")(BASE).extra_env == {}  # a CPU box: as before

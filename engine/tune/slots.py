@@ -38,7 +38,10 @@ class Slot:
 
     def env(self) -> dict[str, str]:
         """The server's environment additions: only its own GPUs are visible to it."""
-        return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, self.gpus))} if self.gpus else {}
+        # NVML's indices (what --gpus and visible_gpus speak) follow the PCI bus; CUDA's own
+        # order is fastest-first unless told otherwise, so it is told.
+        return ({"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(map(str, self.gpus))}
+                if self.gpus else {})
 
     def launcher(self, taskset: str | None) -> list[str]:
         """The argv prefix that pins the server to this slot's cores (none without taskset)."""
@@ -100,18 +103,28 @@ def trial_needs(base: FlagSet, configs: Iterable[Mapping[str, object]]) -> list[
     return [devices_needed({**base.values, **values}) for values in configs]
 
 
-def slot_supervisor(slot: Slot, *, taskset: str | None = None) -> Callable[[FlagSet], Supervisor]:
+def slot_supervisor(slot: Slot, *, pin: bool = True, taskset: str | None = None) -> Callable[[FlagSet], Supervisor]:
     """A Supervisor factory for one slot: its GPUs only (``slot.env()``), pinned to its cores
-    (``taskset``, default the box's own, found once here; none on a box without it), a port
-    of its own (each picks a free one)."""
+    when ``pin`` (``taskset``, default the box's own, found once here; none on a box without
+    it), a port of its own (each picks a free one)."""
     from engine.server.supervisor import Supervisor
 
-    found = taskset if taskset is not None else shutil.which("taskset")
+    found = (taskset if taskset is not None else shutil.which("taskset")) if pin else None
 
     def make(flags: FlagSet) -> Supervisor:
         return Supervisor(flags, env=slot.env(), launcher=slot.launcher(found))
 
     return make
+
+
+def trial_supervisor(slot: Slot, *, side_by_side: bool) -> Callable[[FlagSet], Supervisor] | None:
+    """How a search's trial in ``slot`` starts its servers: on the slot's GPUs whenever it has
+    any (``--gpus 3`` on an 8-GPU box means GPU 3, even for one slot), pinned to the slot's
+    cores only beside other trials (a lone trial's server and client keep every core: pinning
+    one measured worse, docs/SCALE.md); None (the default Supervisor) on a CPU box alone."""
+    if not side_by_side and not slot.gpus:
+        return None
+    return slot_supervisor(slot, pin=side_by_side)
 
 
 def slot_size(needs: Iterable[int], gpus: int) -> int:

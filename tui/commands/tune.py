@@ -176,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         format_table,
         load_state,
     )
-    from engine.tune.slots import slot_supervisor
+    from engine.tune.slots import trial_supervisor
     from loadgen.spec import SLO, ArrivalSpec, SpecError, WorkloadSpec
     from tui.cli import UserError
 
@@ -288,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
         # (pinning a lone client measured worse, docs/SCALE.md); several: each on its slot's.
         side_by_side = len(slots) > 1
         measurers = [ServerMeasurer(workload, slo, mode=settings.mode, arrivals=arrivals, tokenizer=tokenizer,
-                                    supervisor_factory=slot_supervisor(slot) if side_by_side else None,
+                                    supervisor_factory=trial_supervisor(slot, side_by_side=side_by_side),
                                     client_cpus=(slot.cpus or None) if side_by_side else None)
                      for slot in slots]
     if len(slots) > 1:
