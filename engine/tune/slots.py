@@ -47,6 +47,11 @@ class Slot:
         """The argv prefix that pins the server to this slot's cores (none without taskset)."""
         return [taskset, "-c", ",".join(map(str, self.cpus))] if taskset and self.cpus else []
 
+    def client_cpus(self, *, side_by_side: bool) -> tuple[int, ...] | None:
+        """The cores the trial's load generator is pinned to: the slot's beside other trials,
+        none (every core) for a lone trial, as :func:`trial_supervisor` does for its server."""
+        return (self.cpus or None) if side_by_side else None
+
     def label(self) -> str:
         gpus = f"GPU {','.join(map(str, self.gpus))}" if self.gpus else "no GPU"
         return f"slot {self.index} ({gpus})"

@@ -289,7 +289,7 @@ def run(args: argparse.Namespace) -> int:
         side_by_side = len(slots) > 1
         measurers = [ServerMeasurer(workload, slo, mode=settings.mode, arrivals=arrivals, tokenizer=tokenizer,
                                     supervisor_factory=trial_supervisor(slot, side_by_side=side_by_side),
-                                    client_cpus=(slot.cpus or None) if side_by_side else None)
+                                    client_cpus=slot.client_cpus(side_by_side=side_by_side))
                      for slot in slots]
     if len(slots) > 1:
         say(f"{len(slots)} trials at once: " + "; ".join(
