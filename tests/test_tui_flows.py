@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 import tui_data
+from textual import events
 from textual.binding import Binding
-from textual.widgets import Button, Input
+from textual.widgets import Button, Input, TabbedContent
 from textual.widgets._footer import FooterKey
 
 from engine.flags import builtin_schema
@@ -349,6 +350,28 @@ async def test_flag_editor_says_how_to_accept_cancel_and_move_and_keeps_a_reject
         assert app.session.flags.get("gpu-memory-utilization") == 0.2 and not app.session.flag_errors()
         assert nxt.editor.value == "0.2" and not nxt.has_class("-error")  # type: ignore[attr-defined]
         assert row.editor.value == "64"  # type: ignore[attr-defined]
+
+
+async def test_keys_typed_right_after_enter_leave_the_field_and_reach_the_screen() -> None:
+    """Type-ahead, as over a slow link or on a busy box: Enter and the next key arrive together.
+
+    Textual hands a key to the focused field before the previous key's action has run, so a
+    footer key typed right after Enter used to land in the field ("64a": seen in CI, issue 15).
+    """
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.action_show("tab-flags")
+        await pilot.pause()
+        await pilot.press("down", "down", "ctrl+a", "ctrl+k")
+        row = app.screen.query_one("#flag-max-num-seqs", FlagRow)
+        assert app.focused is row.editor
+        for key, char in (("6", "6"), ("4", "4"), ("enter", "\r"), ("3", "3")):  # queued at once
+            app.post_message(events.Key(key, char))
+        await pilot.pause()
+        await pilot.pause()
+        assert row.editor.value == "64"  # type: ignore[attr-defined]
+        assert app.session.flags.get("max-num-seqs") == 64 and not app.session.flag_errors()
+        assert app.screen.query_one(TabbedContent).active == "tab-presets"  # "3": the Presets tab
 
 
 @pytest.mark.parametrize(

@@ -100,6 +100,25 @@ class FlagInput(Input):
         if row is not None:
             row.action_move(step)
 
+    async def action_submit(self) -> None:
+        await super().action_submit()
+        self.screen.set_focus(None)  # leave now, not when Submitted reaches the pane
+
+    async def _on_key(self, event: events.Key) -> None:
+        # Textual queues a key to the focused widget before the previous key's action has run, so
+        # keys typed right after Enter or an arrow (on a busy box or a slow link, "64", Enter, "a")
+        # reach this field after it was left. They belong to whatever has the focus now: hand
+        # them back to the app, which routes them afresh, in the order they came.
+        if self.screen.focused is not self:
+            event.prevent_default()
+            event.stop()
+            self.app.post_message(events.Key(event.key, event.character))
+            return
+        if event.key == "enter":  # accept here, in this field's own queue, not after a trip up to the app
+            event.prevent_default()
+            event.stop()
+            await self.action_submit()
+
 
 class FlagRow(Vertical):
     """One flag: its name, a typed editor, the reason it is invalid beside it."""
@@ -292,7 +311,8 @@ class FlagEditor(Vertical):
         """Enter: keep what was typed and leave the field, so the footer's keys work."""
         event.stop()
         self._before = None
-        self.screen.set_focus(None)
+        if self.screen.focused is event.input:
+            self.screen.set_focus(None)
 
     def action_cancel_edit(self) -> None:
         """Esc: the flag back to what it was when the field was entered, and leave it."""
