@@ -7,13 +7,26 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from typing import Any
 
 import pytest
 from test_tune import BASE, SCHEMA, SLO_TTFT, FakeClock, TableMeasurer, keys, space_of
 
 from engine.flags import FlagSet
-from engine.tune.search import DOMINATED, DONE, UNSTABLE, Measurement, StepRule, Tuner, TuneSettings, TuneState
+from engine.tune.search import (
+    DOMINATED,
+    DONE,
+    UNSTABLE,
+    Measurement,
+    StartOutcome,
+    StepRule,
+    Tuner,
+    TuneResult,
+    TuneSettings,
+    TuneState,
+    best_config,
+)
 from engine.tune.slots import Slot, SlotError, parse_gpus, plan_slots
 
 
@@ -112,24 +125,33 @@ async def test_two_slots_measure_side_by_side_and_find_the_same_best_as_one() ->
             assert c.key in rows[other].side_by_side  # side by side is mutual
     # The winner and the runner-up were measured again alone, on slot 0, with slot 1 stopped.
     assert res.best.alone and ms[1].closed
-    runner_up = max((c for c in rows.values() if c.key != res.best.key and c.status == DONE),
-                    key=lambda c: c.goodput or 0.0)
-    assert runner_up.alone
+    # The runner-up: the best limit after the winner's, whatever its status (one that lost to the
+    # winner beside it has one too, from the steps it passed before).
+    runner_up = best_config(rows.values(), "goodput", exclude=res.best.key)
+    assert runner_up is not None and runner_up.alone
     assert sum(1 for c in rows.values() if c.alone) == 2
     # The state round-trips the new fields (a resumed search keeps them).
     again = TuneState.from_json(tuner.state.to_json(), "test")
     assert again.configs[res.best.key].slot == rows[res.best.key].slot and again.configs[res.best.key].alone
 
 
-async def test_a_limit_that_holds_only_beside_others_is_unstable() -> None:
+@pytest.mark.parametrize(("prune", "words"), [
+    # Every trial measured fully: 16 measures beside 64 while 64 checks its limit, so only the
+    # final step alone finds it out.
+    (False, "missed it alone"),
+    # Pruned: 16 misses 64's pass beside it and stops (held, then measured again when 64's limit
+    # does not hold), so 64 checks its limit alone already.
+    (True, "missed when measured again"),
+])
+async def test_a_limit_that_holds_only_beside_others_is_unstable(prune: bool, words: str) -> None:
     space = space_of(max_num_seqs=(16, 64))
     k16, k64 = keys(space)
     table: dict[str, Any] = {k16: 4.0, k64: 10.0, "_fragile": k64}
-    tuner, _ = slot_tuner(space, table, 2, exhaustive=True, alone_ok=False)
+    tuner, _ = slot_tuner(space, table, 2, exhaustive=True, alone_ok=False, prune=prune)
     res = await tuner.run()
     rows = {c.key: c for c in res.configs}
-    assert rows[k64].status == UNSTABLE and "missed it alone" in rows[k64].reason
-    assert res.best is not None and res.best.key == k16
+    assert rows[k64].status == UNSTABLE and words in rows[k64].reason
+    assert res.best is not None and res.best.key == k16 and rows[k16].status == DONE
 
 
 async def test_one_slot_is_the_search_as_before() -> None:
@@ -314,6 +336,89 @@ async def test_a_trial_is_pruned_as_soon_as_a_neighbour_finishes_better() -> Non
                         slo=SLO_TTFT, settings=TuneSettings(budget_s=1e9, step=StepRule(min_requests=50)),
                         schema=SCHEMA, clock=FakeClock(), max_request_len=192).run()
     assert alone.configs[0].steps > len(loads16)
+
+
+class SlowStartMeasurer(PacedMeasurer):
+    """A PacedMeasurer whose server start also takes ``start_pace[key]`` real seconds, and whose
+    ``lucky`` configurations meet the SLO above their real limit once: their first step between
+    ``lucky[key]`` and the table's limit passes, every later one there misses (noise on a busy box)."""
+
+    start_pace: dict[str, float] = {}
+    lucky: dict[str, float] = {}
+    used: set[str] = set()
+
+    async def start(self, flags: FlagSet, *, timeout: float) -> StartOutcome:
+        out = await super().start(flags, timeout=timeout)
+        await asyncio.sleep(SlowStartMeasurer.start_pace.get(self.key, 0.0))
+        return out
+
+    async def measure(self, load: float, *, requests: int, timeout: float, warmup: int) -> Measurement:
+        m = await super().measure(load, requests=requests, timeout=timeout, warmup=warmup)
+        real = SlowStartMeasurer.lucky.get(self.key)
+        if real is not None and m.ok and load > real:
+            if self.key in SlowStartMeasurer.used:
+                return Measurement(load, False, "p99 TTFT 900 ms > 500 ms", requests=requests, completed=requests)
+            SlowStartMeasurer.used.add(self.key)
+        return m
+
+
+async def beside_search(space: Any, table: dict[str, Any], n: int) -> tuple[TuneResult, list[str]]:
+    """The search of ``table`` with ``n`` slots of SlowStartMeasurer; its progress lines too."""
+    SlotMeasurer.live, SlotMeasurer.overlaps = set(), []
+    SlowStartMeasurer.used = set()
+    clock = FakeClock()
+    ms = [SlowStartMeasurer(i, space, table, clock) for i in range(n)]
+    said: list[str] = []
+    tuner = Tuner(ms[0], slots=ms[1:], base_flags=BASE, space=space, slo=SLO_TTFT,
+                  settings=TuneSettings(budget_s=1e9, step=StepRule(min_requests=50)), schema=SCHEMA,
+                  clock=clock, max_request_len=192, say=said.append)
+    return await tuner.run(), said
+
+
+async def test_a_trial_started_beside_a_neighbour_that_met_a_load_is_measured_there_first() -> None:
+    """Issue 19, item 2: with no finished best, a trial starts where a running neighbour has met
+    the SLO (not with the capacity probe), and one that misses there twice is dropped once that
+    neighbour's limit is confirmed there: the same winner as one at a time, in fewer steps."""
+    space = space_of(max_num_seqs=(16, 64, 128))
+    k16, k64, k128 = keys(space)
+    table: dict[str, Any] = {k16: ("start", "CUDA out of memory"), k64: 10.0, k128: 6.0}
+    # 64 (the seed) brackets slowly; 16 fails to start once 64 has met 9.75 (its only pass below
+    # its limit 10), so 128 starts in 16's slot while 64 is still measuring.
+    PacedMeasurer.pace = {k64: 0.05}
+    SlowStartMeasurer.start_pace, SlowStartMeasurer.lucky = {k16: 0.15}, {}
+    one, _ = await beside_search(space, table, 1)
+    res, said = await beside_search(space, table, 2)
+    assert res.best is not None and one.best is not None and res.best.key == one.best.key == k64
+    met = [m.load for m in res.measurements[k64] if m.ok]
+    assert set(met) == {9.75}
+    assert [m.load for m in res.measurements[k128]] == [9.75, 9.75]  # at 64's pass, checked once more; no probe
+    rows = {c.key: c for c in res.configs}
+    assert rows[k128].status == DOMINATED and f"where {k64} meets it" in rows[k128].reason
+    assert any(f"{k128}: violates the SLO at 9.75, where {k64} met it beside it" in line for line in said)
+    # One at a time: 128 was measured against the finished best the same way.
+    assert [m.load for m in one.measurements[k128]] == [9.75, 9.75]
+    assert res.steps < one.steps + 2  # + the winner measured alone once more; nothing else
+
+
+async def test_a_trial_that_lost_to_a_neighbours_lucky_pass_is_measured_again() -> None:
+    """A neighbour's single pass may be luck: a trial that missed that load is not dropped when the
+    neighbour's limit does not hold there; it is measured again (its steps reused) and wins, as
+    one at a time."""
+    space = space_of(max_num_seqs=(16, 64, 128))
+    k16, k64, k128 = keys(space)
+    table: dict[str, Any] = {k16: ("start", "CUDA out of memory"), k64: 10.0, k128: 6.0}
+    PacedMeasurer.pace = {k64: 0.05}
+    # 64 really holds only 3: its one pass at 9.75 is luck, its limit check misses (unstable).
+    SlowStartMeasurer.start_pace, SlowStartMeasurer.lucky = {k16: 0.15}, {k64: 3.0}
+    one, _ = await beside_search(space, table, 1)
+    res, said = await beside_search(space, table, 2)
+    rows = {c.key: c for c in res.configs}
+    assert rows[k64].status == UNSTABLE and {c.key: c.status for c in one.configs}[k64] == UNSTABLE
+    assert res.best is not None and one.best is not None and res.best.key == one.best.key == k128
+    assert rows[k128].status == DONE and rows[k128].limit_load == {c.key: c for c in one.configs}[k128].limit_load
+    assert [m.load for m in res.measurements[k128]][:2] == [9.75, 9.75]  # lost to 64's pass beside it ...
+    assert any(line.startswith(f"{k128}: back in the queue") for line in said)  # ... then measured again
+    assert res.measurements[k128][2].load == math.inf  # from the start: no limit rules it out
 
 
 @pytest.mark.parametrize(("resources", "needs", "parallel", "trials", "each"), [

@@ -31,6 +31,11 @@ down 1 req/s at a time from the saturated throughput):
   slow burst on a shared box must not drop a config that could win). One whose
   ``max-num-seqs`` cannot carry the best's goodput at all (Little's law with the fastest
   E2EL seen) is dropped without even a start.
+- Side by side (several slots), a trial also takes one step at the highest load a neighbour
+  still running has met, where it was not measured yet (with no finished best, instead of the
+  capacity probe). A miss there twice ends it, but it is dropped only once a finished
+  configuration's twice-measured limit is at or above that load; when none is, it is measured
+  again, as if it had not run.
 - A would-be best has its limit measured a second time before it prunes others; the lower
   goodput counts, one step lower is tried if it misses, and a config whose limit does not
   hold either way is marked unstable (the best of nine single samples is luck, not a limit).
@@ -862,6 +867,10 @@ class Tuner:
         # GPUs of each slot (the first measurer's, then ``slots``'), for the live view only.
         self._slot_gpus: tuple[tuple[int, ...], ...] = tuple(tuple(g) for g in slot_gpus)
         self._live: dict[int, LiveTrial] = {}
+        # Side by side: the configurations being measured now, and for one that lost to a running
+        # neighbour (violated the SLO at a load that neighbour met), that neighbour and the load.
+        self._running_keys: set[str] = set()
+        self._lost_beside: dict[str, tuple[str, float]] = {}
         self.base = base_flags
         self.space = space
         self.slo = slo
@@ -989,16 +998,23 @@ class Tuner:
         takes the next as soon as it is free. With several slots the best so far is the one
         known when a trial starts (a trial already running is not stopped when another
         finishes better), and at the end the winner and the runner-up are measured again alone
-        (:meth:`_measure_alone`). BudgetExhausted when the budget ends it."""
+        (:meth:`_measure_alone`). A trial that missed a load a running neighbour met is held out
+        of the results until that load is confirmed or cannot be (:meth:`_settle`).
+        BudgetExhausted when the budget ends it."""
         side_by_side = len(self.measurers) > 1
         st = self.state
         free = list(range(len(self.measurers)))
         running: dict[asyncio.Task[ConfigResult], tuple[str, int]] = {}
         tried: set[str] = set()
         beside: dict[str, set[str]] = {}
+        # Trials that lost to a running neighbour's unconfirmed pass, held out of the table (and
+        # out of best()) until that load is confirmed or no longer can be (see _settle).
+        held: dict[str, ConfigResult] = {}
+        again: set[str] = set()  # back from ``held`` to be measured again: next, on a line or not
         out_of_budget = False
         try:
             while True:
+                self._settle(held, tried, again, out_of_budget)
                 while free and not out_of_budget:
                     pending = [k for k in by_key if k not in tried and (
                         k not in st.configs or st.configs[k].status in (CUT_SHORT, NOT_TRIED))]
@@ -1006,7 +1022,11 @@ class Tuner:
                         break
                     best = self.best()
                     anchor = best.values if best is not None else seed
-                    if best is not None and not exhaustive:
+                    if again & set(pending):
+                        # Started before the best so far was known: not skipped now for being off
+                        # its lines (one at a time, it would have been measured before it).
+                        pending = [k for k in pending if k in again]
+                    elif best is not None and not exhaustive:
                         # Lines through the best first (one flag changed, any value); when all
                         # of them lost to it, the best is best along every flag.
                         on_line = [k for k in pending if self._flags_changed(by_key[k], best.values) <= 1]
@@ -1025,6 +1045,7 @@ class Tuner:
                         break
                     order += 1
                     tried.add(key)
+                    again.discard(key)
                     # A half-measured config resumed here is not its own rival: its steps are reused.
                     best = self.best(exclude=key)
                     bound = self._bound_reason(by_key[key], best)
@@ -1039,6 +1060,7 @@ class Tuner:
                         beside.setdefault(other, set()).add(key)
                     task = asyncio.create_task(self._tune_config(key, by_key[key], best, order, self.measurers[slot]))
                     running[task] = (key, slot)
+                    self._running_keys.add(key)
                 if not running:
                     break
                 done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
@@ -1046,9 +1068,18 @@ class Tuner:
                     key, slot = running.pop(task)
                     free.append(slot)
                     self._live.pop(slot, None)
+                    self._running_keys.discard(key)
                     result = task.result()
                     if side_by_side:
                         result = dataclasses.replace(result, slot=slot, side_by_side=tuple(sorted(beside.get(key, ()))))
+                    if result.status == DOMINATED and key in self._lost_beside:
+                        rival, load = self._lost_beside[key]
+                        held[key] = result
+                        self._settle(held, tried, again, out_of_budget)
+                        if key in held:
+                            self.say(f"{key}: violates the SLO at {load:.3g}, where {rival} met it beside it;"
+                                     " dropped once that load is confirmed")
+                        continue
                     st.configs[key] = result
                     self._persist()
                     self._report(result)
@@ -1058,6 +1089,8 @@ class Tuner:
                 task.cancel()
             await asyncio.gather(*running, return_exceptions=True)
             raise
+        finally:
+            self._running_keys.clear()
         if out_of_budget:
             raise BudgetExhausted
         if side_by_side:
@@ -1104,6 +1137,54 @@ class Tuner:
                 self.say(f"{c.key}: {new.reason}")
             self.state.configs[c.key] = new
             self._persist()
+
+    def _settle(self, held: dict[str, ConfigResult], tried: set[str], again: set[str], out_of_budget: bool) -> None:
+        """Decide what became of the trials in ``held``, each of which violated the SLO (twice) at a
+        load a running neighbour had met once (issue 19, item 2).
+
+        One at a time, a configuration is dropped only against a finished best whose limit was
+        measured twice (a single pass may be luck). So a held trial is dropped (DOMINATED) once
+        a finished configuration's confirmed limit is at or above that load; it stays held while
+        a trial still running has met that load; else it goes back (into ``again``) to be measured
+        next (a load it was measured at is not measured twice), or, out of budget, it is cut short."""
+        for key in list(held):
+            rival, load = self._lost_beside[key]
+            holders = [c for c in self.state.configs.values()
+                       if c.status == DONE and c.limit_load is not None and c.limit_load >= load
+                       and (c.confirmed or not self.settings.confirm)]
+            if holders:
+                by = next((c for c in holders if c.key == rival), holders[0])
+                result = held.pop(key)
+                del self._lost_beside[key]
+                if by.key != rival:
+                    result = dataclasses.replace(result, reason=result.reason.replace(
+                        f"where {rival} meets it", f"where {by.key} meets it"))
+                self.state.configs[key] = result
+                self._persist()
+                self._report(result)
+                continue
+            if self._neighbour_pass(key, at_least=load) is not None:
+                continue  # a trial still running met it: wait for its limit
+            result = held.pop(key)
+            del self._lost_beside[key]
+            why = f"{rival} met {load:.3g} beside it, but no finished configuration's limit holds there"
+            if out_of_budget:
+                self.state.configs[key] = dataclasses.replace(result, status=CUT_SHORT, reason=f"budget reached: {why}")
+                self._persist()
+                continue
+            tried.discard(key)  # lost to no confirmed limit: measured again (a load it was measured at is reused)
+            again.add(key)
+            self.say(f"{key}: back in the queue: {why}")
+
+    def _neighbour_pass(self, key: str, at_least: float = 0.0, skip: Iterable[str] = ()) -> tuple[float, str] | None:
+        """The highest finite load (at least ``at_least``) that a trial running beside ``key``
+        (and not in ``skip``) has met the SLO at so far, and that trial; None when none has."""
+        top: tuple[float, str] | None = None
+        for other in sorted(self._running_keys - {key, *skip}):
+            for m in self.state.measurements.get(other, ()):
+                if m.ok and math.isfinite(m.load) and m.load >= at_least and (top is None or m.load > top[0]):
+                    top = (m.load, other)
+        return top
 
     def _flags_changed(self, a: Mapping[str, object], b: Mapping[str, object]) -> int:
         return sum(a[n] != b[n] for n, _ in self.space.dims)
@@ -1327,36 +1408,37 @@ class Tuner:
 
         prunes = s.prune and s.objective == "goodput"
 
-        async def lost_to(rival: ConfigResult) -> ConfigResult | None:
-            """One step at ``rival``'s limit load says whether this can beat it: the finished
-            result when it cannot (or when it meets even "all at once"), None to go on."""
-            assert rival.limit_load is not None
-            if hi is not None and hi <= rival.limit_load:
-                return finish(DOMINATED, f"violates the SLO at {hi:.3g}, at or below {rival.limit_load:.3g} "
-                                         f"where {rival.key} meets it")
-            if lo is not None and lo >= rival.limit_load:
+        async def lost_to(rival: str, limit: float) -> ConfigResult | None:
+            """One step at ``limit``, the load ``rival`` meets the SLO at, says whether this can
+            beat it: the finished result when it cannot (or when it meets even "all at once"),
+            None to go on."""
+            if hi is not None and hi <= limit:
+                return finish(DOMINATED, f"violates the SLO at {hi:.3g}, at or below {limit:.3g} "
+                                         f"where {rival} meets it")
+            if lo is not None and lo >= limit:
                 return None  # met there already
             # A miss there is checked once more unless requests failed or the server died:
             # one slow burst on a shared box must not drop a config that could win.
-            m = await step(rival.limit_load)
+            m = await step(limit)
             if not m.ok and s.confirm and not m.fatal and not m.failed:
-                m = await step(rival.limit_load, fresh=True)
+                m = await step(limit, fresh=True)
             if not m.ok:
-                where = "all at once" if math.isinf(rival.limit_load) else f"{rival.limit_load:.3g}"
+                where = "all at once" if math.isinf(limit) else f"{limit:.3g}"
                 twice = " (twice)" if len([x for x in self.state.measurements.get(key, ())
-                                           if x.load == rival.limit_load]) > 1 else ""
-                return finish(DOMINATED, f"violates the SLO at {where}{twice}, where {rival.key} meets it ({m.reason})")
-            if math.isinf(rival.limit_load):
+                                           if x.load == limit]) > 1 else ""
+                return finish(DOMINATED, f"violates the SLO at {where}{twice}, where {rival} meets it ({m.reason})")
+            if math.isinf(limit):
                 return finish(DONE)
             return None
 
         # 1. Can it beat the best so far? One step at the best's limit load says.
         if best is not None and prunes and best.limit_load is not None:
-            lost = await lost_to(best)
+            lost = await lost_to(best.key, best.limit_load)
             if lost is not None:
                 return lost
-        # 2. No anchor: a saturation step gives the capacity (rate mode).
-        elif s.start_load is None and not integer:
+        # 2. No anchor: a saturation step gives the capacity (rate mode); side by side, a load a
+        # running neighbour has met is the anchor instead (step 3 starts there).
+        elif s.start_load is None and not integer and not (prunes and self._neighbour_pass(key)):
             m = await probe(math.inf)  # not step(): "violates at inf" says nothing about hi
             if m.fatal:
                 raise _Fatal(m.fatal)
@@ -1372,6 +1454,7 @@ class Tuner:
         # `growth`, so 64 passes are far more than any real search; the cap only makes a
         # logic slip end the config instead of hanging the search.
         seen: set[float] = set()
+        checked: set[str] = set()  # running neighbours whose pass this one was measured against
         for _ in range(64):
             # Side by side, a neighbour can finish better while this one brackets: it is pruned
             # against that one now, as one at a time would have been from its start (issue 19,
@@ -1380,8 +1463,21 @@ class Tuner:
             if (prunes and rival is not None and rival.limit_load is not None
                     and (best is None or (rival.key, rival.limit_load) != (best.key, best.limit_load))):
                 best = rival
-                lost = await lost_to(rival)
+                lost = await lost_to(rival.key, rival.limit_load)
                 if lost is not None:
+                    return lost
+            # Side by side, a running neighbour may already have met a load this one has not met:
+            # one step there (checked once more on a miss), as at a best's limit. A pass moves the
+            # bracket up at once; a miss (or one already at or below it) ends this trial, held by
+            # _run_slots until that load is confirmed (a single pass may be luck): then it is
+            # dropped, else measured again (issue 19, item 2). Once per neighbour: its finished
+            # limit, if better, is checked above as any new best is.
+            near = self._neighbour_pass(key, skip=checked) if prunes else None
+            if near is not None and (lo is None or near[0] > lo):
+                checked.add(near[1])  # once a neighbour: its later passes would only nibble at the bracket
+                lost = await lost_to(near[1], near[0])
+                if lost is not None:
+                    self._lost_beside[key] = (near[1], near[0])
                     return lost
             if lo is None and hi is None:
                 if ceiling is not None:
