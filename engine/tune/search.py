@@ -995,9 +995,9 @@ class Tuner:
 
         The next configuration is the nearest to the best so far (lines through the best
         first; resumed half-measured ones before all), unless a bound rules it out; a slot
-        takes the next as soon as it is free. With several slots the best so far is the one
-        known when a trial starts (a trial already running is not stopped when another
-        finishes better), and at the end the winner and the runner-up are measured again alone
+        takes the next as soon as it is free. With several slots a trial running is checked
+        against a neighbour that finishes better, or that meets a load it has not (_bracket),
+        and at the end the winner and the runner-up are measured again alone
         (:meth:`_measure_alone`). A trial that missed a load a running neighbour met is held out
         of the results until that load is confirmed or cannot be (:meth:`_settle`).
         BudgetExhausted when the budget ends it."""
