@@ -384,8 +384,8 @@ async def test_a_trial_started_beside_a_neighbour_that_met_a_load_is_measured_th
     table: dict[str, Any] = {k16: ("start", "CUDA out of memory"), k64: 10.0, k128: 6.0}
     # 64 (the seed) brackets slowly; 16 fails to start once 64 has met 9.75 (its only pass below
     # its limit 10), so 128 starts in 16's slot while 64 is still measuring.
-    PacedMeasurer.pace = {k64: 0.05}
-    SlowStartMeasurer.start_pace, SlowStartMeasurer.lucky = {k16: 0.15}, {}
+    PacedMeasurer.pace = {k64: 0.2}  # wide margins: a busy CI box delays the loop by tens of ms
+    SlowStartMeasurer.start_pace, SlowStartMeasurer.lucky = {k16: 0.6}, {}
     one, _ = await beside_search(space, table, 1)
     res, said = await beside_search(space, table, 2)
     assert res.best is not None and one.best is not None and res.best.key == one.best.key == k64
@@ -407,9 +407,9 @@ async def test_a_trial_that_lost_to_a_neighbours_lucky_pass_is_measured_again() 
     space = space_of(max_num_seqs=(16, 64, 128))
     k16, k64, k128 = keys(space)
     table: dict[str, Any] = {k16: ("start", "CUDA out of memory"), k64: 10.0, k128: 6.0}
-    PacedMeasurer.pace = {k64: 0.05}
+    PacedMeasurer.pace = {k64: 0.2}  # wide margins: a busy CI box delays the loop by tens of ms
     # 64 really holds only 3: its one pass at 9.75 is luck, its limit check misses (unstable).
-    SlowStartMeasurer.start_pace, SlowStartMeasurer.lucky = {k16: 0.15}, {k64: 3.0}
+    SlowStartMeasurer.start_pace, SlowStartMeasurer.lucky = {k16: 0.6}, {k64: 3.0}
     one, _ = await beside_search(space, table, 1)
     res, said = await beside_search(space, table, 2)
     rows = {c.key: c for c in res.configs}
