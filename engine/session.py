@@ -22,16 +22,16 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import json
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from engine import paths
 from engine.errors import SessionError
 from engine.flags import recordable_values
+from engine.runs.export import EXPORT_KINDS, export_text, write_export
 from engine.runs.status import RunStatus
 from engine.telemetry.live import LiveTelemetry
 from engine.tune.live import (
@@ -79,7 +79,6 @@ if TYPE_CHECKING:
 
 # The log pane keeps the last 1000 lines; the full log is in the supervisor's file.
 LOG_LINES = 1000
-EXPORT_KINDS = ("docker", "serve", "k8s", "compose", "results", "perfetto")
 
 
 # --------------------------------------------------------------------------- snapshot
@@ -1033,56 +1032,16 @@ class Session:
 
     def export(self, kind: str, run_index: int | None = None) -> str:
         """Text for an export: "docker", "serve", "k8s" (Deployment + Service), "compose",
-        "results" (JSON) or "perfetto" (JSON)."""
-        if kind not in EXPORT_KINDS:
-            raise SessionError(f"unknown export {kind!r}", f"one of {', '.join(EXPORT_KINDS)}")
-        if kind == "docker":
-            return str(self._flags.to_docker_line())
-        if kind == "serve":
-            return str(self._flags.to_serve_line())
-        if kind in ("k8s", "compose"):
-            from engine.runs import deploy
-
-            make = deploy.kubernetes if kind == "k8s" else deploy.compose
-            return make(self._flags, name=self._workload_label, version=self._version())
-        if not self._runs:
-            raise SessionError("no run to export", "run a workload first (r)")
-        record = self._runs[(run_index or len(self._runs)) - 1]
-        if kind == "results":
-            out: dict[str, Any] = dict(record.result.to_json()) if record.result is not None else {}  # JSON
-            out["telemetry"] = record.summary.get("telemetry", {})
-            out["label"] = record.label
-            out["status"] = record.status.value
-            for key in ("server", "cross_check", "stream", "slo_verdict"):
-                if key in record.summary:
-                    out[key] = record.summary[key]
-            out["flags"] = recordable_values(record.flags)
-            out["model"] = str(record.flags.model)
-            return json.dumps(out, indent=2, default=str)
-        from engine.runs.trace import build_trace
-
-        history = self._get_history()
-        if history is not None and record.history_id is not None:
-            info = history.get_run(record.history_id)
-            data = build_trace(info, history.requests(record.history_id), history.samples(record.history_id))
-        elif record.result is not None:
-            data = build_trace(record.result)
-        else:
-            raise SessionError("this run measured nothing", "run the workload again")
-        return json.dumps(data)
+        "results" (JSON) or "perfetto" (JSON); see engine.runs.export.export_text."""
+        return export_text(kind, self._flags, name=self._workload_label, version=self._version(), runs=self._runs,
+                           run_index=run_index, history=self._get_history)
 
     def save_export(self, kind: str, path: Path | None = None) -> Path:
         """Write an export to ``path`` (default: the data folder) and return the path."""
         return self._write_export(kind, kind, self.export(kind), path)
 
     def _write_export(self, name: str, kind: str, text: str, path: Path | None) -> Path:
-        if path is None:
-            suffix = {"docker": "sh", "serve": "sh", "k8s": "k8s.yaml", "compose": "compose.yaml", "results": "json",
-                      "perfetto": "trace.json"}[kind]
-            stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self._clock()))
-            path = paths.data_dir() / "exports" / f"{name}-{stamp}.{suffix}"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text + ("\n" if not text.endswith("\n") else ""))
+        path = write_export(name, kind, text, path, now=self._clock())
         self._notice = f"saved {name} to {path}"
         self.changed()
         return path
