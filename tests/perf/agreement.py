@@ -12,7 +12,10 @@ seed per run so no prompt repeats across runs) with three clients in turn, `--re
 
 It prints each run, then per concurrency the median over the repetitions of TTFT, TPOT and
 ITL p50/p99 and req/s for each client, and each vtui client's ratio to bench serve's median.
-Target: every p50 ratio within 0.9-1.1 and req/s within 5%. Run under the shared lock:
+Target: every p50 ratio within 0.9-1.1 and req/s within 5%. With ``--control`` a fourth client
+runs in the rotation: `vllm bench serve` again, the same command as the first; its ratio to the
+first is the box's own noise floor: where the peer against itself is outside the target, the
+target cannot judge a vtui path on that box. Run under the shared lock:
 
     flock /tmp/vtui-vllm.lock .venv/bin/python tests/perf/agreement.py
 """
@@ -43,6 +46,7 @@ VLLM_WRAPPER = (
 )
 KEYS = [(m, s) for m in ("ttft", "tpot", "itl") for s in ("median", "p99")]
 TOOLS = ("vllm bench serve", "vtui bench", "TUI session")
+CONTROL = "bench serve again"  # the peer a second time: the box's noise floor
 
 
 def run_vllm(url: str, model: str, tok: Path, conc: int, n: int, seed: int,
@@ -117,6 +121,7 @@ async def main_async(a: argparse.Namespace) -> None:
     await sup.start(timeout=600)
     runs: dict[tuple[int, str], list[dict[str, Any]]] = {}
     seed = int(time.time()) % 100_000
+    tools = (*TOOLS, CONTROL) if a.control else TOOLS
     try:
         with tempfile.TemporaryDirectory() as d:
             for conc in a.concurrency:
@@ -124,11 +129,12 @@ async def main_async(a: argparse.Namespace) -> None:
                 for rep in range(a.repeat):
                     # Rotate the order so no client always runs on a server just warmed or
                     # just loaded by the same other one.
-                    order = TOOLS[rep % 3:] + TOOLS[:rep % 3]
+                    k = rep % len(tools)
+                    order = tools[k:] + tools[:k]
                     for tool in order:
                         seed += 1
-                        out = Path(d) / f"{tool.split()[0]}-{conc}-{rep}.json"
-                        if tool == "vllm bench serve":
+                        out = Path(d) / f"{tool.replace(' ', '-')}-{conc}-{rep}.json"
+                        if tool in ("vllm bench serve", CONTROL):
                             r = await asyncio.to_thread(run_vllm, sup.base_url, sup.model, tok, conc, n,
                                                         seed, a, out)
                         elif tool == "vtui bench":
@@ -143,7 +149,7 @@ async def main_async(a: argparse.Namespace) -> None:
                               + f"  tok/event {r.get('tokens_per_event') or 0:.2f}", flush=True)
     finally:
         await sup.stop()
-    print_table(runs, a)
+    print_table(runs, a, tools=tools)
 
 
 def print_table(runs: dict[tuple[int, str], list[dict[str, Any]]], a: argparse.Namespace,
@@ -154,6 +160,7 @@ def print_table(runs: dict[tuple[int, str], list[dict[str, Any]]], a: argparse.N
     cols = ["req/s"] + [f"{m.upper()} {'p50' if s == 'median' else 'p99'}" for m, s in KEYS]
     print(f"{'conc':>4} {'client':>17} | " + " ".join(f"{c:>9}" for c in cols))
     verdicts: list[bool] = []
+    control: list[bool] = []
     for conc in a.concurrency:
         med = {tool: _medians(runs.get((conc, tool), [])) for tool in tools}
         peer = med["vllm bench serve"]
@@ -163,10 +170,12 @@ def print_table(runs: dict[tuple[int, str], list[dict[str, Any]]], a: argparse.N
             ratios = {c: med[tool].get(c, float("nan")) / peer[c] if peer.get(c) else float("nan") for c in cols}
             ok = abs(ratios["req/s"] - 1) <= 0.05 and all(
                 0.9 <= ratios[c] <= 1.1 for c in cols if c.endswith("p50"))
-            verdicts.append(ok)
+            (control if tool == CONTROL else verdicts).append(ok)
             print(f"{conc:>4} {tool + ' / peer':>17} | " + " ".join(f"{ratios[c]:>9.3f}" for c in cols)
                   + ("   within target" if ok else "   OUTSIDE target"))
-    print(f"target: p50 ratios 0.9-1.1, req/s within 5%: {sum(verdicts)} of {len(verdicts)} rows within")
+    print(f"target: p50 ratios 0.9-1.1, req/s within 5%: {sum(verdicts)} of {len(verdicts)} vtui rows within")
+    if control:
+        print(f"control (the peer against itself): {sum(control)} of {len(control)} rows within")
 
 
 def _medians(rs: list[dict[str, Any]]) -> dict[str, float]:
@@ -187,6 +196,8 @@ def main() -> None:
     ap.add_argument("--min-requests", type=int, default=24)
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--control", action="store_true",
+                    help=f"also run the peer a second time ({CONTROL!r}): the box's noise floor")
     ap.add_argument("--prefix-caching", action="store_true",
                     help="leave vLLM's prefix caching on (default: off, see above)")
     asyncio.run(main_async(ap.parse_args()))
