@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, cast
 from engine import paths
 from engine.errors import SessionError
 from engine.flags import recordable_values
+from engine.presets import Preset, list_presets, load_for_session, save_from_session
 from engine.runs.export import EXPORT_KINDS, export_text, write_export
 from engine.runs.status import RunStatus
 from engine.telemetry.live import LiveTelemetry
@@ -63,7 +64,6 @@ if TYPE_CHECKING:
     # inside the methods), so importing the session (and `vtui --help`) stays light.
     from engine.advise.advisor import Finding
     from engine.flags import FlagSet, Schema
-    from engine.presets import Preset
     from engine.runs.compare import LoadPoint, RunPoint
     from engine.runs.history import History, Recording, RunInfo
     from engine.runs.measure import MeasuredRun, RunHandle
@@ -396,8 +396,6 @@ class Session:
     # ------------------------------------------------------------------ presets
 
     def list_presets(self) -> list[Preset]:
-        from engine.presets import list_presets
-
         return list(list_presets())
 
     def load_preset(self, preset: Preset | str | Path) -> Preset:
@@ -406,63 +404,32 @@ class Session:
         On the tiny model the preset's explicit ``[tiny]`` scaling applies; what it
         changed is in the notice. Returns the preset as applied.
         """
-        from engine import presets as pr
-        from loadgen import ArrivalSpec, WorkloadSpec
-
-        if isinstance(preset, (str, Path)):
-            try:
-                preset = pr.find_preset(str(preset))
-            except pr.PresetError as exc:
-                raise SessionError(str(exc), "see the Presets list") from None
-        if self._tiny:
-            preset = preset.for_tiny_model()
-        source = str(preset.source or preset.name)
-        try:
-            workload = WorkloadSpec.from_dict(dict(preset.workload), source=f"{source} [workload]")
-            arrivals = ArrivalSpec.from_dict(dict(preset.arrivals), source=f"{source} [arrivals]")
-        except ValueError as exc:
-            raise SessionError(str(exc), "fix the preset file") from None
+        loaded = load_for_session(preset, model=self._flags.model, model_flags=self._model_flags, tiny=self._tiny)
         self.changed()
-        flags = _flagset(self._flags.model, {**self._model_flags, **preset.flags})
-        self._flags = flags
-        self._loaded_flags = flags
-        self._preset_flags = flags
-        self._workload = workload
-        self._arrivals = arrivals
-        self._slo = preset.slo
-        self._preset_name = preset.name
-        self._workload_label = preset.name
+        self._flags = loaded.flags
+        self._loaded_flags = loaded.flags
+        self._preset_flags = loaded.flags
+        self._workload = loaded.workload
+        self._arrivals = loaded.arrivals
+        self._slo = loaded.preset.slo
+        self._preset_name = loaded.preset.name
+        self._workload_label = loaded.preset.name
         self._flag_text_errors.clear()
         self._revalidate()
-        # The [tiny] scaling is listed in the preset's description on the Presets tab.
-        scaled = " (scaled for the tiny model)" if preset.scaled else ""
-        self._notice = f"loaded preset {preset.name}{scaled}"
-        return preset
+        self._notice = loaded.notice
+        return loaded.preset
 
     def save_preset(self, name: str, description: str = "") -> Path:
         """Save the edited flags and the workload as a user preset."""
-        from engine.presets import PresetError, preset_from_flags, save_user_preset
-
-        values = {k: v for k, v in recordable_values(self._flags).items()}
-        try:
-            preset = preset_from_flags(
-                name,
-                values,
-                self._workload.to_dict() if self._workload is not None else None,
-                self._arrivals.to_dict() if self._arrivals is not None else None,
-                description=description,
-                slo=self._slo,
-            )
-            path = save_user_preset(preset, overwrite=True)
-        except PresetError as exc:
-            raise SessionError(str(exc), "use letters, digits, . _ - in the name") from None
+        path = save_from_session(name, self._flags, self._workload, self._arrivals, self._slo,
+                                 description=description)
         self.changed()
         self._loaded_flags = self._flags
         self._preset_flags = self._flags
         self._preset_name = name
         self._workload_label = name
         self._notice = f"saved preset {name} to {path}"
-        return Path(path)
+        return path
 
     # ------------------------------------------------------------------ server
 
@@ -1335,8 +1302,3 @@ def _diff_rows(old: FlagSet, new: FlagSet) -> list[tuple[str, object, object]]:
     """FlagSet.diff as rows of (name, old value, new value); values typed per flag."""
     return [(str(name), a, b) for name, (a, b) in old.diff(new).items()]
 
-
-def _flagset(model: str, values: Mapping[str, object]) -> FlagSet:
-    from engine.flags import FlagSet
-
-    return FlagSet(model=model, values=dict(values))
