@@ -771,3 +771,47 @@ def test_cli_draft_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     (tmp_path / "draft").mkdir()
     code, out, _ = _cli(["advise", str(path), "--draft-model", str(tmp_path / "draft"), "--format", "json"], capsys)
     assert code == 0 and json.loads(out)["draft_model"] == str(tmp_path / "draft")
+
+
+# -- the frontend (vLLM's API server process) sets the pace: tests/perf/RESULTS-gpu.md, c=200 on an H200
+
+
+def _frontend(busy: float, tpot: float, engine: float = 18.0, **flags: Any) -> RunData:
+    run = load("healthy")
+    return dataclasses.replace(
+        run, flags={**run.flags, **flags},
+        telemetry={**run.telemetry, "server_front_cpu_p90": busy, "server_front_cpu_pct": busy - 10,
+                   "server_itl": {"mean_ms": engine, "p50_ms": engine, "count": 1000.0}},
+        load={**run.load, "mean_tpot_ms": tpot})
+
+
+def test_frontend_bound_when_the_api_server_is_busy_and_streams_lag_the_engine() -> None:
+    from engine.advise.advisor import rule_frontend_bound
+
+    [f] = rule_frontend_bound(_frontend(97.0, 48.0))
+    assert f.changes[0].describe() == "--api-server-count 1 (default) -> 2" and f.flag_changes == {
+        "api-server-count": (None, 2)}
+    assert "97% of a core" in f.symptom and "48.0 ms" in f.symptom and "18.0 ms" in f.symptom
+    [g] = rule_frontend_bound(_frontend(97.0, 48.0, **{"api-server-count": 2}))
+    assert g.changes[0].describe() == "--api-server-count 2 -> 4"
+    assert "frontend_bound" in rules_of(advise(_frontend(97.0, 48.0)))
+    # not busy, or the streams as fast as the engine's steps, or no engine figure: nothing
+    assert rule_frontend_bound(_frontend(60.0, 48.0)) == []
+    assert rule_frontend_bound(_frontend(97.0, 20.0)) == []
+    run = _frontend(97.0, 48.0)
+    assert rule_frontend_bound(dataclasses.replace(run, telemetry={
+        k: v for k, v in run.telemetry.items() if k != "server_itl"})) == []
+
+
+def test_from_history_keeps_what_the_rules_read_from_the_telemetry(tmp_path: Path) -> None:
+    # speed_of_light (rule_launch_bound) and the frontend's figures were dropped on the way
+    # from the history: those rules never fired on a stored run.
+    from engine.runs.history import History
+
+    history = History(tmp_path / "h.sqlite")
+    rec = history.start_run("r1", flags={}, workload={}, started=1000.0)
+    sol = {"launch_bound": True, "step_ms": 20.0, "floor_ms": 3.2, "mbu": 0.16, "batch": 1.3, "gpu": "H200"}
+    tel = {"speed_of_light": sol, "server_itl": {"mean_ms": 18.0}, "server_front_cpu_pct": 80.0,
+           "server_front_cpu_p90": 97.0}
+    rec.finish("complete", {"load": {"completed": 1}, "telemetry": tel})
+    assert RunData.from_history(history, "last").telemetry == tel

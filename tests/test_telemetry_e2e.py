@@ -117,3 +117,9 @@ async def test_scrape_and_sample_during_load(vllm_server: Any) -> None:
     assert summary.server_peak_rss_bytes is not None and summary.server_peak_rss_bytes > 100 * 1024 * 1024
     assert max((s.host.proc_cpu_percent or 0) for s in snaps if s.host) > 10.0
     assert max(s.host.proc_count for s in snaps if s.host) >= 2  # API server + engine core
+    # the API server's own share (engine.telemetry.host.is_front): one process of the tree, busy while it streams
+    pairs = [(h.proc_front_cpu_percent, h.proc_cpu_percent) for h in (s.host for s in snaps)
+             if h is not None and h.proc_front_cpu_percent is not None and h.proc_cpu_percent is not None]
+    assert pairs and max(front for front, _ in pairs) > 0.0, pairs
+    assert all(front <= tree + 0.5 for front, tree in pairs), pairs
+    assert summary.server_front_cpu_p90 is not None and summary.server_front_cpu_pct is not None

@@ -80,3 +80,46 @@ def test_machine_cpu_sees_a_busy_process() -> None:
         busy.wait()
     # one spinning process on this machine's cores: at least a few percent of all CPU time
     assert 100.0 / psutil.cpu_count() * 0.2 < s.cpu_percent <= 100.0
+
+
+def _titled(title: str, busy: bool) -> str:
+    """A child process named ``title`` (its comm, as vLLM's setproctitle leaves it) that spins or sleeps."""
+    body = BUSY if busy else "import time\ntime.sleep(30)\n"
+    return ("import ctypes\nctypes.CDLL(None).prctl(15, " + repr(title.encode()) + ", 0, 0, 0)\n" + body)
+
+
+@pytest.mark.parametrize(("title", "counted"), [("VLLM::EngineCore", False), ("VLLM::APIServer_1", True)])
+def test_api_server_cpu_is_the_front_processes_only(title: str, counted: bool) -> None:
+    # A sleeping root (an API server's name: the interpreter's) over one spinning child titled as
+    # vLLM titles its processes: the engine core's CPU is the tree's, not the frontend's; one of
+    # several API servers is the frontend's.
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run([sys.executable, '-c', "
+                               f"{_titled(title, busy=True)!r}])"])
+    try:
+        sampler = HostSampler(parent.pid)
+        deadline = time.time() + 10
+        first = sampler.sample()
+        while (first.proc_count < 2 or not any(
+                p.name().startswith("VLLM::") for p in psutil.Process(parent.pid).children())) and time.time() < deadline:
+            time.sleep(0.1)
+            first = sampler.sample()
+        time.sleep(1.0)
+        s = sampler.sample()
+        assert s.proc_cpu_percent is not None and s.proc_cpu_percent > 15.0, s
+        assert s.proc_front_cpu_percent is not None, s
+        if counted:
+            assert s.proc_front_cpu_percent > 15.0, s
+        else:
+            assert s.proc_front_cpu_percent < 5.0, s  # the sleeping root only
+    finally:
+        for child in psutil.Process(parent.pid).children(recursive=True):
+            child.kill()
+        parent.kill()
+        parent.wait()
+
+
+def test_is_front_by_vllm_process_titles() -> None:
+    from engine.telemetry.host import is_front
+
+    assert is_front("vllm") and is_front("python3") and is_front("VLLM::APIServer")  # comm keeps 15 characters
+    assert not is_front("VLLM::EngineCor") and not is_front("VLLM::Worker_TP0") and not is_front("VLLM::Worker")

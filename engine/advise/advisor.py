@@ -364,7 +364,8 @@ class RunData:
         startup = summary.get("startup")
         keep = ("peak_kv_cache_usage", "peak_running", "peak_waiting", "preemptions", "prefix_hit_rate",
                 "mean_gpu_util_pct", "peak_gpu_mem_bytes", "host_mean_cpu_pct", "server_mean_cpu_pct",
-                "server_peak_rss_bytes", "gpu_unavailable", "cache_config")
+                "server_peak_rss_bytes", "gpu_unavailable", "cache_config", "speed_of_light", "server_itl",
+                "server_front_cpu_pct", "server_front_cpu_p90")
         return cls(
             name=info.name, flags={_norm_flag(k): v for k, v in info.flags.items()}, model=info.model,
             status=info.status, started=info.started, ended=info.ended,
@@ -1328,6 +1329,50 @@ def rule_launch_bound(run: RunData) -> list[Finding]:
         ev, alternatives=overlap, expect=(Expectation("output_throughput", "up", 0.3),))]
 
 
+# vLLM's API server process busy this much of one core (p90 over the run's samples), with the
+# streams' tokens this much slower than the engine's own steps: the frontend sets the pace.
+FRONT_BUSY_PCT = 85.0
+FRONT_SLOWER = 1.3
+
+
+def rule_frontend_bound(run: RunData) -> list[Finding]:
+    """vLLM's API server (one Python process: HTTP, detokenizing, server-sent events for every
+    sequence) was busy nearly all the time and the streams' tokens came much slower than the
+    engine's steps made them: at this load the frontend, not the model, sets TPOT.
+
+    Seen on an H200 at 200 streams of the Qwen2.5-7B architecture (tests/perf/RESULTS-gpu.md):
+    TPOT p50 was 200 x that process's CPU time per output token plus 2-4 ms, whichever client
+    drove it, while the engine's inter-token time stayed at 18 ms."""
+    busy = _f(run.telemetry.get("server_front_cpu_p90"))
+    itl = run.telemetry.get("server_itl")
+    engine_ms = _f(itl.get("mean_ms")) if isinstance(itl, Mapping) else None
+    tpot = _f(run.load.get("mean_tpot_ms"))
+    if busy is None or engine_ms is None or tpot is None or _completed(run) < 10:
+        return []
+    if busy < FRONT_BUSY_PCT or tpot < FRONT_SLOWER * engine_ms:
+        return []
+    ev = {"api_server_cpu_p90_pct": busy, "api_server_cpu_mean_pct": _f(run.telemetry.get("server_front_cpu_pct")),
+          "client_tpot_mean_ms": tpot, "engine_itl_mean_ms": engine_ms}
+    symptom = (f"vLLM's API server process was busy {busy:.0f}% of a core (p90 of the run) while each stream got "
+               f"a token every {tpot:.1f} ms on average, against {engine_ms:.1f} ms between the engine's steps")
+    cause = ("one Python process turns every sequence's tokens into text and server-sent events: at this load its "
+             "work per token, not the model's step, sets the streams' pace")
+    old = _f(run.flag("api-server-count"))
+    if not _installed_has("api-server-count"):
+        return [Finding("frontend_bound", "medium", symptom, cause, (),
+                        "this vLLM has no --api-server-count: fewer streams per server (or a newer vLLM) would "
+                        "bring TPOT back to the engine's step", "", ev,
+                        expect=(Expectation("tpot_p50", "down", 0.1),))]
+    n = int(old) if old is not None and old >= 1 else 1
+    return [Finding(
+        "frontend_bound", "medium", symptom, cause,
+        (Change("api-server-count", n, n * 2, old_is_default=old is None),),
+        "the streams are shared out between API server processes, each on a core of its own: TPOT comes closer "
+        "to the engine's step",
+        "each API server process takes a CPU core and some host memory", ev,
+        expect=(Expectation("tpot_p50", "down", 0.1),))]
+
+
 def _installed_has(flag: str) -> bool:
     """Whether the installed vLLM (its schema, never waited for) has ``flag``."""
     from engine.flags import load_schema
@@ -1776,6 +1821,7 @@ RULES = (
     rule_tp_oversized,
     rule_tail_headroom,
     rule_launch_bound,
+    rule_frontend_bound,
     rule_prefix_cache_off,
     rule_kv_cache_fp8,
     rule_speculative_ngram,

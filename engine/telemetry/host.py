@@ -32,6 +32,18 @@ class HostSample:
     proc_count: int = 0  # processes in the tree (root + descendants)
     proc_rss_bytes: int | None = None  # summed resident set size of the tree
     proc_cpu_percent: float | None = None  # summed, of one core (a busy tree on 2 cores reads up to 200)
+    # The busiest of the server's API server processes, of one core (:func:`is_front`): the
+    # frontend that turns every sequence's tokens into text and server-sent events. At a high
+    # concurrency this one Python process, not the GPU, can set the streams' pace.
+    proc_front_cpu_percent: float | None = None
+
+
+def is_front(name: str) -> bool:
+    """Whether a process of a vLLM server's tree, by its name, may be an API server: vLLM
+    titles its other processes ``VLLM::EngineCore``, ``VLLM::Worker...`` (and several API
+    servers ``VLLM::APIServer_N``); the single API server keeps the interpreter's name (so
+    does an idle helper, such as vtui's reaper, whose CPU is nil beside it)."""
+    return name.startswith("VLLM::APIServer") or not name.startswith("VLLM::")
 
 
 class HostSampler:
@@ -84,6 +96,7 @@ class HostSampler:
             return base
         rss = 0
         cpu = 0.0
+        front: float | None = None
         alive: dict[int, psutil.Process] = {}
         for proc in tree:
             cached = self._procs.get(proc.pid)
@@ -94,9 +107,12 @@ class HostSampler:
                 with proc.oneshot():
                     rss += proc.memory_info().rss
                     pct = proc.cpu_percent(interval=None)
+                    name = proc.name()
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
             cpu += pct
+            if is_front(name) and proc.pid in self._procs:  # a new process has no CPU baseline yet
+                front = max(front or 0.0, pct)
             alive[proc.pid] = proc
         root_fresh = self._root_pid not in self._procs
         self._procs = alive
@@ -117,6 +133,7 @@ class HostSampler:
             # A process seen for the first time has no CPU baseline yet; a tree whose
             # root is new reads as unknown rather than a misleading 0 %.
             proc_cpu_percent=None if root_fresh else cpu,
+            proc_front_cpu_percent=None if root_fresh else front,
         )
 
     def _machine_cpu_percent(self) -> float:

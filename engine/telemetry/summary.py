@@ -35,6 +35,11 @@ def _mean(v: F64) -> float | None:
     return float(v.mean()) if len(v) else None
 
 
+def _p90(v: F64) -> float | None:
+    v = v[~np.isnan(v)]
+    return float(np.percentile(v, 90)) if len(v) else None
+
+
 @dataclass(frozen=True)
 class GpuSummary:
     """One device over a run."""
@@ -144,6 +149,10 @@ class TelemetrySummary:
     stale_scrapes: int
     cache_config: dict[str, str]
     energy: EnergySummary | None = None
+    # vLLM's busiest API server process, % of one core (engine.telemetry.host.is_front): its
+    # mean and the 90th percentile of its samples (how busy it was under the load's plateau).
+    server_front_cpu_pct: float | None = None
+    server_front_cpu_p90: float | None = None
 
     def to_dict(self) -> dict[str, object]:
         """Plain JSON-ready dict; latency percentiles in milliseconds."""
@@ -214,6 +223,8 @@ def summarize(store: SeriesStore, t0: float | None = None, t1: float | None = No
         stale_scrapes=int(np.nansum(stale)) if len(stale) else 0,
         cache_config=dict(store.cache_config),
         energy=energy(store, t0, t1, idle) if t0 is not None and t1 is not None else None,
+        server_front_cpu_pct=_mean(h("proc_front_cpu_percent")),
+        server_front_cpu_p90=_p90(h("proc_front_cpu_percent")),
     )
 
 
