@@ -30,10 +30,9 @@ from typing import TYPE_CHECKING, cast
 
 from engine import paths
 from engine.errors import SessionError
-from engine.flags import recordable_values
 from engine.presets import Preset, list_presets, load_for_session, save_from_session
 from engine.runs.export import EXPORT_KINDS, export_text, write_export
-from engine.runs.status import RunStatus
+from engine.runs.live import RUN_SERIES, LiveRuns, RunGround, run_name
 from engine.telemetry.live import LiveTelemetry
 from engine.tune.live import (
     TUNE_FIELDS,
@@ -46,17 +45,13 @@ from engine.tune.live import (
 from engine.views import (
     ComparisonView,
     LogLine,
-    RunProgress,
     RunRecord,
     ServerView,
     SessionSnapshot,
     StoredRun,
     TuneRequest,
-    compare_view,
     devices_view,
-    run_info,
     server_metrics_view,
-    summary_number,
 )
 
 if TYPE_CHECKING:
@@ -65,15 +60,13 @@ if TYPE_CHECKING:
     from engine.advise.advisor import Finding
     from engine.flags import FlagSet, Schema
     from engine.runs.compare import LoadPoint, RunPoint
-    from engine.runs.history import History, Recording, RunInfo
-    from engine.runs.measure import MeasuredRun, RunHandle
+    from engine.runs.history import History
     from engine.server.attach import AttachedServer
     from engine.server.logparse import LineKind, StartupFacts
     from engine.server.supervisor import RestartResult, ServerEvent, Supervisor
     from engine.telemetry.sampler import TelemetrySnapshot
     from engine.telemetry.store import SeriesStore
     from engine.tune.search import Measurer, TuneResult, TuneSettings
-    from loadgen.records import RequestResult
     from loadgen.spec import SLO, ArrivalSpec, WorkloadSpec
     from loadgen.stats import StatsWindow
 
@@ -85,45 +78,16 @@ LOG_LINES = 1000
 # The snapshot's views (SessionSnapshot and its parts) are in engine.views; these size its buffers.
 
 
-RUN_SERIES = ("req_s", "tok_s", "ttft_p50", "tpot_p50")  # a new run starts these afresh
 POLL_LINES = 100  # vtui's own polling lines kept in the log buffer, at most
 
 # Re-exported: SessionError lives in engine.errors, the Tune form's parser and its constants
-# with the tune (engine.tune.live); the TUI and the tests import them from here.
+# with the tune (engine.tune.live), run_name and RUN_SERIES with the runs (engine.runs.live),
+# EXPORT_KINDS with the exports (engine.runs.export); the TUI and the tests import them from here.
 __all__ = ["EXPORT_KINDS", "LOG_LINES", "POLL_LINES", "RUN_SERIES", "TUNE_FIELDS", "TUNE_PERCENTILES",
            "Session", "SessionError", "TuneFormError", "parse_tune_form", "run_name"]
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _short_flag(name: str) -> str:
-    """max-num-batched-tokens -> mnbt: the initials of a flag, as run names use them."""
-    return "".join(part[:1] for part in name.split("-") if part) or name
-
-
-def run_name(base: str, loaded: FlagSet | None, flags: FlagSet | None, taken: Sequence[str]) -> str:
-    """A run named by what differs: the preset (or workload) and every flag changed since it
-    was loaded (``online-chat mnbt=512``), numbered when the name was taken (``... (2)``).
-    Secrets never appear (recordable_values gives their references, and they are skipped)."""
-    from engine.flags import SECRET_FLAGS
-
-    now = recordable_values(flags) if flags is not None else {}
-    before = recordable_values(loaded) if loaded is not None else {}
-    parts = [base]
-    for key in sorted(set(now) | set(before)):
-        if key in SECRET_FLAGS or now.get(key) == before.get(key):
-            continue
-        value = now.get(key, "default")
-        text = ("on" if value else "off") if isinstance(value, bool) else str(value)
-        parts.append(f"{_short_flag(key)}={text}")
-    name = " ".join(parts)
-    if name not in taken:
-        return name
-    n = 2
-    while f"{name} ({n})" in taken:
-        n += 1
-    return f"{name} ({n})"
 
 
 # --------------------------------------------------------------------------- session
@@ -195,7 +159,6 @@ class Session:
         self._preset_name = preset_name
         self._launcher = tuple(launcher)
         self._port = port
-        self._record_history = record_history
 
         self._seq = 0
         self._subscribers: list[Callable[[SessionSnapshot], None]] = []
@@ -210,20 +173,15 @@ class Session:
         self._log_n = 0
         self._log_lock = threading.Lock()
 
-        self._window: StatsWindow | None = None
         self._tiny = tiny
         # The sampler, the /metrics scrape and the sparkline series (engine.telemetry.live).
         self._live_telemetry = LiveTelemetry(enabled=telemetry, changed=self.changed,
-                                             recording=lambda: self._recording)
+                                             recording=lambda: self._live_runs.recording)
 
-        self._run_thread: threading.Thread | None = None
-        self._run_label = ""
-        self._run_started = 0.0
-        self._run_completed = 0
-        self._runs: list[RunRecord] = []
-        self._baseline: int | None = None
-        self._history: History | None = None
-        self._sweeping = False
+        # The load run in progress, the runs measured, the comparison and the history (engine.runs.live).
+        self._live_runs = LiveRuns(changed=self.changed, notify=self._set_notice, clock=clock,
+                                   store=self._live_telemetry.store, push=self._push,
+                                   clear_series=self._clear_series, record_history=record_history)
 
         self._tune_measurer = tune_measurer  # read when a tune starts (tests set it after __init__)
         # The flag search, its progress and its result (engine.tune.live).
@@ -251,7 +209,7 @@ class Session:
 
     @property
     def runs(self) -> tuple[RunRecord, ...]:
-        return tuple(self._runs)
+        return tuple(self._live_runs.runs)
 
     @property
     def server_started_here(self) -> bool:
@@ -261,7 +219,7 @@ class Session:
 
     @property
     def run_active(self) -> bool:
-        return self._run_thread is not None and self._run_thread.is_alive()
+        return self._live_runs.active
 
     @property
     def tune_active(self) -> bool:
@@ -699,18 +657,9 @@ class Session:
 
     # ------------------------------------------------------------------ load runs
 
-    def _on_window(self, window: StatsWindow) -> None:
-        """Load-run thread callback: keep the latest window, extend the sparklines."""
-        self._window = window
-        self._push("req_s", window.req_s or 0.0)
-        self._push("tok_s", window.output_tok_s or 0.0)
-        self._push("ttft_p50", window.ttft.p50)
-        self._push("tpot_p50", window.tpot.p50)
-        self.changed()
-
     def inject_window(self, window: StatsWindow) -> None:
         """Feed a stats window by hand (headless tests, replay)."""
-        self._on_window(window)
+        self._live_runs.on_window(window)
 
     async def run_workload(self, label: str | None = None) -> RunRecord:
         """Run the chosen workload against the server; returns the recorded run.
@@ -720,164 +669,36 @@ class Session:
         it. The run is written to the history as it goes. A server that dies mid-run stops
         the run and the measured part is kept (status ``server-died``).
         """
-        from engine.runs.measure import RunHandle, RunPlan, Target, measure
-
         self._refuse_while_tuning("start a load run")
-        base_url = self._base_url()
-        if base_url is None or self._state_name() not in ("READY", "ATTACHED"):
-            raise SessionError("no server is ready", "start one (s) or attach to a URL (t)")
-        if self._workload is None or self._arrivals is None:
-            raise SessionError("no workload chosen", "load a preset first")
-        if self.run_active:
-            raise SessionError("a run is already going", "stop it first (c)")
-        label = label or self._next_run_label()
+        return await self._live_runs.run(self._run_ground(), label)
+
+    def _run_ground(self) -> RunGround:
+        """What a load run starts from: the server and the workload, read now."""
         flags = self._running_flags or self._flags
-        api_key: str | None = None  # an attached server's key is not known (AttachedServer keeps none)
-        if self._supervisor is not None:
-            # A server started here with --api-key wants it on every request.
-            api_key = flags.secret_env().get("VLLM_API_KEY")
-        target = Target(base_url, self._served_model(), api_key=api_key or None,
-                        tokenizer=str(flags.model) if Path(flags.model).is_dir() else None,
-                        supervisor=self._supervisor, root_pid=self._server_pid(),
-                        flags=recordable_values(flags), model_label=str(flags.model), vllm_version=self._version())
-        # 120 s without a byte means a hung server (SIGSTOP, a stuck engine), not a long
-        # prefill: the run shows those requests as timeouts instead of waiting 10 minutes.
-        plan = RunPlan(label, self._workload, self._arrivals, self._slo, preset=self._preset_name,
-                       read_timeout_s=120.0)
-        handle = RunHandle()
-        self._handle = handle
-        self._run_label = label
-        self._run_started = self._clock()
-        self._run_completed = 0
-        self._window = None
-        self._clear_series(RUN_SERIES)
-        self._notice = f"running {label}"
-        self.changed()
-
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[MeasuredRun] = loop.create_future()
-
-        def finish(outcome: MeasuredRun | BaseException) -> None:
-            if done.done():
-                return
-            if isinstance(outcome, BaseException):
-                done.set_exception(outcome)
-            else:
-                done.set_result(outcome)
-
-        def thread_main() -> None:
-            # The run's parent side (merging the worker's batches, history writes) on a loop of
-            # its own, so the screen's loop never waits for it; the streams are read in the
-            # worker process (engine.runs.measure -> loadgen.LoadRun).
-            run_loop = asyncio.new_event_loop()
-            try:
-                outcome = run_loop.run_until_complete(measure(
-                    target, plan, history=self._get_history(), store=self.store, handle=handle,
-                    on_window=self._on_window, on_request=self._on_request))
-                loop.call_soon_threadsafe(finish, outcome)
-            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
-                loop.call_soon_threadsafe(finish, exc)
-            finally:
-                run_loop.close()
-
-        thread = threading.Thread(target=thread_main, name="vtui-loadrun", daemon=True)
-        self._run_thread = thread
-        thread.start()
-        try:
-            run = await done
-        finally:
-            await asyncio.to_thread(thread.join)
-            self._run_thread = None
-            self._handle = None
-        ended = self._clock()
-        result = run.result
-        windows = result.windows if result is not None else ()
-        if windows:
-            self._window = windows[-1]  # the run's last published window stays on screen
-        if result is None and run.status is RunStatus.FAILED:
-            # Refused before any load was sent (unreachable, lengths too long): not a run.
-            self._notice = f"run refused: {run.error}"
-            self.changed()
-            raise SessionError(run.error or "the run failed", run.hint or "")
-        record = RunRecord(
-            index=len(self._runs) + 1,
-            label=label,
-            flags=flags,
-            started_t=self._run_started,
-            status=run.status,
-            summary=run.summary,
-            result=result,
-            history_id=run.history_id,
-            error=run.error,
-            ended_t=ended,
-        )
-        self._runs.append(record)
-        if self._baseline is None:
-            self._baseline = record.index
-        self._notice = f"run {label}: {run.status}" + (f" ({record.error})" if record.error else "")
-        if run.history_error is not None:
-            # Disk full or a read-only file mid-run: the run is kept in memory; say so.
-            self._notice += f"; history not written: {run.history_error}"
-        self.changed()
-        return record
-
-    _handle: RunHandle | None = None
+        return RunGround(
+            base_url=self._base_url(), ready=self._state_name() in ("READY", "ATTACHED"), workload=self._workload,
+            arrivals=self._arrivals, slo=self._slo, preset_name=self._preset_name, flags=flags,
+            supervisor=self._supervisor, model=self._served_model(), pid=self._server_pid(),
+            version=self._version(), name_base=self._workload_label or "run", preset_flags=self._preset_flags)
 
     def _next_run_label(self) -> str:
         """The next run's name: the preset and the flags changed since it (see run_name)."""
-        return run_name(self._workload_label or "run", self._preset_flags, self._running_flags or self._flags,
-                        [r.label for r in self._runs])
-
-    @property
-    def _recording(self) -> Recording | None:
-        handle = self._handle
-        return None if handle is None else handle.recording
-
-    def _on_request(self, result: RequestResult) -> None:
-        """Load-run thread callback, once per finished request: count and record it."""
-        self._run_completed += 1
+        return self._live_runs.next_label(self._run_ground())
 
     def stop_workload(self, reason: str = "cancelled") -> None:
         """Cancel the run in progress; what was measured so far is kept."""
-        handle = self._handle
-        if handle is None:
-            return
-        handle.cancel(reason)
-        self._notice = "stopping the run"
-        self.changed()
+        self._live_runs.stop(reason)
 
     def set_baseline(self, index: int | None = None) -> None:
         """Mark a run (default: the last one) as the baseline of the comparison."""
-        if not self._runs:
-            raise SessionError("no run yet", "run a workload first (r)")
-        index = index if index is not None else self._runs[-1].index
-        self._baseline = index
-        record = self._runs[index - 1]
-        history = self._get_history()
-        if history is not None and record.history_id is not None:
-            try:
-                history.set_baseline(record.history_id)
-            except Exception:  # noqa: BLE001 - the marker in this session still holds
-                pass
-        self._notice = f"baseline: {record.label}"
-        self.changed()
+        self._live_runs.set_baseline(index)
 
     async def sweep(self, presets: Sequence[Preset | str | Path]) -> list[RunRecord]:
         """Run several presets in a row, restarting only when the flags differ."""
         self._refuse_while_tuning("start a sweep")
-        if self._sweeping:
-            raise SessionError("a sweep is already going", "wait for it to end")
-        records = []
-        self._sweeping = True
-        try:
-            for preset in presets:
-                self.load_preset(preset)
-                if self._running_flags is None or _flags_differ(self._flags, self._running_flags):
-                    await self.apply_flags()
-                records.append(await self.run_workload())
-        finally:
-            self._sweeping = False
-        return records
+        return await self._live_runs.sweep(
+            presets, load=self.load_preset, apply=self.apply_flags, run=self.run_workload,
+            needs_apply=lambda: self._running_flags is None or _flags_differ(self._flags, self._running_flags))
 
     # ------------------------------------------------------------------ flag search (tune)
     # The search's state, progress and view are engine.tune.live's; these hand it the session.
@@ -912,7 +733,7 @@ class Session:
         snap = self._live_telemetry.latest
         return TuneGround(
             flags=self._flags, flag_errors=dict(self._flag_errors), workload=self._workload, arrivals=self._arrivals,
-            loading=self.run_active or self._sweeping, busy=self._busy,
+            loading=self.run_active or self._live_runs.sweeping, busy=self._busy,
             attached=self._attached is not None and self._supervisor is None,
             max_request_len=self._max_request_len(), schema=self._schema(),
             gpus=tuple(g.index for g in snap.gpus) if snap is not None else (), measurer=self._tune_measurer)
@@ -962,17 +783,7 @@ class Session:
     # ------------------------------------------------------------------ history
 
     def _get_history(self) -> History | None:
-        if not self._record_history:
-            return None
-        if self._history is None:
-            try:
-                from engine.runs.history import History
-
-                self._history = History()
-            except Exception:  # noqa: BLE001 - history is optional for the live view
-                self._record_history = False
-                return None
-        return self._history
+        return self._live_runs.get_history()
 
     def advise_last_run(self) -> list[Finding]:
         """The advisor's findings (``engine.advise.advisor.Finding``) for this session's latest
@@ -983,9 +794,10 @@ class Session:
         from engine.advise.advisor import RunData, advise
         from engine.runs.history import HistoryError
 
-        if not self._runs:
+        runs = self._live_runs.runs
+        if not runs:
             raise SessionError("no finished run to advise on", "run a workload first (r)")
-        record = self._runs[-1]
+        record = runs[-1]
         history = self._get_history()
         if history is None or record.history_id is None:
             raise SessionError(f"run {record.label} was not stored in the history", "the advisor reads runs from it")
@@ -1000,7 +812,7 @@ class Session:
     def export(self, kind: str, run_index: int | None = None) -> str:
         """Text for an export: "docker", "serve", "k8s" (Deployment + Service), "compose",
         "results" (JSON) or "perfetto" (JSON); see engine.runs.export.export_text."""
-        return export_text(kind, self._flags, name=self._workload_label, version=self._version(), runs=self._runs,
+        return export_text(kind, self._flags, name=self._workload_label, version=self._version(), runs=self._live_runs.runs,
                            run_index=run_index, history=self._get_history)
 
     def save_export(self, kind: str, path: Path | None = None) -> Path:
@@ -1021,11 +833,7 @@ class Session:
         if task is not None and self.stop_tune():
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(asyncio.shield(task), 60)
-        if self.run_active:
-            self.stop_workload()
-            thread = self._run_thread
-            if thread is not None:
-                await asyncio.to_thread(thread.join, 30)
+        await self._live_runs.close()
         await self._halt_telemetry()
         if self._supervisor is not None:
             if stop_server:
@@ -1033,7 +841,7 @@ class Session:
             else:
                 # Left running by choice: its reaper must not end it when vtui exits.
                 self._supervisor.leave_running = True
-        history = self._history
+        history = self._live_runs.history
         if history is not None:
             history.close()
 
@@ -1139,108 +947,28 @@ class Session:
     # ((id of the flags, memory GiB), (KV tokens, max concurrency))
     _prediction_cache: tuple[tuple[int, float | None], tuple[int | None, float | None]] | None = None
 
-    def _progress(self) -> RunProgress | None:
-        if not self.run_active:
-            return None
-        now = self._clock()
-        elapsed = now - self._run_started
-        # The arrivals say when a run stops (0: not on that); the workload has no say in it.
-        arrivals = self._arrivals
-        planned = float(arrivals.num_requests) if arrivals is not None else None
-        duration = float(arrivals.duration_s) if arrivals is not None else None
-        fraction = None
-        if planned:
-            fraction = min(1.0, self._run_completed / planned)
-        elif duration:
-            fraction = min(1.0, elapsed / duration)
-        return RunProgress(
-            label=self._run_label,
-            started_t=self._run_started,
-            elapsed_s=elapsed,
-            completed=self._run_completed,
-            planned=int(planned) if planned else None,
-            duration_s=duration,
-            fraction=fraction,
-        )
-
     def comparison(self) -> ComparisonView | None:
         """This session's runs and the stored runs picked in the Runs tab, side by side."""
-        pinned = tuple(self._pinned)
-        key = (len(self._runs), self._baseline, tuple(i.id for i in pinned))
-        if self._comparison_cache is not None and self._comparison_cache[0] == key:
-            return self._comparison_cache[1]
-        records = [r for r in self._runs if r.summary]
-        view = compare_view(records, self._baseline, pinned) if records or pinned else None
-        self._comparison_cache = (key, view)
-        return view
-
-    # ((runs, baseline, stored ids), the view)
-    _comparison_cache: tuple[tuple[int, int | None, tuple[int, ...]], ComparisonView | None] | None = None
-    _pinned: tuple[RunInfo, ...] = ()  # the stored runs in the comparison
+        return self._live_runs.comparison()
 
     def stored_runs(self, text: str = "", limit: int = 200) -> tuple[StoredRun, ...]:
         """The run history, newest first, for the Runs tab: runs of any path and session
         (vtui bench, sweep, earlier TUIs). ``text`` filters: every word must appear in the
         run's name, preset, model, date (YYYY-MM-DD) or status. Empty without a history."""
-        history = self._get_history()
-        if history is None:
-            return ()
-        try:
-            infos = history.list_runs(limit=limit)
-        except Exception:  # noqa: BLE001 - a history that cannot be read lists nothing
-            return ()
-        words = text.lower().split()
-        compared = {i.id for i in self._pinned}
-        out = []
-        for info in infos:
-            day = time.strftime("%Y-%m-%d %H:%M", time.localtime(info.started))
-            hay = " ".join(str(x) for x in (info.name, info.preset, info.model, day, info.status)).lower()
-            if any(w not in hay for w in words):
-                continue
-            load = info.summary.get("load") or {}
-            out.append(StoredRun(info.id, info.name, info.preset, info.model, info.started, info.status,
-                                 summary_number(load, "request_throughput"), summary_number(load, "median_ttft_ms"),
-                                 info.id in compared))
-        return tuple(out)
+        return self._live_runs.stored_runs(text, limit)
 
     def load_points(self) -> tuple[LoadPoint, ...]:
         """The compared runs (this session's and the stored ones picked) on the latency-against-
         load plane, by load (engine.runs.compare.load_points): a sweep of loads read as a curve."""
-        from engine.runs.compare import load_points
-
-        infos = [run_info(r) for r in self._runs if r.summary] + list(self._pinned)
-        return tuple(load_points(infos))
+        return self._live_runs.load_points()
 
     def run_points(self, limit: int = 200) -> tuple[RunPoint, ...]:
         """The stored runs on the throughput-latency plane, frontier marked (engine.runs.compare.run_points)."""
-        from engine.runs.compare import run_points
-
-        history = self._get_history()
-        if history is None:
-            return ()
-        try:
-            return tuple(run_points(history.list_runs(limit=limit)))
-        except Exception:  # noqa: BLE001 - a history that cannot be read plots nothing
-            return ()
+        return self._live_runs.run_points(limit)
 
     def toggle_stored(self, run_id: int) -> bool:
         """Put a stored run into the comparison, or take it out; True when it is in now."""
-        if any(i.id == run_id for i in self._pinned):
-            self._pinned = tuple(i for i in self._pinned if i.id != run_id)
-            self.changed()
-            return False
-        history = self._get_history()
-        if history is None:
-            raise SessionError("no run history here", "runs are stored when the history can be written")
-        try:
-            info = history.get_run(run_id)
-        except Exception as exc:  # noqa: BLE001 - named in the error
-            raise SessionError(f"stored run {run_id}: {exc}", "pick a run from the list") from None
-        if not info.summary.get("load"):
-            raise SessionError(f"stored run {run_id} ({info.name}) measured nothing", "pick a run with results")
-        self._pinned = (*self._pinned, info)
-        self.changed()
-        return True
+        return self._live_runs.toggle_stored(run_id)
 
     def snapshot(self) -> SessionSnapshot:
         """The current state, frozen."""
@@ -1258,15 +986,15 @@ class Session:
             workload_label=self._workload_label,
             preset_name=self._preset_name,
             server=self._server_view(),
-            window=self._window,
+            window=self._live_runs.window,
             devices=devices,
             gpu_unavailable=unavailable,
             server_metrics=server_metrics_view(self._live_telemetry.server_sample),
             series=self._live_telemetry.series(),
             logs=logs,
-            run=self._progress(),
-            runs=tuple(self._runs),
-            baseline=self._baseline,
+            run=self._live_runs.progress(self._arrivals),
+            runs=tuple(self._live_runs.runs),
+            baseline=self._live_runs.baseline,
             comparison=self.comparison(),
             notice=self._notice,
             busy="tuning" if self.tune_active and not self._busy else self._busy,

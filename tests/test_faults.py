@@ -151,7 +151,7 @@ async def test_server_sigkill_mid_session_run_is_cut_short_and_restartable(tiny_
         await session.start_server(timeout=30)
         sup = session.supervisor
         run = asyncio.create_task(session.run_workload())
-        await wait_until(lambda: session._run_completed >= 8, 30)
+        await wait_until(lambda: session._live_runs.completed >= 8, 30)
         refs = sup.process_refs()
         t_kill = time.monotonic()
         os.kill(sup.pid, signal.SIGKILL)
@@ -296,7 +296,7 @@ SESSION_SCRIPT = textwrap.dedent(
                           launcher=launcher, telemetry=False)
         await session.start_server(timeout=300)
         run = asyncio.create_task(session.run_workload("interrupted"))
-        while session._run_completed < 4:
+        while session._live_runs.completed < 4:
             await asyncio.sleep(0.05)
         sup = session.supervisor
         refs = [[r.pid, r.create_time] for r in sup.process_refs()]
@@ -529,7 +529,7 @@ async def test_vllm_sigkill_mid_session_run_then_restart_on_the_same_port(tiny_m
         await session.start_server(timeout=300)
         sup = session.supervisor
         run = asyncio.create_task(session.run_workload())
-        await wait_until(lambda: session._run_completed >= 8, 120)
+        await wait_until(lambda: session._live_runs.completed >= 8, 120)
         refs = sup.process_refs()
         assert len(refs) >= 2
         t_kill = time.monotonic()
@@ -666,7 +666,7 @@ async def test_disk_full_while_writing_history_keeps_the_run_and_says_so(tiny_mo
     # SQLite's max_page_count answers SQLITE_FULL past the cap, exactly as a full disk does
     # (a tiny tmpfs would need root). 48 KiB holds the schema (28 KiB) and the run row, not the run.
     session = fake_session(tiny_model)
-    session._history = History(tmp_path / "full.sqlite", max_bytes=48 * 1024)
+    session._live_runs.history = History(tmp_path / "full.sqlite", max_bytes=48 * 1024)
     session._arrivals = ArrivalSpec(concurrency=8, num_requests=600)
     session._workload = WorkloadSpec(input_len=16, output_len=2)
     try:

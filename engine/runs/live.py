@@ -1,0 +1,417 @@
+"""The session's load runs: the run in progress, the runs measured so far and the comparison.
+
+A :class:`LiveRuns` is owned by an ``engine.session.Session``. It runs the chosen workload
+against the session's server (``engine.runs.measure.measure``, the pipeline of `vtui bench`,
+sweep and tune) on a thread with its own event loop, keeps the runs this session measured,
+the baseline, the stored runs picked for the comparison and the history they are written
+to, and builds the snapshot's run views. What it needs of the session comes in explicitly:
+the session's state when a run starts (a :class:`RunGround`) and a few callables.
+
+Threads: a load run's thread calls :meth:`LiveRuns.on_window` and :meth:`LiveRuns.on_request`;
+both only assign or count (atomic under the GIL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from engine.errors import SessionError
+from engine.flags import SECRET_FLAGS, FlagSet, recordable_values
+from engine.presets import Preset
+from engine.runs.compare import LoadPoint, RunPoint, load_points, run_points
+from engine.runs.history import History, Recording, RunInfo
+from engine.runs.measure import MeasuredRun, RunHandle, RunPlan, Target, measure
+from engine.runs.status import RunStatus
+from engine.views import ComparisonView, RunProgress, RunRecord, StoredRun, compare_view, run_info, summary_number
+
+if TYPE_CHECKING:
+    from engine.server.supervisor import Supervisor
+    from engine.telemetry.store import SeriesStore
+    from loadgen.records import RequestResult
+    from loadgen.spec import SLO, ArrivalSpec, WorkloadSpec
+    from loadgen.stats import StatsWindow
+
+RUN_SERIES = ("req_s", "tok_s", "ttft_p50", "tpot_p50")  # a new run starts these afresh
+
+
+def _short_flag(name: str) -> str:
+    """max-num-batched-tokens -> mnbt: the initials of a flag, as run names use them."""
+    return "".join(part[:1] for part in name.split("-") if part) or name
+
+
+def run_name(base: str, loaded: FlagSet | None, flags: FlagSet | None, taken: Sequence[str]) -> str:
+    """A run named by what differs: the preset (or workload) and every flag changed since it
+    was loaded (``online-chat mnbt=512``), numbered when the name was taken (``... (2)``).
+    Secrets never appear (recordable_values gives their references, and they are skipped)."""
+    now = recordable_values(flags) if flags is not None else {}
+    before = recordable_values(loaded) if loaded is not None else {}
+    parts = [base]
+    for key in sorted(set(now) | set(before)):
+        if key in SECRET_FLAGS or now.get(key) == before.get(key):
+            continue
+        value = now.get(key, "default")
+        text = ("on" if value else "off") if isinstance(value, bool) else str(value)
+        parts.append(f"{_short_flag(key)}={text}")
+    name = " ".join(parts)
+    if name not in taken:
+        return name
+    n = 2
+    while f"{name} ({n})" in taken:
+        n += 1
+    return f"{name} ({n})"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunGround:
+    """What the session holds when a load run is asked for: its server and its workload."""
+
+    base_url: str | None
+    ready: bool  # the server is READY (started here) or ATTACHED
+    workload: WorkloadSpec | None
+    arrivals: ArrivalSpec | None
+    slo: SLO | None
+    preset_name: str | None
+    flags: FlagSet  # what the server runs, else the edited flags
+    supervisor: Supervisor | None  # the server started here, or None (attached)
+    model: str | None  # the served model's name
+    pid: int | None
+    version: str | None  # vLLM's
+    name_base: str  # the workload's label, else "run"
+    preset_flags: FlagSet  # what run names compare against
+
+
+class LiveRuns:
+    """The session's load run in progress, its runs, the baseline, the comparison and the history."""
+
+    def __init__(
+        self,
+        *,
+        changed: Callable[[], None],
+        notify: Callable[[str], None],
+        clock: Callable[[], float],
+        store: SeriesStore,
+        push: Callable[[str, float], None],
+        clear_series: Callable[[tuple[str, ...]], None],
+        record_history: bool,
+    ) -> None:
+        """The session's side: ``changed`` marks its state changed; ``notify`` sets its notice
+        line; ``clock`` its clock; ``store`` every telemetry sample of the session (the runs'
+        summaries read it); ``push`` and ``clear_series`` extend and reset its sparklines.
+        ``record_history``: False never writes (or reads) the run history."""
+        self._changed = changed
+        self._notify = notify
+        self._clock = clock
+        self._store = store
+        self._push = push
+        self._clear_series = clear_series
+        self.record_history = record_history
+        self.history: History | None = None  # opened on first use (get_history)
+        self.thread: threading.Thread | None = None  # the run in progress's
+        self.label = ""
+        self.started = 0.0
+        self.completed = 0  # requests finished in the run in progress
+        self.runs: list[RunRecord] = []
+        self.baseline: int | None = None
+        self.sweeping = False
+        self.window: StatsWindow | None = None  # the latest stats window
+        self._handle: RunHandle | None = None
+        self._pinned: tuple[RunInfo, ...] = ()  # the stored runs in the comparison
+        # ((runs, baseline, stored ids), the view)
+        self._comparison_cache: tuple[tuple[int, int | None, tuple[int, ...]], ComparisonView | None] | None = None
+
+    @property
+    def active(self) -> bool:
+        """True while a load run's thread is alive."""
+        return self.thread is not None and self.thread.is_alive()
+
+    @property
+    def recording(self) -> Recording | None:
+        """The history recording of the run in progress, or None."""
+        handle = self._handle
+        return None if handle is None else handle.recording
+
+    def get_history(self) -> History | None:
+        """The run history (opened now on first use), or None when it is not written."""
+        if not self.record_history:
+            return None
+        if self.history is None:
+            try:
+                self.history = History()
+            except Exception:  # noqa: BLE001 - history is optional for the live view
+                self.record_history = False
+                return None
+        return self.history
+
+    # ------------------------------------------------------------------ the run
+
+    def on_window(self, window: StatsWindow) -> None:
+        """Load-run thread callback: keep the latest window, extend the sparklines."""
+        self.window = window
+        self._push("req_s", window.req_s or 0.0)
+        self._push("tok_s", window.output_tok_s or 0.0)
+        self._push("ttft_p50", window.ttft.p50)
+        self._push("tpot_p50", window.tpot.p50)
+        self._changed()
+
+    def on_request(self, result: RequestResult) -> None:
+        """Load-run thread callback, once per finished request: count and record it."""
+        self.completed += 1
+
+    def next_label(self, ground: RunGround) -> str:
+        """The next run's name: the preset and the flags changed since it (see run_name)."""
+        return run_name(ground.name_base, ground.preset_flags, ground.flags, [r.label for r in self.runs])
+
+    async def run(self, ground: RunGround, label: str | None = None) -> RunRecord:
+        """Run ``ground``'s workload against its server; returns the recorded run (see
+        ``engine.session.Session.run_workload``)."""
+        base_url = ground.base_url
+        if base_url is None or not ground.ready:
+            raise SessionError("no server is ready", "start one (s) or attach to a URL (t)")
+        if ground.workload is None or ground.arrivals is None:
+            raise SessionError("no workload chosen", "load a preset first")
+        if self.active:
+            raise SessionError("a run is already going", "stop it first (c)")
+        label = label or self.next_label(ground)
+        flags = ground.flags
+        api_key: str | None = None  # an attached server's key is not known (AttachedServer keeps none)
+        if ground.supervisor is not None:
+            # A server started here with --api-key wants it on every request.
+            api_key = flags.secret_env().get("VLLM_API_KEY")
+        target = Target(base_url, ground.model, api_key=api_key or None,
+                        tokenizer=str(flags.model) if Path(flags.model).is_dir() else None,
+                        supervisor=ground.supervisor, root_pid=ground.pid,
+                        flags=recordable_values(flags), model_label=str(flags.model), vllm_version=ground.version)
+        # 120 s without a byte means a hung server (SIGSTOP, a stuck engine), not a long
+        # prefill: the run shows those requests as timeouts instead of waiting 10 minutes.
+        plan = RunPlan(label, ground.workload, ground.arrivals, ground.slo, preset=ground.preset_name,
+                       read_timeout_s=120.0)
+        handle = RunHandle()
+        self._handle = handle
+        self.label = label
+        self.started = self._clock()
+        self.completed = 0
+        self.window = None
+        self._clear_series(RUN_SERIES)
+        self._notify(f"running {label}")
+        self._changed()
+
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[MeasuredRun] = loop.create_future()
+
+        def finish(outcome: MeasuredRun | BaseException) -> None:
+            if done.done():
+                return
+            if isinstance(outcome, BaseException):
+                done.set_exception(outcome)
+            else:
+                done.set_result(outcome)
+
+        def thread_main() -> None:
+            # The run's parent side (merging the worker's batches, history writes) on a loop of
+            # its own, so the screen's loop never waits for it; the streams are read in the
+            # worker process (engine.runs.measure -> loadgen.LoadRun).
+            run_loop = asyncio.new_event_loop()
+            try:
+                outcome = run_loop.run_until_complete(measure(
+                    target, plan, history=self.get_history(), store=self._store, handle=handle,
+                    on_window=self.on_window, on_request=self.on_request))
+                loop.call_soon_threadsafe(finish, outcome)
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+                loop.call_soon_threadsafe(finish, exc)
+            finally:
+                run_loop.close()
+
+        thread = threading.Thread(target=thread_main, name="vtui-loadrun", daemon=True)
+        self.thread = thread
+        thread.start()
+        try:
+            run = await done
+        finally:
+            await asyncio.to_thread(thread.join)
+            self.thread = None
+            self._handle = None
+        ended = self._clock()
+        result = run.result
+        windows = result.windows if result is not None else ()
+        if windows:
+            self.window = windows[-1]  # the run's last published window stays on screen
+        if result is None and run.status is RunStatus.FAILED:
+            # Refused before any load was sent (unreachable, lengths too long): not a run.
+            self._notify(f"run refused: {run.error}")
+            self._changed()
+            raise SessionError(run.error or "the run failed", run.hint or "")
+        record = RunRecord(
+            index=len(self.runs) + 1,
+            label=label,
+            flags=flags,
+            started_t=self.started,
+            status=run.status,
+            summary=run.summary,
+            result=result,
+            history_id=run.history_id,
+            error=run.error,
+            ended_t=ended,
+        )
+        self.runs.append(record)
+        if self.baseline is None:
+            self.baseline = record.index
+        notice = f"run {label}: {run.status}" + (f" ({record.error})" if record.error else "")
+        if run.history_error is not None:
+            # Disk full or a read-only file mid-run: the run is kept in memory; say so.
+            notice += f"; history not written: {run.history_error}"
+        self._notify(notice)
+        self._changed()
+        return record
+
+    def stop(self, reason: str = "cancelled") -> None:
+        """Cancel the run in progress; what was measured so far is kept."""
+        handle = self._handle
+        if handle is None:
+            return
+        handle.cancel(reason)
+        self._notify("stopping the run")
+        self._changed()
+
+    async def close(self) -> None:
+        """Stop the run in progress and wait (30 s at most) for its thread."""
+        if self.active:
+            self.stop()
+            thread = self.thread
+            if thread is not None:
+                await asyncio.to_thread(thread.join, 30)
+
+    def set_baseline(self, index: int | None = None) -> None:
+        """Mark a run (default: the last one) as the baseline of the comparison."""
+        if not self.runs:
+            raise SessionError("no run yet", "run a workload first (r)")
+        index = index if index is not None else self.runs[-1].index
+        self.baseline = index
+        record = self.runs[index - 1]
+        history = self.get_history()
+        if history is not None and record.history_id is not None:
+            try:
+                history.set_baseline(record.history_id)
+            except Exception:  # noqa: BLE001 - the marker in this session still holds
+                pass
+        self._notify(f"baseline: {record.label}")
+        self._changed()
+
+    async def sweep(self, presets: Sequence[Preset | str | Path], *, load: Callable[[Preset | str | Path], object],
+                    needs_apply: Callable[[], bool], apply: Callable[[], Awaitable[object]],
+                    run: Callable[[], Awaitable[RunRecord]]) -> list[RunRecord]:
+        """For each of ``presets``: ``load`` it, ``apply`` (restart) when ``needs_apply``
+        says the flags differ from the running ones, and ``run`` the workload."""
+        if self.sweeping:
+            raise SessionError("a sweep is already going", "wait for it to end")
+        records = []
+        self.sweeping = True
+        try:
+            for preset in presets:
+                load(preset)
+                if needs_apply():
+                    await apply()
+                records.append(await run())
+        finally:
+            self.sweeping = False
+        return records
+
+    # ------------------------------------------------------------------ views
+
+    def progress(self, arrivals: ArrivalSpec | None) -> RunProgress | None:
+        """The run in progress's view (``arrivals``: the session's, they say when it stops)."""
+        if not self.active:
+            return None
+        now = self._clock()
+        elapsed = now - self.started
+        # The arrivals say when a run stops (0: not on that); the workload has no say in it.
+        planned = float(arrivals.num_requests) if arrivals is not None else None
+        duration = float(arrivals.duration_s) if arrivals is not None else None
+        fraction = None
+        if planned:
+            fraction = min(1.0, self.completed / planned)
+        elif duration:
+            fraction = min(1.0, elapsed / duration)
+        return RunProgress(
+            label=self.label,
+            started_t=self.started,
+            elapsed_s=elapsed,
+            completed=self.completed,
+            planned=int(planned) if planned else None,
+            duration_s=duration,
+            fraction=fraction,
+        )
+
+    def comparison(self) -> ComparisonView | None:
+        """This session's runs and the stored runs picked in the Runs tab, side by side."""
+        pinned = tuple(self._pinned)
+        key = (len(self.runs), self.baseline, tuple(i.id for i in pinned))
+        if self._comparison_cache is not None and self._comparison_cache[0] == key:
+            return self._comparison_cache[1]
+        records = [r for r in self.runs if r.summary]
+        view = compare_view(records, self.baseline, pinned) if records or pinned else None
+        self._comparison_cache = (key, view)
+        return view
+
+    def stored_runs(self, text: str = "", limit: int = 200) -> tuple[StoredRun, ...]:
+        """The run history, newest first, for the Runs tab (see ``Session.stored_runs``)."""
+        history = self.get_history()
+        if history is None:
+            return ()
+        try:
+            infos = history.list_runs(limit=limit)
+        except Exception:  # noqa: BLE001 - a history that cannot be read lists nothing
+            return ()
+        words = text.lower().split()
+        compared = {i.id for i in self._pinned}
+        out = []
+        for info in infos:
+            day = time.strftime("%Y-%m-%d %H:%M", time.localtime(info.started))
+            hay = " ".join(str(x) for x in (info.name, info.preset, info.model, day, info.status)).lower()
+            if any(w not in hay for w in words):
+                continue
+            load = info.summary.get("load") or {}
+            out.append(StoredRun(info.id, info.name, info.preset, info.model, info.started, info.status,
+                                 summary_number(load, "request_throughput"), summary_number(load, "median_ttft_ms"),
+                                 info.id in compared))
+        return tuple(out)
+
+    def load_points(self) -> tuple[LoadPoint, ...]:
+        """The compared runs (this session's and the stored ones picked) on the latency-against-
+        load plane, by load (engine.runs.compare.load_points): a sweep of loads read as a curve."""
+        infos = [run_info(r) for r in self.runs if r.summary] + list(self._pinned)
+        return tuple(load_points(infos))
+
+    def run_points(self, limit: int = 200) -> tuple[RunPoint, ...]:
+        """The stored runs on the throughput-latency plane, frontier marked (engine.runs.compare.run_points)."""
+        history = self.get_history()
+        if history is None:
+            return ()
+        try:
+            return tuple(run_points(history.list_runs(limit=limit)))
+        except Exception:  # noqa: BLE001 - a history that cannot be read plots nothing
+            return ()
+
+    def toggle_stored(self, run_id: int) -> bool:
+        """Put a stored run into the comparison, or take it out; True when it is in now."""
+        if any(i.id == run_id for i in self._pinned):
+            self._pinned = tuple(i for i in self._pinned if i.id != run_id)
+            self._changed()
+            return False
+        history = self.get_history()
+        if history is None:
+            raise SessionError("no run history here", "runs are stored when the history can be written")
+        try:
+            info = history.get_run(run_id)
+        except Exception as exc:  # noqa: BLE001 - named in the error
+            raise SessionError(f"stored run {run_id}: {exc}", "pick a run from the list") from None
+        if not info.summary.get("load"):
+            raise SessionError(f"stored run {run_id} ({info.name}) measured nothing", "pick a run with results")
+        self._pinned = (*self._pinned, info)
+        self._changed()
+        return True
