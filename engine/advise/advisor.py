@@ -166,8 +166,18 @@ class RunData:
 
     # ------------------------------------------------------------- flags
     def flag(self, name: str, default: object = None) -> object:
-        """A flag's value (any spelling), else ``default``."""
-        return self.flags.get(_norm_flag(name), default)
+        """A flag's value (any spelling); for a flag the run did not record, the value the server
+        itself reported (vllm:cache_config_info: an attached server's flags are not known) where
+        it is not vLLM's default; else ``default``."""
+        key = _norm_flag(name)
+        if key in self.flags:
+            return self.flags[key]
+        label = SERVER_REPORTED.get(key)
+        if label is not None:
+            v = _f(_num_text(self.cache_config.get(label)))
+            if v is not None and v != DEFAULTS.get(key):
+                return v
+        return default
 
     def flag_or_default(self, name: str) -> object:
         return self.flag(name, DEFAULTS.get(_norm_flag(name)))
@@ -375,6 +385,10 @@ class RunData:
             model_config=_read_model_config(info.model),
             startup=dict(startup) if isinstance(startup, Mapping) else {},
         )
+
+
+# Flags whose value the server reports in vllm:cache_config_info (flag: label).
+SERVER_REPORTED = {"gpu-memory-utilization": "gpu_memory_utilization"}
 
 
 def _num_text(value: object) -> object:
