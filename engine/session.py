@@ -682,7 +682,7 @@ class Session:
             window=self._live_runs.window,
             devices=devices,
             gpu_unavailable=unavailable,
-            server_metrics=server_metrics_view(self._live_telemetry.server_sample),
+            server_metrics=server_metrics_view(self._live_telemetry.server_sample, self._live_telemetry.latest),
             series=self._live_telemetry.series(),
             logs=self._live_server.logs(),
             run=self._live_runs.progress(self._arrivals),

@@ -94,6 +94,9 @@ class ServerMetricsView:
     itl_ms: Mapping[str, float] = field(default_factory=dict)
     e2el_ms: Mapping[str, float] = field(default_factory=dict)
     error: str | None = None  # why the scrape failed, when it did
+    # vLLM's busiest API server process, % of one core (engine.telemetry.host): the frontend
+    # that streams every sequence's tokens; near 100 it, not the GPU, sets the pace.
+    api_server_cpu_pct: float | None = None
 
 
 @dataclass(frozen=True)
@@ -323,13 +326,16 @@ def _ms(q: Quantiles | None) -> dict[str, float]:
     return {k: v * 1000.0 for k, v in (("p50", q.p50), ("p90", q.p90), ("p99", q.p99)) if v is not None}
 
 
-def server_metrics_view(s: ServerSample | None) -> ServerMetricsView:
-    """The Live panel's server figures from the latest ServerSample."""
+def server_metrics_view(s: ServerSample | None, telemetry: TelemetrySnapshot | None = None) -> ServerMetricsView:
+    """The Live panel's server figures from the latest ServerSample, with the API server's
+    CPU from the latest telemetry's host sample."""
+    front = telemetry.host.proc_front_cpu_percent if telemetry is not None and telemetry.host is not None else None
     if s is None:
-        return ServerMetricsView()
+        return ServerMetricsView(api_server_cpu_pct=front)
     if s.stale:
-        return ServerMetricsView(error=s.reason or "no answer")
+        return ServerMetricsView(error=s.reason or "no answer", api_server_cpu_pct=front)
     return ServerMetricsView(
+        api_server_cpu_pct=front,
         running=s.running,
         waiting=s.waiting,
         kv_usage_pct=None if s.kv_cache_usage is None else s.kv_cache_usage * 100,

@@ -473,3 +473,24 @@ async def test_runs_tab_plots_the_stored_runs_pareto_chart() -> None:
         text = app.export_screenshot().replace("&#160;", " ")
         for label in ("Pareto frontier", "missed the SLO", "output tokens/s per GPU"):
             assert label in text, label
+
+
+def test_live_shows_the_api_servers_cpu_when_the_sampler_has_it() -> None:
+    # The frontend's share (engine.telemetry.host.is_front) reaches the Live panel's server line
+    # through the snapshot; without a reading the line is as before.
+    from engine.telemetry.host import HostSample
+    from engine.telemetry.sampler import TelemetrySnapshot
+    from engine.views import server_metrics_view
+    from tui.widgets.live import LivePanel
+
+    host = HostSample(t=1.0, cpu_percent=50.0, cpu_count=16, mem_used_bytes=1, mem_total_bytes=2,
+                      mem_available_bytes=1, proc_root_pid=1, proc_alive=True, proc_count=3,
+                      proc_cpu_percent=180.0, proc_front_cpu_percent=97.0)
+    tel = TelemetrySnapshot(t=1.0, gpus=(), host=host, gpu_unavailable=None, sample_cost_s=0.0)
+    view = server_metrics_view(None, tel)
+    assert view.api_server_cpu_pct == 97.0 and server_metrics_view(None).api_server_cpu_pct is None
+    snap = tui_data.ready_running()
+    line = LivePanel()._server(dataclasses.replace(snap, server_metrics=dataclasses.replace(
+        snap.server_metrics, api_server_cpu_pct=97.0))).plain
+    assert line.endswith("API server CPU 97%"), line
+    assert "API server" not in LivePanel()._server(snap).plain

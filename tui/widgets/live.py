@@ -107,6 +107,8 @@ class LivePanel(VerticalScroll):
             f"  waiting {_f(m.waiting, '{:.0f}')}  preempt {_f(m.preemptions_per_s)}/s"
             f"  prefix hit {_f(m.prefix_hit_pct, '{:.0f}')}%"
         )
+        if m.api_server_cpu_pct is not None:
+            text.append(f"  API server CPU {m.api_server_cpu_pct:.0f}%")
         if m.error:
             text.append(f"\n/metrics: {m.error}", style="italic")
         return text
