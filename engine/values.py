@@ -3,11 +3,27 @@
 ``as_int`` and ``as_float`` are ``int()`` and ``float()`` for a value typed ``object``: the same
 number, or the same TypeError (and ValueError for text that is not a number), so the parsing
 edges of every room convert alike and the type checker knows the result.
+
+``JSONValue`` / ``JSONObject`` type a JSON document kept as it was stored (a run's summary):
+a reader narrows what it takes out of one (``json_object``) instead of indexing blindly.
 """
 
 from __future__ import annotations
 
-from typing import SupportsFloat, SupportsIndex, SupportsInt
+from collections.abc import Mapping, Sequence
+from typing import SupportsFloat, SupportsIndex, SupportsInt, TypeAlias
+
+# A JSON value as json.loads gives it (its lists and objects read-only here).
+JSONValue: TypeAlias = bool | int | float | str | Sequence["JSONValue"] | Mapping[str, "JSONValue"] | None
+JSONObject: TypeAlias = Mapping[str, JSONValue]
+
+
+def json_object(value: object) -> JSONObject:
+    """``value`` where it is a JSON object (a mapping with text keys), else an empty one: the
+    way into a nested part of a stored document whose shape is not guaranteed."""
+    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+        return value
+    return {}
 
 
 def as_float(value: object) -> float:
@@ -25,4 +41,4 @@ def as_int(value: object) -> int:
                     f"not {type(value).__name__!r}")
 
 
-__all__ = ["as_float", "as_int"]
+__all__ = ["JSONObject", "JSONValue", "as_float", "as_int", "json_object"]

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from engine.flags import recordable_values
+from engine.values import JSONObject
 
 if TYPE_CHECKING:
     # For the annotations only: the modules are imported where they are used, so importing
@@ -121,7 +122,9 @@ class RunRecord:
     flags: FlagSet
     started_t: float
     status: RunStatus  # engine.runs.status: the same words as the history and every path
-    summary: Mapping[str, Any]  # JSON: {"load": RunResult.summary, "telemetry": TelemetrySummary dict}
+    # The run's stored document (engine.runs.measure): {"load": RunResult.summary, "telemetry":
+    # TelemetrySummary.to_dict(), "server", "cross_check", ...}; read it with engine.values.json_object.
+    summary: JSONObject
     result: RunResult | None = None  # None when the run failed before measuring
     history_id: int | None = None  # the run's id in the history, None when it was not stored
     error: str | None = None
