@@ -445,11 +445,16 @@ def failure_from_line(line: str, hint: str = "") -> dict[str, object]:
 
 
 def failure_from_error(err: BaseException) -> dict[str, object]:
-    """A raised ``engine.errors.StartupError`` as ``RunData.failure``."""
-    # getattr: any exception is taken, and only some carry vLLM's line, a hint or an estimate.
-    out: dict[str, object] = {"kind": type(err).__name__, "vllm_line": getattr(err, "vllm_line", "") or str(err),
-                              "hint": getattr(err, "hint", "")}
-    est = getattr(err, "estimated_max_len", None)
+    """A raised ``engine.errors.StartupError`` as ``RunData.failure`` (any other exception by
+    its text: vtui's startup errors and EngineDied carry vLLM's line and a hint, SessionError
+    a hint)."""
+    from engine.errors import EngineDied, MaxModelLenTooLarge, SessionError, StartupError
+
+    line, hint = (err.vllm_line, err.hint) if isinstance(err, (StartupError, EngineDied)) else ("", "")
+    if isinstance(err, SessionError):
+        hint = err.hint
+    out: dict[str, object] = {"kind": type(err).__name__, "vllm_line": line or str(err), "hint": hint}
+    est = err.estimated_max_len if isinstance(err, MaxModelLenTooLarge) else None
     if est is not None:
         out["estimated_max_len"] = est
     return out

@@ -178,10 +178,9 @@ class FlagSet:
     def same_launch(self, other: FlagSet | FlagsLike) -> bool:
         """Whether ``other`` launches the same server (model and every flag, secrets included).
 
-        ``other``: a FlagSet, or a Supervisor's flags (a FlagSet too, as every caller passes;
-        FlagsLike does not name ``to_argv``'s ``include_secrets``, hence the cast)."""
+        ``other``: a FlagSet, or a Supervisor's flags (FlagsLike)."""
         return bool(str(self.model) == str(other.model)
-                    and self.to_argv(include_secrets=True) == cast(FlagSet, other).to_argv(include_secrets=True))
+                    and self.to_argv(include_secrets=True) == other.to_argv(include_secrets=True))
 
     def secret_env(self) -> dict[str, str]:
         """Environment variables that carry the secret flags (VLLM_API_KEY, HF_TOKEN)."""

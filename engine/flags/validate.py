@@ -140,16 +140,10 @@ def recordable_values(flags: FlagSet | FlagsLike | None) -> dict[str, object]:
     values went into the history and the results export before (FlagSet.values holds them
     as typed).
 
-    ``flags``: a FlagSet, or a Supervisor's flags (FlagsLike: a FlagSet, or a test's
-    stand-in, read through whatever ``to_dict``/``values`` it has); None gives {}.
+    ``flags``: a FlagSet, or a Supervisor's flags (FlagsLike: its ``to_dict``); None gives {}.
     """
-    if isinstance(flags, FlagSet):
-        out = flags.to_dict()
-        out.pop("model", None)
-        return out
-    to_dict = getattr(flags, "to_dict", None)
-    if callable(to_dict):
-        out = dict(to_dict())
-        out.pop("model", None)
-        return out
-    return dict(getattr(flags, "values", {}) or {})
+    if flags is None:
+        return {}
+    out = dict(flags.to_dict())
+    out.pop("model", None)
+    return out

@@ -53,12 +53,17 @@ _HEALTH_TIMEOUT_S = 1.0
 
 
 class FlagsLike(Protocol):
-    """What the supervisor needs of ``engine.flags.FlagSet``."""
+    """What the supervisor needs of ``engine.flags.FlagSet``: the argv and the record without
+    secrets, and the secrets apart (handed to the child in its environment only)."""
 
     @property
     def model(self) -> str: ...
 
-    def to_argv(self) -> list[str]: ...
+    def to_argv(self, *, include_secrets: bool = False) -> list[str]: ...
+
+    def to_dict(self, *, include_secrets: bool = False) -> dict[str, object]: ...
+
+    def secret_env(self) -> dict[str, str]: ...
 
     def get(self, name: str, default: object = None) -> object: ...
 
@@ -1079,9 +1084,8 @@ class Supervisor:
 
     def _write_registry(self) -> None:
         assert self._root is not None
-        to_dict = getattr(self.flags, "to_dict", None)
         try:
-            flag_dict = to_dict() if callable(to_dict) else {"model": self.flags.model}
+            flag_dict = self.flags.to_dict()
             json.dumps(flag_dict)
         except (TypeError, ValueError):
             flag_dict = {"model": self.flags.model, "argv": _argv_without_secrets(self.flags)}
@@ -1161,15 +1165,11 @@ class _Child:
 
 
 def _argv_without_secrets(flags: FlagsLike) -> list[str]:
-    try:
-        return list(flags.to_argv(include_secrets=False))  # type: ignore[call-arg]  # FlagSet has it
-    except TypeError:
-        return list(flags.to_argv())
+    return list(flags.to_argv(include_secrets=False))
 
 
 def _secret_env(flags: FlagsLike) -> dict[str, str]:
-    secret_env = getattr(flags, "secret_env", None)
-    return dict(secret_env()) if callable(secret_env) else {}
+    return dict(flags.secret_env())
 
 
 def _client() -> httpx.AsyncClient:
