@@ -68,14 +68,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from engine import paths
+from engine.errors import EngineDied, StartupError
+from engine.flags import FlagError, FlagSet, devices_needed, validate
+from engine.runs.compare import pareto_frontier
+from engine.runs.history import History, HistoryError
+from engine.runs.measure import RunHandle, RunPlan, Target, ensure_server, wait_for
+from engine.runs.measure import measure as measure_run
+from engine.server.supervisor import ServerState, Supervisor
 from engine.values import as_float, as_int
-from loadgen.spec import allowed_failures, judge  # the SLO's own test; re-exported
+from loadgen import LoadRun, ServerError
+from loadgen.spec import ArrivalSpec, allowed_failures, judge  # allowed_failures, judge: the SLO's own test; re-exported
 
 if TYPE_CHECKING:
-    from engine.flags import FlagSet, FlagValue, Schema
-    from engine.server.supervisor import Supervisor
+    from engine.flags import FlagValue, Schema
     from loadgen.records import RequestResult
-    from loadgen.spec import SLO, ArrivalSpec, WorkloadSpec
+    from loadgen.spec import SLO, WorkloadSpec
 
     # One flag's value in a search space; None leaves the flag unset (FlagSet.set(name, None)).
     SpaceValue: TypeAlias = FlagValue | None
@@ -185,8 +192,6 @@ class SearchSpace:
         Values are typed by the flag's schema as vLLM would parse them (``on``/``off`` and
         ``true``/``false`` for booleans). Raises TuneError naming the spec and flag.
         """
-        from engine.flags import FlagError, FlagSet
-
         dims: list[tuple[str, tuple[SpaceValue, ...]]] = []
         probe = FlagSet("m", {}, schema)
         for spec in specs:
@@ -279,8 +284,6 @@ def _opt_number(value: object) -> float | None:
 
 def _is_bool_flag(probe: FlagSet, name: str) -> bool:
     # A boolean set from "true" comes back as True: the schema calls it a bool.
-    from engine.flags import FlagError
-
     try:
         return any(isinstance(v, bool) for v in probe.set(name, "true").values.values())
     except FlagError:
@@ -651,7 +654,6 @@ def pareto_points(measurements: Mapping[str, Sequence[Measurement]], gpus: Mappi
         for m in ms:
             if m.ok and m.output_throughput > 0:
                 pts.append((key, m, m.tokens_per_user, m.output_throughput / max(1, gpus.get(key, 1))))
-    from engine.runs.compare import pareto_frontier
 
     marks = pareto_frontier([(x, y) for _, _, x, y in pts])
     out = [ParetoPoint(key, m.load, x, y, m.goodput, front) for (key, m, x, y), front in zip(pts, marks, strict=True)]
@@ -774,8 +776,6 @@ class HistoryStore:
     path: Path | None = None
 
     def save(self, state: TuneState) -> None:
-        from engine.runs.history import History
-
         with History(self.path) as h:
             h.save_tune(state.id, state.to_json(), status=state.status,
                         model=str(state.inputs.get("base_flags", {}).get("model") or "") or None,
@@ -784,8 +784,6 @@ class HistoryStore:
 
 def load_state(ref: str, history_path: Path | None = None) -> TuneState:
     """A saved search by id (from the history) or by the path of a JSON state file."""
-    from engine.runs.history import History, HistoryError
-
     path = Path(ref)
     if ref.endswith(".json") or path.is_file():
         return TuneState.load(path)
@@ -803,8 +801,6 @@ def load_state(ref: str, history_path: Path | None = None) -> TuneState:
 
 def list_states(history_path: Path | None = None) -> list[dict[str, Any]]:  # rows of saved JSON summaries
     """Saved searches, newest first: id, status, model, started, and :meth:`TuneState.summary`."""
-    from engine.runs.history import History
-
     with History(history_path) as h:
         rows = [{"id": t.id, "status": t.status, "model": t.model, "started": t.started, **t.summary}
                 for t in h.list_tunes()]
@@ -1225,7 +1221,6 @@ class Tuner:
     def _static_problems(self, values: Mapping[str, object]) -> str:
         if not self.validate_flags:
             return ""
-        from engine.flags import FlagError, validate
 
         try:
             flags = self._flags(values)
@@ -1525,7 +1520,6 @@ class Tuner:
         best = self.best()
         best_flags = self._flags(best.values) if best is not None else None
         configs = sorted(st.configs.values(), key=lambda c: (c.order == 0, c.order, c.key))
-        from engine.flags import devices_needed
 
         gpus = {k: devices_needed({**self.base.values, **c.values}) for k, c in st.configs.items()}
         return TuneResult(
@@ -1671,9 +1665,6 @@ class ServerMeasurer:
         self.client_cpus = client_cpus
 
     async def start(self, flags: FlagSet, *, timeout: float) -> StartOutcome:
-        from engine.runs.measure import ensure_server
-        from engine.server.supervisor import Supervisor
-
         def make(f: FlagSet) -> Supervisor:
             return self._factory(f) if self._factory else Supervisor(f, log_dir=self.log_dir or paths.logs_dir())
 
@@ -1689,9 +1680,6 @@ class ServerMeasurer:
 
     async def _warm_up(self, *, timeout: float) -> None:
         """One unmeasured burst; what goes wrong here shows in the first step instead."""
-        from loadgen import LoadRun, ServerError
-        from loadgen.spec import ArrivalSpec
-
         if not self.warmup_burst or self.sup is None:
             return
         lr = LoadRun(self.sup.base_url, self.sup.model, self.workload,
@@ -1714,8 +1702,6 @@ class ServerMeasurer:
             raise
 
     def _arrivals(self, load: float, n: int, warmup: int) -> ArrivalSpec:
-        from loadgen.spec import ArrivalSpec
-
         base = self.arrivals or ArrivalSpec(num_requests=1)
         if self.mode == "concurrency":
             return ArrivalSpec(mode="closed", concurrency=int(load), num_requests=n, warmup_requests=warmup,
@@ -1735,11 +1721,6 @@ class ServerMeasurer:
         return m
 
     async def _measure_once(self, load: float, *, requests: int, timeout: float, warmup: int) -> Measurement:
-        from engine.errors import EngineDied, StartupError
-        from engine.runs.measure import RunHandle, RunPlan, Target, wait_for
-        from engine.runs.measure import measure as measure_run
-        from engine.server.supervisor import ServerState
-
         if self.sup is None:
             return Measurement(load, False, "no server", fatal="no server running")
         p = self.slo.percentile
