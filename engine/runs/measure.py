@@ -29,18 +29,27 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, SupportsFloat, SupportsIndex
 
+from engine.advise.speedoflight import for_run
+from engine.errors import EngineDied, StartupError
+from engine.flags import FlagSet, recordable_values
+from engine.runs.crosscheck import cross_check
 from engine.runs.history import History, Recording, RunInfo, to_jsonable
 from engine.runs.status import RunStatus, decide
+from engine.server.supervisor import ServerState
+from engine.telemetry.metrics import MetricsScraper
+from loadgen import DatasetError, LoadRun, ServerError
+from loadgen.spec import judge
+from loadgen.stats import DEFAULT_PERCENTILES
+from loadgen.tokens import TokenizerError
 
 if TYPE_CHECKING:
-    from engine.flags import FlagSet
     from engine.server.logparse import StartupFacts
-    from engine.server.supervisor import FlagsLike, ServerEvent, ServerState, Supervisor
+    from engine.server.supervisor import FlagsLike, ServerEvent, Supervisor
     from engine.telemetry.metrics import ServerSample
     from engine.telemetry.sampler import TelemetrySnapshot
     from engine.telemetry.store import SeriesStore
     from engine.telemetry.summary import EnergySummary
-    from loadgen import LoadRun, RunResult
+    from loadgen import RunResult
     from loadgen.records import RequestResult
     from loadgen.spec import SLO, ArrivalSpec, WorkloadSpec
     from loadgen.stats import StatsWindow
@@ -110,8 +119,6 @@ class Target:
         """The server a supervisor runs: its URL, served name, process tree and flags.
         ``api_key``: None takes the server's own --api-key (where its flags are a FlagSet)."""
         from pathlib import Path
-
-        from engine.flags import FlagSet, recordable_values
 
         flags = sup.flags
         folder = Path(str(flags.model))
@@ -214,8 +221,6 @@ def speed_of_light(target: Target, plan: RunPlan, telemetry: Mapping[str, object
                    load: Mapping[str, object]) -> dict[str, object]:
     """The run against its GPU's limits (engine.advise.speedoflight), or ``{"reason": ...}``.
     ``telemetry``: the run's ``TelemetrySummary.to_dict()``."""
-    from engine.advise.speedoflight import for_run
-
     gpus = telemetry.get("gpus")
     names = (g.get("name") for g in (gpus if isinstance(gpus, (list, tuple)) else ()) if isinstance(g, Mapping))
     name = next((n for n in names if isinstance(n, str) and n), None)
@@ -259,6 +264,7 @@ def _server_sample_dict(sample: ServerSample) -> dict[str, object]:
 
 def server_window(first: ServerSample, last: ServerSample) -> dict[str, object]:
     """The server's own figures between two scrapes: histogram and counter deltas."""
+    # here, not at the top: engine.telemetry.store and .summary import numpy, kept off `import engine.runs.measure`
     from engine.telemetry.store import SeriesStore
     from engine.telemetry.summary import summarize
 
@@ -290,16 +296,9 @@ async def measure(
     log lines. ``asyncio.CancelledError`` and ``KeyboardInterrupt`` store the run as cancelled
     and propagate.
     """
-    from engine.errors import EngineDied, StartupError
-    from engine.runs.crosscheck import cross_check
-    from engine.server.supervisor import ServerState
-    from engine.telemetry.metrics import MetricsScraper
+    # here, not at the top: engine.telemetry.recorder and .summary import numpy, kept off `import engine.runs.measure`
     from engine.telemetry.recorder import TelemetryRecorder
     from engine.telemetry.summary import summarize
-    from loadgen import DatasetError, LoadRun, ServerError
-    from loadgen.spec import judge
-    from loadgen.stats import DEFAULT_PERCENTILES
-    from loadgen.tokens import TokenizerError
 
     handle = handle or RunHandle()
     # The seed this run uses, fixed before anything is stored, so the record can repeat it.
@@ -485,9 +484,6 @@ async def ensure_server(sup: Supervisor | None, flags: FlagSet, *, make: Callabl
     else ``sup`` restarted through its supervisor (same port, same log), or a new one from
     ``make`` when there is none. The one restart policy of sweep and tune. A start that fails
     leaves no server running and says vLLM's own line in ``error``."""
-    from engine.errors import StartupError
-    from engine.server.supervisor import ServerState
-
     if sup is not None and sup.state is ServerState.READY:
         now = sup.flags
         if flags.same_launch(now):
