@@ -30,12 +30,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict, cast
 
+from engine import flags as flagmod  # flagmod.load_schema, looked up when called (tests replace it)
+from engine.errors import EngineDied, MaxModelLenTooLarge, SessionError, StartupError
+from engine.runs.status import RunStatus
+from engine.server.logparse import classify_failure
+from engine.server.modelconfig import ModelConfig, ModelConfigError
+from engine.server.planner import PlanError, kv_bytes_per_token, kv_tokens_for_memory, plan
 from engine.values import as_float, as_int
 
-if TYPE_CHECKING:  # only for annotations: the advisor imports engine modules where it uses them
+if TYPE_CHECKING:  # only for annotations
     from engine.flags import FlagSet
     from engine.runs.history import History
-    from engine.server.modelconfig import ModelConfig
     from engine.server.planner import MemoryPlan
 
 __all__ = [
@@ -79,8 +84,6 @@ class RunDataError(ValueError):
 
 def _status_word(stored: object) -> str:
     """A recorded run's status in engine.runs.status words (older files say complete/cut_short)."""
-    from engine.runs.status import RunStatus
-
     try:
         return RunStatus.parse(str(stored or "ok")).value
     except ValueError:
@@ -432,9 +435,6 @@ def _read_model_config(model: str | None) -> dict[str, object] | None:
 
 def failure_from_line(line: str, hint: str = "") -> dict[str, object]:
     """The typed startup failure for vLLM's line (as ``engine.server.logparse`` classifies it)."""
-    from engine.errors import MaxModelLenTooLarge
-    from engine.server.logparse import classify_failure
-
     err = classify_failure([line])
     out: dict[str, object] = {"kind": type(err).__name__, "vllm_line": err.vllm_line or line,
                               "hint": hint or err.hint}
@@ -448,8 +448,6 @@ def failure_from_error(err: BaseException) -> dict[str, object]:
     """A raised ``engine.errors.StartupError`` as ``RunData.failure`` (any other exception by
     its text: vtui's startup errors and EngineDied carry vLLM's line and a hint, SessionError
     a hint)."""
-    from engine.errors import EngineDied, MaxModelLenTooLarge, SessionError, StartupError
-
     line, hint = (err.vllm_line, err.hint) if isinstance(err, (StartupError, EngineDied)) else ("", "")
     if isinstance(err, SessionError):
         hint = err.hint
@@ -604,6 +602,7 @@ def _when(run: RunData, a: float, b: float) -> str:
 
 def _quantile(values: Sequence[float], q: float) -> float:
     """loadgen.stats.percentile at ``q`` (0..1); NaN for no values (a missing figure here)."""
+    # here, not at the top: the loadgen package imports httpx (~0.15 s), which `vtui advise` has no other use for
     from loadgen.stats import percentile
 
     s = sorted(values)
@@ -667,7 +666,6 @@ def _request_tokens(run: RunData) -> float | None:
 def _model_config(run: RunData) -> ModelConfig | None:
     if run.model_config is None:
         return None
-    from engine.server.modelconfig import ModelConfig, ModelConfigError
 
     try:
         return ModelConfig.from_dict(run.model_config, path=f"{run.model or run.name}/config.json")
@@ -679,7 +677,6 @@ def _kv_bytes_per_token(run: RunData) -> int | None:
     mc = _model_config(run)
     if mc is None:
         return None
-    from engine.server.planner import PlanError, kv_bytes_per_token
 
     try:
         return kv_bytes_per_token(mc, kv_cache_dtype=str(run.flag("kv-cache-dtype", "auto")),
@@ -827,9 +824,7 @@ def rule_startup_failure(run: RunData) -> list[Finding]:
 
 def _closest_flag(bad: str) -> str | None:
     try:
-        from engine.flags import load_schema
-
-        names = [s.name for s in load_schema().all()]
+        names = [s.name for s in flagmod.load_schema().all()]
     except Exception:  # noqa: BLE001 - no schema: no spelling suggestion, the rest still works
         return None
     found = difflib.get_close_matches(bad, names, n=1, cutoff=0.8)
@@ -850,7 +845,6 @@ def _plan(run: RunData, *, gpu_memory_utilization: float | None = None,
     total, _ = _device_bytes(run)
     if mc is None or not total:
         return None
-    from engine.server.planner import PlanError, plan
 
     # Every flag is read, in this order, even where one is replaced: a flag that cannot be read fails as before.
     gpu_memory = int(total)
@@ -951,8 +945,6 @@ def rule_kv_saturation(run: RunData) -> list[Finding]:
             ev["extra_bytes"] = extra_bytes
             tokens_txt = ""
             if bpt:
-                from engine.server.planner import kv_tokens_for_memory
-
                 extra_tokens = kv_tokens_for_memory(extra_bytes, bpt, run.block_size)
                 ev["extra_kv_tokens"] = extra_tokens
                 tokens_txt = f", about {extra_tokens:,} more KV tokens by the planner"
@@ -1394,9 +1386,7 @@ def rule_frontend_bound(run: RunData) -> list[Finding]:
 
 def _installed_has(flag: str) -> bool:
     """Whether the installed vLLM (its schema, never waited for) has ``flag``."""
-    from engine.flags import load_schema
-
-    return load_schema(wait=False).get(flag) is not None
+    return flagmod.load_schema(wait=False).get(flag) is not None
 
 
 def _workload(run: RunData) -> Mapping[str, object]:
@@ -1445,9 +1435,7 @@ def rule_kv_cache_fp8(run: RunData) -> list[Finding]:
     peak = max((v for _, v in run.series("kv_cache_usage")), default=0.0)
     if preempted <= 0 and peak < 0.95:
         return []
-    from engine.flags import load_schema
-
-    spec = load_schema(wait=False).get("kv-cache-dtype")
+    spec = flagmod.load_schema(wait=False).get("kv-cache-dtype")
     if spec is None or "fp8" not in (spec.choices or ()):
         return []
     return [Finding(
@@ -1765,9 +1753,7 @@ def _short_behind_long(run: RunData) -> _ShortBehindLong | None:
 def _installed_runs_partial_prefills() -> bool:
     """Whether the installed vLLM has --max-num-partial-prefills and its default engine runs a
     value above 1 (V0, before 0.8): see the note above PARTIAL_MIN_GROUP."""
-    from engine.flags import load_schema
-
-    schema = load_schema(wait=False)
+    schema = flagmod.load_schema(wait=False)
     return schema.get("max-num-partial-prefills") is not None and schema.release is not None \
         and schema.release < PARTIAL_V1_DEFAULT
 
@@ -1794,9 +1780,7 @@ def rule_partial_prefills(run: RunData) -> list[Finding]:
     evidence = {**ev, "suggested_threshold": new}
     changes: tuple[Change, ...] = (
         Change("long-prefill-token-threshold", threshold_set, new, old_is_default=threshold_set is None),)
-    from engine.flags import load_schema
-
-    schema = load_schema(wait=False)
+    schema = flagmod.load_schema(wait=False)
     partial = run.flag("max-num-partial-prefills")
     if _installed_runs_partial_prefills():
         changes = (Change("max-num-partial-prefills", partial, 2, old_is_default=partial is None),) + changes
