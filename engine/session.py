@@ -30,12 +30,17 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from engine.advise.advisor import RunData, advise
 from engine.errors import SessionError
+from engine.flags import FlagError, FlagSet, load_schema, schema_pending, validate
 from engine.presets import Preset, list_presets, load_for_session, save_from_session
 from engine.runs.export import EXPORT_KINDS, export_text, write_export
+from engine.runs.history import HistoryError
 from engine.runs.live import RUN_SERIES, LiveRuns, RunGround, run_name
 from engine.server.live import LOG_LINES, POLL_LINES, LiveServer
+from engine.server.tinymodel import resolve_model
 from engine.telemetry.live import LiveTelemetry
+from engine.telemetry.nvml import NvmlReader
 from engine.tune.live import (
     TUNE_FIELDS,
     TUNE_PERCENTILES,
@@ -57,7 +62,7 @@ from engine.views import (
 if TYPE_CHECKING:
     # For the annotations only.
     from engine.advise.advisor import Finding
-    from engine.flags import FlagSet, Schema
+    from engine.flags import Schema
     from engine.runs.compare import LoadPoint, RunPoint
     from engine.runs.history import History
     from engine.server.attach import AttachedServer
@@ -90,10 +95,6 @@ class Session:
         (load-format dummy for a shipped architecture), the tiny model's CPU sizes where there
         is no GPU, and ``preset`` (online-chat when None; a preset that does not load is left
         out, the session still opens). Raises ``ModelError`` for a model that names nothing usable."""
-        from engine.flags import FlagSet
-        from engine.server.tinymodel import resolve_model
-        from engine.telemetry.nvml import NvmlReader
-
         resolved = resolve_model(model)
         # Each preset's [tiny] table says what the tiny model runs with (as in vtui sweep):
         # its memory defaults are not added here.
@@ -242,8 +243,6 @@ class Session:
     # ------------------------------------------------------------------ flags
 
     def _schema(self) -> Schema:
-        from engine.flags import load_schema, schema_pending
-
         # Never wait for the installed vLLM's schema (about 10 s the first time on a data
         # folder): the built-in one answers until the background read is done.
         if self._schema_obj is None or (not self._schema_obj.complete and not schema_pending()
@@ -260,8 +259,6 @@ class Session:
         vLLM's default applies. Text that does not parse keeps the last good value and
         the reason is shown under the flag.
         """
-        from engine.flags import FlagError
-
         self.changed()
         text = text.strip()
         self._flag_text_errors.pop(name, None)
@@ -274,8 +271,6 @@ class Session:
 
     def set_flag(self, name: str, value: object) -> str | None:
         """Set a typed flag value; returns the reason it is invalid, or None."""
-        from engine.flags import FlagError
-
         self.changed()
         self._flag_text_errors.pop(name, None)
         try:
@@ -292,8 +287,6 @@ class Session:
         self._revalidate()
 
     def _revalidate(self) -> None:
-        from engine.flags import validate
-
         errors: dict[str, str] = {}
         for err in validate(self._flags, self._schema(), max_request_len=self._max_request_len()):
             errors.setdefault(err.flag or "model", err.reason)
@@ -590,9 +583,6 @@ class Session:
 
         Raises SessionError when there is no run yet or the run was not stored.
         """
-        from engine.advise.advisor import RunData, advise
-        from engine.runs.history import HistoryError
-
         runs = self._live_runs.runs
         if not runs:
             raise SessionError("no finished run to advise on", "run a workload first (r)")
