@@ -18,14 +18,15 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from engine.telemetry.metrics import MetricsScraper
+from engine.telemetry.sampler import Sampler, scrape_loop
 from engine.views import devices_view
 
 if TYPE_CHECKING:
-    # For the annotations only: the modules are imported where they are used, so importing
-    # the session (and `vtui --help`) stays light.
+    # For the annotations only (engine.telemetry.store, which imports numpy, is imported where it is used).
     from engine.runs.history import Recording
     from engine.telemetry.metrics import ServerSample
-    from engine.telemetry.sampler import Sampler, TelemetrySnapshot
+    from engine.telemetry.sampler import TelemetrySnapshot
     from engine.telemetry.store import SeriesStore
 
 # Sparklines show the last 120 points: one minute at the 2 Hz telemetry rate.
@@ -40,6 +41,7 @@ class LiveTelemetry:
         """``enabled``: False never starts a sampler or a scrape (tests, replay).
         ``changed``: marks the session's state changed. ``recording``: the history
         recording of the load run in progress, or None; it gets every telemetry sample."""
+        # here, not at the top: engine.telemetry.store imports numpy, kept off `import engine.session`
         from engine.telemetry.store import SeriesStore
 
         self._enabled = enabled
@@ -67,8 +69,6 @@ class LiveTelemetry:
     def start_sampling(self) -> None:
         """Sample GPUs and host before any server runs (the Live panel shows them at once)."""
         if self._sampler is None and self._enabled:
-            from engine.telemetry.sampler import Sampler
-
             self._sampler = Sampler(self.on_telemetry, root_pid=None)
             self._sampler.start()
 
@@ -78,7 +78,6 @@ class LiveTelemetry:
         if not self._enabled:
             return
         self.stop()
-        from engine.telemetry.sampler import Sampler
 
         self._sampler = Sampler(self.on_telemetry, root_pid=root_pid)
         self._sampler.start()
@@ -90,9 +89,6 @@ class LiveTelemetry:
             )
 
     async def _scrape(self, base_url: str, stop: asyncio.Event) -> None:
-        from engine.telemetry.metrics import MetricsScraper
-        from engine.telemetry.sampler import scrape_loop
-
         scraper = MetricsScraper(base_url)
         try:
             await scrape_loop(scraper, self.on_server_sample, interval_s=1.0, stop=stop)

@@ -19,16 +19,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.errors import SessionError
+from engine.flags import FlagError
+from engine.tune.search import MODES, HistoryStore, SearchSpace, ServerMeasurer, TuneError, Tuner, TuneSettings, step_series
 from engine.views import TrialView, TuneRequest, TuneView, devices_view, frontier_points, slo_label, space_lines
+from loadgen.spec import SLO, SpecError
 
 if TYPE_CHECKING:
-    # For the annotations only: the modules are imported where they are used, so importing
-    # the session (and `vtui --help`) stays light.
+    # For the annotations only.
     from engine.flags import FlagSet, Schema
     from engine.server.supervisor import Supervisor
     from engine.telemetry.sampler import TelemetrySnapshot
-    from engine.tune.search import LiveTrial, Measurer, TuneResult, TuneSettings
-    from loadgen.spec import SLO, ArrivalSpec, WorkloadSpec
+    from engine.tune.search import LiveTrial, Measurer, TuneResult
+    from loadgen.spec import ArrivalSpec, WorkloadSpec
 
 # Progress lines kept for the Tune screen (the state file has every step).
 TUNE_LINES = 200
@@ -51,9 +53,6 @@ def parse_tune_form(fields: Mapping[str, str], *, schema: Schema | None = None, 
     limit is not judged, but one limit at least is needed. ``percentile``: used when the
     form has no ``percentile`` field ("99" or "90", "p" optional).
     """
-    from engine.tune.search import MODES, SearchSpace, TuneError
-    from loadgen.spec import SLO, SpecError
-
     ptext = str(fields.get("percentile", "") or "").strip().lower().removeprefix("p")
     if ptext:
         try:
@@ -172,8 +171,6 @@ class LiveTune:
     def form_defaults(self, slo: SLO | None) -> dict[str, str]:
         """The Tune form's starting text: ``slo``'s limits (else TTFT 500 ms and TPOT
         50 ms), 30 minutes, the default space, rate mode."""
-        from engine.tune.search import SearchSpace
-
         limits: dict[str, float | None] = {"ttft_ms": None, "tpot_ms": None, "e2el_ms": None}
         if slo is not None:
             limits = {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "e2el_ms": slo.e2el_ms}
@@ -215,8 +212,6 @@ class LiveTune:
     async def run(self, request: TuneRequest, ground: TuneGround, *,
                   settings: TuneSettings | None = None) -> TuneResult:
         """Search the flags (engine.tune.search.Tuner) from ``ground``; see ``Session.tune``."""
-        from engine.tune.search import HistoryStore, ServerMeasurer, TuneError, Tuner, TuneSettings
-
         workload = self.check_can_start(ground)
         try:
             settings = dataclasses.replace(settings or TuneSettings(), mode=request.mode, budget_s=request.budget_s,
@@ -323,8 +318,6 @@ class LiveTune:
     def load_flags(self, flags: FlagSet) -> list[tuple[str, object, object]]:
         """Put the search's winning values over ``flags`` (the editor's) and hand them to the
         session's editor; returns (flag, old, new) for what changed."""
-        from engine.flags import FlagError
-
         if self.active:
             raise SessionError("the tune is still running", "wait for it to end, or stop it (x)")
         result = self._result
@@ -361,8 +354,6 @@ class LiveTune:
 
     def view(self) -> TuneView | None:
         """The Tune screen's view of the search, or None before the first tune."""
-        from engine.tune.search import step_series
-
         result = self._result
         if result is None:
             return None
