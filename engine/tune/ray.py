@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from engine.flags import FlagSet
 from engine.tune.search import Measurement, StartOutcome, TuneError
+from engine.tune.slots import slot_size
 
 if TYPE_CHECKING:
-    from engine.flags import FlagSet
     from engine.tune.search import Measurer
 
 # The inner measurer, built in the actor (so it must pickle: a module-level function or a
@@ -54,8 +55,6 @@ def ray_trials(resources: Mapping[str, float], needs: Iterable[int], *, parallel
     """One actor per trial at once: each asks for the GPUs the largest configuration that fits
     the cluster needs (engine.tune.slots.slot_size over ``needs``, each configuration's), as
     many as the cluster's GPUs hold, at most ``parallel``; one when it has no GPU."""
-    from engine.tune.slots import slot_size
-
     gpus = int(resources.get("GPU", 0))
     size = slot_size(needs, gpus) if gpus else 0
     n = max(1, gpus // size) if size else 1
@@ -83,8 +82,6 @@ class FlagsMessage:
         return cls(flags.model, dict(flags.values))
 
     def flags(self) -> FlagSet:
-        from engine.flags import FlagSet
-
         return FlagSet(self.model, dict(self.values))
 
 

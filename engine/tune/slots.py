@@ -19,9 +19,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from engine.flags import devices_needed
+from engine.server.supervisor import Supervisor
+from engine.telemetry.nvml import visible_gpus
+
 if TYPE_CHECKING:
     from engine.flags import FlagSet
-    from engine.server.supervisor import Supervisor
 
 
 class SlotError(ValueError):
@@ -90,8 +93,6 @@ def search_slots(gpus_text: str | None, needs: Iterable[int], *, parallel: int |
     blocks of the most GPUs a configuration needs (``needs``: each one's), at most ``parallel``.
     SlotError for a GPU list that does not read or names a GPU this process cannot see."""
     if visible is None:
-        from engine.telemetry.nvml import visible_gpus
-
         visible = visible_gpus()
     seen = tuple(visible)
     gpus = parse_gpus(gpus_text) if gpus_text else seen
@@ -103,8 +104,6 @@ def search_slots(gpus_text: str | None, needs: Iterable[int], *, parallel: int |
 def trial_needs(base: FlagSet, configs: Iterable[Mapping[str, object]]) -> list[int]:
     """GPUs each configuration of a search needs (engine.flags.devices_needed): ``base``'s
     flags with the configuration's values over them."""
-    from engine.flags import devices_needed
-
     return [devices_needed({**base.values, **values}) for values in configs]
 
 
@@ -112,8 +111,6 @@ def slot_supervisor(slot: Slot, *, pin: bool = True, taskset: str | None = None)
     """A Supervisor factory for one slot: its GPUs only (``slot.env()``), pinned to its cores
     when ``pin`` (``taskset``, default the box's own, found once here; none on a box without
     it), a port of its own (each picks a free one)."""
-    from engine.server.supervisor import Supervisor
-
     found = (taskset if taskset is not None else shutil.which("taskset")) if pin else None
 
     def make(flags: FlagSet) -> Supervisor:

@@ -19,16 +19,14 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from engine import paths
+from engine.flags import FlagSet, installed_vllm_version, recordable_values
 from engine.presets import FlagValue, Preset
 from engine.runs.history import History, Recording, RunInfo
+from engine.runs.measure import RunPlan, Target, ensure_server, measure
 from engine.runs.status import RunStatus
-
-if TYPE_CHECKING:
-    from engine.flags import FlagSet
-    from engine.server.supervisor import Supervisor
+from engine.server.supervisor import Supervisor
 
 
 @dataclass(frozen=True)
@@ -64,10 +62,6 @@ async def run_sweep(
     ``extra_flags`` go under every preset's flags (e.g. ``load-format = dummy`` for a
     shipped architecture); a preset's own value wins.
     """
-    from engine.flags import FlagSet, installed_vllm_version, recordable_values
-    from engine.runs.measure import RunPlan, Target, ensure_server, measure
-    from engine.server.supervisor import Supervisor
-
     def make_supervisor(flags: FlagSet) -> Supervisor:
         if supervisor_factory is not None:
             return supervisor_factory(flags)
