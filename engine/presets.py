@@ -44,9 +44,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine import flags as flagmod
 from engine import paths
 from engine.errors import SessionError
 from engine.flags import FlagSet, Schema, recordable_values
+from engine.telemetry.nvml import visible_gpus
 from loadgen.spec import SLO, ArrivalSpec, SpecError, WorkloadSpec
 
 MAX_PRESET_BYTES = 1024 * 1024
@@ -443,8 +445,6 @@ def _validate_flags_with_schema(preset: Preset, fail: _Fail, schema: Schema | No
     tuning schema) is used, so listing presets never starts the slow vLLM extraction;
     pass ``engine.flags.load_schema()`` for the installed vLLM's full check.
     """
-    from engine import flags as flagmod
-
     tables: list[tuple[str, Mapping[str, FlagValue]]] = [("flags", preset.flags)]
     if not preset.tiny.is_empty():
         tables.append(("tiny.flags", preset.for_tiny_model().flags))
@@ -709,8 +709,6 @@ def detect_box(model_dir: str | Path | None) -> tuple[int, str, dict[str, object
     """(GPU count, backend "cuda" or "cpu", the model's config.json) of this machine and model:
     what a preset's check and a sweep's [tiny] choice read."""
     try:
-        from engine.telemetry.nvml import visible_gpus
-
         gpus = len(visible_gpus())
     except Exception:  # noqa: BLE001 - no NVML at all: a CPU box
         gpus = 0

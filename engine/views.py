@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from engine.flags import recordable_values
+from engine.runs.compare import compare, fmt_delta, fmt_number
+from engine.runs.history import RunInfo
 from engine.values import JSONObject
 
 if TYPE_CHECKING:
-    # For the annotations only: the modules are imported where they are used, so importing
-    # the views (and the session, and `vtui --help`) stays light.
+    # For the annotations only.
     from engine.flags import FlagSet
-    from engine.runs.history import RunInfo
     from engine.runs.status import RunStatus
     from engine.telemetry.metrics import Quantiles, ServerSample
     from engine.telemetry.sampler import TelemetrySnapshot
@@ -352,8 +352,6 @@ def server_metrics_view(s: ServerSample | None, telemetry: TelemetrySnapshot | N
 
 def run_info(record: RunRecord, *, baseline: bool = False, vllm_version: str | None = None) -> RunInfo:
     """A session run as engine.runs.history's RunInfo, so engine.runs.compare can lay it out."""
-    from engine.runs.history import RunInfo
-
     return RunInfo(
         id=record.history_id if record.history_id is not None else record.index,
         name=record.label,
@@ -375,8 +373,6 @@ def run_info(record: RunRecord, *, baseline: bool = False, vllm_version: str | N
 def compare_view(records: Sequence[RunRecord], baseline: int | None, stored: Sequence[RunInfo] = ()) -> ComparisonView:
     """engine.runs.compare's table of ``records`` (this session's runs) and ``stored`` runs of the
     history (``RunInfo``, after them), formatted for display (strings only)."""
-    from engine.runs.compare import compare, fmt_delta, fmt_number
-
     base_col = next((i for i, r in enumerate(records) if r.index == baseline), 0)
     own = {r.history_id for r in records}
     extra = [s for s in stored if s.id not in own]

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from typing import cast
 
 from engine.server.modelconfig import ModelConfig
+from engine.server.planner import PlanError, kv_bytes_per_token, load_model_config, weight_bytes
 from engine.values import as_float, as_int
 
 
@@ -167,8 +168,6 @@ def for_run(model: str | None, flags: Mapping[str, object], gpu_name: str | None
             peak_tflops: float | None = None) -> SpeedOfLight | str:
     """A run's speed of light, or why there is none (no GPU, a GPU not in the table, a
     model whose config.json vtui cannot read). ``flags``: the run's (tp, dtype, quantization)."""
-    from engine.server.planner import PlanError, kv_bytes_per_token, load_model_config, weight_bytes
-
     if not gpu_name and peak_bw_tbs is None:
         return "no GPU: the speed of light is a GPU's"
     peaks = peaks_for(gpu_name, mem_bw_tbs=peak_bw_tbs, tflops=peak_tflops)

@@ -22,6 +22,7 @@ from types import MappingProxyType
 from typing import Any, TypedDict
 
 from engine.flags.spec import SECRET_FLAGS, TUNING_FLAGS, FlagError, FlagSpec, FlagValue, Kind, _norm
+from engine.paths import data_dir
 
 # The extraction's output and the cache file are JSON, read here once into FlagSpecs. The
 # extraction's is our own script's (_EXTRACT), read as the TypedDicts below; the cache file's
@@ -398,7 +399,6 @@ def load_schema(*, use_vllm: bool = True, refresh: bool = False, timeout: float 
     version = installed_vllm_version() if use_vllm else None
     if version is None:
         return builtin_schema()
-    from engine.paths import data_dir
 
     cache = data_dir() / f"schema-{_safe_name(version)}.json"
     key = (str(cache), version)

@@ -16,6 +16,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from engine.flags import devices_needed
 from engine.runs.history import RunInfo
 
 GIB = 1024**3
@@ -175,8 +176,6 @@ class RunPoint:
 
 def run_points(runs: Sequence[RunInfo]) -> list[RunPoint]:
     """The runs that completed requests, with the frontier marked among those not missing an SLO."""
-    from engine.flags import devices_needed
-
     found: list[tuple[RunInfo, float, float, bool | None]] = []
     for run in runs:
         load = split_summary(run.summary)[0]

@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from engine.flags import SECRET_FLAGS, FlagSet, default_image, devices_needed
+from engine.flags.flagset import _local_dir
 from engine.flags.spec import _CONTAINER_HF_CACHE, _CONTAINER_MODELS
 
 SHM_SIZE = "16Gi"  # tensor-parallel workers exchange tensors through /dev/shm
@@ -43,8 +44,6 @@ def _name(text: str) -> str:
 def container_args(flags: FlagSet) -> tuple[list[str], str | None]:
     """(args after the image, the local model folder to mount or None): --model first, then
     every flag but --host/--port (the container listens on all interfaces, on PORT), no secrets."""
-    from engine.flags.flagset import _local_dir
-
     model = str(flags.model)
     local = _local_dir(model)
     folder = None

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.runs.history import JsonValue, RunInfo
+from engine.runs.history import JsonValue, RunInfo, to_jsonable
 
 if TYPE_CHECKING:
     from loadgen.run import RunResult
@@ -202,8 +202,6 @@ def _from_run_result(
     result: RunResult, samples: Iterable[Sample]
 ) -> tuple[RunInfo, list[Mapping[str, object]], list[Sample]]:
     """A loadgen ``RunResult`` (not stored in the history) as trace inputs."""
-    from engine.runs.history import to_jsonable
-
     # RequestResult.to_dict() is in ms; the trace reads the dataclass fields in seconds.
     reqs: list[Mapping[str, object]] = [
         {"id": r.id, "t_start": r.t_start, "ttft_s": r.ttft_s, "e2el_s": r.e2el_s, "input_tokens": r.input_tokens,

@@ -22,7 +22,9 @@ import psutil
 
 from engine.flags import FlagSet
 from engine.server import procs
-from engine.server.supervisor import Supervisor, is_loopback  # one test of "this machine only", the bind policy's
+
+# is_loopback: one test of "this machine only", the bind policy's
+from engine.server.supervisor import Supervisor, is_loopback, list_registered
 
 
 class AttachError(Exception):
@@ -162,6 +164,7 @@ def _local_details(server: AttachedServer, port: int) -> AttachedServer:
     flags: FlagSet | None = None
     flags_error: str | None = None
     try:
+        # here, not at the top: the ImportError guard below is around it (moot: engine.flags is imported at the top)
         from engine.flags import FlagError, parse_argv
 
         try:
@@ -170,7 +173,6 @@ def _local_details(server: AttachedServer, port: int) -> AttachedServer:
             flags_error = f"cannot read its command line: {exc}"
     except ImportError as exc:  # flags module missing: still report the process
         flags_error = f"flag parsing unavailable: {exc}"
-    from engine.server.supervisor import list_registered
 
     registered = any(e.pid == pid and abs(e.create_time - create_time) < 0.05 for e in list_registered(prune=False))
     return replace(

@@ -44,7 +44,7 @@ import httpx
 from engine import errors, paths
 from engine.flags import background_held
 from engine.server import procs
-from engine.server.logparse import LogEvent, Phase, StartupFacts, classify_failure, parse_line
+from engine.server.logparse import LogEvent, Phase, StartupFacts, classify_failure, parse_line, strip_prefix
 
 MODULE_ENTRY = ("-m", "vllm.entrypoints.openai.api_server")
 _TAIL_LINES = 400
@@ -987,7 +987,6 @@ class Supervisor:
         last_error = next(
             (line for line in reversed(self.tail) if (p := parse_line(line)) is not None and p.is_error), ""
         )
-        from engine.server.logparse import strip_prefix
 
         err = errors.EngineDied(
             f"the server died: {reason}", vllm_line=strip_prefix(last_error), exit_code=self.exit_code

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine import paths
+from engine.server.planner import shipped_configs
 
 if TYPE_CHECKING:
     import numpy as np
@@ -351,8 +352,6 @@ def ensure_tiny_model(root: Path | None = None, *, seed: int = 0) -> Path:
 
 def shipped_config_names() -> list[str]:
     """Names of the real-model configs shipped under engine/server/models/configs/."""
-    from engine.server.planner import shipped_configs
-
     return sorted(shipped_configs())
 
 
