@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import httpx
 import psutil
 
-from engine.flags import FlagSet
+from engine.flags import FlagError, FlagSet, parse_argv
 from engine.server import procs
 
 # is_loopback: one test of "this machine only", the bind policy's
@@ -164,15 +164,9 @@ def _local_details(server: AttachedServer, port: int) -> AttachedServer:
     flags: FlagSet | None = None
     flags_error: str | None = None
     try:
-        # here, not at the top: the ImportError guard below is around it (moot: engine.flags is imported at the top)
-        from engine.flags import FlagError, parse_argv
-
-        try:
-            flags = parse_argv(list(cmdline))
-        except FlagError as exc:
-            flags_error = f"cannot read its command line: {exc}"
-    except ImportError as exc:  # flags module missing: still report the process
-        flags_error = f"flag parsing unavailable: {exc}"
+        flags = parse_argv(list(cmdline))
+    except FlagError as exc:
+        flags_error = f"cannot read its command line: {exc}"
 
     registered = any(e.pid == pid and abs(e.create_time - create_time) < 0.05 for e in list_registered(prune=False))
     return replace(
