@@ -374,3 +374,29 @@ def test_the_session_vtui_opens_with(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     assert Path(default.flags.model).name == "tiny-qwen2"
     arch = Session.open("qwen2.5-7b", "batch-throughput")
     assert arch.flags.get("load-format") == "dummy" and arch._preset_name == "batch-throughput" and not arch._tiny
+
+
+@pytest.mark.parametrize("action", ["start", "apply"])
+async def test_an_edit_made_while_the_server_starts_is_not_what_it_runs(tiny_model: Path, action: str) -> None:
+    """The flags a start or a restart launched are the ones it runs: an edit typed while it came
+    up stays an edit ("dirty", Apply still to do), not a claim about the server (stand-in server)."""
+    from tests import fakevllm
+
+    session = Session(FlagSet(model=str(tiny_model), values={"max-num-seqs": 4}), launcher=fakevllm.command(),
+                      telemetry=False, record_history=False, tiny=True)
+    try:
+        if action == "apply":
+            await session.start_server(timeout=30)
+            assert session.set_flag_text("max-num-seqs", "5") is None
+        task = asyncio.ensure_future(session.start_server(timeout=30) if action == "start"
+                                     else session.apply_flags(timeout=30))
+        while session.snapshot().busy is None:
+            await asyncio.sleep(0.01)
+        launched = 4 if action == "start" else 5
+        assert session.set_flag_text("max-num-seqs", "9") is None  # typed while it starts
+        await task
+        snap = session.snapshot()
+        assert snap.running_flags is not None and snap.running_flags.get("max-num-seqs") == launched
+        assert session.dirty and session.flags.get("max-num-seqs") == 9
+    finally:
+        await session.close()

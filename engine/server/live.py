@@ -224,7 +224,8 @@ class LiveServer:
         self._downtime = None
         self.attached = None
         self.detached = None
-        sup = self.new_supervisor(self._edited())
+        flags = self._edited()  # as launched: an edit made while it starts is not what it runs
+        sup = self.new_supervisor(flags)
         self.supervisor = sup
         self.busy = "starting"
         try:
@@ -236,12 +237,16 @@ class LiveServer:
         finally:
             self.busy = None
             self._changed()
-        flags = self._edited()
+        self._took(flags, f"server ready at {sup.base_url}")
+        return facts
+
+    def _took(self, flags: FlagSet, notice: str) -> None:
+        """The server came up with ``flags``: they are what it runs and what "dirty" compares
+        against; say so and sample it."""
         self.running_flags = flags
         self._loaded(flags)
-        self._notify(f"server ready at {sup.base_url}")
+        self._notify(notice)
         self._start_telemetry()
-        return facts
 
     async def stop(self) -> None:
         """Stop the run (if any) and the server started here; let go of an attached one."""
@@ -289,8 +294,9 @@ class LiveServer:
         self._server_error = None
         self._changed()
         await self._halt_telemetry()
+        flags = self._edited()  # as launched (see start)
         try:
-            result = await self.supervisor.restart(self._edited(), timeout=timeout)
+            result = await self.supervisor.restart(flags, timeout=timeout)
         except StartupError as exc:
             self._server_error = (str(exc.vllm_line or exc), str(exc.hint or ""))
             self.running_flags = None
@@ -299,11 +305,7 @@ class LiveServer:
             self.busy = None
             self._changed()
         self._downtime = float(result.downtime_s)
-        flags = self._edited()
-        self.running_flags = flags
-        self._loaded(flags)
-        self._notify(f"restarted in {self._downtime:.1f} s")
-        self._start_telemetry()
+        self._took(flags, f"restarted in {self._downtime:.1f} s")
         return result
 
     def new_supervisor(self, flags: FlagSet) -> Supervisor:
