@@ -124,22 +124,21 @@ def cpu_by_process(root_pid: int) -> dict[str, tuple[float, float]]:
 async def main(a: argparse.Namespace) -> None:
     from engine.flags import FlagSet
     from engine.server.supervisor import Supervisor
-    from engine.server.tinymodel import ensure_tiny_model
+    from engine.server.tinymodel import resolve_model
 
-    if a.model == "tiny":
-        tok = ensure_tiny_model()
-        flags = FlagSet(model=str(tok), values={}).set("gpu-memory-utilization", 0.2).set("max-model-len", 2048)
-    else:  # a shipped architecture with dummy weights (on a GPU host)
-        from engine.server.tinymodel import ensure_dummy_model
-
-        tok = ensure_dummy_model(a.model)
-        flags = FlagSet(model=str(tok), values={"load-format": "dummy", "max-model-len": 4096})
+    resolved = resolve_model(a.model)  # the tiny model, or a shipped architecture (load-format dummy)
+    tok = Path(resolved.path)
+    flags = FlagSet(model=resolved.path, values=dict(resolved.flags))
+    if resolved.tiny:
+        flags = flags.set("gpu-memory-utilization", 0.2).set("max-model-len", 2048)
+    else:  # on a GPU host
+        flags = flags.set("max-model-len", 4096)
     flags = flags.set("enable-prefix-caching", False)
     sup = Supervisor(flags)
     await sup.start(timeout=600)
     port = int(sup.base_url.rsplit(":", 1)[1])
     ns = argparse.Namespace(input_len=a.input_len, output_len=a.output_len, warmup=0)
-    if a.model != "tiny":  # one unreported run: the first requests after a start pay one-time costs
+    if not resolved.tiny:  # one unreported run: the first requests after a start pay one-time costs
         with tempfile.TemporaryDirectory() as d:
             await asyncio.to_thread(agreement.run_vtui, sup.base_url, sup.model, tok, 32, 64, 1, ns,
                                     Path(d) / "warm.json")

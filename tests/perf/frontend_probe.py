@@ -2,7 +2,7 @@
 
 Starts a model through engine.server.supervisor (the tiny model by default; ``--model
 qwen2.5-7b`` for a shipped architecture with dummy weights on a GPU host), with the flags
-after ``--``, drives it with ``vtui bench --url`` at ``--concurrency`` (the run is stored in
+after ``--`` read as `vtui serve` reads them, drives it with ``vtui bench --url`` at ``--concurrency`` (the run is stored in
 the history, as every headless run is), then asks ``vtui advise last``. Prints the run's
 TPOT beside the engine's own inter-token mean, the API server's CPU (mean and p90 of one
 core, engine.telemetry.host) and the advisor's findings.
@@ -27,18 +27,14 @@ sys.path.insert(0, str(ROOT))
 
 
 async def main(a: argparse.Namespace, server_flags: list[str]) -> None:
-    from engine.flags import FlagSet
+    from engine.flags import parse_argv
     from engine.server.supervisor import Supervisor
-    from engine.server.tinymodel import ensure_dummy_model, ensure_tiny_model
+    from engine.server.tinymodel import resolve_model
 
-    tok = ensure_tiny_model() if a.model == "tiny" else ensure_dummy_model(a.model)
-    values: dict[str, object] = {} if a.model == "tiny" else {"load-format": "dummy"}
-    flags = FlagSet(model=str(tok), values=values).set("enable-prefix-caching", False)
-    for i, item in enumerate(server_flags):
-        if item.startswith("--"):
-            name = item[2:]
-            nxt = server_flags[i + 1] if i + 1 < len(server_flags) else None
-            flags = flags.set(name, True if nxt is None or nxt.startswith("--") else nxt)
+    # As `vtui serve --model MODEL -- FLAGS` reads them: the model's own flags, the user's over them.
+    resolved = resolve_model(a.model)
+    tok = Path(resolved.path)
+    flags = parse_argv(resolved.serve_argv(server_flags)).set("enable-prefix-caching", False)
     sup = Supervisor(flags)
     await sup.start(timeout=600)
     try:
