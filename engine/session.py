@@ -171,7 +171,7 @@ class Session:
         # The flag search, its progress and its result (engine.tune.live).
         self._live_tune = LiveTune(changed=self.changed, notify=self._set_notice, server=self._tune_server,
                                    ended=self._tune_ended, take_flags=self._take_flags,
-                                   telemetry=lambda: self._live_telemetry.latest)
+                                   telemetry=lambda: self._live_telemetry.latest, release=self._tune_release)
         self._revalidate()
 
     # ------------------------------------------------------------------ state access
@@ -516,7 +516,10 @@ class Session:
         The edited flags are the base every configuration starts from. The server is the
         one started here (one is made when there is none; an attached server is refused):
         the search restarts it with each configuration's flags and leaves it running with
-        the last one tried. The winner goes into the editor only with
+        the last one tried. That is one slot on the GPUs the session sees; with several slots
+        (the request's GPUs and parallel, engine.tune.live.SlotsTuneRequest: as ``vtui tune
+        --gpus --parallel``) or GPUs named, every trial gets a server of its own on its slot's
+        GPUs, and the server started here is stopped first. The winner goes into the editor only with
         :meth:`load_tuned_flags`, and the server runs it only after an apply. Progress is in
         the snapshot's ``tune``; the state is saved in the history after every step (resumable headless
         with ``vtui tune --resume ID``). :meth:`stop_tune` ends it as "interrupted".
@@ -538,6 +541,13 @@ class Session:
     def _tune_server(self, base: FlagSet) -> Supervisor:
         """The server the search restarts: the one started here, else a new one on ``base``."""
         return self._live_server.for_tune(base)
+
+    async def _tune_release(self) -> None:
+        """Before a search on servers of its own (several slots, or GPUs named on the form):
+        stop the server started here, which would hold a slot's GPUs and share its cores, and
+        keep sampling the GPUs (the running trials' rows show theirs)."""
+        await self._live_server.stop()
+        self._live_telemetry.start(None, None)
 
     def _tune_ended(self) -> None:
         """The server runs the last configuration tried (or nothing): say so in the view."""

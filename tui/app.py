@@ -489,7 +489,8 @@ class VtuiApp(App[int]):
             result = await self.session.tune(request)
         except SessionError as exc:
             if self.tune_screen is not None:
-                self.tune_screen.show_error(str(exc), exc.hint)
+                # The GPUs a search may use are checked against the session's: a field to mark.
+                self.tune_screen.show_error(str(exc), exc.hint, getattr(exc, "field", None))
             self._error(exc)
             return
         self.refresh_now()

@@ -1,10 +1,18 @@
 """A flag search run from the TUI: the Tune form, the search's state and its view.
 
 A :class:`LiveTune` is owned by an ``engine.session.Session``. It reads the Tune form
-(:func:`parse_tune_form`), runs ``engine.tune.search.Tuner`` on the session's server and
-workload, keeps the progress lines and the latest result, and builds the snapshot's
+(:func:`parse_tune_form`), runs ``engine.tune.search.Tuner`` on the session's workload,
+keeps the progress lines and the latest result, and builds the snapshot's
 :class:`~engine.views.TuneView`. What it needs of the session comes in explicitly: the
 session's state when a tune starts (a :class:`TuneGround`) and a few callables.
+
+Where the trials run is ``vtui tune``'s plan (engine.tune.slots): the form's GPUs (empty:
+every GPU the session sees) cut into slots, at most ``parallel`` of them. One slot on the
+GPUs the session sees is the session's own server, restarted with each configuration (as
+the Tune screen always ran). Any other plan (several slots, or GPUs named on the form) runs
+every trial on a server of its own, built as ``vtui tune`` builds them
+(:func:`engine.tune.slots.slot_measurers`), and the session's server is stopped first: it
+would hold a slot's GPUs and share its cores.
 """
 
 from __future__ import annotations
@@ -14,13 +22,15 @@ import collections
 import dataclasses
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.errors import SessionError
 from engine.flags import FlagError
+from engine.telemetry.nvml import visible_gpus
 from engine.tune.search import MODES, HistoryStore, SearchSpace, ServerMeasurer, TuneError, Tuner, TuneSettings, step_series
+from engine.tune.slots import SlotError, parse_gpus, search_slots, slot_measurers, too_wide, trial_needs
 from engine.views import TrialView, TuneRequest, TuneView, devices_view, frontier_points, slo_label, space_lines
 from loadgen.spec import SLO, SpecError
 
@@ -30,11 +40,13 @@ if TYPE_CHECKING:
     from engine.server.supervisor import Supervisor
     from engine.telemetry.sampler import TelemetrySnapshot
     from engine.tune.search import LiveTrial, Measurer, TuneResult
+    from engine.tune.slots import Slot
     from loadgen.spec import ArrivalSpec, WorkloadSpec
 
 # Progress lines kept for the Tune screen (the state file has every step).
 TUNE_LINES = 200
-TUNE_FIELDS = ("percentile", "ttft_ms", "tpot_ms", "e2el_ms", "budget_min", "space", "mode", "start_load")
+TUNE_FIELDS = ("percentile", "ttft_ms", "tpot_ms", "e2el_ms", "budget_min", "space", "mode", "start_load", "gpus",
+               "parallel")
 TUNE_PERCENTILES = (99.0, 90.0)  # as `vtui tune --slo-METRIC-p99-ms / -p90-ms`
 
 
@@ -46,12 +58,24 @@ class TuneFormError(SessionError):
         self.field = field
 
 
-def parse_tune_form(fields: Mapping[str, str], *, schema: Schema | None = None, percentile: float = 99.0) -> TuneRequest:
-    """A :class:`TuneRequest` from the Tune form's text (keys: :data:`TUNE_FIELDS`).
+@dataclasses.dataclass(frozen=True)
+class SlotsTuneRequest(TuneRequest):
+    """A :class:`~engine.views.TuneRequest` with where its trials run, as ``vtui tune --gpus
+    --parallel`` says it (the Tune form's GPUs and parallel fields)."""
+
+    gpus: str | None = None  # "0,1,2,3" or "0-3" (read well); None: every GPU the session sees
+    parallel: int | None = None  # at most this many trials at once; None: one per slot
+
+
+def parse_tune_form(fields: Mapping[str, str], *, schema: Schema | None = None,
+                    percentile: float = 99.0) -> SlotsTuneRequest:
+    """A :class:`SlotsTuneRequest` from the Tune form's text (keys: :data:`TUNE_FIELDS`).
 
     Raises TuneFormError naming the field (and the space line) that is wrong; an empty
     limit is not judged, but one limit at least is needed. ``percentile``: used when the
-    form has no ``percentile`` field ("99" or "90", "p" optional).
+    form has no ``percentile`` field ("99" or "90", "p" optional). Empty ``gpus`` and
+    ``parallel``: every GPU the session sees, one trial per slot. Whether the GPUs are
+    visible and wide enough is :meth:`LiveTune.run`'s to say (it knows the session's).
     """
     ptext = str(fields.get("percentile", "") or "").strip().lower().removeprefix("p")
     if ptext:
@@ -100,7 +124,26 @@ def parse_tune_form(fields: Mapping[str, str], *, schema: Schema | None = None, 
     except TuneError as exc:
         raise TuneFormError("space", f"search space: {exc}",
                            "one line per flag: NAME=V1,V2,... e.g. max-num-seqs=64,128,256") from None
-    return TuneRequest(slo=slo, space=space, budget_s=budget_min * 60.0, mode=mode, start_load=start_load)
+    gpus = str(fields.get("gpus", "") or "").strip()
+    if gpus:
+        try:
+            parse_gpus(gpus, label="GPUs")
+        except SlotError as exc:
+            raise TuneFormError("gpus", str(exc), "GPU indices such as 0,1,2,3 or 0-3; empty: every GPU the "
+                                                  "session sees") from None
+    ptext = str(fields.get("parallel", "") or "").strip()
+    parallel: int | None = None
+    if ptext:
+        try:
+            parallel = int(ptext)
+        except ValueError:
+            raise TuneFormError("parallel", f"parallel {ptext!r}: not a whole number",
+                                "the most trials at once, e.g. 2; empty: one per slot") from None
+        if parallel < 1:
+            raise TuneFormError("parallel", f"parallel {ptext!r}: must be at least 1",
+                                "the most trials at once, e.g. 2; empty: one per slot")
+    return SlotsTuneRequest(slo=slo, space=space, budget_s=budget_min * 60.0, mode=mode, start_load=start_load,
+                            gpus=gpus or None, parallel=parallel)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +159,7 @@ class TuneGround:
     attached: bool  # the server was attached, not started here (never restarted by vtui)
     max_request_len: int | None
     schema: Schema
-    gpus: tuple[int, ...]  # the GPUs the telemetry sees: the one slot's
+    gpus: tuple[int, ...]  # the GPUs the telemetry sees (empty before its first sample: NVML is asked)
     # Builds the measurer, called like engine.tune.search.ServerMeasurer (None: that one).
     measurer: Callable[..., Measurer] | None
 
@@ -133,18 +176,22 @@ class LiveTune:
         ended: Callable[[], None],
         take_flags: Callable[[FlagSet], None],
         telemetry: Callable[[], TelemetrySnapshot | None],
+        release: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """The session's side, as callables: ``changed`` marks its state changed; ``notify``
         sets its notice line; ``server(base)`` gives the server the search restarts (the one
         started here, made with ``base`` when there is none); ``ended`` is called when the
         search ends, whatever the outcome; ``take_flags`` puts flags into its editor;
-        ``telemetry`` gives its latest telemetry sample (the running trials' GPUs)."""
+        ``telemetry`` gives its latest telemetry sample (the running trials' GPUs);
+        ``release`` stops its server before a search on servers of its own (and keeps the
+        GPUs sampled)."""
         self._changed = changed
         self._notify = notify
         self._server = server
         self._ended = ended
         self._take_flags = take_flags
         self._telemetry = telemetry
+        self._release = release
         self._task: asyncio.Task[TuneResult] | None = None
         self._result: TuneResult | None = None  # the latest
         self._request: TuneRequest | None = None
@@ -170,7 +217,8 @@ class LiveTune:
 
     def form_defaults(self, slo: SLO | None) -> dict[str, str]:
         """The Tune form's starting text: ``slo``'s limits (else TTFT 500 ms and TPOT
-        50 ms), 30 minutes, the default space, rate mode."""
+        50 ms), 30 minutes, the default space, rate mode, every GPU the session sees, one
+        trial per slot."""
         limits: dict[str, float | None] = {"ttft_ms": None, "tpot_ms": None, "e2el_ms": None}
         if slo is not None:
             limits = {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "e2el_ms": slo.e2el_ms}
@@ -178,7 +226,7 @@ class LiveTune:
             limits = {"ttft_ms": 500.0, "tpot_ms": 50.0, "e2el_ms": None}
         out = {k: "" if v is None else f"{v:g}" for k, v in limits.items()}
         out.update(budget_min="30", space=space_lines(SearchSpace.default()), mode="rate", start_load="",
-                   percentile=f"{self.percentile(slo):g}")
+                   percentile=f"{self.percentile(slo):g}", gpus="", parallel="")
         return out
 
     @staticmethod
@@ -219,26 +267,39 @@ class LiveTune:
         except TuneError as exc:
             raise SessionError(str(exc), "check the Tune form") from None
         base = ground.flags
-        # The search needs a server of its own to restart; it starts with the first config.
-        supervisor = self._server(base)
+        slots = self.plan(request, ground)
+        # GPUs named on the form, or several slots: every trial on a server of its own.
+        named = isinstance(request, SlotsTuneRequest) and request.gpus is not None
+        own_servers = len(slots) > 1 or named
         tokenizer = base.model if Path(str(base.model)).is_dir() else None
-        factory = ground.measurer or ServerMeasurer
-        measurer = factory(workload, request.slo, mode=settings.mode, arrivals=ground.arrivals,
-                           tokenizer=tokenizer, supervisor=supervisor)
+        measurers: list[Measurer]
+        if not own_servers:
+            # One slot on the GPUs the session sees: its own server, restarted with each configuration.
+            supervisor = self._server(base)
+            factory = ground.measurer or ServerMeasurer
+            measurers = [factory(workload, request.slo, mode=settings.mode, arrivals=ground.arrivals,
+                                 tokenizer=tokenizer, supervisor=supervisor)]
+            # The view shows every GPU the telemetry sees beside it (where the session's server runs).
+            slot_gpus = [ground.gpus]
+        else:
+            # Servers of the search's own, one per slot, as `vtui tune` runs them.
+            measurers = slot_measurers(slots, workload, request.slo, mode=settings.mode, arrivals=ground.arrivals,
+                                       tokenizer=tokenizer, factory=ground.measurer)
+            slot_gpus = [s.gpus for s in slots]
         try:
             tuner = Tuner(
-                measurer, base_flags=base, space=request.space, slo=request.slo, settings=settings,
+                measurers[0], base_flags=base, space=request.space, slo=request.slo, settings=settings,
                 workload={"workload": workload.to_dict(),
                           "arrivals": ground.arrivals.to_dict() if ground.arrivals is not None else {}},
                 max_request_len=ground.max_request_len, schema=ground.schema, say=self.say,
-                on_update=self.update,
-                # One slot: the session's server, on the GPUs its telemetry sees.
-                slot_gpus=[ground.gpus],
+                on_update=self.update, slots=measurers[1:], slot_gpus=slot_gpus,
                 # Saved in the run history after every start and step, where
                 # `vtui tune --list/--resume` look (as the CLI saves it).
                 store=HistoryStore())
         except TuneError as exc:
             raise SessionError(str(exc), "check the Tune form") from None
+        if own_servers and self._release is not None:
+            await self._release()  # the session's server would hold a slot's GPUs and share its cores
         self._request = request
         self._lines.clear()
         self._status = "running"
@@ -250,6 +311,10 @@ class LiveTune:
         self._result = tuner.result()
         self.say(f"tune {tuner.state.id}: {self._total} configurations, budget "
                  f"{settings.budget_s / 60:.1f} min, {slo_label(request.slo)}")
+        if own_servers:
+            self.say(f"{len(slots)} trial{'s' if len(slots) > 1 else ''} at once, each on a server of its own: "
+                     + "; ".join(s.label() for s in slots) + "; the session's server is stopped "
+                     "(l loads the winner, a starts it)")
         self._notify(f"tuning ({tuner.state.id})")
         task = asyncio.ensure_future(tuner.run())
         self._task = task
@@ -277,6 +342,39 @@ class LiveTune:
         self._notify(self._notice(result))
         self._changed()
         return result
+
+    def plan(self, request: TuneRequest, ground: TuneGround) -> list[Slot]:
+        """The search's slots (engine.tune.slots.search_slots, as ``vtui tune`` plans them): the
+        request's GPUs (default every GPU the session's telemetry sees, else NVML's) cut into
+        slots of the most GPUs a configuration needs, at most ``parallel``. TuneFormError naming
+        the field for GPUs that are not visible, a parallel below 1, or a configuration that
+        needs more GPUs than there are (``vtui tune`` lets the search mark it invalid; the form
+        says so before anything stops or starts)."""
+        gpus = request.gpus if isinstance(request, SlotsTuneRequest) else None
+        parallel = request.parallel if isinstance(request, SlotsTuneRequest) else None
+        seen = tuple(ground.gpus) or visible_gpus()
+        configs = request.space.configs()
+        try:
+            slots = search_slots(gpus, trial_needs(ground.flags, configs), parallel=parallel, visible=seen,
+                                 label="GPUs")
+        except SlotError as exc:
+            field = "parallel" if str(exc).startswith("--parallel") else "gpus"
+            hint = ("the most trials at once, e.g. 2; empty: one per slot" if field == "parallel" else
+                    f"GPUs the session sees: {','.join(map(str, seen)) or 'none'}; empty: all of them")
+            raise TuneFormError(field, str(exc).replace("--parallel", "parallel"), hint) from None
+        given = parse_gpus(gpus) if gpus else seen
+        wide = too_wide(ground.flags, configs, len(given)) if given else []
+        if wide:
+            values, need = wide[0]
+            more = f" (and {len(wide) - 1} more)" if len(wide) > 1 else ""
+            where = f"the GPUs field gives {len(given)}" if gpus else f"the session sees {len(given)}"
+            raise TuneFormError(
+                "gpus" if gpus else "space",
+                f"{request.space.key(values)} needs {need} GPUs (tensor x pipeline x data parallel), and {where} "
+                f"({','.join(map(str, given))}){more}",
+                "name more GPUs, or take the values that need more out of the space" if gpus
+                else "take the values that need more GPUs out of the space")
+        return slots
 
     def _after(self) -> None:
         """The server runs the last configuration tried (or nothing): the session says so."""

@@ -25,6 +25,8 @@ from engine.telemetry.nvml import visible_gpus
 
 if TYPE_CHECKING:
     from engine.flags import FlagSet
+    from engine.tune.search import Measurer
+    from loadgen.spec import SLO, ArrivalSpec, WorkloadSpec
 
 
 class SlotError(ValueError):
@@ -60,45 +62,80 @@ class Slot:
         return f"slot {self.index} ({gpus})"
 
 
-def parse_gpus(text: str) -> tuple[int, ...]:
-    """``"0,1,2,3"`` or ``"0-3"`` or ``"0,2-3"`` -> (0, 1, 2, 3); SlotError when it is not one."""
+def parse_gpus(text: str, *, label: str = "--gpus") -> tuple[int, ...]:
+    """``"0,1,2,3"`` or ``"0-3"`` or ``"0,2-3"`` -> (0, 1, 2, 3); SlotError when it is not one,
+    its message starting with ``label`` (the option's or the form field's name)."""
     out: list[int] = []
     for part in (p.strip() for p in text.split(",")):
         m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
         if not m:
-            raise SlotError(f"--gpus {text!r}: {part!r} is not a GPU index or a range such as 0-3")
+            raise SlotError(f"{label} {text!r}: {part!r} is not a GPU index or a range such as 0-3")
         lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
         if hi < lo:
-            raise SlotError(f"--gpus {text!r}: the range {part!r} runs backwards")
+            raise SlotError(f"{label} {text!r}: the range {part!r} runs backwards")
         out.extend(range(lo, hi + 1))
     if len(set(out)) != len(out):
-        raise SlotError(f"--gpus {text!r}: a GPU is named twice")
+        raise SlotError(f"{label} {text!r}: a GPU is named twice")
     return tuple(out)
 
 
-def check_visible(asked: Sequence[int], visible: Sequence[int], text: str) -> None:
+def check_visible(asked: Sequence[int], visible: Sequence[int], text: str, *, label: str = "--gpus") -> None:
     """SlotError unless every GPU of ``--gpus TEXT`` is one this process can see."""
     if not visible:
-        raise SlotError(f"--gpus {text}: no NVIDIA GPU is visible on this machine")
+        raise SlotError(f"{label} {text}: no NVIDIA GPU is visible on this machine")
     missing = [g for g in asked if g not in visible]
     if missing:
         seen = ",".join(str(g) for g in visible)
-        raise SlotError(f"--gpus {text}: GPU {', '.join(str(g) for g in missing)} is not visible here "
+        raise SlotError(f"{label} {text}: GPU {', '.join(str(g) for g in missing)} is not visible here "
                         f"(visible: {seen}; CUDA_VISIBLE_DEVICES applies)")
 
 
 def search_slots(gpus_text: str | None, needs: Iterable[int], *, parallel: int | None = None,
-                 visible: Sequence[int] | None = None) -> list[Slot]:
+                 visible: Sequence[int] | None = None, label: str = "--gpus") -> list[Slot]:
     """A search's slots: ``--gpus`` (default every visible GPU, engine.telemetry.nvml.visible_gpus) cut into
     blocks of the most GPUs a configuration needs (``needs``: each one's), at most ``parallel``.
-    SlotError for a GPU list that does not read or names a GPU this process cannot see."""
+    SlotError for a GPU list that does not read or names a GPU this process cannot see (its
+    message names ``label``: the CLI's option, or the Tune form's field)."""
     if visible is None:
         visible = visible_gpus()
     seen = tuple(visible)
-    gpus = parse_gpus(gpus_text) if gpus_text else seen
+    gpus = parse_gpus(gpus_text, label=label) if gpus_text else seen
     if gpus_text:
-        check_visible(gpus, seen, gpus_text)
+        check_visible(gpus, seen, gpus_text, label=label)
     return plan_slots(gpus, slot_size(needs, len(gpus)), parallel=parallel)
+
+
+def slot_measurers(slots: Sequence[Slot], workload: WorkloadSpec, slo: SLO, *, mode: str = "rate",
+                   arrivals: ArrivalSpec | None = None, tokenizer: str | None = None,
+                   factory: Callable[..., Measurer] | None = None) -> list[Measurer]:
+    """One measurer per slot, each with a server of its own (``vtui tune`` on one host, and the
+    Tune screen with more than one slot): the first is the search's ``Tuner`` measurer, the rest
+    its ``slots``. Each trial's servers start on its slot's GPUs (:func:`trial_supervisor`);
+    beside other trials, its server and its load generator are pinned to the slot's cores
+    (``client_cpus``); a lone one keeps every core (pinning one measured worse, docs/SCALE.md).
+
+    ``factory``: called like ``engine.tune.search.ServerMeasurer(workload, slo, mode=, arrivals=,
+    tokenizer=, supervisor_factory=, client_cpus=)`` (the default; tests pass a stand-in)."""
+    if factory is None:
+        from engine.tune.search import ServerMeasurer
+
+        factory = ServerMeasurer
+    side_by_side = len(slots) > 1
+    return [factory(workload, slo, mode=mode, arrivals=arrivals, tokenizer=tokenizer,
+                    supervisor_factory=trial_supervisor(slot, side_by_side=side_by_side),
+                    client_cpus=slot.client_cpus(side_by_side=side_by_side))
+            for slot in slots]
+
+
+def too_wide(base: FlagSet, configs: Iterable[Mapping[str, object]], gpus: int) -> list[tuple[Mapping[str, object], int]]:
+    """The configurations that need more than ``gpus`` GPUs, each with what it needs (``vtui
+    tune`` lets the search mark them invalid; the Tune form refuses them before it starts)."""
+    out: list[tuple[Mapping[str, object], int]] = []
+    for values in configs:
+        need = devices_needed({**base.values, **values})
+        if need > gpus:
+            out.append((values, need))
+    return out
 
 
 def trial_needs(base: FlagSet, configs: Iterable[Mapping[str, object]]) -> list[int]:

@@ -176,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         format_table,
         load_state,
     )
-    from engine.tune.slots import trial_supervisor
+    from engine.tune.slots import slot_measurers
     from loadgen.spec import SLO, ArrivalSpec, SpecError, WorkloadSpec
     from tui.cli import UserError
 
@@ -284,13 +284,9 @@ def run(args: argparse.Namespace) -> int:
         slots: list[Any] = []
     else:
         slots = _slots(args, base, space)
-        # One slot: the server and its client on every core, as one trial at a time always ran
-        # (pinning a lone client measured worse, docs/SCALE.md); several: each on its slot's.
-        side_by_side = len(slots) > 1
-        measurers = [ServerMeasurer(workload, slo, mode=settings.mode, arrivals=arrivals, tokenizer=tokenizer,
-                                    supervisor_factory=trial_supervisor(slot, side_by_side=side_by_side),
-                                    client_cpus=slot.client_cpus(side_by_side=side_by_side))
-                     for slot in slots]
+        # A server of its own per slot, on the slot's GPUs (and cores, side by side).
+        measurers = list(slot_measurers(slots, workload, slo, mode=settings.mode, arrivals=arrivals,
+                                        tokenizer=tokenizer))
     if len(slots) > 1:
         say(f"{len(slots)} trials at once: " + "; ".join(
             f"{s.label()} on cores {','.join(map(str, s.cpus))}" for s in slots))

@@ -1,8 +1,9 @@
 """The Tune screen: search the flags with the most goodput under an SLO, live.
 
 A form (SLO limits, budget, the search space as ``flag=v1,v2`` lines, rate or
-concurrency), the table of configurations as the search tries them, the progress lines,
-the winner's serve and docker lines and the Pareto frontier. The search itself runs in
+concurrency, the GPUs and how many trials at once as ``vtui tune --gpus --parallel``),
+one line per running trial with its slot's GPUs, the table of configurations as the
+search tries them, the progress lines, the winner's serve and docker lines and the Pareto frontier. The search itself runs in
 the core (``Session.tune``) in an app worker; this screen only reads the form (through
 ``engine.session.parse_tune_form``) and renders the snapshot's ``TuneView``.
 """
@@ -33,6 +34,9 @@ from engine.views import TuneRequest, TuneView
 SHOWN_LINES = 5
 NUMBER_FIELDS = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2el_ms", "E2EL"),
                  ("budget_min", "budget min"), ("start_load", "start load"))
+# Where the trials run (engine.tune.slots): empty is every GPU the session sees, one trial per slot.
+SLOT_FIELDS = (("gpus", "GPUs"), ("parallel", "parallel"))
+PLACEHOLDERS = {"start_load": "auto", "gpus": "all seen", "parallel": "one per slot"}
 
 
 def _load(value: float | None, mode: str) -> str:
@@ -104,14 +108,13 @@ class TuneScreen(Screen[None]):
                     yield Select([(f"p{p:g}", f"{p:g}") for p in TUNE_PERCENTILES],
                                  value=start if start in {f"{p:g}" for p in TUNE_PERCENTILES} else "99",
                                  allow_blank=False, id="tune-percentile", compact=True)
-                for key, label in NUMBER_FIELDS:
+                for key, label in NUMBER_FIELDS + SLOT_FIELDS:
                     if key == "budget_min":
                         yield Label("Search", classes="tune-section")
                     with Horizontal(classes="tune-field"):
                         yield Label(label, classes="tune-label")
                         yield Input(self.defaults.get(key, ""), id=f"tune-{key}", compact=True,
-                                    placeholder="auto" if key == "start_load" else "",
-                                    select_on_focus=False)
+                                    placeholder=PLACEHOLDERS.get(key, ""), select_on_focus=False)
                     if key == "budget_min":
                         with Horizontal(classes="tune-field"):
                             yield Label("mode", classes="tune-label")
@@ -154,7 +157,7 @@ class TuneScreen(Screen[None]):
 
     def form_fields(self) -> dict[str, str]:
         """What the user typed, as text (kept as typed whatever happens)."""
-        fields = {key: self.query_one(f"#tune-{key}", Input).value for key, _ in NUMBER_FIELDS}
+        fields = {key: self.query_one(f"#tune-{key}", Input).value for key, _ in NUMBER_FIELDS + SLOT_FIELDS}
         mode = self.query_one("#tune-mode", Select).value
         fields["mode"] = str(mode) if isinstance(mode, str) else "rate"
         pct = self.query_one("#tune-percentile", Select).value
