@@ -163,3 +163,68 @@ async def test_x_on_an_attached_server_detaches_and_leaves_it_running(local_serv
     assert session.snapshot().server.state == "ATTACHED"
     await session.close()
     assert proc.poll() is None
+
+
+# A listener that forks a child keeping the socket (as `vllm serve --api-server-count 2` hands
+# its socket to its VLLM::APIServer_N children): prints "port parent child" once both listen.
+FORKED_LISTENER = textwrap.dedent(
+    """
+    import os, signal, socket, sys, time
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0)); s.listen(8)
+    port = s.getsockname()[1]
+    child = os.fork()
+    if child == 0:
+        s.listen(8)  # the child sits in listen on the inherited socket
+        while True:
+            time.sleep(60)
+    if sys.argv[1] == "parent-closes":
+        s.close()  # only the child listens now
+    print(port, os.getpid(), child, flush=True)
+    while True:
+        time.sleep(60)
+    """
+)
+
+
+@pytest.fixture
+def forked_listener(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    script = tmp_path / "forked_listener.py"
+    script.write_text(FORKED_LISTENER)
+    proc = subprocess.Popen([sys.executable, str(script), request.param], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    child: int | None = None
+    try:
+        assert proc.stdout is not None
+        port, parent, child = (int(x) for x in proc.stdout.readline().split())
+        assert parent == proc.pid
+        yield request.param, port, parent, child
+    finally:
+        if child is not None:
+            import psutil
+
+            try:  # only the child this test's process forked
+                if psutil.Process(child).ppid() == proc.pid:
+                    os.kill(child, 9)
+            except (psutil.NoSuchProcess, ProcessLookupError):
+                pass
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("forked_listener", ["parent-listens", "parent-closes"], indirect=True)
+def test_listening_pid_is_the_topmost_listener(forked_listener: Any) -> None:
+    """Several processes listen on one port through one inherited socket: the pid returned is
+    the one whose ancestors do not listen there (the parent), not whichever psutil names; a
+    parent that closed its socket is not a listener, and its child is returned."""
+    import psutil
+
+    from engine.server.attach import listening_pid
+
+    mode, port, parent, child = forked_listener
+    holders = {p for p in (parent, child)
+               if any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+                      for c in psutil.Process(p).net_connections(kind="tcp"))}
+    assert holders == ({parent, child} if mode == "parent-listens" else {child})  # the setup is as meant
+    assert listening_pid(port) == (parent if mode == "parent-listens" else child)
+    assert listening_pid(find_free_port()) is None

@@ -132,18 +132,53 @@ async def attach(url: str, *, timeout: float = 5.0, api_key: str | None = None) 
 
 
 def listening_pid(port: int) -> int | None:
-    """The pid listening on a TCP ``port`` on a loopback or wildcard address, if visible."""
+    """The topmost process listening on a TCP ``port`` on a loopback or wildcard address, if visible.
+
+    Processes that inherit a listening socket hold it too: ``vllm serve --api-server-count 2``
+    listens in the ``vllm serve`` process, and its ``VLLM::APIServer_N`` children (command line
+    ``python3 -c from multiprocessing.spawn ...``) accept on the same socket. psutil names one
+    pid per socket (the last one it scans, often such a child), so the pid kept is the
+    listener none of whose ancestors also listens on that port: the one whose command line
+    carries the server's flags and whose tree holds all its processes.
+    """
     try:
         conns = psutil.net_connections(kind="tcp")
     except (psutil.AccessDenied, OSError):
         return None
+    found: list[int] = []
     for c in conns:
-        if c.status != psutil.CONN_LISTEN or not c.laddr or c.laddr.port != port or c.pid is None:
-            continue
-        ip = c.laddr.ip
-        if ip in ("0.0.0.0", "::") or is_loopback(ip):
-            return int(c.pid)
-    return None
+        if c.pid is not None and _is_listener(c, port) and int(c.pid) not in found:
+            found.append(int(c.pid))
+    tops: list[int] = []
+    for pid in found:
+        top = pid
+        try:
+            ancestors = psutil.Process(pid).parents()  # nearest first, up to init
+        except psutil.Error:
+            ancestors = []
+        for parent in ancestors:
+            if parent.pid in found or _holds_listener(parent, port):
+                top = parent.pid
+        if top not in tops:
+            tops.append(top)
+    return tops[0] if tops else None
+
+
+def _is_listener(conn: object, port: int) -> bool:
+    """Whether a psutil connection listens on ``port`` on a loopback or wildcard address."""
+    laddr = getattr(conn, "laddr", None)
+    if getattr(conn, "status", None) != psutil.CONN_LISTEN or not laddr or laddr.port != port:
+        return False
+    ip = laddr.ip
+    return ip in ("0.0.0.0", "::") or is_loopback(ip)
+
+
+def _holds_listener(proc: psutil.Process, port: int) -> bool:
+    """Whether ``proc`` holds a socket listening on ``port`` (False when it cannot be read)."""
+    try:
+        return any(_is_listener(c, port) for c in proc.net_connections(kind="tcp"))
+    except (psutil.Error, OSError):
+        return False
 
 
 def _local_details(server: AttachedServer, port: int) -> AttachedServer:
