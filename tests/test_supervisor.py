@@ -79,6 +79,40 @@ async def test_missing_model_folder_fails_before_launch(tmp_path: Path) -> None:
     assert sup.pid is None and sup.state is ServerState.FAILED
 
 
+@pytest.mark.parametrize("how", ["default", "program"])
+async def test_api_server_count_refused_on_the_module_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """The legacy `python -m vllm.entrypoints.openai.api_server` runs one API server whatever
+    --api-server-count says: more than one is refused before anything is launched."""
+    from engine.server import supervisor
+
+    legacy = [sys.executable, *supervisor.MODULE_ENTRY]
+    monkeypatch.setattr(supervisor, "vllm_program", lambda python=None: legacy)
+    flags = make_flags(tmp_path, api_server_count=2)
+    # Were the check missing, this launcher (exit 7, its arguments unread) would end the launch:
+    # the test fails without starting vLLM.
+    stub = [sys.executable, "-c", "import sys; sys.exit(7)"]
+    sup = Supervisor(flags, launcher=stub, program=legacy if how == "program" else None, log_dir=tmp_path)
+    with pytest.raises(errors.InvalidFlag, match=r"--api-server-count 2.*one API server") as info:
+        await sup.start(timeout=5)
+    assert "vllm serve" in info.value.hint and "drop --api-server-count" in info.value.hint
+    assert sup.pid is None and sup.command == [] and sup.state is ServerState.FAILED
+    assert not list(tmp_path.glob("vllm-*.log"))  # nothing was launched
+
+
+def test_api_server_count_passes_where_it_is_honoured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One API server on the module entry, or several through `vllm serve`, pass the check."""
+    from engine.server import supervisor
+
+    monkeypatch.setattr(supervisor, "vllm_program", lambda python=None: [sys.executable, *supervisor.MODULE_ENTRY])
+    Supervisor(make_flags(tmp_path, api_server_count=1))._precheck_api_servers()
+    Supervisor(make_flags(tmp_path))._precheck_api_servers()
+    Supervisor(make_flags(tmp_path, api_server_count=4), program=["vllm", "serve"])._precheck_api_servers()
+    monkeypatch.setattr(supervisor, "vllm_program", lambda python=None: [sys.executable, *supervisor.CLI_ENTRY])
+    Supervisor(make_flags(tmp_path, api_server_count=4))._precheck_api_servers()
+
+
 async def test_port_in_use_fails_before_launch(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -737,6 +737,7 @@ class Supervisor:
         model = self.flags.model
         if _looks_like_path(model) and not Path(model).expanduser().exists():
             raise errors.ModelNotFound(f"model folder not found: {model}")
+        self._precheck_api_servers()
         if bind_needs_confirmation(self.host, has_api_key=bool(self._auth_headers())) and not self.allow_public:
             raise errors.UnsafeBind(
                 f"--host {self.host} lets other machines reach the server, and it has no --api-key"
@@ -746,6 +747,23 @@ class Supervisor:
             raise ServerAlreadyRunning(conflicts)
         if self.port is not None and not port_is_free(self.host, self.port):
             raise errors.PortInUse(f"port {self.port} on {self.host} is already in use")
+
+    def _precheck_api_servers(self) -> None:
+        """Refuse ``--api-server-count`` > 1 when vLLM would run through the legacy module entry
+        (``python -m vllm.entrypoints.openai.api_server``): that entry starts one API server
+        and ignores the flag, so the run would measure one where the flags say several."""
+        count = _int_or_none(self.flags.get("api-server-count"))
+        if count is None or count <= 1:
+            return
+        program = list(self.program) if self.program is not None else vllm_program()
+        if tuple(program[-len(MODULE_ENTRY):]) != MODULE_ENTRY:
+            return
+        raise errors.InvalidFlag(
+            f"--api-server-count {count}: this vLLM starts only through python -m {MODULE_ENTRY[1]}, "
+            "which runs one API server and ignores the flag",
+            hint="Install vLLM so that `vllm serve` runs (the vllm distribution, whose CLI starts several "
+            "API servers), or drop --api-server-count.",
+        )
 
     async def _launch(self) -> None:
         if self.port is None:
