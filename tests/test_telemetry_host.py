@@ -123,3 +123,34 @@ def test_is_front_by_vllm_process_titles() -> None:
 
     assert is_front("vllm") and is_front("python3") and is_front("VLLM::APIServer")  # comm keeps 15 characters
     assert not is_front("VLLM::EngineCor") and not is_front("VLLM::Worker_TP0") and not is_front("VLLM::Worker")
+
+
+@pytest.mark.parametrize(("titles", "expected"), [
+    (("VLLM::APIServer_0", "VLLM::APIServer_1", "VLLM::EngineCore"), 2),  # vllm serve --api-server-count 2
+    (("VLLM::EngineCore",), 1),  # one API server: the root, with the interpreter's name
+])
+def test_api_server_processes_are_counted(titles: tuple[str, ...], expected: int) -> None:
+    # A sleeping root over sleeping children titled as vLLM titles its processes.
+    spawn = "; ".join(f"subprocess.Popen([sys.executable, '-c', {_titled(t, busy=False)!r}])" for t in titles)
+    parent = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys, time; {spawn}; time.sleep(30)"])
+    try:
+        deadline = time.time() + 10
+        while time.time() < deadline and sum(
+                p.name().startswith("VLLM::") for p in psutil.Process(parent.pid).children()) < len(titles):
+            time.sleep(0.1)
+        s = HostSampler(parent.pid).sample()
+        assert s.proc_count == 1 + len(titles), s
+        assert s.proc_front_procs == expected, s
+    finally:
+        for child in psutil.Process(parent.pid).children(recursive=True):
+            child.kill()
+        parent.kill()
+        parent.wait()
+    assert HostSampler().sample().proc_front_procs is None  # no tree
+
+
+def test_is_api_server_by_title() -> None:
+    from engine.telemetry.host import is_api_server
+
+    assert is_api_server("VLLM::APIServer_1") and is_api_server("VLLM::APIServer")  # comm keeps 15 characters
+    assert not is_api_server("python3") and not is_api_server("VLLM::EngineCor") and not is_api_server("vllm")

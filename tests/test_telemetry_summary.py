@@ -35,7 +35,8 @@ def build_store() -> SeriesStore:
                                     temp_c=40.0 + i, server_mem_bytes=mem - GIB))
         store.add_host(HostSample(t=t, cpu_percent=50.0, cpu_count=2, mem_used_bytes=GIB, mem_total_bytes=2 * GIB,
                                   mem_available_bytes=GIB, proc_root_pid=1, proc_alive=True, proc_count=2,
-                                  proc_rss_bytes=GIB + i, proc_cpu_percent=150.0))
+                                  proc_rss_bytes=GIB + i, proc_cpu_percent=150.0,
+                                  proc_front_cpu_percent=90.0 + i, proc_front_procs=1 if i < 3 else 2))
         n = 10.0 * i
         store.add_server(ServerSample(
             t=t + 0.5, running=float(i % 4), waiting=0.0, kv_cache_usage=i / 20,
@@ -66,6 +67,9 @@ def test_summary_numbers() -> None:
     d = s.to_dict()
     json.dumps(d)  # JSON-ready
     assert d["server_ttft"]["p50_ms"] == pytest.approx(500.0) and d["gpus"][0]["index"] == 0
+    # the API server processes: the most the tree had (2 from the fourth sample on), and their CPU
+    assert s.server_front_procs == 2 and d["server_front_procs"] == 2
+    assert s.server_front_cpu_pct == pytest.approx(94.5) and d["server_front_cpu_p90"] == pytest.approx(98.1)
 
 
 def test_summary_time_range() -> None:
@@ -73,6 +77,8 @@ def test_summary_time_range() -> None:
     assert s.gpus[0].peak_mem_bytes == 18 * GIB and s.gpus[0].samples == 4
     assert s.prompt_tokens == 200.0  # server samples at 105.5, 106.5, 107.5: 500 -> 700
     assert s.server_ttft is not None and s.server_ttft.count == 20
+    assert s.server_front_procs == 2
+    assert summarize(build_store(), 100.0, 102.0).server_front_procs == 1  # before the second appeared
 
 
 def test_summary_empty_store_and_no_gpu() -> None:
@@ -81,6 +87,7 @@ def test_summary_empty_store_and_no_gpu() -> None:
     s = summarize(store)
     assert s.gpus == () and s.peak_gpu_mem_bytes is None and s.server_ttft is None and s.preemptions is None
     assert s.gpu_unavailable == "NVML could not start: no driver"
+    assert s.server_front_procs is None and s.to_dict()["server_front_procs"] is None
     json.dumps(s.to_dict())
 
 

@@ -36,6 +36,10 @@ class HostSample:
     # frontend that turns every sequence's tokens into text and server-sent events. At a high
     # concurrency this one Python process, not the GPU, can set the streams' pace.
     proc_front_cpu_percent: float | None = None
+    # How many API server processes the tree has: those titled ``VLLM::APIServer_N`` (vLLM's
+    # --api-server-count N), or 1 for a tree with none of those titles (one API server, the
+    # interpreter's name). None without a tree.
+    proc_front_procs: int | None = None
 
 
 def is_front(name: str) -> bool:
@@ -43,7 +47,13 @@ def is_front(name: str) -> bool:
     titles its other processes ``VLLM::EngineCore``, ``VLLM::Worker...`` (and several API
     servers ``VLLM::APIServer_N``); the single API server keeps the interpreter's name (so
     does an idle helper, such as vtui's reaper, whose CPU is nil beside it)."""
-    return name.startswith("VLLM::APIServer") or not name.startswith("VLLM::")
+    return is_api_server(name) or not name.startswith("VLLM::")
+
+
+def is_api_server(name: str) -> bool:
+    """Whether a process is one of several API servers vLLM titled ``VLLM::APIServer_N`` (its comm
+    keeps 15 characters: ``VLLM::APIServer``)."""
+    return name.startswith("VLLM::APIServer")
 
 
 class HostSampler:
@@ -97,6 +107,7 @@ class HostSampler:
         rss = 0
         cpu = 0.0
         front: float | None = None
+        api_servers = 0
         alive: dict[int, psutil.Process] = {}
         for proc in tree:
             cached = self._procs.get(proc.pid)
@@ -111,6 +122,7 @@ class HostSampler:
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
             cpu += pct
+            api_servers += is_api_server(name)
             if is_front(name) and proc.pid in self._procs:  # a new process has no CPU baseline yet
                 front = max(front or 0.0, pct)
             alive[proc.pid] = proc
@@ -134,6 +146,7 @@ class HostSampler:
             # root is new reads as unknown rather than a misleading 0 %.
             proc_cpu_percent=None if root_fresh else cpu,
             proc_front_cpu_percent=None if root_fresh else front,
+            proc_front_procs=api_servers or 1,
         )
 
     def _machine_cpu_percent(self) -> float:

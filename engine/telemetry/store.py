@@ -37,7 +37,7 @@ GPU_FIELDS = (
 )
 HOST_FIELDS = (
     "cpu_percent", "mem_used_bytes", "mem_total_bytes", "proc_alive", "proc_rss_bytes", "proc_cpu_percent",
-    "proc_front_cpu_percent",
+    "proc_front_cpu_percent", "proc_front_procs",
 )
 _COUNTER_FIELDS = (
     "preemptions_total", "prompt_tokens_total", "generation_tokens_total", "prefix_queries_total",

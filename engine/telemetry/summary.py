@@ -30,6 +30,11 @@ def _max(v: F64) -> float | None:
     return float(v.max()) if len(v) else None
 
 
+def _max_int(v: F64) -> int | None:
+    m = _max(v)
+    return None if m is None else round(m)
+
+
 def _mean(v: F64) -> float | None:
     v = v[~np.isnan(v)]
     return float(v.mean()) if len(v) else None
@@ -153,6 +158,9 @@ class TelemetrySummary:
     # mean and the 90th percentile of its samples (how busy it was under the load's plateau).
     server_front_cpu_pct: float | None = None
     server_front_cpu_p90: float | None = None
+    # How many API server processes the server's tree had (the most seen over the run's samples;
+    # engine.telemetry.host.HostSample.proc_front_procs): 1 unless vLLM ran several.
+    server_front_procs: int | None = None
 
     def to_dict(self) -> dict[str, object]:
         """Plain JSON-ready dict; latency percentiles in milliseconds."""
@@ -225,6 +233,7 @@ def summarize(store: SeriesStore, t0: float | None = None, t1: float | None = No
         energy=energy(store, t0, t1, idle) if t0 is not None and t1 is not None else None,
         server_front_cpu_pct=_mean(h("proc_front_cpu_percent")),
         server_front_cpu_p90=_p90(h("proc_front_cpu_percent")),
+        server_front_procs=_max_int(h("proc_front_procs")),
     )
 
 
