@@ -343,7 +343,7 @@ def _loadgen_run(slow: bool) -> RunData:
                      ArrivalSpec(concurrency=2, num_requests=12, workers=1), publish_s=0.05,
                      isolate=False)
         res = asyncio.run(lr.run(on_window=consumer))
-    return RunData(name="loadgen", flags={}, load={**res.summary, "client_bound": res.client_bound},
+    return RunData(name="loadgen", flags={}, load={**res.summary.to_dict(), "client_bound": res.client_bound},
                    windows=tuple(_window_row(w.t, w.to_dict()) for w in windows),
                    workload={"arrivals": {"mode": "closed", "concurrency": 2, "workers": 1}})
 
@@ -785,9 +785,19 @@ def _frontend(busy: float, tpot: float, engine: float = 18.0, **flags: Any) -> R
         load={**run.load, "mean_tpot_ms": tpot})
 
 
-def test_frontend_bound_when_the_api_server_is_busy_and_streams_lag_the_engine() -> None:
+def _serve_entry(monkeypatch: pytest.MonkeyPatch, legacy: bool) -> None:
+    """vtui would launch vLLM through `vllm serve` (its CLI module), or the legacy api_server module."""
+    from engine.server import supervisor
+
+    entry = supervisor.MODULE_ENTRY if legacy else supervisor.CLI_ENTRY
+    monkeypatch.setattr(supervisor, "vllm_program", lambda python=None: ["/usr/bin/python3", *entry])
+
+
+def test_frontend_bound_when_the_api_server_is_busy_and_streams_lag_the_engine(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from engine.advise.advisor import rule_frontend_bound
 
+    _serve_entry(monkeypatch, legacy=False)
     [f] = rule_frontend_bound(_frontend(97.0, 48.0))
     assert f.changes[0].describe() == "--api-server-count 1 (default) -> 2" and f.flag_changes == {
         "api-server-count": (None, 2)}
@@ -803,6 +813,38 @@ def test_frontend_bound_when_the_api_server_is_busy_and_streams_lag_the_engine()
         k: v for k, v in run.telemetry.items() if k != "server_itl"})) == []
 
 
+def test_frontend_bound_counts_the_api_servers_the_telemetry_saw(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An attached server's flags are not known: the API server processes seen in its tree are
+    the current count (2 seen: propose 4); the run's flag, when known, wins."""
+    from engine.advise.advisor import rule_frontend_bound
+
+    _serve_entry(monkeypatch, legacy=False)
+    run = _frontend(97.0, 48.0)
+    assert run.flag("api-server-count") is None
+    seen2 = dataclasses.replace(run, telemetry={**run.telemetry, "server_front_procs": 2})
+    [f] = rule_frontend_bound(seen2)
+    assert f.changes[0].describe() == "--api-server-count 2 -> 4" and f.flag_changes == {"api-server-count": (2, 4)}
+    assert f.evidence["api_server_processes"] == 2
+    [g] = rule_frontend_bound(dataclasses.replace(run, telemetry={**run.telemetry, "server_front_procs": 1}))
+    assert g.changes[0].describe() == "--api-server-count 1 (default) -> 2"
+    flagged = dataclasses.replace(seen2, flags={**seen2.flags, "api-server-count": 4})
+    assert rule_frontend_bound(flagged)[0].changes[0].describe() == "--api-server-count 4 -> 8"
+
+
+def test_frontend_bound_proposes_no_change_the_legacy_entry_would_refuse(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vtui would run this vLLM through python -m vllm.entrypoints.openai.api_server (one API
+    server; the supervisor refuses --api-server-count > 1 there): the finding, without a change."""
+    from engine.advise.advisor import rule_frontend_bound
+
+    _serve_entry(monkeypatch, legacy=True)
+    for run in (_frontend(97.0, 48.0), _frontend(97.0, 48.0, **{"api-server-count": 2})):
+        [f] = rule_frontend_bound(run)
+        assert f.changes == () and f.flag_changes == {} and f.alternatives == ()
+        assert "--api-server-count needs `vllm serve`" in f.expected and "one API server" in f.expected
+        assert "api_server module" in f.expected and "97% of a core" in f.symptom
+    assert rule_frontend_bound(_frontend(60.0, 48.0)) == []  # not busy: still nothing
+
+
 def test_from_history_keeps_what_the_rules_read_from_the_telemetry(tmp_path: Path) -> None:
     # speed_of_light (rule_launch_bound) and the frontend's figures were dropped on the way
     # from the history: those rules never fired on a stored run.
@@ -812,7 +854,7 @@ def test_from_history_keeps_what_the_rules_read_from_the_telemetry(tmp_path: Pat
     rec = history.start_run("r1", flags={}, workload={}, started=1000.0)
     sol = {"launch_bound": True, "step_ms": 20.0, "floor_ms": 3.2, "mbu": 0.16, "batch": 1.3, "gpu": "H200"}
     tel = {"speed_of_light": sol, "server_itl": {"mean_ms": 18.0}, "server_front_cpu_pct": 80.0,
-           "server_front_cpu_p90": 97.0}
+           "server_front_cpu_p90": 97.0, "server_front_procs": 2}
     rec.finish("complete", {"load": {"completed": 1}, "telemetry": tel})
     assert RunData.from_history(history, "last").telemetry == tel
 

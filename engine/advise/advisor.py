@@ -378,7 +378,7 @@ class RunData:
         keep = ("peak_kv_cache_usage", "peak_running", "peak_waiting", "preemptions", "prefix_hit_rate",
                 "mean_gpu_util_pct", "peak_gpu_mem_bytes", "host_mean_cpu_pct", "server_mean_cpu_pct",
                 "server_peak_rss_bytes", "gpu_unavailable", "cache_config", "speed_of_light", "server_itl",
-                "server_front_cpu_pct", "server_front_cpu_p90")
+                "server_front_cpu_pct", "server_front_cpu_p90", "server_front_procs")
         return cls(
             name=info.name, flags={_norm_flag(k): v for k, v in info.flags.items()}, model=info.model,
             status=info.status, started=info.started, ended=info.ended,
@@ -1369,15 +1369,29 @@ def rule_frontend_bound(run: RunData) -> list[Finding]:
     cause = ("one Python process turns every sequence's tokens into text and server-sent events: at this load its "
              "work per token, not the model's step, sets the streams' pace")
     old = _f(run.flag("api-server-count"))
+    seen = _f(run.telemetry.get("server_front_procs"))  # API server processes in the server's tree
+    if seen is not None:
+        ev["api_server_processes"] = seen
     if not _installed_has("api-server-count"):
         return [Finding("frontend_bound", "medium", symptom, cause, (),
                         "this vLLM has no --api-server-count: fewer streams per server (or a newer vLLM) would "
                         "bring TPOT back to the engine's step", "", ev,
                         expect=(Expectation("tpot_p50", "down", 0.1),))]
-    n = int(old) if old is not None and old >= 1 else 1
+    from engine.server import supervisor  # looked up when called (tests replace vllm_program)
+
+    if supervisor.runs_module_entry(supervisor.vllm_program()):
+        # The supervisor refuses --api-server-count > 1 on that entry: no change it would refuse.
+        return [Finding("frontend_bound", "medium", symptom, cause, (),
+                        "--api-server-count needs `vllm serve`: this vLLM runs through the api_server module "
+                        f"(python -m {supervisor.MODULE_ENTRY[1]}), one API server whatever the flag says. "
+                        "Installed so that `vllm serve` runs, vLLM can share the streams out between API server "
+                        "processes; or fewer streams per server bring TPOT back to the engine's step", "", ev,
+                        expect=(Expectation("tpot_p50", "down", 0.1),))]
+    # The run's flag; else (an attached server's flags are not known) the API servers the telemetry saw.
+    n = int(old) if old is not None and old >= 1 else int(seen) if seen is not None and seen >= 1 else 1
     return [Finding(
         "frontend_bound", "medium", symptom, cause,
-        (Change("api-server-count", n, n * 2, old_is_default=old is None),),
+        (Change("api-server-count", n, n * 2, old_is_default=old is None and n == 1),),
         "the streams are shared out between API server processes, each on a core of its own: TPOT comes closer "
         "to the engine's step",
         "each API server process takes a CPU core and some host memory", ev,

