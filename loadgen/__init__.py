@@ -4,11 +4,11 @@
 from loadgen.records import PlannedRequest, RequestResult
 from loadgen.run import LoadRun, RunResult, ServerError, check_lengths, probe_server
 from loadgen.spec import SLO, ArrivalSpec, SpecError, WorkloadSpec
-from loadgen.stats import Percentiles, StatsWindow, percentile
+from loadgen.stats import LoadSummary, Percentiles, StatsWindow, percentile
 from loadgen.workload import DatasetError
 
 __all__ = [
-    "SLO", "ArrivalSpec", "DatasetError", "LoadRun", "Percentiles", "PlannedRequest",
+    "SLO", "ArrivalSpec", "DatasetError", "LoadRun", "LoadSummary", "Percentiles", "PlannedRequest",
     "RequestResult", "RunResult", "ServerError", "SpecError", "StatsWindow", "WorkloadSpec",
     "check_lengths", "percentile", "probe_server",
 ]

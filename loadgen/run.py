@@ -23,14 +23,14 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 
 import httpx
 
 from loadgen.client import ClientConfig
 from loadgen.records import PlannedRequest, RequestResult
 from loadgen.spec import SLO, ArrivalSpec, WorkloadSpec
-from loadgen.stats import DEFAULT_PERCENTILES, Accumulator, RunAggregator, SlidingWindow, StatsWindow, percentile
+from loadgen.stats import DEFAULT_PERCENTILES, Accumulator, LoadSummary, RunAggregator, SlidingWindow, StatsWindow, percentile
 from loadgen.tokens import Codec, LocalTokenizer, RemoteTokenizer
 from loadgen.worker import Batch, Worker, WorkerPlan, run_in_process
 from loadgen.workload import DEFAULT_POOL, REMOTE_POOL, build_requests
@@ -125,9 +125,9 @@ def check_lengths(workload: WorkloadSpec, max_model_len: int | None) -> None:
 class RunResult:
     """A finished (or cancelled) run."""
 
-    # summary and extra: the result document's parts, JSON values that engine/ reads key by
-    # key and converts (``float(extra.get("t_start") or t0)``): left loosely typed for it.
-    summary: dict[str, Any]  # vllm bench serve's keys
+    summary: LoadSummary  # vllm bench serve's figures
+    # The result document's other keys (the run's settings, the client's own cost, the
+    # stream's shape), JSON values as written to the result file.
     windows: tuple[StatsWindow, ...]
     requests: tuple[RequestResult, ...]  # the first keep_requests records
     failures_by_reason: dict[str, int]
@@ -137,18 +137,18 @@ class RunResult:
     client_cpu_max: float
     cancelled: bool
     workers: int
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
     server_gone: bool = False  # the server stopped accepting connections mid-run
     client_cpus: tuple[int, ...] = ()  # the cores the client's workers ran on (read back in each)
 
     @property
     def failed_run(self) -> bool:
         """Nothing completed: the run failed (non-zero exit in ``vtui bench``)."""
-        return bool(self.summary.get("completed", 0) == 0)
+        return self.summary.completed == 0
 
     def to_json(self) -> dict[str, object]:
         """The result file: vLLM's keys first, then ours."""
-        d: dict[str, object] = dict(self.summary)
+        d: dict[str, object] = dict(self.summary.to_dict())
         d.update(self.extra)
         d["failures_by_reason"] = self.failures_by_reason
         d["failure_examples"] = self.failure_examples

@@ -11,10 +11,12 @@ import math
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
-    from _typeshed import ConvertibleToFloat, ConvertibleToInt, DataclassInstance
+    from _typeshed import DataclassInstance
+
+    from loadgen.stats import LoadSummary
 
 WORKLOAD_KINDS = ("random", "sharegpt", "jsonl", "trace", "chat")
 LENGTH_DISTS = ("fixed", "uniform", "normal")
@@ -321,13 +323,11 @@ def allowed_failures(n: int, percentile: float) -> int:
     return math.floor(n * (100.0 - percentile) / 100.0)
 
 
-def judge(slo: SLO, summary: Mapping[str, object]) -> tuple[bool, str]:
-    """Whether a run's summary (vLLM bench keys) meets ``slo``; the reason when not."""
+def judge(slo: SLO, summary: LoadSummary) -> tuple[bool, str]:
+    """Whether a run's figures meet ``slo``; the reason when not."""
     p = slo.percentile
     word = str(int(p)) if int(p) == p else str(p)
-    # JSON numbers; int()/float() raise TypeError/ValueError on anything else.
-    completed = int(cast("ConvertibleToInt", summary.get("completed", 0)))
-    failed = int(cast("ConvertibleToInt", summary.get("failed", 0)))
+    completed, failed = summary.completed, summary.failed
     n = completed + failed
     if completed == 0:
         return False, "no request completed"
@@ -340,7 +340,7 @@ def judge(slo: SLO, summary: Mapping[str, object]) -> tuple[bool, str]:
         value = summary.get(f"p{word}_{metric}_ms")
         if value is None:
             return False, f"p{word} {metric.upper()} not measured"
-        ms = float(cast("ConvertibleToFloat", value))
+        ms = value
         if ms > limit:
             return False, f"p{word} {metric.upper()} {ms:.0f} ms > {limit:g} ms"
     return True, ""

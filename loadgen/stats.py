@@ -13,7 +13,7 @@ import math
 import random
 from array import array
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from loadgen.records import RequestResult
@@ -26,6 +26,116 @@ DEFAULT_CAP = 2_000_000
 SAME_READ_S = 1e-6
 # More than this share of requests arriving whole in one read marks a run's stream bursty.
 BURST_SHARE = 0.1
+
+
+LOAD_METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+@dataclass(frozen=True)
+class LoadSummary:
+    """A run's figures as ``vllm bench serve`` writes them, typed; ``to_dict()`` is its result
+    file's keys, in its order. ``latency`` holds the per-metric statistics under bench serve's
+    names (``mean_ttft_ms``, ``median_tpot_ms``, ``p99_itl_ms``, ``std_e2el_ms``, ``max_..._ms``);
+    ``get``/``[]`` read any figure by those names (a field or a latency figure)."""
+
+    duration: float
+    completed: int
+    failed: int
+    total_input_tokens: int
+    total_output_tokens: int
+    request_throughput: float
+    request_goodput: float | None  # None without an SLO
+    output_throughput: float
+    total_token_throughput: float
+    max_output_tokens_per_s: float | None = None  # None: not in an older stored run
+    max_concurrent_requests: int | None = None
+    peak_in_flight: int | None = None
+    latency: Mapping[str, float] = field(default_factory=dict)
+
+    _INTS = ("completed", "failed", "total_input_tokens", "total_output_tokens")
+    _FLOATS = ("duration", "request_throughput", "output_throughput", "total_token_throughput")
+    _OPTIONAL = ("request_goodput", "max_output_tokens_per_s", "max_concurrent_requests", "peak_in_flight")
+
+    def get(self, key: str) -> float | None:
+        """A figure by bench serve's name; None when the run has no such figure."""
+        if key in self._INTS or key in self._FLOATS or key in self._OPTIONAL:
+            value: float | None = getattr(self, key)
+            return value
+        return self.latency.get(key)
+
+    def __getitem__(self, key: str) -> float | None:
+        if key not in self._INTS and key not in self._FLOATS and key not in self._OPTIONAL \
+                and key not in self.latency:
+            raise KeyError(key)
+        return self.get(key)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and (key in self.latency or key in self._INTS or key in self._FLOATS
+                                         or key in self._OPTIONAL)
+
+    def to_dict(self) -> dict[str, float | None]:
+        out: dict[str, float | None]
+        out = {"duration": self.duration, "completed": self.completed, "failed": self.failed,
+               "total_input_tokens": self.total_input_tokens, "total_output_tokens": self.total_output_tokens,
+               "request_throughput": self.request_throughput, "request_goodput": self.request_goodput,
+               "output_throughput": self.output_throughput, "total_token_throughput": self.total_token_throughput,
+               "max_output_tokens_per_s": self.max_output_tokens_per_s,
+               "max_concurrent_requests": self.max_concurrent_requests, "peak_in_flight": self.peak_in_flight}
+        out.update(self.latency)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, object], where: str = "load summary") -> LoadSummary:
+        """Parse a stored summary (a result file, a history row): numbers where numbers belong,
+        a clear ValueError naming the key otherwise; keys of other documents are left out."""
+
+        def number(key: str, *, required: bool) -> float | None:
+            value = d.get(key)
+            if value is None:
+                if required:
+                    return 0.0
+                return None
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{where}: {key} is {value!r}, not a number")
+            return float(value)
+
+        def whole(key: str, *, required: bool) -> int | None:
+            value = number(key, required=required)
+            return None if value is None else int(value)
+
+        latency = {k: float(v) for k, v in d.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool) and _is_latency_key(k)}
+        return cls(
+            duration=number("duration", required=True) or 0.0,
+            completed=whole("completed", required=True) or 0,
+            failed=whole("failed", required=True) or 0,
+            total_input_tokens=whole("total_input_tokens", required=True) or 0,
+            total_output_tokens=whole("total_output_tokens", required=True) or 0,
+            request_throughput=number("request_throughput", required=True) or 0.0,
+            request_goodput=number("request_goodput", required=False),
+            output_throughput=number("output_throughput", required=True) or 0.0,
+            total_token_throughput=number("total_token_throughput", required=True) or 0.0,
+            max_output_tokens_per_s=number("max_output_tokens_per_s", required=False),
+            max_concurrent_requests=whole("max_concurrent_requests", required=False),
+            peak_in_flight=whole("peak_in_flight", required=False),
+            latency=latency)
+
+
+def _is_latency_key(key: str) -> bool:
+    """``mean_ttft_ms``, ``p99.9_itl_ms``, ...: a per-metric figure under bench serve's name."""
+    head, _, rest = key.partition("_")
+    metric, _, unit = rest.partition("_")
+    if unit != "ms" or metric not in LOAD_METRICS:
+        return False
+    return head in ("mean", "median", "std", "max") or (head.startswith("p") and _is_number(head[1:]))
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def percentile(sorted_values: Sequence[float], p: float) -> float:
@@ -333,25 +443,11 @@ class RunAggregator:
             peak = max(peak, cur)
         return peak
 
-    def summary(self, duration_s: float, percentiles: Sequence[float] = DEFAULT_PERCENTILES
-                ) -> dict[str, float | None]:
-        """The keys ``vllm bench serve`` writes, computed the same way."""
+    def summary(self, duration_s: float, percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> LoadSummary:
+        """The figures ``vllm bench serve`` writes, computed the same way."""
         dur = max(duration_s, 1e-9)
-        out: dict[str, float | None] = {
-            "duration": duration_s,
-            "completed": self.completed,
-            "failed": self.failed,
-            "total_input_tokens": self.total_input,
-            "total_output_tokens": self.total_output,
-            "request_throughput": self.completed / dur,
-            "request_goodput": (self.good / dur) if self.slo and not self.slo.empty else None,
-            "output_throughput": self.total_output / dur,
-            "total_token_throughput": (self.total_input + self.total_output) / dur,
-            "max_output_tokens_per_s": float(max(self._tok_buckets.values(), default=0)),
-            "max_concurrent_requests": max(self._conc_buckets.values(), default=0),
-            "peak_in_flight": self.peak_in_flight(),
-        }
-        for name in ("ttft", "tpot", "itl", "e2el"):
+        out: dict[str, float] = {}
+        for name in LOAD_METRICS:
             acc: Accumulator = getattr(self, name)
             s = acc.summary()
             out[f"mean_{name}_ms"] = s.mean
@@ -361,7 +457,16 @@ class RunAggregator:
                 word = str(int(p)) if int(p) == p else str(p)
                 out[f"p{word}_{name}_ms"] = acc.quantile(p) * 1000 if acc.n else 0.0
             out[f"max_{name}_ms"] = s.max
-        return out
+        return LoadSummary(
+            duration=duration_s, completed=self.completed, failed=self.failed,
+            total_input_tokens=self.total_input, total_output_tokens=self.total_output,
+            request_throughput=self.completed / dur,
+            request_goodput=(self.good / dur) if self.slo and not self.slo.empty else None,
+            output_throughput=self.total_output / dur,
+            total_token_throughput=(self.total_input + self.total_output) / dur,
+            max_output_tokens_per_s=float(max(self._tok_buckets.values(), default=0)),
+            max_concurrent_requests=max(self._conc_buckets.values(), default=0),
+            peak_in_flight=self.peak_in_flight(), latency=out)
 
     def stream_shape(self) -> dict[str, float | bool | None]:
         """Tokens per stream event, the share of gaps of zero and the requests that came

@@ -8,7 +8,7 @@ import pytest
 
 from loadgen.records import RequestResult
 from loadgen.spec import SLO
-from loadgen.stats import Accumulator, Percentiles, RunAggregator, SlidingWindow, percentile
+from loadgen.stats import Accumulator, LoadSummary, Percentiles, RunAggregator, SlidingWindow, percentile
 
 
 @pytest.mark.parametrize(
@@ -122,3 +122,30 @@ def test_sliding_window_drops_old_results_and_rates_over_window() -> None:
     assert isinstance(snap.ttft, Percentiles)
     d = snap.to_dict()
     assert d["ttft"]["p50"] == pytest.approx(300.0) and d["total_sent"] == 6
+
+
+def test_load_summary_is_typed_and_round_trips_through_its_result_file_keys() -> None:
+    agg = RunAggregator(slo=SLO(ttft_ms=150))
+    agg.set_origin(100.0)
+    agg.add(_r(0, 0.100, (0.05, 0.05), 3))
+    s = agg.summary(duration_s=2.0, percentiles=(50, 99.9))
+    assert isinstance(s, LoadSummary) and s.completed == 1 and isinstance(s.completed, int)
+    d = s.to_dict()
+    # bench serve's keys, its fixed ones first, every metric's statistics after them
+    assert list(d)[:4] == ["duration", "completed", "failed", "total_input_tokens"]
+    assert {"p99.9_ttft_ms", "median_itl_ms", "std_e2el_ms", "max_tpot_ms"} <= set(d)
+    assert LoadSummary.from_dict(d) == s
+    assert s.get("p99.9_ttft_ms") == pytest.approx(100.0) and s["completed"] == 1 and "mean_itl_ms" in s
+    assert s.get("nonsense") is None and "nonsense" not in s
+    with pytest.raises(KeyError):
+        s["nonsense"]
+
+
+def test_load_summary_from_a_stored_document() -> None:
+    # An older history row: no peak_in_flight, other documents' keys beside bench serve's.
+    old = LoadSummary.from_dict({"completed": 3, "failed": 1, "duration": 2, "request_throughput": 1.5,
+                                 "mean_ttft_ms": 40, "client_bound": False, "model_id": "m"})
+    assert (old.completed, old.failed, old.peak_in_flight, old.request_goodput) == (3, 1, None, None)
+    assert old.latency == {"mean_ttft_ms": 40.0} and old.duration == 2.0
+    with pytest.raises(ValueError, match="completed is 'many'"):
+        LoadSummary.from_dict({"completed": "many"}, where="run 7")

@@ -126,13 +126,15 @@ def test_trace_from_history_file(tmp_path: Path) -> None:
 def test_trace_of_a_loadgen_run_result_alone() -> None:
     from loadgen.records import RequestResult
     from loadgen.run import RunResult
+    from loadgen.stats import LoadSummary
 
     reqs = tuple(
         RequestResult(id=i, t_start=T0 + i * 0.1, ttft_s=0.05, itl_s=(0.01,), e2el_s=0.2, input_tokens=10,
                       output_tokens=5, ok=True)
         for i in range(3)
     )
-    result = RunResult(summary={"completed": 3}, windows=(), requests=reqs, failures_by_reason={}, failure_examples={},
+    result = RunResult(summary=LoadSummary.from_dict({"completed": 3}), windows=(), requests=reqs,
+                       failures_by_reason={}, failure_examples={},
                        client_bound=False, client_lag_p99_ms=0.0, client_cpu_max=0.0, cancelled=False, workers=1)
     doc = build_trace(result)
     check_trace_event_format(doc)

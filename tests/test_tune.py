@@ -48,7 +48,7 @@ from engine.tune.search import (
     violation_count,
 )
 from loadgen.spec import SLO
-from loadgen.stats import percentile
+from loadgen.stats import LoadSummary, percentile
 from tests.standins import ServerStandIn
 
 CAPTURES = Path(__file__).parent / "data" / "captures"
@@ -555,7 +555,7 @@ def test_early_stop(slo: SLO, requests: list[tuple[bool, float, float, float, in
     ({"completed": 0, "failed": 10}, False, "no request completed"),
 ])
 def test_judge(summary: dict[str, Any], ok: bool, words: str) -> None:
-    got, reason = judge(SLO(ttft_ms=500, tpot_ms=50), summary)
+    got, reason = judge(SLO(ttft_ms=500, tpot_ms=50), LoadSummary.from_dict(summary))
     assert got is ok and words in reason
     assert allowed_failures(100, 99) == 1
 

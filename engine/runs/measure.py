@@ -240,6 +240,11 @@ def _count(value: object) -> float:
     raise TypeError(f"not a number: {value!r}")
 
 
+def _seconds(value: object) -> float | None:
+    """A time the load run wrote into its result's extra keys (a number), else None."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def energy_figures(e: EnergySummary | None, load: Mapping[str, object]) -> dict[str, object]:
     """The run's energy as every screen and file shows it: joules over the window, per
     output token and per completed request, mean and idle power (see EnergySummary)."""
@@ -397,13 +402,14 @@ async def measure(
     slo_met: bool | None = None
     completed = 0
     if result is not None:
-        load = dict(result.summary)
-        completed = int(load.get("completed", 0))
-        t_start = float(result.extra.get("t_start") or t0)
-        t_end = t_start + float(load.get("duration") or 0.0)
+        load = result.summary.to_dict()
+        completed = result.summary.completed
+        t_start = _seconds(result.extra.get("t_start")) or t0
+        t_end = t_start + result.summary.duration
         summary["load"] = load
         # The GPUs' idle draw: before this run's warm-up (prompt building, a quiet server).
-        warm_start = t_start - float(result.extra.get("warmup_s") or 0.0) - 0.5
+        warmup_s = _seconds(result.extra.get("warmup_s")) or 0.0
+        warm_start = t_start - warmup_s - 0.5
         telemetry: dict[str, object] | None = None
         with contextlib.suppress(Exception):  # a run without telemetry still has its load figures
             tsum = summarize(store, t_start, t_end, idle=(min(t0, warm_start) - 10.0, warm_start))
@@ -422,14 +428,14 @@ async def measure(
         summary["cross_check"] = cross_check(load, server, shared_prefix=bool(plan.workload.prefix_len)).to_dict()
         # How long the run took to send its first request (warm-up or measured) once the server
         # was ready and the run was asked for: building prompts, starting the worker process.
-        first = t_start - float(result.extra.get("warmup_s") or 0.0)
+        first = t_start - warmup_s
         result.extra["first_request_s"] = round(max(0.0, first - t0), 3)
         summary["stream"] = {k: result.extra.get(k) for k in STREAM_KEYS}
         summary["client_bound"] = result.client_bound
         summary["client_cpus"] = list(result.client_cpus)
         summary["failures_by_reason"] = dict(result.failures_by_reason)
         if plan.slo is not None and not plan.slo.empty:
-            slo_met, why = judge(plan.slo, load)
+            slo_met, why = judge(plan.slo, result.summary)
             summary["slo_verdict"] = {"met": slo_met, "why": why or None}
         if result.failed_run and error is None and not (server_died or handle.cancelled):
             example = next(iter(result.failure_examples.values()), "")

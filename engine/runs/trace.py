@@ -212,7 +212,7 @@ def _from_run_result(
     starts = [r.t_start for r in result.requests] + [t for _, t, _ in windows]
     started = min(starts) if starts else 0.0
     info = RunInfo(id=0, name="run", preset=None, started=started, ended=None, status="complete", flags={},
-                   vllm_version=None, model=None, gpus=[], workload={}, summary=dict(result.summary),
+                   vllm_version=None, model=None, gpus=[], workload={}, summary=result.summary.to_dict(),
                    baseline=False, tags=())
     return info, reqs, [*windows, *samples]
 

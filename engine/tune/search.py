@@ -1770,14 +1770,14 @@ class ServerMeasurer:
         elif result.cancelled:
             ok, reason = False, "cancelled"
         word = str(int(p)) if int(p) == p else str(p)
-        completed = int(s.get("completed", 0))
-        mean_e2el_s = float(s.get("mean_e2el_ms", 0.0)) / 1000
-        per_user = (s.get("total_output_tokens", 0) / completed / mean_e2el_s) if completed and mean_e2el_s else 0.0
+        completed = s.completed
+        mean_e2el_s = (s.get("mean_e2el_ms") or 0.0) / 1000
+        per_user = (s.total_output_tokens / completed / mean_e2el_s) if completed and mean_e2el_s else 0.0
         return Measurement(
             load=load, ok=ok and not fatal, reason=reason or fatal, requests=requests, completed=completed,
-            failed=int(s.get("failed", 0)), goodput=float(s.get("request_goodput") or 0.0),
-            request_throughput=float(s.get("request_throughput", 0.0)),
-            output_throughput=float(s.get("output_throughput", 0.0)),
+            failed=s.failed, goodput=s.request_goodput or 0.0,
+            request_throughput=s.request_throughput,
+            output_throughput=s.output_throughput,
             ttft_ms=s.get(f"p{word}_ttft_ms"), tpot_ms=s.get(f"p{word}_tpot_ms"), e2el_ms=s.get(f"p{word}_e2el_ms"),
             tokens_per_user=per_user, duration_s=dur, stopped_early=bool(stop.reason), fatal=fatal,
             e2el_min_ms=fastest[0] * 1000 if fastest else None,
