@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, TypedDict, cast
 from engine import flags as flagmod  # flagmod.load_schema, looked up when called (tests replace it)
 from engine.errors import EngineDied, MaxModelLenTooLarge, SessionError, StartupError
 from engine.runs.status import RunStatus
+from engine.server import supervisor  # supervisor.vllm_program, looked up when called (tests replace it)
 from engine.server.logparse import classify_failure
 from engine.server.modelconfig import ModelConfig, ModelConfigError
 from engine.server.planner import PlanError, kv_bytes_per_token, kv_tokens_for_memory, plan
@@ -1377,8 +1378,6 @@ def rule_frontend_bound(run: RunData) -> list[Finding]:
                         "this vLLM has no --api-server-count: fewer streams per server (or a newer vLLM) would "
                         "bring TPOT back to the engine's step", "", ev,
                         expect=(Expectation("tpot_p50", "down", 0.1),))]
-    from engine.server import supervisor  # looked up when called (tests replace vllm_program)
-
     if supervisor.runs_module_entry(supervisor.vllm_program()):
         # The supervisor refuses --api-server-count > 1 on that entry: no change it would refuse.
         return [Finding("frontend_bound", "medium", symptom, cause, (),
