@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from engine.flags import recordable_values
 from engine.runs.compare import compare, fmt_delta, fmt_number
 from engine.runs.history import RunInfo
-from engine.values import JSONObject
+from engine.runs.summary import RunSummary
 
 if TYPE_CHECKING:
     # For the annotations only.
@@ -122,9 +122,9 @@ class RunRecord:
     flags: FlagSet
     started_t: float
     status: RunStatus  # engine.runs.status: the same words as the history and every path
-    # The run's stored document (engine.runs.measure): {"load": RunResult.summary, "telemetry":
-    # TelemetrySummary.to_dict(), "server", "cross_check", ...}; read it with engine.values.json_object.
-    summary: JSONObject
+    # The run's stored document (engine.runs.measure), parsed: its load figures, telemetry,
+    # server window, cross-check, stream, SLO verdict, ... (engine.runs.summary.RunSummary).
+    summary: RunSummary
     result: RunResult | None = None  # None when the run failed before measuring
     history_id: int | None = None  # the run's id in the history, None when it was not stored
     error: str | None = None

@@ -11,6 +11,7 @@ import pytest
 
 from engine.runs.compare import FORMATS, best_indexes, compare, delta_pct, render
 from engine.runs.history import RunInfo
+from engine.runs.summary import RunSummary
 
 GIB = 1024**3
 
@@ -19,7 +20,7 @@ def run(rid: int, flags: dict, load: dict, tel: dict | None = None, baseline: bo
     return RunInfo(
         id=rid, name=f"r{rid}", preset=None, started=1.0, ended=2.0, status="complete", flags=flags,
         vllm_version="0.32.0", model=model, gpus=[], workload={},
-        summary={"load": load, "telemetry": tel or {}}, baseline=baseline, tags=(),
+        summary=RunSummary.from_json({"load": load, "telemetry": tel or {}}, "test"), baseline=baseline, tags=(),
     )
 
 
@@ -82,7 +83,7 @@ def test_rows_values_best_and_deltas() -> None:
 
 
 def test_baseline_from_history_tag_and_missing_flags() -> None:
-    b = run(2, dict(B.flags), dict(B.summary["load"]), baseline=True)
+    b = run(2, dict(B.flags), B.summary.load_json(), baseline=True)
     cmp = compare([A, b, C])
     assert cmp.baseline == 1
     assert cmp.row("dtype").values == ("(default)", "(default)", "half")
@@ -96,12 +97,12 @@ def test_baseline_from_history_tag_and_missing_flags() -> None:
 
 def test_model_row_only_when_models_differ() -> None:
     assert "model" not in [r.key for r in compare([A, B]).rows]
-    other = run(4, dict(A.flags), dict(A.summary["load"]), model="Qwen2.5-7B")
+    other = run(4, dict(A.flags), A.summary.load_json(), model="Qwen2.5-7B")
     assert compare([A, other]).row("model").values == ("tiny", "Qwen2.5-7B")
 
 
 def test_flat_vllm_bench_summary_is_read_as_load() -> None:
-    flat = RunInfo(**{**A.__dict__, "id": 9, "summary": {"request_throughput": 20.0}})
+    flat = RunInfo(**{**A.__dict__, "id": 9, "summary": RunSummary.from_json({"request_throughput": 20.0}, "trace")})
     assert compare([A, flat]).row("request_throughput").values == (10.0, 20.0)
 
 
@@ -130,7 +131,7 @@ def test_compare_cli(tmp_path, monkeypatch, capsys) -> None:
 
     monkeypatch.setenv("VTUI_HOME", str(tmp_path))
     with History() as store:
-        for load in (A.summary["load"], B.summary["load"]):
+        for load in (A.summary.load_json(), B.summary.load_json()):
             rec = store.start_run("r", flags={"max-num-seqs": int(load["request_throughput"])})
             rec.finish(summary={"load": load})
     assert main(["compare", "1", "2", "--format", "csv"]) == 0
@@ -156,7 +157,7 @@ def test_pareto_frontier_and_stored_run_points() -> None:
             summary["slo_verdict"] = {"met": met, "why": None}
         return RunInfo(id=i, name=f"r{i}", preset=None, started=float(i), ended=None, status="ok",
                        flags={"tensor-parallel-size": tp}, vllm_version=None, model="m", gpus=[], workload={},
-                       summary=summary, baseline=False, tags=())
+                       summary=RunSummary.from_json(summary, "test"), baseline=False, tags=())
 
     pts = run_points([run(1, 800.0, 1000.0), run(2, 1600.0, 2000.0, tp=2), run(3, 2000.0, 4000.0),
                       run(4, 5000.0, 500.0, met=False), run(5, 100.0, 0.0)])

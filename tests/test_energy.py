@@ -19,6 +19,7 @@ from fake_nvml import FakeNvml, load_capture
 from engine.runs.compare import compare
 from engine.runs.history import RunInfo
 from engine.runs.measure import energy_figures
+from engine.runs.summary import RunSummary
 from engine.telemetry.nvml import GpuSample, GpuUnavailable, NvmlReader
 from engine.telemetry.store import SeriesStore
 from engine.telemetry.summary import energy, summarize
@@ -118,7 +119,7 @@ def test_per_token_per_request_in_the_run_summary_compare_and_bench_line() -> No
     def run(i: int, telemetry: dict[str, Any]) -> RunInfo:
         return RunInfo(id=i, name=f"r{i}", preset=None, started=float(i), ended=float(i) + 100, status="ok",
                        flags={}, vllm_version=None, model="m", gpus=[], workload={},
-                       summary={"load": load, "telemetry": telemetry}, baseline=False, tags=())
+                       summary=RunSummary.from_json({"load": load, "telemetry": telemetry}, "test"), baseline=False, tags=())
 
     runs = [run(1, tel), run(2, half)]
     row = next(r for r in compare(runs).rows if r.key == "j_per_token")

@@ -160,7 +160,7 @@ async def test_server_sigkill_mid_session_run_is_cut_short_and_restartable(tiny_
         record = await asyncio.wait_for(run, 10)
         assert detected < 2.0
         assert record.status == "server-died"
-        assert record.summary["load"]["completed"] >= 8
+        assert record.summary.figure("completed") >= 8
         assert await asyncio.to_thread(procs.wait_gone, refs, 10.0) == [], "the server's child outlived it"
         snap = session.snapshot()
         assert "server died" in (snap.notice or "")
@@ -169,7 +169,7 @@ async def test_server_sigkill_mid_session_run_is_cut_short_and_restartable(tiny_
             stored = history.requests(record.history_id)
         assert info.status == "server-died"
         ok_stored = sum(1 for r in stored if r["ok"])
-        assert ok_stored == record.summary["load"]["completed"]
+        assert ok_stored == record.summary.figure("completed")
         # vtui stays usable: start again and run.
         await session.start_server(timeout=30)
         assert session.snapshot().server.state == "READY"
@@ -221,10 +221,10 @@ async def test_server_sigkill_mid_sweep_is_cut_short_and_next_preset_restarts(
         await killed_task[0]
         assert [s.status for s in steps] == ["server-died", "ok"]
         assert steps[0].error and "server died" in steps[0].error
-        assert steps[0].run.summary["load"]["completed"] > 0
-        assert steps[1].run.summary["load"]["completed"] == 8 and steps[1].restarted
+        assert steps[0].run.summary.figure("completed") > 0
+        assert steps[1].run.summary.figure("completed") == 8 and steps[1].restarted
         stored = history.requests(steps[0].run.id)
-        assert sum(1 for r in stored if r["ok"]) == steps[0].run.summary["load"]["completed"]
+        assert sum(1 for r in stored if r["ok"]) == steps[0].run.summary.figure("completed")
         assert history.get_run(steps[0].run.id).status == "server-died"
     assert killed["detected"] < 2.0
     assert any("server died" in line for line in lines)
@@ -539,7 +539,7 @@ async def test_vllm_sigkill_mid_session_run_then_restart_on_the_same_port(tiny_m
         record = await asyncio.wait_for(run, 30)
         assert detected < 2.0
         assert record.status == "server-died"
-        completed = record.summary["load"]["completed"]
+        completed = record.summary.figure("completed")
         assert completed >= 8
         # The supervisor reaps the orphaned engine core after reporting the death (a 2 s
         # SIGTERM grace, then SIGKILL): nothing of the server remains shortly after.
@@ -672,9 +672,9 @@ async def test_disk_full_while_writing_history_keeps_the_run_and_says_so(tiny_mo
     try:
         await session.start_server(timeout=30)
         record = await session.run_workload()
-        load = record.summary["load"]
-        stream = record.summary.get("stream") or {}
-        client = {k: stream.get(k) for k in ("client_cpu_p90", "client_own_lag_p99_ms", "client_lag_p50_ms")}
+        load = record.summary.load_json()
+        stream = record.summary.stream
+        client = {k: getattr(stream, k, None) for k in ("client_cpu_p90", "client_own_lag_p99_ms", "client_lag_p50_ms")}
         assert record.status == "ok" and load["completed"] == 600, client  # all kept in memory
         notice = session.snapshot().notice or ""
         assert "history not written" in notice and "disk is full" in notice, notice

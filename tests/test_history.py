@@ -47,7 +47,7 @@ def test_run_round_trip(tmp_path: Path) -> None:
         assert rec.error is None
         info = store.get_run(rec.run_id)
         assert (info.status, info.requests, info.preset, info.model) == ("ok", 3, "online-chat", "tiny")
-        assert info.flags == {"max-num-seqs": 8} and info.summary == {"request_throughput": 2.5}
+        assert info.flags == {"max-num-seqs": 8} and info.summary.to_json() == {"request_throughput": 2.5}
         assert info.ended is not None and info.ended >= info.started
         reqs = store.requests(rec.run_id)
         assert [r["ok"] for r in reqs] == [True, False, True]

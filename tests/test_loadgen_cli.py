@@ -140,7 +140,7 @@ def test_bench_runs_are_stored_unless_no_history(url: str, capsys: pytest.Captur
         assert [r.name for r in new] == ["stored one"]
         [run] = new
         assert run.status == "ok" and "bench" in run.tags
-        assert run.summary["load"]["completed"] == 6 and "cross_check" in run.summary
+        assert run.summary.figure("completed") == 6 and run.summary.cross_check is not None
         assert len(h.requests(run.id)) == 6
     assert f"stored as run {run.id}" in err
     rc = main(["bench", "--url", url, "--input-len", "20", "--output-len", "4", "--concurrency", "2",

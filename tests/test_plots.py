@@ -13,6 +13,7 @@ import pytest
 from engine.runs.compare import RunPoint, load_points
 from engine.runs.history import RunInfo
 from engine.runs.plots import PlotError, Step, chart_path, load_steps, save_latency_load, save_pareto, tune_steps
+from engine.runs.summary import RunSummary
 from engine.tune.search import Measurement, step_series
 
 
@@ -27,7 +28,7 @@ def _run(i: int, name: str, rps: float | None, ttft: float, tpot: float, complet
     load = {"request_throughput": rps, "p99_ttft_ms": ttft, "p99_tpot_ms": tpot, "completed": completed}
     summary = {"load": load, **({"slo_verdict": {"met": met}} if met is not None else {})}
     return RunInfo(id=i, name=name, preset=None, started=0.0, ended=1.0, status="ok", flags={}, vllm_version=None,
-                   model=None, gpus=(), workload={}, summary=summary, baseline=False, tags=())
+                   model=None, gpus=(), workload={}, summary=RunSummary.from_json(summary, "test"), baseline=False, tags=())
 
 
 def test_load_points_order_by_load_and_leave_out_runs_without_completed_requests() -> None:

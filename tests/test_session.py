@@ -211,8 +211,8 @@ async def test_attach_run_record_and_export_against_real_vllm(vllm_server: objec
 
     record = await session.run_workload()
     assert record.status == "ok"
-    load = record.summary["load"]
-    assert load["completed"] == 24
+    load = record.summary.load
+    assert load is not None and load["completed"] == 24
     assert load["median_ttft_ms"] > 0 and load["request_throughput"] > 0
     snap = session.snapshot()
     # Live's last word is the stored record's: the same totals, nothing in flight.
@@ -220,11 +220,11 @@ async def test_attach_run_record_and_export_against_real_vllm(vllm_server: objec
     assert snap.window.total_completed == 24 and snap.window.total_failed == load["failed"]
     # The server's own counters over the measured window (the 3 warm-up requests left out)
     # count exactly the client's tokens.
-    server = record.summary["server"]
+    server = record.summary.server or {}
     assert server["prompt_tokens"] == load["total_input_tokens"]
     assert server["generation_tokens"] == load["total_output_tokens"]
-    assert record.summary["telemetry"]["prompt_tokens"] == server["prompt_tokens"]  # one figure per run
-    assert record.summary["stream"]["warmup_requests"] == 3
+    assert (record.summary.telemetry or {})["prompt_tokens"] == server["prompt_tokens"]  # one figure per run
+    assert record.summary.stream is not None and record.summary.stream.warmup_requests == 3
     assert snap.runs[-1] is record and snap.baseline == record.index
     assert snap.comparison is not None and snap.comparison.columns == (record.label,)
 
@@ -242,7 +242,7 @@ async def test_attach_run_record_and_export_against_real_vllm(vllm_server: objec
 
     with History() as history:
         info = history.get_run(record.history_id)
-        assert info.status == "ok" and info.summary["load"] == load
+        assert info.status == "ok" and info.summary.load == load
         assert len(history.requests(record.history_id)) == 24
 
     results = json.loads(session.export("results"))
@@ -348,11 +348,11 @@ async def test_every_snapshot_arrives_while_a_high_rate_run_and_the_sampler_push
     finally:
         publisher.cancel()
         await session.close()
-    load = record.summary["load"]
-    assert load["completed"] == 1500 and load["failed"] == 0
+    load = record.summary.load
+    assert load is not None and load["completed"] == 1500 and load["failed"] == 0
     # The run keeps what the server said at start (the advisor's evidence), without its argv echo.
-    assert record.summary["startup"]["vllm_version"] == "9.9.9"
-    assert "non_default_args" not in record.summary["startup"]
+    assert record.summary.startup is not None and record.summary.startup["vllm_version"] == "9.9.9"
+    assert "non_default_args" not in record.summary.startup
     during = got[before:]
     assert len(during) >= 3, len(during)  # live updates while it ran, not only its end (no rate: a busy box is slow)
     seqs = [s.seq for s in got]

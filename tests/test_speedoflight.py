@@ -11,6 +11,7 @@ import pytest
 from engine.advise.advisor import RunData, rule_launch_bound
 from engine.advise.speedoflight import ModelCost, assess, decode_floor, for_run, peaks_for, prefill_flops
 from engine.runs.compare import METRICS
+from engine.runs.summary import RunSummary
 from engine.server.planner import kv_bytes_per_token, load_model_config, weight_bytes
 
 QWEN = load_model_config("qwen2.5-7b")
@@ -128,7 +129,7 @@ def test_the_advisor_names_launches_when_decode_is_far_from_the_floor() -> None:
 
 def test_compare_reads_the_speed_of_light_from_the_runs_telemetry() -> None:
     by_key = {m.key: m for m in METRICS}
-    tel = {"speed_of_light": {"floor_ms": 3.2, "mbu": 0.32, "prefill_mfu": 0.25}}
-    assert by_key["mbu"].read({}, tel) == pytest.approx(32.0)
-    assert by_key["decode_floor"].read({}, tel) == 3.2
-    assert by_key["prefill_mfu"].read({}, {"speed_of_light": {"reason": "no GPU"}}) is None
+    tel = RunSummary.from_json({"telemetry": {"speed_of_light": {"floor_ms": 3.2, "mbu": 0.32, "prefill_mfu": 0.25}}})
+    assert by_key["mbu"].read(tel) == pytest.approx(32.0)
+    assert by_key["decode_floor"].read(tel) == 3.2
+    assert by_key["prefill_mfu"].read(RunSummary.from_json({"telemetry": {"speed_of_light": {"reason": "no GPU"}}})) is None

@@ -79,10 +79,10 @@ def test_sweep_two_presets_on_vllm_cpu(tiny_model: Path, capsys: pytest.CaptureF
             # no promise of the tiny model on a 2-core box that is busy: a run-4 proof loop saw
             # slo-missed here with every request done; then the verdict must say why.
             assert run.status in ("ok", "slo-missed") and run.requests == 64, run.status
-            verdict = run.summary.get("slo_verdict") or {}
-            assert verdict.get("met") is (run.status == "ok"), verdict
+            verdict = run.summary.slo
+            assert verdict is not None and verdict.met is (run.status == "ok"), verdict
             if run.status == "slo-missed":
-                assert verdict.get("why"), verdict
+                assert verdict.why, verdict
             assert run.flags["max-num-batched-tokens"] in (256, 2048)
             kinds = {k for k, _, _ in store.samples(run.id)}
             assert {"telemetry", "server", "window"} <= kinds

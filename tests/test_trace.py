@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from engine.runs.history import History, RunInfo
+from engine.runs.summary import RunSummary
 from engine.runs.trace import assign_lanes, build_trace, write_trace
 
 T0 = 1_800_000_000.0
@@ -17,7 +18,7 @@ T0 = 1_800_000_000.0
 def _run() -> RunInfo:
     return RunInfo(id=7, name="trace-me", preset="online-chat", started=T0, ended=T0 + 3, status="complete",
                    flags={"max-num-seqs": 4}, vllm_version="0.32.0", model="tiny", gpus=[], workload={},
-                   summary={}, baseline=False, tags=())
+                   summary=RunSummary(), baseline=False, tags=())
 
 
 REQUESTS = [

@@ -21,6 +21,7 @@ from engine.flags import builtin_schema
 from engine.presets import list_presets
 from engine.runs.history import History
 from engine.runs.status import RunStatus
+from engine.runs.summary import RunSummary
 from engine.session import Session, SessionError
 from engine.views import RunRecord
 from tui.app import VtuiApp
@@ -82,7 +83,7 @@ async def test_v_without_a_run_or_findings_gives_a_notice(monkeypatch: pytest.Mo
 
 def _record(index: int, history_id: Any) -> RunRecord:
     return RunRecord(index=index, label=f"#{index}", flags=None, started_t=1000.0, status=RunStatus.OK,
-                     summary={}, history_id=history_id)
+                     summary=RunSummary(), history_id=history_id)
 
 
 def test_advise_last_run_reads_the_stored_run(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import dataclasses
 from pathlib import Path
 
 from engine.flags import FlagSet, builtin_schema
+from engine.runs.summary import RunSummary
 from engine.session import Session
 from engine.views import (
     DeviceView,
@@ -135,7 +136,7 @@ def _record(index: int, label: str, flags: FlagSet, req_s: float, ttft: float, t
         "p99_itl_ms": tpot * 2, "median_e2el_ms": ttft + 63 * tpot, "p99_e2el_ms": (ttft + 63 * tpot) * 1.7,
     }
     return RunRecord(index=index, label=label, flags=flags, started_t=T0 - 300 + index * 60, status="done",
-                     summary={"load": load, "telemetry": {"peak_kv_cache_usage": 0.2 + index / 10}},
+                     summary=RunSummary.from_json({"load": load, "telemetry": {"peak_kv_cache_usage": 0.2 + index / 10}}, "test"),
                      ended_t=T0 - 260 + index * 60)
 
 

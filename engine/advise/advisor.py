@@ -370,12 +370,12 @@ class RunData:
         if len(requests) > max_requests:
             step = len(requests) / max_requests
             requests = [requests[int(i * step)] for i in range(max_requests)]
-        summary = dict(info.summary)
+        summary = info.summary
         failure = None
-        if info.status == "failed" and summary.get("error") and "load" not in summary:
-            failure = failure_from_line(str(summary["error"]), str(summary.get("hint") or ""))
-        tel = summary.get("telemetry") or {}
-        startup = summary.get("startup")
+        if info.status == "failed" and summary.error and summary.load is None:
+            failure = failure_from_line(summary.error, summary.hint or "")
+        tel = summary.telemetry or {}
+        startup = summary.startup
         keep = ("peak_kv_cache_usage", "peak_running", "peak_waiting", "preemptions", "prefix_hit_rate",
                 "mean_gpu_util_pct", "peak_gpu_mem_bytes", "host_mean_cpu_pct", "server_mean_cpu_pct",
                 "server_peak_rss_bytes", "gpu_unavailable", "cache_config", "speed_of_light", "server_itl",
@@ -383,11 +383,12 @@ class RunData:
         return cls(
             name=info.name, flags={_norm_flag(k): v for k, v in info.flags.items()}, model=info.model,
             status=info.status, started=info.started, ended=info.ended,
-            load=dict(summary.get("load") or {}), telemetry={k: tel.get(k) for k in keep if k in tel},
+            # a flat (trace) summary has no "load" key: no figures, as the stored document says
+            load={} if summary.flat else summary.load_json(), telemetry={k: tel.get(k) for k in keep if k in tel},
             windows=tuple(windows), server=tuple(server), gpus=tuple(gpus), host=tuple(host),
             requests=tuple(requests), workload=dict(info.workload), failure=failure,
             model_config=_read_model_config(info.model),
-            startup=dict(startup) if isinstance(startup, Mapping) else {},
+            startup=dict(startup) if startup is not None else {},
         )
 
 

@@ -3,8 +3,8 @@ flag and per metric, the best value per row marked, the delta to the baseline in
 
 Latency numbers use ``vllm bench serve``'s definitions (see loadgen): TTFT to the first
 chunk carrying ``choices``; TPOT = (E2EL - TTFT) / (output tokens - 1) per request;
-ITL = gaps between chunks. A run's stored summary is ``{"load": RunResult.summary,
-"telemetry": TelemetrySummary.to_dict()}`` (a flat vLLM-bench dict is read as ``load``).
+ITL = gaps between chunks. A run's stored summary is an ``engine.runs.summary.RunSummary``: its
+load figures (a flat vLLM-bench document is read as ``load``) and its telemetry document.
 """
 
 from __future__ import annotations
@@ -18,13 +18,15 @@ from dataclasses import dataclass
 
 from engine.flags import devices_needed
 from engine.runs.history import RunInfo
+from engine.runs.summary import RunSummary
+from engine.values import JSONObject
 
 GIB = 1024**3
 FORMATS = ("text", "markdown", "csv", "json")
 
-# A metric's reader: ``(load, telemetry)`` parts of a stored summary (JSON, see split_summary) to
-# its value; the parts are read with .get and each value checked (_get), so Mapping[str, object].
-Reader = Callable[[Mapping[str, object], Mapping[str, object]], float | None]
+# A metric's reader: a run's summary to its value. Load figures come from RunSummary.figure (None
+# where the run lacks one); the telemetry document's values are checked as they are read (_get).
+Reader = Callable[[RunSummary], float | None]
 
 
 @dataclass(frozen=True)
@@ -38,35 +40,43 @@ class Metric:
     read: Reader
 
 
-def _get(section: Mapping[str, object], key: str, scale: float = 1.0) -> float | None:
-    value = section.get(key)
+def _number(value: object, scale: float = 1.0) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
     return float(value) * scale
 
 
+def _get(section: Mapping[str, object], key: str, scale: float = 1.0) -> float | None:
+    return _number(section.get(key), scale)
+
+
+def _tel_of(summary: RunSummary) -> JSONObject:
+    """The run's telemetry document (empty for a flat vLLM-bench summary, or none)."""
+    return summary.telemetry or {}
+
+
 def _load(key: str, scale: float = 1.0) -> Reader:
-    return lambda load, tel: _get(load, key, scale)
+    return lambda summary: _number(summary.figure(key), scale)
 
 
 def _tel(key: str, scale: float = 1.0) -> Reader:
-    return lambda load, tel: _get(tel, key, scale)
+    return lambda summary: _get(_tel_of(summary), key, scale)
 
 
-def _failure_rate(load: Mapping[str, object], tel: Mapping[str, object]) -> float | None:
-    done, failed = _get(load, "completed"), _get(load, "failed")
+def _failure_rate(summary: RunSummary) -> float | None:
+    done, failed = _number(summary.figure("completed")), _number(summary.figure("failed"))
     if done is None or failed is None or done + failed == 0:
         return None
     return 100.0 * failed / (done + failed)
 
 
 def _j_per(load_key: str) -> Reader:
-    """Joules over the window (the telemetry's energy) per ``load[load_key]``."""
+    """Joules over the window (the telemetry's energy) per the load figure ``load_key``."""
 
-    def read(load: Mapping[str, object], tel: Mapping[str, object]) -> float | None:
-        e = tel.get("energy")
+    def read(summary: RunSummary) -> float | None:
+        e = _tel_of(summary).get("energy")
         joules = _get(e, "joules") if isinstance(e, Mapping) else None
-        count = _get(load, load_key)
+        count = _number(summary.figure(load_key))
         return None if joules is None or not count else joules / count
 
     return read
@@ -75,15 +85,15 @@ def _j_per(load_key: str) -> Reader:
 def _sol(key: str, scale: float = 1.0) -> Reader:
     """A figure of the run's speed of light (engine.advise.speedoflight), kept in its telemetry."""
 
-    def read(load: Mapping[str, object], tel: Mapping[str, object]) -> float | None:
-        sol = tel.get("speed_of_light")
+    def read(summary: RunSummary) -> float | None:
+        sol = _tel_of(summary).get("speed_of_light")
         return _get(sol, key, scale) if isinstance(sol, Mapping) else None
 
     return read
 
 
-def _power(load: Mapping[str, object], tel: Mapping[str, object]) -> float | None:
-    e = tel.get("energy")
+def _power(summary: RunSummary) -> float | None:
+    e = _tel_of(summary).get("energy")
     return _get(e, "mean_power_w") if isinstance(e, Mapping) else None
 
 
@@ -139,15 +149,6 @@ class Comparison:
         raise KeyError(key)
 
 
-def split_summary(summary: Mapping[str, object]) -> tuple[Mapping[str, object], Mapping[str, object]]:
-    """``(load, telemetry)`` parts of a stored summary."""
-    if "load" in summary or "telemetry" in summary:
-        load = summary.get("load") or {}
-        tel = summary.get("telemetry") or {}
-        return (load if isinstance(load, Mapping) else {}), (tel if isinstance(tel, Mapping) else {})
-    return summary, {}
-
-
 def pareto_frontier(points: Sequence[tuple[float, float]]) -> list[bool]:
     """For each (x, y), bigger being better on both: True when no other point is at least as
     good on both axes and better on one."""
@@ -156,9 +157,7 @@ def pareto_frontier(points: Sequence[tuple[float, float]]) -> list[bool]:
 
 def slo_met(run: RunInfo) -> bool | None:
     """Whether a stored run met its SLO (its ``slo_verdict``); None when it had none."""
-    verdict = run.summary.get("slo_verdict")
-    met = verdict.get("met") if isinstance(verdict, Mapping) else None
-    return met if isinstance(met, bool) else None
+    return run.summary.slo_met
 
 
 @dataclass(frozen=True)
@@ -178,9 +177,9 @@ def run_points(runs: Sequence[RunInfo]) -> list[RunPoint]:
     """The runs that completed requests, with the frontier marked among those not missing an SLO."""
     found: list[tuple[RunInfo, float, float, bool | None]] = []
     for run in runs:
-        load = split_summary(run.summary)[0]
-        done, out = _get(load, "completed"), _get(load, "total_output_tokens")
-        e2el, thr = _get(load, "mean_e2el_ms"), _get(load, "output_throughput")
+        figure = run.summary.figure
+        done, out = _number(figure("completed")), _number(figure("total_output_tokens"))
+        e2el, thr = _number(figure("mean_e2el_ms")), _number(figure("output_throughput"))
         if not (done and out and e2el and thr):
             continue
         found.append((run, out / done / (e2el / 1000), thr / devices_needed(run.flags), slo_met(run)))
@@ -207,11 +206,11 @@ def load_points(runs: Sequence[RunInfo]) -> list[LoadPoint]:
     """The runs that completed requests, by achieved load (lowest first)."""
     found: list[LoadPoint] = []
     for run in runs:
-        load = split_summary(run.summary)[0]
-        rps = _get(load, "request_throughput")
-        if not rps or not _get(load, "completed"):
+        figure = run.summary.figure
+        rps = _number(figure("request_throughput"))
+        if not rps or not _number(figure("completed")):
             continue
-        found.append(LoadPoint(run.id, run.name, rps, _get(load, "p99_ttft_ms"), _get(load, "p99_tpot_ms"),
+        found.append(LoadPoint(run.id, run.name, rps, _number(figure("p99_ttft_ms")), _number(figure("p99_tpot_ms")),
                                slo_met(run)))
     return sorted(found, key=lambda p: (p.load, p.run_id))
 
@@ -265,9 +264,8 @@ def compare(runs: Sequence[RunInfo], baseline: int | None = None, *, all_flags: 
         if all_flags or len(set(values)) > 1:
             rows.append(Row("flag", name, f"--{name}", "", None, values, frozenset(), none))
 
-    parts = [split_summary(run.summary) for run in runs]
     for metric in METRICS:
-        values_m = tuple(metric.read(load, tel) for load, tel in parts)
+        values_m = tuple(metric.read(run.summary) for run in runs)
         if all(v is None for v in values_m):
             continue  # e.g. GPU rows on a CPU box: say nothing rather than a row of n/a
         base = values_m[baseline]

@@ -12,7 +12,7 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from engine import paths
 from engine.errors import SessionError
@@ -50,13 +50,14 @@ def export_text(kind: str, flags: FlagSet, *, name: str, version: str | None, ru
         raise SessionError("no run to export", "run a workload first (r)")
     record = runs[(run_index or len(runs)) - 1]
     if kind == "results":
-        out: dict[str, Any] = dict(record.result.to_json()) if record.result is not None else {}  # JSON
-        out["telemetry"] = record.summary.get("telemetry", {})
+        out: dict[str, object] = dict(record.result.to_json()) if record.result is not None else {}  # JSON
+        stored = record.summary.to_json()  # the run's parts as the history keeps them
+        out["telemetry"] = stored.get("telemetry", {})
         out["label"] = record.label
         out["status"] = record.status.value
         for key in ("server", "cross_check", "stream", "slo_verdict"):
-            if key in record.summary:
-                out[key] = record.summary[key]
+            if key in stored:
+                out[key] = stored[key]
         out["flags"] = recordable_values(record.flags)
         out["model"] = str(record.flags.model)
         return json.dumps(out, indent=2, default=str)

@@ -37,6 +37,7 @@ import psutil
 
 from engine import paths
 from engine.runs.status import RunStatus
+from engine.runs.summary import RunSummary
 
 if TYPE_CHECKING:
     from engine.telemetry.sampler import TelemetrySnapshot
@@ -44,9 +45,9 @@ if TYPE_CHECKING:
     from loadgen.stats import StatsWindow
 
 # Any appears only where JSON read back from SQLite is handed to readers that index into it
-# (engine.advise, engine.tune, engine.session, the TUI): a run's summary, its requests and its
-# samples. Flags, workload, GPUs and a saved search come back as `object` values; what is only
-# written (and goes through to_jsonable) is `object` too.
+# (engine.advise, the TUI): a run's requests and its samples. A run's summary is parsed once into
+# a RunSummary (engine.runs.summary) where the row is read. Flags, workload, GPUs and a saved search
+# come back as `object` values; what is only written (and goes through to_jsonable) is `object` too.
 
 COMMIT_INTERVAL_S = 0.25
 """How often the writer thread commits; four times inside the one-second promise."""
@@ -148,7 +149,7 @@ class RunInfo:
     model: str | None
     gpus: Sequence[object]
     workload: Mapping[str, object]
-    summary: Mapping[str, Any]
+    summary: RunSummary  # the stored document, parsed once (engine.runs.summary)
     baseline: bool
     tags: tuple[str, ...]
     requests: int = 0
@@ -159,10 +160,10 @@ class RunInfo:
         return None if self.ended is None else self.ended - self.started
 
     def to_dict(self) -> dict[str, object]:
-        out: dict[str, object] = dataclasses.asdict(self)
+        out: dict[str, object] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["flags"] = dict(self.flags)
         out["workload"] = dict(self.workload)
-        out["summary"] = dict(self.summary)
+        out["summary"] = self.summary.to_json()
         out["gpus"] = list(self.gpus)
         out["tags"] = list(self.tags)
         return out
@@ -454,7 +455,7 @@ class History:
             model=model,
             gpus=json.loads(gpus),
             workload=json.loads(workload),
-            summary=json.loads(summary),
+            summary=RunSummary.stored(json.loads(summary), f"{self.path}: run {rid}'s summary"),
             baseline=bool(baseline),
             tags=tuple(json.loads(tags)),
             requests=int(n),
@@ -824,14 +825,17 @@ class Recording:
         if self.recorder is not None:
             self.recorder.add_sample(kind, t, data)
 
-    def finish(self, history: History | None, status: str, summary: Mapping[str, object], *,
+    def finish(self, history: History | None, status: str, summary: RunSummary | Mapping[str, object], *,
                gpus: Sequence[object] | None = None) -> RunInfo:
-        """Store the status and summary (and ``gpus`` when given: the GPUs the run saw)."""
+        """Store the status and summary (a RunSummary, or its document) and ``gpus`` when given:
+        the GPUs the run saw."""
         ended = time.time()
+        if not isinstance(summary, RunSummary):
+            summary = RunSummary.from_json(summary, f"run {self.name}'s summary")
         if self.recorder is not None:
             if gpus is not None:
                 self.recorder.update(gpus=gpus)
-            self.recorder.finish(status, summary)
+            self.recorder.finish(status, summary.to_json())
             self.error = self.error or self.recorder.error
             if history is not None and self.error is None:
                 with contextlib.suppress(HistoryError):
@@ -841,7 +845,7 @@ class Recording:
             status=RunStatus.parse(status).value,
             flags=dict(self.flags or {}), vllm_version=self.vllm_version, model=self.model,
             gpus=list((self.gpus if gpus is None else gpus) or []), workload=dict(self.workload or {}),
-            summary=dict(summary), baseline=False, tags=(),
+            summary=summary, baseline=False, tags=(),
         )
 
 

@@ -28,7 +28,7 @@ from engine.runs.compare import LoadPoint, RunPoint, load_points, run_points
 from engine.runs.history import History, Recording, RunInfo
 from engine.runs.measure import MeasuredRun, RunHandle, RunPlan, Target, measure
 from engine.runs.status import RunStatus
-from engine.views import ComparisonView, RunProgress, RunRecord, StoredRun, compare_view, run_info, summary_number
+from engine.views import ComparisonView, RunProgress, RunRecord, StoredRun, compare_view, run_info
 
 if TYPE_CHECKING:
     from engine.server.supervisor import Supervisor
@@ -353,7 +353,7 @@ class LiveRuns:
         key = (len(self.runs), self.baseline, tuple(i.id for i in pinned))
         if self._comparison_cache is not None and self._comparison_cache[0] == key:
             return self._comparison_cache[1]
-        records = [r for r in self.runs if r.summary]
+        records = [r for r in self.runs if not r.summary.empty]
         view = compare_view(records, self.baseline, pinned) if records or pinned else None
         self._comparison_cache = (key, view)
         return view
@@ -375,16 +375,16 @@ class LiveRuns:
             hay = " ".join(str(x) for x in (info.name, info.preset, info.model, day, info.status)).lower()
             if any(w not in hay for w in words):
                 continue
-            load = info.summary.get("load") or {}
+            # a flat (trace) summary has no "load" key: no figures listed, as before
+            figure = (lambda name: None) if info.summary.flat else info.summary.figure
             out.append(StoredRun(info.id, info.name, info.preset, info.model, info.started, info.status,
-                                 summary_number(load, "request_throughput"), summary_number(load, "median_ttft_ms"),
-                                 info.id in compared))
+                                 figure("request_throughput"), figure("median_ttft_ms"), info.id in compared))
         return tuple(out)
 
     def load_points(self) -> tuple[LoadPoint, ...]:
         """The compared runs (this session's and the stored ones picked) on the latency-against-
         load plane, by load (engine.runs.compare.load_points): a sweep of loads read as a curve."""
-        infos = [run_info(r) for r in self.runs if r.summary] + list(self._pinned)
+        infos = [run_info(r) for r in self.runs if not r.summary.empty] + list(self._pinned)
         return tuple(load_points(infos))
 
     def run_points(self, limit: int = 200) -> tuple[RunPoint, ...]:
@@ -410,7 +410,7 @@ class LiveRuns:
             info = history.get_run(run_id)
         except Exception as exc:  # noqa: BLE001 - named in the error
             raise SessionError(f"stored run {run_id}: {exc}", "pick a run from the list") from None
-        if not info.summary.get("load"):
+        if info.summary.load is None or info.summary.flat:
             raise SessionError(f"stored run {run_id} ({info.name}) measured nothing", "pick a run with results")
         self._pinned = (*self._pinned, info)
         self._changed()

@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, SupportsFloat, SupportsIndex
+from typing import TYPE_CHECKING, Protocol, SupportsFloat, SupportsIndex
 
 from engine.advise.speedoflight import for_run
 from engine.errors import EngineDied, StartupError
@@ -35,8 +35,10 @@ from engine.flags import FlagSet, recordable_values
 from engine.runs.crosscheck import cross_check
 from engine.runs.history import History, Recording, RunInfo, to_jsonable
 from engine.runs.status import RunStatus, decide
+from engine.runs.summary import STREAM_KEYS, RunSummary, SloVerdict, StreamShape
 from engine.server.supervisor import ServerState
 from engine.telemetry.metrics import MetricsScraper
+from engine.values import JSONObject, json_object
 from loadgen import DatasetError, LoadRun, ServerError
 from loadgen.spec import judge
 from loadgen.stats import DEFAULT_PERCENTILES
@@ -54,14 +56,10 @@ if TYPE_CHECKING:
     from loadgen.spec import SLO, ArrivalSpec, WorkloadSpec
     from loadgen.stats import StatsWindow
 
-# The stream's shape and the client's own cost, as every path stores them.
-STREAM_KEYS = ("tokens_per_event", "same_read_gap_fraction", "burst_requests", "stream_bursts",
-               "client_lag_p50_ms", "client_own_lag_p99_ms", "client_cpu_mean", "client_cpu_p90",
-               "client_sched_delay", "warmup_requests", "warmup_s", "first_request_s")
 SERVER_LOG_LINES = 10
 
-# Any appears only in MeasuredRun.summary, JSON that every screen (and engine.tune.search) reads
-# back and indexes into. What is only written out, or read here value by value, is `object`.
+# A run's stored document is a RunSummary (engine.runs.summary), built here from typed parts. What
+# is only written out, or read here value by value, is `object`.
 
 
 class MeasuredServer(Protocol):
@@ -198,7 +196,7 @@ class MeasuredRun:
     status: RunStatus
     started: float
     ended: float
-    summary: Mapping[str, Any]  # JSON every screen reads back and indexes into (engine.tune.search too)
+    summary: RunSummary  # what the history stores (to_json()) and every screen reads
     result: RunResult | None = None
     error: str | None = None
     hint: str | None = None
@@ -213,8 +211,8 @@ class MeasuredRun:
 
     @property
     def load(self) -> Mapping[str, object]:
-        load = self.summary.get("load")
-        return load if isinstance(load, Mapping) else {}
+        """The load figures as stored (vllm bench serve's keys); empty when the run measured none."""
+        return self.summary.load_json()
 
 
 def speed_of_light(target: Target, plan: RunPlan, telemetry: Mapping[str, object],
@@ -378,7 +376,7 @@ async def measure(
             marks.append(await scraper.scrape())
     except BaseException:
         lr.cancel()
-        rec.finish(history, RunStatus.CANCELLED, {"error": "interrupted"})
+        rec.finish(history, RunStatus.CANCELLED, RunSummary(error="interrupted"))
         raise
     finally:
         if unsubscribe is not None:
@@ -398,7 +396,8 @@ async def measure(
                 break
             await asyncio.sleep(0.1)
     server_log = tuple(list(sup.tail)[-SERVER_LOG_LINES:]) if server_died and sup is not None else ()
-    summary: dict[str, object] = {}
+    # The run's document (engine.runs.summary): its parts where the run measured them.
+    measured = RunSummary()
     slo_met: bool | None = None
     completed = 0
     if result is not None:
@@ -406,37 +405,39 @@ async def measure(
         completed = result.summary.completed
         t_start = _seconds(result.extra.get("t_start")) or t0
         t_end = t_start + result.summary.duration
-        summary["load"] = load
         # The GPUs' idle draw: before this run's warm-up (prompt building, a quiet server).
         warmup_s = _seconds(result.extra.get("warmup_s")) or 0.0
         warm_start = t_start - warmup_s - 0.5
         telemetry: dict[str, object] | None = None
+        energy: JSONObject | None = None
         with contextlib.suppress(Exception):  # a run without telemetry still has its load figures
             tsum = summarize(store, t_start, t_end, idle=(min(t0, warm_start) - 10.0, warm_start))
-            summary["telemetry"] = telemetry = tsum.to_dict()
-            summary["energy"] = energy_figures(tsum.energy, load)
+            telemetry = tsum.to_dict()
+            energy = json_object(energy_figures(tsum.energy, load))
         if telemetry is not None:
             with contextlib.suppress(Exception):  # derived figures: never the run's undoing
                 telemetry["speed_of_light"] = speed_of_light(target, plan, telemetry, load)
         exact = len(marks) == 2 and not marks[0].stale and not marks[1].stale
         server = server_window(marks[0], marks[1]) if exact else {}
-        summary["server"] = server
         if server and telemetry is not None:
             # The 1 Hz samples can miss a run's first or last wave (seen on the H200: 96 of 128
             # requests); the scrapes at the measured window's edges cannot. One figure per run.
             telemetry.update({k: v for k, v in server.items() if k not in ("t0", "t1")})
-        summary["cross_check"] = cross_check(load, server, shared_prefix=bool(plan.workload.prefix_len)).to_dict()
         # How long the run took to send its first request (warm-up or measured) once the server
         # was ready and the run was asked for: building prompts, starting the worker process.
         first = t_start - warmup_s
         result.extra["first_request_s"] = round(max(0.0, first - t0), 3)
-        summary["stream"] = {k: result.extra.get(k) for k in STREAM_KEYS}
-        summary["client_bound"] = result.client_bound
-        summary["client_cpus"] = list(result.client_cpus)
-        summary["failures_by_reason"] = dict(result.failures_by_reason)
+        slo = None
         if plan.slo is not None and not plan.slo.empty:
             slo_met, why = judge(plan.slo, result.summary)
-            summary["slo_verdict"] = {"met": slo_met, "why": why or None}
+            slo = SloVerdict(slo_met, why or None)
+        measured = RunSummary(
+            load=result.summary, telemetry=json_object(telemetry) if telemetry is not None else None,
+            energy=energy, server=json_object(server),
+            cross_check=cross_check(load, server, shared_prefix=bool(plan.workload.prefix_len)),
+            stream=StreamShape.from_json({k: result.extra.get(k) for k in STREAM_KEYS}, "the run's stream"),
+            client_bound=result.client_bound, client_cpus=tuple(result.client_cpus),
+            failures_by_reason=dict(result.failures_by_reason), slo=slo)
         if result.failed_run and error is None and not (server_died or handle.cancelled):
             example = next(iter(result.failure_examples.values()), "")
             reasons = ", ".join(f"{k}: {v}" for k, v in result.failures_by_reason.items())
@@ -447,19 +448,14 @@ async def measure(
     status = decide(server_died=server_died, cancelled=handle.cancelled and not server_died,
                     completed=completed,
                     client_bound=bool(result is not None and result.client_bound), slo_met=slo_met)
-    if error is not None:
-        summary["error"] = error
-    if hint:
-        summary["hint"] = hint
-    if server_log:
-        summary["server_log"] = list(server_log)
     facts = sup.facts if sup is not None else None
-    if facts is not None:
-        # What vLLM said at start (KV tokens, captured CUDA graph sizes, versions): the advisor's
-        # evidence about the server the run measured (engine.advise.advisor.RunData.startup).
-        # vLLM's echo of its arguments stays out: it is the flags again, and where a server
-        # was given a secret on its command line the echo would carry it into the history.
-        summary["startup"] = {k: v for k, v in facts.to_dict().items() if k != "non_default_args"}
+    # What vLLM said at start (KV tokens, captured CUDA graph sizes, versions): the advisor's
+    # evidence about the server the run measured (engine.advise.advisor.RunData.startup).
+    # vLLM's echo of its arguments stays out: it is the flags again, and where a server
+    # was given a secret on its command line the echo would carry it into the history.
+    startup: JSONObject | None = (json_object({k: v for k, v in facts.to_dict().items() if k != "non_default_args"})
+                                  if facts is not None else None)
+    summary = dataclasses.replace(measured, error=error, hint=hint or None, server_log=server_log, startup=startup)
     if recorder is None:  # the caller's store: the GPUs it saw
         gpus.update(store.gpu_names)
     gpu_list = [{"index": i, "name": name} for i, name in sorted(gpus.items())]

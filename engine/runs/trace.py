@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.runs.history import JsonValue, RunInfo, to_jsonable
+from engine.runs.summary import RunSummary
 
 if TYPE_CHECKING:
     from loadgen.run import RunResult
@@ -212,7 +213,7 @@ def _from_run_result(
     starts = [r.t_start for r in result.requests] + [t for _, t, _ in windows]
     started = min(starts) if starts else 0.0
     info = RunInfo(id=0, name="run", preset=None, started=started, ended=None, status="complete", flags={},
-                   vllm_version=None, model=None, gpus=[], workload={}, summary=result.summary.to_dict(),
+                   vllm_version=None, model=None, gpus=[], workload={}, summary=RunSummary(load=result.summary, flat=True),
                    baseline=False, tags=())
     return info, reqs, [*windows, *samples]
 

@@ -1781,7 +1781,7 @@ class ServerMeasurer:
             ttft_ms=s.get(f"p{word}_ttft_ms"), tpot_ms=s.get(f"p{word}_tpot_ms"), e2el_ms=s.get(f"p{word}_e2el_ms"),
             tokens_per_user=per_user, duration_s=dur, stopped_early=bool(stop.reason), fatal=fatal,
             e2el_min_ms=fastest[0] * 1000 if fastest else None,
-            mean_power_w=(run.summary.get("energy") or {}).get("mean_power_w") if run is not None else None,
+            mean_power_w=run.summary.mean_power_w if run is not None else None,
             client_bound=bool(result.client_bound), client_cpus=result.client_cpus,
         )
 

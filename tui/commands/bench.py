@@ -228,17 +228,18 @@ async def _bench(args: argparse.Namespace, workload: Any, arrivals: Any, slo: An
     if run.result is None:  # refused before any load was sent
         raise UserError(run.error or "the run failed", run.hint or "check --url/--dataset")
     out = run.result.to_json()
-    out.update({k: run.summary[k] for k in ("server", "cross_check", "stream", "slo_verdict", "energy")
-                if k in run.summary})
-    out["telemetry"] = {"summary": run.summary.get("telemetry") or {},
+    stored = run.summary.to_json()  # the run's parts as the history keeps them
+    out.update({k: stored[k] for k in ("server", "cross_check", "stream", "slo_verdict", "energy") if k in stored})
+    telemetry = run.summary.telemetry or {}
+    out["telemetry"] = {"summary": telemetry,
                         "series": run.store.to_dict(run.started, run.ended) if run.store is not None else {}}
     out["status"] = run.status.value
-    check = CrossCheck.from_dict(run.summary.get("cross_check") or {})
+    check = run.summary.cross_check or CrossCheck.from_dict({})
     print_table(out)
-    print(telemetry_line(run.summary.get("telemetry") or {}))
-    if (run.summary.get("telemetry") or {}).get("gpus"):
-        print(energy_line(run.summary.get("energy") or {}))
-        sol = (run.summary.get("telemetry") or {}).get("speed_of_light") or {}
+    print(telemetry_line(telemetry))
+    if telemetry.get("gpus"):
+        print(energy_line(run.summary.energy or {}))
+        sol = run.summary.speed_of_light
         print(f"speed of light: {sol.get('line') or sol.get('reason') or 'n/a'}")
     print(cross_check_line(check))
     for warning in check.warnings:
@@ -259,7 +260,7 @@ async def _bench(args: argparse.Namespace, workload: Any, arrivals: Any, slo: An
         # Measured requests are kept above, but a run cut short by a dead server is no
         # result to compare: say so, with the server's own last words when it was ours.
         _err(f"error: the server stopped mid-run ({run.error}); the "
-             f"{run.load.get('completed', 0)} requests that completed before are kept above")
+             f"{run.summary.load.completed if run.summary.load else 0} requests that completed before are kept above")
         for line in run.server_log:
             _err(f"  server log: {line}")
         return 1

@@ -93,14 +93,14 @@ def _when(t: float | None) -> str:
 
 
 def _list(store: Any, limit: int, *, as_json: bool = False) -> int:
-    from engine.runs.compare import fmt_number, split_summary
+    from engine.runs.compare import fmt_number
 
     runs = store.list_runs(limit=limit)
     if as_json:
         print(json.dumps([{
             "id": r.id, "name": r.name, "preset": r.preset, "status": r.status, "started": r.started,
             "duration_s": r.duration_s, "requests": r.requests,
-            "request_throughput": split_summary(r.summary)[0].get("request_throughput"),
+            "request_throughput": r.summary.figure("request_throughput"),
             "baseline": bool(r.baseline), "tags": list(r.tags),
         } for r in runs], indent=2))
         return 0
@@ -109,8 +109,7 @@ def _list(store: Any, limit: int, *, as_json: bool = False) -> int:
         return 0
     rows = [("id", "name", "preset", "started", "dur s", "status", "reqs", "req/s", "")]
     for r in runs:
-        load, _ = split_summary(r.summary)
-        rps = load.get("request_throughput")
+        rps = r.summary.figure("request_throughput")
         rows.append((
             str(r.id), r.name, r.preset or "-", _when(r.started),
             "-" if r.duration_s is None else f"{r.duration_s:.0f}", r.status, str(r.requests),
@@ -139,7 +138,7 @@ def _show(store: Any, info: Any) -> int:
     print(f"  flags     {' '.join(_argv(info.flags)) or '(defaults)'}")
     if info.workload:
         print(f"  workload  {json.dumps(dict(info.workload), sort_keys=True)}")
-    error = info.summary.get("error") if isinstance(info.summary, dict) else None
+    error = info.summary.error
     if error:
         print(f"  error     {error}")
     print()

@@ -12,7 +12,6 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.reactive import reactive
 from textual.widgets import Label, ProgressBar, Sparkline, Static
 
-from engine.values import json_object
 from engine.views import SessionSnapshot
 
 # (series name in the snapshot, label)
@@ -92,7 +91,7 @@ class LivePanel(VerticalScroll):
             watts = f"  {d.power_w:.0f} W" if d.power_w is not None else ""
             text.append(f"{d.name:<12}", style="bold")
             text.append(f" mem {mem}{vllm}{util}{watts}\n")
-        sol = json_object(json_object(snap.runs[-1].summary.get("telemetry")).get("speed_of_light")) if snap.runs else {}
+        sol = snap.runs[-1].summary.speed_of_light if snap.runs else {}
         if sol.get("line"):  # engine.advise.speedoflight, for the last run
             text.append("last run    ", style="bold")
             text.append(f" {sol['line']}\n")

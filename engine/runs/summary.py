@@ -1,0 +1,439 @@
+"""A measured run's stored document, parsed once: :class:`RunSummary`.
+
+:func:`engine.runs.measure.measure` builds one per run; the history stores ``to_json()`` in the
+``summary`` column and parses the row back once with :meth:`RunSummary.stored`; every screen,
+the comparison, the advisor and the tune read its typed fields. The document's keys, in the order
+measure writes them:
+
+``load``
+    vllm bench serve's figures (``loadgen.stats.LoadSummary``).
+``telemetry``, ``energy``, ``server``, ``startup``
+    the telemetry room's documents, kept as JSON (``engine.telemetry.summary.TelemetrySummary
+    .to_dict()`` with its speed of light; ``engine.runs.measure.energy_figures``; the ``/metrics``
+    deltas over the measured window; ``engine.server.logparse.StartupFacts.to_dict()``).
+``cross_check``
+    the client against the server (``engine.runs.crosscheck.CrossCheck``).
+``stream``
+    the stream's shape and the client's own cost (:class:`StreamShape`).
+``client_bound``, ``client_cpus``, ``failures_by_reason``
+    the client's facts, written with the load figures.
+``slo_verdict``
+    whether the run met its SLO and why not (:class:`SloVerdict`).
+``error``, ``hint``, ``server_log``
+    how a run that went wrong ended.
+
+Older rows lack newer keys (they read as absent: None, False, empty); a trace or headless row
+is only vllm bench serve's keys (read as ``load``, ``flat``). Nothing stored is lost:
+``to_json()`` writes back the document it was parsed from, keys this vtui does not know
+included (``extra``), in their order.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from engine.runs.crosscheck import CrossCheck
+from engine.values import JSONObject, JSONValue
+from loadgen.stats import LoadSummary
+
+# The document's keys, in the order engine.runs.measure writes them.
+KEYS = ("load", "telemetry", "energy", "server", "cross_check", "stream", "client_bound", "client_cpus",
+        "failures_by_reason", "slo_verdict", "error", "hint", "server_log", "startup")
+# Keys a summary reads as False or empty when the document lacks them.
+_DEFAULTED = ("client_bound", "client_cpus", "failures_by_reason", "server_log")
+# The stream's shape and the client's own cost, as every path stores them (StreamShape's fields).
+STREAM_KEYS = ("tokens_per_event", "same_read_gap_fraction", "burst_requests", "stream_bursts",
+               "client_lag_p50_ms", "client_own_lag_p99_ms", "client_cpu_mean", "client_cpu_p90",
+               "client_sched_delay", "warmup_requests", "warmup_s", "first_request_s")
+
+
+# --------------------------------------------------------------------------- checked values
+
+
+def _number(value: object, where: str, key: str) -> float | None:
+    """A JSON number as stored (an int stays an int: written back the same), or None."""
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return value
+    raise ValueError(f"{where}: {key} is {value!r}, not a number")
+
+
+def _whole(value: object, where: str, key: str) -> int | None:
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise ValueError(f"{where}: {key} is {value!r}, not a whole number")
+
+
+def _flag(value: object, where: str, key: str) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise ValueError(f"{where}: {key} is {value!r}, not true or false")
+
+
+def _text(value: object, where: str, key: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise ValueError(f"{where}: {key} is {value!r}, not text")
+
+
+def _object(value: object, where: str, key: str) -> JSONObject | None:
+    """A JSON object (a mapping with text keys) kept as it is, or None."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+        return value
+    raise ValueError(f"{where}: {key} is {value!r}, not a JSON object")
+
+
+def _value(value: object, where: str, key: str) -> JSONValue:
+    """A value of a key this vtui does not read: any JSON value, kept as it is."""
+    if value is None or isinstance(value, (bool, int, float, str, list, tuple)):
+        return value
+    obj = _object(value, where, key) if isinstance(value, Mapping) else None
+    if obj is None:
+        raise ValueError(f"{where}: {key} is {value!r}, not a JSON value")
+    return obj
+
+
+def _same(a: object, b: object) -> bool:
+    """Whether two values are written as the same JSON text (3 and 3.0 are not)."""
+    try:
+        return json.dumps(a, default=str) == json.dumps(b, default=str)
+    except (TypeError, ValueError):
+        return a == b
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What a typed part would not write back as it was stored: keys it does not know or would
+    write differently (``extra``, written back over it) and keys it writes that the stored part
+    lacked (``absent``, left out), and the stored order where it was another (``order``): an
+    older row comes back as it was stored."""
+
+    extra: JSONObject = field(default_factory=dict)
+    absent: frozenset[str] = frozenset()
+    order: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, stored: Mapping[str, object], written: Mapping[str, JSONValue], where: str) -> Kept | None:
+        extra = {k: _value(v, where, k) for k, v in stored.items() if k not in written or not _same(v, written[k])}
+        kept = cls(extra, frozenset(k for k in written if k not in stored))
+        if list(kept.apply(written)) != list(stored):
+            kept = cls(kept.extra, kept.absent, tuple(stored))
+        return kept if kept.extra or kept.absent or kept.order else None
+
+    def apply(self, written: Mapping[str, JSONValue]) -> dict[str, JSONValue]:
+        out = {k: v for k, v in written.items() if k not in self.absent}
+        out.update(self.extra)
+        if self.order:
+            out = {k: out[k] for k in (*self.order, *out) if k in out}
+        return out
+
+
+# --------------------------------------------------------------------------- typed parts
+
+
+@dataclass(frozen=True)
+class SloVerdict:
+    """The run against its SLO (``loadgen.spec.judge``): ``why`` names what it missed."""
+
+    met: bool
+    why: str | None = None
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {"met": self.met, "why": self.why}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object], where: str) -> SloVerdict:
+        met = _flag(d.get("met"), where, "met")
+        if met is None:
+            raise ValueError(f"{where}: met is missing")
+        return cls(met, _text(d.get("why"), where, "why"))
+
+
+@dataclass(frozen=True)
+class StreamShape:
+    """How the responses streamed and what the client cost (``loadgen.run``'s extra keys):
+    tokens per stream event, the share of gaps stamped by one read, the requests that came
+    whole in one read (``stream_bursts``: enough to make TPOT/ITL unreliable), the client's
+    event-loop lag and CPU, a scheduling delay that was not its own, the warm-up apart, and how
+    long the first request took to leave. None: the run (or an older one) did not say."""
+
+    tokens_per_event: float | None = None
+    same_read_gap_fraction: float | None = None
+    burst_requests: int | None = None
+    stream_bursts: bool | None = None
+    client_lag_p50_ms: float | None = None
+    client_own_lag_p99_ms: float | None = None
+    client_cpu_mean: float | None = None
+    client_cpu_p90: float | None = None
+    client_sched_delay: bool | None = None
+    warmup_requests: int | None = None
+    warmup_s: float | None = None
+    first_request_s: float | None = None
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {
+            "tokens_per_event": self.tokens_per_event, "same_read_gap_fraction": self.same_read_gap_fraction,
+            "burst_requests": self.burst_requests, "stream_bursts": self.stream_bursts,
+            "client_lag_p50_ms": self.client_lag_p50_ms, "client_own_lag_p99_ms": self.client_own_lag_p99_ms,
+            "client_cpu_mean": self.client_cpu_mean, "client_cpu_p90": self.client_cpu_p90,
+            "client_sched_delay": self.client_sched_delay, "warmup_requests": self.warmup_requests,
+            "warmup_s": self.warmup_s, "first_request_s": self.first_request_s,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object], where: str) -> StreamShape:
+        def num(key: str) -> float | None:
+            return _number(d.get(key), where, key)
+
+        def whole(key: str) -> int | None:
+            return _whole(d.get(key), where, key)
+
+        def flag(key: str) -> bool | None:
+            return _flag(d.get(key), where, key)
+
+        return cls(
+            tokens_per_event=num("tokens_per_event"), same_read_gap_fraction=num("same_read_gap_fraction"),
+            burst_requests=whole("burst_requests"), stream_bursts=flag("stream_bursts"),
+            client_lag_p50_ms=num("client_lag_p50_ms"), client_own_lag_p99_ms=num("client_own_lag_p99_ms"),
+            client_cpu_mean=num("client_cpu_mean"), client_cpu_p90=num("client_cpu_p90"),
+            client_sched_delay=flag("client_sched_delay"), warmup_requests=whole("warmup_requests"),
+            warmup_s=num("warmup_s"), first_request_s=num("first_request_s"))
+
+
+def cross_check_json(c: CrossCheck) -> dict[str, JSONValue]:
+    """``CrossCheck.to_dict()``, typed as JSON."""
+    return {"client_mean_ttft_ms": c.client_mean_ttft_ms, "server_mean_ttft_ms": c.server_mean_ttft_ms,
+            "client_mean_tpot_ms": c.client_mean_tpot_ms, "server_tpot_ms": c.server_tpot_ms,
+            "client_prompt_tokens": c.client_prompt_tokens, "server_prompt_tokens": c.server_prompt_tokens,
+            "prefix_hit_rate": c.prefix_hit_rate, "warnings": list(c.warnings)}
+
+
+# --------------------------------------------------------------------------- the document
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """A measured run's stored document, typed (see the module's text). ``telemetry``,
+    ``energy``, ``server`` and ``startup`` are the telemetry room's own JSON documents.
+
+    ``extra``: stored keys no typed field holds (a newer vtui's, or a typed part stored empty),
+    written back as they were. ``flat``: a trace/headless row whose document is only vllm bench
+    serve's keys (``load``). ``keys``: the stored document's keys in order (empty when built here:
+    then written in measure's order). ``kept``: per typed part, what of the stored part it would
+    not write back as it was (see :class:`Kept`)."""
+
+    load: LoadSummary | None = None
+    telemetry: JSONObject | None = None
+    energy: JSONObject | None = None
+    server: JSONObject | None = None
+    cross_check: CrossCheck | None = None
+    stream: StreamShape | None = None
+    client_bound: bool = False
+    client_cpus: tuple[int, ...] = ()
+    failures_by_reason: Mapping[str, int] = field(default_factory=dict)
+    slo: SloVerdict | None = None
+    error: str | None = None
+    hint: str | None = None
+    server_log: tuple[str, ...] = ()
+    startup: JSONObject | None = None
+    extra: JSONObject = field(default_factory=dict)
+    flat: bool = False
+    keys: tuple[str, ...] = ()
+    kept: Mapping[str, Kept] = field(default_factory=dict, repr=False)
+
+    # ------------------------------------------------------------- reading
+    def figure(self, name: str) -> float | None:
+        """A load figure by vllm bench serve's name (``LoadSummary.get``), as stored: None where
+        the run has no load figures or its stored load lacked this one (an older row)."""
+        if self.load is None:
+            return None
+        kept = self.kept.get("load")
+        if kept is not None:
+            if name in kept.absent:
+                return None
+            if name in kept.extra:
+                value = kept.extra[name]
+                return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        return self.load.get(name)
+
+    def load_json(self) -> dict[str, JSONValue]:
+        """The load figures as stored (vllm bench serve's keys); empty without any."""
+        if self.load is None:
+            return {}
+        kept = self.kept.get("load")
+        written: dict[str, JSONValue] = dict(self.load.to_dict())
+        return kept.apply(written) if kept is not None else written
+
+    @property
+    def slo_met(self) -> bool | None:
+        """Whether the run met its SLO; None when it had none."""
+        return self.slo.met if self.slo is not None else None
+
+    @property
+    def mean_power_w(self) -> float | None:
+        """The GPUs' mean draw over the measured window (the energy figures'), when measured."""
+        value = (self.energy or {}).get("mean_power_w")
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    @property
+    def speed_of_light(self) -> JSONObject:
+        """The run against its GPU's limits (kept in its telemetry: ``line`` or ``reason``); empty
+        where not computed."""
+        sol = (self.telemetry or {}).get("speed_of_light")
+        return sol if isinstance(sol, Mapping) else {}
+
+    @property
+    def empty(self) -> bool:
+        """Nothing stored (a run refused before it measured anything, with no error to say)."""
+        parts = (self.load, self.telemetry, self.energy, self.server, self.cross_check, self.stream, self.slo,
+                 self.error, self.startup)
+        return (not self.keys and not self.extra and all(p is None for p in parts)
+                and not (self.client_bound or self.client_cpus or self.failures_by_reason or self.hint
+                         or self.server_log))
+
+    # ------------------------------------------------------------- writing
+    def _present(self, key: str) -> bool:
+        """Whether ``key`` is written where the stored document lacked it: a summary built here
+        follows measure's rules (the client's facts go with the load figures); a parsed one gains
+        only what was set since."""
+        if key in ("client_bound", "client_cpus", "failures_by_reason"):
+            return (self.load is not None and not self.keys) or bool(self._part(key))
+        if key in ("hint", "server_log"):
+            return bool(self._part(key))
+        return self._part(key) is not None
+
+    def _part(self, key: str) -> JSONValue:
+        kept = self.kept.get(key)
+        typed: dict[str, JSONValue] | None = None
+        if key == "load":
+            return self.load_json() if self.load is not None else None
+        if key == "cross_check":
+            typed = cross_check_json(self.cross_check) if self.cross_check is not None else None
+        elif key == "stream":
+            typed = self.stream.to_json() if self.stream is not None else None
+        elif key == "slo_verdict":
+            typed = self.slo.to_json() if self.slo is not None else None
+        else:
+            simple: dict[str, JSONValue] = {
+                "telemetry": self.telemetry, "energy": self.energy, "server": self.server, "startup": self.startup,
+                "client_bound": self.client_bound, "client_cpus": list(self.client_cpus),
+                "failures_by_reason": dict(self.failures_by_reason), "error": self.error, "hint": self.hint,
+                "server_log": list(self.server_log)}
+            return simple[key]
+        return kept.apply(typed) if typed is not None and kept is not None else typed
+
+    def to_json(self) -> dict[str, JSONValue]:
+        """The stored document: the keys it was parsed from, in their order (a summary built
+        here: measure's keys in measure's order), unknown keys included."""
+        if self.flat:
+            return self.load_json()
+        order = [*self.keys, *(k for k in KEYS if k not in self.keys and self._present(k)),
+                 *(k for k in self.extra if k not in self.keys)]
+        out: dict[str, JSONValue] = {}
+        for key in order:
+            value = self._part(key) if key in KEYS else None
+            if key in self.extra and (value is None or (key in _DEFAULTED and not value)):
+                value = self.extra[key]
+            elif value is None and key not in KEYS:
+                continue  # an unknown key taken out of extra
+            out[key] = value
+        return out
+
+    # ------------------------------------------------------------- parsing
+    @classmethod
+    def from_json(cls, doc: Mapping[str, object], where: str = "run summary") -> RunSummary:
+        """Parse a stored document once: an older row without newer keys, or a trace/headless
+        row of bench serve's keys only (``flat``), reads as it was meant; a value of the wrong
+        type is a ValueError naming ``where`` and the key."""
+        if "load" not in doc and "telemetry" not in doc:
+            probe = LoadSummary.from_dict({})  # knows every figure name but the per-metric ones
+            numbers = {k: v for k, v in doc.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            named = LoadSummary.from_dict(numbers, where)
+            if any(k in probe or k in named for k in doc):
+                figures = LoadSummary.from_dict(doc, where)
+                kept = Kept.of(doc, figures.to_dict(), where)
+                return cls(load=figures, flat=True, keys=tuple(doc), kept={"load": kept} if kept else {})
+
+        extra: dict[str, JSONValue] = {}
+        kept_parts: dict[str, Kept] = {}
+
+        def part(key: str) -> Mapping[str, object] | None:
+            """A typed part's stored object; None (kept in extra) when stored empty or null."""
+            value = doc.get(key)
+            if value is None or (isinstance(value, Mapping) and not value):
+                if key in doc:
+                    extra[key] = _value(value, where, key)
+                return None
+            obj = _object(value, where, key)
+            return obj
+
+        def keep(key: str, stored: Mapping[str, object], written: Mapping[str, JSONValue]) -> None:
+            kept = Kept.of(stored, written, f"{where}: {key}")
+            if kept is not None:
+                kept_parts[key] = kept
+
+        load: LoadSummary | None = None
+        if (stored := part("load")) is not None:
+            load = LoadSummary.from_dict(stored, f"{where}: load")
+            keep("load", stored, load.to_dict())
+        check: CrossCheck | None = None
+        if (stored := part("cross_check")) is not None:
+            check = CrossCheck.from_dict(stored)
+            keep("cross_check", stored, cross_check_json(check))
+        stream: StreamShape | None = None
+        if (stored := part("stream")) is not None:
+            stream = StreamShape.from_json(stored, f"{where}: stream")
+            keep("stream", stored, stream.to_json())
+        slo: SloVerdict | None = None
+        if (stored := part("slo_verdict")) is not None:
+            slo = SloVerdict.from_json(stored, f"{where}: slo_verdict")
+            keep("slo_verdict", stored, slo.to_json())
+
+        cpus = doc.get("client_cpus") or []
+        if not isinstance(cpus, (list, tuple)) or not all(isinstance(c, int) and not isinstance(c, bool) for c in cpus):
+            raise ValueError(f"{where}: client_cpus is {cpus!r}, not a list of core numbers")
+        failures = doc.get("failures_by_reason") or {}
+        if not isinstance(failures, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in failures.items()):
+            raise ValueError(f"{where}: failures_by_reason is {failures!r}, not counts by reason")
+        log = doc.get("server_log") or []
+        if not isinstance(log, (list, tuple)) or not all(isinstance(line, str) for line in log):
+            raise ValueError(f"{where}: server_log is {log!r}, not a list of lines")
+        extra.update({k: _value(v, where, k) for k, v in doc.items() if k not in KEYS})
+        return cls(
+            load=load,
+            telemetry=_object(doc.get("telemetry"), where, "telemetry"),
+            energy=_object(doc.get("energy"), where, "energy"),
+            server=_object(doc.get("server"), where, "server"),
+            cross_check=check,
+            stream=stream,
+            client_bound=bool(_flag(doc.get("client_bound"), where, "client_bound")),
+            client_cpus=tuple(cpus),
+            failures_by_reason=dict(failures),
+            slo=slo,
+            error=_text(doc.get("error"), where, "error"),
+            hint=_text(doc.get("hint"), where, "hint"),
+            server_log=tuple(log),
+            startup=_object(doc.get("startup"), where, "startup"),
+            extra=extra,
+            keys=tuple(doc),
+            kept=kept_parts,
+        )
+
+    @classmethod
+    def stored(cls, doc: object, where: str) -> RunSummary:
+        """A history row's document: :meth:`from_json`, or, where it does not parse (a damaged
+        or hand-edited row), the document kept whole in ``extra`` so that the row still lists and
+        is written back as it was."""
+        if not isinstance(doc, Mapping) or not all(isinstance(k, str) for k in doc):
+            return cls()
+        try:
+            return cls.from_json(doc, where)
+        except ValueError:
+            return cls(extra={k: _value(v, where, k) for k, v in doc.items()}, keys=tuple(doc))
+
+
+__all__ = ["KEYS", "STREAM_KEYS", "Kept", "RunSummary", "SloVerdict", "StreamShape", "cross_check_json"]
