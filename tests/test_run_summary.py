@@ -10,7 +10,7 @@ import pytest
 from engine.runs.compare import compare, render
 from engine.runs.crosscheck import cross_check
 from engine.runs.history import History, RunInfo
-from engine.runs.summary import STREAM_KEYS, RunSummary, SloVerdict, StreamShape
+from engine.runs.summary import STREAM_KEYS, EnergyFigures, RunSummary, SloVerdict, StreamShape
 from loadgen.stats import LoadSummary
 
 # A run's load figures exactly as loadgen's LoadSummary.to_dict() writes them.
@@ -85,7 +85,7 @@ def test_measured_document_round_trips_byte_for_byte() -> None:
 def test_built_here_writes_measures_keys_in_measures_order() -> None:
     doc = measured_document()
     built = RunSummary(
-        load=LoadSummary.from_dict(LOAD), telemetry=TELEMETRY, energy=ENERGY, server=SERVER,
+        load=LoadSummary.from_dict(LOAD), telemetry=TELEMETRY, energy=EnergyFigures(**ENERGY), server=SERVER,  # type: ignore[arg-type]
         cross_check=cross_check(LOAD, SERVER), stream=StreamShape.from_json(STREAM, "stream"),
         client_bound=False, client_cpus=(2, 3), failures_by_reason={"timeout": 2},
         slo=SloVerdict(False, "p99 E2EL 2100 ms > 2000 ms"), error=str(doc["error"]), hint=str(doc["hint"]),
@@ -184,6 +184,19 @@ def test_history_stores_and_reads_the_same_document(tmp_path) -> None:
         assert store.get_run(1).summary.to_json() == {"load": {"completed": "x"}}
         out = render(compare([store.get_run(1)]), "text")
         assert "#1 r" in out
+
+
+def test_energy_figures_both_shapes() -> None:
+    full = RunSummary.from_json({"load": dict(LOAD), "energy": dict(ENERGY)}, "run 5")
+    assert full.energy == EnergyFigures(5000.0, 0.41, 52.1, 400.0, 90.0, False, None)
+    assert full.mean_power_w == 400.0
+    # without a reading only the reason is stored, and written back so
+    none = {"load": dict(LOAD), "energy": {"joules": None, "reason": "no telemetry"}}
+    s = RunSummary.from_json(none, "run 6")
+    assert s.energy == EnergyFigures(reason="no telemetry") and s.mean_power_w is None
+    assert text(s.to_json()) == text(none)
+    with pytest.raises(ValueError, match=r"run 6: energy.*mean_power_w"):
+        RunSummary.from_json({"energy": {"joules": 1.0, "mean_power_w": "hot"}}, "run 6")
 
 
 def test_stream_keys_are_stream_shapes_fields() -> None:

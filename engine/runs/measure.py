@@ -35,7 +35,7 @@ from engine.flags import FlagSet, recordable_values
 from engine.runs.crosscheck import cross_check
 from engine.runs.history import History, Recording, RunInfo, to_jsonable
 from engine.runs.status import RunStatus, decide
-from engine.runs.summary import STREAM_KEYS, RunSummary, SloVerdict, StreamShape
+from engine.runs.summary import STREAM_KEYS, EnergyFigures, RunSummary, SloVerdict, StreamShape
 from engine.server.supervisor import ServerState
 from engine.telemetry.metrics import MetricsScraper
 from engine.values import JSONObject, json_object
@@ -409,11 +409,11 @@ async def measure(
         warmup_s = _seconds(result.extra.get("warmup_s")) or 0.0
         warm_start = t_start - warmup_s - 0.5
         telemetry: dict[str, object] | None = None
-        energy: JSONObject | None = None
+        energy: EnergyFigures | None = None
         with contextlib.suppress(Exception):  # a run without telemetry still has its load figures
             tsum = summarize(store, t_start, t_end, idle=(min(t0, warm_start) - 10.0, warm_start))
             telemetry = tsum.to_dict()
-            energy = json_object(energy_figures(tsum.energy, load))
+            energy = EnergyFigures.from_json(energy_figures(tsum.energy, load), "the run's energy")
         if telemetry is not None:
             with contextlib.suppress(Exception):  # derived figures: never the run's undoing
                 telemetry["speed_of_light"] = speed_of_light(target, plan, telemetry, load)

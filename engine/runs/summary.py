@@ -7,10 +7,12 @@ measure writes them:
 
 ``load``
     vllm bench serve's figures (``loadgen.stats.LoadSummary``).
-``telemetry``, ``energy``, ``server``, ``startup``
+``telemetry``, ``server``, ``startup``
     the telemetry room's documents, kept as JSON (``engine.telemetry.summary.TelemetrySummary
-    .to_dict()`` with its speed of light; ``engine.runs.measure.energy_figures``; the ``/metrics``
-    deltas over the measured window; ``engine.server.logparse.StartupFacts.to_dict()``).
+    .to_dict()`` with its speed of light; the ``/metrics`` deltas over the measured window;
+    ``engine.server.logparse.StartupFacts.to_dict()``).
+``energy``
+    joules over the window, per token and per request, mean and idle power (:class:`EnergyFigures`).
 ``cross_check``
     the client against the server (``engine.runs.crosscheck.CrossCheck``).
 ``stream``
@@ -203,6 +205,38 @@ class StreamShape:
             warmup_s=num("warmup_s"), first_request_s=num("first_request_s"))
 
 
+@dataclass(frozen=True)
+class EnergyFigures:
+    """The run's energy as every screen and file shows it (``engine.runs.measure.energy_figures``):
+    joules over the measured window, per output token and per completed request, the GPUs' mean
+    and idle draw, whether the joules are estimated from power samples; without a reading only
+    ``reason`` says why (then ``joules`` is None)."""
+
+    joules: float | None = None
+    j_per_token: float | None = None
+    j_per_request: float | None = None
+    mean_power_w: float | None = None
+    idle_power_w: float | None = None
+    estimated: bool | None = None
+    reason: str | None = None
+
+    def to_json(self) -> dict[str, JSONValue]:
+        if self.joules is None:
+            return {"joules": None, "reason": self.reason}
+        return {"joules": self.joules, "j_per_token": self.j_per_token, "j_per_request": self.j_per_request,
+                "mean_power_w": self.mean_power_w, "idle_power_w": self.idle_power_w,
+                "estimated": self.estimated, "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object], where: str) -> EnergyFigures:
+        def num(key: str) -> float | None:
+            return _number(d.get(key), where, key)
+
+        return cls(joules=num("joules"), j_per_token=num("j_per_token"), j_per_request=num("j_per_request"),
+                   mean_power_w=num("mean_power_w"), idle_power_w=num("idle_power_w"),
+                   estimated=_flag(d.get("estimated"), where, "estimated"), reason=_text(d.get("reason"), where, "reason"))
+
+
 def cross_check_json(c: CrossCheck) -> dict[str, JSONValue]:
     """``CrossCheck.to_dict()``, typed as JSON."""
     return {"client_mean_ttft_ms": c.client_mean_ttft_ms, "server_mean_ttft_ms": c.server_mean_ttft_ms,
@@ -217,7 +251,7 @@ def cross_check_json(c: CrossCheck) -> dict[str, JSONValue]:
 @dataclass(frozen=True)
 class RunSummary:
     """A measured run's stored document, typed (see the module's text). ``telemetry``,
-    ``energy``, ``server`` and ``startup`` are the telemetry room's own JSON documents.
+    ``server`` and ``startup`` are the telemetry room's own JSON documents.
 
     ``extra``: stored keys no typed field holds (a newer vtui's, or a typed part stored empty),
     written back as they were. ``flat``: a trace/headless row whose document is only vllm bench
@@ -227,7 +261,7 @@ class RunSummary:
 
     load: LoadSummary | None = None
     telemetry: JSONObject | None = None
-    energy: JSONObject | None = None
+    energy: EnergyFigures | None = None
     server: JSONObject | None = None
     cross_check: CrossCheck | None = None
     stream: StreamShape | None = None
@@ -275,8 +309,7 @@ class RunSummary:
     @property
     def mean_power_w(self) -> float | None:
         """The GPUs' mean draw over the measured window (the energy figures'), when measured."""
-        value = (self.energy or {}).get("mean_power_w")
-        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        return self.energy.mean_power_w if self.energy is not None else None
 
     @property
     def speed_of_light(self) -> JSONObject:
@@ -316,9 +349,11 @@ class RunSummary:
             typed = self.stream.to_json() if self.stream is not None else None
         elif key == "slo_verdict":
             typed = self.slo.to_json() if self.slo is not None else None
+        elif key == "energy":
+            typed = self.energy.to_json() if self.energy is not None else None
         else:
             simple: dict[str, JSONValue] = {
-                "telemetry": self.telemetry, "energy": self.energy, "server": self.server, "startup": self.startup,
+                "telemetry": self.telemetry, "server": self.server, "startup": self.startup,
                 "client_bound": self.client_bound, "client_cpus": list(self.client_cpus),
                 "failures_by_reason": dict(self.failures_by_reason), "error": self.error, "hint": self.hint,
                 "server_log": list(self.server_log)}
@@ -391,6 +426,10 @@ class RunSummary:
         if (stored := part("slo_verdict")) is not None:
             slo = SloVerdict.from_json(stored, f"{where}: slo_verdict")
             keep("slo_verdict", stored, slo.to_json())
+        energy: EnergyFigures | None = None
+        if (stored := part("energy")) is not None:
+            energy = EnergyFigures.from_json(stored, f"{where}: energy")
+            keep("energy", stored, energy.to_json())
 
         cpus = doc.get("client_cpus") or []
         if not isinstance(cpus, (list, tuple)) or not all(isinstance(c, int) and not isinstance(c, bool) for c in cpus):
@@ -406,7 +445,7 @@ class RunSummary:
         return cls(
             load=load,
             telemetry=_object(doc.get("telemetry"), where, "telemetry"),
-            energy=_object(doc.get("energy"), where, "energy"),
+            energy=energy,
             server=_object(doc.get("server"), where, "server"),
             cross_check=check,
             stream=stream,
@@ -436,4 +475,4 @@ class RunSummary:
             return cls(extra={k: _value(v, where, k) for k, v in doc.items()}, keys=tuple(doc))
 
 
-__all__ = ["KEYS", "STREAM_KEYS", "Kept", "RunSummary", "SloVerdict", "StreamShape", "cross_check_json"]
+__all__ = ["KEYS", "STREAM_KEYS", "EnergyFigures", "Kept", "RunSummary", "SloVerdict", "StreamShape", "cross_check_json"]

@@ -238,7 +238,7 @@ async def _bench(args: argparse.Namespace, workload: Any, arrivals: Any, slo: An
     print_table(out)
     print(telemetry_line(telemetry))
     if telemetry.get("gpus"):
-        print(energy_line(run.summary.energy or {}))
+        print(energy_line(run.summary.energy.to_json() if run.summary.energy is not None else {}))
         sol = run.summary.speed_of_light
         print(f"speed of light: {sol.get('line') or sol.get('reason') or 'n/a'}")
     print(cross_check_line(check))
