@@ -270,21 +270,6 @@ def slo_label(slo: SLO) -> str:
 # object does not have (None) shows as "-".
 
 
-def summary_number(obj: object, *names: str) -> float | None:
-    """The first of ``names`` in a JSON mapping (a stored run's summary) that reads as a
-    number; None when none does, or when ``obj`` is not a mapping."""
-    if not isinstance(obj, Mapping):
-        return None
-    for name in names:
-        value = obj.get(name)
-        if value is not None:
-            try:
-                return float(value)
-            except (TypeError, ValueError):
-                continue
-    return None
-
-
 def _gib(value: float | None) -> float | None:
     return None if value is None else float(value) / 2**30
 
