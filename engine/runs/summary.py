@@ -100,6 +100,10 @@ def _value(value: object, where: str, key: str) -> JSONValue:
 
 def _same(a: object, b: object) -> bool:
     """Whether two values are written as the same JSON text (3 and 3.0 are not)."""
+    if a is None or b is None:
+        return a is b
+    if type(a) is type(b) and isinstance(a, (str, int, float)):  # bool is an int
+        return a == b and (a != 0 or repr(a) == repr(b))  # 0.0 and -0.0 are written apart
     try:
         return json.dumps(a, default=str) == json.dumps(b, default=str)
     except (TypeError, ValueError):
