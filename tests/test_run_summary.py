@@ -199,13 +199,5 @@ def test_energy_figures_both_shapes() -> None:
         RunSummary.from_json({"energy": {"joules": 1.0, "mean_power_w": "hot"}}, "run 6")
 
 
-def test_scripts_can_still_read_the_document_by_key() -> None:
-    s = RunSummary.from_json(measured_document(), "run 1")
-    assert s["load"] == LOAD and s.get("energy") == ENERGY and "stream" in s
-    assert s.get("nothing") is None and "nothing" not in s
-    with pytest.raises(KeyError):
-        s["nothing"]
-
-
 def test_stream_keys_are_stream_shapes_fields() -> None:
     assert tuple(StreamShape().to_json()) == STREAM_KEYS

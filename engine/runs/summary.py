@@ -333,16 +333,6 @@ class RunSummary:
 
     # The stored document's keys, read as JSON: for scripts written against the document
     # (tests/perf); the core reads the typed fields above.
-    def get(self, key: str, default: JSONValue = None) -> JSONValue:
-        """``to_json().get(key, default)``."""
-        return self.to_json().get(key, default)
-
-    def __getitem__(self, key: str) -> JSONValue:
-        return self.to_json()[key]
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.to_json()
-
     # ------------------------------------------------------------- writing
     def _present(self, key: str) -> bool:
         """Whether ``key`` is written where the stored document lacked it: a summary built here

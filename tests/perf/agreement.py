@@ -101,7 +101,7 @@ async def run_session(url: str, tok: Path, conc: int, n: int, seed: int,
         await session.close(stop_server=False)
     if not record.status.measured or record.result is None:
         raise RuntimeError(f"TUI session run: {record.status} {record.error}")
-    return {**record.result.summary, **record.result.extra}
+    return {**record.result.summary.to_dict(), **record.result.extra}
 
 
 async def main_async(a: argparse.Namespace) -> None:

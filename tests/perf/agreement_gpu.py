@@ -214,12 +214,12 @@ async def tui_run(url: str, conc: int, n: int, seed: int, a: argparse.Namespace
     # "done" on this commit, "ok" in the status vocabulary issue 16 brings: anything measured counts.
     if record.result is None or record.status in ("failed", "cancelled", "server died", "server-died"):
         raise RuntimeError(f"TUI run: {record.status} {record.error}")
-    r = {**record.result.summary, **record.result.extra, "status": record.status,
+    r = {**record.result.summary.to_dict(), **record.result.extra, "status": record.status,
          "history_id": record.history_id,
          "live_in_flight_after": getattr(getattr(live, "window", None), "in_flight", None)}
-    tel = dict(record.summary.get("telemetry") or {})
+    tel = dict(record.summary.telemetry or {})
     s = server_view(r, tel, series)
-    stored = record.summary.get("cross_check") or {}
+    stored = record.summary.cross_check.to_dict() if record.summary.cross_check is not None else {}
     # The record's own cross-check is the one the Runs tab shows; it must be what we recompute.
     s["record_cross_check_equal"] = all(stored.get(k) == s[k] for k in (
         "client_mean_ttft_ms", "server_mean_ttft_ms", "client_mean_tpot_ms", "server_tpot_ms", "prefix_hit_rate"))

@@ -126,7 +126,7 @@ def child_ui(url: str, seconds: float, concurrency: int, out: str) -> None:
             rec = session.runs[-1]
             result.update(
                 cpu_s=t1 - t0, wall_s=w1 - w0, threads={k: th1.get(k, 0) - th0.get(k, 0) for k in th1},
-                req_s=rec.summary["load"]["request_throughput"], completed=rec.summary["load"]["completed"],
+                req_s=rec.summary.figure("request_throughput"), completed=rec.summary.figure("completed"),
                 frames=self._frames - frames0,
             )
             Path(out).write_text(json.dumps(result))
@@ -154,7 +154,7 @@ def child_headless(url: str, seconds: float, concurrency: int, out: str) -> None
         t1, w1, th1 = time.process_time(), time.perf_counter(), probe.stop()
         Path(out).write_text(json.dumps(dict(
             cpu_s=t1 - t0, wall_s=w1 - w0, threads={k: th1.get(k, 0) - th0.get(k, 0) for k in th1},
-            req_s=rec.summary["load"]["request_throughput"], completed=rec.summary["load"]["completed"], frames=0)))
+            req_s=rec.summary.figure("request_throughput"), completed=rec.summary.figure("completed"), frames=0)))
         await session.close()
 
     asyncio.run(main())
