@@ -517,7 +517,7 @@ class Session:
         one started here (one is made when there is none; an attached server is refused):
         the search restarts it with each configuration's flags and leaves it running with
         the last one tried. That is one slot on the GPUs the session sees; with several slots
-        (the request's GPUs and parallel, engine.tune.live.SlotsTuneRequest: as ``vtui tune
+        (the request's GPUs and parallel, engine.views.TuneRequest: as ``vtui tune
         --gpus --parallel``) or GPUs named, every trial gets a server of its own on its slot's
         GPUs, and the server started here is stopped first. The winner goes into the editor only with
         :meth:`load_tuned_flags`, and the server runs it only after an apply. Progress is in

@@ -194,6 +194,9 @@ class TuneRequest:
     budget_s: float
     mode: str = "rate"  # "rate" (open loop, req/s) or "concurrency" (closed loop)
     start_load: float | None = None  # first load probed; None: a saturation step decides
+    # Where the trials run, as `vtui tune --gpus --parallel` says it (engine.tune.slots):
+    gpus: str | None = None  # "0,1,2,3" or "0-3"; None: every GPU the session sees
+    parallel: int | None = None  # at most this many trials at once; None: one per slot
 
 
 @dataclass(frozen=True)

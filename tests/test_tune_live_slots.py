@@ -26,9 +26,9 @@ from engine.server.supervisor import ServerState
 from engine.session import Session, SessionError, TuneFormError, parse_tune_form
 from engine.telemetry.nvml import GpuSample
 from engine.telemetry.sampler import TelemetrySnapshot
-from engine.tune.live import SlotsTuneRequest
 from engine.tune.search import DONE, Measurement, SearchSpace, StepRule, TuneSettings
 from engine.tune.slots import Slot, search_slots, slot_measurers
+from engine.views import TuneRequest
 from loadgen.spec import SLO, WorkloadSpec
 
 GIB = 1 << 30
@@ -93,9 +93,9 @@ def test_the_form_reads_gpus_and_parallel() -> None:
     defaults = session.tune_form_defaults()
     assert defaults["gpus"] == "" and defaults["parallel"] == ""  # every GPU seen, one trial per slot
     plain = parse_tune_form(form(session))
-    assert isinstance(plain, SlotsTuneRequest) and plain.gpus is None and plain.parallel is None
+    assert isinstance(plain, TuneRequest) and plain.gpus is None and plain.parallel is None
     got = parse_tune_form(form(session, gpus=" 0,2-3 ", parallel="2"))
-    assert isinstance(got, SlotsTuneRequest) and (got.gpus, got.parallel) == ("0,2-3", 2)
+    assert isinstance(got, TuneRequest) and (got.gpus, got.parallel) == ("0,2-3", 2)
     assert got.space.dims == SPACE.dims and got.slo == SLO(ttft_ms=500.0)
 
 
@@ -146,7 +146,7 @@ async def test_gpus_the_session_cannot_give_are_refused_on_the_form(
 
 async def test_a_parallel_below_one_given_in_code_names_its_field() -> None:
     session = session_with(SlotTables().factory, 2)
-    request = SlotsTuneRequest(slo=SLO(ttft_ms=500.0), space=SPACE, budget_s=60.0, parallel=0)
+    request = TuneRequest(slo=SLO(ttft_ms=500.0), space=SPACE, budget_s=60.0, parallel=0)
     with pytest.raises(TuneFormError) as info:
         await session.tune(request, settings=SETTINGS)
     assert info.value.field == "parallel" and "parallel 0: must be at least 1" in str(info.value)

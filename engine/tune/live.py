@@ -58,18 +58,9 @@ class TuneFormError(SessionError):
         self.field = field
 
 
-@dataclasses.dataclass(frozen=True)
-class SlotsTuneRequest(TuneRequest):
-    """A :class:`~engine.views.TuneRequest` with where its trials run, as ``vtui tune --gpus
-    --parallel`` says it (the Tune form's GPUs and parallel fields)."""
-
-    gpus: str | None = None  # "0,1,2,3" or "0-3" (read well); None: every GPU the session sees
-    parallel: int | None = None  # at most this many trials at once; None: one per slot
-
-
 def parse_tune_form(fields: Mapping[str, str], *, schema: Schema | None = None,
-                    percentile: float = 99.0) -> SlotsTuneRequest:
-    """A :class:`SlotsTuneRequest` from the Tune form's text (keys: :data:`TUNE_FIELDS`).
+                    percentile: float = 99.0) -> TuneRequest:
+    """A :class:`~engine.views.TuneRequest` from the Tune form's text (keys: :data:`TUNE_FIELDS`).
 
     Raises TuneFormError naming the field (and the space line) that is wrong; an empty
     limit is not judged, but one limit at least is needed. ``percentile``: used when the
@@ -142,7 +133,7 @@ def parse_tune_form(fields: Mapping[str, str], *, schema: Schema | None = None,
         if parallel < 1:
             raise TuneFormError("parallel", f"parallel {ptext!r}: must be at least 1",
                                 "the most trials at once, e.g. 2; empty: one per slot")
-    return SlotsTuneRequest(slo=slo, space=space, budget_s=budget_min * 60.0, mode=mode, start_load=start_load,
+    return TuneRequest(slo=slo, space=space, budget_s=budget_min * 60.0, mode=mode, start_load=start_load,
                             gpus=gpus or None, parallel=parallel)
 
 
@@ -269,7 +260,7 @@ class LiveTune:
         base = ground.flags
         slots = self.plan(request, ground)
         # GPUs named on the form, or several slots: every trial on a server of its own.
-        named = isinstance(request, SlotsTuneRequest) and request.gpus is not None
+        named = request.gpus is not None
         own_servers = len(slots) > 1 or named
         tokenizer = base.model if Path(str(base.model)).is_dir() else None
         measurers: list[Measurer]
@@ -350,8 +341,7 @@ class LiveTune:
         the field for GPUs that are not visible, a parallel below 1, or a configuration that
         needs more GPUs than there are (``vtui tune`` lets the search mark it invalid; the form
         says so before anything stops or starts)."""
-        gpus = request.gpus if isinstance(request, SlotsTuneRequest) else None
-        parallel = request.parallel if isinstance(request, SlotsTuneRequest) else None
+        gpus, parallel = request.gpus, request.parallel
         seen = tuple(ground.gpus) or visible_gpus()
         configs = request.space.configs()
         try:
