@@ -4,8 +4,9 @@
 number, or the same TypeError (and ValueError for text that is not a number), so the parsing
 edges of every room convert alike and the type checker knows the result.
 
-``JSONValue`` / ``JSONObject`` type a JSON document kept as it was stored (a run's summary):
-a reader narrows what it takes out of one (``json_object``) instead of indexing blindly.
+``JSONValue`` / ``JSONObject`` type a JSON document kept as it was stored (the telemetry part
+of a run's summary, engine.runs.summary): a reader narrows what it takes out of one
+(``json_object``) instead of indexing blindly.
 """
 
 from __future__ import annotations
