@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from engine.flags import devices_needed
 from engine.server.supervisor import Supervisor
 from engine.telemetry.nvml import visible_gpus
+from engine.tune.search import ServerMeasurer
 
 if TYPE_CHECKING:
     from engine.flags import FlagSet
@@ -117,8 +118,6 @@ def slot_measurers(slots: Sequence[Slot], workload: WorkloadSpec, slo: SLO, *, m
     ``factory``: called like ``engine.tune.search.ServerMeasurer(workload, slo, mode=, arrivals=,
     tokenizer=, supervisor_factory=, client_cpus=)`` (the default; tests pass a stand-in)."""
     if factory is None:
-        from engine.tune.search import ServerMeasurer
-
         factory = ServerMeasurer
     side_by_side = len(slots) > 1
     return [factory(workload, slo, mode=mode, arrivals=arrivals, tokenizer=tokenizer,
