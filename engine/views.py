@@ -98,6 +98,7 @@ class ServerMetricsView:
     # vLLM's busiest API server process, % of one core (engine.telemetry.host): the frontend
     # that streams every sequence's tokens; near 100 it, not the GPU, sets the pace.
     api_server_cpu_pct: float | None = None
+    api_servers: int | None = None  # how many API server processes (vllm serve --api-server-count)
 
 
 @dataclass(frozen=True)
@@ -320,13 +321,15 @@ def _ms(q: Quantiles | None) -> dict[str, float]:
 def server_metrics_view(s: ServerSample | None, telemetry: TelemetrySnapshot | None = None) -> ServerMetricsView:
     """The Live panel's server figures from the latest ServerSample, with the API server's
     CPU from the latest telemetry's host sample."""
-    front = telemetry.host.proc_front_cpu_percent if telemetry is not None and telemetry.host is not None else None
+    host = telemetry.host if telemetry is not None else None
+    front = host.proc_front_cpu_percent if host is not None else None
+    servers = host.proc_front_procs if host is not None else None
     if s is None:
-        return ServerMetricsView(api_server_cpu_pct=front)
+        return ServerMetricsView(api_server_cpu_pct=front, api_servers=servers)
     if s.stale:
-        return ServerMetricsView(error=s.reason or "no answer", api_server_cpu_pct=front)
+        return ServerMetricsView(error=s.reason or "no answer", api_server_cpu_pct=front, api_servers=servers)
     return ServerMetricsView(
-        api_server_cpu_pct=front,
+        api_server_cpu_pct=front, api_servers=servers,
         running=s.running,
         waiting=s.waiting,
         kv_usage_pct=None if s.kv_cache_usage is None else s.kv_cache_usage * 100,

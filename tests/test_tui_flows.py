@@ -494,3 +494,18 @@ def test_live_shows_the_api_servers_cpu_when_the_sampler_has_it() -> None:
         snap.server_metrics, api_server_cpu_pct=97.0))).plain
     assert line.endswith("API server CPU 97%"), line
     assert "API server" not in LivePanel()._server(snap).plain
+    # vllm serve --api-server-count 2: the sampler counts the processes, the line says whose figure it is.
+    two = server_metrics_view(None, dataclasses.replace(tel, host=dataclasses.replace(host, proc_front_procs=2)))
+    assert two.api_servers == 2
+    line = LivePanel()._server(dataclasses.replace(snap, server_metrics=dataclasses.replace(
+        snap.server_metrics, api_server_cpu_pct=97.0, api_servers=2))).plain
+    assert line.endswith("API server CPU 97% (busiest of 2)"), line
+
+
+def test_vtui_bench_says_how_many_api_servers_shared_the_streams() -> None:
+    from tui.commands.bench import telemetry_line
+
+    one = {"gpus": [], "server_front_cpu_pct": 73.0, "server_front_cpu_p90": 102.0, "server_front_procs": 1}
+    assert "API server CPU mean 73%, p90 102%;" in telemetry_line(one)
+    two = telemetry_line({**one, "server_front_procs": 2})
+    assert "p90 102% (busiest of 2 API server processes)" in two

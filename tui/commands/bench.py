@@ -316,6 +316,9 @@ def telemetry_line(d: dict[str, Any]) -> str:
               f"server CPU mean {pct(d.get('server_mean_cpu_pct'))}"
     if d.get("server_front_cpu_p90") is not None:
         dev += f"; API server CPU mean {pct(d.get('server_front_cpu_pct'))}, p90 {pct(d.get('server_front_cpu_p90'))}"
+        procs = d.get("server_front_procs")
+        if isinstance(procs, (int, float)) and procs > 1:
+            dev += f" (busiest of {procs:.0f} API server processes)"
     kv = d.get("peak_kv_cache_usage")
     kv_text = "n/a" if kv is None else f"{kv * 100:.1f}%"
     return (f"telemetry: {dev}; KV cache peak {kv_text}, running peak {d.get('peak_running')}, "

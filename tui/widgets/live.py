@@ -108,7 +108,9 @@ class LivePanel(VerticalScroll):
             f"  prefix hit {_f(m.prefix_hit_pct, '{:.0f}')}%"
         )
         if m.api_server_cpu_pct is not None:
-            text.append(f"  API server CPU {m.api_server_cpu_pct:.0f}%")
+            # The busiest one's, of one core; with several (--api-server-count), how many.
+            several = f" (busiest of {m.api_servers})" if m.api_servers is not None and m.api_servers > 1 else ""
+            text.append(f"  API server CPU {m.api_server_cpu_pct:.0f}%{several}")
         if m.error:
             text.append(f"\n/metrics: {m.error}", style="italic")
         return text
