@@ -75,7 +75,7 @@ from engine.runs.history import History, HistoryError
 from engine.runs.measure import RunHandle, RunPlan, Target, ensure_server, wait_for
 from engine.runs.measure import measure as measure_run
 from engine.server.supervisor import ServerState, Supervisor
-from engine.values import as_float, as_int
+from engine.values import as_float, as_int, json_object
 from loadgen import LoadRun, ServerError
 from loadgen.spec import ArrivalSpec, allowed_failures, judge  # allowed_failures, judge: the SLO's own test; re-exported
 
@@ -688,7 +688,7 @@ class TuneState:
     """
 
     id: str
-    inputs: dict[str, Any]
+    inputs: dict[str, object]
     """The search's inputs as saved (JSON): a resume parses each with its own ``from_dict``
     (a parsing edge; ``vtui tune --resume`` reads it)."""
     configs: dict[str, ConfigResult] = field(default_factory=dict)
@@ -705,6 +705,12 @@ class TuneState:
             "configs": {k: c.to_dict() for k, c in self.configs.items()},
             "measurements": {k: [m.to_dict() for m in ms] for k, ms in self.measurements.items()},
         }
+
+    @property
+    def model(self) -> str | None:
+        """The model its base flags serve (None where the saved inputs do not say)."""
+        model = json_object(self.inputs.get("base_flags")).get("model")
+        return str(model) if model else None
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -778,7 +784,7 @@ class HistoryStore:
     def save(self, state: TuneState) -> None:
         with History(self.path) as h:
             h.save_tune(state.id, state.to_json(), status=state.status,
-                        model=str(state.inputs.get("base_flags", {}).get("model") or "") or None,
+                        model=state.model,
                         summary=state.summary())
 
 
@@ -799,7 +805,7 @@ def load_state(ref: str, history_path: Path | None = None) -> TuneState:
     return TuneState.from_json(d, f"saved search {ref!r}")
 
 
-def list_states(history_path: Path | None = None) -> list[dict[str, Any]]:  # rows of saved JSON summaries
+def list_states(history_path: Path | None = None) -> list[dict[str, object]]:  # rows of saved JSON summaries
     """Saved searches, newest first: id, status, model, started, and :meth:`TuneState.summary`."""
     with History(history_path) as h:
         rows = [{"id": t.id, "status": t.status, "model": t.model, "started": t.started, **t.summary}
@@ -814,7 +820,7 @@ def list_states(history_path: Path | None = None) -> list[dict[str, Any]]:  # ro
             rows.append({"id": path.stem, "status": "unreadable", "model": None, "error": exc.reason})
             continue
         rows.append({"id": st.id, "status": st.status, "started": path.stat().st_mtime,
-                     "model": st.inputs.get("base_flags", {}).get("model"), **st.summary()})
+                     "model": st.model, **st.summary()})
     return rows
 
 
