@@ -168,7 +168,7 @@ async def test_server_sigkill_mid_session_run_is_cut_short_and_restartable(tiny_
             info = history.get_run(record.history_id)
             stored = history.requests(record.history_id)
         assert info.status == "server-died"
-        ok_stored = sum(1 for r in stored if r["ok"])
+        ok_stored = sum(1 for r in stored if r.ok)
         assert ok_stored == record.summary.figure("completed")
         # vtui stays usable: start again and run.
         await session.start_server(timeout=30)
@@ -203,7 +203,7 @@ async def test_server_sigkill_mid_sweep_is_cut_short_and_next_preset_restarts(
                 # fixed wait after its start line left 0 done on a busy box: prompts, warm-up).
                 def some_done() -> bool:
                     runs = [r for r in history.list_runs() if r.status == "running"]
-                    return any(sum(1 for q in history.requests(r.id) if q["ok"]) >= 4 for r in runs)
+                    return any(sum(1 for q in history.requests(r.id) if q.ok) >= 4 for r in runs)
 
                 await wait_until(some_done, 120, step=0.2)
                 killed["t"] = time.monotonic()
@@ -224,7 +224,7 @@ async def test_server_sigkill_mid_sweep_is_cut_short_and_next_preset_restarts(
         assert steps[0].run.summary.figure("completed") > 0
         assert steps[1].run.summary.figure("completed") == 8 and steps[1].restarted
         stored = history.requests(steps[0].run.id)
-        assert sum(1 for r in stored if r["ok"]) == steps[0].run.summary.figure("completed")
+        assert sum(1 for r in stored if r.ok) == steps[0].run.summary.figure("completed")
         assert history.get_run(steps[0].run.id).status == "server-died"
     assert killed["detected"] < 2.0
     assert any("server died" in line for line in lines)
@@ -415,7 +415,7 @@ def test_vtui_session_sigterm_mid_run_stops_server_and_keeps_history(tiny_model:
         with History() as history:  # opening it marks the dead writer's run cut short
             [run] = [r for r in history.list_runs() if r.name == "interrupted" and r.started > time.time() - 120
                      and r.status != "running"][:1]
-            stored = [r for r in history.requests(run.id) if r["ok"]]
+            stored = [r for r in history.requests(run.id) if r.ok]
         assert run.status == "cancelled"
         assert len(stored) >= 4
         report("vtui (Session) gets SIGTERM mid-run", f"server gone; run cut_short with {len(stored)} requests",
@@ -438,7 +438,7 @@ def run_kill_9_of_vtui(session_script: Path, model: Path, launcher: list[str], v
         with History() as history:
             runs = [r for r in history.list_runs() if r.name == "interrupted"]
             run = max(runs, key=lambda r: r.started)
-            stored = [r for r in history.requests(run.id) if r["ok"]]
+            stored = [r for r in history.requests(run.id) if r.ok]
         assert run.status == "cancelled" and len(stored) >= 4
         # The server died with its owner (the reaper ends its group) and is not listed as left.
         assert procs.wait_gone(refs, 10.0) == [], "the server outlived vtui's kill -9"
@@ -548,7 +548,7 @@ async def test_vllm_sigkill_mid_session_run_then_restart_on_the_same_port(tiny_m
         assert left == [], "the engine core outlived its API server"
         with History() as history:
             info = history.get_run(record.history_id)
-            stored = [r for r in history.requests(record.history_id) if r["ok"]]
+            stored = [r for r in history.requests(record.history_id) if r.ok]
         assert info.status == "server-died" and len(stored) == completed
         # Start again on the same port at once: TIME_WAIT sockets from the load must not block it.
         await session.start_server(timeout=300)
@@ -623,7 +623,7 @@ async def test_vllm_sigkill_mid_tune_step_and_mid_vtui_bench(tiny_model: Path, t
         assert d["status"] == "server-died" and 0 < d["completed"] < 2000
         with History() as history:
             [run] = [r for r in history.list_runs() if r.name == "bench-killed"]
-            stored = [r for r in history.requests(run.id) if r["ok"]]
+            stored = [r for r in history.requests(run.id) if r.ok]
         assert run.status == "server-died" and len(stored) == d["completed"]
         assert bench_ended < 10.0
         report("vLLM SIGKILL mid tune step / mid vtui bench",

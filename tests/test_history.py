@@ -50,8 +50,8 @@ def test_run_round_trip(tmp_path: Path) -> None:
         assert info.flags == {"max-num-seqs": 8} and info.summary.to_json() == {"request_throughput": 2.5}
         assert info.ended is not None and info.ended >= info.started
         reqs = store.requests(rec.run_id)
-        assert [r["ok"] for r in reqs] == [True, False, True]
-        assert reqs[1]["error"] == "http_500" and reqs[0]["itl_s"] == [0.01, 0.02] and reqs[0]["worker"] == 2
+        assert [r.ok for r in reqs] == [True, False, True]
+        assert reqs[1].error == "http_500" and reqs[0].itl_s == (0.01, 0.02) and reqs[0].extra["worker"] == 2
         ((kind, t, data),) = store.samples(rec.run_id)
         assert kind == "telemetry" and data == {"kv_usage": 0.5, "nested": [1, 2], "bad": None}
 
@@ -118,7 +118,7 @@ def test_kill_9_mid_run_keeps_completed_requests_and_marks_cut_short(tmp_path: P
         (run,) = store.list_runs()
         assert run.status == "cancelled"
         assert run.ended is not None and run.ended > run.started
-        ids = [r["id"] for r in store.requests(run.id)]
+        ids = [r.id for r in store.requests(run.id)]
         assert len(ids) >= 20
         assert ids == list(range(len(ids)))  # what is stored is a clean prefix: no holes
         assert len(store.samples(run.id, "window")) >= 20

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.runs.history import History, RunInfo
+from engine.runs.history import History, RunInfo, StoredRequest
 from engine.runs.summary import RunSummary
 from engine.runs.trace import assign_lanes, build_trace, write_trace
 
@@ -66,7 +66,7 @@ def check_trace_event_format(doc: dict) -> None:
 
 
 def test_trace_structure_slices_and_counters() -> None:
-    doc = build_trace(_run(), REQUESTS, SAMPLES)
+    doc = build_trace(_run(), [StoredRequest.from_json(r) for r in REQUESTS], SAMPLES)
     check_trace_event_format(doc)
     events = doc["traceEvents"]
     slices = [e for e in events if e["ph"] == "X"]

@@ -349,7 +349,10 @@ class RunData:
         host: list[dict[str, object]] = []
         last_host = -math.inf
         for _, t, d in history.samples(info.id, "telemetry"):
-            for g in d.get("gpus") or []:
+            listed = d.get("gpus")
+            for g in listed if isinstance(listed, Sequence) and not isinstance(listed, str) else ():
+                if not isinstance(g, Mapping):
+                    continue  # not a GPU's figures: nothing to take from it
                 gpus.append({"t": t, "index": g.get("index"), "util_gpu_pct": g.get("util_gpu_pct"),
                              "mem_used_bytes": g.get("mem_used_bytes"), "mem_total_bytes": g.get("mem_total_bytes")})
             h = d.get("host")
@@ -360,13 +363,13 @@ class RunData:
                              "proc_cpu_percent": h.get("proc_cpu_percent")})
         requests: list[RequestRow] = []
         for r in history.requests(info.id):
-            if not r.get("ok") or r.get("ttft_s") is None:
+            if not r.ok or r.ttft_s is None:
                 continue
-            n_out = r.get("output_tokens") or 0
+            n_out = r.output_tokens or 0
             tpot = None
-            if n_out > 1 and r.get("e2el_s") is not None:
-                tpot = round((r["e2el_s"] - r["ttft_s"]) / (n_out - 1) * 1000.0, 3)
-            requests.append((r.get("input_tokens"), n_out, round(r["ttft_s"] * 1000.0, 3), tpot))
+            if n_out > 1 and r.e2el_s is not None:
+                tpot = round((r.e2el_s - r.ttft_s) / (n_out - 1) * 1000.0, 3)
+            requests.append((r.input_tokens, n_out, round(r.ttft_s * 1000.0, 3), tpot))
         if len(requests) > max_requests:
             step = len(requests) / max_requests
             requests = [requests[int(i * step)] for i in range(max_requests)]

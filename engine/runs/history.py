@@ -31,22 +31,23 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias, cast
+from typing import TYPE_CHECKING, Literal, TypeAlias, cast
 
 import psutil
 
 from engine import paths
 from engine.runs.status import RunStatus
 from engine.runs.summary import RunSummary
+from engine.values import JSONObject, JSONValue
 
 if TYPE_CHECKING:
     from engine.telemetry.sampler import TelemetrySnapshot
     from loadgen.records import RequestResult
     from loadgen.stats import StatsWindow
 
-# Any appears only where JSON read back from SQLite is handed to readers that index into it
-# (engine.advise, the TUI): a run's requests and its samples. A run's summary is parsed once into
-# a RunSummary (engine.runs.summary) where the row is read. Flags, workload, GPUs and a saved search
+# What is read back is typed where the row is read: a run's summary is parsed once into a RunSummary
+# (engine.runs.summary), a request row into a StoredRequest, a sample's data checked to be a JSON
+# object (engine.values.JSONObject, which readers narrow). Flags, workload, GPUs and a saved search
 # come back as `object` values; what is only written (and goes through to_jsonable) is `object` too.
 
 COMMIT_INTERVAL_S = 0.25
@@ -222,8 +223,7 @@ def _request_row(run_id: int, record: RequestResult | Mapping[str, object]) -> t
     values = record if isinstance(record, Mapping) else {f.name: getattr(record, f.name)
                                                          for f in dataclasses.fields(record)}
     get = values.get
-    known = {"id", "t_start", "ttft_s", "e2el_s", "itl_s", "input_tokens", "output_tokens", "ok", "error", "cancelled"}
-    extra = {k: v for k, v in values.items() if k not in known}
+    extra = {k: v for k, v in values.items() if k not in REQUEST_FIELDS}
     return (
         run_id,
         get("id"),
@@ -238,6 +238,140 @@ def _request_row(run_id: int, record: RequestResult | Mapping[str, object]) -> t
         1 if get("cancelled", False) else 0,
         _dumps(extra),
     )
+
+
+REQUEST_FIELDS = ("id", "t_start", "ttft_s", "e2el_s", "itl_s", "input_tokens", "output_tokens", "ok", "error",
+                  "cancelled")
+"""The ``requests`` table's typed columns (loadgen ``RequestResult`` field names); a record's other
+fields are kept in its ``extra`` JSON column."""
+
+
+def _number(value: object, name: str) -> float | None:
+    """A stored number as it was read (an int stays an int: the JSON written back is the same)."""
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return value
+    raise ValueError(f"{name} is {value!r}, not a number")
+
+
+def _integer(value: object, name: str) -> int | None:
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise ValueError(f"{name} is {value!r}, not an integer")
+
+
+def _text(value: object, name: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise ValueError(f"{name} is {value!r}, not text")
+
+
+def _gaps(value: object) -> tuple[float | None, ...]:
+    if not isinstance(value, list):
+        raise ValueError(f"itl_s is {value!r}, not a list")
+    return tuple(_number(v, "an itl_s value") for v in value)
+
+
+def _json_column(text: object, name: str) -> JSONValue:
+    if not isinstance(text, str):
+        raise ValueError(f"the {name} column is {text!r}, not JSON text")
+    try:
+        value: JSONValue = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"the {name} column is not JSON ({exc})") from None
+    return value
+
+
+@dataclass(frozen=True)
+class StoredRequest:
+    """One stored per-request record (a ``requests`` row), its columns typed; ``extra`` holds the
+    record's other fields (``worker``, ``queued_s``...) as stored in the ``extra`` JSON column.
+
+    :meth:`to_json` is the record as a JSON object, the columns first then the extra fields (what
+    ``vtui history show --format json`` lists as ``requests_detail``). ``itl_s`` holds None where a
+    gap was not a finite number (JSON has none; ``to_jsonable``).
+    """
+
+    id: int | None
+    t_start: float
+    ttft_s: float | None
+    e2el_s: float | None
+    itl_s: tuple[float | None, ...]
+    input_tokens: int | None
+    output_tokens: int | None
+    ok: bool
+    error: str | None
+    cancelled: bool
+    extra: JSONObject = dataclasses.field(default_factory=dict)
+
+    def to_json(self) -> dict[str, JSONValue]:
+        out: dict[str, JSONValue] = {
+            "id": self.id,
+            "t_start": self.t_start,
+            "ttft_s": self.ttft_s,
+            "e2el_s": self.e2el_s,
+            "itl_s": list(self.itl_s),
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "ok": self.ok,
+            "error": self.error,
+            "cancelled": self.cancelled,
+        }
+        out.update(self.extra)  # merged last, as the row was always read (the writer keeps column names out)
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object], where: str = "request") -> StoredRequest:
+        """A record as :meth:`to_json` writes it (or a dict of ``RequestResult`` fields): missing
+        columns read as None (``ok``/``cancelled`` False, ``itl_s`` empty); ValueError naming ``where``
+        for a value of the wrong type."""
+        try:
+            t_start = _number(d.get("t_start"), "t_start")
+            if t_start is None:
+                raise ValueError("t_start is missing")
+            return cls(
+                id=_integer(d.get("id"), "id"), t_start=t_start, ttft_s=_number(d.get("ttft_s"), "ttft_s"),
+                e2el_s=_number(d.get("e2el_s"), "e2el_s"), itl_s=_gaps(list(cast(Iterable[object], d.get("itl_s") or []))),
+                input_tokens=_integer(d.get("input_tokens"), "input_tokens"),
+                output_tokens=_integer(d.get("output_tokens"), "output_tokens"), ok=bool(d.get("ok")),
+                error=_text(d.get("error"), "error"), cancelled=bool(d.get("cancelled")),
+                extra={k: cast(JSONValue, to_jsonable(v)) for k, v in d.items() if k not in REQUEST_FIELDS},
+            )
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: {exc}") from None
+
+    @classmethod
+    def from_row(cls, row: Sequence[object], path: Path, run_id: int) -> StoredRequest:
+        """A ``requests`` row (``req_id, t_start, ttft_s, e2el_s, itl_s, input_tokens, output_tokens,
+        ok, error, cancelled, extra``); HistoryError naming the run and the request when a column does
+        not parse (``extra`` not a JSON object, ``itl_s`` not a JSON list, a number that is text...)."""
+        rid, t0, ttft, e2el, itl, n_in, n_out, ok, err, cancelled, extra = row
+        try:
+            t_start = _number(t0, "t_start")
+            if t_start is None:
+                raise ValueError("t_start is missing")
+            fields = _json_column(extra, "extra")
+            if not isinstance(fields, Mapping):
+                raise ValueError(f"the extra column is {extra!r}, not a JSON object")
+            return cls(
+                id=_integer(rid, "req_id"), t_start=t_start, ttft_s=_number(ttft, "ttft_s"),
+                e2el_s=_number(e2el, "e2el_s"), itl_s=_gaps(_json_column(itl, "itl_s")),
+                input_tokens=_integer(n_in, "input_tokens"), output_tokens=_integer(n_out, "output_tokens"),
+                ok=bool(ok), error=_text(err, "error"), cancelled=bool(cancelled), extra=fields,
+            )
+        except ValueError as exc:
+            raise HistoryError(path, f"run {run_id}'s request {rid!r} cannot be read: {exc}") from None
+
+
+def _sample_data(text: object, path: Path, run_id: int, kind: str, t: float) -> JSONObject:
+    """A ``samples`` row's data: the JSON object stored, else a HistoryError naming the sample."""
+    try:
+        data = _json_column(text, "data")
+    except ValueError as exc:
+        raise HistoryError(path, f"run {run_id}'s {kind} sample at t={t} cannot be read: {exc}") from None
+    if not isinstance(data, Mapping):
+        raise HistoryError(path, f"run {run_id}'s {kind} sample at t={t} cannot be read: "
+                                 f"its data is {text!r}, not a JSON object")
+    return data
 
 
 def _process_start(pid: int) -> float | None:
@@ -498,33 +632,21 @@ class History:
             raise HistoryError(self.path, f"no run with id or name {text!r}")
         return self._row_to_info(row)
 
-    def requests(self, run_id: int) -> list[dict[str, Any]]:
-        """Per-request records of a run, in start order (loadgen ``RequestResult`` field names)."""
+    def requests(self, run_id: int) -> list[StoredRequest]:
+        """Per-request records of a run, in start order (loadgen ``RequestResult`` field names);
+        HistoryError, naming the run and the request, for a row whose columns do not parse."""
         rows = self._conn.execute(
             "SELECT req_id, t_start, ttft_s, e2el_s, itl_s, input_tokens, output_tokens, ok, error, cancelled, extra"
             " FROM requests WHERE run_id = ? ORDER BY t_start, rowid",
             (int(run_id),),
         ).fetchall()
-        out = []
-        for rid, t0, ttft, e2el, itl, n_in, n_out, ok, err, cancelled, extra in rows:
-            rec = {
-                "id": rid,
-                "t_start": t0,
-                "ttft_s": ttft,
-                "e2el_s": e2el,
-                "itl_s": json.loads(itl),
-                "input_tokens": n_in,
-                "output_tokens": n_out,
-                "ok": bool(ok),
-                "error": err,
-                "cancelled": bool(cancelled),
-            }
-            rec.update(json.loads(extra))
-            out.append(rec)
-        return out
+        return [StoredRequest.from_row(row, self.path, int(run_id)) for row in rows]
 
-    def samples(self, run_id: int, kind: str | None = None) -> list[tuple[str, float, dict[str, Any]]]:
-        """``(kind, t, data)`` series of a run in time order; kind e.g. ``telemetry`` or ``window``."""
+    def samples(self, run_id: int, kind: str | None = None) -> list[tuple[str, float, JSONObject]]:
+        """``(kind, t, data)`` series of a run in time order; kind e.g. ``telemetry`` or ``window``.
+
+        ``data`` is the stored JSON object (readers narrow its values: engine.values); a row whose
+        data is not a JSON object is a HistoryError naming the run and the sample."""
         if kind is None:
             rows = self._conn.execute(
                 "SELECT kind, t, data FROM samples WHERE run_id = ? ORDER BY t, rowid", (int(run_id),)
@@ -533,7 +655,7 @@ class History:
             rows = self._conn.execute(
                 "SELECT kind, t, data FROM samples WHERE run_id = ? AND kind = ? ORDER BY t, rowid", (int(run_id), kind)
             ).fetchall()
-        return [(k, float(t), json.loads(d)) for k, t, d in rows]
+        return [(k, float(t), _sample_data(d, self.path, int(run_id), k, float(t))) for k, t, d in rows]
 
     # ------------------------------------------------------------- editing
     @contextmanager

@@ -19,8 +19,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.runs.history import JsonValue, RunInfo, to_jsonable
+from engine.runs.history import JsonValue, RunInfo, StoredRequest, to_jsonable
 from engine.runs.summary import RunSummary
+from engine.values import JSONObject
 
 if TYPE_CHECKING:
     from loadgen.run import RunResult
@@ -31,10 +32,10 @@ PID_GPU = 3
 PID_LOADGEN = 4
 GIB = 1024**3
 
-# A sample as History.samples gives it back: (kind, epoch seconds, its JSON). That JSON is
+# A sample as History.samples gives it back: (kind, epoch seconds, its JSON object). That JSON is
 # whatever telemetry, /metrics or loadgen stored: nested lists and mappings, read with .get and
-# checked value by value, as are the requests.
-Sample = tuple[str, float, Mapping[str, object]]
+# checked value by value. The requests come typed (History.requests: StoredRequest).
+Sample = tuple[str, float, JSONObject]
 
 
 def _num(value: object) -> float | None:
@@ -66,7 +67,7 @@ def assign_lanes(spans: Sequence[tuple[float, float]]) -> list[int]:
 
 def build_trace(
     run: RunInfo | RunResult,
-    requests: Sequence[Mapping[str, object]] | None = None,
+    requests: Sequence[StoredRequest] | None = None,
     samples: Iterable[Sample] = (),
 ) -> dict[str, object]:
     """The trace document: ``{"traceEvents": [...], "displayTimeUnit": "ms", ...}``.
@@ -79,7 +80,7 @@ def build_trace(
     requests = list(requests or [])
     samples = list(samples)
     # The requests with a usable start, with it (the others have no place on the timeline).
-    valid = [(r, start) for r in requests if (start := _num(r.get("t_start"))) is not None]
+    valid = [(r, start) for r in requests if (start := _num(r.t_start)) is not None]
     t0 = min([run.started, *(start for _, start in valid), *(t for _, t, _ in samples)])
 
     def us(t: float) -> int:
@@ -103,21 +104,21 @@ def build_trace(
     # ---- requests
     spans = []
     for r, start in valid:
-        e2el = _num(r.get("e2el_s")) or 0.0
+        e2el = _num(r.e2el_s) or 0.0
         spans.append((start, start + max(e2el, 0.0)))
     lanes = assign_lanes(spans)
     for lane in sorted(set(lanes)):
         meta(PID_CLIENT, f"slot {lane}", tid=lane + 1)
     for (r, _), (start, end), lane in zip(valid, spans, lanes, strict=True):
         tid = lane + 1
-        ok = bool(r.get("ok"))
-        cancelled = bool(r.get("cancelled"))
-        ttft = _num(r.get("ttft_s"))
-        n_out = r.get("output_tokens")
+        ok = r.ok
+        cancelled = r.cancelled
+        ttft = _num(r.ttft_s)
+        n_out = r.output_tokens
         args: dict[str, object] = {
-            "id": r.get("id"),
+            "id": r.id,
             "ok": ok,
-            "input_tokens": r.get("input_tokens"),
+            "input_tokens": r.input_tokens,
             "output_tokens": n_out,
             "e2el_ms": round((end - start) * 1000, 3),
         }
@@ -125,13 +126,13 @@ def build_trace(
             args["ttft_ms"] = round(ttft * 1000, 3)
         if ok and isinstance(n_out, int) and n_out > 1 and ttft is not None:
             args["tpot_ms"] = round((end - start - ttft) / (n_out - 1) * 1000, 3)
-        if r.get("error"):
-            args["error"] = r.get("error")
-        name = f"request {r.get('id')}"
+        if r.error:
+            args["error"] = r.error
+        name = f"request {r.id}"
         if cancelled:
             name += " (cancelled)"
         elif not ok:
-            name += f" (failed: {r.get('error') or 'error'})"
+            name += f" (failed: {r.error or 'error'})"
         # Integer microseconds: epoch floats lose the last digits, and children must
         # nest exactly inside their parent on the track.
         s_us = round((start - t0) * 1e6)
@@ -139,7 +140,7 @@ def build_trace(
         events.append({"ph": "X", "name": name, "cat": "request", "pid": PID_CLIENT, "tid": tid,
                        "ts": s_us, "dur": e_us - s_us, "args": args})
         cursor = s_us
-        waiting = _num(r.get("queued_s", r.get("waiting_s")))
+        waiting = _num(r.extra.get("queued_s", r.extra.get("waiting_s")))  # where the record knows it
         if waiting is not None and waiting > 0:
             w_end = min(s_us + round(waiting * 1e6), e_us)
             events.append({"ph": "X", "name": "waiting", "cat": "phase", "pid": PID_CLIENT, "tid": tid,
@@ -201,12 +202,12 @@ def build_trace(
 
 def _from_run_result(
     result: RunResult, samples: Iterable[Sample]
-) -> tuple[RunInfo, list[Mapping[str, object]], list[Sample]]:
+) -> tuple[RunInfo, list[StoredRequest], list[Sample]]:
     """A loadgen ``RunResult`` (not stored in the history) as trace inputs."""
     # RequestResult.to_dict() is in ms; the trace reads the dataclass fields in seconds.
-    reqs: list[Mapping[str, object]] = [
-        {"id": r.id, "t_start": r.t_start, "ttft_s": r.ttft_s, "e2el_s": r.e2el_s, "input_tokens": r.input_tokens,
-         "output_tokens": r.output_tokens, "ok": r.ok, "error": r.error, "cancelled": r.cancelled}
+    reqs = [
+        StoredRequest(id=r.id, t_start=r.t_start, ttft_s=r.ttft_s, e2el_s=r.e2el_s, itl_s=(), input_tokens=r.input_tokens,
+                      output_tokens=r.output_tokens, ok=r.ok, error=r.error, cancelled=r.cancelled)
         for r in result.requests
     ]
     windows: list[Sample] = [("window", float(w.t), _window_json(to_jsonable(w))) for w in result.windows]
@@ -218,7 +219,7 @@ def _from_run_result(
     return info, reqs, [*windows, *samples]
 
 
-def _window_json(value: JsonValue) -> Mapping[str, object]:
+def _window_json(value: JsonValue) -> JSONObject:
     """A StatsWindow through to_jsonable: a dataclass comes back a JSON object."""
     if not isinstance(value, dict):
         raise TypeError(f"a window as JSON is an object, not {type(value).__name__}")

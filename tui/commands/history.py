@@ -19,7 +19,10 @@ import io
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.runs.history import StoredRequest
 
 EXPORT_FORMATS = ("json", "csv", "trace", "docker", "serve")
 
@@ -163,7 +166,7 @@ def _export(store: Any, info: Any, fmt: str, output: Path | None) -> int:
 
     if fmt == "json":
         doc = info.to_dict()
-        doc["requests_detail"] = store.requests(info.id)
+        doc["requests_detail"] = [r.to_json() for r in store.requests(info.id)]
         text = json.dumps(doc, indent=2)
     elif fmt == "csv":
         text = _requests_csv(store.requests(info.id))
@@ -177,18 +180,18 @@ def _export(store: Any, info: Any, fmt: str, output: Path | None) -> int:
     return 0
 
 
-def _requests_csv(requests: list[dict[str, Any]]) -> str:
+def _requests_csv(requests: list[StoredRequest]) -> str:
     buf = io.StringIO()
     columns = ["id", "t_start", "ok", "error", "cancelled", "ttft_ms", "tpot_ms", "e2el_ms", "input_tokens", "output_tokens"]
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(columns)
     for r in requests:
-        ttft, e2el, n = r.get("ttft_s"), r.get("e2el_s"), r.get("output_tokens") or 0
+        ttft, e2el, n = r.ttft_s, r.e2el_s, r.output_tokens or 0
         tpot = (e2el - ttft) / (n - 1) * 1000 if ttft is not None and e2el is not None and n > 1 else ""
         writer.writerow([
-            r.get("id"), r.get("t_start"), int(bool(r.get("ok"))), r.get("error") or "", int(bool(r.get("cancelled"))),
+            r.id, r.t_start, int(r.ok), r.error or "", int(r.cancelled),
             "" if ttft is None else round(ttft * 1000, 3), "" if tpot == "" else round(tpot, 3),
-            "" if e2el is None else round(e2el * 1000, 3), r.get("input_tokens"), r.get("output_tokens"),
+            "" if e2el is None else round(e2el * 1000, 3), r.input_tokens, r.output_tokens,
         ])
     return buf.getvalue()
 
