@@ -869,9 +869,10 @@ class Tuner:
         # GPUs of each slot (the first measurer's, then ``slots``'), for the live view only.
         self._slot_gpus: tuple[tuple[int, ...], ...] = tuple(tuple(g) for g in slot_gpus)
         self._live: dict[int, LiveTrial] = {}
-        # Side by side: the configurations being measured now, and for one that lost to a running
-        # neighbour (violated the SLO at a load that neighbour met), that neighbour and the load.
-        self._running_keys: set[str] = set()
+        # Side by side: the trials being measured now (task -> configuration key, slot), and for
+        # one that lost to a running neighbour (violated the SLO at a load that neighbour met),
+        # that neighbour and the load.
+        self._running: dict[asyncio.Task[ConfigResult], tuple[str, int]] = {}
         self._lost_beside: dict[str, tuple[str, float]] = {}
         self.base = base_flags
         self.space = space
@@ -1006,7 +1007,8 @@ class Tuner:
         side_by_side = len(self.measurers) > 1
         st = self.state
         free = list(range(len(self.measurers)))
-        running: dict[asyncio.Task[ConfigResult], tuple[str, int]] = {}
+        running = self._running
+        running.clear()
         tried: set[str] = set()
         beside: dict[str, set[str]] = {}
         # Trials that lost to a running neighbour's unconfirmed pass, held out of the table (and
@@ -1062,7 +1064,6 @@ class Tuner:
                         beside.setdefault(other, set()).add(key)
                     task = asyncio.create_task(self._tune_config(key, by_key[key], best, order, self.measurers[slot]))
                     running[task] = (key, slot)
-                    self._running_keys.add(key)
                 if not running:
                     break
                 done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
@@ -1070,7 +1071,6 @@ class Tuner:
                     key, slot = running.pop(task)
                     free.append(slot)
                     self._live.pop(slot, None)
-                    self._running_keys.discard(key)
                     result = task.result()
                     if side_by_side:
                         result = dataclasses.replace(result, slot=slot, side_by_side=tuple(sorted(beside.get(key, ()))))
@@ -1092,7 +1092,7 @@ class Tuner:
             await asyncio.gather(*running, return_exceptions=True)
             raise
         finally:
-            self._running_keys.clear()
+            running.clear()
         if out_of_budget:
             raise BudgetExhausted
         if side_by_side:
@@ -1182,7 +1182,8 @@ class Tuner:
         """The highest finite load (at least ``at_least``) that a trial running beside ``key``
         (and not in ``skip``) has met the SLO at so far, and that trial; None when none has."""
         top: tuple[float, str] | None = None
-        for other in sorted(self._running_keys - {key, *skip}):
+        running = {k for k, _ in self._running.values()}
+        for other in sorted(running - {key, *skip}):
             for m in self.state.measurements.get(other, ()):
                 if m.ok and math.isfinite(m.load) and m.load >= at_least and (top is None or m.load > top[0]):
                     top = (m.load, other)
