@@ -340,9 +340,8 @@ def judge(slo: SLO, summary: LoadSummary) -> tuple[bool, str]:
         value = summary.get(f"p{word}_{metric}_ms")
         if value is None:
             return False, f"p{word} {metric.upper()} not measured"
-        ms = value
-        if ms > limit:
-            return False, f"p{word} {metric.upper()} {ms:.0f} ms > {limit:g} ms"
+        if value > limit:
+            return False, f"p{word} {metric.upper()} {value:.0f} ms > {limit:g} ms"
     return True, ""
 
 

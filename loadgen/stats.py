@@ -9,6 +9,7 @@ run at thousands of tokens/s stays within a few tens of MB.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from array import array
@@ -52,35 +53,29 @@ class LoadSummary:
     peak_in_flight: int | None = None
     latency: Mapping[str, float] = field(default_factory=dict)
 
-    _INTS = ("completed", "failed", "total_input_tokens", "total_output_tokens")
-    _FLOATS = ("duration", "request_throughput", "output_throughput", "total_token_throughput")
-    _OPTIONAL = ("request_goodput", "max_output_tokens_per_s", "max_concurrent_requests", "peak_in_flight")
-
     def get(self, key: str) -> float | None:
         """A figure by bench serve's name; None when the run has no such figure."""
-        if key in self._INTS or key in self._FLOATS or key in self._OPTIONAL:
+        if key in LOAD_FIGURES:
             value: float | None = getattr(self, key)
             return value
         return self.latency.get(key)
 
     def __getitem__(self, key: str) -> float | None:
-        if key not in self._INTS and key not in self._FLOATS and key not in self._OPTIONAL \
-                and key not in self.latency:
+        if key not in self:
             raise KeyError(key)
         return self.get(key)
 
     def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and (key in self.latency or key in self._INTS or key in self._FLOATS
-                                         or key in self._OPTIONAL)
+        return isinstance(key, str) and (key in LOAD_FIGURES or key in self.latency)
+
+    @staticmethod
+    def is_figure_name(key: str) -> bool:
+        """Whether ``key`` is a figure's name in bench serve's result file (a field, or a
+        per-metric statistic such as ``p99.9_itl_ms``), whether or not a run has it."""
+        return key in LOAD_FIGURES or _is_latency_key(key)
 
     def to_dict(self) -> dict[str, float | None]:
-        out: dict[str, float | None]
-        out = {"duration": self.duration, "completed": self.completed, "failed": self.failed,
-               "total_input_tokens": self.total_input_tokens, "total_output_tokens": self.total_output_tokens,
-               "request_throughput": self.request_throughput, "request_goodput": self.request_goodput,
-               "output_throughput": self.output_throughput, "total_token_throughput": self.total_token_throughput,
-               "max_output_tokens_per_s": self.max_output_tokens_per_s,
-               "max_concurrent_requests": self.max_concurrent_requests, "peak_in_flight": self.peak_in_flight}
+        out: dict[str, float | None] = {k: self.get(k) for k in LOAD_FIGURES}
         out.update(self.latency)
         return out
 
@@ -119,6 +114,10 @@ class LoadSummary:
             max_concurrent_requests=whole("max_concurrent_requests", required=False),
             peak_in_flight=whole("peak_in_flight", required=False),
             latency=latency)
+
+
+# The result file's figures other than the per-metric statistics, in its order (LoadSummary's fields).
+LOAD_FIGURES = tuple(f.name for f in dataclasses.fields(LoadSummary) if f.name != "latency")
 
 
 def _is_latency_key(key: str) -> bool:

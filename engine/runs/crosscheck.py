@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
+from engine.values import JSONValue
+
 # Client and server disagree when they differ by more than this share...
 DISAGREE = 0.10
 # ...and by more than this many ms (a 10% gap on a 3 ms TPOT is scheduling noise).
@@ -33,8 +35,8 @@ class CrossCheck:
     prefix_hit_rate: float | None
     warnings: tuple[str, ...]
 
-    def to_dict(self) -> dict[str, object]:
-        d: dict[str, object] = asdict(self)
+    def to_dict(self) -> dict[str, JSONValue]:
+        d: dict[str, JSONValue] = asdict(self)
         d["warnings"] = list(self.warnings)
         return d
 

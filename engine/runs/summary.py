@@ -241,14 +241,6 @@ class EnergyFigures:
                    estimated=_flag(d.get("estimated"), where, "estimated"), reason=_text(d.get("reason"), where, "reason"))
 
 
-def cross_check_json(c: CrossCheck) -> dict[str, JSONValue]:
-    """``CrossCheck.to_dict()``, typed as JSON."""
-    return {"client_mean_ttft_ms": c.client_mean_ttft_ms, "server_mean_ttft_ms": c.server_mean_ttft_ms,
-            "client_mean_tpot_ms": c.client_mean_tpot_ms, "server_tpot_ms": c.server_tpot_ms,
-            "client_prompt_tokens": c.client_prompt_tokens, "server_prompt_tokens": c.server_prompt_tokens,
-            "prefix_hit_rate": c.prefix_hit_rate, "warnings": list(c.warnings)}
-
-
 # --------------------------------------------------------------------------- the document
 
 
@@ -331,8 +323,6 @@ class RunSummary:
                 and not (self.client_bound or self.client_cpus or self.failures_by_reason or self.hint
                          or self.server_log))
 
-    # The stored document's keys, read as JSON: for scripts written against the document
-    # (tests/perf); the core reads the typed fields above.
     # ------------------------------------------------------------- writing
     def _present(self, key: str) -> bool:
         """Whether ``key`` is written where the stored document lacked it: a summary built here
@@ -350,7 +340,7 @@ class RunSummary:
         if key == "load":
             return self.load_json() if self.load is not None else None
         if key == "cross_check":
-            typed = cross_check_json(self.cross_check) if self.cross_check is not None else None
+            typed = self.cross_check.to_dict() if self.cross_check is not None else None
         elif key == "stream":
             typed = self.stream.to_json() if self.stream is not None else None
         elif key == "slo_verdict":
@@ -390,10 +380,7 @@ class RunSummary:
         row of bench serve's keys only (``flat``), reads as it was meant; a value of the wrong
         type is a ValueError naming ``where`` and the key."""
         if "load" not in doc and "telemetry" not in doc:
-            probe = LoadSummary.from_dict({})  # knows every figure name but the per-metric ones
-            numbers = {k: v for k, v in doc.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-            named = LoadSummary.from_dict(numbers, where)
-            if any(k in probe or k in named for k in doc):
+            if any(LoadSummary.is_figure_name(k) for k in doc):
                 figures = LoadSummary.from_dict(doc, where)
                 kept = Kept.of(doc, figures.to_dict(), where)
                 return cls(load=figures, flat=True, keys=tuple(doc), kept={"load": kept} if kept else {})
@@ -423,7 +410,7 @@ class RunSummary:
         check: CrossCheck | None = None
         if (stored := part("cross_check")) is not None:
             check = CrossCheck.from_dict(stored)
-            keep("cross_check", stored, cross_check_json(check))
+            keep("cross_check", stored, check.to_dict())
         stream: StreamShape | None = None
         if (stored := part("stream")) is not None:
             stream = StreamShape.from_json(stored, f"{where}: stream")
@@ -481,4 +468,4 @@ class RunSummary:
             return cls(extra={k: _value(v, where, k) for k, v in doc.items()}, keys=tuple(doc))
 
 
-__all__ = ["KEYS", "STREAM_KEYS", "EnergyFigures", "Kept", "RunSummary", "SloVerdict", "StreamShape", "cross_check_json"]
+__all__ = ["KEYS", "STREAM_KEYS", "EnergyFigures", "Kept", "RunSummary", "SloVerdict", "StreamShape"]
