@@ -42,4 +42,33 @@ def as_int(value: object) -> int:
                     f"not {type(value).__name__!r}")
 
 
-__all__ = ["JSONObject", "JSONValue", "as_float", "as_int", "json_object"]
+# A stored JSON value checked, not converted: the value as it was read (an int stays an int, so
+# the JSON written back is the same) or None; ValueError naming ``name`` for any other type.
+
+
+def stored_number(value: object, name: str) -> float | None:
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return value
+    raise ValueError(f"{name} is {value!r}, not a number")
+
+
+def stored_int(value: object, name: str) -> int | None:
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise ValueError(f"{name} is {value!r}, not an integer")
+
+
+def stored_text(value: object, name: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise ValueError(f"{name} is {value!r}, not text")
+
+
+def stored_bool(value: object, name: str) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise ValueError(f"{name} is {value!r}, not true or false")
+
+
+__all__ = ["JSONObject", "JSONValue", "as_float", "as_int", "json_object", "stored_bool", "stored_int",
+           "stored_number", "stored_text"]

@@ -38,7 +38,7 @@ import psutil
 from engine import paths
 from engine.runs.status import RunStatus
 from engine.runs.summary import RunSummary
-from engine.values import JSONObject, JSONValue
+from engine.values import JSONObject, JSONValue, stored_int, stored_number, stored_text
 
 if TYPE_CHECKING:
     from engine.telemetry.sampler import TelemetrySnapshot
@@ -246,29 +246,10 @@ REQUEST_FIELDS = ("id", "t_start", "ttft_s", "e2el_s", "itl_s", "input_tokens", 
 fields are kept in its ``extra`` JSON column."""
 
 
-def _number(value: object, name: str) -> float | None:
-    """A stored number as it was read (an int stays an int: the JSON written back is the same)."""
-    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
-        return value
-    raise ValueError(f"{name} is {value!r}, not a number")
-
-
-def _integer(value: object, name: str) -> int | None:
-    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
-        return value
-    raise ValueError(f"{name} is {value!r}, not an integer")
-
-
-def _text(value: object, name: str) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    raise ValueError(f"{name} is {value!r}, not text")
-
-
 def _gaps(value: object) -> tuple[float | None, ...]:
     if not isinstance(value, list):
         raise ValueError(f"itl_s is {value!r}, not a list")
-    return tuple(_number(v, "an itl_s value") for v in value)
+    return tuple(stored_number(v, "an itl_s value") for v in value)
 
 
 def _json_column(text: object, name: str) -> JSONValue:
@@ -325,15 +306,15 @@ class StoredRequest:
         columns read as None (``ok``/``cancelled`` False, ``itl_s`` empty); ValueError naming ``where``
         for a value of the wrong type."""
         try:
-            t_start = _number(d.get("t_start"), "t_start")
+            t_start = stored_number(d.get("t_start"), "t_start")
             if t_start is None:
                 raise ValueError("t_start is missing")
             return cls(
-                id=_integer(d.get("id"), "id"), t_start=t_start, ttft_s=_number(d.get("ttft_s"), "ttft_s"),
-                e2el_s=_number(d.get("e2el_s"), "e2el_s"), itl_s=_gaps(list(cast(Iterable[object], d.get("itl_s") or []))),
-                input_tokens=_integer(d.get("input_tokens"), "input_tokens"),
-                output_tokens=_integer(d.get("output_tokens"), "output_tokens"), ok=bool(d.get("ok")),
-                error=_text(d.get("error"), "error"), cancelled=bool(d.get("cancelled")),
+                id=stored_int(d.get("id"), "id"), t_start=t_start, ttft_s=stored_number(d.get("ttft_s"), "ttft_s"),
+                e2el_s=stored_number(d.get("e2el_s"), "e2el_s"), itl_s=_gaps(list(cast(Iterable[object], d.get("itl_s") or []))),
+                input_tokens=stored_int(d.get("input_tokens"), "input_tokens"),
+                output_tokens=stored_int(d.get("output_tokens"), "output_tokens"), ok=bool(d.get("ok")),
+                error=stored_text(d.get("error"), "error"), cancelled=bool(d.get("cancelled")),
                 extra={k: cast(JSONValue, to_jsonable(v)) for k, v in d.items() if k not in REQUEST_FIELDS},
             )
         except (TypeError, ValueError) as exc:
@@ -346,17 +327,17 @@ class StoredRequest:
         not parse (``extra`` not a JSON object, ``itl_s`` not a JSON list, a number that is text...)."""
         rid, t0, ttft, e2el, itl, n_in, n_out, ok, err, cancelled, extra = row
         try:
-            t_start = _number(t0, "t_start")
+            t_start = stored_number(t0, "t_start")
             if t_start is None:
                 raise ValueError("t_start is missing")
             fields = _json_column(extra, "extra")
             if not isinstance(fields, Mapping):
                 raise ValueError(f"the extra column is {extra!r}, not a JSON object")
             return cls(
-                id=_integer(rid, "req_id"), t_start=t_start, ttft_s=_number(ttft, "ttft_s"),
-                e2el_s=_number(e2el, "e2el_s"), itl_s=_gaps(_json_column(itl, "itl_s")),
-                input_tokens=_integer(n_in, "input_tokens"), output_tokens=_integer(n_out, "output_tokens"),
-                ok=bool(ok), error=_text(err, "error"), cancelled=bool(cancelled), extra=fields,
+                id=stored_int(rid, "req_id"), t_start=t_start, ttft_s=stored_number(ttft, "ttft_s"),
+                e2el_s=stored_number(e2el, "e2el_s"), itl_s=_gaps(_json_column(itl, "itl_s")),
+                input_tokens=stored_int(n_in, "input_tokens"), output_tokens=stored_int(n_out, "output_tokens"),
+                ok=bool(ok), error=stored_text(err, "error"), cancelled=bool(cancelled), extra=fields,
             )
         except ValueError as exc:
             raise HistoryError(path, f"run {run_id}'s request {rid!r} cannot be read: {exc}") from None

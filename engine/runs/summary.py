@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from engine.runs.crosscheck import CrossCheck
-from engine.values import JSONObject, JSONValue
+from engine.values import JSONObject, JSONValue, stored_bool, stored_int, stored_number, stored_text
 from loadgen.stats import LoadSummary
 
 # The document's keys, in the order engine.runs.measure writes them.
@@ -52,31 +52,6 @@ STREAM_KEYS = ("tokens_per_event", "same_read_gap_fraction", "burst_requests", "
 
 
 # --------------------------------------------------------------------------- checked values
-
-
-def _number(value: object, where: str, key: str) -> float | None:
-    """A JSON number as stored (an int stays an int: written back the same), or None."""
-    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
-        return value
-    raise ValueError(f"{where}: {key} is {value!r}, not a number")
-
-
-def _whole(value: object, where: str, key: str) -> int | None:
-    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
-        return value
-    raise ValueError(f"{where}: {key} is {value!r}, not a whole number")
-
-
-def _flag(value: object, where: str, key: str) -> bool | None:
-    if value is None or isinstance(value, bool):
-        return value
-    raise ValueError(f"{where}: {key} is {value!r}, not true or false")
-
-
-def _text(value: object, where: str, key: str) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    raise ValueError(f"{where}: {key} is {value!r}, not text")
 
 
 def _object(value: object, where: str, key: str) -> JSONObject | None:
@@ -152,10 +127,10 @@ class SloVerdict:
 
     @classmethod
     def from_json(cls, d: Mapping[str, object], where: str) -> SloVerdict:
-        met = _flag(d.get("met"), where, "met")
+        met = stored_bool(d.get("met"), f"{where}: met")
         if met is None:
             raise ValueError(f"{where}: met is missing")
-        return cls(met, _text(d.get("why"), where, "why"))
+        return cls(met, stored_text(d.get("why"), f"{where}: why"))
 
 
 @dataclass(frozen=True)
@@ -192,13 +167,13 @@ class StreamShape:
     @classmethod
     def from_json(cls, d: Mapping[str, object], where: str) -> StreamShape:
         def num(key: str) -> float | None:
-            return _number(d.get(key), where, key)
+            return stored_number(d.get(key), f"{where}: {key}")
 
         def whole(key: str) -> int | None:
-            return _whole(d.get(key), where, key)
+            return stored_int(d.get(key), f"{where}: {key}")
 
         def flag(key: str) -> bool | None:
-            return _flag(d.get(key), where, key)
+            return stored_bool(d.get(key), f"{where}: {key}")
 
         return cls(
             tokens_per_event=num("tokens_per_event"), same_read_gap_fraction=num("same_read_gap_fraction"),
@@ -234,11 +209,12 @@ class EnergyFigures:
     @classmethod
     def from_json(cls, d: Mapping[str, object], where: str) -> EnergyFigures:
         def num(key: str) -> float | None:
-            return _number(d.get(key), where, key)
+            return stored_number(d.get(key), f"{where}: {key}")
 
         return cls(joules=num("joules"), j_per_token=num("j_per_token"), j_per_request=num("j_per_request"),
                    mean_power_w=num("mean_power_w"), idle_power_w=num("idle_power_w"),
-                   estimated=_flag(d.get("estimated"), where, "estimated"), reason=_text(d.get("reason"), where, "reason"))
+                   estimated=stored_bool(d.get("estimated"), f"{where}: estimated"),
+                   reason=stored_text(d.get("reason"), f"{where}: reason"))
 
 
 # --------------------------------------------------------------------------- the document
@@ -442,12 +418,12 @@ class RunSummary:
             server=_object(doc.get("server"), where, "server"),
             cross_check=check,
             stream=stream,
-            client_bound=bool(_flag(doc.get("client_bound"), where, "client_bound")),
+            client_bound=bool(stored_bool(doc.get("client_bound"), f"{where}: client_bound")),
             client_cpus=tuple(cpus),
             failures_by_reason=dict(failures),
             slo=slo,
-            error=_text(doc.get("error"), where, "error"),
-            hint=_text(doc.get("hint"), where, "hint"),
+            error=stored_text(doc.get("error"), f"{where}: error"),
+            hint=stored_text(doc.get("hint"), f"{where}: hint"),
             server_log=tuple(log),
             startup=_object(doc.get("startup"), where, "startup"),
             extra=extra,
