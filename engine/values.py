@@ -11,7 +11,7 @@ of a run's summary, engine.runs.summary): a reader narrows what it takes out of 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import SupportsFloat, SupportsIndex, SupportsInt, TypeAlias
 
 # A JSON value as json.loads gives it (its lists and objects read-only here).
@@ -70,5 +70,61 @@ def stored_bool(value: object, name: str) -> bool | None:
     raise ValueError(f"{name} is {value!r}, not true or false")
 
 
-__all__ = ["JSONObject", "JSONValue", "as_float", "as_int", "json_object", "stored_bool", "stored_int",
-           "stored_number", "stored_text"]
+class StoredFields:
+    """A stored JSON object read field by field, each value's type checked as it is taken
+    (``stored_*`` above) and a missing or null one given the field's default: the way a
+    dataclass is built back from what its ``to_dict()`` wrote. ValueError names ``where``
+    and the field; TypeError when the document is not an object at all."""
+
+    def __init__(self, doc: object, where: str) -> None:
+        if not isinstance(doc, Mapping) or not all(isinstance(k, str) for k in doc):
+            raise TypeError(f"{where}: expected an object, got {type(doc).__name__}")
+        self.doc: Mapping[str, object] = doc
+        self.where = where
+
+    def _name(self, key: str) -> str:
+        return f"{self.where}: {key}"
+
+    def number(self, key: str, default: float) -> float:
+        v = stored_number(self.doc.get(key), self._name(key))
+        return default if v is None else v
+
+    def maybe_number(self, key: str) -> float | None:
+        return stored_number(self.doc.get(key), self._name(key))
+
+    def whole(self, key: str, default: int) -> int:
+        v = stored_int(self.doc.get(key), self._name(key))
+        return default if v is None else v
+
+    def maybe_whole(self, key: str) -> int | None:
+        return stored_int(self.doc.get(key), self._name(key))
+
+    def flag(self, key: str, default: bool) -> bool:
+        v = stored_bool(self.doc.get(key), self._name(key))
+        return default if v is None else v
+
+    def text(self, key: str, default: str) -> str:
+        v = stored_text(self.doc.get(key), self._name(key))
+        return default if v is None else v
+
+    def obj(self, key: str) -> StoredFields:
+        """A nested object (an empty one where it is missing or null)."""
+        v = self.doc.get(key)
+        return StoredFields({} if v is None else v, self._name(key))
+
+    def items(self, key: str) -> list[object]:
+        """A nested list (empty where missing or null); ValueError when it is not a list."""
+        v = self.doc.get(key)
+        if v is None:
+            return []
+        if not isinstance(v, list | tuple):
+            raise ValueError(f"{self._name(key)} is {v!r}, not a list")
+        return list(v)
+
+    def unknown(self, known: Collection[str]) -> list[str]:
+        """The document's keys that are not in ``known`` (a typo, or a newer vtui's field)."""
+        return sorted(k for k in self.doc if k not in known)
+
+
+__all__ = ["JSONObject", "JSONValue", "StoredFields", "as_float", "as_int", "json_object", "stored_bool",
+           "stored_int", "stored_number", "stored_text"]

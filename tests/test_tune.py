@@ -501,6 +501,57 @@ def test_load_state_errors_name_what_was_wrong(tmp_path: Path) -> None:
         load_state("broken", db)
 
 
+def _all_fields_set(cls: type, **values: object) -> object:
+    """An instance whose every field differs from its default, so a reader that forgets a
+    field (or reads one into another) cannot give the same instance back."""
+    import dataclasses
+    missing = {f.name for f in dataclasses.fields(cls)} - set(values)
+    assert not missing, f"set these too: {missing}"
+    obj = cls(**values)
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            assert getattr(obj, f.name) != f.default, f.name
+    return obj
+
+
+def test_saved_measurement_and_settings_come_back_field_for_field() -> None:
+    m = _all_fields_set(
+        Measurement, load=math.inf, ok=True, reason="r", requests=7, completed=6, failed=1, goodput=1.5,
+        request_throughput=2.5, output_throughput=30.0, ttft_ms=11.0, tpot_ms=2.0, e2el_ms=99.0,
+        tokens_per_user=9.5, duration_s=3.0, stopped_early=True, fatal="died", e2el_min_ms=40.0,
+        mean_power_w=300.0, client_bound=True, remeasured=True, client_cpus=(0, 3))
+    assert isinstance(m, Measurement)
+    assert Measurement.from_dict(json.loads(json.dumps(m.to_dict()))) == m
+    s = _all_fields_set(
+        TuneSettings, mode="concurrency", budget_s=60.0, tolerance=0.1, growth=3.0, start_load=4.0, min_load=1.0,
+        max_load=500.0, start_timeout_s=30.0, step_timeout_s=20.0, prune=False, exhaustive=True, confirm=False,
+        confirm_margin=0.2, step=StepRule(min_requests=5, min_step_s=2.0, max_requests=50, warmup=1),
+        objective="tokens-per-joule")
+    assert isinstance(s, TuneSettings)
+    assert TuneSettings.from_dict(json.loads(json.dumps(s.to_dict()))) == s
+    assert TuneSettings.from_dict({"mode": "concurrency"}) == TuneSettings(mode="concurrency")  # an older file
+
+
+def test_saved_values_of_the_wrong_type_are_named() -> None:
+    with pytest.raises(ValueError, match="measurement: ttft_ms is 'fast', not a number"):
+        Measurement.from_dict({"load": 1.0, "ok": True, "ttft_ms": "fast"})
+    with pytest.raises(ValueError, match="client_cpus"):
+        Measurement.from_dict({"load": 1.0, "ok": True, "client_cpus": ["a"]})
+    with pytest.raises(KeyError, match="ok"):
+        Measurement.from_dict({"load": 1.0})
+    with pytest.raises(ValueError, match="tune settings: budget_s is '10', not a number"):
+        TuneSettings.from_dict({"budget_s": "10"})
+    with pytest.raises(ValueError, match=r"unknown field.*budget_secs"):
+        TuneSettings.from_dict({"budget_secs": 10})
+    with pytest.raises(ValueError, match=r"step: unknown field.*warm"):
+        TuneSettings.from_dict({"step": {"warm": 1}})
+    state = {"id": "t1", "inputs": {}, "measurements": {"a=1": [{"load": 2.0, "ok": "yes"}]}}
+    with pytest.raises(TuneError, match=r"x\.json.*a=1: ok is 'yes', not true or false"):
+        TuneState.from_json(state, "x.json")
+    with pytest.raises(TuneError, match=r"not a vtui tune state.*expected an object, got list"):
+        TuneState.from_json([1], "x.json")
+
+
 def test_state_file_that_is_not_ours(tmp_path: Path) -> None:
     bad = tmp_path / "x.json"
     bad.write_text('{"hello": 1}')

@@ -65,7 +65,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from engine import paths
 from engine.errors import EngineDied, StartupError
@@ -75,7 +75,7 @@ from engine.runs.history import History, HistoryError
 from engine.runs.measure import RunHandle, RunPlan, Target, ensure_server, wait_for
 from engine.runs.measure import measure as measure_run
 from engine.server.supervisor import ServerState, Supervisor
-from engine.values import as_float, as_int, json_object
+from engine.values import StoredFields, as_float, as_int, json_object
 from loadgen import LoadRun, ServerError
 from loadgen.spec import ArrivalSpec, allowed_failures, judge  # allowed_failures, judge: the SLO's own test; re-exported
 
@@ -350,13 +350,29 @@ class Measurement:
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Measurement:  # JSON, passed on as read: a parsing edge
-        known = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in d.items() if k in known}
-        kw["load"] = math.inf if kw.get("load") == "inf" else float(kw["load"])
-        if "client_cpus" in kw:
-            kw["client_cpus"] = tuple(int(c) for c in kw["client_cpus"] or ())
-        return cls(**kw)
+    def from_dict(cls, d: Mapping[str, object], where: str = "measurement") -> Measurement:
+        """From :meth:`to_dict`'s form (a saved search's JSON); ValueError naming the field
+        whose value has the wrong type, KeyError for a missing ``load`` or ``ok``."""
+        f = StoredFields(d, where)
+        load = d["load"]
+        if "ok" not in d:
+            raise KeyError(f"{where}: ok")
+        cpus = f.items("client_cpus")
+        if not all(isinstance(c, int) and not isinstance(c, bool) for c in cpus):
+            raise ValueError(f"{where}: client_cpus is {cpus!r}, not a list of core numbers")
+        return cls(
+            load=math.inf if load == "inf" else as_float(load), ok=f.flag("ok", False),
+            reason=f.text("reason", ""), requests=f.whole("requests", 0), completed=f.whole("completed", 0),
+            failed=f.whole("failed", 0), goodput=f.number("goodput", 0.0),
+            request_throughput=f.number("request_throughput", 0.0),
+            output_throughput=f.number("output_throughput", 0.0),
+            ttft_ms=f.maybe_number("ttft_ms"), tpot_ms=f.maybe_number("tpot_ms"), e2el_ms=f.maybe_number("e2el_ms"),
+            tokens_per_user=f.number("tokens_per_user", 0.0), duration_s=f.number("duration_s", 0.0),
+            stopped_early=f.flag("stopped_early", False), fatal=f.text("fatal", ""),
+            e2el_min_ms=f.maybe_number("e2el_min_ms"), mean_power_w=f.maybe_number("mean_power_w"),
+            client_bound=f.flag("client_bound", False), remeasured=f.flag("remeasured", False),
+            client_cpus=tuple(as_int(c) for c in cpus),
+        )
 
 
 class Measurer(Protocol):
@@ -491,10 +507,32 @@ class TuneSettings:
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> TuneSettings:  # JSON, passed on as read: a parsing edge
-        kw = dict(d)
-        kw["step"] = StepRule(**kw.get("step", {}))
-        return cls(**kw)
+    def from_dict(cls, d: Mapping[str, object], where: str = "tune settings") -> TuneSettings:
+        """From :meth:`to_dict`'s form (a saved search's inputs); a missing field takes its
+        default; ValueError naming a field of the wrong type or one this vtui does not know."""
+        f = StoredFields(d, where)
+        extra = f.unknown({x.name for x in dataclasses.fields(cls)})
+        if extra:
+            raise ValueError(f"{where}: unknown field(s) {', '.join(extra)}")
+        base, s = cls(), f.obj("step")
+        extra = s.unknown({x.name for x in dataclasses.fields(StepRule)})
+        if extra:
+            raise ValueError(f"{where}: step: unknown field(s) {', '.join(extra)}")
+        rule = base.step
+        step = StepRule(min_requests=s.whole("min_requests", rule.min_requests),
+                        min_step_s=s.number("min_step_s", rule.min_step_s),
+                        max_requests=s.whole("max_requests", rule.max_requests), warmup=s.whole("warmup", rule.warmup))
+        return cls(
+            mode=f.text("mode", base.mode), budget_s=f.number("budget_s", base.budget_s),
+            tolerance=f.number("tolerance", base.tolerance), growth=f.number("growth", base.growth),
+            start_load=f.maybe_number("start_load"), min_load=f.number("min_load", base.min_load),
+            max_load=f.number("max_load", base.max_load),
+            start_timeout_s=f.number("start_timeout_s", base.start_timeout_s),
+            step_timeout_s=f.number("step_timeout_s", base.step_timeout_s), prune=f.flag("prune", base.prune),
+            exhaustive=f.flag("exhaustive", base.exhaustive), confirm=f.flag("confirm", base.confirm),
+            confirm_margin=f.number("confirm_margin", base.confirm_margin), step=step,
+            objective=f.text("objective", base.objective),
+        )
 
 
 @dataclass(frozen=True)
@@ -743,15 +781,20 @@ class TuneState:
         return cls.from_json(d, str(path))
 
     @classmethod
-    def from_json(cls, d: Any, where: str) -> TuneState:  # the state file's JSON: a parsing edge
+    def from_json(cls, d: object, where: str) -> TuneState:
         """From :meth:`to_json`'s form; TuneError naming ``where`` when it is not one."""
         try:
+            f = StoredFields(d, where)
+            inputs = json_object(f.doc.get("inputs"))
+            if not isinstance(f.doc.get("inputs"), Mapping):
+                raise KeyError("inputs")
+            configs, measured = f.obj("configs"), f.obj("measurements")
             return cls(
-                id=str(d["id"]), inputs=dict(d["inputs"]), status=str(d.get("status", "running")),
-                elapsed_s=float(d.get("elapsed_s", 0.0)), starts=int(d.get("starts", 0)),
-                steps=int(d.get("steps", 0)),
-                configs={k: ConfigResult.from_dict(c) for k, c in d.get("configs", {}).items()},
-                measurements={k: [Measurement.from_dict(m) for m in ms] for k, ms in d.get("measurements", {}).items()},
+                id=str(f.doc["id"]), inputs=dict(inputs), status=f.text("status", "running"),
+                elapsed_s=f.number("elapsed_s", 0.0), starts=f.whole("starts", 0), steps=f.whole("steps", 0),
+                configs={k: ConfigResult.from_dict(configs.obj(k).doc) for k in configs.doc},
+                measurements={k: [Measurement.from_dict(StoredFields(m, f"{where}: {k}").doc, f"{where}: {k}")
+                                  for m in measured.items(k)] for k in measured.doc},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise TuneError(where, f"not a vtui tune state: {type(exc).__name__}: {exc}") from None
