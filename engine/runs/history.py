@@ -190,12 +190,8 @@ def _status_text(stored: str) -> str:
         return str(stored)  # shown as stored: nothing is lost by reading
 
 
-JsonValue: TypeAlias = "bool | int | float | str | list[JsonValue] | dict[str, JsonValue] | None"
-"""A value as ``json.dumps`` writes it (what :func:`to_jsonable` gives)."""
-
-
-def to_jsonable(value: object) -> JsonValue:
-    """Dataclasses, enums, tuples, paths and inf/nan into plain JSON values."""
+def to_jsonable(value: object) -> JSONValue:
+    """Dataclasses, enums, tuples, paths and inf/nan into plain JSON values (lists and dicts)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         if hasattr(value, "to_dict"):
             return to_jsonable(value.to_dict())
@@ -315,7 +311,7 @@ class StoredRequest:
                 input_tokens=stored_int(d.get("input_tokens"), "input_tokens"),
                 output_tokens=stored_int(d.get("output_tokens"), "output_tokens"), ok=bool(d.get("ok")),
                 error=stored_text(d.get("error"), "error"), cancelled=bool(d.get("cancelled")),
-                extra={k: cast(JSONValue, to_jsonable(v)) for k, v in d.items() if k not in REQUEST_FIELDS},
+                extra={k: to_jsonable(v) for k, v in d.items() if k not in REQUEST_FIELDS},
             )
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{where}: {exc}") from None

@@ -19,9 +19,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.runs.history import JsonValue, RunInfo, StoredRequest, to_jsonable
+from engine.runs.history import RunInfo, StoredRequest, to_jsonable
 from engine.runs.summary import RunSummary
-from engine.values import JSONObject
+from engine.values import JSONObject, JSONValue
 
 if TYPE_CHECKING:
     from loadgen.run import RunResult
@@ -219,9 +219,9 @@ def _from_run_result(
     return info, reqs, [*windows, *samples]
 
 
-def _window_json(value: JsonValue) -> JSONObject:
+def _window_json(value: JSONValue) -> JSONObject:
     """A StatsWindow through to_jsonable: a dataclass comes back a JSON object."""
-    if not isinstance(value, dict):
+    if not isinstance(value, Mapping):
         raise TypeError(f"a window as JSON is an object, not {type(value).__name__}")
     return value
 
