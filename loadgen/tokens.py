@@ -15,10 +15,10 @@ from __future__ import annotations
 import math
 import random
 import string
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import httpx
 
@@ -208,8 +208,9 @@ class RemoteTokenizer:
         self._key = ("remote", str(self._client.base_url), model, self._offset,
                      tuple(self._tokenize(_PROBE, False)))
 
-    def _post(self, path: str, body: dict[str, object]) -> dict[str, Any]:
-        """The server's JSON reply, read key by key by the callers (a parsing edge)."""
+    def _post(self, path: str, body: dict[str, object], want: str) -> tuple[Mapping[str, object], object]:
+        """The server's JSON reply and its ``want`` field; TokenizerError naming the endpoint
+        when the reply is not JSON or lacks the field."""
         try:
             r = self._client.post(path, json=body)
         except httpx.HTTPError as exc:
@@ -217,21 +218,30 @@ class RemoteTokenizer:
         if r.status_code != 200:
             raise TokenizerError(
                 f"{self._client.base_url}{path}: HTTP {r.status_code}: {r.text[:200]}")
-        data: dict[str, Any] = r.json()
-        return data
+        try:
+            data: object = r.json()
+        except ValueError:
+            data = None
+        if not isinstance(data, Mapping) or want not in data:
+            raise TokenizerError(f"{self._client.base_url}{path}: the reply has no {want!r}: {r.text[:200]}")
+        return data, data[want]
 
     def _tokenize(self, text: str, special: bool) -> list[int]:
-        data = self._post("/tokenize", {"model": self._model, "prompt": text,
-                                        "add_special_tokens": special})
-        if self.max_model_len is None and data.get("max_model_len"):
-            self.max_model_len = int(data["max_model_len"])
-        return [int(t) for t in data["tokens"]]
+        data, tokens = self._post("/tokenize", {"model": self._model, "prompt": text,
+                                                "add_special_tokens": special}, "tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise TokenizerError(f"{self._client.base_url}/tokenize: 'tokens' is not a list of token ids: "
+                                 f"{str(tokens)[:200]}")
+        longest = data.get("max_model_len")
+        if self.max_model_len is None and isinstance(longest, int) and longest > 0:
+            self.max_model_len = longest
+        return tokens
 
     def encode(self, text: str) -> list[int]:
         return self._tokenize(text, False)
 
     def decode(self, ids: list[int]) -> str:
-        return str(self._post("/detokenize", {"model": self._model, "tokens": ids})["prompt"])
+        return str(self._post("/detokenize", {"model": self._model, "tokens": ids}, "prompt")[1])
 
     # The endpoints take one item per request; a few requests in flight hide the round trips.
     _PARALLEL = 8
