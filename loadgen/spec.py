@@ -318,6 +318,11 @@ _TYPES: dict[str, dict[str, type]] = {
 }
 
 
+def percentile_word(p: float) -> str:
+    """A percentile as vllm bench serve names it in its keys and lines: 99 -> "99", 99.9 -> "99.9"."""
+    return str(int(p)) if int(p) == p else str(p)
+
+
 def allowed_failures(n: int, percentile: float) -> int:
     """Failed requests a step may have and still meet the SLO: the share above the percentile."""
     return math.floor(n * (100.0 - percentile) / 100.0)
@@ -326,7 +331,7 @@ def allowed_failures(n: int, percentile: float) -> int:
 def judge(slo: SLO, summary: LoadSummary) -> tuple[bool, str]:
     """Whether a run's figures meet ``slo``; the reason when not."""
     p = slo.percentile
-    word = str(int(p)) if int(p) == p else str(p)
+    word = percentile_word(p)
     completed, failed = summary.completed, summary.failed
     n = completed + failed
     if completed == 0:
@@ -337,7 +342,7 @@ def judge(slo: SLO, summary: LoadSummary) -> tuple[bool, str]:
         limit = getattr(slo, f"{metric}_ms")
         if limit is None:
             continue
-        value = summary.get(f"p{word}_{metric}_ms")
+        value = summary.at_percentile(metric, p)
         if value is None:
             return False, f"p{word} {metric.upper()} not measured"
         if value > limit:

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from loadgen.records import RequestResult
-from loadgen.spec import SLO
+from loadgen.spec import SLO, percentile_word
 
 DEFAULT_PERCENTILES = (50.0, 90.0, 95.0, 99.0)
 # 2M float64 = 16 MB per metric: exact percentiles for a 2M-token run, unbiased after.
@@ -59,6 +59,11 @@ class LoadSummary:
             value: float | None = getattr(self, key)
             return value
         return self.latency.get(key)
+
+    def at_percentile(self, metric: str, p: float) -> float | None:
+        """The ``p`` percentile of ``metric`` (ttft, tpot, itl, e2el) in ms; None when the run
+        has no such figure."""
+        return self.get(f"p{percentile_word(p)}_{metric}_ms")
 
     def __getitem__(self, key: str) -> float | None:
         if key not in self:
@@ -453,8 +458,7 @@ class RunAggregator:
             out[f"median_{name}_ms"] = acc.quantile(50) * 1000 if acc.n else 0.0
             out[f"std_{name}_ms"] = s.std
             for p in percentiles:
-                word = str(int(p)) if int(p) == p else str(p)
-                out[f"p{word}_{name}_ms"] = acc.quantile(p) * 1000 if acc.n else 0.0
+                out[f"p{percentile_word(p)}_{name}_ms"] = acc.quantile(p) * 1000 if acc.n else 0.0
             out[f"max_{name}_ms"] = s.max
         return LoadSummary(
             duration=duration_s, completed=self.completed, failed=self.failed,

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from loadgen.records import RequestResult
-from loadgen.spec import SLO
+from loadgen.spec import SLO, judge
 from loadgen.stats import Accumulator, LoadSummary, Percentiles, RunAggregator, SlidingWindow, percentile
 
 
@@ -87,6 +87,19 @@ def test_run_aggregator_hand_computed() -> None:
     assert s["max_concurrent_requests"] == 2
     assert s["peak_in_flight"] == 1  # A ends at 100.2, B starts at 100.5: never two at once
     assert agg.failures_by_reason == {"http_error": 1}
+
+
+def test_a_percentile_has_one_name_for_keys_and_verdicts() -> None:
+    agg = RunAggregator(slo=SLO(ttft_ms=150, percentile=99.9))
+    agg.set_origin(100.0)
+    agg.add(_r(0, 0.100, (0.05, 0.05), 3))
+    agg.add(_r(1, 0.200, (), 1, t=100.5))
+    s = agg.summary(duration_s=2.0, percentiles=(50, 99.9))
+    assert s.at_percentile("ttft", 99.9) == s["p99.9_ttft_ms"] == pytest.approx(199.9)
+    assert s.at_percentile("ttft", 50.0) == s["p50_ttft_ms"]
+    assert s.at_percentile("ttft", 95) is None  # not asked for: not measured
+    assert judge(SLO(ttft_ms=150, percentile=99.9), s) == (False, "p99.9 TTFT 200 ms > 150 ms")
+    assert judge(SLO(ttft_ms=150, percentile=95), s) == (False, "p95 TTFT not measured")
 
 
 def test_peak_in_flight_counts_each_request_once() -> None:

@@ -77,7 +77,9 @@ from engine.runs.measure import measure as measure_run
 from engine.server.supervisor import ServerState, Supervisor
 from engine.values import StoredFields, as_float, as_int, json_object
 from loadgen import LoadRun, ServerError
-from loadgen.spec import ArrivalSpec, allowed_failures, judge  # allowed_failures, judge: the SLO's own test; re-exported
+
+# allowed_failures, judge: the SLO's own test; re-exported
+from loadgen.spec import ArrivalSpec, allowed_failures, judge, percentile_word
 
 if TYPE_CHECKING:
     from engine.flags import FlagValue, Schema
@@ -417,7 +419,7 @@ class EarlyStop:
         if self.reason:
             return True
         p = self.slo.percentile
-        word = str(int(p)) if int(p) == p else str(p)
+        word = percentile_word(p)
         if not ok:
             self.failed += 1
             if self.failed > allowed_failures(self.planned, p):
@@ -1819,7 +1821,6 @@ class ServerMeasurer:
             ok, reason = False, f"step timed out after {timeout:.0f} s"
         elif result.cancelled:
             ok, reason = False, "cancelled"
-        word = str(int(p)) if int(p) == p else str(p)
         completed = s.completed
         mean_e2el_s = (s.get("mean_e2el_ms") or 0.0) / 1000
         per_user = (s.total_output_tokens / completed / mean_e2el_s) if completed and mean_e2el_s else 0.0
@@ -1828,7 +1829,7 @@ class ServerMeasurer:
             failed=s.failed, goodput=s.request_goodput or 0.0,
             request_throughput=s.request_throughput,
             output_throughput=s.output_throughput,
-            ttft_ms=s.get(f"p{word}_ttft_ms"), tpot_ms=s.get(f"p{word}_tpot_ms"), e2el_ms=s.get(f"p{word}_e2el_ms"),
+            ttft_ms=s.at_percentile("ttft", p), tpot_ms=s.at_percentile("tpot", p), e2el_ms=s.at_percentile("e2el", p),
             tokens_per_user=per_user, duration_s=dur, stopped_early=bool(stop.reason), fatal=fatal,
             e2el_min_ms=fastest[0] * 1000 if fastest else None,
             mean_power_w=run.summary.mean_power_w if run is not None else None,
