@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from engine.runs.crosscheck import cross_check
+from engine.runs.summary import TelemetryFigures
 
 LOAD = {"completed": 100, "mean_ttft_ms": 50.0, "mean_tpot_ms": 4.0, "total_input_tokens": 12_800}
 
 
 def telemetry(ttft_ms: float = 48.0, e2e_ms: float = 300.0, count: float = 100, gen: float = 6400,
-              prompt: float = 12_800, hit: float | None = 0.0) -> dict[str, Any]:
-    return {"server_ttft": {"mean_ms": ttft_ms, "count": count}, "server_e2e": {"mean_ms": e2e_ms, "count": count},
-            "generation_tokens": gen, "prompt_tokens": prompt, "prefix_hit_rate": hit}
+              prompt: float = 12_800, hit: float | None = 0.0) -> TelemetryFigures:
+    """The server's window as engine.runs.measure.server_window writes it, read as the run reads it."""
+    return TelemetryFigures.from_json(
+        {"server_ttft": {"mean_ms": ttft_ms, "count": count}, "server_e2e": {"mean_ms": e2e_ms, "count": count},
+         "generation_tokens": gen, "prompt_tokens": prompt, "prefix_hit_rate": hit}, "server window")
 
 
 def test_agreeing_client_and_server_give_no_warning() -> None:
@@ -47,6 +48,6 @@ def test_cache_hits_without_a_shared_prefix_and_other_traffic_are_named() -> Non
 
 
 def test_no_server_figures_means_no_verdict() -> None:
-    c = cross_check(LOAD, {})
+    c = cross_check(LOAD, TelemetryFigures.from_json({}, "no scrapes"))
     assert c.server_mean_ttft_ms is None and c.server_tpot_ms is None and c.warnings == ()
     assert c.to_dict()["warnings"] == []

@@ -14,10 +14,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_telemetry_summary import build_store
 
 from engine.runs.history import History
-from engine.runs.measure import RunHandle, RunPlan, Target, measure
+from engine.runs.measure import RunHandle, RunPlan, Target, measure, speed_of_light
 from engine.runs.status import RunStatus, decide
+from engine.runs.summary import TelemetryFigures
+from engine.telemetry.store import SeriesStore
+from engine.telemetry.summary import summarize
 from loadgen import ArrivalSpec, WorkloadSpec
 from loadgen.spec import SLO
 from loadgen.testserver import ServerConfig, free_port, serve_in_processes
@@ -158,3 +162,20 @@ def test_runs_draw_distinct_seeds_unless_one_is_set(url: str, tmp_path: Path) ->
     fixed = RunPlan("fixed", WorkloadSpec(input_len=12, output_len=8, seed=7), ArrivalSpec(num_requests=2))
     run = asyncio.run(measure(Target(url), fixed))
     assert run.result is not None and run.result.extra["seed"] == 7
+
+
+def test_speed_of_light_reads_the_runs_telemetry() -> None:
+    """measure's speed of light (its failures are kept off the run, so tested here): the first named
+    GPU and the mean running requests of the run's TelemetrySummary; none without a GPU."""
+    load = {"completed": 10, "total_input_tokens": 1280, "total_output_tokens": 640, "median_tpot_ms": 5.0,
+            "request_throughput": 2.0, "mean_e2el_ms": 400.0}
+    target = Target("http://127.0.0.1:1", model_label="qwen2.5-7b")
+    tsum = summarize(build_store(), 100.0, 109.0)
+    sol = speed_of_light(target, _plan("sol", 1), tsum, load)
+    assert sol["reason"] is None and sol["gpu"] == "H200" and sol["batch"] == tsum.mean_running  # the peak table's name
+    assert "on H200" in str(sol["line"])
+    # stored with the telemetry, it reads back as the run's speed of light
+    figures = TelemetryFigures.from_json({**tsum.to_dict(), "speed_of_light": sol}, "run")
+    assert figures.speed_of_light == sol and figures.mean_running == tsum.mean_running
+    none = speed_of_light(target, _plan("sol", 1), summarize(SeriesStore(capacity=2)), load)
+    assert none == {"reason": "no GPU: the speed of light is a GPU's"}

@@ -3,6 +3,7 @@ older rows and trace rows read, a wrong type named, unknown keys kept."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -10,7 +11,9 @@ import pytest
 from engine.runs.compare import compare, render
 from engine.runs.crosscheck import cross_check
 from engine.runs.history import History, RunInfo
-from engine.runs.summary import STREAM_KEYS, EnergyFigures, RunSummary, SloVerdict, StreamShape
+from engine.runs.summary import STREAM_KEYS, EnergyFigures, RunSummary, SloVerdict, StreamShape, TelemetryFigures
+from engine.telemetry.store import SeriesStore
+from engine.telemetry.summary import GpuSummary, summarize
 from loadgen.stats import LoadSummary
 
 # A run's load figures exactly as loadgen's LoadSummary.to_dict() writes them.
@@ -25,14 +28,21 @@ LOAD = {
     "p50_itl_ms": 13.9, "p99_itl_ms": 25.0, "max_itl_ms": 40.0, "mean_e2el_ms": 1850.0, "median_e2el_ms": 1840.0,
     "std_e2el_ms": 120.0, "p50_e2el_ms": 1840.0, "p99_e2el_ms": 2100.0, "max_e2el_ms": 2300.0,
 }
-SERVER = {"server_ttft": {"mean_ms": 35.0, "count": 96}, "server_e2e": {"mean_ms": 1840.0, "count": 96},
+# The server's window (engine.runs.measure.server_window): Quantiles.to_dict() latencies, counters.
+SERVER = {"server_ttft": {"p50_ms": 33.0, "p90_ms": 50.0, "p99_ms": 60.0, "mean_ms": 35.0, "count": 96.0},
+          "server_e2e": {"p50_ms": 1800.0, "p90_ms": 2000.0, "p99_ms": 2200.0, "mean_ms": 1840.0, "count": 96.0},
           "prompt_tokens": 24576.0, "generation_tokens": 12288.0, "prefix_hit_rate": 0.0, "preemptions": 0.0,
           "t0": 1000.0, "t1": 1012.5}
-TELEMETRY = {"gpus": [{"index": 0, "name": "NVIDIA H200"}], "mean_gpu_util_pct": 80.5,
-             "peak_gpu_mem_bytes": 120 * 2**30, "peak_kv_cache_usage": 0.4, "mean_running": 15.2,
-             "speed_of_light": {"floor_ms": 3.2, "mbu": 0.3, "prefill_mfu": 0.2, "line": "decode at 30% of the floor",
-                                "reason": None},
-             **{k: v for k, v in SERVER.items() if k not in ("t0", "t1")}}
+# The telemetry as measure writes it: every key of TelemetrySummary.to_dict() (here of an empty store,
+# then set), the server's window over it, the speed of light last.
+TELEMETRY = {**summarize(SeriesStore(capacity=2)).to_dict(),
+             "gpus": [dataclasses.asdict(GpuSummary(0, "NVIDIA H200", 12, 120 * 2**30, 100 * 2**30, 141 * 2**30, 80.5,
+                                                    118 * 2**30, 400.0, 60.0))],
+             "mean_gpu_util_pct": 80.5, "peak_gpu_mem_bytes": 120 * 2**30, "peak_kv_cache_usage": 0.4,
+             "mean_running": 15.2}
+TELEMETRY.update({k: v for k, v in SERVER.items() if k not in ("t0", "t1")})
+TELEMETRY["speed_of_light"] = {"floor_ms": 3.2, "mbu": 0.3, "prefill_mfu": 0.2, "line": "decode at 30% of the floor",
+                               "reason": None}
 ENERGY = {"joules": 5000.0, "j_per_token": 0.41, "j_per_request": 52.1, "mean_power_w": 400.0,
           "idle_power_w": 90.0, "estimated": False, "reason": None}
 STREAM = {"tokens_per_event": 1.0, "same_read_gap_fraction": 0.01, "burst_requests": 0, "stream_bursts": False,
@@ -47,7 +57,7 @@ def measured_document() -> dict[str, object]:
         "telemetry": dict(TELEMETRY),
         "energy": dict(ENERGY),
         "server": dict(SERVER),
-        "cross_check": cross_check(LOAD, SERVER).to_dict(),
+        "cross_check": cross_check(LOAD, TelemetryFigures.from_json(SERVER, "server")).to_dict(),
         "stream": dict(STREAM),
         "client_bound": False,
         "client_cpus": [2, 3],
@@ -76,6 +86,10 @@ def test_measured_document_round_trips_byte_for_byte() -> None:
     assert (s.client_bound, s.client_cpus, dict(s.failures_by_reason)) == (False, (2, 3), {"timeout": 2})
     assert s.error and s.hint and s.server_log == ("INFO engine died", "ERROR CUDA out of memory")
     assert s.mean_power_w == 400.0 and s.speed_of_light["line"] == "decode at 30% of the floor"
+    tel = s.telemetry_figures
+    assert tel is not None and tel.peak_kv_cache_usage == 0.4 and tel.gpus[0].name == "NVIDIA H200"
+    assert tel.server_ttft is not None and tel.server_ttft.mean_ms == 35.0 and tel.energy is None
+    assert s.telemetry == TELEMETRY and "telemetry" not in s.kept  # the typed read writes it as it was
     assert s.startup == {"vllm_version": "0.11.0", "kv_cache_tokens": 500000}
     assert not s.extra and not s.flat and not s.empty
     # parsed again from its own document: the same summary
@@ -85,8 +99,10 @@ def test_measured_document_round_trips_byte_for_byte() -> None:
 def test_built_here_writes_measures_keys_in_measures_order() -> None:
     doc = measured_document()
     built = RunSummary(
-        load=LoadSummary.from_dict(LOAD), telemetry=TELEMETRY, energy=EnergyFigures(**ENERGY), server=SERVER,  # type: ignore[arg-type]
-        cross_check=cross_check(LOAD, SERVER), stream=StreamShape.from_json(STREAM, "stream"),
+        load=LoadSummary.from_dict(LOAD), telemetry_figures=TelemetryFigures.from_json(TELEMETRY, "telemetry"),
+        energy=EnergyFigures(**ENERGY), server=SERVER,  # type: ignore[arg-type]
+        cross_check=cross_check(LOAD, TelemetryFigures.from_json(SERVER, "server")),
+        stream=StreamShape.from_json(STREAM, "stream"),
         client_bound=False, client_cpus=(2, 3), failures_by_reason={"timeout": 2},
         slo=SloVerdict(False, "p99 E2EL 2100 ms > 2000 ms"), error=str(doc["error"]), hint=str(doc["hint"]),
         server_log=("INFO engine died", "ERROR CUDA out of memory"), startup={"vllm_version": "0.11.0",
@@ -115,6 +131,9 @@ def test_old_row_without_newer_keys_reads_and_is_written_back_as_stored() -> Non
     assert (s.client_bound, s.client_cpus, dict(s.failures_by_reason), s.error) == (False, (), {}, None)
     assert s.stream is not None and s.stream.warmup_requests is None and s.slo_met is True
     assert s.cross_check is not None and s.cross_check.server_mean_ttft_ms is None
+    # its telemetry: the one figure it has, the newer ones absent (None) and not written back
+    assert s.telemetry_figures is not None and s.telemetry_figures.mean_gpu_util_pct == 50
+    assert s.telemetry_figures.server_front_procs is None and s.telemetry_figures.cache_config == {}
     # an older row still lists in a comparison, its missing figures n/a
     info = RunInfo(id=7, name="old", preset=None, started=1.0, ended=2.0, status="ok", flags={},
                    vllm_version=None, model="m", gpus=[], workload={}, summary=s, baseline=False, tags=())
@@ -126,7 +145,7 @@ def test_trace_row_of_bench_keys_only_is_read_as_load() -> None:
     s = RunSummary.from_json(flat, "trace")
     assert s.flat and s.load is not None and s.load.request_throughput == 20.0
     assert s.figure("mean_ttft_ms") == 10 and s.figure("output_throughput") is None  # not stored: n/a
-    assert s.telemetry is None and s.slo is None and s.error is None
+    assert s.telemetry is None and s.telemetry_figures is None and s.slo is None and s.error is None
     assert text(s.to_json()) == text(flat)
     # a whole result as loadgen writes it, flat
     whole = RunSummary.from_json(dict(LOAD), "headless")
@@ -145,6 +164,13 @@ def test_trace_row_of_bench_keys_only_is_read_as_load() -> None:
     ({"load": dict(LOAD), "stream": {"burst_requests": 1.5}}, "burst_requests"),
     ({"load": dict(LOAD), "slo_verdict": {"met": "no"}}, "met"),
     ({"load": dict(LOAD), "telemetry": [1, 2]}, "telemetry"),
+    ({"load": dict(LOAD), "telemetry": {"preemptions": "3"}}, "telemetry: preemptions"),
+    ({"load": dict(LOAD), "telemetry": {"server_front_procs": 1.5}}, "telemetry: server_front_procs"),
+    ({"load": dict(LOAD), "telemetry": {"server_itl": {"mean_ms": "18"}}}, "telemetry: server_itl: mean_ms"),
+    ({"load": dict(LOAD), "telemetry": {"gpus": [{"index": "0"}]}}, r"telemetry: gpus\[0\]: index"),
+    ({"load": dict(LOAD), "telemetry": {"energy": {"estimated": 1}}}, "telemetry: energy: estimated"),
+    ({"load": dict(LOAD), "telemetry": {"cache_config": {"block_size": 16}}}, "telemetry: cache_config"),
+    ({"load": dict(LOAD), "telemetry": {"speed_of_light": "n/a"}}, "speed_of_light"),
     ({"error": 3}, "error"),
     ({"request_throughput": "fast"}, "request_throughput"),
 ])
@@ -161,9 +187,14 @@ def test_unknown_keys_are_kept_and_written_back() -> None:
     doc["kv_transfer"] = {"bytes": 10}
     doc["note"] = "from a newer vtui"
     doc["load"]["goodput_per_watt"] = 0.02  # type: ignore[index]
+    doc["telemetry"] = {"kv_offload_bytes": 5, **TELEMETRY, "server_itl": {"mean_ms": 14.0}, "speed_of_light": None}
     s = RunSummary.from_json(doc, "run 2")
     assert s.extra == {"kv_transfer": {"bytes": 10}, "note": "from a newer vtui"}
     assert text(s.to_json()) == text(doc)
+    # the telemetry's unknown key, its partial latency and its null speed of light are kept; the figures read
+    assert s.telemetry_figures is not None and s.telemetry_figures.server_itl is not None
+    assert s.telemetry_figures.server_itl.mean_ms == 14.0 and s.telemetry_figures.server_itl.p99_ms is None
+    assert s.speed_of_light == {} and s.telemetry == doc["telemetry"]
     # an unknown key placed between known ones keeps its place
     mixed = {"load": dict(LOAD), "new_part": [1, 2], "server": {}}
     assert list(RunSummary.from_json(mixed, "run 4").to_json()) == ["load", "new_part", "server"]

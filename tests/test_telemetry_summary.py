@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
 import numpy as np
 import pytest
 
+from engine.runs.summary import GpuFigures, Kept, ServerLatency, TelemetryFigures, WindowEnergy
 from engine.telemetry.host import HostSample
 from engine.telemetry.metrics import Histogram, ServerSample, parse_metrics, server_sample
 from engine.telemetry.nvml import GpuSample, GpuUnavailable
 from engine.telemetry.store import SeriesStore
-from engine.telemetry.summary import counter_increase, summarize
+from engine.telemetry.summary import EnergySummary, GpuSummary, TelemetrySummary, counter_increase, summarize
 
 GIB = 1024**3
 BOUNDS = (0.1, 0.5, 1.0, math.inf)
@@ -102,3 +104,35 @@ def test_summary_from_captured_pages() -> None:
     store.add_server(server_sample(cpu, t=2.0, prev=cpu, prev_t=1.0))
     s = summarize(store)
     assert s.prompt_tokens == 0.0 and s.server_ttft is None and s.prefix_hit_rate is None
+
+
+def test_stored_document_reads_typed_and_writes_back_the_same() -> None:
+    """What engine.runs.measure stores (the summary's dict, the server's window over it, the speed of
+    light last) reads back as TelemetryFigures and writes the same text, with nothing kept aside."""
+    doc = summarize(build_store(), 100.0, 109.0, idle=(100.0, 102.0)).to_dict()
+    assert isinstance(doc["energy"], dict)  # an energy reading, exact
+    window = summarize(build_store(), 104.5, 108.5).to_dict()  # the scrapes at the window's edges
+    doc.update({"server_ttft": window["server_ttft"], "preemptions": 1.0})
+    doc["speed_of_light"] = {"gpu": "NVIDIA H200", "floor_ms": 3.2, "mbu": 0.31, "launch_bound": False,
+                             "line": "decode step 9.0 ms", "reason": None}
+    figures = TelemetryFigures.from_json(doc, "run 1: telemetry")
+    assert json.dumps(figures.to_json()) == json.dumps(doc)
+    assert Kept.of(doc, figures.to_json(), "run 1: telemetry") is None
+    assert figures.gpus[0].name == "NVIDIA H200" and figures.server_front_procs == 2 and figures.preemptions == 1.0
+    assert figures.server_ttft is not None and figures.server_ttft.p50_ms == pytest.approx(500.0)
+    assert figures.energy is not None and figures.energy.estimated is True and figures.energy.joules is not None
+    assert figures.cache_config == {"block_size": "16"} and figures.speed_of_light is not None
+    # a run whose speed of light failed stores none: none written
+    del doc["speed_of_light"]
+    assert json.dumps(TelemetryFigures.from_json(doc, "run 2").to_json()) == json.dumps(doc)
+
+
+def test_stored_figures_follow_the_summaries_fields() -> None:
+    """The typed read names every field the telemetry room writes, in its order (a field added there
+    and not here would be kept as an unknown key, never read)."""
+    names = [f.name for f in dataclasses.fields(TelemetrySummary)]
+    assert [f.name for f in dataclasses.fields(TelemetryFigures)] == [*names, "speed_of_light"]
+    assert [f.name for f in dataclasses.fields(GpuFigures)] == [f.name for f in dataclasses.fields(GpuSummary)]
+    assert [f.name for f in dataclasses.fields(WindowEnergy)] == [f.name for f in dataclasses.fields(EnergySummary)]
+    q = summarize(build_store()).server_ttft
+    assert q is not None and list(ServerLatency().to_json()) == list(q.to_dict())

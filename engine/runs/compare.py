@@ -4,7 +4,8 @@ flag and per metric, the best value per row marked, the delta to the baseline in
 Latency numbers use ``vllm bench serve``'s definitions (see loadgen): TTFT to the first
 chunk carrying ``choices``; TPOT = (E2EL - TTFT) / (output tokens - 1) per request;
 ITL = gaps between chunks. A run's stored summary is an ``engine.runs.summary.RunSummary``: its
-load figures (a flat vLLM-bench document is read as ``load``) and its telemetry document.
+load figures (a flat vLLM-bench document is read as ``load``) and its telemetry, typed
+(``RunSummary.telemetry_figures``).
 """
 
 from __future__ import annotations
@@ -13,19 +14,19 @@ import csv
 import io
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from engine.flags import devices_needed
 from engine.runs.history import RunInfo
-from engine.runs.summary import RunSummary
-from engine.values import JSONObject
+from engine.runs.summary import RunSummary, TelemetryFigures
 
 GIB = 1024**3
 FORMATS = ("text", "markdown", "csv", "json")
 
 # A metric's reader: a run's summary to its value. Load figures come from RunSummary.figure (None
-# where the run lacks one); the telemetry document's values are checked as they are read (_get).
+# where the run lacks one); telemetry figures from its typed telemetry (None where it has none);
+# either is a number only where finite (_number).
 Reader = Callable[[RunSummary], float | None]
 
 
@@ -46,21 +47,14 @@ def _number(value: object, scale: float = 1.0) -> float | None:
     return float(value) * scale
 
 
-def _get(section: Mapping[str, object], key: str, scale: float = 1.0) -> float | None:
-    return _number(section.get(key), scale)
-
-
-def _tel_of(summary: RunSummary) -> JSONObject:
-    """The run's telemetry document (empty for a flat vLLM-bench summary, or none)."""
-    return summary.telemetry or {}
-
-
 def _load(key: str, scale: float = 1.0) -> Reader:
     return lambda summary: _number(summary.figure(key), scale)
 
 
-def _tel(key: str, scale: float = 1.0) -> Reader:
-    return lambda summary: _get(_tel_of(summary), key, scale)
+def _tel(field: Callable[[TelemetryFigures], float | None], scale: float = 1.0) -> Reader:
+    """A figure of the run's telemetry (None for a flat vLLM-bench summary, or none)."""
+    return lambda summary: (None if summary.telemetry_figures is None
+                            else _number(field(summary.telemetry_figures), scale))
 
 
 def _failure_rate(summary: RunSummary) -> float | None:
@@ -74,8 +68,7 @@ def _j_per(load_key: str) -> Reader:
     """Joules over the window (the telemetry's energy) per the load figure ``load_key``."""
 
     def read(summary: RunSummary) -> float | None:
-        e = _tel_of(summary).get("energy")
-        joules = _get(e, "joules") if isinstance(e, Mapping) else None
+        joules = _tel(lambda t: t.energy.joules if t.energy is not None else None)(summary)
         count = _number(summary.figure(load_key))
         return None if joules is None or not count else joules / count
 
@@ -86,15 +79,12 @@ def _sol(key: str, scale: float = 1.0) -> Reader:
     """A figure of the run's speed of light (engine.advise.speedoflight), kept in its telemetry."""
 
     def read(summary: RunSummary) -> float | None:
-        sol = _tel_of(summary).get("speed_of_light")
-        return _get(sol, key, scale) if isinstance(sol, Mapping) else None
+        return _number(summary.speed_of_light.get(key), scale)
 
     return read
 
 
-def _power(summary: RunSummary) -> float | None:
-    e = _tel_of(summary).get("energy")
-    return _get(e, "mean_power_w") if isinstance(e, Mapping) else None
+_power = _tel(lambda t: t.energy.mean_power_w if t.energy is not None else None)
 
 
 METRICS: tuple[Metric, ...] = (
@@ -107,17 +97,17 @@ METRICS: tuple[Metric, ...] = (
     Metric("output_throughput", "output tokens/s", "tok/s", "higher", _load("output_throughput")),
     Metric("request_goodput", "goodput", "req/s", "higher", _load("request_goodput")),
     Metric("failure_rate", "failure rate", "%", "lower", _failure_rate),
-    Metric("peak_gpu_mem", "peak GPU memory", "GiB", "lower", _tel("peak_gpu_mem_bytes", 1 / GIB)),
-    Metric("mean_gpu_util", "mean GPU utilization", "%", "higher", _tel("mean_gpu_util_pct")),
+    Metric("peak_gpu_mem", "peak GPU memory", "GiB", "lower", _tel(lambda t: t.peak_gpu_mem_bytes, 1 / GIB)),
+    Metric("mean_gpu_util", "mean GPU utilization", "%", "higher", _tel(lambda t: t.mean_gpu_util_pct)),
     Metric("j_per_token", "energy per output token", "J/tok", "lower", _j_per("total_output_tokens")),
     Metric("j_per_request", "energy per request", "J/req", "lower", _j_per("completed")),
     Metric("mean_power", "mean GPU power", "W", None, _power),
     Metric("decode_floor", "decode step floor", "ms", None, _sol("floor_ms")),
     Metric("mbu", "decode MBU", "%", "higher", _sol("mbu", 100.0)),
     Metric("prefill_mfu", "prefill MFU (lower bound)", "%", "higher", _sol("prefill_mfu", 100.0)),
-    Metric("peak_kv_usage", "peak KV cache usage", "%", None, _tel("peak_kv_cache_usage", 100.0)),
-    Metric("preemptions", "preemptions", "", "lower", _tel("preemptions")),
-    Metric("server_peak_rss", "peak server RSS", "GiB", None, _tel("server_peak_rss_bytes", 1 / GIB)),
+    Metric("peak_kv_usage", "peak KV cache usage", "%", None, _tel(lambda t: t.peak_kv_cache_usage, 100.0)),
+    Metric("preemptions", "preemptions", "", "lower", _tel(lambda t: t.preemptions)),
+    Metric("server_peak_rss", "peak server RSS", "GiB", None, _tel(lambda t: t.server_peak_rss_bytes, 1 / GIB)),
 )
 
 

@@ -13,8 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from engine.values import JSONValue
+
+if TYPE_CHECKING:  # only for annotations: engine.runs.summary imports CrossCheck from here
+    from engine.runs.summary import ServerLatency, TelemetryFigures
 
 # Client and server disagree when they differ by more than this share...
 DISAGREE = 0.10
@@ -54,9 +58,8 @@ def _num(v: object) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
-def _quantile(telemetry: Mapping[str, object], key: str, field: str) -> float | None:
-    q = telemetry.get(key)
-    return _num(q.get(field)) if isinstance(q, Mapping) else None
+def _mean_ms(q: ServerLatency | None) -> float | None:
+    return _num(q.mean_ms) if q is not None else None
 
 
 def _differ(a: float | None, b: float | None) -> bool:
@@ -65,24 +68,25 @@ def _differ(a: float | None, b: float | None) -> bool:
     return abs(a - b) > FLOOR_MS and abs(a / b - 1) > DISAGREE
 
 
-def cross_check(load: Mapping[str, object], telemetry: Mapping[str, object], *,
+def cross_check(load: Mapping[str, object], server: TelemetryFigures, *,
                 shared_prefix: bool = False) -> CrossCheck:
-    """``load``: the run's result (vllm bench serve's keys); ``telemetry``: its
-    ``TelemetrySummary.to_dict()`` over the same window; ``shared_prefix``: the workload
-    asks for shared prefixes (then cache hits are expected, not a warning)."""
+    """``load``: the run's result (vllm bench serve's keys); ``server``: the server's own
+    figures over the same window (``engine.runs.measure.server_window``, read as
+    ``TelemetryFigures``); ``shared_prefix``: the workload asks for shared prefixes (then cache
+    hits are expected, not a warning)."""
     completed = _num(load.get("completed")) or 0.0
     c_ttft, c_tpot = _num(load.get("mean_ttft_ms")), _num(load.get("mean_tpot_ms"))
-    s_ttft = _quantile(telemetry, "server_ttft", "mean_ms")
-    s_e2e = _quantile(telemetry, "server_e2e", "mean_ms")
-    s_count = _quantile(telemetry, "server_e2e", "count")
-    gen, prompt = _num(telemetry.get("generation_tokens")), _num(telemetry.get("prompt_tokens"))
+    s_ttft = _mean_ms(server.server_ttft)
+    s_e2e = _mean_ms(server.server_e2e)
+    s_count = _num(server.server_e2e.count) if server.server_e2e is not None else None
+    gen, prompt = _num(server.generation_tokens), _num(server.prompt_tokens)
     per_req_out = gen / s_count if gen is not None and s_count else None
     s_tpot = ((s_e2e - s_ttft) / (per_req_out - 1)
               if s_e2e is not None and s_ttft is not None and per_req_out is not None and per_req_out > 1
               else None)
     c_prompt = (_num(load.get("total_input_tokens")) or 0.0) / completed if completed else None
     s_prompt = prompt / s_count if prompt is not None and s_count else None
-    hit = _num(telemetry.get("prefix_hit_rate"))
+    hit = _num(server.prefix_hit_rate)
     warnings: list[str] = []
     if _differ(c_ttft, s_ttft):
         why = ("the difference is the time from vLLM's first token to this client reading it: the API server's "

@@ -35,7 +35,7 @@ from engine.flags import FlagSet, recordable_values
 from engine.runs.crosscheck import cross_check
 from engine.runs.history import History, Recording, RunInfo, to_jsonable
 from engine.runs.status import RunStatus, decide
-from engine.runs.summary import STREAM_KEYS, EnergyFigures, RunSummary, SloVerdict, StreamShape
+from engine.runs.summary import STREAM_KEYS, EnergyFigures, RunSummary, SloVerdict, StreamShape, TelemetryFigures
 from engine.server.supervisor import ServerState
 from engine.telemetry.metrics import MetricsScraper
 from engine.values import JSONObject, json_object
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from engine.telemetry.metrics import ServerSample
     from engine.telemetry.sampler import TelemetrySnapshot
     from engine.telemetry.store import SeriesStore
-    from engine.telemetry.summary import EnergySummary
+    from engine.telemetry.summary import EnergySummary, TelemetrySummary
     from loadgen import RunResult
     from loadgen.records import RequestResult
     from loadgen.spec import SLO, ArrivalSpec, WorkloadSpec
@@ -215,17 +215,14 @@ class MeasuredRun:
         return self.summary.load_json()
 
 
-def speed_of_light(target: Target, plan: RunPlan, telemetry: Mapping[str, object],
+def speed_of_light(target: Target, plan: RunPlan, telemetry: TelemetrySummary,
                    load: Mapping[str, object]) -> dict[str, object]:
     """The run against its GPU's limits (engine.advise.speedoflight), or ``{"reason": ...}``.
-    ``telemetry``: the run's ``TelemetrySummary.to_dict()``."""
-    gpus = telemetry.get("gpus")
-    names = (g.get("name") for g in (gpus if isinstance(gpus, (list, tuple)) else ()) if isinstance(g, Mapping))
-    name = next((n for n in names if isinstance(n, str) and n), None)
-    running = telemetry.get("mean_running")
+    ``telemetry``: the run's telemetry over its window (the first GPU with a name, the mean
+    running requests)."""
+    name = next((g.name for g in telemetry.gpus if g.name), None)
     sol = for_run(target.model_label or target.model, target.flags, name, load,
-                  mean_running=running if isinstance(running, (int, float)) and not isinstance(running, bool) else None,
-                  peak_bw_tbs=plan.peak_bw_tbs, peak_tflops=plan.peak_tflops)
+                  mean_running=telemetry.mean_running, peak_bw_tbs=plan.peak_bw_tbs, peak_tflops=plan.peak_tflops)
     return {"reason": sol} if isinstance(sol, str) else {**sol.to_dict(), "line": sol.line(), "reason": None}
 
 
@@ -416,7 +413,7 @@ async def measure(
             energy = EnergyFigures.from_json(energy_figures(tsum.energy, load), "the run's energy")
         if telemetry is not None:
             with contextlib.suppress(Exception):  # derived figures: never the run's undoing
-                telemetry["speed_of_light"] = speed_of_light(target, plan, telemetry, load)
+                telemetry["speed_of_light"] = speed_of_light(target, plan, tsum, load)
         exact = len(marks) == 2 and not marks[0].stale and not marks[1].stale
         server = server_window(marks[0], marks[1]) if exact else {}
         if server and telemetry is not None:
@@ -431,10 +428,12 @@ async def measure(
         if plan.slo is not None and not plan.slo.empty:
             slo_met, why = judge(plan.slo, result.summary)
             slo = SloVerdict(slo_met, why or None)
+        # The documents read once, as the history will read them back (engine.runs.summary).
+        figures = TelemetryFigures.from_json(telemetry, "the run's telemetry") if telemetry is not None else None
         measured = RunSummary(
-            load=result.summary, telemetry=json_object(telemetry) if telemetry is not None else None,
-            energy=energy, server=json_object(server),
-            cross_check=cross_check(load, server, shared_prefix=bool(plan.workload.prefix_len)),
+            load=result.summary, telemetry_figures=figures, energy=energy, server=json_object(server),
+            cross_check=cross_check(load, TelemetryFigures.from_json(server, "the server's window"),
+                                    shared_prefix=bool(plan.workload.prefix_len)),
             stream=StreamShape.from_json({k: result.extra.get(k) for k in STREAM_KEYS}, "the run's stream"),
             client_bound=result.client_bound, client_cpus=tuple(result.client_cpus),
             failures_by_reason=dict(result.failures_by_reason), slo=slo)

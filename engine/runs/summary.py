@@ -7,9 +7,11 @@ measure writes them:
 
 ``load``
     vllm bench serve's figures (``loadgen.stats.LoadSummary``).
-``telemetry``, ``server``, ``startup``
-    the telemetry room's documents, kept as JSON (``engine.telemetry.summary.TelemetrySummary
-    .to_dict()`` with its speed of light; the ``/metrics`` deltas over the measured window;
+``telemetry``
+    ``engine.telemetry.summary.TelemetrySummary.to_dict()`` with the server's own figures over the
+    window and its speed of light, typed (:class:`TelemetryFigures`).
+``server``, ``startup``
+    the telemetry room's documents, kept as JSON (the ``/metrics`` deltas over the measured window;
     ``engine.server.logparse.StartupFacts.to_dict()``).
 ``energy``
     joules over the window, per token and per request, mean and idle power (:class:`EnergyFigures`).
@@ -217,13 +219,220 @@ class EnergyFigures:
                    reason=stored_text(d.get("reason"), f"{where}: reason"))
 
 
+# --------------------------------------------------------------------------- telemetry, as stored
+
+
+@dataclass(frozen=True)
+class ServerLatency:
+    """A server latency histogram over the run's window as stored (``engine.telemetry.metrics
+    .Quantiles.to_dict()``): milliseconds, and how many observations. An older or partial
+    document may lack any of them (None)."""
+
+    p50_ms: float | None = None
+    p90_ms: float | None = None
+    p99_ms: float | None = None
+    mean_ms: float | None = None
+    count: float | None = None
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {"p50_ms": self.p50_ms, "p90_ms": self.p90_ms, "p99_ms": self.p99_ms, "mean_ms": self.mean_ms,
+                "count": self.count}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object], where: str) -> ServerLatency:
+        def num(key: str) -> float | None:
+            return stored_number(d.get(key), f"{where}: {key}")
+
+        return cls(num("p50_ms"), num("p90_ms"), num("p99_ms"), num("mean_ms"), num("count"))
+
+
+@dataclass(frozen=True)
+class GpuFigures:
+    """One device over the run as stored (``engine.telemetry.summary.GpuSummary``, its fields)."""
+
+    index: int | None = None
+    name: str | None = None
+    samples: int | None = None
+    peak_mem_bytes: float | None = None
+    mean_mem_bytes: float | None = None
+    mem_total_bytes: float | None = None
+    mean_util_pct: float | None = None
+    peak_server_mem_bytes: float | None = None
+    mean_power_w: float | None = None
+    peak_temp_c: float | None = None
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {"index": self.index, "name": self.name, "samples": self.samples,
+                "peak_mem_bytes": self.peak_mem_bytes, "mean_mem_bytes": self.mean_mem_bytes,
+                "mem_total_bytes": self.mem_total_bytes, "mean_util_pct": self.mean_util_pct,
+                "peak_server_mem_bytes": self.peak_server_mem_bytes, "mean_power_w": self.mean_power_w,
+                "peak_temp_c": self.peak_temp_c}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object], where: str) -> GpuFigures:
+        def num(key: str) -> float | None:
+            return stored_number(d.get(key), f"{where}: {key}")
+
+        return cls(index=stored_int(d.get("index"), f"{where}: index"),
+                   name=stored_text(d.get("name"), f"{where}: name"),
+                   samples=stored_int(d.get("samples"), f"{where}: samples"),
+                   peak_mem_bytes=num("peak_mem_bytes"), mean_mem_bytes=num("mean_mem_bytes"),
+                   mem_total_bytes=num("mem_total_bytes"), mean_util_pct=num("mean_util_pct"),
+                   peak_server_mem_bytes=num("peak_server_mem_bytes"), mean_power_w=num("mean_power_w"),
+                   peak_temp_c=num("peak_temp_c"))
+
+
+@dataclass(frozen=True)
+class WindowEnergy:
+    """What the server's GPUs drew over the window as stored (``engine.telemetry.summary
+    .EnergySummary``, its fields): the figures the run's :class:`EnergyFigures` are made from."""
+
+    joules: float | None = None
+    mean_power_w: float | None = None
+    idle_power_w: float | None = None
+    seconds: float | None = None
+    estimated: bool | None = None
+    reason: str | None = None
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {"joules": self.joules, "mean_power_w": self.mean_power_w, "idle_power_w": self.idle_power_w,
+                "seconds": self.seconds, "estimated": self.estimated, "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object], where: str) -> WindowEnergy:
+        def num(key: str) -> float | None:
+            return stored_number(d.get(key), f"{where}: {key}")
+
+        return cls(joules=num("joules"), mean_power_w=num("mean_power_w"), idle_power_w=num("idle_power_w"),
+                   seconds=num("seconds"), estimated=stored_bool(d.get("estimated"), f"{where}: estimated"),
+                   reason=stored_text(d.get("reason"), f"{where}: reason"))
+
+
+@dataclass(frozen=True)
+class TelemetryFigures:
+    """The run's telemetry document, typed: ``engine.telemetry.summary.TelemetrySummary.to_dict()``
+    over the measured window (its fields, latencies in ms as written), the server's own figures
+    from the scrapes at the window's edges written over it (``engine.runs.measure.server_window``:
+    the latencies, the token counters, the prefix-cache hit rate, the preemptions) and the run
+    against its GPU's limits (``speed_of_light``: ``engine.advise.speedoflight``'s document, kept
+    as JSON; absent where it was not computed). A part an older or partial document lacks reads
+    as None (``cache_config``: empty; ``gpus``: none); a value of the wrong type is a ValueError
+    naming the document and the key.
+
+    Its own numbers are not used for anything but reading the stored ones: the telemetry room's
+    ``TelemetrySummary`` (seconds, numpy) computes them."""
+
+    t0: float | None = None
+    t1: float | None = None
+    gpus: tuple[GpuFigures, ...] = ()
+    gpu_unavailable: str | None = None
+    peak_gpu_mem_bytes: float | None = None
+    mean_gpu_util_pct: float | None = None
+    host_mean_cpu_pct: float | None = None
+    host_peak_mem_bytes: float | None = None
+    server_peak_rss_bytes: float | None = None
+    server_mean_cpu_pct: float | None = None
+    peak_kv_cache_usage: float | None = None  # 0..1
+    peak_running: float | None = None
+    mean_running: float | None = None
+    peak_waiting: float | None = None
+    preemptions: float | None = None
+    prefix_hit_rate: float | None = None  # 0..1
+    prompt_tokens: float | None = None
+    generation_tokens: float | None = None
+    server_ttft: ServerLatency | None = None
+    server_itl: ServerLatency | None = None
+    server_e2e: ServerLatency | None = None
+    stale_scrapes: int | None = None
+    cache_config: Mapping[str, str] = field(default_factory=dict)  # vllm:cache_config_info's labels
+    energy: WindowEnergy | None = None
+    server_front_cpu_pct: float | None = None
+    server_front_cpu_p90: float | None = None
+    server_front_procs: int | None = None
+    speed_of_light: JSONObject | None = None
+
+    def to_json(self) -> dict[str, JSONValue]:
+        """The document in TelemetrySummary.to_dict()'s order, ``speed_of_light`` last where there
+        is one (as engine.runs.measure adds it)."""
+
+        def latency(q: ServerLatency | None) -> JSONValue:
+            return None if q is None else q.to_json()
+
+        out: dict[str, JSONValue] = {
+            "t0": self.t0, "t1": self.t1, "gpus": [g.to_json() for g in self.gpus],
+            "gpu_unavailable": self.gpu_unavailable, "peak_gpu_mem_bytes": self.peak_gpu_mem_bytes,
+            "mean_gpu_util_pct": self.mean_gpu_util_pct, "host_mean_cpu_pct": self.host_mean_cpu_pct,
+            "host_peak_mem_bytes": self.host_peak_mem_bytes, "server_peak_rss_bytes": self.server_peak_rss_bytes,
+            "server_mean_cpu_pct": self.server_mean_cpu_pct, "peak_kv_cache_usage": self.peak_kv_cache_usage,
+            "peak_running": self.peak_running, "mean_running": self.mean_running, "peak_waiting": self.peak_waiting,
+            "preemptions": self.preemptions, "prefix_hit_rate": self.prefix_hit_rate,
+            "prompt_tokens": self.prompt_tokens, "generation_tokens": self.generation_tokens,
+            "server_ttft": latency(self.server_ttft), "server_itl": latency(self.server_itl),
+            "server_e2e": latency(self.server_e2e), "stale_scrapes": self.stale_scrapes,
+            "cache_config": dict(self.cache_config),
+            "energy": None if self.energy is None else self.energy.to_json(),
+            "server_front_cpu_pct": self.server_front_cpu_pct, "server_front_cpu_p90": self.server_front_cpu_p90,
+            "server_front_procs": self.server_front_procs,
+        }
+        if self.speed_of_light is not None:
+            out["speed_of_light"] = self.speed_of_light
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object], where: str) -> TelemetryFigures:
+        def part(key: str) -> JSONObject | None:
+            return _object(d.get(key), where, key)
+
+        def latency(key: str) -> ServerLatency | None:
+            q = part(key)
+            return None if q is None else ServerLatency.from_json(q, f"{where}: {key}")
+
+        gpus = d.get("gpus") or []
+        if not isinstance(gpus, (list, tuple)):
+            raise ValueError(f"{where}: gpus is {gpus!r}, not a list of devices")
+        devices = []
+        for i, g in enumerate(gpus):
+            one = _object(g, where, f"gpus[{i}]")
+            if one is None:
+                raise ValueError(f"{where}: gpus[{i}] is null, not a device")
+            devices.append(GpuFigures.from_json(one, f"{where}: gpus[{i}]"))
+        cc = part("cache_config") or {}
+        if not all(isinstance(v, str) for v in cc.values()):
+            raise ValueError(f"{where}: cache_config is {cc!r}, not text labels")
+        energy = part("energy")
+        def num(key: str) -> float | None:
+            return stored_number(d.get(key), f"{where}: {key}")
+
+        def whole(key: str) -> int | None:
+            return stored_int(d.get(key), f"{where}: {key}")
+
+        return cls(
+            t0=num("t0"), t1=num("t1"), gpus=tuple(devices),
+            gpu_unavailable=stored_text(d.get("gpu_unavailable"), f"{where}: gpu_unavailable"),
+            peak_gpu_mem_bytes=num("peak_gpu_mem_bytes"), mean_gpu_util_pct=num("mean_gpu_util_pct"),
+            host_mean_cpu_pct=num("host_mean_cpu_pct"), host_peak_mem_bytes=num("host_peak_mem_bytes"),
+            server_peak_rss_bytes=num("server_peak_rss_bytes"), server_mean_cpu_pct=num("server_mean_cpu_pct"),
+            peak_kv_cache_usage=num("peak_kv_cache_usage"), peak_running=num("peak_running"),
+            mean_running=num("mean_running"), peak_waiting=num("peak_waiting"), preemptions=num("preemptions"),
+            prefix_hit_rate=num("prefix_hit_rate"), prompt_tokens=num("prompt_tokens"),
+            generation_tokens=num("generation_tokens"),
+            server_ttft=latency("server_ttft"), server_itl=latency("server_itl"), server_e2e=latency("server_e2e"),
+            stale_scrapes=whole("stale_scrapes"),
+            cache_config={k: v for k, v in cc.items() if isinstance(v, str)},
+            energy=None if energy is None else WindowEnergy.from_json(energy, f"{where}: energy"),
+            server_front_cpu_pct=num("server_front_cpu_pct"), server_front_cpu_p90=num("server_front_cpu_p90"),
+            server_front_procs=whole("server_front_procs"),
+            speed_of_light=part("speed_of_light"))
+
+
 # --------------------------------------------------------------------------- the document
 
 
 @dataclass(frozen=True)
 class RunSummary:
-    """A measured run's stored document, typed (see the module's text). ``telemetry``,
-    ``server`` and ``startup`` are the telemetry room's own JSON documents.
+    """A measured run's stored document, typed (see the module's text). ``telemetry_figures`` is
+    the telemetry document typed (:class:`TelemetryFigures`; ``telemetry`` gives it as JSON, as
+    stored); ``server`` and ``startup`` are the telemetry room's own JSON documents.
 
     ``extra``: stored keys no typed field holds (a newer vtui's, or a typed part stored empty),
     written back as they were. ``flat``: a trace/headless row whose document is only vllm bench
@@ -232,7 +441,7 @@ class RunSummary:
     not write back as it was (see :class:`Kept`)."""
 
     load: LoadSummary | None = None
-    telemetry: JSONObject | None = None
+    telemetry_figures: TelemetryFigures | None = None
     energy: EnergyFigures | None = None
     server: JSONObject | None = None
     cross_check: CrossCheck | None = None
@@ -284,16 +493,24 @@ class RunSummary:
         return self.energy.mean_power_w if self.energy is not None else None
 
     @property
+    def telemetry(self) -> JSONObject | None:
+        """The telemetry document as stored (JSON; None where the run has none): what
+        ``vtui bench`` prints and writes (tui/commands/bench.py). Readers of its figures read
+        :attr:`telemetry_figures`."""
+        doc = self._part("telemetry")
+        return doc if isinstance(doc, Mapping) else None
+
+    @property
     def speed_of_light(self) -> JSONObject:
         """The run against its GPU's limits (kept in its telemetry: ``line`` or ``reason``); empty
         where not computed."""
-        sol = (self.telemetry or {}).get("speed_of_light")
-        return sol if isinstance(sol, Mapping) else {}
+        sol = self.telemetry_figures.speed_of_light if self.telemetry_figures is not None else None
+        return sol if sol is not None else {}
 
     @property
     def empty(self) -> bool:
         """Nothing stored (a run refused before it measured anything, with no error to say)."""
-        parts = (self.load, self.telemetry, self.energy, self.server, self.cross_check, self.stream, self.slo,
+        parts = (self.load, self.telemetry_figures, self.energy, self.server, self.cross_check, self.stream, self.slo,
                  self.error, self.startup)
         return (not self.keys and not self.extra and all(p is None for p in parts)
                 and not (self.client_bound or self.client_cpus or self.failures_by_reason or self.hint
@@ -323,9 +540,11 @@ class RunSummary:
             typed = self.slo.to_json() if self.slo is not None else None
         elif key == "energy":
             typed = self.energy.to_json() if self.energy is not None else None
+        elif key == "telemetry":
+            typed = self.telemetry_figures.to_json() if self.telemetry_figures is not None else None
         else:
             simple: dict[str, JSONValue] = {
-                "telemetry": self.telemetry, "server": self.server, "startup": self.startup,
+                "server": self.server, "startup": self.startup,
                 "client_bound": self.client_bound, "client_cpus": list(self.client_cpus),
                 "failures_by_reason": dict(self.failures_by_reason), "error": self.error, "hint": self.hint,
                 "server_log": list(self.server_log)}
@@ -399,6 +618,10 @@ class RunSummary:
         if (stored := part("energy")) is not None:
             energy = EnergyFigures.from_json(stored, f"{where}: energy")
             keep("energy", stored, energy.to_json())
+        telemetry: TelemetryFigures | None = None
+        if (stored := part("telemetry")) is not None:
+            telemetry = TelemetryFigures.from_json(stored, f"{where}: telemetry")
+            keep("telemetry", stored, telemetry.to_json())
 
         cpus = doc.get("client_cpus") or []
         if not isinstance(cpus, (list, tuple)) or not all(isinstance(c, int) and not isinstance(c, bool) for c in cpus):
@@ -413,7 +636,7 @@ class RunSummary:
         extra.update({k: _value(v, where, k) for k, v in doc.items() if k not in KEYS})
         return cls(
             load=load,
-            telemetry=_object(doc.get("telemetry"), where, "telemetry"),
+            telemetry_figures=telemetry,
             energy=energy,
             server=_object(doc.get("server"), where, "server"),
             cross_check=check,
@@ -444,4 +667,5 @@ class RunSummary:
             return cls(extra={k: _value(v, where, k) for k, v in doc.items()}, keys=tuple(doc))
 
 
-__all__ = ["KEYS", "STREAM_KEYS", "EnergyFigures", "Kept", "RunSummary", "SloVerdict", "StreamShape"]
+__all__ = ["KEYS", "STREAM_KEYS", "EnergyFigures", "GpuFigures", "Kept", "RunSummary", "ServerLatency", "SloVerdict",
+           "StreamShape", "TelemetryFigures", "WindowEnergy"]
