@@ -856,7 +856,26 @@ def test_from_history_keeps_what_the_rules_read_from_the_telemetry(tmp_path: Pat
     tel = {"speed_of_light": sol, "server_itl": {"mean_ms": 18.0}, "server_front_cpu_pct": 80.0,
            "server_front_cpu_p90": 97.0, "server_front_procs": 2}
     rec.finish("complete", {"load": {"completed": 1}, "telemetry": tel})
-    assert RunData.from_history(history, "last").telemetry == tel
+    data = RunData.from_history(history, "last")
+    assert data.telemetry == tel
+    assert data.telemetry_figures.server_itl is not None and data.telemetry_figures.server_itl.mean_ms == 18.0
+    assert data.telemetry_figures.server_front_procs == 2 and data.telemetry_figures.speed_of_light == sol
+
+
+def test_run_data_reads_its_telemetry_typed_once() -> None:
+    """The rules read the telemetry's fields (engine.runs.summary.TelemetryFigures); the file keeps
+    the telemetry as it was written, and a figure of the wrong type is an error naming it."""
+    run = load("kv-saturation")
+    assert run.telemetry_figures.preemptions == run.telemetry["preemptions"] == 70.0
+    assert run.cache_config["block_size"] == "128" and run.block_size == 128
+    text = json.dumps(run.to_dict())
+    assert json.dumps(RunData.from_dict(json.loads(text)).to_dict()) == text
+    assert json.loads(text)["telemetry"] == json.loads((RUNS / "kv-saturation.json").read_text())["telemetry"]
+    # a changed copy is read again
+    fewer = dataclasses.replace(run, telemetry={**run.telemetry, "preemptions": 0.0})
+    assert fewer.telemetry_figures.preemptions == 0.0 and run.telemetry_figures.preemptions == 70.0
+    with pytest.raises(RunDataError, match=r"bad\.json: key 'telemetry'.*preemptions is 'many', not a number"):
+        RunData.from_dict({"name": "r", "telemetry": {"preemptions": "many"}}, "bad.json")
 
 
 def test_an_attached_servers_memory_fraction_is_the_one_it_reported() -> None:

@@ -33,11 +33,13 @@ from typing import TYPE_CHECKING, TypedDict, cast
 from engine import flags as flagmod  # flagmod.load_schema, looked up when called (tests replace it)
 from engine.errors import EngineDied, MaxModelLenTooLarge, SessionError, StartupError
 from engine.runs.status import RunStatus
+from engine.runs.summary import TelemetryFigures
 from engine.server import supervisor  # supervisor.vllm_program, looked up when called (tests replace it)
 from engine.server.logparse import classify_failure
 from engine.server.modelconfig import ModelConfig, ModelConfigError
 from engine.server.planner import PlanError, kv_bytes_per_token, kv_tokens_for_memory, plan
 from engine.values import as_float, as_int
+from loadgen.stats import percentile  # the loadgen package comes with engine.runs.summary already
 
 if TYPE_CHECKING:  # only for annotations
     from engine.flags import FlagSet
@@ -133,7 +135,9 @@ class RunData:
     mem_total_bytes, proc_cpu_percent). ``requests`` holds ``(input_tokens,
     output_tokens, ttft_ms, tpot_ms)`` of successful requests (tpot None for one
     output token). ``load`` is the RunResult summary (vllm bench serve keys);
-    ``telemetry`` the TelemetrySummary dict; ``failure`` the startup failure
+    ``telemetry`` the TelemetrySummary dict (the figures the rules read, as stored), read once
+    into ``telemetry_figures`` (``engine.runs.summary.TelemetryFigures``; a value of the wrong
+    type is a ValueError, a RunDataError from a file); ``failure`` the startup failure
     (``kind`` = StartupError class name, ``vllm_line``, ``hint``,
     ``estimated_max_len``); ``model_config`` the model's config.json (for the planner);
     ``startup`` what the server said about itself while starting
@@ -146,7 +150,8 @@ class RunData:
     """
 
     # The mappings hold JSON as read back (from the history or a file): every value is narrowed
-    # where it is read (_f, _int, _float, isinstance), never trusted to be of one type.
+    # where it is read (_f, _int, _float, isinstance), never trusted to be of one type; the
+    # telemetry's are typed once, in __post_init__ (its mapping stays what to_dict writes).
     name: str
     flags: Mapping[str, object]
     model: str | None = None
@@ -167,6 +172,14 @@ class RunData:
     draft_model: str | None = None
     note: str = ""
     """Where the data came from (recorded how, or changed how), for test data."""
+    telemetry_figures: TelemetryFigures = field(init=False, repr=False, compare=False)
+    """``telemetry`` typed: what the rules read (derived, so not compared, not written)."""
+
+    def __post_init__(self) -> None:
+        # Set here, once per RunData (dataclasses.replace builds a new one: read again), on a frozen
+        # dataclass: object.__setattr__ is the way dataclasses document for a derived field.
+        object.__setattr__(self, "telemetry_figures",
+                           TelemetryFigures.from_json(self.telemetry, f"{self.name}: telemetry"))
 
     # ------------------------------------------------------------- flags
     def flag(self, name: str, default: object = None) -> object:
@@ -218,8 +231,8 @@ class RunData:
 
     @property
     def cache_config(self) -> Mapping[str, object]:
-        cc = self.telemetry.get("cache_config") if isinstance(self.telemetry, Mapping) else None
-        return cc if isinstance(cc, Mapping) else {}
+        """vllm:cache_config_info's labels, as the server reported them (text)."""
+        return self.telemetry_figures.cache_config
 
     @property
     def block_size(self) -> int:
@@ -290,16 +303,19 @@ class RunData:
         mc = d.get("model_config")
         if mc is not None and not isinstance(mc, Mapping):
             raise RunDataError(source, "key 'model_config': expected an object or null")
-        return cls(
-            name=str(d.get("name") or source), note=str(d.get("note") or ""),
-            flags={_norm_flag(k): v for k, v in flags.items() if _norm_flag(k) != "model"},
-            model=d.get("model"), status=_status_word(d.get("status")),
-            started=_f(d.get("started")), ended=_f(d.get("ended")),
-            load=mapping("load"), telemetry=mapping("telemetry"), workload=mapping("workload"),
-            windows=rows("windows"), server=rows("server"), gpus=rows("gpus"), host=rows("host"),
-            requests=tuple(tuple(r) for r in reqs), failure=failure, model_config=mc,
-            startup=mapping("startup"),
-        )
+        try:
+            return cls(
+                name=str(d.get("name") or source), note=str(d.get("note") or ""),
+                flags={_norm_flag(k): v for k, v in flags.items() if _norm_flag(k) != "model"},
+                model=d.get("model"), status=_status_word(d.get("status")),
+                started=_f(d.get("started")), ended=_f(d.get("ended")),
+                load=mapping("load"), telemetry=mapping("telemetry"), workload=mapping("workload"),
+                windows=rows("windows"), server=rows("server"), gpus=rows("gpus"), host=rows("host"),
+                requests=tuple(tuple(r) for r in reqs), failure=failure, model_config=mc,
+                startup=mapping("startup"),
+            )
+        except ValueError as exc:  # the telemetry's figures (TelemetryFigures names the key)
+            raise RunDataError(source, f"key 'telemetry': {exc}") from None
 
     @classmethod
     def read(cls, path: str | Path) -> RunData:
@@ -607,9 +623,6 @@ def _when(run: RunData, a: float, b: float) -> str:
 
 def _quantile(values: Sequence[float], q: float) -> float:
     """loadgen.stats.percentile at ``q`` (0..1); NaN for no values (a missing figure here)."""
-    # here, not at the top: the loadgen package imports httpx (~0.15 s), which `vtui advise` has no other use for
-    from loadgen.stats import percentile
-
     s = sorted(values)
     return percentile(s, q * 100.0) if s else math.nan
 
@@ -641,7 +654,7 @@ def _rank_corr(xs: Sequence[float], ys: Sequence[float]) -> float:
 
 def _preemptions(run: RunData) -> float | None:
     """Preemptions over the run: the telemetry summary's, else from the counter series."""
-    v = _f(run.telemetry.get("preemptions"))
+    v = _f(run.telemetry_figures.preemptions)
     if v is not None:
         return v
     pts = [v for _, v in run.series("preemptions_total")]
@@ -892,7 +905,7 @@ def rule_kv_saturation(run: RunData) -> list[Finding]:
     """KV cache full and requests preempted (recomputed): more KV, or fewer sequences."""
     kv = run.series("kv_cache_usage")
     pre = _preemptions(run) or 0.0
-    peak = max((v for _, v in kv), default=_f(run.telemetry.get("peak_kv_cache_usage")) or 0.0)
+    peak = max((v for _, v in kv), default=_f(run.telemetry_figures.peak_kv_cache_usage) or 0.0)
     if pre < 1 or peak < 0.85:
         return []
     span = _span(kv, lambda v: v >= 0.85)
@@ -1307,8 +1320,8 @@ def rule_tail_headroom(run: RunData) -> list[Finding]:
 def rule_launch_bound(run: RunData) -> list[Finding]:
     """Decode far slower than the GPU's memory allows at a small batch (engine.advise.speedoflight):
     the step waits on kernel launches or scheduling, not on memory."""
-    sol = run.telemetry.get("speed_of_light")
-    if not isinstance(sol, Mapping) or not sol.get("launch_bound") or _completed(run) < 10:
+    sol = run.telemetry_figures.speed_of_light
+    if sol is None or not sol.get("launch_bound") or _completed(run) < 10:
         return []
     step, floor, mbu, batch = (_f(sol.get(k)) for k in ("step_ms", "floor_ms", "mbu", "batch"))
     if step is None or floor is None or mbu is None or batch is None:
@@ -1359,22 +1372,22 @@ def rule_frontend_bound(run: RunData) -> list[Finding]:
     Seen on an H200 at 200 streams of the Qwen2.5-7B architecture (tests/perf/RESULTS-gpu.md):
     TPOT p50 was 200 x that process's CPU time per output token plus 2-4 ms, whichever client
     drove it, while the engine's inter-token time stayed at 18 ms."""
-    busy = _f(run.telemetry.get("server_front_cpu_p90"))
-    itl = run.telemetry.get("server_itl")
-    engine_ms = _f(itl.get("mean_ms")) if isinstance(itl, Mapping) else None
+    tel = run.telemetry_figures
+    busy = _f(tel.server_front_cpu_p90)
+    engine_ms = _f(tel.server_itl.mean_ms) if tel.server_itl is not None else None
     tpot = _f(run.load.get("mean_tpot_ms"))
     if busy is None or engine_ms is None or tpot is None or _completed(run) < 10:
         return []
     if busy < FRONT_BUSY_PCT or tpot < FRONT_SLOWER * engine_ms:
         return []
-    ev = {"api_server_cpu_p90_pct": busy, "api_server_cpu_mean_pct": _f(run.telemetry.get("server_front_cpu_pct")),
+    ev = {"api_server_cpu_p90_pct": busy, "api_server_cpu_mean_pct": _f(tel.server_front_cpu_pct),
           "client_tpot_mean_ms": tpot, "engine_itl_mean_ms": engine_ms}
     symptom = (f"vLLM's API server process was busy {busy:.0f}% of a core (p90 of the run) while each stream got "
                f"a token every {tpot:.1f} ms on average, against {engine_ms:.1f} ms between the engine's steps")
     cause = ("one Python process turns every sequence's tokens into text and server-sent events: at this load its "
              "work per token, not the model's step, sets the streams' pace")
     old = _f(run.flag("api-server-count"))
-    seen = _f(run.telemetry.get("server_front_procs"))  # API server processes in the server's tree
+    seen = _f(tel.server_front_procs)  # API server processes in the server's tree
     if seen is not None:
         ev["api_server_processes"] = seen
     if not _installed_has("api-server-count"):
@@ -1565,9 +1578,9 @@ def _capture_cover(batch: float) -> int:
 
 
 def _gpu_name(run: RunData) -> str:
-    sol = run.telemetry.get("speed_of_light")
+    sol = run.telemetry_figures.speed_of_light
     names = [str(g.get("name")) for g in run.gpus if g.get("name")]
-    if isinstance(sol, Mapping) and sol.get("gpu"):
+    if sol is not None and sol.get("gpu"):
         names.append(str(sol["gpu"]))
     return " ".join(names)
 
@@ -1889,7 +1902,7 @@ def measure(run: RunData) -> dict[str, float | None]:
     return {
         "started": 0.0 if run.failure else 1.0,
         "preemptions": _preemptions(run),
-        "peak_kv_usage": max(kv) if kv else _f(run.telemetry.get("peak_kv_cache_usage")),
+        "peak_kv_usage": max(kv) if kv else _f(run.telemetry_figures.peak_kv_cache_usage),
         "mean_waiting": sum(waiting) / len(waiting) if waiting else None,
         "request_throughput": thr,
         "output_throughput": _f(load.get("output_throughput")),
