@@ -859,7 +859,8 @@ def test_from_history_keeps_what_the_rules_read_from_the_telemetry(tmp_path: Pat
     data = RunData.from_history(history, "last")
     assert data.telemetry == tel
     assert data.telemetry_figures.server_itl is not None and data.telemetry_figures.server_itl.mean_ms == 18.0
-    assert data.telemetry_figures.server_front_procs == 2 and data.telemetry_figures.speed_of_light == sol
+    assert data.telemetry_figures.server_front_procs == 2 and data.telemetry_figures.speed_of_light is not None
+    assert data.telemetry_figures.speed_of_light.launch_bound is True and data.telemetry_figures.speed_of_light.gpu == "H200"
 
 
 def test_run_data_reads_its_telemetry_typed_once() -> None:

@@ -176,6 +176,7 @@ def test_speed_of_light_reads_the_runs_telemetry() -> None:
     assert "on H200" in str(sol["line"])
     # stored with the telemetry, it reads back as the run's speed of light
     figures = TelemetryFigures.from_json({**tsum.to_dict(), "speed_of_light": sol}, "run")
-    assert figures.speed_of_light == sol and figures.mean_running == tsum.mean_running
+    assert figures.speed_of_light is not None and figures.speed_of_light.to_json() == sol
+    assert figures.speed_of_light.batch == tsum.mean_running and figures.speed_of_light.launch_bound is not None
     none = speed_of_light(target, _plan("sol", 1), summarize(SeriesStore(capacity=2)), load)
     assert none == {"reason": "no GPU: the speed of light is a GPU's"}

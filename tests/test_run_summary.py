@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from engine.advise.speedoflight import SpeedOfLight
 from engine.runs.compare import compare, render
 from engine.runs.crosscheck import cross_check
 from engine.runs.history import History, RunInfo
@@ -41,8 +42,8 @@ TELEMETRY = {**summarize(SeriesStore(capacity=2)).to_dict(),
              "mean_gpu_util_pct": 80.5, "peak_gpu_mem_bytes": 120 * 2**30, "peak_kv_cache_usage": 0.4,
              "mean_running": 15.2}
 TELEMETRY.update({k: v for k, v in SERVER.items() if k not in ("t0", "t1")})
-TELEMETRY["speed_of_light"] = {"floor_ms": 3.2, "mbu": 0.3, "prefill_mfu": 0.2, "line": "decode at 30% of the floor",
-                               "reason": None}
+TELEMETRY["speed_of_light"] = {**SpeedOfLight("H200", 15.2, 300.0, 14.0, 3.2, "memory", 0.3, 0.2, False, "qwen2.5-7b")
+                               .to_dict(), "line": "decode at 30% of the floor", "reason": None}
 ENERGY = {"joules": 5000.0, "j_per_token": 0.41, "j_per_request": 52.1, "mean_power_w": 400.0,
           "idle_power_w": 90.0, "estimated": False, "reason": None}
 STREAM = {"tokens_per_event": 1.0, "same_read_gap_fraction": 0.01, "burst_requests": 0, "stream_bursts": False,
@@ -90,6 +91,7 @@ def test_measured_document_round_trips_byte_for_byte() -> None:
     assert tel is not None and tel.peak_kv_cache_usage == 0.4 and tel.gpus[0].name == "NVIDIA H200"
     assert tel.server_ttft is not None and tel.server_ttft.mean_ms == 35.0 and tel.energy is None
     assert s.telemetry == TELEMETRY and "telemetry" not in s.kept  # the typed read writes it as it was
+    assert tel.speed_of_light is not None and tel.speed_of_light.mbu == 0.3 and tel.speed_of_light.gpu == "H200"
     assert s.startup == {"vllm_version": "0.11.0", "kv_cache_tokens": 500000}
     assert not s.extra and not s.flat and not s.empty
     # parsed again from its own document: the same summary
@@ -171,6 +173,8 @@ def test_trace_row_of_bench_keys_only_is_read_as_load() -> None:
     ({"load": dict(LOAD), "telemetry": {"energy": {"estimated": 1}}}, "telemetry: energy: estimated"),
     ({"load": dict(LOAD), "telemetry": {"cache_config": {"block_size": 16}}}, "telemetry: cache_config"),
     ({"load": dict(LOAD), "telemetry": {"speed_of_light": "n/a"}}, "speed_of_light"),
+    ({"load": dict(LOAD), "telemetry": {"speed_of_light": {"launch_bound": "yes"}}},
+     "telemetry: speed_of_light: launch_bound"),
     ({"error": 3}, "error"),
     ({"request_throughput": "fast"}, "request_throughput"),
 ])

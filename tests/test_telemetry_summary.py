@@ -9,7 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from engine.runs.summary import GpuFigures, Kept, ServerLatency, TelemetryFigures, WindowEnergy
+from engine.advise.speedoflight import SpeedOfLight
+from engine.runs.summary import GpuFigures, Kept, ServerLatency, SpeedOfLightFigures, TelemetryFigures, WindowEnergy
 from engine.telemetry.host import HostSample
 from engine.telemetry.metrics import Histogram, ServerSample, parse_metrics, server_sample
 from engine.telemetry.nvml import GpuSample, GpuUnavailable
@@ -113,8 +114,8 @@ def test_stored_document_reads_typed_and_writes_back_the_same() -> None:
     assert isinstance(doc["energy"], dict)  # an energy reading, exact
     window = summarize(build_store(), 104.5, 108.5).to_dict()  # the scrapes at the window's edges
     doc.update({"server_ttft": window["server_ttft"], "preemptions": 1.0})
-    doc["speed_of_light"] = {"gpu": "NVIDIA H200", "floor_ms": 3.2, "mbu": 0.31, "launch_bound": False,
-                             "line": "decode step 9.0 ms", "reason": None}
+    sol = SpeedOfLight("H200", 2.0, 96.0, 9.0, 3.2, "memory", 0.31, 0.2, False, "qwen2.5-7b")
+    doc["speed_of_light"] = {**sol.to_dict(), "line": sol.line(), "reason": None}  # as measure stores it
     figures = TelemetryFigures.from_json(doc, "run 1: telemetry")
     assert json.dumps(figures.to_json()) == json.dumps(doc)
     assert Kept.of(doc, figures.to_json(), "run 1: telemetry") is None
@@ -122,7 +123,10 @@ def test_stored_document_reads_typed_and_writes_back_the_same() -> None:
     assert figures.server_ttft is not None and figures.server_ttft.p50_ms == pytest.approx(500.0)
     assert figures.energy is not None and figures.energy.estimated is True and figures.energy.joules is not None
     assert figures.cache_config == {"block_size": "16"} and figures.speed_of_light is not None
-    # a run whose speed of light failed stores none: none written
+    assert figures.speed_of_light.floor_ms == 3.2 and figures.speed_of_light.line == sol.line()
+    # where there is none, only why; a run whose speed of light failed stores none: none written
+    doc["speed_of_light"] = {"reason": "no GPU: the speed of light is a GPU's"}
+    assert json.dumps(TelemetryFigures.from_json(doc, "run 2").to_json()) == json.dumps(doc)
     del doc["speed_of_light"]
     assert json.dumps(TelemetryFigures.from_json(doc, "run 2").to_json()) == json.dumps(doc)
 
@@ -134,5 +138,7 @@ def test_stored_figures_follow_the_summaries_fields() -> None:
     assert [f.name for f in dataclasses.fields(TelemetryFigures)] == [*names, "speed_of_light"]
     assert [f.name for f in dataclasses.fields(GpuFigures)] == [f.name for f in dataclasses.fields(GpuSummary)]
     assert [f.name for f in dataclasses.fields(WindowEnergy)] == [f.name for f in dataclasses.fields(EnergySummary)]
+    assert [f.name for f in dataclasses.fields(SpeedOfLightFigures)] == [
+        *(f.name for f in dataclasses.fields(SpeedOfLight)), "line", "reason"]
     q = summarize(build_store()).server_ttft
     assert q is not None and list(ServerLatency().to_json()) == list(q.to_dict())

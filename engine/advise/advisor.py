@@ -1321,13 +1321,13 @@ def rule_launch_bound(run: RunData) -> list[Finding]:
     """Decode far slower than the GPU's memory allows at a small batch (engine.advise.speedoflight):
     the step waits on kernel launches or scheduling, not on memory."""
     sol = run.telemetry_figures.speed_of_light
-    if sol is None or not sol.get("launch_bound") or _completed(run) < 10:
+    if sol is None or not sol.launch_bound or _completed(run) < 10:
         return []
-    step, floor, mbu, batch = (_f(sol.get(k)) for k in ("step_ms", "floor_ms", "mbu", "batch"))
+    step, floor, mbu, batch = _f(sol.step_ms), _f(sol.floor_ms), _f(sol.mbu), _f(sol.batch)
     if step is None or floor is None or mbu is None or batch is None:
         return []
-    ev = {"step_ms": step, "floor_ms": floor, "mbu": mbu, "batch": batch, "gpu": sol.get("gpu")}
-    symptom = (f"decode step {step:.1f} ms against a floor of {floor:.1f} ms on {sol.get('gpu')} "
+    ev = {"step_ms": step, "floor_ms": floor, "mbu": mbu, "batch": batch, "gpu": sol.gpu}
+    symptom = (f"decode step {step:.1f} ms against a floor of {floor:.1f} ms on {sol.gpu} "
                f"(MBU {mbu * 100:.0f}%) at a mean batch of {batch:.1f}")
     if run.flag("enforce-eager"):
         return [Finding(
@@ -1580,8 +1580,8 @@ def _capture_cover(batch: float) -> int:
 def _gpu_name(run: RunData) -> str:
     sol = run.telemetry_figures.speed_of_light
     names = [str(g.get("name")) for g in run.gpus if g.get("name")]
-    if sol is not None and sol.get("gpu"):
-        names.append(str(sol["gpu"]))
+    if sol is not None and sol.gpu:
+        names.append(sol.gpu)
     return " ".join(names)
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from engine.flags import devices_needed
 from engine.runs.history import RunInfo
-from engine.runs.summary import RunSummary, TelemetryFigures
+from engine.runs.summary import RunSummary, SpeedOfLightFigures, TelemetryFigures
 
 GIB = 1024**3
 FORMATS = ("text", "markdown", "csv", "json")
@@ -75,13 +75,9 @@ def _j_per(load_key: str) -> Reader:
     return read
 
 
-def _sol(key: str, scale: float = 1.0) -> Reader:
+def _sol(field: Callable[[SpeedOfLightFigures], float | None], scale: float = 1.0) -> Reader:
     """A figure of the run's speed of light (engine.advise.speedoflight), kept in its telemetry."""
-
-    def read(summary: RunSummary) -> float | None:
-        return _number(summary.speed_of_light.get(key), scale)
-
-    return read
+    return _tel(lambda t: field(t.speed_of_light) if t.speed_of_light is not None else None, scale)
 
 
 _power = _tel(lambda t: t.energy.mean_power_w if t.energy is not None else None)
@@ -102,9 +98,9 @@ METRICS: tuple[Metric, ...] = (
     Metric("j_per_token", "energy per output token", "J/tok", "lower", _j_per("total_output_tokens")),
     Metric("j_per_request", "energy per request", "J/req", "lower", _j_per("completed")),
     Metric("mean_power", "mean GPU power", "W", None, _power),
-    Metric("decode_floor", "decode step floor", "ms", None, _sol("floor_ms")),
-    Metric("mbu", "decode MBU", "%", "higher", _sol("mbu", 100.0)),
-    Metric("prefill_mfu", "prefill MFU (lower bound)", "%", "higher", _sol("prefill_mfu", 100.0)),
+    Metric("decode_floor", "decode step floor", "ms", None, _sol(lambda s: s.floor_ms)),
+    Metric("mbu", "decode MBU", "%", "higher", _sol(lambda s: s.mbu, 100.0)),
+    Metric("prefill_mfu", "prefill MFU (lower bound)", "%", "higher", _sol(lambda s: s.prefill_mfu, 100.0)),
     Metric("peak_kv_usage", "peak KV cache usage", "%", None, _tel(lambda t: t.peak_kv_cache_usage, 100.0)),
     Metric("preemptions", "preemptions", "", "lower", _tel(lambda t: t.preemptions)),
     Metric("server_peak_rss", "peak server RSS", "GiB", None, _tel(lambda t: t.server_peak_rss_bytes, 1 / GIB)),

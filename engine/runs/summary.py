@@ -309,13 +309,53 @@ class WindowEnergy:
 
 
 @dataclass(frozen=True)
+class SpeedOfLightFigures:
+    """The run against its GPU's limits as stored (``engine.advise.speedoflight.SpeedOfLight``'s
+    fields, then its ``line`` and ``reason``), or only why there is none (``reason``; then
+    ``floor_ms`` is None and only the reason is written). Times in milliseconds."""
+
+    gpu: str | None = None
+    batch: float | None = None
+    context: float | None = None
+    step_ms: float | None = None
+    floor_ms: float | None = None
+    bound: str | None = None
+    mbu: float | None = None
+    prefill_mfu: float | None = None
+    launch_bound: bool | None = None
+    source: str | None = None
+    line: str | None = None
+    reason: str | None = None
+
+    def to_json(self) -> dict[str, JSONValue]:
+        if self.floor_ms is None:
+            return {"reason": self.reason}
+        return {"gpu": self.gpu, "batch": self.batch, "context": self.context, "step_ms": self.step_ms,
+                "floor_ms": self.floor_ms, "bound": self.bound, "mbu": self.mbu, "prefill_mfu": self.prefill_mfu,
+                "launch_bound": self.launch_bound, "source": self.source, "line": self.line, "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object], where: str) -> SpeedOfLightFigures:
+        def num(key: str) -> float | None:
+            return stored_number(d.get(key), f"{where}: {key}")
+
+        def text(key: str) -> str | None:
+            return stored_text(d.get(key), f"{where}: {key}")
+
+        return cls(gpu=text("gpu"), batch=num("batch"), context=num("context"), step_ms=num("step_ms"),
+                   floor_ms=num("floor_ms"), bound=text("bound"), mbu=num("mbu"), prefill_mfu=num("prefill_mfu"),
+                   launch_bound=stored_bool(d.get("launch_bound"), f"{where}: launch_bound"), source=text("source"),
+                   line=text("line"), reason=text("reason"))
+
+
+@dataclass(frozen=True)
 class TelemetryFigures:
     """The run's telemetry document, typed: ``engine.telemetry.summary.TelemetrySummary.to_dict()``
     over the measured window (its fields, latencies in ms as written), the server's own figures
     from the scrapes at the window's edges written over it (``engine.runs.measure.server_window``:
     the latencies, the token counters, the prefix-cache hit rate, the preemptions) and the run
-    against its GPU's limits (``speed_of_light``: ``engine.advise.speedoflight``'s document, kept
-    as JSON; absent where it was not computed). A part an older or partial document lacks reads
+    against its GPU's limits (``speed_of_light``, :class:`SpeedOfLightFigures`; absent where it
+    was not computed). A part an older or partial document lacks reads
     as None (``cache_config``: empty; ``gpus``: none); a value of the wrong type is a ValueError
     naming the document and the key.
 
@@ -349,7 +389,7 @@ class TelemetryFigures:
     server_front_cpu_pct: float | None = None
     server_front_cpu_p90: float | None = None
     server_front_procs: int | None = None
-    speed_of_light: JSONObject | None = None
+    speed_of_light: SpeedOfLightFigures | None = None
 
     def to_json(self) -> dict[str, JSONValue]:
         """The document in TelemetrySummary.to_dict()'s order, ``speed_of_light`` last where there
@@ -375,7 +415,7 @@ class TelemetryFigures:
             "server_front_procs": self.server_front_procs,
         }
         if self.speed_of_light is not None:
-            out["speed_of_light"] = self.speed_of_light
+            out["speed_of_light"] = self.speed_of_light.to_json()
         return out
 
     @classmethod
@@ -400,6 +440,7 @@ class TelemetryFigures:
         if not all(isinstance(v, str) for v in cc.values()):
             raise ValueError(f"{where}: cache_config is {cc!r}, not text labels")
         energy = part("energy")
+        sol = part("speed_of_light")
         def num(key: str) -> float | None:
             return stored_number(d.get(key), f"{where}: {key}")
 
@@ -422,7 +463,7 @@ class TelemetryFigures:
             energy=None if energy is None else WindowEnergy.from_json(energy, f"{where}: energy"),
             server_front_cpu_pct=num("server_front_cpu_pct"), server_front_cpu_p90=num("server_front_cpu_p90"),
             server_front_procs=whole("server_front_procs"),
-            speed_of_light=part("speed_of_light"))
+            speed_of_light=None if sol is None else SpeedOfLightFigures.from_json(sol, f"{where}: speed_of_light"))
 
 
 # --------------------------------------------------------------------------- the document
@@ -502,10 +543,11 @@ class RunSummary:
 
     @property
     def speed_of_light(self) -> JSONObject:
-        """The run against its GPU's limits (kept in its telemetry: ``line`` or ``reason``); empty
-        where not computed."""
-        sol = self.telemetry_figures.speed_of_light if self.telemetry_figures is not None else None
-        return sol if sol is not None else {}
+        """The run against its GPU's limits as stored in its telemetry (JSON: ``line`` or ``reason``,
+        what the screens print); empty where not computed. Its figures, typed:
+        ``telemetry_figures.speed_of_light``."""
+        sol = (self.telemetry or {}).get("speed_of_light")
+        return sol if isinstance(sol, Mapping) else {}
 
     @property
     def empty(self) -> bool:
@@ -668,4 +710,4 @@ class RunSummary:
 
 
 __all__ = ["KEYS", "STREAM_KEYS", "EnergyFigures", "GpuFigures", "Kept", "RunSummary", "ServerLatency", "SloVerdict",
-           "StreamShape", "TelemetryFigures", "WindowEnergy"]
+           "SpeedOfLightFigures", "StreamShape", "TelemetryFigures", "WindowEnergy"]
