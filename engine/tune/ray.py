@@ -18,6 +18,7 @@ Ray is an optional extra (``pip install vtui[ray]``); nothing here is imported w
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import socket
 from collections.abc import Callable, Iterable, Mapping
@@ -64,6 +65,11 @@ def ray_trials(resources: Mapping[str, float], needs: Iterable[int], *, parallel
 
 class RayUnavailable(TuneError):
     """Ray is not installed, or no cluster answered at the address."""
+
+
+def ray_installed() -> bool:
+    """Whether Ray can be imported here, without importing it (it takes seconds)."""
+    return importlib.util.find_spec("ray") is not None
 
 
 class _ActorsLost(Exception):
@@ -130,6 +136,21 @@ def connect(address: str) -> dict[str, float]:
     return {k: float(v) for k, v in ray.cluster_resources().items()}
 
 
+def ray_measurers(address: str, needs: Iterable[int], factory: MeasurerFactory, *, parallel: int | None = None,
+                  say: Callable[[str], None] = lambda line: None) -> list[RayMeasurer]:
+    """The search's trials on the Ray cluster at ``address`` (``vtui tune --ray`` and the Tune
+    screen's Ray field both build them here): joins it (:func:`connect`), sizes one actor per
+    trial at once (:func:`ray_trials` over ``needs``, each configuration's GPUs, at most
+    ``parallel``), says so, and returns one :class:`RayMeasurer` per actor, each running
+    ``factory``'s measurer: the first is the ``Tuner``'s measurer, the rest its ``slots``.
+    RayUnavailable when Ray is not installed or no cluster answers at ``address``."""
+    plan = ray_trials(connect(address), needs, parallel=parallel)
+    size = plan.gpus_each
+    say(f"Ray cluster at {address}: {plan.gpus} GPUs, {plan.cpus:g} CPUs; {plan.trials} trials at once, "
+        f"{size} GPU{'s' if size != 1 else ''} each")
+    return [RayMeasurer(factory, num_gpus=size, label=f"trial slot {i}", say=say) for i in range(plan.trials)]
+
+
 class RayMeasurer:
     """One slot of a search, as a Ray actor with ``num_gpus`` GPUs (see the module's text).
 
@@ -148,6 +169,11 @@ class RayMeasurer:
         self.actors_started = 0
         self._started: tuple[FlagsMessage, float] | None = None  # the trial's flags and start timeout
         self._ready_actor: object | None = None  # the actor whose server runs them
+        self.placed = ""  # where its actor runs: "node GPU 2,3" (TrialActor.where), once started
+
+    def where(self) -> str:
+        """This slot for the Tune screen's running trials: its label and its actor's node and GPUs."""
+        return f"{self.label} on {self.placed}" if self.placed else self.label
 
     def _new_actor(self) -> object:
         ray, _ = _ray()
@@ -179,6 +205,7 @@ class RayMeasurer:
         result: object = await getattr(actor, name).remote(*args)
         if name == "start":
             self._ready_actor = actor  # its server runs the trial's flags now
+            self.placed = str(await self._remote(actor, "where"))
         return result
 
     async def start(self, flags: FlagSet, *, timeout: float) -> StartOutcome:

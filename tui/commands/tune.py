@@ -91,8 +91,8 @@ def _slots(args: argparse.Namespace, base: Any, space: Any) -> list[Any]:
 
 
 def _ray_measurers(args: argparse.Namespace, base: Any, space: Any, say: Any, factory: Any) -> list[Any]:
-    """One Ray actor per trial at once (engine.tune.ray.ray_trials sizes them)."""
-    from engine.tune.ray import RayMeasurer, RayUnavailable, connect, ray_trials
+    """One Ray actor per trial at once (engine.tune.ray.ray_measurers joins the cluster and sizes them)."""
+    from engine.tune.ray import RayUnavailable, ray_measurers
     from engine.tune.slots import trial_needs
     from tui.cli import UserError
 
@@ -102,14 +102,9 @@ def _ray_measurers(args: argparse.Namespace, base: Any, space: Any, say: Any, fa
     if args.parallel is not None and args.parallel < 1:
         raise UserError(f"--parallel {args.parallel}: must be at least 1", "e.g. --parallel 4")
     try:
-        resources = connect(args.ray)
+        return ray_measurers(args.ray, trial_needs(base, space.configs()), factory, parallel=args.parallel, say=say)
     except RayUnavailable as exc:
         raise UserError(str(exc), "start one with `ray start --head`, or pass --ray local") from None
-    plan = ray_trials(resources, trial_needs(base, space.configs()), parallel=args.parallel)
-    size = plan.gpus_each
-    say(f"Ray cluster at {args.ray}: {plan.gpus} GPUs, {plan.cpus:g} CPUs; {plan.trials} trials at once, "
-        f"{size} GPU{'s' if size != 1 else ''} each")
-    return [RayMeasurer(factory, num_gpus=size, label=f"trial slot {i}", say=say) for i in range(plan.trials)]
 
 
 def _slo(args: argparse.Namespace) -> Any:
