@@ -8,10 +8,12 @@ import json
 from typing import Any
 
 import pytest
+from test_telemetry_summary import build_store
 
 from engine.runs.compare import FORMATS, best_indexes, compare, delta_pct, render
 from engine.runs.history import RunInfo
 from engine.runs.summary import RunSummary
+from engine.telemetry.summary import summarize
 
 GIB = 1024**3
 
@@ -168,3 +170,52 @@ def test_pareto_frontier_and_stored_run_points() -> None:
     assert (by[2].tokens_per_user, by[2].tokens_per_gpu) == (50.0, 800.0) and not by[2].frontier  # dominated by 1
     assert by[3].frontier  # the most per GPU
     assert by[4].slo_met is False and not by[4].frontier  # best on both, but it missed its SLO
+
+
+# vtui compare's CSV for stored telemetry documents (measure's, an older partial one), as the
+# comparison wrote it when it read the telemetry by key (before TelemetryFigures, 2026-12-03):
+# the typed read must not change a byte of it.
+STORED_CSV = """\
+kind,key,label,unit,better,run1,run1_delta_pct,run1_best,run2,run2_delta_pct,run2_best,run3,run3_delta_pct,run3_best
+metric,ttft_p50,TTFT p50,ms,lower,38.0,,,38.0,0.0,,38.0,0.0,
+metric,ttft_p99,TTFT p99,ms,lower,90.0,,,90.0,0.0,,90.0,0.0,
+metric,request_throughput,requests/s,req/s,higher,9.6,,,9.6,0.0,,9.6,0.0,
+metric,output_throughput,output tokens/s,tok/s,higher,614.4,,,700.0,13.932,1,614.4,0.0,
+metric,failure_rate,failure rate,%,lower,0.0,,,0.0,0.0,,0.0,0.0,
+metric,peak_gpu_mem,peak GPU memory,GiB,lower,19.0,,,18.0,-5.263,1,80.0,321.053,
+metric,mean_gpu_util,mean GPU utilization,%,higher,50.0,,,50.0,0.0,,,,
+metric,j_per_token,energy per output token,J/tok,lower,1.171875,,,0.78125,-33.333,,0.146484375,-87.5,1
+metric,j_per_request,energy per request,J/req,lower,75.0,,,50.0,-33.333,,9.375,-87.5,1
+metric,mean_power,mean GPU power,W,,800.0,,,800.0,0.0,,,,
+metric,decode_floor,decode step floor,ms,,3.25,,,,,,,,
+metric,mbu,decode MBU,%,higher,34.0,,,,,,,,
+metric,prefill_mfu,prefill MFU (lower bound),%,higher,12.0,,,,,,,,
+metric,peak_kv_usage,peak KV cache usage,%,,40.0,,,35.0,-12.5,,,,
+metric,preemptions,preemptions,,lower,2.0,,1,3.0,50.0,,,,
+metric,server_peak_rss,peak server RSS,GiB,,1.0000000083819032,,,1.0000000074505806,-0.0,,,,
+"""
+
+
+def test_stored_telemetry_compares_as_it_did_when_read_by_key() -> None:
+    load = {"completed": 96, "failed": 0, "total_output_tokens": 6144, "request_throughput": 9.6,
+            "output_throughput": 614.4, "median_ttft_ms": 38.0, "p99_ttft_ms": 90.0}
+
+    def tel(t0: float, t1: float, **over: object) -> dict[str, object]:
+        d = summarize(build_store(), t0, t1, idle=(100.0, 101.0)).to_dict()
+        d["speed_of_light"] = {"gpu": "H200", "batch": 2.0, "context": 96.0, "step_ms": 9.0, "floor_ms": 3.25,
+                               "bound": "memory", "mbu": 0.34, "prefill_mfu": 0.12, "launch_bound": False,
+                               "source": "m", "line": "l", "reason": None}
+        d.update(over)
+        return d
+
+    docs = [{"load": load, "telemetry": tel(100.0, 109.0)},
+            {"load": {**load, "output_throughput": 700.0},
+             "telemetry": tel(102.0, 108.0, preemptions=3, speed_of_light={"reason": "no GPU"})},
+            {"load": load, "telemetry": {"peak_gpu_mem_bytes": 80 * GIB, "server_itl": {"mean_ms": 18.0},
+                                         "energy": {"joules": 900}}}]
+    runs = [RunInfo(id=i + 1, name=f"r{i + 1}", preset=None, started=1.0, ended=2.0, status="ok", flags={},
+                    vllm_version=None, model="m", gpus=[], workload={}, summary=RunSummary.from_json(d, "t"),
+                    baseline=False, tags=()) for i, d in enumerate(docs)]
+    assert render(compare(runs), "csv") == STORED_CSV
+    for run, doc in zip(runs, docs, strict=True):  # and each document writes back as it was stored
+        assert json.dumps(run.summary.to_json()) == json.dumps(doc)
