@@ -144,6 +144,76 @@ async def test_gpus_the_session_cannot_give_are_refused_on_the_form(
     assert not tables.made and not released and session.snapshot().tune is None and not session.tune_active
 
 
+def test_the_form_reads_a_ray_address() -> None:
+    pytest.importorskip("ray")
+    from engine.tune.live import RayTuneRequest
+
+    session = session_with(RecordedMeasurer(LIMITS).factory, 0)
+    assert session.tune_form_defaults()["ray"] == ""  # no Ray: trials on this machine
+    assert not isinstance(parse_tune_form(form(session, ray="  ")), RayTuneRequest)
+    for address in ("local", "auto", "10.0.0.5:6379", "ray://head.example:10001"):
+        got = parse_tune_form(form(session, ray=f" {address} ", parallel="3"))
+        assert isinstance(got, RayTuneRequest) and (got.ray, got.parallel, got.gpus) == (address, 3, None)
+        assert got.space.dims == SPACE.dims and got.slo == SLO(ttft_ms=500.0)
+
+
+@pytest.mark.parametrize(("fields", "field", "words", "hint"), [
+    # As `vtui tune` refuses --gpus with --ray: the cluster grants the GPUs.
+    ({"ray": "auto", "gpus": "0,1"}, "gpus", "GPUs '0,1' name this machine's GPUs; with Ray the cluster grants them",
+     "empty the GPUs field"),
+    ({"ray": "head"}, "ray", "Ray 'head': not local, auto or an address such as HEAD:6379", "HEAD:6379"),
+    ({"ray": "local please"}, "ray", "Ray 'local please': not local, auto", "empty: no Ray"),
+    ({"ray": "local", "parallel": "0"}, "parallel", "parallel '0': must be at least 1", "trials at once"),
+])
+def test_a_bad_ray_field_names_the_field(fields: dict[str, str], field: str, words: str, hint: str) -> None:
+    session = session_with(RecordedMeasurer(LIMITS).factory, 0)
+    with pytest.raises(TuneFormError) as info:
+        parse_tune_form(form(session, **fields))
+    assert info.value.field == field and words in str(info.value) and hint in info.value.hint, info.value
+
+
+def test_ray_not_installed_is_refused_on_the_ray_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    # What Python does when a package is not installed: its import fails and no spec is found.
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)
+    session = session_with(RecordedMeasurer(LIMITS).factory, 0)
+    with pytest.raises(TuneFormError) as info:
+        parse_tune_form(form(session, ray="local"))
+    assert info.value.field == "ray" and "Ray is not installed" in str(info.value)
+    assert info.value.hint == "pip install 'vtui[ray]'"
+
+
+async def test_a_ray_request_the_cluster_cannot_take_is_refused_before_anything_stops(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPUs beside Ray given in code, and no cluster at the address (engine.tune.ray.connect
+    refusing, as for `vtui tune --ray`: a real unreachable address makes Ray wait minutes):
+    refused on the field, the session's server untouched, no search shown."""
+    pytest.importorskip("ray")
+    from engine.tune import ray as tune_ray
+    from engine.tune.live import RayTuneRequest
+
+    tables = SlotTables()
+    session = session_with(tables.factory, 2)
+    released: list[bool] = []
+
+    async def release() -> None:
+        released.append(True)
+
+    session._live_tune._release = release
+    with pytest.raises(TuneFormError) as info:
+        await session.tune(RayTuneRequest(slo=SLO(ttft_ms=500.0), space=SPACE, budget_s=60.0, gpus="0", ray="auto"),
+                           settings=SETTINGS)
+    assert info.value.field == "gpus"
+    monkeypatch.setattr(tune_ray, "connect", lambda address: (_ for _ in ()).throw(
+        tune_ray.RayUnavailable("ray", f"no Ray cluster at {address!r}: refused")))
+    with pytest.raises(TuneFormError) as info:
+        await session.tune(parse_tune_form(form(session, ray="10.0.0.5:6379")), settings=SETTINGS)
+    assert info.value.field == "ray" and "no Ray cluster at '10.0.0.5:6379'" in str(info.value)
+    assert "ray start --head" in info.value.hint
+    assert not tables.made and not released and session.snapshot().tune is None and not session.tune_active
+
+
 async def test_a_parallel_below_one_given_in_code_names_its_field() -> None:
     session = session_with(SlotTables().factory, 2)
     request = TuneRequest(slo=SLO(ttft_ms=500.0), space=SPACE, budget_s=60.0, parallel=0)
@@ -443,3 +513,34 @@ async def test_the_tune_screen_shows_every_running_trial_and_marks_a_bad_gpus_fi
                 await worker.wait()
         view = session.snapshot().tune
         assert view is not None and view.best_key == BEST
+
+
+async def test_the_tune_screen_names_each_ray_trials_actor() -> None:
+    """A running trial on a Ray actor (engine.tune.live.RayTrialView): its row names the actor's
+    slot, node and GPUs, and shows none of this session's devices."""
+    from textual.widgets import Static
+
+    from engine.flags import builtin_schema
+    from engine.presets import list_presets
+    from engine.tune.live import RayTrialView
+    from engine.tune.search import LiveTrial
+    from engine.views import TuneView
+    from tui.app import VtuiApp
+    from tui.widgets.tune import TuneScreen
+
+    session = session_with(SlotTables().factory, 2)
+    app = VtuiApp(session, schema=builtin_schema(), presets=list_presets(include_user=False), cursor_blink=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("u")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, TuneScreen)
+        trials = tuple(RayTrialView(LiveTrial(slot=i, gpus=(), key=f"max-num-seqs={64 * (i + 1)}", phase="measuring",
+                                              load=2.0, steps=i), (), where=f"trial slot {i} on node{i} GPU {i}")
+                       for i in range(2))
+        screen.view = TuneView(id="t1", status="running", mode="rate", slo_label="p99 TTFT <= 500 ms", elapsed_s=1.0,
+                               budget_s=60.0, starts=2, steps=1, configs_total=4, lines=(), rows=(), running=trials)
+        await pilot.pause()
+        lines = str(screen.query_one("#tune-running", Static).render()).splitlines()
+        assert lines == ["▶ trial slot 0 on node0 GPU 0 max-num-seqs=64: measuring at 2 req/s, 0 steps",
+                         "▶ trial slot 1 on node1 GPU 1 max-num-seqs=128: measuring at 2 req/s, 1 steps"], lines

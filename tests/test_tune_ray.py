@@ -160,3 +160,88 @@ async def test_a_trial_whose_actors_keep_dying_ends_as_died_and_the_search_goes_
     assert res.best is not None  # the others were measured
     others = [c for c in res.configs if c.key != killed[0]]
     assert others and all(c.status in (DONE, DOMINATED) for c in others), [(c.key, c.status) for c in others]
+
+
+# ---------------------------------------------------------------------------- from the Tune screen
+
+
+class ServerTrials:
+    """The session's measurer factory, called in each Ray actor (a module-level class: Ray pickles
+    it by reference): a real ServerMeasurer (the load generator, the SLO judged on the streams)
+    against loadgen.testserver servers started in the test, one per configuration
+    (tests/test_tune_live_slots.ConfigServer); only the vLLM process is a stand-in."""
+
+    def __init__(self, urls: dict[int, str]) -> None:
+        self.urls = urls
+
+    def __call__(self, workload: Any, slo: Any, *, mode: str, client_cpus: Any = None, **kw: Any) -> Any:
+        from test_tune_live_slots import ConfigServer
+
+        from engine.tune.search import ServerMeasurer
+        from loadgen.spec import WorkloadSpec
+
+        urls = self.urls
+        return ServerMeasurer(WorkloadSpec(input_len=8, output_len=4), slo, mode=mode, warmup_burst=0,
+                              client_cpus=client_cpus, supervisor_factory=lambda f: ConfigServer(f, urls))
+
+
+async def test_the_tune_screens_ray_field_runs_each_trial_on_an_actor_and_finds_the_same_winner(
+        cluster: Any) -> None:
+    """Issue 19: the Tune form's Ray field, end to end in the core: the same search as the
+    session's own server, each trial a Ray actor on the cluster started here (4 logical GPUs,
+    its GPU granted by Ray), the session's server stopped first, the running rows naming the
+    actors; the same winner."""
+    from test_tune_live_slots import config_servers, form, session_with
+
+    from engine.session import parse_tune_form
+    from engine.tune.live import RayTrialView, RayTuneRequest
+
+    settings = TuneSettings(step=StepRule(min_requests=8, max_requests=8, min_step_s=0.1, warmup=0),
+                            confirm=False, start_timeout_s=30, step_timeout_s=30, max_load=8.0)
+    results: list[TuneResult] = []
+    seen: list[RayTrialView] = []
+    with config_servers() as urls:
+        for ray_field, parallel in (("", "1"), ("local", "2")):
+            session = session_with(ServerTrials(urls), 0)
+            released: list[bool] = []
+            release = session._live_tune._release
+            assert release is not None
+
+            async def recording_release(release: Any = release, released: list[bool] = released) -> None:
+                released.append(True)
+                await release()
+
+            session._live_tune._release = recording_release
+            text = form(session, parallel=parallel, mode="concurrency", start_load="8", ttft_ms="", e2el_ms="5000",
+                        ray=ray_field)
+            text["space"] = "max-num-seqs=16,32"
+            request = parse_tune_form(text)
+            assert isinstance(request, RayTuneRequest) == bool(ray_field)
+
+            async def watch(session: Any = session) -> None:
+                while True:
+                    view = session.snapshot().tune
+                    seen.extend(tv for tv in (view.running if view is not None else ()) if isinstance(tv, RayTrialView))
+                    await asyncio.sleep(0.02)
+
+            watcher = asyncio.create_task(watch())
+            try:
+                res = await asyncio.wait_for(session.tune(request, settings=settings), 60)
+            finally:
+                watcher.cancel()
+            assert released == ([True] if ray_field else [])
+            results.append(res)
+            lines = session.snapshot().tune.lines  # type: ignore[union-attr]
+    one, on_ray = results
+    assert one.best is not None and on_ray.best is not None, [(c.key, c.status, c.reason) for c in on_ray.configs]
+    assert one.best.key == on_ray.best.key == "max-num-seqs=16"
+    assert {c.slot for c in on_ray.configs} == {0, 1}
+    assert "Ray cluster at local: 4 GPUs, 4 CPUs; 2 trials at once, 1 GPU each" in lines, lines
+    assert any("2 trials at once, each a Ray actor (local)" in line for line in lines), lines
+    # The running rows: each a Ray actor on its node's GPU, none of this session's devices.
+    wheres = {tv.trial.slot: tv.where for tv in seen}
+    assert set(wheres) == {0, 1} and all(not tv.devices for tv in seen), wheres
+    assert all(wheres[i].startswith(f"trial slot {i} on ") and " GPU " in wheres[i] for i in wheres), wheres
+    # Measured for real, in the actors: streams completed against the test servers.
+    fast = {c.key: c.at for c in on_ray.configs}["max-num-seqs=16"]
+    assert fast is not None and fast.completed == 8

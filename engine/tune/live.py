@@ -13,6 +13,12 @@ the Tune screen always ran). Any other plan (several slots, or GPUs named on the
 every trial on a server of its own, built as ``vtui tune`` builds them
 (:func:`engine.tune.slots.slot_measurers`), and the session's server is stopped first: it
 would hold a slot's GPUs and share its cores.
+
+The form's Ray field (empty: no Ray) runs every trial as a Ray actor instead, built as
+``vtui tune --ray`` builds them (:func:`engine.tune.ray.ray_measurers`), the session's server
+stopped first as for several slots. ``engine.views.TuneRequest`` has no Ray field yet:
+:func:`parse_tune_form` returns a :class:`RayTuneRequest` (the request and the address beside
+it) when the field is filled.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import functools
 import json
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -29,6 +37,7 @@ from typing import TYPE_CHECKING
 from engine.errors import SessionError
 from engine.flags import FlagError
 from engine.telemetry.nvml import visible_gpus
+from engine.tune.ray import RayMeasurer, RayUnavailable, ray_installed, ray_measurers
 from engine.tune.search import MODES, HistoryStore, SearchSpace, ServerMeasurer, TuneError, Tuner, TuneSettings, step_series
 from engine.tune.slots import SlotError, parse_gpus, search_slots, slot_measurers, too_wide, trial_needs
 from engine.views import TrialView, TuneRequest, TuneView, devices_view, frontier_points, slo_label, space_lines
@@ -46,8 +55,11 @@ if TYPE_CHECKING:
 # Progress lines kept for the Tune screen (the state file has every step).
 TUNE_LINES = 200
 TUNE_FIELDS = ("percentile", "ttft_ms", "tpot_ms", "e2el_ms", "budget_min", "space", "mode", "start_load", "gpus",
-               "parallel")
+               "parallel", "ray")
 TUNE_PERCENTILES = (99.0, 90.0)  # as `vtui tune --slo-METRIC-p99-ms / -p90-ms`
+RAY_HINT = "local (start one here), auto (the cluster this machine belongs to) or HEAD:6379; empty: no Ray"
+# What ray.init takes: "local" and "auto" (vtui's words, as `vtui tune --ray`), HOST:PORT, ray://HOST:PORT.
+RAY_ADDRESS = re.compile(r"local|auto|(?:ray://)?[\w.\-\[\]:]+:\d+")
 
 
 class TuneFormError(SessionError):
@@ -56,6 +68,40 @@ class TuneFormError(SessionError):
     def __init__(self, field: str, message: str, hint: str = "") -> None:
         super().__init__(message, hint)
         self.field = field
+
+
+@dataclasses.dataclass(frozen=True)
+class RayTuneRequest(TuneRequest):
+    """A request whose trials run as Ray actors on the cluster at ``ray`` (the form's Ray field,
+    as ``vtui tune --ray``). Beside the request, not in it, until engine.views.TuneRequest
+    carries the address itself (a ``ray: str | None = None`` field there would replace this)."""
+
+    ray: str = dataclasses.field(kw_only=True)  # "local", "auto" or an address such as HEAD:6379
+
+
+@dataclasses.dataclass(frozen=True)
+class RayTrialView(TrialView):
+    """A running trial on a Ray actor: ``where`` is its slot's label and its actor's node and
+    GPUs (engine.tune.ray.RayMeasurer.where); ``devices`` is empty (they are the node's, not
+    the ones this session samples)."""
+
+    where: str = ""
+
+
+def check_ray(ray: str, gpus: str | None, parallel: int | None) -> None:
+    """TuneFormError naming the field for a Ray address that cannot run: Ray not installed, an
+    address that does not read, GPUs named beside it (the cluster grants them, as ``vtui tune``
+    refuses ``--gpus`` with ``--ray``), a parallel below 1."""
+    if not RAY_ADDRESS.fullmatch(ray):
+        raise TuneFormError("ray", f"Ray {ray!r}: not local, auto or an address such as HEAD:6379", RAY_HINT)
+    if gpus:
+        raise TuneFormError("gpus", f"GPUs {gpus!r} name this machine's GPUs; with Ray the cluster grants them",
+                            "empty the GPUs field (parallel caps the trials at once), or the Ray field")
+    if parallel is not None and parallel < 1:
+        raise TuneFormError("parallel", f"parallel {parallel}: must be at least 1",
+                            "the most trials at once, e.g. 2; empty: one per GPU block of the cluster")
+    if not ray_installed():
+        raise TuneFormError("ray", "Ray is not installed here", "pip install 'vtui[ray]'")
 
 
 def parse_tune_form(fields: Mapping[str, str], *, schema: Schema | None = None,
@@ -67,6 +113,8 @@ def parse_tune_form(fields: Mapping[str, str], *, schema: Schema | None = None,
     form has no ``percentile`` field ("99" or "90", "p" optional). Empty ``gpus`` and
     ``parallel``: every GPU the session sees, one trial per slot. Whether the GPUs are
     visible and wide enough is :meth:`LiveTune.run`'s to say (it knows the session's).
+    ``ray`` (empty: no Ray): a :class:`RayTuneRequest`, checked by :func:`check_ray`; whether
+    a cluster answers there is :meth:`LiveTune.run`'s to say.
     """
     ptext = str(fields.get("percentile", "") or "").strip().lower().removeprefix("p")
     if ptext:
@@ -133,8 +181,13 @@ def parse_tune_form(fields: Mapping[str, str], *, schema: Schema | None = None,
         if parallel < 1:
             raise TuneFormError("parallel", f"parallel {ptext!r}: must be at least 1",
                                 "the most trials at once, e.g. 2; empty: one per slot")
-    return TuneRequest(slo=slo, space=space, budget_s=budget_min * 60.0, mode=mode, start_load=start_load,
-                            gpus=gpus or None, parallel=parallel)
+    request = TuneRequest(slo=slo, space=space, budget_s=budget_min * 60.0, mode=mode, start_load=start_load,
+                          gpus=gpus or None, parallel=parallel)
+    ray = str(fields.get("ray", "") or "").strip()
+    if not ray:
+        return request
+    check_ray(ray, request.gpus, parallel)
+    return RayTuneRequest(**{f.name: getattr(request, f.name) for f in dataclasses.fields(request)}, ray=ray)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,6 +246,7 @@ class LiveTune:
         self._elapsed0 = 0.0
         self._total = 0
         self._stop_requested = False
+        self._ray: tuple[RayMeasurer, ...] = ()  # the running search's Ray trials (their labels)
 
     @property
     def task(self) -> asyncio.Task[TuneResult] | None:
@@ -209,7 +263,7 @@ class LiveTune:
     def form_defaults(self, slo: SLO | None) -> dict[str, str]:
         """The Tune form's starting text: ``slo``'s limits (else TTFT 500 ms and TPOT
         50 ms), 30 minutes, the default space, rate mode, every GPU the session sees, one
-        trial per slot."""
+        trial per slot, no Ray."""
         limits: dict[str, float | None] = {"ttft_ms": None, "tpot_ms": None, "e2el_ms": None}
         if slo is not None:
             limits = {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "e2el_ms": slo.e2el_ms}
@@ -217,7 +271,7 @@ class LiveTune:
             limits = {"ttft_ms": 500.0, "tpot_ms": 50.0, "e2el_ms": None}
         out = {k: "" if v is None else f"{v:g}" for k, v in limits.items()}
         out.update(budget_min="30", space=space_lines(SearchSpace.default()), mode="rate", start_load="",
-                   percentile=f"{self.percentile(slo):g}", gpus="", parallel="")
+                   percentile=f"{self.percentile(slo):g}", gpus="", parallel="", ray="")
         return out
 
     @staticmethod
@@ -258,13 +312,23 @@ class LiveTune:
         except TuneError as exc:
             raise SessionError(str(exc), "check the Tune form") from None
         base = ground.flags
-        slots = self.plan(request, ground)
-        # GPUs named on the form, or several slots: every trial on a server of its own.
+        ray = request.ray if isinstance(request, RayTuneRequest) else None
+        slots = self.plan(request, ground) if ray is None else []
+        # GPUs named on the form, several slots, or Ray: every trial on a server of its own.
         named = request.gpus is not None
-        own_servers = len(slots) > 1 or named
+        own_servers = len(slots) > 1 or named or ray is not None
         tokenizer = base.model if Path(str(base.model)).is_dir() else None
         measurers: list[Measurer]
-        if not own_servers:
+        ray_trials: list[RayMeasurer] = []
+        ray_lines: list[str] = []
+        if ray is not None:
+            # As `vtui tune --ray`: each actor runs the measurer built by this factory on its node.
+            inner = functools.partial(ground.measurer or ServerMeasurer, workload, request.slo,
+                                      mode=settings.mode, arrivals=ground.arrivals, tokenizer=tokenizer)
+            ray_trials, ray_lines = await self._ray_trials(ray, request, ground, inner)
+            measurers = list(ray_trials)
+            slot_gpus: list[tuple[int, ...]] = []  # granted on the actors' nodes: not this session's GPUs
+        elif not own_servers:
             # One slot on the GPUs the session sees: its own server, restarted with each configuration.
             supervisor = self._server(base)
             factory = ground.measurer or ServerMeasurer
@@ -292,6 +356,7 @@ class LiveTune:
         if own_servers and self._release is not None:
             await self._release()  # the session's server would hold a slot's GPUs and share its cores
         self._request = request
+        self._ray = tuple(ray_trials)
         self._lines.clear()
         self._status = "running"
         self._error = None
@@ -302,7 +367,13 @@ class LiveTune:
         self._result = tuner.result()
         self.say(f"tune {tuner.state.id}: {self._total} configurations, budget "
                  f"{settings.budget_s / 60:.1f} min, {slo_label(request.slo)}")
-        if own_servers:
+        if ray is not None:
+            for line in ray_lines:
+                self.say(line)
+            self.say(f"{len(ray_trials)} trial{'s' if len(ray_trials) > 1 else ''} at once, each a Ray actor "
+                     f"({ray}) with a server of its own; the session's server is stopped (l loads the winner, "
+                     "a starts it)")
+        elif own_servers:
             self.say(f"{len(slots)} trial{'s' if len(slots) > 1 else ''} at once, each on a server of its own: "
                      + "; ".join(s.label() for s in slots) + "; the session's server is stopped "
                      "(l loads the winner, a starts it)")
@@ -333,6 +404,25 @@ class LiveTune:
         self._notify(self._notice(result))
         self._changed()
         return result
+
+    async def _ray_trials(self, ray: str, request: TuneRequest, ground: TuneGround,
+                          factory: Callable[[], Measurer]) -> tuple[list[RayMeasurer], list[str]]:
+        """The search's Ray actors (engine.tune.ray.ray_measurers, as ``vtui tune --ray`` builds
+        them), the cluster joined in a thread (ray.init takes seconds: the screen stays live),
+        and the line that says what the cluster gave. TuneFormError naming the field when the
+        request cannot run on Ray, or no cluster answers."""
+        check_ray(ray, request.gpus, request.parallel)
+        lines: list[str] = []
+        try:
+            trials = await asyncio.to_thread(ray_measurers, ray, trial_needs(ground.flags, request.space.configs()),
+                                             factory, parallel=request.parallel, say=lines.append)
+        except RayUnavailable as exc:
+            hint = ("start one with `ray start --head`, or type local" if ray_installed()
+                    else "pip install 'vtui[ray]'")
+            raise TuneFormError("ray", str(exc), hint) from None
+        for trial in trials:
+            trial.say = self.say  # an actor lost mid-search: said on the Tune screen
+        return trials, lines
 
     def plan(self, request: TuneRequest, ground: TuneGround) -> list[Slot]:
         """The search's slots (engine.tune.slots.search_slots, as ``vtui tune`` plans them): the
@@ -478,8 +568,12 @@ class LiveTune:
         )
 
     def _trial_views(self, trials: tuple[LiveTrial, ...]) -> tuple[TrialView, ...]:
+        if self._ray:
+            # On the cluster's nodes: each row says its actor, not this session's GPUs.
+            return tuple(RayTrialView(t, (), where=self._ray[t.slot].where() if t.slot < len(self._ray) else "")
+                         for t in trials)
         devices, _ = devices_view(self._telemetry())
-        out = []
+        out: list[TrialView] = []
         for t in trials:
             # Unknown GPUs (a single slot started before the first telemetry sample): every row.
             mine = tuple(d for d in devices if d.index is not None and d.index in t.gpus) if t.gpus else devices

@@ -1,8 +1,9 @@
 """The Tune screen: search the flags with the most goodput under an SLO, live.
 
 A form (SLO limits, budget, the search space as ``flag=v1,v2`` lines, rate or
-concurrency, the GPUs and how many trials at once as ``vtui tune --gpus --parallel``),
-one line per running trial with its slot's GPUs, the table of configurations as the
+concurrency, the GPUs and how many trials at once as ``vtui tune --gpus --parallel``, a
+Ray cluster as ``vtui tune --ray``), one line per running trial with its slot's GPUs (or
+its Ray actor), the table of configurations as the
 search tries them, the progress lines, the winner's serve and docker lines and the Pareto frontier. The search itself runs in
 the core (``Session.tune``) in an app worker; this screen only reads the form (through
 ``engine.session.parse_tune_form``) and renders the snapshot's ``TuneView``.
@@ -28,15 +29,17 @@ from textual.widgets import Button, DataTable, Footer, Input, Label, Select, Sta
 from textual_plotext import PlotextPlot
 
 from engine.session import TUNE_PERCENTILES, TuneFormError, parse_tune_form
+from engine.tune.live import RayTrialView
 from engine.views import TuneRequest, TuneView
 
 # Progress lines shown under the table (the core keeps more; the history has every step).
 SHOWN_LINES = 5
 NUMBER_FIELDS = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2el_ms", "E2EL"),
                  ("budget_min", "budget min"), ("start_load", "start load"))
-# Where the trials run (engine.tune.slots): empty is every GPU the session sees, one trial per slot.
-SLOT_FIELDS = (("gpus", "GPUs"), ("parallel", "parallel"))
-PLACEHOLDERS = {"start_load": "auto", "gpus": "all seen", "parallel": "one per slot"}
+# Where the trials run (engine.tune.slots): empty is every GPU the session sees, one trial per slot;
+# a Ray address (local, auto, HEAD:6379) runs them as Ray actors on that cluster (engine.tune.ray).
+SLOT_FIELDS = (("gpus", "GPUs"), ("parallel", "parallel"), ("ray", "Ray"))
+PLACEHOLDERS = {"start_load": "auto", "gpus": "all seen", "parallel": "one per slot", "ray": "off"}
 
 
 def _load(value: float | None, mode: str) -> str:
@@ -282,7 +285,10 @@ class TuneScreen(Screen[None]):
         lines = []
         for tv in trials:
             t = tv.trial
-            where = f"GPU {','.join(map(str, t.gpus))}" if t.gpus else "slot"
+            if isinstance(tv, RayTrialView):
+                where = tv.where or "Ray actor"
+            else:
+                where = f"GPU {','.join(map(str, t.gpus))}" if t.gpus else "slot"
             doing = {"starting": "starting its server", "alone": "measured alone"}.get(t.phase, "measuring")
             if t.load is not None:
                 doing += f" at {_load(t.load, view.mode) or t.load}"
