@@ -245,3 +245,14 @@ async def test_the_tune_screens_ray_field_runs_each_trial_on_an_actor_and_finds_
     # Measured for real, in the actors: streams completed against the test servers.
     fast = {c.key: c.at for c in on_ray.configs}["max-num-seqs=16"]
     assert fast is not None and fast.completed == 8
+
+
+def test_a_process_joined_to_one_cluster_refuses_another_address(cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second search of the same session asking for another cluster is told, not silently put
+    on the first one (Ray joins one cluster per process)."""
+    from engine.tune import ray as tune_ray
+
+    monkeypatch.setattr(tune_ray, "_joined", "local")
+    assert tune_ray.connect("local")["GPU"] == 4.0
+    with pytest.raises(tune_ray.RayUnavailable, match=r"joined the Ray cluster at 'local' already, not '10\.0\.0\.5:6379'"):
+        tune_ray.connect("10.0.0.5:6379")

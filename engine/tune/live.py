@@ -417,7 +417,7 @@ class LiveTune:
             trials = await asyncio.to_thread(ray_measurers, ray, trial_needs(ground.flags, request.space.configs()),
                                              factory, parallel=request.parallel, say=lines.append)
         except RayUnavailable as exc:
-            hint = ("start one with `ray start --head`, or type local" if ray_installed()
+            hint = ("start one with `ray start --head`, or type local (a session joins one cluster)" if ray_installed()
                     else "pip install 'vtui[ray]'")
             raise TuneFormError("ray", str(exc), hint) from None
         for trial in trials:

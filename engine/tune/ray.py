@@ -121,9 +121,16 @@ def _ray() -> tuple[ModuleType, type[Exception]]:
     return ray, RayActorError
 
 
+# The address this process joined a cluster at (a process joins one; the Tune screen may ask twice).
+_joined: str | None = None
+
+
 def connect(address: str) -> dict[str, float]:
     """Join the Ray cluster at ``address`` ("auto": the one this machine belongs to; "local":
-    start one here) and return its resources ({"GPU": 8.0, "CPU": 128.0, ...})."""
+    start one here) and return its resources ({"GPU": 8.0, "CPU": 128.0, ...}). Joined already
+    (an earlier search of this session, or ``ray.init`` by the caller): that cluster, unless
+    this process joined another address here (RayUnavailable: Ray joins one per process)."""
+    global _joined
     ray, _ = _ray()
     if not ray.is_initialized():
         try:
@@ -133,6 +140,10 @@ def connect(address: str) -> dict[str, float]:
                 ray.init(address=address, log_to_driver=False, configure_logging=False)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise RayUnavailable("ray", f"no Ray cluster at {address!r}: {exc}") from None
+        _joined = address
+    elif _joined is not None and address != _joined:
+        raise RayUnavailable("ray", f"this process joined the Ray cluster at {_joined!r} already, not {address!r} "
+                                    "(Ray joins one cluster per process): restart vtui to use another")
     return {k: float(v) for k, v in ray.cluster_resources().items()}
 
 
