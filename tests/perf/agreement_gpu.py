@@ -63,8 +63,10 @@ def server_view(load: dict[str, Any], telemetry: dict[str, Any], series: dict[st
     """The server's side of one run: ``telemetry`` is a TelemetrySummary dict over the run's
     window, ``series`` the store's samples over it (``{"server": {"running": [...]}}``)."""
     from engine.runs.crosscheck import cross_check
+    from engine.runs.summary import TelemetryFigures
 
-    check = cross_check(load, telemetry, shared_prefix=shared_prefix).to_dict()
+    figures = TelemetryFigures.from_json(telemetry, "the run's telemetry")
+    check = cross_check(load, figures, shared_prefix=shared_prefix).to_dict()
     srv = series.get("server") or {}
     run_mean, run_max = _mean_max(srv.get("running"))
     wait_mean, wait_max = _mean_max(srv.get("waiting"))
@@ -264,6 +266,8 @@ async def main_async(a: argparse.Namespace) -> None:
     # bench serve's random prompts repeat with a small vocabulary (REFERENCE.md): off, every
     # client does the same work.
     flags = flags.set("enable-prefix-caching", False)
+    if a.api_server_count:
+        flags = flags.set("api-server-count", a.api_server_count)
     sup = Supervisor(flags)
     print(f"starting vllm serve {' '.join(flags.to_argv())}", flush=True)
     # The TUI reads vLLM's flag schema once (cached under VTUI_HOME): meanwhile, not in a run.
@@ -369,6 +373,8 @@ def main() -> None:
     ap.add_argument("--per-slot", type=int, default=2, help="requests per concurrency slot")
     ap.add_argument("--min-requests", type=int, default=128)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--api-server-count", type=int, default=0,
+                    help="vLLM's --api-server-count (0: vLLM's default); 2 where one API process is busy")
     ap.add_argument("--seed", type=int, default=0, help="first seed (default: from the clock)")
     ap.add_argument("--deadline-s", type=float, default=1500.0,
                     help="skip a run that, timed by its last one, would end past this many s after start")
