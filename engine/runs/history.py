@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TypeAlias, cast
+from typing import TYPE_CHECKING, Literal, Protocol, TypeAlias, cast, runtime_checkable
 
 import psutil
 
@@ -190,10 +190,17 @@ def _status_text(stored: str) -> str:
         return str(stored)  # shown as stored: nothing is lost by reading
 
 
+@runtime_checkable
+class _WritesItself(Protocol):
+    """A dataclass with its own JSON form (``to_dict``), which to_jsonable writes instead of its fields."""
+
+    def to_dict(self) -> Mapping[str, object]: ...
+
+
 def to_jsonable(value: object) -> JSONValue:
     """Dataclasses, enums, tuples, paths and inf/nan into plain JSON values (lists and dicts)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        if hasattr(value, "to_dict"):
+        if isinstance(value, _WritesItself):
             return to_jsonable(value.to_dict())
         return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, enum.Enum):
