@@ -198,15 +198,22 @@ class TuneRequest:
     # Where the trials run, as `vtui tune --gpus --parallel` says it (engine.tune.slots):
     gpus: str | None = None  # "0,1,2,3" or "0-3"; None: every GPU the session sees
     parallel: int | None = None  # at most this many trials at once; None: one per slot
+    # The Ray cluster the trials run on as actors, as `vtui tune --ray` says it (engine.tune.ray):
+    ray: str | None = None  # "local", "auto" or an address such as HEAD:6379; None: no Ray
 
 
 @dataclass(frozen=True)
 class TrialView:
     """A configuration being measured now (engine.tune.search.LiveTrial) with its slot's
-    devices as the resource table shows them: its GPUs, or the host where there are none."""
+    devices as the resource table shows them: its GPUs, or the host where there are none.
+    A trial on a Ray actor has no devices here (they are its node's, not the ones this
+    session samples) and says where it runs in ``where``."""
 
     trial: LiveTrial
     devices: tuple[DeviceView, ...]
+    # A Ray trial's slot and its actor's node and GPUs ("trial slot 0 on node GPU 2",
+    # engine.tune.ray.RayMeasurer.where); empty for a trial on this machine.
+    where: str = ""
 
 
 @dataclass(frozen=True)

@@ -146,14 +146,12 @@ async def test_gpus_the_session_cannot_give_are_refused_on_the_form(
 
 def test_the_form_reads_a_ray_address() -> None:
     pytest.importorskip("ray")
-    from engine.tune.live import RayTuneRequest
-
     session = session_with(RecordedMeasurer(LIMITS).factory, 0)
     assert session.tune_form_defaults()["ray"] == ""  # no Ray: trials on this machine
-    assert not isinstance(parse_tune_form(form(session, ray="  ")), RayTuneRequest)
+    assert parse_tune_form(form(session, ray="  ")).ray is None
     for address in ("local", "auto", "10.0.0.5:6379", "ray://head.example:10001"):
         got = parse_tune_form(form(session, ray=f" {address} ", parallel="3"))
-        assert isinstance(got, RayTuneRequest) and (got.ray, got.parallel, got.gpus) == (address, 3, None)
+        assert isinstance(got, TuneRequest) and (got.ray, got.parallel, got.gpus) == (address, 3, None)
         assert got.space.dims == SPACE.dims and got.slo == SLO(ttft_ms=500.0)
 
 
@@ -191,7 +189,6 @@ async def test_a_ray_request_the_cluster_cannot_take_is_refused_before_anything_
     refused on the field, the session's server untouched, no search shown."""
     pytest.importorskip("ray")
     from engine.tune import ray as tune_ray
-    from engine.tune.live import RayTuneRequest
 
     tables = SlotTables()
     session = session_with(tables.factory, 2)
@@ -202,7 +199,7 @@ async def test_a_ray_request_the_cluster_cannot_take_is_refused_before_anything_
 
     session._live_tune._release = release
     with pytest.raises(TuneFormError) as info:
-        await session.tune(RayTuneRequest(slo=SLO(ttft_ms=500.0), space=SPACE, budget_s=60.0, gpus="0", ray="auto"),
+        await session.tune(TuneRequest(slo=SLO(ttft_ms=500.0), space=SPACE, budget_s=60.0, gpus="0", ray="auto"),
                            settings=SETTINGS)
     assert info.value.field == "gpus"
     monkeypatch.setattr(tune_ray, "connect", lambda address: (_ for _ in ()).throw(
@@ -516,15 +513,14 @@ async def test_the_tune_screen_shows_every_running_trial_and_marks_a_bad_gpus_fi
 
 
 async def test_the_tune_screen_names_each_ray_trials_actor() -> None:
-    """A running trial on a Ray actor (engine.tune.live.RayTrialView): its row names the actor's
+    """A running trial on a Ray actor (engine.views.TrialView.where): its row names the actor's
     slot, node and GPUs, and shows none of this session's devices."""
     from textual.widgets import Static
 
     from engine.flags import builtin_schema
     from engine.presets import list_presets
-    from engine.tune.live import RayTrialView
     from engine.tune.search import LiveTrial
-    from engine.views import TuneView
+    from engine.views import TrialView, TuneView
     from tui.app import VtuiApp
     from tui.widgets.tune import TuneScreen
 
@@ -535,8 +531,8 @@ async def test_the_tune_screen_names_each_ray_trials_actor() -> None:
         await pilot.pause()
         screen = app.screen
         assert isinstance(screen, TuneScreen)
-        trials = tuple(RayTrialView(LiveTrial(slot=i, gpus=(), key=f"max-num-seqs={64 * (i + 1)}", phase="measuring",
-                                              load=2.0, steps=i), (), where=f"trial slot {i} on node{i} GPU {i}")
+        trials = tuple(TrialView(LiveTrial(slot=i, gpus=(), key=f"max-num-seqs={64 * (i + 1)}", phase="measuring",
+                                           load=2.0, steps=i), (), where=f"trial slot {i} on node{i} GPU {i}")
                        for i in range(2))
         screen.view = TuneView(id="t1", status="running", mode="rate", slo_label="p99 TTFT <= 500 ms", elapsed_s=1.0,
                                budget_s=60.0, starts=2, steps=1, configs_total=4, lines=(), rows=(), running=trials)

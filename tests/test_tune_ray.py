@@ -194,12 +194,12 @@ async def test_the_tune_screens_ray_field_runs_each_trial_on_an_actor_and_finds_
     from test_tune_live_slots import config_servers, form, session_with
 
     from engine.session import parse_tune_form
-    from engine.tune.live import RayTrialView, RayTuneRequest
+    from engine.views import TrialView
 
     settings = TuneSettings(step=StepRule(min_requests=8, max_requests=8, min_step_s=0.1, warmup=0),
                             confirm=False, start_timeout_s=30, step_timeout_s=30, max_load=8.0)
     results: list[TuneResult] = []
-    seen: list[RayTrialView] = []
+    seen: list[TrialView] = []
     with config_servers() as urls:
         for ray_field, parallel in (("", "1"), ("local", "2")):
             session = session_with(ServerTrials(urls), 0)
@@ -216,12 +216,12 @@ async def test_the_tune_screens_ray_field_runs_each_trial_on_an_actor_and_finds_
                         ray=ray_field)
             text["space"] = "max-num-seqs=16,32"
             request = parse_tune_form(text)
-            assert isinstance(request, RayTuneRequest) == bool(ray_field)
+            assert request.ray == (ray_field or None)
 
             async def watch(session: Any = session) -> None:
                 while True:
                     view = session.snapshot().tune
-                    seen.extend(tv for tv in (view.running if view is not None else ()) if isinstance(tv, RayTrialView))
+                    seen.extend(tv for tv in (view.running if view is not None else ()) if tv.where)
                     await asyncio.sleep(0.02)
 
             watcher = asyncio.create_task(watch())

@@ -16,9 +16,8 @@ would hold a slot's GPUs and share its cores.
 
 The form's Ray field (empty: no Ray) runs every trial as a Ray actor instead, built as
 ``vtui tune --ray`` builds them (:func:`engine.tune.ray.ray_measurers`), the session's server
-stopped first as for several slots. ``engine.views.TuneRequest`` has no Ray field yet:
-:func:`parse_tune_form` returns a :class:`RayTuneRequest` (the request and the address beside
-it) when the field is filled.
+stopped first as for several slots (the request's ``ray``; each running trial's view names
+its actor in ``where``).
 """
 
 from __future__ import annotations
@@ -70,24 +69,6 @@ class TuneFormError(SessionError):
         self.field = field
 
 
-@dataclasses.dataclass(frozen=True)
-class RayTuneRequest(TuneRequest):
-    """A request whose trials run as Ray actors on the cluster at ``ray`` (the form's Ray field,
-    as ``vtui tune --ray``). Beside the request, not in it, until engine.views.TuneRequest
-    carries the address itself (a ``ray: str | None = None`` field there would replace this)."""
-
-    ray: str = dataclasses.field(kw_only=True)  # "local", "auto" or an address such as HEAD:6379
-
-
-@dataclasses.dataclass(frozen=True)
-class RayTrialView(TrialView):
-    """A running trial on a Ray actor: ``where`` is its slot's label and its actor's node and
-    GPUs (engine.tune.ray.RayMeasurer.where); ``devices`` is empty (they are the node's, not
-    the ones this session samples)."""
-
-    where: str = ""
-
-
 def check_ray(ray: str, gpus: str | None, parallel: int | None) -> None:
     """TuneFormError naming the field for a Ray address that cannot run: Ray not installed, an
     address that does not read, GPUs named beside it (the cluster grants them, as ``vtui tune``
@@ -113,7 +94,7 @@ def parse_tune_form(fields: Mapping[str, str], *, schema: Schema | None = None,
     form has no ``percentile`` field ("99" or "90", "p" optional). Empty ``gpus`` and
     ``parallel``: every GPU the session sees, one trial per slot. Whether the GPUs are
     visible and wide enough is :meth:`LiveTune.run`'s to say (it knows the session's).
-    ``ray`` (empty: no Ray): a :class:`RayTuneRequest`, checked by :func:`check_ray`; whether
+    ``ray`` (empty: no Ray): the request's ``ray``, checked by :func:`check_ray`; whether
     a cluster answers there is :meth:`LiveTune.run`'s to say.
     """
     ptext = str(fields.get("percentile", "") or "").strip().lower().removeprefix("p")
@@ -181,13 +162,11 @@ def parse_tune_form(fields: Mapping[str, str], *, schema: Schema | None = None,
         if parallel < 1:
             raise TuneFormError("parallel", f"parallel {ptext!r}: must be at least 1",
                                 "the most trials at once, e.g. 2; empty: one per slot")
-    request = TuneRequest(slo=slo, space=space, budget_s=budget_min * 60.0, mode=mode, start_load=start_load,
-                          gpus=gpus or None, parallel=parallel)
     ray = str(fields.get("ray", "") or "").strip()
-    if not ray:
-        return request
-    check_ray(ray, request.gpus, parallel)
-    return RayTuneRequest(**{f.name: getattr(request, f.name) for f in dataclasses.fields(request)}, ray=ray)
+    if ray:
+        check_ray(ray, gpus or None, parallel)
+    return TuneRequest(slo=slo, space=space, budget_s=budget_min * 60.0, mode=mode, start_load=start_load,
+                       gpus=gpus or None, parallel=parallel, ray=ray or None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -312,7 +291,7 @@ class LiveTune:
         except TuneError as exc:
             raise SessionError(str(exc), "check the Tune form") from None
         base = ground.flags
-        ray = request.ray if isinstance(request, RayTuneRequest) else None
+        ray = request.ray
         slots = self.plan(request, ground) if ray is None else []
         # GPUs named on the form, several slots, or Ray: every trial on a server of its own.
         named = request.gpus is not None
@@ -570,7 +549,7 @@ class LiveTune:
     def _trial_views(self, trials: tuple[LiveTrial, ...]) -> tuple[TrialView, ...]:
         if self._ray:
             # On the cluster's nodes: each row says its actor, not this session's GPUs.
-            return tuple(RayTrialView(t, (), where=self._ray[t.slot].where() if t.slot < len(self._ray) else "")
+            return tuple(TrialView(t, (), where=self._ray[t.slot].where() if t.slot < len(self._ray) else "Ray actor")
                          for t in trials)
         devices, _ = devices_view(self._telemetry())
         out: list[TrialView] = []

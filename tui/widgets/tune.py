@@ -29,7 +29,6 @@ from textual.widgets import Button, DataTable, Footer, Input, Label, Select, Sta
 from textual_plotext import PlotextPlot
 
 from engine.session import TUNE_PERCENTILES, TuneFormError, parse_tune_form
-from engine.tune.live import RayTrialView
 from engine.views import TuneRequest, TuneView
 
 # Progress lines shown under the table (the core keeps more; the history has every step).
@@ -285,10 +284,8 @@ class TuneScreen(Screen[None]):
         lines = []
         for tv in trials:
             t = tv.trial
-            if isinstance(tv, RayTrialView):
-                where = tv.where or "Ray actor"
-            else:
-                where = f"GPU {','.join(map(str, t.gpus))}" if t.gpus else "slot"
+            # A Ray trial says its actor (its node's GPUs are not this machine's); else its GPUs.
+            where = tv.where or (f"GPU {','.join(map(str, t.gpus))}" if t.gpus else "slot")
             doing = {"starting": "starting its server", "alone": "measured alone"}.get(t.phase, "measuring")
             if t.load is not None:
                 doing += f" at {_load(t.load, view.mode) or t.load}"
