@@ -103,9 +103,15 @@ class StoredFields:
         v = stored_bool(self.doc.get(key), self._name(key))
         return default if v is None else v
 
+    def maybe_flag(self, key: str) -> bool | None:
+        return stored_bool(self.doc.get(key), self._name(key))
+
     def text(self, key: str, default: str) -> str:
         v = stored_text(self.doc.get(key), self._name(key))
         return default if v is None else v
+
+    def maybe_text(self, key: str) -> str | None:
+        return stored_text(self.doc.get(key), self._name(key))
 
     def obj(self, key: str) -> StoredFields:
         """A nested object (an empty one where it is missing or null)."""

@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from engine.runs.crosscheck import CrossCheck
-from engine.values import JSONObject, JSONValue, stored_bool, stored_int, stored_number, stored_text
+from engine.values import JSONObject, JSONValue, StoredFields
 from loadgen.stats import LoadSummary
 
 # The document's keys, in the order engine.runs.measure writes them.
@@ -129,10 +129,11 @@ class SloVerdict:
 
     @classmethod
     def from_json(cls, d: Mapping[str, object], where: str) -> SloVerdict:
-        met = stored_bool(d.get("met"), f"{where}: met")
+        f = StoredFields(d, where)
+        met = f.maybe_flag("met")
         if met is None:
             raise ValueError(f"{where}: met is missing")
-        return cls(met, stored_text(d.get("why"), f"{where}: why"))
+        return cls(met, f.maybe_text("why"))
 
 
 @dataclass(frozen=True)
@@ -168,21 +169,14 @@ class StreamShape:
 
     @classmethod
     def from_json(cls, d: Mapping[str, object], where: str) -> StreamShape:
-        def num(key: str) -> float | None:
-            return stored_number(d.get(key), f"{where}: {key}")
-
-        def whole(key: str) -> int | None:
-            return stored_int(d.get(key), f"{where}: {key}")
-
-        def flag(key: str) -> bool | None:
-            return stored_bool(d.get(key), f"{where}: {key}")
-
+        f = StoredFields(d, where)
+        num = f.maybe_number
         return cls(
             tokens_per_event=num("tokens_per_event"), same_read_gap_fraction=num("same_read_gap_fraction"),
-            burst_requests=whole("burst_requests"), stream_bursts=flag("stream_bursts"),
+            burst_requests=f.maybe_whole("burst_requests"), stream_bursts=f.maybe_flag("stream_bursts"),
             client_lag_p50_ms=num("client_lag_p50_ms"), client_own_lag_p99_ms=num("client_own_lag_p99_ms"),
             client_cpu_mean=num("client_cpu_mean"), client_cpu_p90=num("client_cpu_p90"),
-            client_sched_delay=flag("client_sched_delay"), warmup_requests=whole("warmup_requests"),
+            client_sched_delay=f.maybe_flag("client_sched_delay"), warmup_requests=f.maybe_whole("warmup_requests"),
             warmup_s=num("warmup_s"), first_request_s=num("first_request_s"))
 
 
@@ -210,13 +204,11 @@ class EnergyFigures:
 
     @classmethod
     def from_json(cls, d: Mapping[str, object], where: str) -> EnergyFigures:
-        def num(key: str) -> float | None:
-            return stored_number(d.get(key), f"{where}: {key}")
-
+        f = StoredFields(d, where)
+        num = f.maybe_number
         return cls(joules=num("joules"), j_per_token=num("j_per_token"), j_per_request=num("j_per_request"),
                    mean_power_w=num("mean_power_w"), idle_power_w=num("idle_power_w"),
-                   estimated=stored_bool(d.get("estimated"), f"{where}: estimated"),
-                   reason=stored_text(d.get("reason"), f"{where}: reason"))
+                   estimated=f.maybe_flag("estimated"), reason=f.maybe_text("reason"))
 
 
 # --------------------------------------------------------------------------- telemetry, as stored
@@ -240,9 +232,7 @@ class ServerLatency:
 
     @classmethod
     def from_json(cls, d: Mapping[str, object], where: str) -> ServerLatency:
-        def num(key: str) -> float | None:
-            return stored_number(d.get(key), f"{where}: {key}")
-
+        num = StoredFields(d, where).maybe_number
         return cls(num("p50_ms"), num("p90_ms"), num("p99_ms"), num("mean_ms"), num("count"))
 
 
@@ -270,12 +260,9 @@ class GpuFigures:
 
     @classmethod
     def from_json(cls, d: Mapping[str, object], where: str) -> GpuFigures:
-        def num(key: str) -> float | None:
-            return stored_number(d.get(key), f"{where}: {key}")
-
-        return cls(index=stored_int(d.get("index"), f"{where}: index"),
-                   name=stored_text(d.get("name"), f"{where}: name"),
-                   samples=stored_int(d.get("samples"), f"{where}: samples"),
+        f = StoredFields(d, where)
+        num = f.maybe_number
+        return cls(index=f.maybe_whole("index"), name=f.maybe_text("name"), samples=f.maybe_whole("samples"),
                    peak_mem_bytes=num("peak_mem_bytes"), mean_mem_bytes=num("mean_mem_bytes"),
                    mem_total_bytes=num("mem_total_bytes"), mean_util_pct=num("mean_util_pct"),
                    peak_server_mem_bytes=num("peak_server_mem_bytes"), mean_power_w=num("mean_power_w"),
@@ -300,12 +287,10 @@ class WindowEnergy:
 
     @classmethod
     def from_json(cls, d: Mapping[str, object], where: str) -> WindowEnergy:
-        def num(key: str) -> float | None:
-            return stored_number(d.get(key), f"{where}: {key}")
-
+        f = StoredFields(d, where)
+        num = f.maybe_number
         return cls(joules=num("joules"), mean_power_w=num("mean_power_w"), idle_power_w=num("idle_power_w"),
-                   seconds=num("seconds"), estimated=stored_bool(d.get("estimated"), f"{where}: estimated"),
-                   reason=stored_text(d.get("reason"), f"{where}: reason"))
+                   seconds=num("seconds"), estimated=f.maybe_flag("estimated"), reason=f.maybe_text("reason"))
 
 
 @dataclass(frozen=True)
@@ -336,16 +321,12 @@ class SpeedOfLightFigures:
 
     @classmethod
     def from_json(cls, d: Mapping[str, object], where: str) -> SpeedOfLightFigures:
-        def num(key: str) -> float | None:
-            return stored_number(d.get(key), f"{where}: {key}")
-
-        def text(key: str) -> str | None:
-            return stored_text(d.get(key), f"{where}: {key}")
-
+        f = StoredFields(d, where)
+        num, text = f.maybe_number, f.maybe_text
         return cls(gpu=text("gpu"), batch=num("batch"), context=num("context"), step_ms=num("step_ms"),
                    floor_ms=num("floor_ms"), bound=text("bound"), mbu=num("mbu"), prefill_mfu=num("prefill_mfu"),
-                   launch_bound=stored_bool(d.get("launch_bound"), f"{where}: launch_bound"), source=text("source"),
-                   line=text("line"), reason=text("reason"))
+                   launch_bound=f.maybe_flag("launch_bound"), source=text("source"), line=text("line"),
+                   reason=text("reason"))
 
 
 @dataclass(frozen=True)
@@ -441,15 +422,10 @@ class TelemetryFigures:
             raise ValueError(f"{where}: cache_config is {cc!r}, not text labels")
         energy = part("energy")
         sol = part("speed_of_light")
-        def num(key: str) -> float | None:
-            return stored_number(d.get(key), f"{where}: {key}")
-
-        def whole(key: str) -> int | None:
-            return stored_int(d.get(key), f"{where}: {key}")
-
+        f = StoredFields(d, where)
+        num, whole = f.maybe_number, f.maybe_whole
         return cls(
-            t0=num("t0"), t1=num("t1"), gpus=tuple(devices),
-            gpu_unavailable=stored_text(d.get("gpu_unavailable"), f"{where}: gpu_unavailable"),
+            t0=num("t0"), t1=num("t1"), gpus=tuple(devices), gpu_unavailable=f.maybe_text("gpu_unavailable"),
             peak_gpu_mem_bytes=num("peak_gpu_mem_bytes"), mean_gpu_util_pct=num("mean_gpu_util_pct"),
             host_mean_cpu_pct=num("host_mean_cpu_pct"), host_peak_mem_bytes=num("host_peak_mem_bytes"),
             server_peak_rss_bytes=num("server_peak_rss_bytes"), server_mean_cpu_pct=num("server_mean_cpu_pct"),
@@ -676,6 +652,7 @@ class RunSummary:
         if not isinstance(log, (list, tuple)) or not all(isinstance(line, str) for line in log):
             raise ValueError(f"{where}: server_log is {log!r}, not a list of lines")
         extra.update({k: _value(v, where, k) for k, v in doc.items() if k not in KEYS})
+        top = StoredFields(doc, where)
         return cls(
             load=load,
             telemetry_figures=telemetry,
@@ -683,12 +660,12 @@ class RunSummary:
             server=_object(doc.get("server"), where, "server"),
             cross_check=check,
             stream=stream,
-            client_bound=bool(stored_bool(doc.get("client_bound"), f"{where}: client_bound")),
+            client_bound=top.flag("client_bound", False),
             client_cpus=tuple(cpus),
             failures_by_reason=dict(failures),
             slo=slo,
-            error=stored_text(doc.get("error"), f"{where}: error"),
-            hint=stored_text(doc.get("hint"), f"{where}: hint"),
+            error=top.maybe_text("error"),
+            hint=top.maybe_text("hint"),
             server_log=tuple(log),
             startup=_object(doc.get("startup"), where, "startup"),
             extra=extra,
