@@ -86,9 +86,10 @@ def test_measured_document_round_trips_byte_for_byte() -> None:
     assert s.slo == SloVerdict(False, "p99 E2EL 2100 ms > 2000 ms") and s.slo_met is False
     assert (s.client_bound, s.client_cpus, dict(s.failures_by_reason)) == (False, (2, 3), {"timeout": 2})
     assert s.error and s.hint and s.server_log == ("INFO engine died", "ERROR CUDA out of memory")
-    assert s.mean_power_w == 400.0 and s.speed_of_light["line"] == "decode at 30% of the floor"
     tel = s.telemetry_figures
-    assert tel is not None and tel.peak_kv_cache_usage == 0.4 and tel.gpus[0].name == "NVIDIA H200"
+    assert tel is not None and tel.speed_of_light is not None
+    assert s.mean_power_w == 400.0 and tel.speed_of_light.line == "decode at 30% of the floor"
+    assert tel.peak_kv_cache_usage == 0.4 and tel.gpus[0].name == "NVIDIA H200"
     assert tel.server_ttft is not None and tel.server_ttft.mean_ms == 35.0 and tel.energy is None
     assert s.telemetry == TELEMETRY and "telemetry" not in s.kept  # the typed read writes it as it was
     assert tel.speed_of_light is not None and tel.speed_of_light.mbu == 0.3 and tel.speed_of_light.gpu == "H200"
@@ -198,7 +199,7 @@ def test_unknown_keys_are_kept_and_written_back() -> None:
     # the telemetry's unknown key, its partial latency and its null speed of light are kept; the figures read
     assert s.telemetry_figures is not None and s.telemetry_figures.server_itl is not None
     assert s.telemetry_figures.server_itl.mean_ms == 14.0 and s.telemetry_figures.server_itl.p99_ms is None
-    assert s.speed_of_light == {} and s.telemetry == doc["telemetry"]
+    assert s.telemetry_figures.speed_of_light is None and s.telemetry == doc["telemetry"]
     # an unknown key placed between known ones keeps its place
     mixed = {"load": dict(LOAD), "new_part": [1, 2], "server": {}}
     assert list(RunSummary.from_json(mixed, "run 4").to_json()) == ["load", "new_part", "server"]

@@ -21,9 +21,11 @@ from textual.widgets._footer import FooterKey
 
 from engine.flags import builtin_schema
 from engine.presets import find_preset, list_presets
+from engine.runs.summary import RunSummary, TelemetryFigures
 from engine.server.logparse import classify_line, classify_lines
 from engine.views import LogLine
 from tui.app import VtuiApp
+from tui.commands.bench import telemetry_line
 from tui.widgets.flags import FlagRow
 from tui.widgets.modals import ConfirmScreen, ExportScreen
 from tui.widgets.presets import PresetList
@@ -502,10 +504,26 @@ def test_live_shows_the_api_servers_cpu_when_the_sampler_has_it() -> None:
     assert line.endswith("API server CPU 97% (busiest of 2)"), line
 
 
-def test_vtui_bench_says_how_many_api_servers_shared_the_streams() -> None:
-    from tui.commands.bench import telemetry_line
+def test_live_shows_the_last_runs_speed_of_light_line() -> None:
+    # The line from the last run's stored telemetry (typed: telemetry_figures.speed_of_light);
+    # a speed of light with only a reason, or none, shows no line.
+    from tui.widgets.live import LivePanel
 
-    one = {"gpus": [], "server_front_cpu_pct": 73.0, "server_front_cpu_p90": 102.0, "server_front_procs": 1}
+    snap = tui_data.with_runs()
+    assert snap.devices and "last run" not in LivePanel()._resources(snap).plain
+
+    def with_sol(sol: dict[str, object]) -> str:
+        record = dataclasses.replace(snap.runs[-1], summary=RunSummary.from_json(
+            {"telemetry": {"gpus": [], "speed_of_light": sol}}, "test"))
+        return LivePanel()._resources(dataclasses.replace(snap, runs=(*snap.runs[:-1], record))).plain
+
+    assert with_sol({"floor_ms": 3.2, "line": "decode at 30% of the floor"}).endswith(
+        "last run     decode at 30% of the floor")
+    assert "last run" not in with_sol({"reason": "no GPU"})
+
+
+def test_vtui_bench_says_how_many_api_servers_shared_the_streams() -> None:
+    one = TelemetryFigures(server_front_cpu_pct=73.0, server_front_cpu_p90=102.0, server_front_procs=1)
     assert "API server CPU mean 73%, p90 102%;" in telemetry_line(one)
-    two = telemetry_line({**one, "server_front_procs": 2})
+    two = telemetry_line(dataclasses.replace(one, server_front_procs=2))
     assert "p90 102% (busiest of 2 API server processes)" in two

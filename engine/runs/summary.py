@@ -511,19 +511,11 @@ class RunSummary:
 
     @property
     def telemetry(self) -> JSONObject | None:
-        """The telemetry document as stored (JSON; None where the run has none): what
-        ``vtui bench`` prints and writes (tui/commands/bench.py). Readers of its figures read
-        :attr:`telemetry_figures`."""
+        """The telemetry document as stored (JSON; None where the run has none), for what copies
+        it whole: the advisor's run data (its saved format) and tests/perf/agreement_gpu.py.
+        Readers of its figures read :attr:`telemetry_figures`."""
         doc = self._part("telemetry")
         return doc if isinstance(doc, Mapping) else None
-
-    @property
-    def speed_of_light(self) -> JSONObject:
-        """The run against its GPU's limits as stored in its telemetry (JSON: ``line`` or ``reason``,
-        what the screens print); empty where not computed. Its figures, typed:
-        ``telemetry_figures.speed_of_light``."""
-        sol = (self.telemetry or {}).get("speed_of_light")
-        return sol if isinstance(sol, Mapping) else {}
 
     @property
     def empty(self) -> bool:

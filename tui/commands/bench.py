@@ -20,9 +20,12 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tui.cli import UserError
+
+if TYPE_CHECKING:
+    from engine.runs.summary import RunSummary, TelemetryFigures
 
 METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2EL"))
 
@@ -228,19 +231,16 @@ async def _bench(args: argparse.Namespace, workload: Any, arrivals: Any, slo: An
     if run.result is None:  # refused before any load was sent
         raise UserError(run.error or "the run failed", run.hint or "check --url/--dataset")
     out = run.result.to_json()
-    stored = run.summary.to_json()  # the run's parts as the history keeps them
-    out.update({k: stored[k] for k in ("server", "cross_check", "stream", "slo_verdict", "energy") if k in stored})
-    telemetry = run.summary.telemetry or {}
+    parts = stored_parts(run.summary)
+    telemetry = parts.pop("telemetry")
+    out.update(parts)
     out["telemetry"] = {"summary": telemetry,
                         "series": run.store.to_dict(run.started, run.ended) if run.store is not None else {}}
     out["status"] = run.status.value
     check = run.summary.cross_check or CrossCheck.from_dict({})
     print_table(out)
-    print(telemetry_line(telemetry))
-    if telemetry.get("gpus"):
-        print(energy_line(run.summary.energy.to_json() if run.summary.energy is not None else {}))
-        sol = run.summary.speed_of_light
-        print(f"speed of light: {sol.get('line') or sol.get('reason') or 'n/a'}")
+    for line in summary_lines(run.summary):
+        print(line)
     print(cross_check_line(check))
     for warning in check.warnings:
         print(f"WARNING: {warning}")
@@ -298,31 +298,60 @@ def cross_check_line(check: Any) -> str:
             f"{ms(check.server_prompt_tokens)}; prefix-cache hits {hit}")
 
 
-def telemetry_line(d: dict[str, Any]) -> str:
-    """One line of what the GPU (or the host) and the server did during the run
-    (a ``TelemetrySummary.to_dict()``)."""
+# The parts of the run's stored document the result file carries beside the load figures.
+RESULT_PARTS = ("server", "cross_check", "stream", "slo_verdict", "energy")
 
-    def pct(v: Any) -> str:
+
+def stored_parts(summary: RunSummary) -> dict[str, object]:
+    """The run's parts for the result file, as the history keeps them (``summary.to_json()``:
+    a stored row's bytes): ``RESULT_PARTS`` where the run has them, and ``telemetry`` (the
+    telemetry document; empty without one), whose ``series`` the caller adds."""
+    stored = summary.to_json()
+    out: dict[str, object] = {k: stored[k] for k in RESULT_PARTS if k in stored}
+    out["telemetry"] = stored.get("telemetry") or {}
+    return out
+
+
+def summary_lines(summary: RunSummary) -> list[str]:
+    """The lines printed under the table: the telemetry, and with a GPU the energy and the
+    speed of light (its line, or why there is none)."""
+    # here, not at the top: engine.runs.summary brings loadgen (0.2 s), kept off `vtui --help`
+    from engine.runs.summary import SpeedOfLightFigures, TelemetryFigures
+
+    telemetry = summary.telemetry_figures or TelemetryFigures()
+    lines = [telemetry_line(telemetry)]
+    if telemetry.gpus:
+        lines.append(energy_line(summary.energy.to_json() if summary.energy is not None else {}))
+        sol = telemetry.speed_of_light or SpeedOfLightFigures()
+        lines.append(f"speed of light: {sol.line or sol.reason or 'n/a'}")
+    return lines
+
+
+def telemetry_line(t: TelemetryFigures) -> str:
+    """One line of what the GPU (or the host) and the server did during the run (its stored
+    telemetry, typed; ``TelemetryFigures()`` where it has none)."""
+
+    def pct(v: float | None) -> str:
         return "n/a" if v is None else f"{v:.0f}%"
 
-    def gib(v: Any) -> str:
+    def gib(v: float | None) -> str:
         return "n/a" if v is None else f"{v / 2**30:.1f} GiB"
 
-    if d.get("gpus"):
-        dev = f"GPU mem peak {gib(d.get('peak_gpu_mem_bytes'))}, util mean {pct(d.get('mean_gpu_util_pct'))}"
+    if t.gpus:
+        dev = f"GPU mem peak {gib(t.peak_gpu_mem_bytes)}, util mean {pct(t.mean_gpu_util_pct)}"
     else:
-        why = d.get("gpu_unavailable") or "no GPU"
-        dev = f"no GPU ({why}); server RSS peak {gib(d.get('server_peak_rss_bytes'))}, " \
-              f"server CPU mean {pct(d.get('server_mean_cpu_pct'))}"
-    if d.get("server_front_cpu_p90") is not None:
-        dev += f"; API server CPU mean {pct(d.get('server_front_cpu_pct'))}, p90 {pct(d.get('server_front_cpu_p90'))}"
-        procs = d.get("server_front_procs")
-        if isinstance(procs, (int, float)) and procs > 1:
+        why = t.gpu_unavailable or "no GPU"
+        dev = f"no GPU ({why}); server RSS peak {gib(t.server_peak_rss_bytes)}, " \
+              f"server CPU mean {pct(t.server_mean_cpu_pct)}"
+    if t.server_front_cpu_p90 is not None:
+        dev += f"; API server CPU mean {pct(t.server_front_cpu_pct)}, p90 {pct(t.server_front_cpu_p90)}"
+        procs = t.server_front_procs
+        if procs is not None and procs > 1:
             dev += f" (busiest of {procs:.0f} API server processes)"
-    kv = d.get("peak_kv_cache_usage")
+    kv = t.peak_kv_cache_usage
     kv_text = "n/a" if kv is None else f"{kv * 100:.1f}%"
-    return (f"telemetry: {dev}; KV cache peak {kv_text}, running peak {d.get('peak_running')}, "
-            f"waiting peak {d.get('peak_waiting')}, preemptions {d.get('preemptions')}")
+    return (f"telemetry: {dev}; KV cache peak {kv_text}, running peak {t.peak_running}, "
+            f"waiting peak {t.peak_waiting}, preemptions {t.preemptions}")
 
 
 def energy_line(e: dict[str, Any]) -> str:

@@ -91,10 +91,11 @@ class LivePanel(VerticalScroll):
             watts = f"  {d.power_w:.0f} W" if d.power_w is not None else ""
             text.append(f"{d.name:<12}", style="bold")
             text.append(f" mem {mem}{vllm}{util}{watts}\n")
-        sol = snap.runs[-1].summary.speed_of_light if snap.runs else {}
-        if sol.get("line"):  # engine.advise.speedoflight, for the last run
+        last = snap.runs[-1].summary.telemetry_figures if snap.runs else None
+        sol = last.speed_of_light if last is not None else None
+        if sol is not None and sol.line:  # engine.advise.speedoflight, for the last run
             text.append("last run    ", style="bold")
-            text.append(f" {sol['line']}\n")
+            text.append(f" {sol.line}\n")
         text.rstrip()
         return text
 
