@@ -8,7 +8,13 @@ actor is tests/ray_trials.TableTrial, a stand-in for a vLLM server on a GPU (see
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +65,159 @@ def same_limits(alone: TuneResult, res: TuneResult) -> bool:
 async def reference() -> TuneResult:
     """The same search with one slot in this process: what the cluster must find."""
     return await search([factory()], []).run()
+
+
+# ---------------------------------------------------------------------------- an address that is no head
+# These run before the cluster fixture joins this process to the test cluster (it joins once per
+# process, and a joined process does not dial again): real sockets on this machine's loopback.
+
+
+def closed_port() -> int:
+    """A loopback port nobody listens on: bound, then closed (the kernel refuses a connect)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def listener(answer: bytes | None) -> Iterator[int]:
+    """A loopback port where something that is not Ray listens: it accepts, reads, and says
+    ``answer`` (an HTTP/1.1 server's refusal, say) or nothing at all (None)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = srv.accept()
+                held.append(conn)
+                conn.recv(64)
+                if answer is not None:
+                    conn.sendall(answer)
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield int(srv.getsockname()[1])
+    finally:
+        srv.close()
+        for conn in held:
+            conn.close()
+
+
+def test_a_closed_port_is_refused_within_seconds_naming_the_address() -> None:
+    """ray.init on an address nobody listens on waited over 2 minutes; connect refuses it at once,
+    before ray.init (run in a fresh process: this one may have joined the test cluster), and
+    `vtui tune --ray` says so as one error line and a hint."""
+    import subprocess
+    import sys
+
+    port = closed_port()
+    script = ("import time, ray; from engine.tune.ray import RayUnavailable, connect\n"
+              "t = time.monotonic()\n"
+              f"try: connect('127.0.0.1:{port}')\n"
+              "except RayUnavailable as exc: print(round(time.monotonic() - t, 2), exc)\n")
+    out = subprocess.run([sys.executable, "-c", script], cwd=TESTS.parent, capture_output=True, text=True,
+                         timeout=120)
+    took, _, said = out.stdout.strip().partition(" ")
+    assert said == f"ray: nothing listens at 127.0.0.1:{port} (Connection refused): no Ray head there", \
+        out.stdout + out.stderr
+    assert float(took) < 1.0, took
+    cli = subprocess.run([sys.executable, "-c", "import sys; from tui.cli import main; sys.exit(main(sys.argv[1:]))",
+                          "tune", "--ray", f"127.0.0.1:{port}", "--slo-ttft-p99-ms", "500",
+                          "--space", "max-num-seqs=16,32"],
+                         cwd=TESTS.parent, capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 2, cli.stdout + cli.stderr
+    assert f"error: ray: nothing listens at 127.0.0.1:{port} (Connection refused)" in cli.stderr, cli.stderr
+    assert "hint: start one with `ray start --head`" in cli.stderr, cli.stderr
+
+
+@pytest.mark.parametrize(("answer", "said"), [
+    (None, "it said nothing in 1 s, not gRPC"),
+    (b"HTTP/1.1 400 Bad Request\r\n\r\n", "it said b'HTTP/1.1 ', not gRPC"),
+])
+def test_a_port_where_something_else_listens_is_refused_within_its_timeout(answer: bytes | None, said: str) -> None:
+    """Something that accepts but is no Ray head (ray.init would retry it for minutes): refused
+    once it did not answer as a gRPC server does within the timeout, naming the address."""
+    from engine.tune.ray import RayUnavailable, check_listening
+
+    with listener(answer) as port:
+        t0 = time.monotonic()
+        with pytest.raises(RayUnavailable) as info:
+            check_listening(f"127.0.0.1:{port}", timeout=1.0)
+        took = time.monotonic() - t0
+    assert f"something listens at 127.0.0.1:{port}, but not a Ray head ({said}" in str(info.value), info.value
+    assert took < 2.0, took
+
+
+def test_ray_client_and_auto_addresses_are_dialled_where_ray_would(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ray://HOST:PORT (Ray Client) dials its client server at HOST:PORT; auto is what Ray's own
+    lookup finds (here RAY_ADDRESS, which it reads first); local dials nothing."""
+    from engine.tune.ray import RayUnavailable, check_listening, dial_address
+
+    port = closed_port()
+    assert dial_address("local") is None
+    assert dial_address(f"ray://head.example:{port}") == ("head.example", port)
+    with pytest.raises(RayUnavailable, match=rf"nothing listens at 127\.0\.0\.1:{port} \(ray://127\.0\.0\.1:{port}\)"):
+        check_listening(f"ray://127.0.0.1:{port}")
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+    found = dial_address("auto")  # Ray puts this machine's address for 127.0.0.1, as ray.init dials it
+    assert found is not None and found[1] == port, found
+    with pytest.raises(RayUnavailable, match=rf"nothing listens at {re.escape(found[0])}:{port} \(auto\)"):
+        check_listening("auto")
+
+
+async def test_x_stops_a_search_still_joining_its_cluster() -> None:
+    """x while the Tune screen's search joins its Ray cluster (here a port that accepts and says
+    nothing: the join takes its whole timeout): the search ends as "stopped" at once, nothing
+    measured nor saved, the session's server not stopped (it is stopped only once the cluster
+    gave its actors), and no second search starts while the first join is going."""
+    from test_tune_live_slots import SlotTables, form, session_with
+
+    from engine.errors import SessionError
+    from engine.session import parse_tune_form
+    from engine.tune import ray as tune_ray
+
+    assert not ray.is_initialized(), "runs before the cluster fixture joins this process"
+    tables = SlotTables()
+    session = session_with(tables.factory, 0)
+    released: list[bool] = []
+
+    async def release() -> None:
+        released.append(True)
+
+    session._live_tune._release = release
+    ended: list[bool] = []
+    session._live_tune._ended = lambda: ended.append(True)
+    before = session.snapshot().server.state
+    with listener(None) as port:
+        request = parse_tune_form(form(session, ray=f"127.0.0.1:{port}"))
+        task = asyncio.create_task(session.tune(request))
+        while (view := session.snapshot().tune) is None:
+            await asyncio.sleep(0.01)
+        assert view.status == "joining" and session.tune_active and not view.id, view
+        assert view.lines == (f"joining the Ray cluster at 127.0.0.1:{port} (x stops)",)
+        with pytest.raises(SessionError, match="a tune is already running"):
+            await session.tune(request)
+        t0 = time.monotonic()
+        assert session.stop_tune()
+        result = await asyncio.wait_for(task, 1.0)
+        assert time.monotonic() - t0 < 0.5
+        assert result.status == "stopped" and result.best is None and not result.configs and result.state_path is None
+        view = session.snapshot().tune
+        assert view is not None and view.status == "stopped" and not session.tune_active
+        assert view.lines[-1] == (f"stopped while joining the Ray cluster at 127.0.0.1:{port}: nothing was "
+                                  "measured, and the session's server was not stopped")
+        assert not tables.made and not released and ended == [True]
+        assert session.snapshot().server.state == before
+        assert not session.stop_tune()  # nothing runs now
+        # The join goes on in its thread until its dial gives up; a second join meanwhile is refused.
+        with pytest.raises(tune_ray.RayUnavailable, match="an earlier search is still joining the Ray cluster"):
+            tune_ray.connect(f"127.0.0.1:{port}")
+        assert tune_ray._joining.acquire(timeout=tune_ray.DIAL_TIMEOUT_S + 5)
+        tune_ray._joining.release()
+    assert not ray.is_initialized()
 
 
 async def test_two_ray_actors_on_their_own_gpus_find_what_one_slot_finds(cluster: Any) -> None:
@@ -256,3 +415,14 @@ def test_a_process_joined_to_one_cluster_refuses_another_address(cluster: Any, m
     assert tune_ray.connect("local")["GPU"] == 4.0
     with pytest.raises(tune_ray.RayUnavailable, match=r"joined the Ray cluster at 'local' already, not '10\.0\.0\.5:6379'"):
         tune_ray.connect("10.0.0.5:6379")
+
+
+def test_a_real_heads_address_passes_the_dial(cluster: Any) -> None:
+    """The test cluster's GCS (what HEAD:6379 names on a real cluster) answers the dial as gRPC
+    does, at once: a live head is never refused by it."""
+    from engine.tune.ray import check_listening
+
+    address = ray.get_runtime_context().gcs_address
+    t0 = time.monotonic()
+    check_listening(address)
+    assert time.monotonic() - t0 < 1.0

@@ -37,7 +37,17 @@ from engine.errors import SessionError
 from engine.flags import FlagError
 from engine.telemetry.nvml import visible_gpus
 from engine.tune.ray import RayMeasurer, RayUnavailable, ray_installed, ray_measurers
-from engine.tune.search import MODES, HistoryStore, SearchSpace, ServerMeasurer, TuneError, Tuner, TuneSettings, step_series
+from engine.tune.search import (
+    MODES,
+    HistoryStore,
+    SearchSpace,
+    ServerMeasurer,
+    TuneError,
+    Tuner,
+    TuneResult,
+    TuneSettings,
+    step_series,
+)
 from engine.tune.slots import SlotError, parse_gpus, search_slots, slot_measurers, too_wide, trial_needs
 from engine.views import TrialView, TuneRequest, TuneView, devices_view, frontier_points, slo_label, space_lines
 from loadgen.spec import SLO, SpecError
@@ -47,7 +57,7 @@ if TYPE_CHECKING:
     from engine.flags import FlagSet, Schema
     from engine.server.supervisor import Supervisor
     from engine.telemetry.sampler import TelemetrySnapshot
-    from engine.tune.search import LiveTrial, Measurer, TuneResult
+    from engine.tune.search import LiveTrial, Measurer
     from engine.tune.slots import Slot
     from loadgen.spec import ArrivalSpec, WorkloadSpec
 
@@ -226,6 +236,8 @@ class LiveTune:
         self._total = 0
         self._stop_requested = False
         self._ray: tuple[RayMeasurer, ...] = ()  # the running search's Ray trials (their labels)
+        # Joining the Ray cluster (before the search exists): the join's task, its request and start.
+        self._joining: tuple[asyncio.Task[tuple[list[RayMeasurer], list[str]]], TuneRequest, float] | None = None
 
     @property
     def task(self) -> asyncio.Task[TuneResult] | None:
@@ -234,8 +246,9 @@ class LiveTune:
 
     @property
     def active(self) -> bool:
-        """True while a flag search runs (it owns the server until it ends)."""
-        return self._task is not None and not self._task.done()
+        """True while a flag search runs (it owns the server until it ends), or joins its Ray
+        cluster before it starts."""
+        return self._joining is not None or (self._task is not None and not self._task.done())
 
     # ------------------------------------------------------------------ the form
 
@@ -304,7 +317,20 @@ class LiveTune:
             # As `vtui tune --ray`: each actor runs the measurer built by this factory on its node.
             inner = functools.partial(ground.measurer or ServerMeasurer, workload, request.slo,
                                       mode=settings.mode, arrivals=ground.arrivals, tokenizer=tokenizer)
-            ray_trials, ray_lines = await self._ray_trials(ray, request, ground, inner)
+            joining = asyncio.ensure_future(self._ray_trials(ray, request, ground, inner))
+            self._joining = (joining, request, time.monotonic())
+            self._stop_requested = False
+            self._changed()
+            try:
+                ray_trials, ray_lines = await joining
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if not self._stop_requested or (current is not None and current.cancelling()):
+                    raise  # the caller was cancelled (the app is closing): pass it on
+                return self._stopped_joining(ray, request)
+            finally:
+                self._joining = None
+                self._changed()
             measurers = list(ray_trials)
             slot_gpus: list[tuple[int, ...]] = []  # granted on the actors' nodes: not this session's GPUs
         elif not own_servers:
@@ -403,6 +429,32 @@ class LiveTune:
             trial.say = self.say  # an actor lost mid-search: said on the Tune screen
         return trials, lines
 
+    def _stopped_joining(self, ray: str, request: TuneRequest) -> TuneResult:
+        """The search stopped (x) while it joined the Ray cluster at ``ray``: nothing was
+        measured nor saved (no search existed yet) and nothing was stopped (the session's
+        server is stopped only once the cluster gave its actors), so it ends as "stopped",
+        its view saying so; ray.init goes on in its thread until it joins or fails (a thread
+        cannot be stopped), and engine.tune.ray.connect refuses a second join meanwhile."""
+        joining = self._joining
+        elapsed = time.monotonic() - joining[2] if joining is not None else 0.0
+        result = TuneResult(id="", status="stopped", mode=request.mode, best=None, best_flags=None, configs=(),
+                            pareto=(), elapsed_s=elapsed, budget_s=request.budget_s, starts=0, steps=0,
+                            state_path=None)
+        self._request = request
+        self._result = result
+        self._status = "stopped"
+        self._error = None
+        self._ray = ()
+        self._lines.clear()
+        self._total = len(request.space.configs())
+        self._elapsed0, self._t0 = elapsed, 0.0
+        self.say(f"stopped while joining the Ray cluster at {ray}: nothing was measured, and the session's "
+                 "server was not stopped")
+        self._ended()
+        self._notify(f"tune stopped while joining the Ray cluster at {ray}")
+        self._changed()
+        return result
+
     def plan(self, request: TuneRequest, ground: TuneGround) -> list[Slot]:
         """The search's slots (engine.tune.slots.search_slots, as ``vtui tune`` plans them): the
         request's GPUs (default every GPU the session's telemetry sees, else NVML's) cut into
@@ -461,7 +513,8 @@ class LiveTune:
     def stop(self) -> bool:
         """Cancel the running search; it is saved as "interrupted" (resumable). False when
         none runs."""
-        task = self._task
+        # Still joining the Ray cluster: the search ends before it starts.
+        task = self._joining[0] if self._joining is not None else self._task
         if task is None or task.done():
             return False
         self._stop_requested = True
@@ -511,6 +564,8 @@ class LiveTune:
 
     def view(self) -> TuneView | None:
         """The Tune screen's view of the search, or None before the first tune."""
+        if self._joining is not None:
+            return self._joining_view(*self._joining[1:])
         result = self._result
         if result is None:
             return None
@@ -545,6 +600,14 @@ class LiveTune:
             error=self._error,
             running=self._trial_views(result.running) if running else (),
         )
+
+    def _joining_view(self, request: TuneRequest, t0: float) -> TuneView:
+        """A search joining its Ray cluster: status "joining", no id yet (the search is made
+        once the cluster gives its actors), x stops it."""
+        return TuneView(id="", status="joining", mode=request.mode, slo_label=slo_label(request.slo),
+                        elapsed_s=time.monotonic() - t0, budget_s=request.budget_s, starts=0, steps=0,
+                        configs_total=len(request.space.configs()),
+                        lines=(f"joining the Ray cluster at {request.ray} (x stops)",), rows=())
 
     def _trial_views(self, trials: tuple[LiveTrial, ...]) -> tuple[TrialView, ...]:
         if self._ray:

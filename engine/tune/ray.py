@@ -21,6 +21,8 @@ import asyncio
 import importlib.util
 import os
 import socket
+import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
@@ -123,28 +125,130 @@ def _ray() -> tuple[ModuleType, type[Exception]]:
 
 # The address this process joined a cluster at (a process joins one; the Tune screen may ask twice).
 _joined: str | None = None
+# One join at a time: a search stopped while joining leaves its ray.init running in its thread
+# (a thread cannot be cancelled), and a second ray.init beside it would race it.
+_joining = threading.Lock()
+_asked: str | None = None  # the address of the join holding it
+# How long the cluster's address may take to accept a TCP connection: a head answers in
+# milliseconds (a round trip), while ray.init on an address nobody listens on waits over two
+# minutes before it fails (measured): so dial it first, and say so at once.
+DIAL_TIMEOUT_S = 3.0
+
+
+def dial_address(address: str) -> tuple[str, int] | None:
+    """The host and port ``ray.init(address)`` dials first, or None when it dials nothing
+    ("local" starts a cluster here). "auto" is what Ray's own lookup finds (RAY_ADDRESS, else
+    the latest ``ray start`` on this machine, else a running GCS process): RayUnavailable when
+    it finds none. ``ray://HOST:PORT`` (Ray Client) dials its client server at HOST:PORT
+    (10001 by default); HOST:PORT a head's GCS (6379 by default)."""
+    if address == "local":
+        return None
+    if address == "auto":
+        from ray._private.services import canonicalize_bootstrap_address
+
+        try:
+            found = canonicalize_bootstrap_address("auto")
+        except ConnectionError as exc:  # nothing found: Ray says so at once
+            raise RayUnavailable("ray", f"no Ray cluster at 'auto': {exc}") from None
+        if found is None:
+            return None
+        address = found
+    hostport = address.split("://", 1)[1] if "://" in address else address
+    host, _, port = hostport.rpartition(":")
+    try:
+        return host.strip("[]"), int(port)
+    except ValueError:
+        raise RayUnavailable("ray", f"Ray address {address!r}: not HOST:PORT") from None
+
+
+# What an HTTP/2 client sends first (RFC 9113, 3.4): the preface, then an empty SETTINGS frame.
+# Ray's GCS and its client server are gRPC servers, so they answer with a SETTINGS frame (type 4)
+# at once (2 ms against the test cluster's GCS); ray.init against a port where something else
+# listens, and says nothing, retries for minutes.
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+H2_SETTINGS = 4
+
+
+def check_listening(address: str, timeout: float = DIAL_TIMEOUT_S) -> None:
+    """RayUnavailable naming the address when what ``ray.init(address)`` would dial
+    (:func:`dial_address`) does not accept a TCP connection within ``timeout`` seconds (at once
+    for a closed port on a host that answers), or accepts it but does not answer as a gRPC
+    server does (a SETTINGS frame) within ``timeout``: not a Ray head, or not its GCS port.
+    With RAY_USE_TLS set, the gRPC answer is not asked for (the port speaks TLS first)."""
+    where = dial_address(address)
+    if where is None:
+        return
+    host, port = where
+    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    named = "" if address == shown else f" ({address})"  # ray://, auto: what was asked
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as conn:
+            if os.environ.get("RAY_USE_TLS", "0").lower() in ("", "0", "false"):
+                conn.sendall(H2_PREFACE)
+                answer = _read(conn, 9, timeout)  # a frame's header: length (3), type (1), flags, stream id
+                if len(answer) < 9 or answer[3] != H2_SETTINGS:
+                    said = f"it said {answer[:16]!r}" if answer else f"it said nothing in {timeout:g} s"
+                    raise RayUnavailable("ray", f"something listens at {shown}{named}, but not a Ray head ({said}, "
+                                                "not gRPC): a head's port is 6379 unless `ray start --head --port` "
+                                                "says otherwise, a Ray Client's (ray://) 10001")
+    except TimeoutError:
+        raise RayUnavailable("ray", f"nothing answers at {shown}{named} within {timeout:g} s: no Ray head there, "
+                                    "or a firewall drops the connection") from None
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise RayUnavailable("ray", f"nothing listens at {shown}{named} ({reason}): no Ray head there") from None
+
+
+def _read(conn: socket.socket, n: int, timeout: float) -> bytes:
+    """Up to ``n`` bytes from ``conn`` within ``timeout`` seconds in all (fewer: it closed or went quiet)."""
+    data = b""
+    end = time.monotonic() + timeout
+    while len(data) < n:
+        left = end - time.monotonic()
+        if left <= 0:
+            break
+        conn.settimeout(left)
+        try:
+            chunk = conn.recv(n - len(data))
+        except (TimeoutError, ConnectionError):
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data
 
 
 def connect(address: str) -> dict[str, float]:
     """Join the Ray cluster at ``address`` ("auto": the one this machine belongs to; "local":
     start one here) and return its resources ({"GPU": 8.0, "CPU": 128.0, ...}). Joined already
     (an earlier search of this session, or ``ray.init`` by the caller): that cluster, unless
-    this process joined another address here (RayUnavailable: Ray joins one per process)."""
-    global _joined
+    this process joined another address here (RayUnavailable: Ray joins one per process).
+    An address nobody listens on is refused within seconds (:func:`check_listening`), where
+    ``ray.init`` would wait minutes; an earlier join still going (a search stopped while it
+    joined) is refused, not raced."""
+    global _joined, _asked
     ray, _ = _ray()
-    if not ray.is_initialized():
-        try:
-            if address == "local":
-                ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
-            else:
-                ray.init(address=address, log_to_driver=False, configure_logging=False)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise RayUnavailable("ray", f"no Ray cluster at {address!r}: {exc}") from None
-        _joined = address
-    elif _joined is not None and address != _joined:
-        raise RayUnavailable("ray", f"this process joined the Ray cluster at {_joined!r} already, not {address!r} "
-                                    "(Ray joins one cluster per process): restart vtui to use another")
-    return {k: float(v) for k, v in ray.cluster_resources().items()}
+    if not _joining.acquire(blocking=False):
+        raise RayUnavailable("ray", f"an earlier search is still joining the Ray cluster at {_asked!r} (a thread "
+                                    "cannot be stopped): wait for it to fail or join, or restart vtui")
+    try:
+        _asked = address
+        if not ray.is_initialized():
+            check_listening(address)
+            try:
+                if address == "local":
+                    ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+                else:
+                    ray.init(address=address, log_to_driver=False, configure_logging=False)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise RayUnavailable("ray", f"no Ray cluster at {address!r}: {exc}") from None
+            _joined = address
+        elif _joined is not None and address != _joined:
+            raise RayUnavailable("ray", f"this process joined the Ray cluster at {_joined!r} already, not "
+                                        f"{address!r} (Ray joins one cluster per process): restart vtui to use another")
+        return {k: float(v) for k, v in ray.cluster_resources().items()}
+    finally:
+        _joining.release()
 
 
 def ray_measurers(address: str, needs: Iterable[int], factory: MeasurerFactory, *, parallel: int | None = None,

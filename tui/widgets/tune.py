@@ -39,6 +39,8 @@ NUMBER_FIELDS = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2el_ms", "E2EL"),
 # a Ray address (local, auto, HEAD:6379) runs them as Ray actors on that cluster (engine.tune.ray).
 SLOT_FIELDS = (("gpus", "GPUs"), ("parallel", "parallel"), ("ray", "Ray"))
 PLACEHOLDERS = {"start_load": "auto", "gpus": "all seen", "parallel": "one per slot", "ray": "off"}
+# A search going on: measuring, or joining its Ray cluster first (x stops either).
+GOING = ("running", "joining")
 
 
 def _load(value: float | None, mode: str) -> str:
@@ -204,7 +206,7 @@ class TuneScreen(Screen[None]):
             self.set_focus(None)
 
     def action_start(self) -> None:
-        if self.view is not None and self.view.status == "running":
+        if self.view is not None and self.view.status in GOING:
             self.notify("a tune is already running: x stops it", severity="warning")
             return
         request = self.read_form()
@@ -248,7 +250,7 @@ class TuneScreen(Screen[None]):
             self._render_running(view)
             self._render_table(view)
             self._render_results(view)
-            running = view is not None and view.status == "running"
+            running = view is not None and view.status in GOING
             has_best = view is not None and view.best_key is not None
             self.query_one("#tune-start", Button).disabled = running
             self.query_one("#tune-stop", Button).disabled = not running
@@ -263,10 +265,12 @@ class TuneScreen(Screen[None]):
             head.set_classes("")
             return
         done = sum(1 for r in view.rows if r.status not in ("not_tried", "cut_short"))
-        text = (f"Tune {view.id}: {view.status}  {_minutes(view.elapsed_s)}/{_minutes(view.budget_s)} min  "
+        # No id yet while joining a Ray cluster, nor after a stop then (the search was not made).
+        name = f"Tune {view.id}" if view.id else "Tune"
+        text = (f"{name}: {view.status}  {_minutes(view.elapsed_s)}/{_minutes(view.budget_s)} min  "
                 f"{done}/{view.configs_total} configs  {view.starts} starts  {view.steps} steps  "
                 f"[{view.slo_label}]")
-        if view.status in ("running", "interrupted", "budget", "failed"):
+        if view.id and view.status in ("running", "interrupted", "budget", "failed"):
             text += f"  resume: {view.resume_command}"
         head.update(text)
         head.set_classes(f"-{view.status}")
@@ -354,7 +358,10 @@ class TuneScreen(Screen[None]):
             pareto.update("")
             log.update("")
             return
-        if view.error:
+        if not view.id:
+            # Joining a Ray cluster, or stopped then: no search yet, nothing measured (the lines say so).
+            best.update("")
+        elif view.error:
             best.update(f"failed: {view.error}")
         elif view.best_key is None:
             best.update("no configuration has met the SLO yet" if view.status == "running"
@@ -364,7 +371,9 @@ class TuneScreen(Screen[None]):
                         f"{_load(view.best_limit, view.mode) or '-'}"
                         + (" (so far)" if view.status == "running" else "")
                         + f"\n{view.best_serve_line}\n{view.best_docker_line}")
-        if view.pareto:
+        if not view.id:
+            pareto.update("")
+        elif view.pareto:
             lines = ["Pareto frontier: tok/s per user | tok/s per GPU | configuration at load"]
             for p in view.pareto[:6]:
                 load = "all at once" if math.isinf(p.load) else f"{p.load:.3g}"
