@@ -4,9 +4,10 @@
 number, or the same TypeError (and ValueError for text that is not a number), so the parsing
 edges of every room convert alike and the type checker knows the result.
 
-``JSONValue`` / ``JSONObject`` type a JSON document kept as it was stored (the telemetry part
-of a run's summary, engine.runs.summary): a reader narrows what it takes out of one
-(``json_object``) instead of indexing blindly.
+``JSONValue`` / ``JSONObject`` type a JSON document kept as it was stored (a history row's
+samples, a stored key this vtui does not know): a reader narrows what it takes out of one
+(``json_object``) instead of indexing blindly. A stored dataclass is read back field by field,
+each type checked (``stored_*``, :class:`StoredFields`).
 """
 
 from __future__ import annotations

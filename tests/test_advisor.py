@@ -877,6 +877,10 @@ def test_run_data_reads_its_telemetry_typed_once() -> None:
     assert fewer.telemetry_figures.preemptions == 0.0 and run.telemetry_figures.preemptions == 70.0
     with pytest.raises(RunDataError, match=r"bad\.json: key 'telemetry'.*preemptions is 'many', not a number"):
         RunData.from_dict({"name": "r", "telemetry": {"preemptions": "many"}}, "bad.json")
+    # the startup facts likewise (StartupFacts.from_json), the saved mapping unchanged
+    assert run.startup_facts == StartupFacts.from_json(run.startup, "s") and json.loads(text)["startup"] == run.startup
+    with pytest.raises(RunDataError, match=r"bad\.json: key 'startup'.*kv_cache_device is 0, not text"):
+        RunData.from_dict({"name": "r", "startup": {"kv_cache_device": 0}}, "bad.json")
 
 
 def test_an_attached_servers_memory_fraction_is_the_one_it_reported() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engine.runs.crosscheck import cross_check
-from engine.runs.summary import TelemetryFigures
+from engine.runs.summary import ServerWindow, TelemetryFigures
 
 LOAD = {"completed": 100, "mean_ttft_ms": 50.0, "mean_tpot_ms": 4.0, "total_input_tokens": 12_800}
 
@@ -11,9 +11,9 @@ LOAD = {"completed": 100, "mean_ttft_ms": 50.0, "mean_tpot_ms": 4.0, "total_inpu
 def telemetry(ttft_ms: float = 48.0, e2e_ms: float = 300.0, count: float = 100, gen: float = 6400,
               prompt: float = 12_800, hit: float | None = 0.0) -> TelemetryFigures:
     """The server's window as engine.runs.measure.server_window writes it, read as the run reads it."""
-    return TelemetryFigures.from_json(
+    return ServerWindow.from_json(
         {"server_ttft": {"mean_ms": ttft_ms, "count": count}, "server_e2e": {"mean_ms": e2e_ms, "count": count},
-         "generation_tokens": gen, "prompt_tokens": prompt, "prefix_hit_rate": hit}, "server window")
+         "generation_tokens": gen, "prompt_tokens": prompt, "prefix_hit_rate": hit}, "server window").figures()
 
 
 def test_agreeing_client_and_server_give_no_warning() -> None:

@@ -14,12 +14,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_telemetry_summary import build_store
+from test_telemetry_summary import BOUNDS, build_store
 
 from engine.runs.history import History
-from engine.runs.measure import RunHandle, RunPlan, Target, measure, speed_of_light
+from engine.runs.measure import RunHandle, RunPlan, Target, measure, server_window, speed_of_light
 from engine.runs.status import RunStatus, decide
-from engine.runs.summary import TelemetryFigures
+from engine.runs.summary import ServerWindow, TelemetryFigures
+from engine.telemetry.metrics import Histogram, ServerSample
 from engine.telemetry.store import SeriesStore
 from engine.telemetry.summary import summarize
 from loadgen import ArrivalSpec, WorkloadSpec
@@ -180,3 +181,20 @@ def test_speed_of_light_reads_the_runs_telemetry() -> None:
     assert figures.speed_of_light.batch == tsum.mean_running and figures.speed_of_light.launch_bound is not None
     none = speed_of_light(target, _plan("sol", 1), summarize(SeriesStore(capacity=2)), load)
     assert none == {"reason": "no GPU: the speed of light is a GPU's"}
+
+
+def test_the_server_window_reads_back_as_measure_writes_it() -> None:
+    # measure stores server_window's document and builds the run's ServerWindow from it: the
+    # typed window must write the same document (no Kept for a run built here).
+    def sample(t: float, n: float) -> ServerSample:
+        return ServerSample(t=t, running=2.0, waiting=0.0, kv_cache_usage=0.1, preemptions_total=n / 10,
+                            prompt_tokens_total=100.0 * n, generation_tokens_total=50.0 * n,
+                            prefix_queries_total=100.0 * n, prefix_hits_total=25.0 * n,
+                            histograms={"ttft": Histogram(BOUNDS, (0.0, n / 2, n, n), n * 0.4),
+                                        "e2e": Histogram(BOUNDS, (0.0, 0.0, n, n), n * 0.8)})
+
+    doc = server_window(sample(100.0, 0.0), sample(110.0, 30.0))
+    window = ServerWindow.from_json(doc, "the server's window")
+    assert window.to_json() == doc and list(window.to_json()) == list(doc)
+    assert window.prompt_tokens == 3000.0 and window.server_e2e is not None and window.server_e2e.count == 30.0
+    assert window.figures().server_ttft == window.server_ttft and window.figures().t1 == 110.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
@@ -12,11 +13,21 @@ from engine.advise.speedoflight import SpeedOfLight
 from engine.runs.compare import compare, render
 from engine.runs.crosscheck import cross_check
 from engine.runs.history import History, RunInfo
-from engine.runs.summary import STREAM_KEYS, EnergyFigures, RunSummary, SloVerdict, StreamShape, TelemetryFigures
+from engine.runs.summary import (
+    STREAM_KEYS,
+    EnergyFigures,
+    RunSummary,
+    ServerWindow,
+    SloVerdict,
+    StreamShape,
+    TelemetryFigures,
+)
+from engine.server.logparse import StartupFacts
 from engine.telemetry.store import SeriesStore
 from engine.telemetry.summary import GpuSummary, summarize
 from loadgen.stats import LoadSummary
 
+CAPTURES = Path(__file__).parent / "data" / "captures"
 # A run's load figures exactly as loadgen's LoadSummary.to_dict() writes them.
 LOAD = {
     "duration": 12.5, "completed": 96, "failed": 2, "total_input_tokens": 24576, "total_output_tokens": 12288,
@@ -31,6 +42,7 @@ LOAD = {
 }
 # The server's window (engine.runs.measure.server_window): Quantiles.to_dict() latencies, counters.
 SERVER = {"server_ttft": {"p50_ms": 33.0, "p90_ms": 50.0, "p99_ms": 60.0, "mean_ms": 35.0, "count": 96.0},
+          "server_itl": None,
           "server_e2e": {"p50_ms": 1800.0, "p90_ms": 2000.0, "p99_ms": 2200.0, "mean_ms": 1840.0, "count": 96.0},
           "prompt_tokens": 24576.0, "generation_tokens": 12288.0, "prefix_hit_rate": 0.0, "preemptions": 0.0,
           "t0": 1000.0, "t1": 1012.5}
@@ -44,6 +56,9 @@ TELEMETRY = {**summarize(SeriesStore(capacity=2)).to_dict(),
 TELEMETRY.update({k: v for k, v in SERVER.items() if k not in ("t0", "t1")})
 TELEMETRY["speed_of_light"] = {**SpeedOfLight("H200", 15.2, 300.0, 14.0, 3.2, "memory", 0.3, 0.2, False, "qwen2.5-7b")
                                .to_dict(), "line": "decode at 30% of the floor", "reason": None}
+# What the server said at start, as measure stores it: StartupFacts.to_dict() without vLLM's argv echo.
+STARTUP = {k: v for k, v in StartupFacts(vllm_version="0.11.0", kv_cache_tokens=500000).to_dict().items()
+           if k != "non_default_args"}
 ENERGY = {"joules": 5000.0, "j_per_token": 0.41, "j_per_request": 52.1, "mean_power_w": 400.0,
           "idle_power_w": 90.0, "estimated": False, "reason": None}
 STREAM = {"tokens_per_event": 1.0, "same_read_gap_fraction": 0.01, "burst_requests": 0, "stream_bursts": False,
@@ -67,7 +82,7 @@ def measured_document() -> dict[str, object]:
         "error": "the server stopped accepting connections mid-run",
         "hint": "what completed before is kept",
         "server_log": ["INFO engine died", "ERROR CUDA out of memory"],
-        "startup": {"vllm_version": "0.11.0", "kv_cache_tokens": 500000},
+        "startup": dict(STARTUP),
     }
 
 
@@ -93,7 +108,7 @@ def test_measured_document_round_trips_byte_for_byte() -> None:
     assert tel.server_ttft is not None and tel.server_ttft.mean_ms == 35.0 and tel.energy is None
     assert s.telemetry == TELEMETRY and "telemetry" not in s.kept  # the typed read writes it as it was
     assert tel.speed_of_light is not None and tel.speed_of_light.mbu == 0.3 and tel.speed_of_light.gpu == "H200"
-    assert s.startup == {"vllm_version": "0.11.0", "kv_cache_tokens": 500000}
+    assert s.startup == StartupFacts(vllm_version="0.11.0", kv_cache_tokens=500000)
     assert not s.extra and not s.flat and not s.empty
     # parsed again from its own document: the same summary
     assert RunSummary.from_json(s.to_json(), "again") == s
@@ -103,19 +118,19 @@ def test_built_here_writes_measures_keys_in_measures_order() -> None:
     doc = measured_document()
     built = RunSummary(
         load=LoadSummary.from_dict(LOAD), telemetry_figures=TelemetryFigures.from_json(TELEMETRY, "telemetry"),
-        energy=EnergyFigures(**ENERGY), server=SERVER,  # type: ignore[arg-type]
+        energy=EnergyFigures(**ENERGY), server=ServerWindow.from_json(SERVER, "server"),
         cross_check=cross_check(LOAD, TelemetryFigures.from_json(SERVER, "server")),
         stream=StreamShape.from_json(STREAM, "stream"),
         client_bound=False, client_cpus=(2, 3), failures_by_reason={"timeout": 2},
         slo=SloVerdict(False, "p99 E2EL 2100 ms > 2000 ms"), error=str(doc["error"]), hint=str(doc["hint"]),
-        server_log=("INFO engine died", "ERROR CUDA out of memory"), startup={"vllm_version": "0.11.0",
-                                                                            "kv_cache_tokens": 500000})
+        server_log=("INFO engine died", "ERROR CUDA out of memory"),
+        startup=StartupFacts(vllm_version="0.11.0", kv_cache_tokens=500000))
     assert text(built.to_json()) == text(doc)
     # a run refused before any load: only how it ended
     assert RunSummary(error="refused", hint="").to_json() == {"error": "refused"}
     assert RunSummary().to_json() == {} and RunSummary().empty
     # a run that measured, no SLO, no telemetry, nothing went wrong: the client's facts still written
-    plain = RunSummary(load=LoadSummary.from_dict(LOAD), server={}).to_json()
+    plain = RunSummary(load=LoadSummary.from_dict(LOAD), server=ServerWindow()).to_json()
     assert list(plain) == ["load", "server", "client_bound", "client_cpus", "failures_by_reason"]
 
 
@@ -176,6 +191,13 @@ def test_trace_row_of_bench_keys_only_is_read_as_load() -> None:
     ({"load": dict(LOAD), "telemetry": {"speed_of_light": "n/a"}}, "speed_of_light"),
     ({"load": dict(LOAD), "telemetry": {"speed_of_light": {"launch_bound": "yes"}}},
      "telemetry: speed_of_light: launch_bound"),
+    ({"load": dict(LOAD), "server": [1]}, "server"),
+    ({"load": dict(LOAD), "server": {"prompt_tokens": "many"}}, "server: prompt_tokens"),
+    ({"load": dict(LOAD), "server": {"server_ttft": {"p99_ms": "9"}}}, "server: server_ttft: p99_ms"),
+    ({"load": dict(LOAD), "startup": "0.11"}, "startup"),
+    ({"load": dict(LOAD), "startup": {"kv_cache_tokens": 5e5}}, "startup: kv_cache_tokens"),
+    ({"load": dict(LOAD), "startup": {"vllm_version": 11}}, "startup: vllm_version"),
+    ({"load": dict(LOAD), "startup": {"non_default_args": ["--x"]}}, "startup: non_default_args"),
     ({"error": 3}, "error"),
     ({"request_throughput": "fast"}, "request_throughput"),
 ])
@@ -237,3 +259,46 @@ def test_energy_figures_both_shapes() -> None:
 
 def test_stream_keys_are_stream_shapes_fields() -> None:
     assert tuple(StreamShape().to_json()) == STREAM_KEYS
+
+
+def test_server_window_and_startup_read_typed_and_written_back_as_stored() -> None:
+    s = RunSummary.from_json(measured_document(), "run 1")
+    assert s.server == ServerWindow.from_json(SERVER, "server") and "server" not in s.kept
+    assert s.server.server_ttft is not None and s.server.server_ttft.mean_ms == 35.0 and s.server.t1 == 1012.5
+    assert s.server.figures().prompt_tokens == 24576.0 and s.startup is not None and "startup" not in s.kept
+    assert (s.startup.vllm_version, s.startup.kv_cache_tokens, s.startup.max_model_len) == ("0.11.0", 500000, None)
+    # measure's empty window (no exact scrapes) writes {} back; built here it is ServerWindow()
+    assert ServerWindow().to_json() == {} and ServerWindow.from_json({}, "w") == ServerWindow()
+    # older and partial parts, a newer key, integer figures, vLLM's argv echo, another order: as stored
+    docs = [
+        {"load": dict(LOAD), "server": {}, "startup": {}},
+        {"load": dict(LOAD), "server": None, "startup": None},
+        {"load": dict(LOAD), "server": {"prompt_tokens": 5, "t0": 1.0, "kv_bytes": [1]},
+         "startup": {"vllm_version": "0.9.2", "kv_cache_tokens": 100, "max_concurrency": 3}},
+        {"load": dict(LOAD), "server": dict(reversed(SERVER.items())),
+         "startup": {**STARTUP, "non_default_args": {"model": "m", "max_num_seqs": 8}}},
+        {"load": dict(LOAD), "server": {**SERVER, "server_ttft": {"mean_ms": 3}}, "startup": {"future_fact": 1}},
+    ]
+    for doc in docs:
+        back = RunSummary.from_json(doc, "run 2")
+        assert text(back.to_json()) == text(doc)
+    older = RunSummary.from_json(docs[2], "run 2")
+    assert older.server is not None and older.server.prompt_tokens == 5 and older.server.server_ttft is None
+    assert older.startup == StartupFacts(vllm_version="0.9.2", kv_cache_tokens=100, max_concurrency=3)
+    echo = RunSummary.from_json(docs[3], "run 2").startup
+    assert echo is not None and echo.non_default_args == {"model": "m", "max_num_seqs": 8}
+    assert RunSummary.from_json(docs[0], "run 2").server is None  # stored empty: kept, nothing to read
+
+
+def test_startup_facts_of_every_captured_log_round_trip() -> None:
+    # StartupFacts.from_json reads back each fact to_dict() writes, with its type (the parsed logs').
+    for log in sorted(CAPTURES.glob("*.log")):
+        facts = StartupFacts.from_lines(log.read_text(errors="replace").splitlines())
+        assert StartupFacts.from_json(facts.to_dict(), log.name) == facts, log.name
+        stored = {k: v for k, v in facts.to_dict().items() if k != "non_default_args"}
+        doc = {"load": dict(LOAD), "startup": stored}
+        assert text(RunSummary.from_json(doc, log.name).to_json()) == text(doc)
+    # every field is read back: each set to a value of its annotated type
+    sample = {"str | None": "x", "int | None": 7, "float | None": 1.5, "Mapping[str, object] | None": {"a": 1}}
+    full = StartupFacts(**{f.name: sample[str(f.type)] for f in dataclasses.fields(StartupFacts)})
+    assert StartupFacts.from_json(full.to_dict(), "x") == full

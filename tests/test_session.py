@@ -220,10 +220,10 @@ async def test_attach_run_record_and_export_against_real_vllm(vllm_server: objec
     assert snap.window.total_completed == 24 and snap.window.total_failed == load["failed"]
     # The server's own counters over the measured window (the 3 warm-up requests left out)
     # count exactly the client's tokens.
-    server = record.summary.server or {}
-    assert server["prompt_tokens"] == load["total_input_tokens"]
-    assert server["generation_tokens"] == load["total_output_tokens"]
-    assert (record.summary.telemetry or {})["prompt_tokens"] == server["prompt_tokens"]  # one figure per run
+    server, tel = record.summary.server, record.summary.telemetry_figures
+    assert server is not None and server.prompt_tokens == load["total_input_tokens"]
+    assert server.generation_tokens == load["total_output_tokens"]
+    assert tel is not None and tel.prompt_tokens == server.prompt_tokens  # one figure per run
     assert record.summary.stream is not None and record.summary.stream.warmup_requests == 3
     assert snap.runs[-1] is record and snap.baseline == record.index
     assert snap.comparison is not None and snap.comparison.columns == (record.label,)
@@ -351,8 +351,10 @@ async def test_every_snapshot_arrives_while_a_high_rate_run_and_the_sampler_push
     load = record.summary.load
     assert load is not None and load["completed"] == 1500 and load["failed"] == 0
     # The run keeps what the server said at start (the advisor's evidence), without its argv echo.
-    assert record.summary.startup is not None and record.summary.startup["vllm_version"] == "9.9.9"
-    assert "non_default_args" not in record.summary.startup
+    assert record.summary.startup is not None and record.summary.startup.vllm_version == "9.9.9"
+    assert record.summary.startup.non_default_args is None
+    stored = record.summary.to_json()["startup"]
+    assert isinstance(stored, dict) and "non_default_args" not in stored
     during = got[before:]
     assert len(during) >= 3, len(during)  # live updates while it ran, not only its end (no rate: a busy box is slow)
     seqs = [s.seq for s in got]

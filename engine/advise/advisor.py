@@ -35,7 +35,7 @@ from engine.errors import EngineDied, MaxModelLenTooLarge, SessionError, Startup
 from engine.runs.status import RunStatus
 from engine.runs.summary import TelemetryFigures
 from engine.server import supervisor  # supervisor.vllm_program, looked up when called (tests replace it)
-from engine.server.logparse import classify_failure
+from engine.server.logparse import StartupFacts, classify_failure
 from engine.server.modelconfig import ModelConfig, ModelConfigError
 from engine.server.planner import PlanError, kv_bytes_per_token, kv_tokens_for_memory, plan
 from engine.values import as_float, as_int
@@ -142,7 +142,8 @@ class RunData:
     ``estimated_max_len``); ``model_config`` the model's config.json (for the planner);
     ``startup`` what the server said about itself while starting
     (``engine.server.logparse.StartupFacts.to_dict()``, e.g. ``max_cudagraph_capture_size``),
-    where the run kept it (the summary's ``startup``); empty where not.
+    where the run kept it (the summary's ``startup``); empty where not; read once into
+    ``startup_facts`` (``StartupFacts.from_json``; a wrong type is a ValueError as above).
     ``draft_model`` is not measured: a draft model the caller offers for speculative decoding
     (``vtui advise --draft-model``, or :func:`advise`'s ``draft_model``), a local folder or a
     Hugging Face id; :func:`rule_speculative_draft` names it where the run shows room for one.
@@ -174,12 +175,15 @@ class RunData:
     """Where the data came from (recorded how, or changed how), for test data."""
     telemetry_figures: TelemetryFigures = field(init=False, repr=False, compare=False)
     """``telemetry`` typed: what the rules read (derived, so not compared, not written)."""
+    startup_facts: StartupFacts = field(init=False, repr=False, compare=False)
+    """``startup`` typed, the same way."""
 
     def __post_init__(self) -> None:
         # Set here, once per RunData (dataclasses.replace builds a new one: read again), on a frozen
         # dataclass: object.__setattr__ is the way dataclasses document for a derived field.
         object.__setattr__(self, "telemetry_figures",
                            TelemetryFigures.from_json(self.telemetry, f"{self.name}: telemetry"))
+        object.__setattr__(self, "startup_facts", StartupFacts.from_json(self.startup, f"{self.name}: startup"))
 
     # ------------------------------------------------------------- flags
     def flag(self, name: str, default: object = None) -> object:
@@ -303,9 +307,10 @@ class RunData:
         mc = d.get("model_config")
         if mc is not None and not isinstance(mc, Mapping):
             raise RunDataError(source, "key 'model_config': expected an object or null")
+        name = str(d.get("name") or source)
         try:
             return cls(
-                name=str(d.get("name") or source), note=str(d.get("note") or ""),
+                name=name, note=str(d.get("note") or ""),
                 flags={_norm_flag(k): v for k, v in flags.items() if _norm_flag(k) != "model"},
                 model=d.get("model"), status=_status_word(d.get("status")),
                 started=_f(d.get("started")), ended=_f(d.get("ended")),
@@ -314,8 +319,9 @@ class RunData:
                 requests=tuple(tuple(r) for r in reqs), failure=failure, model_config=mc,
                 startup=mapping("startup"),
             )
-        except ValueError as exc:  # the telemetry's figures (TelemetryFigures names the key)
-            raise RunDataError(source, f"key 'telemetry': {exc}") from None
+        except ValueError as exc:  # a telemetry figure or a startup fact (read in __post_init__, named)
+            part = "startup" if str(exc).startswith(f"{name}: startup: ") else "telemetry"
+            raise RunDataError(source, f"key {part!r}: {exc}") from None
 
     @classmethod
     def read(cls, path: str | Path) -> RunData:
@@ -393,8 +399,11 @@ class RunData:
         failure = None
         if info.status == "failed" and summary.error and summary.load is None:
             failure = failure_from_line(summary.error, summary.hint or "")
-        tel = summary.telemetry or {}
-        startup = summary.startup
+        # the telemetry and startup parts as stored (RunData's saved format), where they parsed
+        stored = summary.to_json()
+        tel = stored.get("telemetry") if summary.telemetry_figures is not None else None
+        tel = tel if isinstance(tel, Mapping) else {}
+        startup = stored.get("startup") if summary.startup is not None else None
         keep = ("peak_kv_cache_usage", "peak_running", "peak_waiting", "preemptions", "prefix_hit_rate",
                 "mean_gpu_util_pct", "peak_gpu_mem_bytes", "host_mean_cpu_pct", "server_mean_cpu_pct",
                 "server_peak_rss_bytes", "gpu_unavailable", "cache_config", "speed_of_light", "server_itl",
@@ -407,7 +416,7 @@ class RunData:
             windows=tuple(windows), server=tuple(server), gpus=tuple(gpus), host=tuple(host),
             requests=tuple(requests), workload=dict(info.workload), failure=failure,
             model_config=_read_model_config(info.model),
-            startup=dict(startup) if startup is not None else {},
+            startup=dict(startup) if isinstance(startup, Mapping) else {},
         )
 
 
@@ -1610,9 +1619,9 @@ def _captured_max(run: RunData) -> tuple[int, str] | None:
     if run.flag("cudagraph-capture-sizes") or cc.get("cudagraph_capture_sizes") \
             or cc.get("max_cudagraph_capture_size") is not None or "cudagraph_mode" in cc:
         return None
-    logged = _f(run.startup.get("max_cudagraph_capture_size"))
+    logged = run.startup_facts.max_cudagraph_capture_size
     if logged is not None:
-        return int(logged), "from the server's startup log"
+        return logged, "from the server's startup log"
     tokens_f = _f(run.flag("max-num-batched-tokens"))
     tokens = int(tokens_f) if tokens_f else None
     flag = _f(run.flag("max-cudagraph-capture-size"))
@@ -1641,7 +1650,7 @@ def _graph_gap(run: RunData) -> _GraphGap | None:
     """Evidence that the decode steps of a GPU run with CUDA graphs ran past the largest
     captured graph, or None: the mean of the server's running-requests samples while busy
     (an idle sample has no decode step) above the largest captured size."""
-    if _device_bytes(run)[1] != "GPU" or str(run.startup.get("kv_cache_device") or "GPU") != "GPU":
+    if _device_bytes(run)[1] != "GPU" or (run.startup_facts.kv_cache_device or "GPU") != "GPU":
         return None
     if run.flag("enforce-eager") or run.flag("speculative-config") or _completed(run) < 10:
         # Eager: no graphs at all (rule_launch_bound weighs that). Speculative decoding: a step
@@ -1706,9 +1715,9 @@ def _step_budget(run: RunData) -> tuple[int, str] | None:
     flag = _f(run.flag("max-num-batched-tokens"))
     if flag:
         return int(flag), "--max-num-batched-tokens"
-    logged = _f(run.startup.get("max_num_batched_tokens"))
+    logged = run.startup_facts.max_num_batched_tokens
     if logged:
-        return int(logged), "from the server's startup log"
+        return logged, "from the server's startup log"
     return None
 
 

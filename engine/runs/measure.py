@@ -35,10 +35,9 @@ from engine.flags import FlagSet, recordable_values
 from engine.runs.crosscheck import cross_check
 from engine.runs.history import History, Recording, RunInfo, to_jsonable
 from engine.runs.status import RunStatus, decide
-from engine.runs.summary import STREAM_KEYS, EnergyFigures, RunSummary, SloVerdict, StreamShape, TelemetryFigures
+from engine.runs.summary import STREAM_KEYS, EnergyFigures, RunSummary, ServerWindow, SloVerdict, StreamShape, TelemetryFigures
 from engine.server.supervisor import ServerState
 from engine.telemetry.metrics import MetricsScraper
-from engine.values import JSONObject, json_object
 from loadgen import DatasetError, LoadRun, ServerError
 from loadgen.spec import judge
 from loadgen.stats import DEFAULT_PERCENTILES
@@ -430,10 +429,10 @@ async def measure(
             slo = SloVerdict(slo_met, why or None)
         # The documents read once, as the history will read them back (engine.runs.summary).
         figures = TelemetryFigures.from_json(telemetry, "the run's telemetry") if telemetry is not None else None
+        edges = ServerWindow.from_json(server, "the server's window")  # empty ({}) without exact scrapes
         measured = RunSummary(
-            load=result.summary, telemetry_figures=figures, energy=energy, server=json_object(server),
-            cross_check=cross_check(load, TelemetryFigures.from_json(server, "the server's window"),
-                                    shared_prefix=bool(plan.workload.prefix_len)),
+            load=result.summary, telemetry_figures=figures, energy=energy, server=edges,
+            cross_check=cross_check(load, edges.figures(), shared_prefix=bool(plan.workload.prefix_len)),
             stream=StreamShape.from_json({k: result.extra.get(k) for k in STREAM_KEYS}, "the run's stream"),
             client_bound=result.client_bound, client_cpus=tuple(result.client_cpus),
             failures_by_reason=dict(result.failures_by_reason), slo=slo)
@@ -452,8 +451,7 @@ async def measure(
     # evidence about the server the run measured (engine.advise.advisor.RunData.startup).
     # vLLM's echo of its arguments stays out: it is the flags again, and where a server
     # was given a secret on its command line the echo would carry it into the history.
-    startup: JSONObject | None = (json_object({k: v for k, v in facts.to_dict().items() if k != "non_default_args"})
-                                  if facts is not None else None)
+    startup = dataclasses.replace(facts, non_default_args=None) if facts is not None else None
     summary = dataclasses.replace(measured, error=error, hint=hint or None, server_log=server_log, startup=startup)
     if recorder is None:  # the caller's store: the GPUs it saw
         gpus.update(store.gpu_names)

@@ -10,9 +10,9 @@ measure writes them:
 ``telemetry``
     ``engine.telemetry.summary.TelemetrySummary.to_dict()`` with the server's own figures over the
     window and its speed of light, typed (:class:`TelemetryFigures`).
-``server``, ``startup``
-    the telemetry room's documents, kept as JSON (the ``/metrics`` deltas over the measured window;
-    ``engine.server.logparse.StartupFacts.to_dict()``).
+``server``
+    the ``/metrics`` deltas over the measured window (:class:`ServerWindow`; ``{}`` where the
+    scrapes at its edges were not exact).
 ``energy``
     joules over the window, per token and per request, mean and idle power (:class:`EnergyFigures`).
 ``cross_check``
@@ -25,6 +25,9 @@ measure writes them:
     whether the run met its SLO and why not (:class:`SloVerdict`).
 ``error``, ``hint``, ``server_log``
     how a run that went wrong ended.
+``startup``
+    what the server said about itself while starting (``engine.server.logparse.StartupFacts``,
+    stored as :func:`startup_json` writes it).
 
 Older rows lack newer keys (they read as absent: None, False, empty); a trace or headless row
 is only vllm bench serve's keys (read as ``load``, ``flat``). Nothing stored is lost:
@@ -39,6 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from engine.runs.crosscheck import CrossCheck
+from engine.server.logparse import StartupFacts
 from engine.values import JSONObject, JSONValue, StoredFields
 from loadgen.stats import LoadSummary
 
@@ -442,6 +446,67 @@ class TelemetryFigures:
             speed_of_light=None if sol is None else SpeedOfLightFigures.from_json(sol, f"{where}: speed_of_light"))
 
 
+@dataclass(frozen=True)
+class ServerWindow:
+    """The server's own figures over the measured window as stored (``engine.runs.measure
+    .server_window``: the ``/metrics`` deltas between the scrapes at the window's edges, ``t0``
+    and ``t1``): its latencies (ms), token counters, prefix-cache hit rate and preemptions. All
+    None where the scrapes were not exact (measure stores an empty document, ``{}``); an older or
+    partial document reads None for what it lacks."""
+
+    server_ttft: ServerLatency | None = None
+    server_itl: ServerLatency | None = None
+    server_e2e: ServerLatency | None = None
+    prompt_tokens: float | None = None
+    generation_tokens: float | None = None
+    prefix_hit_rate: float | None = None  # 0..1
+    preemptions: float | None = None
+    t0: float | None = None
+    t1: float | None = None
+
+    def to_json(self) -> dict[str, JSONValue]:
+        """In server_window's order; ``{}`` for the empty window."""
+        if self == ServerWindow():
+            return {}
+
+        def latency(q: ServerLatency | None) -> JSONValue:
+            return None if q is None else q.to_json()
+
+        return {"server_ttft": latency(self.server_ttft), "server_itl": latency(self.server_itl),
+                "server_e2e": latency(self.server_e2e), "prompt_tokens": self.prompt_tokens,
+                "generation_tokens": self.generation_tokens, "prefix_hit_rate": self.prefix_hit_rate,
+                "preemptions": self.preemptions, "t0": self.t0, "t1": self.t1}
+
+    def figures(self) -> TelemetryFigures:
+        """The window as telemetry figures (what ``engine.runs.crosscheck.cross_check`` reads)."""
+        return TelemetryFigures(t0=self.t0, t1=self.t1, preemptions=self.preemptions,
+                                prefix_hit_rate=self.prefix_hit_rate, prompt_tokens=self.prompt_tokens,
+                                generation_tokens=self.generation_tokens, server_ttft=self.server_ttft,
+                                server_itl=self.server_itl, server_e2e=self.server_e2e)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object], where: str) -> ServerWindow:
+        f = StoredFields(d, where)
+
+        def latency(key: str) -> ServerLatency | None:
+            q = _object(d.get(key), where, key)
+            return None if q is None else ServerLatency.from_json(q, f"{where}: {key}")
+
+        return cls(server_ttft=latency("server_ttft"), server_itl=latency("server_itl"),
+                   server_e2e=latency("server_e2e"), prompt_tokens=f.maybe_number("prompt_tokens"),
+                   generation_tokens=f.maybe_number("generation_tokens"),
+                   prefix_hit_rate=f.maybe_number("prefix_hit_rate"), preemptions=f.maybe_number("preemptions"),
+                   t0=f.maybe_number("t0"), t1=f.maybe_number("t1"))
+
+
+def startup_json(facts: StartupFacts) -> dict[str, JSONValue]:
+    """A run's ``startup`` as stored: ``StartupFacts.to_dict()``, without ``non_default_args``
+    where the facts have none (engine.runs.measure leaves vLLM's echo of its arguments out: it
+    is the flags again, and could carry a secret given on a command line)."""
+    return {k: _value(v, "startup", k) for k, v in facts.to_dict().items()
+            if not (k == "non_default_args" and v is None)}
+
+
 # --------------------------------------------------------------------------- the document
 
 
@@ -449,7 +514,8 @@ class TelemetryFigures:
 class RunSummary:
     """A measured run's stored document, typed (see the module's text). ``telemetry_figures`` is
     the telemetry document typed (:class:`TelemetryFigures`; ``telemetry`` gives it as JSON, as
-    stored); ``server`` and ``startup`` are the telemetry room's own JSON documents.
+    stored, for what copies it whole); ``server`` the server's window (:class:`ServerWindow`);
+    ``startup`` the server's own startup facts (``StartupFacts``).
 
     ``extra``: stored keys no typed field holds (a newer vtui's, or a typed part stored empty),
     written back as they were. ``flat``: a trace/headless row whose document is only vllm bench
@@ -460,7 +526,7 @@ class RunSummary:
     load: LoadSummary | None = None
     telemetry_figures: TelemetryFigures | None = None
     energy: EnergyFigures | None = None
-    server: JSONObject | None = None
+    server: ServerWindow | None = None
     cross_check: CrossCheck | None = None
     stream: StreamShape | None = None
     client_bound: bool = False
@@ -470,7 +536,7 @@ class RunSummary:
     error: str | None = None
     hint: str | None = None
     server_log: tuple[str, ...] = ()
-    startup: JSONObject | None = None
+    startup: StartupFacts | None = None
     extra: JSONObject = field(default_factory=dict)
     flat: bool = False
     keys: tuple[str, ...] = ()
@@ -512,8 +578,7 @@ class RunSummary:
     @property
     def telemetry(self) -> JSONObject | None:
         """The telemetry document as stored (JSON; None where the run has none), for what copies
-        it whole: the advisor's run data (its saved format) and tests/perf/agreement_gpu.py.
-        Readers of its figures read :attr:`telemetry_figures`."""
+        it whole (tests/perf/agreement_gpu.py). Readers of its figures read :attr:`telemetry_figures`."""
         doc = self._part("telemetry")
         return doc if isinstance(doc, Mapping) else None
 
@@ -552,9 +617,12 @@ class RunSummary:
             typed = self.energy.to_json() if self.energy is not None else None
         elif key == "telemetry":
             typed = self.telemetry_figures.to_json() if self.telemetry_figures is not None else None
+        elif key == "server":
+            typed = self.server.to_json() if self.server is not None else None
+        elif key == "startup":
+            typed = startup_json(self.startup) if self.startup is not None else None
         else:
             simple: dict[str, JSONValue] = {
-                "server": self.server, "startup": self.startup,
                 "client_bound": self.client_bound, "client_cpus": list(self.client_cpus),
                 "failures_by_reason": dict(self.failures_by_reason), "error": self.error, "hint": self.hint,
                 "server_log": list(self.server_log)}
@@ -632,6 +700,14 @@ class RunSummary:
         if (stored := part("telemetry")) is not None:
             telemetry = TelemetryFigures.from_json(stored, f"{where}: telemetry")
             keep("telemetry", stored, telemetry.to_json())
+        server: ServerWindow | None = None
+        if (stored := part("server")) is not None:
+            server = ServerWindow.from_json(stored, f"{where}: server")
+            keep("server", stored, server.to_json())
+        startup: StartupFacts | None = None
+        if (stored := part("startup")) is not None:
+            startup = StartupFacts.from_json(stored, f"{where}: startup")
+            keep("startup", stored, startup_json(startup))
 
         cpus = doc.get("client_cpus") or []
         if not isinstance(cpus, (list, tuple)) or not all(isinstance(c, int) and not isinstance(c, bool) for c in cpus):
@@ -649,7 +725,7 @@ class RunSummary:
             load=load,
             telemetry_figures=telemetry,
             energy=energy,
-            server=_object(doc.get("server"), where, "server"),
+            server=server,
             cross_check=check,
             stream=stream,
             client_bound=top.flag("client_bound", False),
@@ -659,7 +735,7 @@ class RunSummary:
             error=top.maybe_text("error"),
             hint=top.maybe_text("hint"),
             server_log=tuple(log),
-            startup=_object(doc.get("startup"), where, "startup"),
+            startup=startup,
             extra=extra,
             keys=tuple(doc),
             kept=kept_parts,
@@ -678,5 +754,5 @@ class RunSummary:
             return cls(extra={k: _value(v, where, k) for k, v in doc.items()}, keys=tuple(doc))
 
 
-__all__ = ["KEYS", "STREAM_KEYS", "EnergyFigures", "GpuFigures", "Kept", "RunSummary", "ServerLatency", "SloVerdict",
-           "SpeedOfLightFigures", "StreamShape", "TelemetryFigures", "WindowEnergy"]
+__all__ = ["KEYS", "STREAM_KEYS", "EnergyFigures", "GpuFigures", "Kept", "RunSummary", "ServerLatency", "ServerWindow",
+           "SloVerdict", "SpeedOfLightFigures", "StreamShape", "TelemetryFigures", "WindowEnergy", "startup_json"]

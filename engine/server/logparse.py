@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TypedDict
 
 from engine import errors
+from engine.values import StoredFields
 
 
 class Phase(enum.IntEnum):
@@ -150,6 +151,29 @@ class StartupFacts:
         if self.non_default_args is not None:
             out["non_default_args"] = dict(self.non_default_args)
         return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object], where: str) -> StartupFacts:
+        """What :meth:`to_dict` wrote, read back (a run's stored ``startup``, engine.runs.summary;
+        the advisor's run data): a missing or null fact reads None (an older row lacks newer
+        facts), a value of the wrong type is a ValueError naming ``where`` and the key. Keys
+        this vtui does not know are the caller's to keep."""
+        f = StoredFields(d, where)
+        args = d.get("non_default_args")
+        if args is not None and not (isinstance(args, Mapping) and all(isinstance(k, str) for k in args)):
+            raise ValueError(f"{where}: non_default_args is {args!r}, not an object")
+        num, whole, text = f.maybe_number, f.maybe_whole, f.maybe_text
+        return cls(
+            vllm_version=text("vllm_version"), non_default_args=args, max_model_len=whole("max_model_len"),
+            max_num_batched_tokens=whole("max_num_batched_tokens"), kv_cache_device=text("kv_cache_device"),
+            kv_cache_tokens=whole("kv_cache_tokens"), max_concurrency=num("max_concurrency"),
+            max_concurrency_tokens=whole("max_concurrency_tokens"), kv_cache_memory_gib=num("kv_cache_memory_gib"),
+            cpu_node_gib=num("cpu_node_gib"), cpu_requested_gib=num("cpu_requested_gib"),
+            cpu_non_kv_gib=num("cpu_non_kv_gib"), model_load_gib=num("model_load_gib"),
+            model_load_s=num("model_load_s"), weights_load_s=num("weights_load_s"),
+            torch_compile_s=num("torch_compile_s"), graph_capture_s=num("graph_capture_s"),
+            graph_capture_gib=num("graph_capture_gib"), init_engine_s=num("init_engine_s"), api_url=text("api_url"),
+            max_cudagraph_capture_size=whole("max_cudagraph_capture_size"))
 
     @classmethod
     def from_lines(cls, lines: Iterable[str]) -> StartupFacts:
