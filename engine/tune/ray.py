@@ -18,9 +18,11 @@ Ray is an optional extra (``pip install vtui[ray]``); nothing here is imported w
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import importlib.util
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -235,6 +237,7 @@ def connect(address: str) -> dict[str, float]:
         _asked = address
         if not ray.is_initialized():
             check_listening(address)
+            _faulthandler_on_the_terminal()
             try:
                 if address == "local":
                     ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
@@ -249,6 +252,20 @@ def connect(address: str) -> dict[str, float]:
         return {k: float(v) for k, v in ray.cluster_resources().items()}
     finally:
         _joining.release()
+
+
+def _faulthandler_on_the_terminal() -> None:
+    """ray.init turns faulthandler on (fatal errors' tracebacks) on ``sys.stderr``; under the TUI
+    that is Textual's capture, whose fileno() is -1, so faulthandler.enable raised RuntimeError
+    and ray.init failed ("file.fileno() is not a valid file descriptor": the Tune screen's Ray
+    field joined no cluster in a terminal). Turned on here on the process's own stderr, as Ray
+    does outside the TUI, ray.init leaves it be."""
+    if faulthandler.is_enabled() or sys.__stderr__ is None:
+        return
+    try:
+        faulthandler.enable(file=sys.__stderr__, all_threads=False)
+    except (RuntimeError, ValueError, OSError):
+        pass  # no usable stderr at all: ray.init says what it makes of that
 
 
 def ray_measurers(address: str, needs: Iterable[int], factory: MeasurerFactory, *, parallel: int | None = None,
