@@ -38,14 +38,17 @@ included (``extra``), in their order.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from engine.runs.crosscheck import CrossCheck
 from engine.server.logparse import StartupFacts
 from engine.values import JSONObject, JSONValue, StoredFields
 from loadgen.stats import LoadSummary
 
+# A typed part of the document (RunSummary.from_json reads each alike).
+_Part = TypeVar("_Part")
 # The document's keys, in the order engine.runs.measure writes them.
 KEYS = ("load", "telemetry", "energy", "server", "cross_check", "stream", "client_bound", "client_cpus",
         "failures_by_reason", "slo_verdict", "error", "hint", "server_log", "startup")
@@ -240,6 +243,16 @@ class ServerLatency:
         return cls(num("p50_ms"), num("p90_ms"), num("p99_ms"), num("mean_ms"), num("count"))
 
 
+def _latency(d: Mapping[str, object], where: str, key: str) -> ServerLatency | None:
+    """The latency histogram stored under ``key`` (None where missing or null)."""
+    q = _object(d.get(key), where, key)
+    return None if q is None else ServerLatency.from_json(q, f"{where}: {key}")
+
+
+def _latency_json(q: ServerLatency | None) -> JSONValue:
+    return None if q is None else q.to_json()
+
+
 @dataclass(frozen=True)
 class GpuFigures:
     """One device over the run as stored (``engine.telemetry.summary.GpuSummary``, its fields)."""
@@ -379,10 +392,7 @@ class TelemetryFigures:
     def to_json(self) -> dict[str, JSONValue]:
         """The document in TelemetrySummary.to_dict()'s order, ``speed_of_light`` last where there
         is one (as engine.runs.measure adds it)."""
-
-        def latency(q: ServerLatency | None) -> JSONValue:
-            return None if q is None else q.to_json()
-
+        latency = _latency_json
         out: dict[str, JSONValue] = {
             "t0": self.t0, "t1": self.t1, "gpus": [g.to_json() for g in self.gpus],
             "gpu_unavailable": self.gpu_unavailable, "peak_gpu_mem_bytes": self.peak_gpu_mem_bytes,
@@ -409,8 +419,7 @@ class TelemetryFigures:
             return _object(d.get(key), where, key)
 
         def latency(key: str) -> ServerLatency | None:
-            q = part(key)
-            return None if q is None else ServerLatency.from_json(q, f"{where}: {key}")
+            return _latency(d, where, key)
 
         gpus = d.get("gpus") or []
         if not isinstance(gpus, (list, tuple)):
@@ -468,12 +477,8 @@ class ServerWindow:
         """In server_window's order; ``{}`` for the empty window."""
         if self == ServerWindow():
             return {}
-
-        def latency(q: ServerLatency | None) -> JSONValue:
-            return None if q is None else q.to_json()
-
-        return {"server_ttft": latency(self.server_ttft), "server_itl": latency(self.server_itl),
-                "server_e2e": latency(self.server_e2e), "prompt_tokens": self.prompt_tokens,
+        return {"server_ttft": _latency_json(self.server_ttft), "server_itl": _latency_json(self.server_itl),
+                "server_e2e": _latency_json(self.server_e2e), "prompt_tokens": self.prompt_tokens,
                 "generation_tokens": self.generation_tokens, "prefix_hit_rate": self.prefix_hit_rate,
                 "preemptions": self.preemptions, "t0": self.t0, "t1": self.t1}
 
@@ -486,17 +491,11 @@ class ServerWindow:
 
     @classmethod
     def from_json(cls, d: Mapping[str, object], where: str) -> ServerWindow:
-        f = StoredFields(d, where)
-
-        def latency(key: str) -> ServerLatency | None:
-            q = _object(d.get(key), where, key)
-            return None if q is None else ServerLatency.from_json(q, f"{where}: {key}")
-
-        return cls(server_ttft=latency("server_ttft"), server_itl=latency("server_itl"),
-                   server_e2e=latency("server_e2e"), prompt_tokens=f.maybe_number("prompt_tokens"),
-                   generation_tokens=f.maybe_number("generation_tokens"),
-                   prefix_hit_rate=f.maybe_number("prefix_hit_rate"), preemptions=f.maybe_number("preemptions"),
-                   t0=f.maybe_number("t0"), t1=f.maybe_number("t1"))
+        num = StoredFields(d, where).maybe_number
+        return cls(server_ttft=_latency(d, where, "server_ttft"), server_itl=_latency(d, where, "server_itl"),
+                   server_e2e=_latency(d, where, "server_e2e"), prompt_tokens=num("prompt_tokens"),
+                   generation_tokens=num("generation_tokens"), prefix_hit_rate=num("prefix_hit_rate"),
+                   preemptions=num("preemptions"), t0=num("t0"), t1=num("t1"))
 
 
 def startup_json(facts: StartupFacts) -> dict[str, JSONValue]:
@@ -661,53 +660,30 @@ class RunSummary:
         extra: dict[str, JSONValue] = {}
         kept_parts: dict[str, Kept] = {}
 
-        def part(key: str) -> Mapping[str, object] | None:
-            """A typed part's stored object; None (kept in extra) when stored empty or null."""
-            value = doc.get(key)
-            if value is None or (isinstance(value, Mapping) and not value):
+        def typed(key: str, read: Callable[[Mapping[str, object], str], _Part],
+                  write: Callable[[_Part], Mapping[str, JSONValue]]) -> _Part | None:
+            """A typed part read from its stored object (``read``), and what of that object
+            ``write`` would not give back kept; None (the stored value kept in extra) when
+            stored empty or null."""
+            stored = _object(doc.get(key), where, key)
+            if not stored:
                 if key in doc:
-                    extra[key] = _value(value, where, key)
+                    extra[key] = _value(doc[key], where, key)
                 return None
-            obj = _object(value, where, key)
-            return obj
-
-        def keep(key: str, stored: Mapping[str, object], written: Mapping[str, JSONValue]) -> None:
-            kept = Kept.of(stored, written, f"{where}: {key}")
+            typed = read(stored, f"{where}: {key}")
+            kept = Kept.of(stored, write(typed), f"{where}: {key}")
             if kept is not None:
                 kept_parts[key] = kept
+            return typed
 
-        load: LoadSummary | None = None
-        if (stored := part("load")) is not None:
-            load = LoadSummary.from_dict(stored, f"{where}: load")
-            keep("load", stored, load.to_dict())
-        check: CrossCheck | None = None
-        if (stored := part("cross_check")) is not None:
-            check = CrossCheck.from_dict(stored)
-            keep("cross_check", stored, check.to_dict())
-        stream: StreamShape | None = None
-        if (stored := part("stream")) is not None:
-            stream = StreamShape.from_json(stored, f"{where}: stream")
-            keep("stream", stored, stream.to_json())
-        slo: SloVerdict | None = None
-        if (stored := part("slo_verdict")) is not None:
-            slo = SloVerdict.from_json(stored, f"{where}: slo_verdict")
-            keep("slo_verdict", stored, slo.to_json())
-        energy: EnergyFigures | None = None
-        if (stored := part("energy")) is not None:
-            energy = EnergyFigures.from_json(stored, f"{where}: energy")
-            keep("energy", stored, energy.to_json())
-        telemetry: TelemetryFigures | None = None
-        if (stored := part("telemetry")) is not None:
-            telemetry = TelemetryFigures.from_json(stored, f"{where}: telemetry")
-            keep("telemetry", stored, telemetry.to_json())
-        server: ServerWindow | None = None
-        if (stored := part("server")) is not None:
-            server = ServerWindow.from_json(stored, f"{where}: server")
-            keep("server", stored, server.to_json())
-        startup: StartupFacts | None = None
-        if (stored := part("startup")) is not None:
-            startup = StartupFacts.from_json(stored, f"{where}: startup")
-            keep("startup", stored, startup_json(startup))
+        load = typed("load", LoadSummary.from_dict, LoadSummary.to_dict)
+        check = typed("cross_check", lambda d, _where: CrossCheck.from_dict(d), CrossCheck.to_dict)
+        stream = typed("stream", StreamShape.from_json, StreamShape.to_json)
+        slo = typed("slo_verdict", SloVerdict.from_json, SloVerdict.to_json)
+        energy = typed("energy", EnergyFigures.from_json, EnergyFigures.to_json)
+        telemetry = typed("telemetry", TelemetryFigures.from_json, TelemetryFigures.to_json)
+        server = typed("server", ServerWindow.from_json, ServerWindow.to_json)
+        startup = typed("startup", StartupFacts.from_json, startup_json)
 
         cpus = doc.get("client_cpus") or []
         if not isinstance(cpus, (list, tuple)) or not all(isinstance(c, int) and not isinstance(c, bool) for c in cpus):
