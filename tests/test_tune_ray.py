@@ -220,6 +220,51 @@ async def test_x_stops_a_search_still_joining_its_cluster() -> None:
     assert not ray.is_initialized()
 
 
+async def test_the_tune_screen_shows_the_join_and_x_stops_it() -> None:
+    """On the Tune screen: while the search joins its cluster the head says "joining" (no search
+    id yet), Stop is enabled and Start is not; x ends it as "stopped" and says so."""
+    from test_tune_live_slots import SlotTables, session_with
+    from textual.widgets import Button, Input, Static
+
+    from engine.flags import builtin_schema
+    from engine.presets import list_presets
+    from engine.tune import ray as tune_ray
+    from tui.app import VtuiApp
+    from tui.widgets.tune import TuneScreen
+
+    assert not ray.is_initialized(), "runs before the cluster fixture joins this process"
+    session = session_with(SlotTables().factory, 0)
+    app = VtuiApp(session, schema=builtin_schema(), presets=list_presets(include_user=False), cursor_blink=False)
+    with listener(None) as port:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("u")
+            await pilot.pause()
+            screen = app.screen
+            assert isinstance(screen, TuneScreen)
+            screen.query_one("#tune-ray", Input).value = f"127.0.0.1:{port}"
+            await pilot.press("g")
+            while screen.view is None or screen.view.status != "joining":
+                await pilot.pause(0.05)
+            head = str(screen.query_one("#tune-head", Static).render())
+            assert head.startswith("Tune: joining  ") and "resume" not in head, head
+            assert str(screen.query_one("#tune-log", Static).render()) == \
+                f"joining the Ray cluster at 127.0.0.1:{port} (x stops)"
+            assert not screen.query_one("#tune-stop", Button).disabled
+            assert screen.query_one("#tune-start", Button).disabled
+            await pilot.press("x")
+            for worker in list(app.workers):
+                if worker.group == "tune":
+                    await worker.wait()
+            app.refresh_now()
+            await pilot.pause()
+            assert screen.view is not None and screen.view.status == "stopped"
+            assert str(screen.query_one("#tune-head", Static).render()).startswith("Tune: stopped  ")
+            assert "stopped while joining the Ray cluster" in str(screen.query_one("#tune-log", Static).render())
+            assert screen.query_one("#tune-stop", Button).disabled and not screen.query_one("#tune-start", Button).disabled
+        assert tune_ray._joining.acquire(timeout=tune_ray.DIAL_TIMEOUT_S + 5)  # the join's thread gave up
+        tune_ray._joining.release()
+
+
 async def test_two_ray_actors_on_their_own_gpus_find_what_one_slot_finds(cluster: Any) -> None:
     alone = await reference()
     lines: list[str] = []
