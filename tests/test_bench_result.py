@@ -1,6 +1,6 @@
 """``vtui bench``'s result file and summary lines for stored run documents.
 
-The lines printed under the table read the typed telemetry (``RunSummary.telemetry_figures``);
+The lines printed under the table read the typed telemetry (``RunSummary.telemetry``);
 the result file carries the run's parts as the history keeps them. Both are pinned to what the
 read-by-key bench wrote for the same documents (recorded 2026-12-03, before the typed read).
 """

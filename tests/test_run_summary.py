@@ -101,12 +101,12 @@ def test_measured_document_round_trips_byte_for_byte() -> None:
     assert s.slo == SloVerdict(False, "p99 E2EL 2100 ms > 2000 ms") and s.slo_met is False
     assert (s.client_bound, s.client_cpus, dict(s.failures_by_reason)) == (False, (2, 3), {"timeout": 2})
     assert s.error and s.hint and s.server_log == ("INFO engine died", "ERROR CUDA out of memory")
-    tel = s.telemetry_figures
+    tel = s.telemetry
     assert tel is not None and tel.speed_of_light is not None
     assert s.mean_power_w == 400.0 and tel.speed_of_light.line == "decode at 30% of the floor"
     assert tel.peak_kv_cache_usage == 0.4 and tel.gpus[0].name == "NVIDIA H200"
     assert tel.server_ttft is not None and tel.server_ttft.mean_ms == 35.0 and tel.energy is None
-    assert s.telemetry == TELEMETRY and "telemetry" not in s.kept  # the typed read writes it as it was
+    assert s.to_json()["telemetry"] == TELEMETRY and "telemetry" not in s.kept  # the typed read writes it as it was
     assert tel.speed_of_light is not None and tel.speed_of_light.mbu == 0.3 and tel.speed_of_light.gpu == "H200"
     assert s.startup == StartupFacts(vllm_version="0.11.0", kv_cache_tokens=500000)
     assert not s.extra and not s.flat and not s.empty
@@ -117,7 +117,7 @@ def test_measured_document_round_trips_byte_for_byte() -> None:
 def test_built_here_writes_measures_keys_in_measures_order() -> None:
     doc = measured_document()
     built = RunSummary(
-        load=LoadSummary.from_dict(LOAD), telemetry_figures=TelemetryFigures.from_json(TELEMETRY, "telemetry"),
+        load=LoadSummary.from_dict(LOAD), telemetry=TelemetryFigures.from_json(TELEMETRY, "telemetry"),
         energy=EnergyFigures(**ENERGY), server=ServerWindow.from_json(SERVER, "server"),
         cross_check=cross_check(LOAD, TelemetryFigures.from_json(SERVER, "server")),
         stream=StreamShape.from_json(STREAM, "stream"),
@@ -150,8 +150,8 @@ def test_old_row_without_newer_keys_reads_and_is_written_back_as_stored() -> Non
     assert s.stream is not None and s.stream.warmup_requests is None and s.slo_met is True
     assert s.cross_check is not None and s.cross_check.server_mean_ttft_ms is None
     # its telemetry: the one figure it has, the newer ones absent (None) and not written back
-    assert s.telemetry_figures is not None and s.telemetry_figures.mean_gpu_util_pct == 50
-    assert s.telemetry_figures.server_front_procs is None and s.telemetry_figures.cache_config == {}
+    assert s.telemetry is not None and s.telemetry.mean_gpu_util_pct == 50
+    assert s.telemetry.server_front_procs is None and s.telemetry.cache_config == {}
     # an older row still lists in a comparison, its missing figures n/a
     info = RunInfo(id=7, name="old", preset=None, started=1.0, ended=2.0, status="ok", flags={},
                    vllm_version=None, model="m", gpus=[], workload={}, summary=s, baseline=False, tags=())
@@ -163,7 +163,7 @@ def test_trace_row_of_bench_keys_only_is_read_as_load() -> None:
     s = RunSummary.from_json(flat, "trace")
     assert s.flat and s.load is not None and s.load.request_throughput == 20.0
     assert s.figure("mean_ttft_ms") == 10 and s.figure("output_throughput") is None  # not stored: n/a
-    assert s.telemetry is None and s.telemetry_figures is None and s.slo is None and s.error is None
+    assert s.telemetry is None and s.slo is None and s.error is None
     assert text(s.to_json()) == text(flat)
     # a whole result as loadgen writes it, flat
     whole = RunSummary.from_json(dict(LOAD), "headless")
@@ -219,9 +219,9 @@ def test_unknown_keys_are_kept_and_written_back() -> None:
     assert s.extra == {"kv_transfer": {"bytes": 10}, "note": "from a newer vtui"}
     assert text(s.to_json()) == text(doc)
     # the telemetry's unknown key, its partial latency and its null speed of light are kept; the figures read
-    assert s.telemetry_figures is not None and s.telemetry_figures.server_itl is not None
-    assert s.telemetry_figures.server_itl.mean_ms == 14.0 and s.telemetry_figures.server_itl.p99_ms is None
-    assert s.telemetry_figures.speed_of_light is None and s.telemetry == doc["telemetry"]
+    assert s.telemetry is not None and s.telemetry.server_itl is not None
+    assert s.telemetry.server_itl.mean_ms == 14.0 and s.telemetry.server_itl.p99_ms is None
+    assert s.telemetry.speed_of_light is None and s.to_json()["telemetry"] == doc["telemetry"]
     # an unknown key placed between known ones keeps its place
     mixed = {"load": dict(LOAD), "new_part": [1, 2], "server": {}}
     assert list(RunSummary.from_json(mixed, "run 4").to_json()) == ["load", "new_part", "server"]

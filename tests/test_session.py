@@ -220,7 +220,7 @@ async def test_attach_run_record_and_export_against_real_vllm(vllm_server: objec
     assert snap.window.total_completed == 24 and snap.window.total_failed == load["failed"]
     # The server's own counters over the measured window (the 3 warm-up requests left out)
     # count exactly the client's tokens.
-    server, tel = record.summary.server, record.summary.telemetry_figures
+    server, tel = record.summary.server, record.summary.telemetry
     assert server is not None and server.prompt_tokens == load["total_input_tokens"]
     assert server.generation_tokens == load["total_output_tokens"]
     assert tel is not None and tel.prompt_tokens == server.prompt_tokens  # one figure per run

@@ -505,7 +505,7 @@ def test_live_shows_the_api_servers_cpu_when_the_sampler_has_it() -> None:
 
 
 def test_live_shows_the_last_runs_speed_of_light_line() -> None:
-    # The line from the last run's stored telemetry (typed: telemetry_figures.speed_of_light);
+    # The line from the last run's stored telemetry (typed: telemetry.speed_of_light);
     # a speed of light with only a reason, or none, shows no line.
     from tui.widgets.live import LivePanel
 

@@ -401,7 +401,7 @@ class RunData:
             failure = failure_from_line(summary.error, summary.hint or "")
         # the telemetry and startup parts as stored (RunData's saved format), where they parsed
         stored = summary.to_json()
-        tel = stored.get("telemetry") if summary.telemetry_figures is not None else None
+        tel = stored.get("telemetry") if summary.telemetry is not None else None
         tel = tel if isinstance(tel, Mapping) else {}
         startup = stored.get("startup") if summary.startup is not None else None
         keep = ("peak_kv_cache_usage", "peak_running", "peak_waiting", "preemptions", "prefix_hit_rate",

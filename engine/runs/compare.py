@@ -5,7 +5,7 @@ Latency numbers use ``vllm bench serve``'s definitions (see loadgen): TTFT to th
 chunk carrying ``choices``; TPOT = (E2EL - TTFT) / (output tokens - 1) per request;
 ITL = gaps between chunks. A run's stored summary is an ``engine.runs.summary.RunSummary``: its
 load figures (a flat vLLM-bench document is read as ``load``) and its telemetry, typed
-(``RunSummary.telemetry_figures``).
+(``RunSummary.telemetry``).
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ def _load(key: str, scale: float = 1.0) -> Reader:
 
 def _tel(field: Callable[[TelemetryFigures], float | None], scale: float = 1.0) -> Reader:
     """A figure of the run's telemetry (None for a flat vLLM-bench summary, or none)."""
-    return lambda summary: (None if summary.telemetry_figures is None
-                            else _number(field(summary.telemetry_figures), scale))
+    return lambda summary: (None if summary.telemetry is None
+                            else _number(field(summary.telemetry), scale))
 
 
 def _failure_rate(summary: RunSummary) -> float | None:

@@ -431,7 +431,7 @@ async def measure(
         figures = TelemetryFigures.from_json(telemetry, "the run's telemetry") if telemetry is not None else None
         edges = ServerWindow.from_json(server, "the server's window")  # empty ({}) without exact scrapes
         measured = RunSummary(
-            load=result.summary, telemetry_figures=figures, energy=energy, server=edges,
+            load=result.summary, telemetry=figures, energy=energy, server=edges,
             cross_check=cross_check(load, edges.figures(), shared_prefix=bool(plan.workload.prefix_len)),
             stream=StreamShape.from_json({k: result.extra.get(k) for k in STREAM_KEYS}, "the run's stream"),
             client_bound=result.client_bound, client_cpus=tuple(result.client_cpus),

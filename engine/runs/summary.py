@@ -511,9 +511,9 @@ def startup_json(facts: StartupFacts) -> dict[str, JSONValue]:
 
 @dataclass(frozen=True)
 class RunSummary:
-    """A measured run's stored document, typed (see the module's text). ``telemetry_figures`` is
-    the telemetry document typed (:class:`TelemetryFigures`; ``telemetry`` gives it as JSON, as
-    stored, for what copies it whole); ``server`` the server's window (:class:`ServerWindow`);
+    """A measured run's stored document, typed (see the module's text). ``telemetry`` is
+    the telemetry document typed (:class:`TelemetryFigures`; ``to_json()["telemetry"]`` gives it
+    as stored); ``server`` the server's window (:class:`ServerWindow`);
     ``startup`` the server's own startup facts (``StartupFacts``).
 
     ``extra``: stored keys no typed field holds (a newer vtui's, or a typed part stored empty),
@@ -523,7 +523,7 @@ class RunSummary:
     not write back as it was (see :class:`Kept`)."""
 
     load: LoadSummary | None = None
-    telemetry_figures: TelemetryFigures | None = None
+    telemetry: TelemetryFigures | None = None
     energy: EnergyFigures | None = None
     server: ServerWindow | None = None
     cross_check: CrossCheck | None = None
@@ -575,16 +575,9 @@ class RunSummary:
         return self.energy.mean_power_w if self.energy is not None else None
 
     @property
-    def telemetry(self) -> JSONObject | None:
-        """The telemetry document as stored (JSON; None where the run has none), for what copies
-        it whole (tests/perf/agreement_gpu.py). Readers of its figures read :attr:`telemetry_figures`."""
-        doc = self._part("telemetry")
-        return doc if isinstance(doc, Mapping) else None
-
-    @property
     def empty(self) -> bool:
         """Nothing stored (a run refused before it measured anything, with no error to say)."""
-        parts = (self.load, self.telemetry_figures, self.energy, self.server, self.cross_check, self.stream, self.slo,
+        parts = (self.load, self.telemetry, self.energy, self.server, self.cross_check, self.stream, self.slo,
                  self.error, self.startup)
         return (not self.keys and not self.extra and all(p is None for p in parts)
                 and not (self.client_bound or self.client_cpus or self.failures_by_reason or self.hint
@@ -615,7 +608,7 @@ class RunSummary:
         elif key == "energy":
             typed = self.energy.to_json() if self.energy is not None else None
         elif key == "telemetry":
-            typed = self.telemetry_figures.to_json() if self.telemetry_figures is not None else None
+            typed = self.telemetry.to_json() if self.telemetry is not None else None
         elif key == "server":
             typed = self.server.to_json() if self.server is not None else None
         elif key == "startup":
@@ -699,7 +692,7 @@ class RunSummary:
         top = StoredFields(doc, where)
         return cls(
             load=load,
-            telemetry_figures=telemetry,
+            telemetry=telemetry,
             energy=energy,
             server=server,
             cross_check=check,

@@ -219,7 +219,7 @@ async def tui_run(url: str, conc: int, n: int, seed: int, a: argparse.Namespace
     r = {**record.result.summary.to_dict(), **record.result.extra, "status": record.status,
          "history_id": record.history_id,
          "live_in_flight_after": getattr(getattr(live, "window", None), "in_flight", None)}
-    tel = dict(record.summary.telemetry or {})
+    tel = record.summary.telemetry.to_json() if record.summary.telemetry is not None else {}
     s = server_view(r, tel, series)
     stored = record.summary.cross_check.to_dict() if record.summary.cross_check is not None else {}
     # The record's own cross-check is the one the Runs tab shows; it must be what we recompute.

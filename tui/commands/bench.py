@@ -318,7 +318,7 @@ def summary_lines(summary: RunSummary) -> list[str]:
     # here, not at the top: engine.runs.summary brings loadgen (0.2 s), kept off `vtui --help`
     from engine.runs.summary import SpeedOfLightFigures, TelemetryFigures
 
-    telemetry = summary.telemetry_figures or TelemetryFigures()
+    telemetry = summary.telemetry or TelemetryFigures()
     lines = [telemetry_line(telemetry)]
     if telemetry.gpus:
         lines.append(energy_line(summary.energy.to_json() if summary.energy is not None else {}))

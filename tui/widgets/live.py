@@ -91,7 +91,7 @@ class LivePanel(VerticalScroll):
             watts = f"  {d.power_w:.0f} W" if d.power_w is not None else ""
             text.append(f"{d.name:<12}", style="bold")
             text.append(f" mem {mem}{vllm}{util}{watts}\n")
-        last = snap.runs[-1].summary.telemetry_figures if snap.runs else None
+        last = snap.runs[-1].summary.telemetry if snap.runs else None
         sol = last.speed_of_light if last is not None else None
         if sol is not None and sol.line:  # engine.advise.speedoflight, for the last run
             text.append("last run    ", style="bold")
