@@ -629,8 +629,9 @@ class Session:
 
     async def close(self, *, stop_server: bool = True) -> None:
         """Stop the tune and the run, the sampler and (unless told to leave it) the server started here."""
+        # A search still joining its Ray cluster has no task yet: stopping it ends the join.
         task = self._live_tune.task
-        if task is not None and self.stop_tune():
+        if self._live_tune.active and self.stop_tune() and task is not None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(asyncio.shield(task), 60)
         await self._live_runs.close()

@@ -220,6 +220,30 @@ async def test_x_stops_a_search_still_joining_its_cluster() -> None:
     assert not ray.is_initialized()
 
 
+async def test_closing_the_session_while_its_search_joins_a_cluster_ends_the_search() -> None:
+    """Quitting vtui while the Tune screen's search joins its Ray cluster (no search task yet)
+    stops the join: the search ends as "stopped" and close() does not wait for the join."""
+    from test_tune_live_slots import SlotTables, form, session_with
+
+    from engine.session import parse_tune_form
+    from engine.tune import ray as tune_ray
+
+    assert not ray.is_initialized(), "runs before the cluster fixture joins this process"
+    session = session_with(SlotTables().factory, 0)
+    with listener(None) as port:
+        task = asyncio.create_task(session.tune(parse_tune_form(form(session, ray=f"127.0.0.1:{port}"))))
+        while session.snapshot().tune is None:
+            await asyncio.sleep(0.01)
+        assert session.tune_active and session._live_tune.task is None
+        t0 = time.monotonic()
+        await asyncio.wait_for(session.close(stop_server=False), 2.0)
+        result = await asyncio.wait_for(task, 1.0)
+        assert time.monotonic() - t0 < 1.0 and result.status == "stopped" and not session.tune_active
+        assert result.outcome() == "stopped before any configuration met the SLO"
+        assert tune_ray._joining.acquire(timeout=tune_ray.DIAL_TIMEOUT_S + 5)  # the join's thread gives up
+        tune_ray._joining.release()
+
+
 async def test_the_tune_screen_shows_the_join_and_x_stops_it() -> None:
     """On the Tune screen: while the search joins its cluster the head says "joining" (no search
     id yet), Stop is enabled and Start is not; x ends it as "stopped" and says so."""

@@ -495,9 +495,10 @@ class VtuiApp(App[int]):
             return
         self.refresh_now()
         if result.best is not None:
-            self.notify(f"tune {result.status}: best {result.best.key}; l loads it into the editor")
+            self.notify(f"tune {result.status}: {result.outcome()}; l loads it into the editor")
         else:
-            self.notify(f"tune {result.status}: no configuration met the SLO", severity="warning")
+            self.notify(f"tune {result.status}: {result.outcome()}",
+                        severity="information" if result.stopped_by_user else "warning")
 
     @on(TuneScreen.StopRequested)
     def _tune_stop(self) -> None:

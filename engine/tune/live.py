@@ -496,8 +496,8 @@ class LiveTune:
 
     def _notice(self, result: TuneResult) -> str:
         if result.best is None:
-            return f"tune {result.id}: {result.status}; no configuration met the SLO"
-        return (f"tune {result.id}: {result.status}; best {result.best.key} "
+            return f"tune {result.id}: {result.status}; {result.outcome()}"
+        return (f"tune {result.id}: {result.status}; {result.outcome()} "
                 f"({result.best.goodput or 0:.3g} req/s); l on the Tune screen loads it into the editor")
 
     def say(self, line: str) -> None:

@@ -630,7 +630,8 @@ class LiveTrial:
 @dataclass(frozen=True)
 class TuneResult:
     """What a search found. ``status``: ``done`` (space covered), ``budget`` (stopped at
-    the budget), ``interrupted``."""
+    the budget), ``interrupted`` (stopped while it measured), ``stopped`` (stopped before it
+    started: the Tune screen's x while it joined a Ray cluster)."""
 
     id: str
     status: str
@@ -653,6 +654,19 @@ class TuneResult:
     def score(self, c: ConfigResult) -> float | None:
         """``c``'s figure for this search's objective at its limit."""
         return config_score(c, self.objective)
+
+    @property
+    def stopped_by_user(self) -> bool:
+        return self.status in ("interrupted", "stopped")
+
+    def outcome(self) -> str:
+        """What it came to, in a few words: the best, or why there is none (a search the user
+        stopped did not find that no configuration meets the SLO)."""
+        if self.best is not None:
+            return f"best {self.best.key}"
+        if self.stopped_by_user:
+            return "stopped before any configuration met the SLO"
+        return "no configuration met the SLO"
 
     def to_json(self) -> dict[str, object]:
         return {
