@@ -29,6 +29,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -232,11 +233,29 @@ class _Proto(asyncio.Protocol):
 
 
 async def serve(cfg: ServerConfig, sock: socket.socket, stats: SynchronizedArray[float] | None = None) -> None:
-    """Serve forever on an already bound socket."""
+    """Serve forever on an already bound socket. Cancelled (serve_in_thread's exit), it drops
+    every open connection, as a server process that dies does: its clients' streams end at
+    once instead of waiting out their read timeout on a socket nobody serves."""
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: _Proto(cfg, stats), sock=sock, backlog=4096)
-    async with server:
-        await server.serve_forever()
+    conns: weakref.WeakSet[_Proto] = weakref.WeakSet()
+
+    def accept() -> _Proto:
+        proto = _Proto(cfg, stats)
+        conns.add(proto)
+        return proto
+
+    server = await loop.create_server(accept, sock=sock, backlog=4096)
+    try:
+        async with server:
+            await server.serve_forever()
+    finally:
+        handlers = [t for proto in conns for t in proto.tasks]
+        for proto in list(conns):
+            if proto.transport is not None and not proto.transport.is_closing():
+                proto.transport.abort()
+        for t in handlers:
+            t.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
 
 
 def _bind(host: str, port: int) -> socket.socket:

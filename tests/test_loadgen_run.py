@@ -245,7 +245,9 @@ def test_a_server_that_goes_away_stops_the_run_at_once() -> None:
     assert res.server_gone  # type: ignore[attr-defined]
     assert res.summary["completed"] > 0  # type: ignore[attr-defined]
     assert res.failures_by_reason.get("connection_refused", 0) <= 2  # type: ignore[attr-defined]
-    assert ended < 3.0 + 2.0  # the streams cut by the stop end at their read timeout at most
+    # The server's connections die with it (as a process's do): the streams end at once, not at
+    # their 3 s read timeout on a socket nobody serves.
+    assert ended < 3.0
     assert res.to_json()["server_gone"] is True  # type: ignore[attr-defined]
 
 
