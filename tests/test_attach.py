@@ -16,6 +16,7 @@ import pytest
 from engine.server import procs
 from engine.server.attach import AttachError, attach, cache_config_labels, is_loopback, stop_attached
 from engine.server.supervisor import find_free_port
+from tests.vllm_args import SERVER_ARGS
 
 CAPTURES = Path(__file__).parent / "data" / "captures"
 
@@ -138,7 +139,7 @@ async def test_attach_to_session_server_recovers_flags(vllm_server: Any) -> None
     assert server.flags is not None, server.flags_error
     assert server.flags.model == str(vllm_server.model_path)
     assert server.flags.get("max-model-len") == 2048
-    assert server.flags.get("gpu-memory-utilization") == 0.2
+    assert server.flags.get("gpu-memory-utilization") == SERVER_ARGS["gpu-memory-utilization"]
     with pytest.raises(PermissionError):
         await stop_attached(server)
     assert os.path.exists(f"/proc/{sup.pid}")

@@ -183,7 +183,7 @@ def test_vtui_serve_with_a_key_prints_and_logs_no_secret(tiny_model: Path) -> No
 FOREIGN = "import time, sys; time.sleep(120)  # vllm.entrypoints.openai.api_server --model x"
 
 
-async def test_a_foreign_vllm_lookalike_survives_stop_and_cleanup(tiny_model: Path) -> None:
+async def test_a_foreign_vllm_lookalike_survives_stop_and_cleanup(tiny_model: Path, own_servers_only: None) -> None:
     """A process that looks like vLLM (its argv says so) but that vtui did not start."""
     foreign = subprocess.Popen(
         [sys.executable, "-c", FOREIGN, "-m", "vllm.entrypoints.openai.api_server", "--port", "8000"],

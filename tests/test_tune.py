@@ -50,6 +50,7 @@ from engine.tune.search import (
 from loadgen.spec import SLO
 from loadgen.stats import LoadSummary, percentile
 from tests.standins import ServerStandIn
+from tests.vllm_args import TEST_UTILIZATION
 
 CAPTURES = Path(__file__).parent / "data" / "captures"
 SCHEMA = builtin_schema()
@@ -726,7 +727,7 @@ def test_vtui_tune_end_to_end_on_vllm_cpu(tiny_model: Path, tmp_path: Path, caps
     out = tmp_path / "tune.json"
     rc = run_cli(["tune", "--model", str(tiny_model), "--slo-e2el-p99-ms", "1500", "--input-len", "32",
                   "--output-len", "16", "--space", "max-num-seqs=4,16", "--budget-min", "6",
-                  "--min-requests", "20", "--min-step-s", "2", "--flag", "gpu-memory-utilization=0.2",
+                  "--min-requests", "20", "--min-step-s", "2", "--flag", f"gpu-memory-utilization={TEST_UTILIZATION}",
                   "--flag", "max-model-len=512", "--flag", "enforce-eager=true",  # tests/vllm_args.py
                   "--json", str(out), "--plot"])
     captured = capsys.readouterr()
