@@ -574,3 +574,30 @@ async def test_session_closed_without_stopping_leaves_its_server_to_the_user(tin
         sup.leave_running = False
         await sup.stop()
     assert procs.wait_gone(refs, 10.0) == []
+
+
+def test_a_tick_of_the_boot_time_loses_no_server(
+    sleeper: subprocess.Popen[bytes], dead_owner: tuple[int, float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """psutil's start time is ticks since boot plus /proc/stat's boot time, whole seconds that move
+    when the clock is stepped: a record written before such a tick must still name its live server
+    after it, or the server's record is pruned as gone and its processes are never signalled."""
+    import psutil._pslinux as pslinux
+
+    pid, ct = dead_owner
+    left = write_record(sleeper.pid, owner_pid=pid, owner_create_time=ct, leave_running=True)
+    ours = write_record(os.getpid(), owner_pid=os.getpid())  # this process stands for our server
+    recorded = float(json.loads(left.read_text())["create_time"])
+    booted = pslinux.boot_time()
+    monkeypatch.setattr(pslinux, "boot_time", lambda: booted + 1.0)  # the tick
+    assert procs.ProcRef.of(sleeper.pid) is not None
+    assert procs.ProcRef(sleeper.pid, recorded).alive()
+    listed = [e.pid for e in list_registered()]
+    assert sleeper.pid in listed and os.getpid() in listed
+    assert left.exists() and ours.exists()
+    [entry] = [e for e in find_left_running() if e.pid == sleeper.pid]
+    # A recycled pid (a start time far from the recorded one) is still not obeyed.
+    assert not procs.ProcRef(sleeper.pid, recorded - 100).alive()
+    ours.unlink()
+    assert entry.stop(timeout=5)
+    assert sleeper.wait(timeout=5) == -signal.SIGTERM

@@ -203,7 +203,7 @@ def _local_details(server: AttachedServer, port: int) -> AttachedServer:
     except FlagError as exc:
         flags_error = f"cannot read its command line: {exc}"
 
-    registered = any(e.pid == pid and abs(e.create_time - create_time) < 0.05 for e in list_registered(prune=False))
+    registered = any(e.pid == pid and procs.same_start(e.create_time, create_time) for e in list_registered(prune=False))
     return replace(
         server,
         local=True,

@@ -27,6 +27,21 @@ from typing import NoReturn
 
 import psutil
 
+# psutil's start time of a process is its start in clock ticks since boot plus the boot time
+# /proc/stat gives at that moment: whole seconds, which the kernel computes from the wall clock,
+# so they move when the clock is stepped (psutil's docs: "affected by ... time synchronization").
+# A start time recorded before such a step reads 1 s off after it: at the 0.05 s tolerance of
+# before, every live server vtui had recorded would look gone, its registry entry be pruned and
+# its processes be left unsignalled. Two readings of one process agree within this; a recycled
+# pid belongs to a process that started after the first one ended, on a box that cycled through
+# every pid in between.
+SAME_START_S = 1.5
+
+
+def same_start(a: float, b: float) -> bool:
+    """Whether two start times (seconds since the epoch, from psutil) are one process's."""
+    return abs(a - b) < SAME_START_S
+
 
 @dataclass(frozen=True)
 class ProcRef:
@@ -46,7 +61,7 @@ class ProcRef:
         """The live process, or None when it is gone (or the pid now belongs to another one)."""
         try:
             proc = psutil.Process(self.pid)
-            if abs(proc.create_time() - self.create_time) > 0.05:
+            if not same_start(proc.create_time(), self.create_time):
                 return None
             if proc.status() == psutil.STATUS_ZOMBIE:
                 return None

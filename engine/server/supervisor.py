@@ -147,7 +147,7 @@ class RegisteredServer:
         if self.owner_pid != os.getpid():
             return False
         own = _own_create_time()
-        return self.owner_create_time is None or own is None or abs(self.owner_create_time - own) < 0.05
+        return self.owner_create_time is None or own is None or procs.same_start(self.owner_create_time, own)
 
     def left_running(self) -> bool:
         """Alive, and no vtui owns it any more: the user left it running, or its vtui died."""
