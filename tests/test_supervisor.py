@@ -250,7 +250,13 @@ def test_session_server_started_and_reported_its_facts(vllm_server: Any) -> None
     models = httpx.get(vllm_server.base_url + "/v1/models", trust_env=False).json()
     assert models["data"][0]["id"] == vllm_server.model
     assert vllm_server.base_url.startswith("http://127.0.0.1:")
-    assert sup.pid in [e.pid for e in list_registered()]
+    # Before it is listed (listing prunes what looks gone): what the registry holds, and the
+    # server's start time now, so that a lost record says why (ci2, 2026-12-04: it was missing).
+    from engine.server.supervisor import registry_dir
+
+    held = {p.name: p.read_text()[:400] for p in registry_dir().glob("*.json")}
+    seen = (sup.pid, procs.ProcRef.of(sup.pid), sup.process_refs()[:1], sup.log_path, held)
+    assert sup.pid in [e.pid for e in list_registered()], seen
     # API server plus engine core (plus its worker) all belong to the server.
     assert len(sup.process_refs()) >= 2
     assert sup.log_path is not None and "Application startup complete" in sup.log_path.read_text()
