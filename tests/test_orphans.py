@@ -580,8 +580,9 @@ def test_a_tick_of_the_boot_time_loses_no_server(
     sleeper: subprocess.Popen[bytes], dead_owner: tuple[int, float], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """psutil's start time is ticks since boot plus /proc/stat's boot time, whole seconds that move
-    when the clock is stepped: a record written before such a tick must still name its live server
-    after it, or the server's record is pruned as gone and its processes are never signalled."""
+    when the clock is stepped (a VM fork in CI, 2026-12-04): a record written before such a step must
+    still name its live server after it, and its group still be found to signal, or the record is
+    pruned as gone and the server outlives vtui. A record of an older vtui (psutil's figure) too."""
     import psutil._pslinux as pslinux
 
     pid, ct = dead_owner
@@ -595,7 +596,12 @@ def test_a_tick_of_the_boot_time_loses_no_server(
     listed = [e.pid for e in list_registered()]
     assert sleeper.pid in listed and os.getpid() in listed
     assert left.exists() and ours.exists()
+    assert [r.pid for r in procs.tree_and_group(procs.ProcRef(sleeper.pid, recorded), sleeper.pid)] == [sleeper.pid]
     [entry] = [e for e in find_left_running() if e.pid == sleeper.pid]
+    monkeypatch.setattr(pslinux, "boot_time", lambda: booted + 7.0)  # a larger step: a paused VM
+    assert procs.ProcRef(sleeper.pid, recorded).alive()
+    older = psutil.Process(sleeper.pid).create_time()  # as a vtui before this one recorded it
+    assert procs.ProcRef(sleeper.pid, older).alive()
     # A recycled pid (a start time far from the recorded one) is still not obeyed.
     assert not procs.ProcRef(sleeper.pid, recorded - 100).alive()
     ours.unlink()

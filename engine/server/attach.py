@@ -190,7 +190,7 @@ def _local_details(server: AttachedServer, port: int) -> AttachedServer:
     try:
         proc = psutil.Process(pid)
         cmdline = tuple(proc.cmdline())
-        create_time = proc.create_time()
+        create_time = procs.started(proc)
         import os
 
         pgid = os.getpgid(pid)

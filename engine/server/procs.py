@@ -27,25 +27,44 @@ from typing import NoReturn
 
 import psutil
 
-# psutil's start time of a process is its start in clock ticks since boot plus the boot time
-# /proc/stat gives at that moment: whole seconds, which the kernel computes from the wall clock,
-# so they move when the clock is stepped (psutil's docs: "affected by ... time synchronization").
-# A start time recorded before such a step reads 1 s off after it: at the 0.05 s tolerance of
-# before, every live server vtui had recorded would look gone, its registry entry be pruned and
-# its processes be left unsignalled. Two readings of one process agree within this; a recycled
-# pid belongs to a process that started after the first one ended, on a box that cycled through
-# every pid in between.
-SAME_START_S = 1.5
+# A process is pinned by when it started, in seconds since boot (/proc/PID/stat's starttime),
+# which nothing changes. psutil's create_time() is that plus the boot time /proc/stat gives at
+# the moment, which the kernel computes from the wall clock: a clock step moves it. These VMs are
+# forked (dmesg, 2026-12-04 19:53: "crng reseeded due to virtual machine fork"), and in the CI run
+# going on then the suite's shared server lost its registry record (pruned as gone) and was still
+# up after the run, its reaper gone: its teardown had found no process of it to signal.
+SAME_START_S = 0.05  # /proc gives clock ticks (1/100 s): one process reads the same each time
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_EPOCH_FLOOR = 1e8  # a start recorded by an older vtui: seconds since the epoch, not since boot
+
+
+def started(proc: psutil.Process) -> float:
+    """When ``proc`` started, in seconds since boot (psutil's figure less the boot time where
+    /proc cannot be read). Raises psutil.Error when it is gone."""
+    try:
+        with open(f"/proc/{proc.pid}/stat", "rb") as handle:
+            stat = handle.read()
+        return int(stat[stat.rfind(b")") + 2 :].split()[19]) / _CLK_TCK  # field 22, starttime
+    except FileNotFoundError:
+        raise psutil.NoSuchProcess(proc.pid) from None
+    except (OSError, ValueError, IndexError):
+        return float(proc.create_time() - psutil.boot_time())
 
 
 def same_start(a: float, b: float) -> bool:
-    """Whether two start times (seconds since the epoch, from psutil) are one process's."""
-    return abs(a - b) < SAME_START_S
+    """Whether two starts (``started``; a record of an older vtui may hold psutil's epoch
+    figure, read against today's boot time) are one process's."""
+    tolerance = SAME_START_S
+    if a > _EPOCH_FLOOR or b > _EPOCH_FLOOR:
+        tolerance += 1.0  # psutil's figure holds the boot time in whole seconds
+        a = a - psutil.boot_time() if a > _EPOCH_FLOOR else a
+        b = b - psutil.boot_time() if b > _EPOCH_FLOOR else b
+    return abs(a - b) < tolerance
 
 
 @dataclass(frozen=True)
 class ProcRef:
-    """One process, pinned by its start time so a recycled pid never matches."""
+    """One process, pinned by its start (``started``: seconds since boot) so a recycled pid never matches."""
 
     pid: int
     create_time: float
@@ -53,7 +72,7 @@ class ProcRef:
     @classmethod
     def of(cls, pid: int) -> ProcRef | None:
         try:
-            return cls(pid, psutil.Process(pid).create_time())
+            return cls(pid, started(psutil.Process(pid)))
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             return None
 
@@ -61,7 +80,7 @@ class ProcRef:
         """The live process, or None when it is gone (or the pid now belongs to another one)."""
         try:
             proc = psutil.Process(self.pid)
-            if not same_start(proc.create_time(), self.create_time):
+            if not same_start(started(proc), self.create_time):
                 return None
             if proc.status() == psutil.STATUS_ZOMBIE:
                 return None
@@ -76,12 +95,12 @@ class ProcRef:
 def group_members(pgid: int) -> list[ProcRef]:
     """Live (non-zombie) processes whose process group is ``pgid``."""
     found: list[ProcRef] = []
-    for proc in psutil.process_iter(["pid", "create_time", "status"]):
+    for proc in psutil.process_iter(["pid", "status"]):
         try:
             if proc.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
             if os.getpgid(proc.info["pid"]) == pgid:
-                found.append(ProcRef(proc.info["pid"], proc.info["create_time"]))
+                found.append(ProcRef(proc.info["pid"], started(proc)))
         except (ProcessLookupError, PermissionError, psutil.Error):
             continue
     return found
@@ -99,7 +118,7 @@ def descendants(root: ProcRef) -> list[ProcRef]:
         return []
     for child in children:
         try:
-            out.append(ProcRef(child.pid, child.create_time()))
+            out.append(ProcRef(child.pid, started(child)))
         except psutil.Error:
             continue
     return out
