@@ -278,3 +278,28 @@ def test_saved_searches_round_trip_list_newest_first_and_delete(tmp_path: Path) 
             store.load_tune("a")
         with pytest.raises(ValueError):  # JSON has no inf: the state must say "inf" itself
             store.save_tune("c", {"load": float("inf")}, status="running")
+
+
+def test_a_live_writer_survives_a_clock_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A VM fork steps the wall clock, and psutil's start times with it: a run still being written
+    must not read as cut short after one (nor one of an older vtui, which stored psutil's figure)."""
+    import psutil
+    import psutil._pslinux as pslinux
+
+    path = tmp_path / "h.sqlite"
+    with History(path) as store:
+        rec = store.start_run("alive")
+        older = store.start_run("alive, older vtui")
+        conn = sqlite3.connect(path)
+        conn.execute("UPDATE runs SET writer_started = ? WHERE id = ?",
+                     (psutil.Process(os.getpid()).create_time(), older.run_id))
+        conn.commit()
+        conn.close()
+        with History(path) as other:
+            assert other.get_run(older.run_id).status == "running"
+        older.finish()
+        booted = pslinux.boot_time()
+        monkeypatch.setattr(pslinux, "boot_time", lambda: booted + 7.0)
+        with History(path) as other:
+            assert other.get_run(rec.run_id).status == "running"
+        rec.finish()

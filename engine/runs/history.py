@@ -38,6 +38,7 @@ import psutil
 from engine import paths
 from engine.runs.status import RunStatus
 from engine.runs.summary import RunSummary
+from engine.server import procs
 from engine.values import JSONObject, JSONValue, stored_int, stored_number, stored_text
 
 if TYPE_CHECKING:
@@ -359,8 +360,11 @@ def _sample_data(text: object, path: Path, run_id: int, kind: str, t: float) -> 
 
 
 def _process_start(pid: int) -> float | None:
+    """The writer's start, as ``procs.started`` pins a process (seconds since boot: a VM fork or a
+    clock step does not move it; rows of older vtui hold psutil's epoch figure, which
+    ``procs.same_start`` still reads)."""
     try:
-        return float(psutil.Process(pid).create_time())
+        return procs.started(psutil.Process(pid))
     except (psutil.Error, OSError):
         return None
 
@@ -373,7 +377,7 @@ def _writer_alive(pid: int | None, started: float | None) -> bool:
     now_started = _process_start(pid)
     if now_started is None:
         return False
-    return started is None or abs(now_started - started) < 1.0
+    return started is None or procs.same_start(now_started, started)
 
 
 # --------------------------------------------------------------------------- store
