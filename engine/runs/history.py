@@ -33,8 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, TypeAlias, cast, runtime_checkable
 
-import psutil
-
 from engine import paths
 from engine.runs.status import RunStatus
 from engine.runs.summary import RunSummary
@@ -360,13 +358,11 @@ def _sample_data(text: object, path: Path, run_id: int, kind: str, t: float) -> 
 
 
 def _process_start(pid: int) -> float | None:
-    """The writer's start, as ``procs.started`` pins a process (seconds since boot: a VM fork or a
+    """The writer's start, as ``procs.ProcRef`` pins a process (seconds since boot: a VM fork or a
     clock step does not move it; rows of older vtui hold psutil's epoch figure, which
     ``procs.same_start`` still reads)."""
-    try:
-        return procs.started(psutil.Process(pid))
-    except (psutil.Error, OSError):
-        return None
+    ref = procs.ProcRef.of(pid)
+    return ref.create_time if ref is not None else None
 
 
 def _writer_alive(pid: int | None, started: float | None) -> bool:
