@@ -33,7 +33,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--port", type=int, default=None, help="host port for docker -p (default: the server port)")
     parser.add_argument(
         "--gpus", default=None,
-        help="docker GPUs: 'all' (the default), a count, or device ids like 0,1; replaces an imported line's"
+        help="docker GPUs: 'all', a count, or device ids like 0,1; replaces an imported line's"
+             " (default: an imported docker line's, else all)"
     )
     parser.add_argument("--image", default=None,
                         help="docker image (default: an imported docker line's, else vllm/vllm-openai:v<installed vLLM>)")
@@ -44,7 +45,10 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _gpus(text: str | None) -> str | int | list[int] | None:
-    if text is None or text == "all":
+    """--gpus as the docker line takes it; None (not given) keeps an imported line's own."""
+    if text is None:
+        return None
+    if text == "all":
         return "all"
     parts = [p for p in text.split(",") if p.strip()]
     if not parts or not all(p.strip().isdigit() for p in parts):
