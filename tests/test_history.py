@@ -52,7 +52,7 @@ def test_run_round_trip(tmp_path: Path) -> None:
         reqs = store.requests(rec.run_id)
         assert [r.ok for r in reqs] == [True, False, True]
         assert reqs[1].error == "http_500" and reqs[0].itl_s == (0.01, 0.02) and reqs[0].extra["worker"] == 2
-        ((kind, t, data),) = store.samples(rec.run_id)
+        ((kind, _t, data),) = store.samples(rec.run_id)
         assert kind == "telemetry" and data == {"kv_usage": 0.5, "nested": [1, 2], "bad": None}
 
 
@@ -122,6 +122,40 @@ def test_kill_9_mid_run_keeps_completed_requests_and_marks_cut_short(tmp_path: P
         assert len(ids) >= 20
         assert ids == list(range(len(ids)))  # what is stored is a clean prefix: no holes
         assert len(store.samples(run.id, "window")) >= 20
+
+
+def test_a_killed_writers_run_reads_cut_short_to_a_read_only_reader_at_once(tmp_path: Path) -> None:
+    """No writer needs to open the store: a read-only reader (`vtui history`) sees the run cut short,
+    with its requests and its end, the moment the writer is gone; a later writer stores the same."""
+    path = tmp_path / "h.sqlite"
+    History(path).close()
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "added 20"
+        time.sleep(1.0)
+        with History(path, read_only=True) as ro:  # the writer still runs: so does its run
+            assert ro.list_runs()[0].status == "running"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    with History(path, read_only=True) as ro:
+        (run,) = ro.list_runs()
+        assert run.status == "cancelled" and ro.get_run(run.id).status == "cancelled"
+        assert run.summary.error is not None and run.summary.error.startswith("cut short:")
+        assert f"pid {proc.pid}" in run.summary.error
+        assert run.requests >= 20 and run.ended is not None and run.ended > run.started
+        seen = run
+    raw = sqlite3.connect(path)
+    assert raw.execute("SELECT status FROM runs").fetchone()[0] == "running"  # read-only: nothing written
+    raw.close()
+    with History(path) as store:  # a writer's open stores what every reader already saw
+        stored = store.get_run(seen.id)
+        assert (stored.status, stored.ended, stored.requests) == (seen.status, seen.ended, seen.requests)
+        assert stored.summary.to_json() == seen.summary.to_json()
+    raw = sqlite3.connect(path)
+    assert raw.execute("SELECT status FROM runs").fetchone()[0] == "cancelled"
+    raw.close()
 
 
 def test_a_live_writer_is_not_marked_cut_short(tmp_path: Path) -> None:

@@ -4,8 +4,10 @@ One file, ``engine.paths.data_dir()/history.sqlite``, in WAL mode. A run is writ
 while it happens by a :class:`RunRecorder`: callers hand it records (cheap, never
 blocking on disk) and a writer thread commits them at least every
 :data:`COMMIT_INTERVAL_S`, so a crash or ``kill -9`` loses at most the last second.
-Each run row carries the writer's pid and process start time; on open, runs still
-marked ``running`` whose writer is gone are marked ``cut_short``.
+Each run row carries the writer's pid and process start time (``procs.ProcRef``). A run still
+marked ``running`` whose writer is gone (killed, crashed) reads as ``cancelled``, its ``ended``
+the last thing stored and its summary's error saying it was cut short, to every reader at once,
+read-only ones included (:func:`cut_short`); a writable open also stores that (:meth:`History.recover`).
 
 Disk full, a read-only file or any other SQLite failure becomes a
 :class:`HistoryError` naming the file: opening raises it (the caller keeps its
@@ -376,6 +378,55 @@ def _writer_alive(pid: int | None, started: float | None) -> bool:
     return started is None or procs.same_start(now_started, started)
 
 
+def cut_short_error(pid: int | None) -> str:
+    """What a run whose writer died mid-run says as its error (one wording for every reader)."""
+    who = f"the vtui process that ran it (pid {pid})" if pid is not None else "the vtui process that ran it"
+    return f"cut short: {who} ended mid-run (killed or crashed); the requests it completed before are kept"
+
+
+def _last_stored(conn: sqlite3.Connection, run_id: int) -> float | None:
+    """The time of the last thing stored for a run: a request's end or a sample."""
+    value = conn.execute(
+        "SELECT MAX(t) FROM (SELECT MAX(t_start + COALESCE(e2el_s, 0)) AS t FROM requests WHERE run_id = ?"
+        " UNION ALL SELECT MAX(t) FROM samples WHERE run_id = ?)",
+        (run_id, run_id),
+    ).fetchone()[0]
+    return None if value is None else float(value)
+
+
+@dataclass(frozen=True)
+class CutShort:
+    """How a run left ``running`` by a writer that no longer exists reads: what :func:`cut_short`
+    finds and what :meth:`History.recover` stores, the same for every reader."""
+
+    run_id: int
+    ended: float
+    summary: RunSummary
+
+    status: RunStatus = RunStatus.CANCELLED
+
+
+def cut_short(conn: sqlite3.Connection, run_id: int, path: Path) -> CutShort | None:
+    """The run as cut short when it is still stored as ``running`` and its writer is gone (pid and
+    start since boot, ``procs.ProcRef``), else None (finished, or its writer still runs).
+
+    Its status is read again after the writer is found gone: a writer that finished the run and
+    exited between a reader's first read and the check is not taken for a killed one."""
+    row = conn.execute("SELECT status, writer_pid, writer_started, started, summary FROM runs WHERE id = ?",
+                       (int(run_id),)).fetchone()
+    if row is None or row[0] != RunStatus.RUNNING.value or _writer_alive(row[1], row[2]):
+        return None
+    row = conn.execute("SELECT status, writer_pid, writer_started, started, summary FROM runs WHERE id = ?",
+                       (int(run_id),)).fetchone()
+    if row is None or row[0] != RunStatus.RUNNING.value:
+        return None
+    _, pid, _, started, text = row
+    stored = RunSummary.stored(json.loads(text), f"{path}: run {run_id}'s summary")
+    summary = stored if stored.error else dataclasses.replace(stored, error=cut_short_error(pid))
+    last = _last_stored(conn, int(run_id))
+    return CutShort(int(run_id), last if last is not None else float(started), summary)
+
+
 # --------------------------------------------------------------------------- store
 
 
@@ -493,27 +544,20 @@ class History:
             version += 1
 
     def recover(self) -> list[int]:
-        """Mark runs left ``running`` by a writer that no longer exists as ``cancelled``.
-
-        ``ended`` becomes the last thing stored for the run. Returns the run ids changed.
-        """
-        rows = self._conn.execute(
-            "SELECT id, writer_pid, writer_started, started FROM runs WHERE status = 'running'"
-        ).fetchall()
+        """Store runs left ``running`` by a writer that no longer exists as :func:`cut_short` reads
+        them (``cancelled``, ended at the last thing stored, the summary's error saying so).
+        Returns the run ids changed."""
+        rows = self._conn.execute("SELECT id FROM runs WHERE status = 'running'").fetchall()
         changed = []
-        for run_id, pid, started_at, started in rows:
-            if _writer_alive(pid, started_at):
+        for (run_id,) in rows:
+            gone = cut_short(self._conn, int(run_id), self.path)
+            if gone is None:
                 continue
-            last = self._conn.execute(
-                "SELECT MAX(t) FROM (SELECT MAX(t_start + COALESCE(e2el_s, 0)) AS t FROM requests WHERE run_id = ?"
-                " UNION ALL SELECT MAX(t) FROM samples WHERE run_id = ?)",
-                (run_id, run_id),
-            ).fetchone()[0]
             self._conn.execute(
-                "UPDATE runs SET status = 'cancelled', ended = ? WHERE id = ? AND status = 'running'",
-                (last if last is not None else started, run_id),
+                "UPDATE runs SET status = ?, ended = ?, summary = ? WHERE id = ? AND status = 'running'",
+                (gone.status.value, gone.ended, _dumps(gone.summary.to_json()), gone.run_id),
             )
-            changed.append(int(run_id))
+            changed.append(gone.run_id)
         return changed
 
     # ------------------------------------------------------------- writing
@@ -561,6 +605,12 @@ class History:
     # ------------------------------------------------------------- reading
     def _row_to_info(self, row: _RunRow) -> RunInfo:
         (rid, name, preset, started, ended, status, flags, vv, model, gpus, workload, summary, baseline, tags, n) = row
+        parsed = RunSummary.stored(json.loads(summary), f"{self.path}: run {rid}'s summary")
+        # A run whose writer was killed reads as cut short here, to every reader (read-only ones,
+        # which cannot store it, included), not only once a writer opens the file.
+        gone = cut_short(self._conn, int(rid), self.path) if status == RunStatus.RUNNING.value else None
+        if gone is not None:
+            status, ended, parsed = gone.status.value, gone.ended, gone.summary
         return RunInfo(
             id=int(rid),
             name=name,
@@ -573,7 +623,7 @@ class History:
             model=model,
             gpus=json.loads(gpus),
             workload=json.loads(workload),
-            summary=RunSummary.stored(json.loads(summary), f"{self.path}: run {rid}'s summary"),
+            summary=parsed,
             baseline=bool(baseline),
             tags=tuple(json.loads(tags)),
             requests=int(n),
