@@ -50,6 +50,14 @@ CLIENT_CPU_LIMIT = 0.9
 # server, on a small shared box) or a vCPU stolen by the host is the box's delay, which any
 # client on it sees (vllm bench serve's too): reported as such, not as client-bound.
 CLIENT_LAG_LIMIT_MS = 20.0
+# Box-bound means the loop was held up, whatever held it (most often, on a small shared box,
+# waiting for a core the server held), long enough to move the figures: the delay the loop
+# added to an event at a random time (sum of squared stalls / 2 / the run's length, averaged
+# over the workers: loadgen.worker.Batch.stall_s2) is past this. Chosen from measurement
+# (tests/perf/agreement.py --against-server): see BOX_DELAY_NOTE.
+BOX_DELAY_LIMIT_MS = 5.0
+BOX_DELAY_NOTE = ("the client's event loop was held up (the box was busy: waiting for a core), adding "
+                  "about {delay:.1f} ms to a first token at a random time")
 
 
 def client_bound(own_lag_ms: float, cpu: float) -> bool:
@@ -140,6 +148,10 @@ class RunResult:
     extra: dict[str, object] = field(default_factory=dict)
     server_gone: bool = False  # the server stopped accepting connections mid-run
     client_cpus: tuple[int, ...] = ()  # the cores the client's workers ran on (read back in each)
+    # The delay the client's loop added to an event at a random time (ms; BOX_DELAY_LIMIT_MS)
+    # and whether it moved the figures although the client's own work did not (client_bound).
+    client_delay_ms: float = 0.0
+    box_bound: bool = False
 
     @property
     def failed_run(self) -> bool:
@@ -159,6 +171,8 @@ class RunResult:
         d["workers"] = self.workers
         d["server_gone"] = self.server_gone
         d["client_cpus"] = list(self.client_cpus)
+        d["client_delay_ms"] = self.client_delay_ms
+        d["box_bound"] = self.box_bound
         d["windows"] = [w.to_dict() for w in self.windows]
         return d
 
@@ -509,6 +523,7 @@ class _State:
         self.own_lag = Accumulator(cap=100_000)
         self.cpu = Accumulator(cap=100_000)
         self.cpu_max = 0.0
+        self.stall_s2 = 0.0  # sum of the workers' squared loop stalls over the measured window
         self.server_gone = False
         self.cpus: set[int] = set()  # the cores the workers said they run on
         self.warmup: tuple[int, float] = (0, 0.0)  # requests, seconds (not measured)
@@ -530,6 +545,8 @@ class _State:
         self.sent[b.worker] = b.sent
         self.server_gone = self.server_gone or b.server_gone
         self.cpus.update(b.cpus)
+        if self.t0 and now >= self.t0:
+            self.stall_s2 += b.stall_s2
         if not b.done:
             self.lag.add(b.lag_ms)
             self.own_lag.add(b.own_lag_ms)
@@ -607,6 +624,8 @@ class _State:
         cpu_p90 = self.cpu.quantile(90) if self.cpu.n else 0.0
         own_p99 = self.own_lag.quantile(99) if self.own_lag.n else 0.0
         bound = client_bound(own_p99, cpu_p90)
+        delay_ms = 1000 * self.stall_s2 / (2 * duration * max(1, self.nw)) if duration > 0 else 0.0
+        box = not bound and delay_ms > BOX_DELAY_LIMIT_MS
         extra: dict[str, object] = {
             "date": _dt.datetime.now().strftime("%Y%m%d-%H%M%S"),
             "backend": "openai-chat" if w.endpoint == "chat" else "openai",
@@ -631,6 +650,8 @@ class _State:
             "client_cpu_mean": self.cpu.mean,
             "client_cpu_p90": cpu_p90,
             "client_sched_delay": not bound and lag_p99 > CLIENT_LAG_LIMIT_MS,
+            "client_delay_ms": round(delay_ms, 3),
+            "box_bound": box,
             "client_isolated": self.nw > 1 or run.isolate or run.cpus is not None,
             **self.agg.stream_shape(),
             "percentiles_exact": self.agg.exact,
@@ -653,4 +674,5 @@ class _State:
             failure_examples=dict(self.agg.failure_examples), client_bound=bound,
             client_lag_p99_ms=lag_p99, client_cpu_max=self.cpu_max,
             cancelled=run._cancelled, workers=self.nw, extra=extra,
-            server_gone=self.server_gone, client_cpus=tuple(sorted(self.cpus)))
+            server_gone=self.server_gone, client_cpus=tuple(sorted(self.cpus)),
+            client_delay_ms=round(delay_ms, 3), box_bound=box)

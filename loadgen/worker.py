@@ -71,6 +71,10 @@ class Batch:
     server_gone: bool = False  # a connection was refused: nothing listens any more
     own_lag_ms: float = 0.0  # worst loop lag less the time waiting for a core in that tick
     cpus: tuple[int, ...] = ()  # the cores the worker may run on, read back at its start
+    # Sum of the squared loop lags (s^2) since the last batch: a stall of L seconds delays an
+    # event (a first token, a send) that falls in it by L/2 on average, so sum(L^2)/2 over a
+    # run's length is the delay the loop added to an event at a random time (loadgen.run).
+    stall_s2: float = 0.0
 
 
 # The pipes between a worker process and its parent (LoadRun._run_processes): the worker
@@ -93,6 +97,7 @@ class Worker:
         self._sent = 0
         self._lag = 0.0
         self._own_lag = 0.0
+        self._stall_s2 = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
         self._stop = asyncio.Event()
         self._cancelled = False
@@ -118,10 +123,11 @@ class Worker:
     def _flush(self, cpu: float, done: bool = False, warmup_done: bool = False) -> None:
         batch = Batch(self.plan.worker, tuple(self._pending), self._in_flight, self._sent,
                       self._lag * 1000, cpu, done, warmup_done, self.server_gone,
-                      self._own_lag * 1000, self.cpus)
+                      self._own_lag * 1000, self.cpus, self._stall_s2)
         self._pending = []
         self._lag = 0.0
         self._own_lag = 0.0
+        self._stall_s2 = 0.0
         self._emit(batch)
 
     async def _watch(self) -> None:
@@ -134,6 +140,7 @@ class Worker:
             lag = loop.time() - t - LAG_TICK_S
             ran2, waited2 = thread_sched_s()
             self._lag = max(self._lag, lag)
+            self._stall_s2 += max(0.0, lag) ** 2
             # Known: the lag less the time spent waiting for a core, and no more than the
             # time this thread ran. Unknown (no schedstat): all of it counts as our own.
             own = min(lag - (waited2 - waited), ran2 - ran) if ran2 >= 0 else lag

@@ -35,7 +35,9 @@ def test_status_words_and_legacy_names() -> None:
     assert RunStatus.parse("slo-missed") is RunStatus.SLO_MISSED
     with pytest.raises(ValueError, match="unknown run status 'finished'"):
         RunStatus.parse("finished")
-    assert [s for s in RunStatus if s.measured] == [RunStatus.OK, RunStatus.SLO_MISSED, RunStatus.CLIENT_BOUND]
+    assert [s for s in RunStatus if s.measured] == [RunStatus.OK, RunStatus.SLO_MISSED, RunStatus.CLIENT_BOUND,
+                                                    RunStatus.BOX_BOUND]
+    assert [s for s in RunStatus if s.spoiled] == [RunStatus.CLIENT_BOUND, RunStatus.BOX_BOUND]
 
 
 @pytest.mark.parametrize(("facts", "status"), [
@@ -43,6 +45,9 @@ def test_status_words_and_legacy_names() -> None:
     ({"cancelled": True, "completed": 5, "client_bound": True}, RunStatus.CANCELLED),
     ({"completed": 0, "client_bound": True, "slo_met": False}, RunStatus.FAILED),
     ({"completed": 5, "client_bound": True, "slo_met": False}, RunStatus.CLIENT_BOUND),
+    ({"completed": 5, "client_bound": True, "box_bound": True}, RunStatus.CLIENT_BOUND),
+    ({"completed": 5, "box_bound": True, "slo_met": False}, RunStatus.BOX_BOUND),
+    ({"cancelled": True, "completed": 5, "box_bound": True}, RunStatus.CANCELLED),
     ({"completed": 5, "slo_met": False}, RunStatus.SLO_MISSED),
     ({"completed": 5, "slo_met": None}, RunStatus.OK),
 ])

@@ -63,7 +63,8 @@ ENERGY = {"joules": 5000.0, "j_per_token": 0.41, "j_per_request": 52.1, "mean_po
           "idle_power_w": 90.0, "estimated": False, "reason": None}
 STREAM = {"tokens_per_event": 1.0, "same_read_gap_fraction": 0.01, "burst_requests": 0, "stream_bursts": False,
           "client_lag_p50_ms": 0.4, "client_own_lag_p99_ms": 1.2, "client_cpu_mean": 0.2, "client_cpu_p90": 0.3,
-          "client_sched_delay": False, "warmup_requests": 2, "warmup_s": 0.8, "first_request_s": 1.234}
+          "client_sched_delay": False, "warmup_requests": 2, "warmup_s": 0.8, "first_request_s": 1.234,
+          "client_delay_ms": 0.3, "box_bound": False}
 
 
 def measured_document() -> dict[str, object]:

@@ -889,9 +889,38 @@ async def test_a_client_bound_step_is_measured_again_and_marked(monkeypatch: pyt
     again = await measurer([True, False]).measure(4.0, requests=20, timeout=60, warmup=0)
     assert tries == [True, False] and again.ok and again.remeasured and not again.client_bound
     tries.clear()
-    still = await measurer([True, True]).measure(4.0, requests=20, timeout=60, warmup=0)
-    assert tries == [True, True] and still.remeasured and still.client_bound
+    still = await measurer([True, True, True]).measure(4.0, requests=20, timeout=60, warmup=0)
+    assert tries == [True, True, True] and still.remeasured and still.client_bound
     tries.clear()
     fine = await measurer([False]).measure(4.0, requests=20, timeout=60, warmup=0)
     assert tries == [False] and not fine.remeasured
     assert Measurement.from_dict(still.to_dict()) == still  # kept in the saved search
+
+
+async def test_a_box_bound_step_is_measured_again_then_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 32, item 1: a step the busy box held up (box-bound) is not taken as the
+    configuration's figure: measured again, at most SPOILED_TRIES times, and if the box stays
+    busy the step says so (kept in the saved search, named in the report line)."""
+    from engine.tune.search import SPOILED_TRIES, Measurement, ServerMeasurer
+    from loadgen import WorkloadSpec
+    from loadgen.spec import SLO
+
+    tries: list[bool] = []
+
+    def measurer(outcomes: list[bool]) -> ServerMeasurer:
+        m = ServerMeasurer(WorkloadSpec(input_len=8, output_len=8), SLO(ttft_ms=500))
+
+        async def once(load: float, *, requests: int, timeout: float, warmup: int) -> Measurement:
+            spoiled = outcomes[len(tries)]
+            tries.append(spoiled)
+            return Measurement(load, True, requests=requests, completed=requests, box_bound=spoiled)
+
+        monkeypatch.setattr(m, "_measure_once", once)
+        return m
+
+    again = await measurer([True, True, False]).measure(4.0, requests=20, timeout=60, warmup=0)
+    assert tries == [True, True, False] and again.remeasured and not again.box_bound
+    tries.clear()
+    busy = await measurer([True] * 10).measure(4.0, requests=20, timeout=60, warmup=0)
+    assert len(tries) == SPOILED_TRIES == 3 and busy.box_bound and busy.remeasured
+    assert Measurement.from_dict(busy.to_dict()) == busy

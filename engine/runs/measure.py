@@ -445,7 +445,8 @@ async def measure(
         hint = hint or "what completed before is kept"
     status = decide(server_died=server_died, cancelled=handle.cancelled and not server_died,
                     completed=completed,
-                    client_bound=bool(result is not None and result.client_bound), slo_met=slo_met)
+                    client_bound=bool(result is not None and result.client_bound), slo_met=slo_met,
+                    box_bound=bool(result is not None and result.box_bound))
     facts = sup.facts if sup is not None else None
     # What vLLM said at start (KV tokens, captured CUDA graph sizes, versions): the advisor's
     # evidence about the server the run measured (engine.advise.advisor.RunData.startup).

@@ -4,6 +4,10 @@
 ``slo-missed``: measured to the end, the SLO was not met (the numbers are good, the config is not).
 ``client-bound``: measured to the end, but the client's own delay (not the server's) may be in the
 numbers: see the run's client_* figures before trusting them.
+``box-bound``: measured to the end, but the box held the client's loop up (waiting for a core,
+most often one the server held on a small box) long enough to add more than
+``loadgen.run.BOX_DELAY_LIMIT_MS`` to its latencies: measure it again on a quieter box. Sweep and
+tune measure such a step again before they take it.
 ``server-died``: the server stopped mid-run; what completed before is kept.
 ``failed``: nothing was measured (server refused the load, no request completed).
 ``cancelled``: stopped by the user (or a tune step stopped early); what completed is kept.
@@ -22,6 +26,7 @@ class RunStatus(enum.StrEnum):
     OK = "ok"
     SLO_MISSED = "slo-missed"
     CLIENT_BOUND = "client-bound"
+    BOX_BOUND = "box-bound"
     SERVER_DIED = "server-died"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -30,7 +35,13 @@ class RunStatus(enum.StrEnum):
     @property
     def measured(self) -> bool:
         """The run went to its end and its figures describe the whole workload."""
-        return self in (RunStatus.OK, RunStatus.SLO_MISSED, RunStatus.CLIENT_BOUND)
+        return self in (RunStatus.OK, RunStatus.SLO_MISSED, RunStatus.CLIENT_BOUND, RunStatus.BOX_BOUND)
+
+    @property
+    def spoiled(self) -> bool:
+        """Measured to the end, but the client's figures carry a delay not the server's: no
+        verdict (best, winner, SLO) should rest on it alone."""
+        return self in (RunStatus.CLIENT_BOUND, RunStatus.BOX_BOUND)
 
     @classmethod
     def parse(cls, text: str) -> RunStatus:
@@ -47,7 +58,7 @@ class RunStatus(enum.StrEnum):
 
 
 def decide(*, server_died: bool, cancelled: bool, completed: int, client_bound: bool,
-           slo_met: bool | None) -> RunStatus:
+           slo_met: bool | None, box_bound: bool = False) -> RunStatus:
     """The status of a run from what happened, most telling first: a dead server explains a
     cancel, a user's cancel explains an empty run, an empty run has no SLO to miss."""
     if server_died:
@@ -58,6 +69,8 @@ def decide(*, server_died: bool, cancelled: bool, completed: int, client_bound: 
         return RunStatus.FAILED
     if client_bound:
         return RunStatus.CLIENT_BOUND
+    if box_bound:
+        return RunStatus.BOX_BOUND
     if slo_met is False:
         return RunStatus.SLO_MISSED
     return RunStatus.OK

@@ -57,7 +57,8 @@ _DEFAULTED = ("client_bound", "client_cpus", "failures_by_reason", "server_log")
 # The stream's shape and the client's own cost, as every path stores them (StreamShape's fields).
 STREAM_KEYS = ("tokens_per_event", "same_read_gap_fraction", "burst_requests", "stream_bursts",
                "client_lag_p50_ms", "client_own_lag_p99_ms", "client_cpu_mean", "client_cpu_p90",
-               "client_sched_delay", "warmup_requests", "warmup_s", "first_request_s")
+               "client_sched_delay", "warmup_requests", "warmup_s", "first_request_s", "client_delay_ms",
+               "box_bound")
 
 
 # --------------------------------------------------------------------------- checked values
@@ -163,6 +164,10 @@ class StreamShape:
     warmup_requests: int | None = None
     warmup_s: float | None = None
     first_request_s: float | None = None
+    # The delay the client's held-up loop added to an event at a random time, and whether it was
+    # past loadgen.run.BOX_DELAY_LIMIT_MS without being the client's own (the run is box-bound).
+    client_delay_ms: float | None = None
+    box_bound: bool | None = None
 
     def to_json(self) -> dict[str, JSONValue]:
         return {
@@ -172,6 +177,7 @@ class StreamShape:
             "client_cpu_mean": self.client_cpu_mean, "client_cpu_p90": self.client_cpu_p90,
             "client_sched_delay": self.client_sched_delay, "warmup_requests": self.warmup_requests,
             "warmup_s": self.warmup_s, "first_request_s": self.first_request_s,
+            "client_delay_ms": self.client_delay_ms, "box_bound": self.box_bound,
         }
 
     @classmethod
@@ -184,7 +190,8 @@ class StreamShape:
             client_lag_p50_ms=num("client_lag_p50_ms"), client_own_lag_p99_ms=num("client_own_lag_p99_ms"),
             client_cpu_mean=num("client_cpu_mean"), client_cpu_p90=num("client_cpu_p90"),
             client_sched_delay=f.maybe_flag("client_sched_delay"), warmup_requests=f.maybe_whole("warmup_requests"),
-            warmup_s=num("warmup_s"), first_request_s=num("first_request_s"))
+            warmup_s=num("warmup_s"), first_request_s=num("first_request_s"),
+            client_delay_ms=num("client_delay_ms"), box_bound=f.maybe_flag("box_bound"))
 
 
 @dataclass(frozen=True)

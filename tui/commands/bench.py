@@ -88,6 +88,8 @@ def add_parser(subparsers: Any) -> None:
                    help="the GPU's dense bf16 TFLOPS (with --peak-bw-tbs)")
     s.add_argument("--requests-file", help="write one JSON line per request")
     s.add_argument("--quiet", "-q", action="store_true", help="no live progress line")
+    s.add_argument("--allow-box-bound", action="store_true",
+                   help="exit 0 for a run the busy box held up (status box-bound; default: exit 3)")
     s.add_argument("--no-history", action="store_true",
                    help="do not store the run in the run history (`vtui history`, `vtui compare`)")
     s.add_argument("--name", help="the run's name in the history (default: bench c=N in/out)")
@@ -267,6 +269,12 @@ async def _bench(args: argparse.Namespace, workload: Any, arrivals: Any, slo: An
     if run.status is RunStatus.FAILED:
         _err(f"error: {run.error}")
         return 1
+    if run.status is RunStatus.BOX_BOUND and not args.allow_box_bound:
+        # Measured to the end, but its latencies carry the box's delay: a script must not take
+        # it as the configuration's figures unless it says so (--allow-box-bound).
+        _err("vtui: the run is box-bound (see the WARNING above): measure it again on a quieter box, "
+             "or pass --allow-box-bound to accept it; exit 3")
+        return 3
     return 0
 
 
@@ -410,6 +418,8 @@ class _Progress:
 
 def print_table(d: dict[str, Any]) -> None:
     """The final table, laid out like `vllm bench serve`'s."""
+    from loadgen.run import BOX_DELAY_LIMIT_MS, BOX_DELAY_NOTE
+
     def row(name: str, value: Any, fmt: str = "{:.2f}") -> None:
         text = fmt.format(value) if isinstance(value, int | float) else str(value)
         print(f"{name:<40} {text:<10}")
@@ -447,6 +457,10 @@ def print_table(d: dict[str, Any]) -> None:
         print(f"WARNING: client-bound (CPU p90 {d.get('client_cpu_p90', 0):.0%} of a core, event-loop "
               f"lag p99 {d['client_lag_p99_ms']:.1f} ms): latencies include the client's own "
               f"delay; use more --workers or a bigger machine")
+    elif d.get("box_bound"):
+        print(f"WARNING: box-bound: {BOX_DELAY_NOTE.format(delay=d.get('client_delay_ms') or 0.0)} (limit "
+              f"{BOX_DELAY_LIMIT_MS:g} ms; event-loop lag p99 {d['client_lag_p99_ms']:.0f} ms, its own work "
+              f"{d.get('client_own_lag_p99_ms') or 0:.1f} ms): its latencies read high by about that much")
     elif d.get("client_sched_delay"):
         print(f"note: the client waited for a core (event-loop lag p99 {d['client_lag_p99_ms']:.0f} ms at "
               f"{d.get('client_cpu_mean', 0):.0%} of a core): the box is busy (on a small box, with the "
