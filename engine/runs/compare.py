@@ -1,5 +1,8 @@
-"""Side-by-side comparison of stored runs: one column per run, one row per differing
-flag and per metric, the best value per row marked, the delta to the baseline in percent.
+"""Side-by-side comparison of stored runs: one column per configuration (one run, or the
+repeats of one configuration: their median), one row per differing flag and per metric, the
+delta to the baseline in percent, "within noise" where the interval of that difference holds
+zero (engine.runs.noise: over the repeats, else within each run's requests, the weaker kind),
+and the best value per row marked only where it is beyond the noise of every other column.
 
 Latency numbers use ``vllm bench serve``'s definitions (see loadgen): TTFT to the first
 chunk carrying ``choices``; TPOT = (E2EL - TTFT) / (output tokens - 1) per request;
@@ -14,11 +17,12 @@ import csv
 import io
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from engine.flags import devices_needed
-from engine.runs.history import RunInfo
+from engine.runs.history import RunInfo, StoredRequest
+from engine.runs.noise import REPEATS, WITHIN_NOISE, WITHIN_RUN, Configuration, Difference, RunNoise, difference, run_noise
 from engine.runs.summary import RunSummary, SpeedOfLightFigures, TelemetryFigures
 
 GIB = 1024**3
@@ -39,6 +43,7 @@ class Metric:
     unit: str
     better: str | None  # "lower", "higher", or None (informative: no best, no judgement)
     read: Reader
+    figure: str | None = None  # the load figure's name, where engine.runs.noise gives its noise
 
 
 def _number(value: object, scale: float = 1.0) -> float | None:
@@ -85,13 +90,14 @@ _power = _tel(lambda t: t.energy.mean_power_w if t.energy is not None else None)
 
 METRICS: tuple[Metric, ...] = (
     *(
-        Metric(f"{name}_{p}", f"{name.upper()} {p}", "ms", "lower", _load(f"{'median' if p == 'p50' else p}_{name}_ms"))
+        Metric(f"{name}_{p}", f"{name.upper()} {p}", "ms", "lower", _load(f"{'median' if p == 'p50' else p}_{name}_ms"),
+               f"{'median' if p == 'p50' else p}_{name}_ms")
         for name in ("ttft", "tpot", "itl", "e2el")
         for p in ("p50", "p99")
     ),
-    Metric("request_throughput", "requests/s", "req/s", "higher", _load("request_throughput")),
-    Metric("output_throughput", "output tokens/s", "tok/s", "higher", _load("output_throughput")),
-    Metric("request_goodput", "goodput", "req/s", "higher", _load("request_goodput")),
+    Metric("request_throughput", "requests/s", "req/s", "higher", _load("request_throughput"), "request_throughput"),
+    Metric("output_throughput", "output tokens/s", "tok/s", "higher", _load("output_throughput"), "output_throughput"),
+    Metric("request_goodput", "goodput", "req/s", "higher", _load("request_goodput"), "request_goodput"),
     Metric("failure_rate", "failure rate", "%", "lower", _failure_rate),
     Metric("peak_gpu_mem", "peak GPU memory", "GiB", "lower", _tel(lambda t: t.peak_gpu_mem_bytes, 1 / GIB)),
     Metric("mean_gpu_util", "mean GPU utilization", "%", "higher", _tel(lambda t: t.mean_gpu_util_pct)),
@@ -120,13 +126,37 @@ class Row:
     values: tuple[str, ...] | tuple[float | None, ...]
     best: frozenset[int]
     deltas: tuple[float | None, ...]  # percent against the baseline column; None where meaningless
+    # Per column, its difference to the baseline column with the interval and the verdict; None
+    # for the baseline, a flag row, or where no interval can be had (no requests, no repeats).
+    noise: tuple[Difference | None, ...] = ()
+
+    def within_noise(self, i: int) -> bool | None:
+        """Whether column ``i``'s difference to the baseline is within noise; None: unknown."""
+        d = self.noise[i] if i < len(self.noise) else None
+        return None if d is None else d.within_noise
 
 
 @dataclass(frozen=True)
 class Comparison:
-    runs: tuple[RunInfo, ...]
+    runs: tuple[RunInfo, ...]  # each column's first run (its only one without repeats)
     baseline: int  # index into runs
     rows: tuple[Row, ...]
+    columns: tuple[tuple[RunInfo, ...], ...] = ()  # each column's runs: the repeats of one configuration
+
+    def count(self, i: int) -> int:
+        """How many runs column ``i`` holds."""
+        return len(self.columns[i]) if self.columns else 1
+
+    @property
+    def noise_kinds(self) -> frozenset[str]:
+        """The kinds of interval the verdicts rest on (engine.runs.noise.REPEATS, WITHIN_RUN)."""
+        return frozenset(d.interval.kind for row in self.rows for d in row.noise if d is not None)
+
+    @property
+    def unjudged(self) -> bool:
+        """Whether some metric row with a judgement has no interval (its mark ignores noise)."""
+        return any(row.kind == "metric" and row.better is not None and len(self.runs) > 1
+                   and all(d is None for d in row.noise) for row in self.rows)
 
     def row(self, key: str) -> Row:
         for row in self.rows:
@@ -225,13 +255,36 @@ def best_indexes(values: Sequence[float | None], better: str | None) -> frozense
 _DEFAULT = "(default)"
 
 
-def compare(runs: Sequence[RunInfo], baseline: int | None = None, *, all_flags: bool = False) -> Comparison:
-    """Build the comparison. ``baseline`` is an index into ``runs``; by default the run
-    tagged baseline in the history, else the first."""
-    if not runs:
+Column = RunInfo | Sequence[RunInfo]
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _column_value(metric: Metric, column: Sequence[RunInfo]) -> float | None:
+    """A metric over a column's runs: the median of the runs that have it."""
+    values = [v for v in (metric.read(run.summary) for run in column) if v is not None]
+    return _median(values) if values else None
+
+
+def compare(columns: Sequence[Column], baseline: int | None = None, *, all_flags: bool = False,
+            requests: Mapping[int, Sequence[StoredRequest]] | None = None) -> Comparison:
+    """Build the comparison. Each of ``columns`` is a run, or the runs of one configuration
+    (its repeats: the column shows their median). ``baseline`` is an index into ``columns``; by
+    default the column holding a run tagged baseline in the history, else the first.
+    ``requests`` (run id -> its stored requests) gives each run its within-run noise where a
+    column has no repeats to read it from; without them such rows are not judged against noise."""
+    if not columns:
         raise ValueError("nothing to compare: give at least one run")
+    groups = tuple((c,) if isinstance(c, RunInfo) else tuple(c) for c in columns)
+    if any(not g for g in groups):
+        raise ValueError("a column of the comparison holds no run")
+    runs = tuple(g[0] for g in groups)
     if baseline is None:
-        baseline = next((i for i, r in enumerate(runs) if r.baseline), 0)
+        baseline = next((i for i, g in enumerate(groups) if any(r.baseline for r in g)), 0)
     if not 0 <= baseline < len(runs):
         raise ValueError(f"baseline index {baseline} outside 0..{len(runs) - 1}")
     rows: list[Row] = []
@@ -250,17 +303,54 @@ def compare(runs: Sequence[RunInfo], baseline: int | None = None, *, all_flags: 
         if all_flags or len(set(values)) > 1:
             rows.append(Row("flag", name, f"--{name}", "", None, values, frozenset(), none))
 
+    noises = {run.id: run_noise(requests[run.id], run.workload, key=run.id)
+              for g in groups for run in g if requests is not None and run.id in requests}
     for metric in METRICS:
-        values_m = tuple(metric.read(run.summary) for run in runs)
+        values_m = tuple(_column_value(metric, g) for g in groups)
         if all(v is None for v in values_m):
             continue  # e.g. GPU rows on a CPU box: say nothing rather than a row of n/a
         base = values_m[baseline]
         deltas = tuple(None if i == baseline else delta_pct(v, base) for i, v in enumerate(values_m))
-        rows.append(
-            Row("metric", metric.key, metric.label, metric.unit, metric.better, values_m,
-                best_indexes(values_m, metric.better), deltas)
-        )
-    return Comparison(tuple(runs), baseline, tuple(rows))
+
+        def diff(i: int, j: int, metric: Metric = metric) -> Difference | None:
+            return _difference(metric, groups[i], groups[j], noises)
+
+        noise = tuple(None if i == baseline else diff(baseline, i) for i in range(len(groups)))
+        best = _beyond_noise(best_indexes(values_m, metric.better), values_m, diff)
+        rows.append(Row("metric", metric.key, metric.label, metric.unit, metric.better, values_m, best, deltas, noise))
+    return Comparison(runs, baseline, tuple(rows), groups)
+
+
+def _difference(metric: Metric, a: Sequence[RunInfo], b: Sequence[RunInfo],
+                noises: Mapping[int, RunNoise]) -> Difference | None:
+    """``b - a`` for one metric with its interval (engine.runs.noise); None where the metric has
+    no noise model (telemetry rows) or neither repeats nor requests are at hand."""
+    if metric.figure is None:
+        return None
+
+    def configuration(column: Sequence[RunInfo]) -> Configuration | None:
+        found = [(v, noises.get(run.id)) for run in column if (v := metric.read(run.summary)) is not None]
+        if not found:
+            return None
+        return Configuration(tuple(v for v, _ in found), tuple(n for _, n in found))
+
+    ca, cb = configuration(a), configuration(b)
+    return None if ca is None or cb is None else difference(metric.figure, ca, cb)
+
+
+def _beyond_noise(best: frozenset[int], values: Sequence[float | None],
+                  diff: Callable[[int, int], Difference | None]) -> frozenset[int]:
+    """The best columns, kept only where beyond the noise of every other column that has a value
+    (a pair without an interval does not take the mark away: nothing says it is noise)."""
+    if not best:
+        return best
+    others = [j for j, v in enumerate(values) if v is not None and j not in best]
+    for i in best:
+        for j in others:
+            d = diff(i, j)
+            if d is not None and d.within_noise:
+                return frozenset()
+    return best
 
 
 def _flag_text(value: object) -> str:
@@ -303,19 +393,50 @@ def fmt_delta(delta: float | None) -> str:
     return f"{delta:+.1f}%"
 
 
-def run_header(run: RunInfo, is_baseline: bool) -> str:
-    label = f"#{run.id} {run.name}"
-    return label + (" (baseline)" if is_baseline else "")
+def fmt_runs(count: int) -> str:
+    return f"{count} run" if count == 1 else f"{count} runs"
 
 
-def _cell(cmp: Comparison, row: Row, i: int, mark: str) -> str:
+def run_header(run: RunInfo, is_baseline: bool, count: int | None = None) -> str:
+    """A column's header: its (first) run, the baseline mark and, given ``count``, how many runs it holds."""
+    label = f"#{run.id} {run.name}" + (" (baseline)" if is_baseline else "")
+    return label if count is None else f"{label} [{fmt_runs(count)}]"
+
+
+def column_header(cmp: Comparison, i: int) -> str:
+    return run_header(cmp.runs[i], i == cmp.baseline, cmp.count(i))
+
+
+def cell_text(row: Row, i: int, mark: str = "{}") -> str:
+    """Column ``i``'s cell: the value (``mark`` around it where best), the change against the
+    baseline and, where the interval of that change holds zero, the words "within noise"."""
     if row.kind == "flag":
         return str(row.values[i])
     text = fmt_number(row.values[i])
     if i in row.best:
         text = mark.format(text)
-    delta = fmt_delta(row.deltas[i])
-    return f"{text} ({delta})" if delta else text
+    notes = [n for n in (fmt_delta(row.deltas[i]), WITHIN_NOISE if row.within_noise(i) else "") if n]
+    return f"{text} ({', '.join(notes)})" if notes else text
+
+
+def _cell(cmp: Comparison, row: Row, i: int, mark: str) -> str:
+    return cell_text(row, i, mark)
+
+
+def noise_legend(cmp: Comparison) -> list[str]:
+    """What the verdicts rest on, in words (a line each)."""
+    kinds = cmp.noise_kinds
+    out = []
+    if REPEATS in kinds:
+        out.append("within noise: the 95% interval of the difference to the baseline, over the repeats (Welch's t), "
+                   "holds zero.")
+    if WITHIN_RUN in kinds:
+        out.append("within noise (within-run, the weaker kind): a block bootstrap over each run's requests, "
+                   "widened for what moves between runs; repeat runs (vtui bench --repeat N) to know more.")
+    if cmp.unjudged:
+        out.append("rows without \"within noise\" or a best mark judged: no repeats and no stored requests, "
+                   "so the best mark there ignores noise.")
+    return out
 
 
 def _label(row: Row) -> str:
@@ -340,7 +461,7 @@ def render(cmp: Comparison, fmt: str = "text") -> str:
 
 
 def render_text(cmp: Comparison) -> str:
-    headers = ["", *(run_header(r, i == cmp.baseline) for i, r in enumerate(cmp.runs))]
+    headers = ["", *(column_header(cmp, i) for i in range(len(cmp.runs)))]
     body = [[_label(row), *(_cell(cmp, row, i, "*{}") for i in range(len(cmp.runs)))] for row in cmp.rows]
     widths = [max(len(line[c]) for line in [headers, *body]) for c in range(len(headers))]
     out = []
@@ -357,13 +478,15 @@ def render_text(cmp: Comparison) -> str:
         out.append(line(cells))
         previous = row.kind
     out.append("")
-    out.append("* best per row; ↓ lower is better, ↑ higher is better; (±%) against the baseline run.")
+    out.append("* best per row, beyond the noise of every other column; ↓ lower is better, ↑ higher is better; "
+               "(±%) against the baseline.")
+    out.extend(noise_legend(cmp))
     out.append("TPOT = (E2EL - TTFT) / (output tokens - 1) per request; ITL = gaps between streamed chunks.")
     return "\n".join(out) + "\n"
 
 
 def render_markdown(cmp: Comparison) -> str:
-    headers = ["", *(run_header(r, i == cmp.baseline) for i, r in enumerate(cmp.runs))]
+    headers = ["", *(column_header(cmp, i) for i in range(len(cmp.runs)))]
 
     def esc(text: str) -> str:
         return text.replace("|", "\\|")
@@ -374,7 +497,9 @@ def render_markdown(cmp: Comparison) -> str:
         cells = [esc(label), *(esc(_cell(cmp, row, i, "**{}**")) for i in range(len(cmp.runs)))]
         out.append("| " + " | ".join(cells) + " |")
     out.append("")
-    out.append("Bold: best per row. ↓ lower is better, ↑ higher is better. (±%): against the baseline run.")
+    out.append("Bold: best per row, beyond the noise of every other column. ↓ lower is better, ↑ higher is better. "
+               "(±%): against the baseline.")
+    out.extend(noise_legend(cmp))
     return "\n".join(out) + "\n"
 
 
@@ -384,6 +509,8 @@ def render_csv(cmp: Comparison) -> str:
     header = ["kind", "key", "label", "unit", "better"]
     for run in cmp.runs:
         header += [f"run{run.id}", f"run{run.id}_delta_pct", f"run{run.id}_best"]
+    for run in cmp.runs:
+        header += [f"run{run.id}_runs", f"run{run.id}_noise", f"run{run.id}_diff_low", f"run{run.id}_diff_high"]
     writer.writerow(header)
     for row in cmp.rows:
         cells: list[object] = [row.kind, row.key, row.label, row.unit, row.better or ""]
@@ -394,6 +521,10 @@ def render_csv(cmp: Comparison) -> str:
                 "" if row.deltas[i] is None else round(row.deltas[i] or 0.0, 3),
                 "1" if i in row.best else "",
             ]
+        for i in range(len(cmp.runs)):
+            d = row.noise[i] if i < len(row.noise) else None
+            cells += [cmp.count(i), "" if d is None else d.verdict, "" if d is None else d.interval.low,
+                      "" if d is None else d.interval.high]
         writer.writerow(cells)
     return buf.getvalue()
 
@@ -402,7 +533,8 @@ def to_json(cmp: Comparison) -> dict[str, object]:
     return {
         "runs": [
             {"id": r.id, "name": r.name, "preset": r.preset, "model": r.model, "status": r.status,
-             "started": r.started, "baseline": i == cmp.baseline}
+             "started": r.started, "baseline": i == cmp.baseline, "runs": cmp.count(i),
+             "run_ids": [x.id for x in cmp.columns[i]] if cmp.columns else [r.id]}
             for i, r in enumerate(cmp.runs)
         ],
         "baseline_run": cmp.runs[cmp.baseline].id,
@@ -416,6 +548,10 @@ def to_json(cmp: Comparison) -> dict[str, object]:
                 "values": list(row.values),
                 "best_runs": sorted(cmp.runs[i].id for i in row.best),
                 "delta_pct": list(row.deltas),
+                "noise": [None if d is None else {"verdict": d.verdict, "difference": d.value, "low": d.interval.low,
+                                                  "high": d.interval.high, "kind": d.interval.kind,
+                                                  "level": d.interval.level}
+                          for d in (row.noise or tuple(None for _ in cmp.runs))],
             }
             for row in cmp.rows
         ],
