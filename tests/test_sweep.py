@@ -60,7 +60,9 @@ def test_sweep_two_presets_on_vllm_cpu(tiny_model: Path, capsys: pytest.CaptureF
     assert code == 0, err
     assert f"wrote {chart}" in err and chart.read_bytes()[:4] == b"\x89PNG"
     assert "restarting vLLM with" in err and "--max-num-batched-tokens 2048" in err
-    assert "--gpu-memory-utilization (unset) -> 0.2" in err  # the [tiny] scaling was said, not silent
+    from engine.server.tinymodel import TINY_CPU_DEFAULTS
+
+    assert f"--gpu-memory-utilization (unset) -> {TINY_CPU_DEFAULTS['gpu-memory-utilization']:g}" in err  # said, not silent
     table = json.loads(out)
     assert [r["name"] for r in table["runs"]] == ["chunked-enable-256", "chunked-enable-2048"]
     rows = {r["key"]: r for r in table["rows"]}

