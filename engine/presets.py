@@ -47,6 +47,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import tomli_w
+
 from engine import flags as flagmod
 from engine import paths
 from engine.errors import SessionError
@@ -739,59 +741,13 @@ def read_model_config(model_dir: str | Path) -> dict[str, object] | None:
 
 
 # --------------------------------------------------------------------------- TOML writing
-# A writer of our own: presets are a flat schema (scalars, string lists, a few
-# one-level tables), so ~40 lines beat a dependency. Round-trip tested.
-
-_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
-
-
-def _toml_key(key: str) -> str:
-    # fullmatch: "$" would also match before a trailing newline ("0\n" written bare broke
-    # the file; found by the round-trip fuzz).
-    return key if _BARE_KEY.fullmatch(key) else _toml_string(key)
-
-
-def _toml_string(text: str) -> str:
-    out = json.dumps(text, ensure_ascii=False)
-    # JSON leaves DEL (0x7f) raw; TOML requires it escaped.
-    return out.replace("\x7f", "\\u007f")
-
-
-def _toml_value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
-    if isinstance(value, str):
-        return _toml_string(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"cannot write {type(value).__name__} to TOML")
 
 
 def dumps_toml(doc: Mapping[str, object]) -> str:
-    """Write a document of scalars, lists and nested tables as TOML."""
-    lines: list[str] = []
-    _write_table(doc, [], lines)
-    return "\n".join(lines).lstrip("\n") + "\n"
-
-
-def _write_table(table: Mapping[str, object], prefix: list[str], lines: list[str]) -> None:
-    subtables = [(k, v) for k, v in table.items() if isinstance(v, Mapping)]
-    scalars = [(k, v) for k, v in table.items() if not isinstance(v, Mapping)]
-    if prefix and (scalars or not subtables):
-        lines.append("")
-        lines.append("[" + ".".join(_toml_key(p) for p in prefix) + "]")
-    for key, value in scalars:
-        lines.append(f"{_toml_key(key)} = {_toml_value(value)}")
-    for key, value in subtables:
-        _write_table(value, [*prefix, key], lines)
+    """Write a document of scalars, lists and nested tables as TOML (tomli-w, the writer
+    beside the standard library's reader: quoting, escapes, nan and inf as TOML has them).
+    Raises TypeError for a value TOML cannot hold."""
+    return tomli_w.dumps(doc)
 
 
 # --------------------------------------------------------------------------- a session's presets
