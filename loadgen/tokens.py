@@ -1,7 +1,8 @@
 """The served model's tokenizer, so synthetic prompts have exact token lengths.
 
-``LocalTokenizer`` reads a model folder's ``tokenizer.json`` with the ``tokenizers``
-package (transformers' AutoTokenizer as a fallback for folders without one).
+``LocalTokenizer`` runs a model folder's tokenizer, as transformers' AutoTokenizer builds it
+(what vLLM loads), with the ``tokenizers`` package alone: transformers builds it once in a
+child process, so neither it nor torch is imported by the process that builds prompts.
 ``RemoteTokenizer`` asks the server itself (vLLM's ``POST /tokenize`` and
 ``/detokenize``) when only a URL is known. ``make_prompts`` builds texts whose encodings
 have exactly the asked numbers of tokens, the way vLLM's random dataset does: random ids,
@@ -12,11 +13,18 @@ tokenizer encodes them on all cores.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import math
+import os
 import random
 import string
+import subprocess
+import sys
 from collections.abc import Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -85,57 +93,226 @@ def _file_stamps(p: Path) -> tuple[tuple[str, int, int], ...]:
     return tuple(out)
 
 
-# Checks that the Rust backend's ids are transformers' ids before batch calls use it.
+# Checks that the Rust tokenizer's ids are transformers' ids (with decoded runs of ids).
 _PROBE = "Hello, world!  It's 2026:\n\tnaïve café, 東京, emoji 🚀 and    spaces."
 
 
-class LocalTokenizer:
-    """A tokenizer from a local model folder (or a tokenizer.json path).
+def _load_file(file: Path) -> tokenizers.Tokenizer:
+    import tokenizers
 
-    A folder is loaded with transformers' AutoTokenizer, as vLLM loads it: for some
-    models (Qwen2 in transformers 5) the tokenizer class rebuilds its own normalizer and
-    pre-tokenizer instead of tokenizer.json's, so tokenizer.json alone can count a
-    different number of tokens than the server does. The ``tokenizers`` package is the
-    fallback (a bare tokenizer.json, or transformers missing)."""
+    try:
+        tok = tokenizers.Tokenizer.from_file(str(file))
+    except Exception as exc:  # the tokenizers error types are not exported
+        raise TokenizerError(f"{file}: cannot load tokenizer: {exc}") from None
+    # transformers' encode neither truncates nor pads unless asked; a tokenizer.json may.
+    tok.no_truncation()
+    tok.no_padding()
+    return tok
+
+
+@dataclass(frozen=True)
+class _Exported:
+    """The Rust tokenizer transformers built for a folder, as JSON, and what the pool needs."""
+
+    tokenizer: str
+    vocab_size: int
+    special_ids: tuple[int, ...]
+
+    def to_json(self) -> str:
+        return json.dumps({"tokenizer": self.tokenizer, "vocab_size": self.vocab_size,
+                           "special_ids": list(self.special_ids)})
+
+    @classmethod
+    def from_json(cls, text: str) -> _Exported | str:
+        """The export in ``text``, or the child's reason (``unfit``) as a string."""
+        reply = json.loads(text)
+        if not isinstance(reply, Mapping):
+            raise ValueError("not a JSON object")
+        if "unfit" in reply:
+            return str(reply["unfit"])
+        ids = reply["special_ids"]
+        if not isinstance(ids, list):
+            raise ValueError("special_ids is not a list")
+        return cls(str(reply["tokenizer"]), int(reply["vocab_size"]), tuple(int(i) for i in ids))
+
+
+# Exports by folder and its files' stamps, for this process; on disk by the hash of the
+# folder's tokenizer files and the transformers version, so a later vtui starts its first
+# run without the child (4 s of CPU to import transformers and torch).
+_exports: dict[Hashable, _Exported | str] = {}
+_EXPORT_TIMEOUT_S = 600.0
+
+
+def _export_cache_dir() -> Path:
+    """Where exports are kept: under ``$VTUI_HOME`` when set (engine/paths' rule, which
+    loadgen cannot import), else the user's cache folder. Entries are named by content, so
+    one never stands for another tokenizer."""
+    home = os.environ.get("VTUI_HOME")
+    if home:
+        return Path(home).expanduser() / "cache" / "tokenizers"
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("vtui")) / "tokenizers"
+
+
+def _content_key(folder: Path) -> str | None:
+    """sha256 of the folder's small files (tokenizer, configs, vocabularies; not weights)
+    and the installed transformers' version; None without transformers."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        return None
+    h = hashlib.sha256(f"recipe 1\0transformers {version}\0".encode())
+    for name, _mtime, _size in _file_stamps(folder):
+        try:
+            data = (folder / name).read_bytes()
+        except OSError:
+            continue
+        h.update(f"{name}\0{len(data)}\0".encode())
+        h.update(data)
+    return h.hexdigest()
+
+
+def _export(folder: Path) -> _Exported | str:
+    """``folder``'s tokenizer as transformers' AutoTokenizer builds it (what vLLM loads),
+    made in a child process that checks its Rust tokenizer gives AutoTokenizer's own ids
+    and texts; a string saying why not otherwise. transformers (and the torch it imports)
+    never enters this process."""
+    key = (str(folder.resolve()), _file_stamps(folder))
+    got = _exports.get(key)
+    if got is not None:
+        return got
+    content = _content_key(folder)
+    if content is None:
+        return "transformers is not installed"
+    cached = _export_cache_dir() / f"{content}.json"
+    try:
+        got = _Exported.from_json(cached.read_text())
+    except (OSError, ValueError, KeyError, TypeError):
+        got = _export_in_child(folder)
+        if isinstance(got, _Exported) or not got.startswith("child: "):
+            with contextlib.suppress(OSError):
+                cached.parent.mkdir(parents=True, exist_ok=True)
+                tmp = cached.with_name(f".{cached.name}.{os.getpid()}")
+                tmp.write_text(got.to_json() if isinstance(got, _Exported) else json.dumps({"unfit": got}))
+                os.replace(tmp, cached)
+    if len(_exports) >= 8:
+        _exports.pop(next(iter(_exports)))
+    _exports[key] = got
+    return got
+
+
+def _export_in_child(folder: Path) -> _Exported | str:
+    """Run ``_export_main`` for ``folder`` in a new Python; why it failed starts "child: "."""
+    root = str(Path(__file__).resolve().parents[1])
+    code = f"import sys; sys.path.insert(0, {root!r}); from loadgen.tokens import _export_main; _export_main()"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True,
+                              timeout=_EXPORT_TIMEOUT_S, env=env, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"child: {exc}"
+    lines = proc.stdout.strip().splitlines()
+    try:
+        return _Exported.from_json(lines[-1])
+    except (IndexError, ValueError, KeyError, TypeError):
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
+        return f"child: {tail[0][:300]}"
+
+
+def _export_main() -> None:
+    """The child of ``_export``: prints one JSON line, the tokenizer or why it is unfit."""
+    folder = sys.argv[1]
+    try:
+        from transformers import AutoTokenizer
+
+        hf = AutoTokenizer.from_pretrained(folder)
+    except Exception as exc:
+        print(json.dumps({"unfit": f"transformers cannot load it: {exc}"}))
+        return
+    rust = getattr(hf, "backend_tokenizer", None) if getattr(hf, "is_fast", False) else None
+    if rust is None:
+        print(json.dumps({"unfit": "no Rust tokenizer (a slow tokenizer class)"}))
+        return
+    rust.no_truncation()
+    rust.no_padding()
+    # Texts as prompt building makes them: the probe and decoded runs of ids from across the
+    # vocabulary (consecutive, as make_prompts draws them, and scattered).
+    size = int(hf.vocab_size)
+    special = set(hf.all_special_ids)
+    pool = [i for i in range(size) if i not in special] or list(range(size))
+    rng = random.Random(0)
+    seqs = [pool[s : s + 48] for s in range(0, len(pool), max(1, len(pool) // 24))]
+    seqs += [rng.choices(pool, k=48) for _ in range(24)] + [[*pool[:8], *sorted(special)[:4], *pool[8:16]]]
+    for ids in seqs:
+        if rust.decode(ids, skip_special_tokens=True) != hf.decode(ids, skip_special_tokens=True):
+            print(json.dumps({"unfit": "its Rust tokenizer decodes otherwise than transformers"}))
+            return
+    for text in [_PROBE, *(hf.decode(ids, skip_special_tokens=True) for ids in seqs)]:
+        for add in (False, True):
+            if list(rust.encode(text, add_special_tokens=add).ids) != list(hf.encode(text, add_special_tokens=add)):
+                print(json.dumps({"unfit": "its Rust tokenizer encodes otherwise than transformers"}))
+                return
+    print(_Exported(rust.to_str(), size, tuple(sorted(special))).to_json())
+
+
+class LocalTokenizer:
+    """A tokenizer from a local model folder (or a tokenizer.json path), with the ids vLLM's
+    tokenizer (transformers' AutoTokenizer) gives, run by the ``tokenizers`` package alone:
+    transformers and the torch it imports (400 MB resident) stay out of this process, the
+    TUI's.
+
+    A folder's tokenizer.json alone is not enough: AutoTokenizer picks its class by the
+    model's type as well (the tiny model's "PreTrainedTokenizerFast" loads as Qwen2Tokenizer),
+    and in transformers 5 such a class rebuilds its normalizer and pre-tokenizer in code, so
+    the file's own pipeline can count otherwise than the server. So a folder is loaded by
+    AutoTokenizer once in a child process, which checks that its Rust tokenizer gives
+    AutoTokenizer's ids and texts and hands it back as JSON (kept on disk by content, so only
+    the first use of a tokenizer pays the child). Only where that check fails (a slow
+    tokenizer, a rule in Python) is AutoTokenizer loaded in this process, the one fallback
+    that imports transformers here; where transformers is missing, tokenizer.json is read
+    as it is, as is a tokenizer.json path. ``source`` says which it was."""
 
     def __init__(self, path: str | Path) -> None:
         p = Path(path).expanduser()
         self._hf: PreTrainedTokenizerBase | None = None
         self._tok: tokenizers.Tokenizer | None = None
-        hf_error: Exception | None = None
-        if p.is_dir():
-            try:
-                from transformers import AutoTokenizer
-
-                self._hf = AutoTokenizer.from_pretrained(str(p))
-            except Exception as exc:  # missing package, odd folder: try tokenizer.json
-                hf_error = exc
-        if self._hf is None:
-            file = p / "tokenizer.json" if p.is_dir() else p
-            if not file.is_file():
-                why = f" (transformers: {hf_error})" if hf_error else ""
-                raise TokenizerError(f"{p}: no tokenizer found{why}")
-            import tokenizers
-
-            try:
-                self._tok = tokenizers.Tokenizer.from_file(str(file))
-            except Exception as exc:  # the tokenizers error types are not exported
-                raise TokenizerError(f"{file}: cannot load tokenizer: {exc}") from None
+        self._special: set[int] | None = None
+        self._vocab_size = 0
+        if p.is_file():
+            self._tok = _load_file(p)
+            self.source = "tokenizer.json"
+        elif p.is_dir():
+            self._load_folder(p)
+        else:
+            raise TokenizerError(f"{p}: no tokenizer found (no such file or folder)")
         self._pool: list[int] | None = None
         self._offset = len(self._encode("hello", True)) - len(self._encode("hello", False))
         self._key = ("local", str(p.resolve()), _file_stamps(p))
-        # Batch calls go to the Rust tokenizer, which encodes a batch on all cores. Under
-        # transformers that is its backend_tokenizer, used only where it gives the same ids
-        # as transformers' own encode (the server's), and decodes without clean-up.
-        self._rust: tokenizers.Tokenizer | None = self._tok
-        if self._hf is not None:
-            rust = getattr(self._hf, "backend_tokenizer", None) if getattr(self._hf, "is_fast", False) else None
-            if rust is not None and not getattr(self._hf, "clean_up_tokenization_spaces", False):
-                try:
-                    same = list(rust.encode(_PROBE, add_special_tokens=False).ids) == self._encode(_PROBE, False)
-                except Exception:  # an odd backend: keep the per-item path
-                    same = False
-                self._rust = rust if same else None
+
+    def _load_folder(self, p: Path) -> None:
+        import tokenizers
+
+        got = _export(p)
+        if isinstance(got, _Exported):
+            self._tok = tokenizers.Tokenizer.from_str(got.tokenizer)
+            self._special, self._vocab_size = set(got.special_ids), got.vocab_size
+            self.source = "transformers' tokenizer, exported"
+            return
+        try:
+            from transformers import AutoTokenizer
+
+            self._hf = AutoTokenizer.from_pretrained(str(p))
+            self.source = f"transformers, in this process ({got})"
+            return
+        except Exception as exc:  # missing package, odd folder: try tokenizer.json
+            hf_error: Exception = exc
+        if not (p / "tokenizer.json").is_file():
+            raise TokenizerError(f"{p}: no tokenizer found (transformers: {hf_error})")
+        self._tok = _load_file(p / "tokenizer.json")
+        self.source = f"tokenizer.json (transformers: {hf_error})"
 
     def _encode(self, text: str, special: bool) -> list[int]:
         if self._tok is not None:
@@ -155,17 +332,17 @@ class LocalTokenizer:
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """``encode`` of many texts in one call (parallel in the Rust tokenizer)."""
-        if self._rust is None:
+        if self._tok is None:
             return [self.encode(t) for t in texts]
         # encode_batch_fast (tokenizers >= 0.21) skips the character offsets we do not use.
-        fn = getattr(self._rust, "encode_batch_fast", None) or self._rust.encode_batch
+        fn = getattr(self._tok, "encode_batch_fast", None) or self._tok.encode_batch
         return [e.ids for e in fn(texts, add_special_tokens=False)]  # .ids makes a new list
 
     def decode_batch(self, seqs: list[list[int]]) -> list[str]:
         """``decode`` of many id lists in one call."""
-        if self._rust is None:
+        if self._tok is None:
             return [self.decode(ids) for ids in seqs]
-        out: list[str] = self._rust.decode_batch(seqs, skip_special_tokens=True)
+        out: list[str] = self._tok.decode_batch(seqs, skip_special_tokens=True)
         return out
 
     @property
@@ -181,7 +358,9 @@ class LocalTokenizer:
     def pool(self) -> list[int]:
         """Ids that random prompts draw from: the vocabulary less special/added tokens."""
         if self._pool is None:
-            if self._tok is not None:
+            if self._special is not None:  # exported: transformers' own figures
+                special, size = self._special, self._vocab_size
+            elif self._tok is not None:
                 special = set(self._tok.get_added_tokens_decoder())
                 size = self._tok.get_vocab_size(with_added_tokens=False)
             else:
