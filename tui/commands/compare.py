@@ -1,9 +1,16 @@
 """``vtui compare RUN...``: stored runs side by side.
 
-RUN is a run id, a run name (its newest run), ``last`` or ``baseline``. One column per
-run; rows for the flags that differ and for every metric; ``*`` marks the best value
-per row; (±%) is the change against the baseline run (the one tagged with
-``vtui history baseline ID``, else the first given).
+RUN is a run id, a run name (its newest run), ``last`` or ``baseline``; several joined
+by commas (``3,5,7``) are the repeats of one configuration, one column (their median).
+Each column says how many runs it holds; rows for the flags that differ and for every
+metric; (±%) is the change against the baseline (the column holding the run tagged with
+``vtui history baseline ID``, else the first given), and "within noise" says that the
+95% interval of that change holds zero: over the repeats where both columns have some,
+else from each run's stored requests (the weaker kind); ``*`` marks the best value per
+row only where it is beyond the noise of every other column.
+
+  vtui compare 12 13                  two single runs
+  vtui compare 12,14,16 13,15,17      three repeats each (vtui bench --repeat 3)
 """
 
 from __future__ import annotations
@@ -19,7 +26,8 @@ def add_parser(subparsers: Any) -> None:
         "compare", help="compare stored runs side by side", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("runs", nargs="+", metavar="RUN", help="run id, name, 'last' or 'baseline'")
+    parser.add_argument("runs", nargs="+", metavar="RUN",
+                        help="run id, name, 'last' or 'baseline'; RUN,RUN,... for the repeats of one configuration")
     parser.add_argument("--format", choices=("text", "markdown", "csv", "json"), default="text")
     parser.add_argument("--baseline", metavar="RUN", help="compare against this run (default: the tagged baseline)")
     parser.add_argument("--all-flags", action="store_true", help="show every flag, not only those that differ")
@@ -94,6 +102,16 @@ def write_or_print(text: str, output: Path | None) -> None:
     print(f"wrote {output}")
 
 
+def _refs(text: str) -> list[str]:
+    """``3,5,7``: the runs of one column; an empty part is the user's mistake, named."""
+    from tui.cli import UserError
+
+    refs = [part.strip() for part in text.split(",")]
+    if not all(refs):
+        raise UserError(f"RUN {text!r} has an empty part", "join run ids with commas, e.g. 3,5,7")
+    return refs
+
+
 def run(args: argparse.Namespace) -> int:
     from engine.runs.compare import compare, render
     from engine.runs.history import HistoryError
@@ -102,20 +120,23 @@ def run(args: argparse.Namespace) -> int:
     plot = plot_target(args.plot, args.output, "--output", "pareto")
     store = open_history()
     try:
-        runs = [store.resolve(ref) for ref in args.runs]
+        columns = [[store.resolve(ref) for ref in _refs(text)] for text in args.runs]
         baseline = None
         if args.baseline:
             base = store.resolve(args.baseline)
-            ids = [r.id for r in runs]
-            if base.id not in ids:
-                runs.insert(0, base)
-                ids.insert(0, base.id)
-            baseline = ids.index(base.id)
+            at = next((i for i, column in enumerate(columns) if any(r.id == base.id for r in column)), None)
+            if at is None:
+                columns.insert(0, [base])
+                at = 0
+            baseline = at
+        runs = [run for column in columns for run in column]
+        requests = {run.id: store.requests(run.id) for run in runs}  # each run's within-run noise
     except HistoryError as exc:
         raise UserError(str(exc), "see `vtui history list` for run ids") from None
     finally:
         store.close()
-    write_or_print(render(compare(runs, baseline, all_flags=args.all_flags), args.format), args.output)
+    cmp = compare(columns, baseline, all_flags=args.all_flags, requests=requests)
+    write_or_print(render(cmp, args.format), args.output)
     if plot is not None:
         from engine.runs.compare import run_points
         from engine.runs.plots import save_pareto

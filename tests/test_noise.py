@@ -1,0 +1,245 @@
+"""engine.runs.noise and the verdicts it gives the comparison (issue 34; issue 33 item 9).
+
+The arithmetic on made requests (seeded, so every figure is fixed), then against loadgen.testserver
+(a stand-in without a model, whose latencies are set on its command line): identical
+configurations are "within noise" on every latency row, a 60% TPOT change (a gap of 5 against 8 ms
+per token) is not, through `vtui compare` as typed; and `vtui bench --repeat N`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine.runs.compare import compare, render
+from engine.runs.history import History, RunInfo, StoredRequest
+from engine.runs.noise import (
+    BEYOND_NOISE,
+    FIGURES,
+    REPEATS,
+    WITHIN_NOISE,
+    WITHIN_RUN,
+    Configuration,
+    RunNoise,
+    difference,
+    repeats_interval,
+    spreads,
+    t_quantile,
+)
+from engine.runs.summary import RunSummary
+from loadgen import ArrivalSpec, WorkloadSpec
+from loadgen.testserver import ServerConfig, serve_in_processes
+
+LATENCY_ROWS = [f"{m}_{p}" for m in ("ttft", "tpot", "itl", "e2el") for p in ("p50", "p99")]
+
+
+def made_requests(seed: int, gap_ms: float = 5.0, n: int = 200, tokens: int = 16, jitter: float = 0.1) -> list[StoredRequest]:
+    """``n`` requests over ~20 s: TTFT ~20 ms, chunks every ``gap_ms``, each value off by up to ``jitter``."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        ttft = 0.020 * (1 + rng.uniform(-jitter, jitter))
+        gaps = tuple(gap_ms / 1000 * (1 + rng.uniform(-jitter, jitter)) for _ in range(tokens - 1))
+        out.append(StoredRequest(id=i, t_start=i * 0.1, ttft_s=ttft, e2el_s=ttft + sum(gaps), itl_s=gaps,
+                                 input_tokens=12, output_tokens=tokens, ok=True, error=None, cancelled=False))
+    return out
+
+
+def info(rid: int, requests: list[StoredRequest], name: str = "r") -> RunInfo:
+    """A stored run whose summary holds its requests' own figures."""
+    load = {"completed": len(requests), "failed": 0, **RunNoise(requests).figures()}
+    return RunInfo(id=rid, name=f"{name}{rid}", preset=None, started=float(rid), ended=float(rid) + 20, status="ok",
+                   flags={}, vllm_version=None, model="m", gpus=[], workload={},
+                   summary=RunSummary.from_json({"load": load}, "test"), baseline=False, tags=())
+
+
+# --------------------------------------------------------------------------- the arithmetic
+
+
+@pytest.mark.parametrize(("df", "t"), [(1, 12.706), (2, 4.303), (4, 2.776), (9, 2.262), (30, 2.042), (5000, 1.960)])
+def test_t_quantile_matches_the_tables(df: float, t: float) -> None:
+    assert t_quantile(0.95, df) == pytest.approx(t, abs=1e-3)
+
+
+def test_repeats_interval_and_welch() -> None:
+    iv = repeats_interval([10.0, 12.0, 11.0])
+    assert iv is not None and iv.kind == REPEATS and iv.runs == 3
+    assert (iv.low, iv.high) == pytest.approx((11 - 4.303 / 3**0.5, 11 + 4.303 / 3**0.5), abs=1e-3)
+    assert repeats_interval([10.0]) is None  # one run: no interval over repeats
+    same = difference("median_tpot_ms", Configuration((5.0, 5.2, 4.9)), Configuration((5.1, 4.95, 5.15)))
+    moved = difference("median_tpot_ms", Configuration((5.0, 5.2, 4.9)), Configuration((8.1, 7.9, 8.2)))
+    assert same is not None and same.verdict == WITHIN_NOISE and same.interval.kind == REPEATS
+    assert moved is not None and moved.verdict == BEYOND_NOISE and moved.value == pytest.approx(3.1)
+
+
+def test_within_run_interval_is_seeded_and_labelled_the_weaker_kind() -> None:
+    reqs = made_requests(1)
+    a, b = RunNoise(reqs, key=7), RunNoise(reqs, key=7)
+    assert a.usable and a.replicates("p99_itl_ms") == b.replicates("p99_itl_ms")  # the same, call after call
+    for figure in FIGURES:
+        if figure == "request_goodput":
+            assert a.interval(figure) is None  # no SLO: no goodput
+            continue
+        iv = a.interval(figure)
+        assert iv is not None and iv.kind == WITHIN_RUN and iv.low <= a.figures()[figure] <= iv.high, figure
+    assert not RunNoise(made_requests(1, n=5)).usable  # too few requests to say anything
+
+
+def test_within_run_difference_calls_identical_runs_noise_and_a_60pct_tpot_change_not() -> None:
+    base = Configuration((5.0,), (RunNoise(made_requests(1), key=1),))
+    twin = Configuration((5.0,), (RunNoise(made_requests(2), key=2),))
+    slower = Configuration((8.0,), (RunNoise(made_requests(3, gap_ms=8.0), key=3),))
+    for figure in ("median_tpot_ms", "mean_tpot_ms", "p99_tpot_ms", "median_itl_ms", "median_e2el_ms"):
+        same, moved = difference(figure, base, twin), difference(figure, base, slower)
+        assert same is not None and same.within_noise and same.interval.kind == WITHIN_RUN, figure
+        assert moved is not None and not moved.within_noise, figure
+    # without requests at hand and without repeats there is no interval: None, never a guess
+    assert difference("median_tpot_ms", Configuration((5.0,)), Configuration((8.0,))) is None
+
+
+def test_spreads_over_repeats() -> None:
+    found = {s.figure: s for s in spreads([{"median_tpot_ms": v, "request_throughput": 2.0} for v in (5.0, 5.5, 6.0)])}
+    tpot = found["median_tpot_ms"]
+    assert (tpot.runs, tpot.median, tpot.low, tpot.high) == (3, 5.5, 5.0, 6.0)
+    assert tpot.interval is not None and tpot.interval.holds(5.5) and tpot.cv_pct == pytest.approx(100 * 0.5 / 5.5)
+    assert found["request_throughput"].cv_pct == 0.0 and "median_ttft_ms" not in found
+
+
+# --------------------------------------------------------------------------- the comparison
+
+
+def test_comparison_says_within_noise_and_marks_only_beyond_it() -> None:
+    """Two single runs of one configuration: every latency row "within noise" and no best mark
+    (the old comparison starred a winner on every row, TTFT p50 +69.6% among them, issue 33 item 9);
+    against a 60% slower TPOT, the TPOT rows are beyond the noise and starred."""
+    a, twin, slow = made_requests(1), made_requests(2), made_requests(3, gap_ms=8.0)
+    runs = [info(1, a), info(2, twin), info(3, slow)]
+    requests = {1: a, 2: twin, 3: slow}
+    same = compare(runs[:2], requests=requests)
+    for key in LATENCY_ROWS:
+        row = same.row(key)
+        assert row.within_noise(1) is True and row.best == frozenset(), key
+    text = render(same, "text")
+    assert "within noise" in text and "*" not in text.split("\n\n")[0]
+    assert "#1 r1 (baseline) [1 run]" in text and "#2 r2 [1 run]" in text
+    assert "within-run, the weaker kind" in text
+    moved = compare([runs[0], runs[2]], requests=requests)
+    for key in ("tpot_p50", "itl_p50", "e2el_p50"):
+        row = moved.row(key)
+        assert row.within_noise(1) is False and row.best == {0}, key
+    data = json.loads(render(moved, "json"))
+    tpot = next(r for r in data["rows"] if r["key"] == "tpot_p50")
+    assert tpot["noise"][0] is None and tpot["noise"][1]["verdict"] == BEYOND_NOISE
+    assert tpot["noise"][1]["kind"] == WITHIN_RUN and tpot["noise"][1]["low"] > 0
+    assert [r["runs"] for r in data["runs"]] == [1, 1]
+
+
+def test_columns_of_repeats_hold_their_median_and_count() -> None:
+    reqs = [made_requests(s) for s in (1, 2, 3)] + [made_requests(s, gap_ms=8.0) for s in (4, 5, 6)]
+    runs = [info(i + 1, r) for i, r in enumerate(reqs)]
+    cmp = compare([runs[:3], runs[3:]])  # no requests given: the repeats alone say the noise
+    assert [cmp.count(i) for i in range(2)] == [3, 3] and cmp.noise_kinds == {REPEATS}
+    row = cmp.row("tpot_p50")
+    medians = sorted(r.summary.figure("median_tpot_ms") or 0.0 for r in runs[:3])
+    assert row.values[0] == pytest.approx(medians[1]) and row.within_noise(1) is False and row.best == {0}
+    text = render(cmp, "text")
+    assert "#1 r1 (baseline) [3 runs]" in text and "#4 r4 [3 runs]" in text and "Welch" in text
+    md = render(cmp, "markdown")
+    assert "[3 runs]" in md
+    with pytest.raises(ValueError, match="holds no run"):
+        compare([runs[:1], []])
+
+
+def test_rows_without_noise_say_so() -> None:
+    """Runs without stored requests and without repeats (an imported vllm bench result): the best
+    is still marked, and the legend says that mark ignores noise."""
+    a, b = made_requests(1), made_requests(3, gap_ms=8.0)
+    cmp = compare([info(1, a), info(2, b)])
+    assert cmp.row("tpot_p50").best == {0} and cmp.row("tpot_p50").within_noise(1) is None
+    assert "ignores noise" in render(cmp, "text")
+
+
+# --------------------------------------------------------------------------- against the test server
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[tuple[str, str]]:
+    """Two stand-ins: chunks every 5 ms and every 8 ms (a 60% slower TPOT), the same 20 ms first chunk."""
+    with serve_in_processes(ServerConfig(first_delay_s=0.02, gap_s=0.005)) as fast, \
+            serve_in_processes(ServerConfig(first_delay_s=0.02, gap_s=0.008)) as slow:
+        yield fast.url, slow.url
+
+
+def test_repeats_on_the_test_server_through_vtui_compare(servers: tuple[str, str], tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Three repeats each of A, A again and B (5 against 8 ms per token), alternated (A A' B A A' B
+    ...) so the box's drift falls on all three: `vtui compare A,A,A A',A',A'` calls every latency row
+    within noise; against B the TPOT, ITL and E2EL p50 rows are beyond it."""
+    from engine.runs.measure import RunPlan, Target, measure
+    from tui.cli import main
+
+    monkeypatch.setenv("VTUI_HOME", str(tmp_path))
+    fast, slow = servers
+    ids: dict[str, list[int]] = {"a": [], "twin": [], "b": []}
+    with History() as history:
+        for _ in range(3):
+            for label, url in (("a", fast), ("twin", fast), ("b", slow)):
+                plan = RunPlan(label, WorkloadSpec(input_len=12, output_len=16),
+                               ArrivalSpec(concurrency=4, num_requests=60, warmup_requests=4))
+                run = asyncio.run(measure(Target(url), plan, history=history))
+                assert run.history_id is not None
+                ids[label].append(run.history_id)
+
+    def col(label: str) -> str:
+        return ",".join(map(str, ids[label]))
+
+    assert main(["compare", col("a"), col("twin"), "--format", "json"]) == 0
+    same = json.loads(capsys.readouterr().out)
+    assert [r["runs"] for r in same["runs"]] == [3, 3]
+    for row in same["rows"]:
+        if row["key"] in LATENCY_ROWS:
+            assert row["noise"][1]["verdict"] == WITHIN_NOISE and row["noise"][1]["kind"] == REPEATS, row
+            assert row["best_runs"] == [], row
+    assert main(["compare", col("a"), col("b")]) == 0
+    text = capsys.readouterr().out
+    assert "[3 runs]" in text
+    assert main(["compare", col("a"), col("b"), "--format", "json"]) == 0
+    moved = {r["key"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    for key in ("tpot_p50", "itl_p50", "e2el_p50"):
+        assert moved[key]["noise"][1]["verdict"] == BEYOND_NOISE, moved[key]
+        assert moved[key]["best_runs"] == [ids["a"][0]], moved[key]
+    assert main(["compare", f"{ids['a'][0]},", col("b")]) == 2  # an empty part is named
+    assert "empty part" in capsys.readouterr().err
+
+
+def test_bench_repeat_prints_each_figures_median_and_interval(servers: tuple[str, str], tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from tui.cli import main
+
+    monkeypatch.setenv("VTUI_HOME", str(tmp_path))
+    result = tmp_path / "r.json"
+    rc = main(["bench", "--url", servers[0], "--input-len", "12", "--output-len", "8", "--concurrency", "2",
+               "--num-requests", "20", "--warmup", "2", "-q", "--repeat", "3", "--result-file", str(result),
+               "--allow-box-bound"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert out.out.count("Serving Benchmark Result") == 3 and "Repeats: 3 of 3 runs measured" in out.out
+    repeats = out.out.split("Repeats: ")[1]
+    line = next(x for x in repeats.splitlines() if x.startswith("Median TPOT (ms)"))
+    assert " .. " in line and "n/a" not in line  # the median, the interval, the range
+    doc = json.loads(result.read_text())
+    assert len(doc["repeats"]) == 3 and {s["figure"] for s in doc["spread"]} >= {"median_ttft_ms", "request_throughput"}
+    with History() as history:
+        names = [r.name for r in history.list_runs()]
+        tags = {t for r in history.list_runs() for t in r.tags}
+    assert sorted(names) == [f"bench c=2 12/8 (repeat {k}/3)" for k in (1, 2, 3)] and "repeat" in tags
+    assert "vtui compare" in out.err
+    assert main(["bench", "--url", servers[0], "--repeat", "0"]) == 2
+    assert "--repeat 0" in capsys.readouterr().err
