@@ -5,6 +5,7 @@
     vtui bench --preset chat-prefix --url URL --result-file out.json
     vtui bench --input-len 128 --output-len 64          # starts the tiny model itself
     vtui bench --model /models/x -- --max-num-seqs 64   # starts that model with those flags
+    vtui bench --url URL --preset online-chat --repeat 5  # 5 runs: each figure's median and interval
 
 Closed loop at --concurrency unless --rate is given (then open loop with gamma gaps,
 --concurrency capping requests in flight, as vLLM's --max-concurrency does).
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -93,6 +95,9 @@ def add_parser(subparsers: Any) -> None:
     s.add_argument("--no-history", action="store_true",
                    help="do not store the run in the run history (`vtui history`, `vtui compare`)")
     s.add_argument("--name", help="the run's name in the history (default: bench c=N in/out)")
+    s.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="measure N runs of the workload, each stored; then each figure's median and its 95%% "
+                        "interval over the repeats (default 1)")
     s.add_argument("--transport", choices=("fast", "httpx"), default="fast", help=argparse.SUPPRESS)
     p.set_defaults(func=run, allow_extra=True)
 
@@ -164,6 +169,11 @@ def build_specs(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.repeat < 1:
+        raise UserError(f"--repeat {args.repeat}: must be 1 or more", "e.g. --repeat 5")
+    if args.repeat > 1 and args.requests_file:
+        raise UserError("--requests-file holds one run's requests, and --repeat measures several",
+                        "drop --requests-file: every repeat's requests are stored (`vtui history show ID`)")
     workload, arrivals, slo = build_specs(args)
     peaks = (args.peak_bw_tbs, args.peak_tflops)
     if (peaks[0] is None) != (peaks[1] is None) or any(p is not None and not p > 0 for p in peaks):
@@ -198,10 +208,8 @@ async def _start_server(args: argparse.Namespace) -> Any:
 
 
 async def _bench(args: argparse.Namespace, workload: Any, arrivals: Any, slo: Any) -> int:
-    from engine.runs.crosscheck import CrossCheck
     from engine.runs.history import open_history
     from engine.runs.measure import RunHandle, RunPlan, Target, measure
-    from engine.runs.status import RunStatus
 
     sup = None
     if args.url:
@@ -217,28 +225,68 @@ async def _bench(args: argparse.Namespace, workload: Any, arrivals: Any, slo: An
                    requests_file=args.requests_file, transport=args.transport,
                    peak_bw_tbs=args.peak_bw_tbs, peak_tflops=args.peak_tflops)
     history = None if args.no_history else open_history(lambda text: _err(f"vtui: {text}"))
-    progress = _Progress(args.quiet)
-    handle = RunHandle()
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGINT, handle.cancel)
+    runs: list[Any] = []
+    code = 0
     try:
-        run = await measure(target, plan, history=history, handle=handle, on_window=progress.update)
+        for k in range(1, args.repeat + 1):
+            this = plan
+            if args.repeat > 1:
+                # each repeat a normal measured run, stored under its own name (and its own seed)
+                this = dataclasses.replace(plan, name=f"{plan.name} (repeat {k}/{args.repeat})",
+                                           tags=(*plan.tags, "repeat"))
+                _err(f"vtui: repeat {k} of {args.repeat}")
+            progress = _Progress(args.quiet)
+            handle = RunHandle()
+            loop.add_signal_handler(signal.SIGINT, handle.cancel)
+            try:
+                run = await measure(target, this, history=history, handle=handle, on_window=progress.update)
+            finally:
+                loop.remove_signal_handler(signal.SIGINT)
+                progress.end()
+            runs.append(run)
+            code = max(code, _report(args, run))
+            if code not in (0, 3):  # cancelled, the server died, or the run failed: no more repeats
+                break
     finally:
-        loop.remove_signal_handler(signal.SIGINT)
-        progress.end()
         if sup is not None:
             await sup.stop()
         if history is not None:
             history.close()
-    if run.result is None:  # refused before any load was sent
-        raise UserError(run.error or "the run failed", run.hint or "check --url/--dataset")
-    out = run.result.to_json()
+    if args.repeat > 1:
+        spread = print_repeats(runs)
+        if args.result_file:
+            _write_result(args.result_file, {"repeats": [_result(r) for r in runs], "spread": spread})
+    return code
+
+
+def _result(run: Any) -> dict[str, Any]:
+    """The run's result document: bench serve's keys, the stored parts, the telemetry and its series."""
+    out: dict[str, Any] = run.result.to_json()
     parts = stored_parts(run.summary)
     telemetry = parts.pop("telemetry")
     out.update(parts)
     out["telemetry"] = {"summary": telemetry,
                         "series": run.store.to_dict(run.started, run.ended) if run.store is not None else {}}
     out["status"] = run.status.value
+    return out
+
+
+def _write_result(name: str, doc: dict[str, Any]) -> None:
+    path = Path(name).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
+    _err(f"vtui: result written to {path}")
+
+
+def _report(args: argparse.Namespace, run: Any) -> int:
+    """Print one measured run (the table, telemetry, the server check) and give its exit code."""
+    from engine.runs.crosscheck import CrossCheck
+    from engine.runs.status import RunStatus
+
+    if run.result is None:  # refused before any load was sent
+        raise UserError(run.error or "the run failed", run.hint or "check --url/--dataset")
+    out = _result(run)
     check = run.summary.cross_check or CrossCheck.from_dict({})
     print_table(out)
     for line in summary_lines(run.summary):
@@ -251,11 +299,8 @@ async def _bench(args: argparse.Namespace, workload: Any, arrivals: Any, slo: An
              f"`vtui compare {run.history_id} ...`)")
     elif run.history_error is not None:
         _err(f"vtui: the run was not stored: {run.history_error}")
-    if args.result_file:
-        path = Path(args.result_file).expanduser()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(out, indent=2, default=str) + "\n", encoding="utf-8")
-        _err(f"vtui: result written to {path}")
+    if args.result_file and args.repeat == 1:
+        _write_result(args.result_file, out)
     if run.status is RunStatus.CANCELLED:
         return 130
     if run.status is RunStatus.SERVER_DIED:
@@ -276,6 +321,46 @@ async def _bench(args: argparse.Namespace, workload: Any, arrivals: Any, slo: An
              "or pass --allow-box-bound to accept it; exit 3")
         return 3
     return 0
+
+
+_STATS = {"mean": "Mean", "median": "Median", "p90": "P90", "p99": "P99"}
+_RATES = {"request_throughput": "Request throughput (req/s)", "output_throughput": "Output token throughput (tok/s)",
+          "request_goodput": "Request goodput (req/s)"}
+
+
+def figure_label(name: str) -> str:
+    """A figure's line label as the table above names it (``p99_tpot_ms`` -> ``P99 TPOT (ms)``)."""
+    if name in _RATES:
+        return _RATES[name]
+    stat, metric, _ = name.split("_")
+    return f"{_STATS.get(stat, stat)} {dict(METRICS).get(metric, metric.upper())} (ms)"
+
+
+def print_repeats(runs: list[Any]) -> list[dict[str, Any]]:
+    """Each figure over the measured repeats: the median, the 95% interval of the repeats' mean
+    (engine.runs.noise), the range and the coefficient of variation; returned for the result file."""
+    from engine.runs.noise import spreads
+
+    measured = [r for r in runs if r.status.measured and r.summary.load is not None]
+    ids = ",".join(str(r.history_id) for r in measured if r.history_id is not None)
+    print("{s:{c}^{n}}".format(s=f" Repeats: {len(measured)} of {len(runs)} runs measured ", n=86, c="="))
+    print(f"{'':<34} {'median':>10} {'95% interval (repeats)':>24} {'min .. max':>20} {'CV':>6}")
+    out = []
+    for sp in spreads([r.summary.load.to_dict() for r in measured]):
+        iv = sp.interval
+        cv = sp.cv_pct
+        print(f"{figure_label(sp.figure):<34} {sp.median:>10.2f} "
+              f"{('n/a' if iv is None else f'{iv.low:.2f} .. {iv.high:.2f}'):>24} "
+              f"{f'{sp.low:.2f} .. {sp.high:.2f}':>20} {('n/a' if cv is None else f'{cv:.1f}%'):>6}")
+        out.append({"figure": sp.figure, "runs": sp.runs, "median": sp.median, "min": sp.low, "max": sp.high,
+                    "low": None if iv is None else iv.low, "high": None if iv is None else iv.high,
+                    "cv_pct": cv})
+    print("=" * 86)
+    print("interval: 95% t-interval of the repeats' mean; CV: their standard deviation over the mean")
+    if ids:
+        _err(f"vtui: the repeats are runs {ids}: `vtui compare {ids} OTHER,RUNS` weighs them against another "
+             "configuration's repeats")
+    return out
 
 
 def _listening_pid(url: str) -> int | None:
