@@ -51,3 +51,23 @@ def test_no_server_figures_means_no_verdict() -> None:
     c = cross_check(LOAD, TelemetryFigures.from_json({}, "no scrapes"))
     assert c.server_mean_ttft_ms is None and c.server_tpot_ms is None and c.warnings == ()
     assert c.to_dict()["warnings"] == []
+
+
+def test_a_gap_the_held_client_explains_is_put_down_to_the_box() -> None:
+    """Issue 32: a run whose loop the box held up (loadgen.run client_delay_ms) is told so, not
+    blamed on the API server's streaming."""
+    held = cross_check({**LOAD, "mean_ttft_ms": 80.0}, telemetry(), client_delay_ms=25.0)
+    assert len(held.warnings) == 1 and "held up by the busy box (about 25 ms" in held.warnings[0]
+    quiet = cross_check({**LOAD, "mean_ttft_ms": 80.0}, telemetry(), client_delay_ms=0.4)
+    assert "API server's streaming" in quiet.warnings[0]
+
+
+def test_the_servers_queue_time_is_read_beside_its_ttft() -> None:
+    window = ServerWindow.from_json(
+        {"server_ttft": {"mean_ms": 48.0, "count": 100}, "server_e2e": {"mean_ms": 300.0, "count": 100},
+         "server_queue": {"mean_ms": 12.5, "count": 100}, "generation_tokens": 6400, "prompt_tokens": 12_800},
+        "server window")
+    c = cross_check(LOAD, window.figures())
+    assert c.server_mean_queue_ms == 12.5
+    assert type(c).from_dict(c.to_dict()) == c
+    assert ServerWindow.from_json(window.to_json(), "again") == window

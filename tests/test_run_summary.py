@@ -45,7 +45,8 @@ SERVER = {"server_ttft": {"p50_ms": 33.0, "p90_ms": 50.0, "p99_ms": 60.0, "mean_
           "server_itl": None,
           "server_e2e": {"p50_ms": 1800.0, "p90_ms": 2000.0, "p99_ms": 2200.0, "mean_ms": 1840.0, "count": 96.0},
           "prompt_tokens": 24576.0, "generation_tokens": 12288.0, "prefix_hit_rate": 0.0, "preemptions": 0.0,
-          "t0": 1000.0, "t1": 1012.5}
+          "t0": 1000.0, "t1": 1012.5,
+          "server_queue": {"p50_ms": 1.0, "p90_ms": 4.0, "p99_ms": 9.0, "mean_ms": 2.0, "count": 96.0}}
 # The telemetry as measure writes it: every key of TelemetrySummary.to_dict() (here of an empty store,
 # then set), the server's window over it, the speed of light last.
 TELEMETRY = {**summarize(SeriesStore(capacity=2)).to_dict(),

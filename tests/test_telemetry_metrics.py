@@ -87,7 +87,7 @@ def test_cpu_capture_parses_cleanly() -> None:
     assert s.window_s is None and s.prompt_tok_s is None and s.ttft is None
     assert s.cache_config["kv_cache_size_tokens"] == "1308928"
     assert s.cache_config["block_size"] == "128" and s.cache_config["enable_prefix_caching"] == "True"
-    assert set(s.histograms) == {"ttft", "itl", "e2e"}
+    assert set(s.histograms) == {"ttft", "itl", "e2e", "queue"}
 
 
 def test_cpu_capture_ttft_percentiles_hand_computed() -> None:

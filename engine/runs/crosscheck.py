@@ -38,6 +38,7 @@ class CrossCheck:
     server_prompt_tokens: float | None  # per request the server finished, from its counter
     prefix_hit_rate: float | None
     warnings: tuple[str, ...]
+    server_mean_queue_ms: float | None = None  # of TTFT, the time requests waited to be scheduled
 
     def to_dict(self) -> dict[str, JSONValue]:
         d: dict[str, JSONValue] = asdict(self)
@@ -50,7 +51,7 @@ class CrossCheck:
         warnings = d.get("warnings") or ()
         return cls(**{f: _num(d.get(f)) for f in (
             "client_mean_ttft_ms", "server_mean_ttft_ms", "client_mean_tpot_ms", "server_tpot_ms",
-            "client_prompt_tokens", "server_prompt_tokens", "prefix_hit_rate")},
+            "client_prompt_tokens", "server_prompt_tokens", "prefix_hit_rate", "server_mean_queue_ms")},
             warnings=tuple(str(w) for w in warnings) if isinstance(warnings, Iterable) else ())
 
 
@@ -69,11 +70,12 @@ def _differ(a: float | None, b: float | None) -> bool:
 
 
 def cross_check(load: Mapping[str, object], server: TelemetryFigures, *,
-                shared_prefix: bool = False) -> CrossCheck:
+                shared_prefix: bool = False, client_delay_ms: float | None = None) -> CrossCheck:
     """``load``: the run's result (vllm bench serve's keys); ``server``: the server's own
     figures over the same window (``engine.runs.measure.server_window``, read as
     ``TelemetryFigures``); ``shared_prefix``: the workload asks for shared prefixes (then cache
-    hits are expected, not a warning)."""
+    hits are expected, not a warning); ``client_delay_ms``: the delay the client's held-up loop
+    added to an event at a random time (loadgen.run), which a TTFT gap is then first put down to."""
     completed = _num(load.get("completed")) or 0.0
     c_ttft, c_tpot = _num(load.get("mean_ttft_ms")), _num(load.get("mean_tpot_ms"))
     s_ttft = _mean_ms(server.server_ttft)
@@ -89,7 +91,11 @@ def cross_check(load: Mapping[str, object], server: TelemetryFigures, *,
     hit = _num(server.prefix_hit_rate)
     warnings: list[str] = []
     if _differ(c_ttft, s_ttft):
-        why = ("the difference is the time from vLLM's first token to this client reading it: the API server's "
+        held = client_delay_ms is not None and client_delay_ms >= 0.5 * abs((c_ttft or 0) - (s_ttft or 0))
+        why = (f"this client's loop was held up by the busy box (about {client_delay_ms:.0f} ms added to a first "
+               "token at a random time): measure again on a quieter box"
+               if held and (c_ttft or 0) > (s_ttft or 0) else
+               "the difference is the time from vLLM's first token to this client reading it: the API server's "
                "streaming, the network and this client"
                if (c_ttft or 0) > (s_ttft or 0) else
                "the server's figure is the larger: it also counts requests that were not this run's")
@@ -103,7 +109,8 @@ def cross_check(load: Mapping[str, object], server: TelemetryFigures, *,
     if hit is not None and hit > 0.01 and not shared_prefix:
         warnings.append(f"the prefix cache served {hit:.0%} of prompt tokens although no prefix is shared: "
                         "repeated prompts make prefill look faster than it is")
-    return CrossCheck(c_ttft, s_ttft, c_tpot, s_tpot, c_prompt, s_prompt, hit, tuple(warnings))
+    return CrossCheck(c_ttft, s_ttft, c_tpot, s_tpot, c_prompt, s_prompt, hit, tuple(warnings),
+                      server_mean_queue_ms=_mean_ms(server.server_queue))
 
 
 __all__ = ["CrossCheck", "cross_check"]

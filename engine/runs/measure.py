@@ -273,7 +273,8 @@ def server_window(first: ServerSample, last: ServerSample) -> dict[str, object]:
     d = summarize(store, first.t, last.t).to_dict()
     keep = ("server_ttft", "server_itl", "server_e2e", "prompt_tokens", "generation_tokens",
             "prefix_hit_rate", "preemptions")
-    return {k: d.get(k) for k in keep if k in d} | {"t0": first.t, "t1": last.t}
+    return ({k: d.get(k) for k in keep if k in d} | {"t0": first.t, "t1": last.t}
+            | {"server_queue": d.get("server_queue")})
 
 
 async def measure(
@@ -432,7 +433,8 @@ async def measure(
         edges = ServerWindow.from_json(server, "the server's window")  # empty ({}) without exact scrapes
         measured = RunSummary(
             load=result.summary, telemetry=figures, energy=energy, server=edges,
-            cross_check=cross_check(load, edges.figures(), shared_prefix=bool(plan.workload.prefix_len)),
+            cross_check=cross_check(load, edges.figures(), shared_prefix=bool(plan.workload.prefix_len),
+                                    client_delay_ms=result.client_delay_ms),
             stream=StreamShape.from_json({k: result.extra.get(k) for k in STREAM_KEYS}, "the run's stream"),
             client_bound=result.client_bound, client_cpus=tuple(result.client_cpus),
             failures_by_reason=dict(result.failures_by_reason), slo=slo)

@@ -394,6 +394,7 @@ class TelemetryFigures:
     server_front_cpu_pct: float | None = None
     server_front_cpu_p90: float | None = None
     server_front_procs: int | None = None
+    server_queue: ServerLatency | None = None  # vllm:request_queue_time_seconds (ms)
     speed_of_light: SpeedOfLightFigures | None = None
 
     def to_json(self) -> dict[str, JSONValue]:
@@ -414,7 +415,7 @@ class TelemetryFigures:
             "cache_config": dict(self.cache_config),
             "energy": None if self.energy is None else self.energy.to_json(),
             "server_front_cpu_pct": self.server_front_cpu_pct, "server_front_cpu_p90": self.server_front_cpu_p90,
-            "server_front_procs": self.server_front_procs,
+            "server_front_procs": self.server_front_procs, "server_queue": latency(self.server_queue),
         }
         if self.speed_of_light is not None:
             out["speed_of_light"] = self.speed_of_light.to_json()
@@ -458,7 +459,7 @@ class TelemetryFigures:
             cache_config={k: v for k, v in cc.items() if isinstance(v, str)},
             energy=None if energy is None else WindowEnergy.from_json(energy, f"{where}: energy"),
             server_front_cpu_pct=num("server_front_cpu_pct"), server_front_cpu_p90=num("server_front_cpu_p90"),
-            server_front_procs=whole("server_front_procs"),
+            server_front_procs=whole("server_front_procs"), server_queue=latency("server_queue"),
             speed_of_light=None if sol is None else SpeedOfLightFigures.from_json(sol, f"{where}: speed_of_light"))
 
 
@@ -479,6 +480,7 @@ class ServerWindow:
     preemptions: float | None = None
     t0: float | None = None
     t1: float | None = None
+    server_queue: ServerLatency | None = None  # vllm:request_queue_time_seconds (ms)
 
     def to_json(self) -> dict[str, JSONValue]:
         """In server_window's order; ``{}`` for the empty window."""
@@ -487,14 +489,16 @@ class ServerWindow:
         return {"server_ttft": _latency_json(self.server_ttft), "server_itl": _latency_json(self.server_itl),
                 "server_e2e": _latency_json(self.server_e2e), "prompt_tokens": self.prompt_tokens,
                 "generation_tokens": self.generation_tokens, "prefix_hit_rate": self.prefix_hit_rate,
-                "preemptions": self.preemptions, "t0": self.t0, "t1": self.t1}
+                "preemptions": self.preemptions, "t0": self.t0, "t1": self.t1,
+                "server_queue": _latency_json(self.server_queue)}
 
     def figures(self) -> TelemetryFigures:
         """The window as telemetry figures (what ``engine.runs.crosscheck.cross_check`` reads)."""
         return TelemetryFigures(t0=self.t0, t1=self.t1, preemptions=self.preemptions,
                                 prefix_hit_rate=self.prefix_hit_rate, prompt_tokens=self.prompt_tokens,
                                 generation_tokens=self.generation_tokens, server_ttft=self.server_ttft,
-                                server_itl=self.server_itl, server_e2e=self.server_e2e)
+                                server_itl=self.server_itl, server_e2e=self.server_e2e,
+                                server_queue=self.server_queue)
 
     @classmethod
     def from_json(cls, d: Mapping[str, object], where: str) -> ServerWindow:
@@ -502,7 +506,8 @@ class ServerWindow:
         return cls(server_ttft=_latency(d, where, "server_ttft"), server_itl=_latency(d, where, "server_itl"),
                    server_e2e=_latency(d, where, "server_e2e"), prompt_tokens=num("prompt_tokens"),
                    generation_tokens=num("generation_tokens"), prefix_hit_rate=num("prefix_hit_rate"),
-                   preemptions=num("preemptions"), t0=num("t0"), t1=num("t1"))
+                   preemptions=num("preemptions"), t0=num("t0"), t1=num("t1"),
+                   server_queue=_latency(d, where, "server_queue"))
 
 
 def startup_json(facts: StartupFacts) -> dict[str, JSONValue]:

@@ -39,6 +39,8 @@ LATENCY: dict[str, tuple[str, ...]] = {
     # inter_token_latency_seconds; request_time_per_output_token_seconds is a different, per-request TPOT.
     "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
     "e2e": ("vllm:e2e_request_latency_seconds",),
+    # Time in the WAITING queue before the first schedule: the part of TTFT that is queueing.
+    "queue": ("vllm:request_queue_time_seconds",),
 }
 _COUNTERS: tuple[tuple[str, ...], ...] = (PREEMPTIONS, PREFIX_QUERIES, PREFIX_HITS, PROMPT_TOKENS, GENERATION_TOKENS, REQUESTS)
 

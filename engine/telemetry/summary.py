@@ -161,11 +161,13 @@ class TelemetrySummary:
     # How many API server processes the server's tree had (the most seen over the run's samples;
     # engine.telemetry.host.HostSample.proc_front_procs): 1 unless vLLM ran several.
     server_front_procs: int | None = None
+    # vllm:request_queue_time_seconds over the window: how much of TTFT was waiting to be scheduled.
+    server_queue: Quantiles | None = None
 
     def to_dict(self) -> dict[str, object]:
         """Plain JSON-ready dict; latency percentiles in milliseconds."""
         out = asdict(self)
-        for key in ("server_ttft", "server_itl", "server_e2e"):
+        for key in ("server_ttft", "server_itl", "server_e2e", "server_queue"):
             q = getattr(self, key)
             out[key] = None if q is None else q.to_dict()
         out["gpus"] = [asdict(g) for g in self.gpus]
@@ -228,6 +230,7 @@ def summarize(store: SeriesStore, t0: float | None = None, t1: float | None = No
         server_ttft=latency("ttft"),
         server_itl=latency("itl"),
         server_e2e=latency("e2e"),
+        server_queue=latency("queue"),
         stale_scrapes=int(np.nansum(stale)) if len(stale) else 0,
         cache_config=dict(store.cache_config),
         energy=energy(store, t0, t1, idle) if t0 is not None and t1 is not None else None,
