@@ -243,3 +243,23 @@ def test_bench_repeat_prints_each_figures_median_and_interval(servers: tuple[str
     assert "vtui compare" in out.err
     assert main(["bench", "--url", servers[0], "--repeat", "0"]) == 2
     assert "--repeat 0" in capsys.readouterr().err
+
+
+def test_sweep_repeats_alternate_and_group_by_preset(servers: tuple[str, str], tmp_path: Path) -> None:
+    """A sweep with repeats runs rounds over the presets (A B A B, so drift falls on both), and its
+    comparison's columns are the presets, each holding its repeats."""
+    from engine.presets import Preset
+    from engine.tune.sweep import by_preset, run_sweep
+
+    presets = [Preset(name, workload={"input_len": 12, "output_len": 8},
+                      arrivals={"concurrency": 2, "num_requests": 12, "warmup_requests": 1}) for name in ("a", "b")]
+    with History(tmp_path / "h.sqlite") as history:
+        steps = asyncio.run(run_sweep(presets, model="test-model", url=servers[0], history=history,
+                                      say=lambda text: None, repeats=2, check_max_len=False))
+    assert [(s.preset, s.repeat) for s in steps] == [("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+    columns = by_preset(steps)
+    assert [[r.name for r in c] for c in columns] == [["a", "a"], ["b", "b"]]
+    cmp = compare(columns)
+    assert [cmp.count(i) for i in range(2)] == [2, 2] and cmp.noise_kinds == {REPEATS}
+    with pytest.raises(ValueError, match="repeats 0"):
+        asyncio.run(run_sweep(presets, model="test-model", url=servers[0], repeats=0))

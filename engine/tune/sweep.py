@@ -8,6 +8,11 @@ stored with the status every path uses (:mod:`engine.runs.status`). A preset who
 not start, or whose load the server refuses, is stored as ``failed`` with vLLM's own line,
 and the sweep goes on.
 
+With ``repeats`` above 1 each preset is measured that many times, in rounds that alternate
+between the presets (A B C A B C, not A A B B C C), so the box's drift falls on all of them
+(issue 34); the comparison then reads each preset's noise from its repeats. Where presets'
+flags differ, every run of a round restarts the server: the price of alternating.
+
 The history is optional: if it cannot be written (disk full, read-only) the sweep keeps its
 results in memory and says so.
 """
@@ -41,6 +46,16 @@ class SweepStep:
     downtime_s: float | None = None
     error: str | None = None
     hint: str | None = None
+    repeat: int = 1  # which round of the sweep (1 without repeats)
+
+
+def by_preset(steps: Sequence[SweepStep]) -> list[list[RunInfo]]:
+    """The sweep's runs, one list per preset in the order first run: a comparison's columns,
+    each preset's repeats together."""
+    columns: dict[str, list[RunInfo]] = {}
+    for step in steps:
+        columns.setdefault(step.preset, []).append(step.run)
+    return list(columns.values())
 
 
 async def run_sweep(
@@ -54,14 +69,17 @@ async def run_sweep(
     check_max_len: bool = True,
     supervisor_factory: Callable[[FlagSet], Supervisor] | None = None,
     extra_flags: Mapping[str, FlagValue] | None = None,
+    repeats: int = 1,
 ) -> list[SweepStep]:
     """Run ``presets`` (already resolved: [tiny] applied, overrides made) in order.
 
     ``model``: the model folder or id the server is started with (ignored with ``url``,
     where the flags cannot be applied and the attached server is used as it is).
     ``extra_flags`` go under every preset's flags (e.g. ``load-format = dummy`` for a
-    shipped architecture); a preset's own value wins.
+    shipped architecture); a preset's own value wins. ``repeats``: rounds over the presets.
     """
+    if repeats < 1:
+        raise ValueError(f"repeats {repeats}: must be 1 or more")
     def make_supervisor(flags: FlagSet) -> Supervisor:
         if supervisor_factory is not None:
             return supervisor_factory(flags)
@@ -72,8 +90,9 @@ async def run_sweep(
     tokenizer = model if Path(model).is_dir() else None
     version = installed_vllm_version()
     try:
-        for n, preset in enumerate(presets, 1):
-            label = f"[{n}/{len(presets)}] {preset.name}"
+        order = [(r, p) for r in range(1, repeats + 1) for p in presets]  # rounds: A B A B, not A A B B
+        for n, (repeat, preset) in enumerate(order, 1):
+            label = f"[{n}/{len(order)}] {preset.name}" + (f" (repeat {repeat}/{repeats})" if repeats > 1 else "")
             flags = FlagSet.from_dict({"model": model, "values": {**(extra_flags or {}), **preset.flags}})
             meta: dict[str, object] = {"scaled": list(preset.scaled)}
             restarted, downtime = False, None
@@ -90,7 +109,8 @@ async def run_sweep(
                                     workload={"workload": dict(preset.workload), "arrivals": dict(preset.arrivals),
                                               "slo": preset.slo.to_dict() if preset.slo else None, **meta})
                     info = rec.finish(history, RunStatus.FAILED, {"error": ready.error, "hint": ready.hint})
-                    steps.append(SweepStep(preset.name, RunStatus.FAILED, info, error=ready.error, hint=ready.hint))
+                    steps.append(SweepStep(preset.name, RunStatus.FAILED, info, error=ready.error, hint=ready.hint,
+                                           repeat=repeat))
                     continue
                 assert sup is not None  # ensure_server gives None only with an error, handled above
                 restarted = ready.restarted and ready.started
@@ -120,7 +140,7 @@ async def run_sweep(
                     f"{load.get('request_throughput', 0):.2f} req/s, TTFT p50 {load.get('median_ttft_ms', 0):.0f} ms")
             assert run.info is not None
             error = f"server died: {run.error}" if run.status is RunStatus.SERVER_DIED else run.error
-            steps.append(SweepStep(preset.name, run.status, run.info, restarted, downtime, error, run.hint))
+            steps.append(SweepStep(preset.name, run.status, run.info, restarted, downtime, error, run.hint, repeat))
     finally:
         if sup is not None:
             with contextlib.suppress(Exception):

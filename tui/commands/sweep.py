@@ -7,13 +7,19 @@ Without ``--model`` the tiny default model is used and each preset's explicit
 cannot apply on this box is refused with the reason (``--skip`` leaves it out,
 ``--force`` runs it anyway).
 
+With ``--repeat N`` each preset runs N times in alternating rounds (A B C A B C ...) and each
+column of the comparison holds a preset's repeats (their median, the noise from them:
+"within noise" where the interval of a change holds zero).
+
   vtui sweep chunked-enable-256 chunked-enable-2048 chunked-disable-2048 --requests 64
+  vtui sweep chunked-enable-256 chunked-disable-2048 --repeat 3
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import sys
 from pathlib import Path
@@ -42,6 +48,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--force", action="store_true", help="run presets that cannot apply here anyway")
     parser.add_argument("--allow-long", action="store_true",
                         help="send requests longer than max-model-len (the server's rejections count as failures)")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N",
+                        help="run every preset N times, in alternating rounds (default 1)")
     parser.add_argument("--no-history", action="store_true", help="do not store the runs")
     parser.add_argument("--format", choices=("text", "markdown", "csv", "json"), default="text")
     parser.add_argument("--output", "-o", type=Path, help="write the comparison to this file")
@@ -89,15 +97,17 @@ def resolve_presets(args: argparse.Namespace, tiny: bool) -> list[Any]:
 def run(args: argparse.Namespace) -> int:
     from engine.presets import check_applicable, detect_box
     from engine.runs.compare import compare, render
-    from engine.runs.history import open_history
+    from engine.runs.history import HistoryError, open_history
     from engine.server.tinymodel import ModelError, resolve_model
-    from engine.tune.sweep import run_sweep
+    from engine.tune.sweep import by_preset, run_sweep
     from tui.cli import UserError
     from tui.commands.compare import write_or_print
 
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
+    if args.repeat < 1:
+        raise UserError(f"--repeat {args.repeat}: must be 1 or more", "e.g. --repeat 3")
     try:
         resolved = resolve_model(args.model)
     except ModelError as exc:
@@ -136,10 +146,14 @@ def run(args: argparse.Namespace) -> int:
 
     plot = plot_target(args.plot, args.output, "--output", "load")
     history = None if args.no_history else open_history(say)
+    requests: dict[int, Any] = {}
     try:
         steps = asyncio.run(run_sweep(presets, model=model, url=args.url, history=history, say=say,
-                                      extra_flags=extra_flags,
+                                      extra_flags=extra_flags, repeats=args.repeat,
                                       start_timeout=args.start_timeout, check_max_len=not args.allow_long))
+        if history is not None:  # each run's requests: the within-run noise where there are no repeats
+            with contextlib.suppress(HistoryError):
+                requests = {s.run.id: history.requests(s.run.id) for s in steps if s.status.measured}
     except KeyboardInterrupt:
         say("interrupted: the runs so far are in `vtui history`")
         return 130
@@ -148,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
             history.close()
     if not steps:
         return 1
-    write_or_print(render(compare([s.run for s in steps]), args.format), args.output)
+    write_or_print(render(compare(by_preset(steps), requests=requests), args.format), args.output)
     if plot is not None:
         from engine.runs.compare import load_points
         from engine.runs.plots import load_steps, save_latency_load
