@@ -113,3 +113,21 @@ def test_the_worker_raises_its_priority_where_it_may(url: str, monkeypatch: pyte
     assert _nice_of_a_run(url) == (WORKER_NICE if os.geteuid() == 0 else 0)
     monkeypatch.setenv("VTUI_WORKER_NICE", "0")
     assert _nice_of_a_run(url) == 0
+
+
+def test_vtui_bench_exits_3_for_a_box_bound_run_unless_allowed(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI as typed: a script reading the exit code does not take a held run's figures as the
+    configuration's unless it says --allow-box-bound."""
+    from tui.cli import main
+
+    argv = ["bench", "--url", url, "--input-len", "12", "--output-len", "8", "--concurrency", "2",
+            "--num-requests", "90", "--workers", "1", "-q", "--no-history"]
+    with Holder(hold_s=0.3, period_s=0.8):
+        rc = main(argv)
+    out, err = capsys.readouterr()
+    assert rc == 3, err
+    assert "WARNING: box-bound: the client's event loop was held up" in out
+    assert "--allow-box-bound" in err
+    with Holder(hold_s=0.3, period_s=0.8):
+        assert main([*argv, "--allow-box-bound"]) == 0
+    assert "WARNING: box-bound" in capsys.readouterr().out

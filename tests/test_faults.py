@@ -675,7 +675,7 @@ async def test_disk_full_while_writing_history_keeps_the_run_and_says_so(tiny_mo
         load = record.summary.load_json()
         stream = record.summary.stream
         client = {k: getattr(stream, k, None) for k in ("client_cpu_p90", "client_own_lag_p99_ms", "client_lag_p50_ms")}
-        assert record.status == "ok" and load["completed"] == 600, client  # all kept in memory
+        assert record.status in ("ok", "box-bound") and load["completed"] == 600, client  # all kept in memory
         notice = session.snapshot().notice or ""
         assert "history not written" in notice and "disk is full" in notice, notice
         assert json.loads(session.export("results"))["completed"] == 600

