@@ -41,7 +41,7 @@ def test_vtui_bench_takes_the_key_from_the_environment_and_shows_it_nowhere(tmp_
     key = "sk-sentinel-" + secrets.token_hex(8)
     with serve_in_thread(ServerConfig(first_delay_s=0.002, max_model_len=600, api_key=key)) as url:
         argv = [sys.executable, "-m", "tui.cli", "bench", "--url", url, "--input-len", "16", "--output-len", "4",
-                "--num-requests", "4", "--result-file", str(tmp_path / "r.json")]
+                "--num-requests", "4", "--allow-box-bound", "--result-file", str(tmp_path / "r.json")]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         refused = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
         assert refused.returncode != 0 and "401" in refused.stdout + refused.stderr  # the server demands it
