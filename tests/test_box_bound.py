@@ -131,3 +131,22 @@ def test_vtui_bench_exits_3_for_a_box_bound_run_unless_allowed(url: str, capsys:
     with Holder(hold_s=0.3, period_s=0.8):
         assert main([*argv, "--allow-box-bound"]) == 0
     assert "WARNING: box-bound" in capsys.readouterr().out
+
+
+def test_a_sweep_measures_a_box_bound_step_again_then_keeps_the_last(url: str, tmp_path: Path) -> None:
+    """A sweep does not take a held step as the preset's figures: it measures it again, at most
+    SPOILED_TRIES times in all (every try stored as what it was), and says so."""
+    from engine.presets import Preset
+    from engine.runs.status import SPOILED_TRIES
+    from engine.tune.sweep import run_sweep
+
+    preset = Preset("held", workload={"input_len": 12, "output_len": 8},
+                    arrivals={"concurrency": 2, "num_requests": 90, "workers": 1})
+    said: list[str] = []
+    with History(tmp_path / "h.sqlite") as history, Holder(hold_s=0.3, period_s=0.8):
+        [step] = asyncio.run(run_sweep([preset], model="test-model", url=url, history=history,
+                                       say=said.append, check_max_len=False))
+        stored = [r.status for r in history.list_runs()]
+    assert step.status is RunStatus.BOX_BOUND
+    assert stored == ["box-bound"] * SPOILED_TRIES
+    assert sum("measured again" in line for line in said) == SPOILED_TRIES - 1

@@ -901,7 +901,8 @@ async def test_a_box_bound_step_is_measured_again_then_said(monkeypatch: pytest.
     """Issue 32, item 1: a step the busy box held up (box-bound) is not taken as the
     configuration's figure: measured again, at most SPOILED_TRIES times, and if the box stays
     busy the step says so (kept in the saved search, named in the report line)."""
-    from engine.tune.search import SPOILED_TRIES, Measurement, ServerMeasurer
+    from engine.runs.status import SPOILED_TRIES
+    from engine.tune.search import Measurement, ServerMeasurer
     from loadgen import WorkloadSpec
     from loadgen.spec import SLO
 

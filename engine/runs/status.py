@@ -21,6 +21,11 @@ from __future__ import annotations
 
 import enum
 
+# A run that came back client- or box-bound is measured again by sweep and tune, up to this
+# many tries in all: a busy box's spoiled run usually passes within a try or two, and a box
+# that stays busy should not triple a search's length (the last try is kept, and said).
+SPOILED_TRIES = 3
+
 
 class RunStatus(enum.StrEnum):
     OK = "ok"
@@ -76,4 +81,4 @@ def decide(*, server_died: bool, cancelled: bool, completed: int, client_bound: 
     return RunStatus.OK
 
 
-__all__ = ["RunStatus", "decide"]
+__all__ = ["SPOILED_TRIES", "RunStatus", "decide"]

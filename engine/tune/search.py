@@ -74,6 +74,7 @@ from engine.runs.compare import pareto_frontier
 from engine.runs.history import History, HistoryError
 from engine.runs.measure import RunHandle, RunPlan, Target, ensure_server, wait_for
 from engine.runs.measure import measure as measure_run
+from engine.runs.status import SPOILED_TRIES
 from engine.server.supervisor import ServerState, Supervisor
 from engine.values import StoredFields, as_float, as_int, json_object
 from loadgen import LoadRun, ServerError
@@ -106,10 +107,6 @@ def objective_value(m: Measurement | None, objective: str) -> float | None:
     return (m.goodput if objective == "goodput-per-watt" else m.output_throughput) / m.mean_power_w
 
 
-# A step whose client was client- or box-bound is measured again, up to this many tries in all
-# (loadgen.run: a spoiled run on a busy box passes within a try or two; a box that stays busy
-# should not triple a search's length, so the report says it instead).
-SPOILED_TRIES = 3
 OBJECTIVE_UNITS = {"goodput": "req/s", "goodput-per-watt": "req/s/W", "tokens-per-joule": "tok/J"}
 
 
