@@ -11,48 +11,16 @@ engine core and leaves out the frontend's delay (REFERENCE.md).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
 
-from engine.values import JSONValue
-
-if TYPE_CHECKING:  # only for annotations: engine.runs.summary imports CrossCheck from here
-    from engine.runs.summary import ServerLatency, TelemetryFigures
+# CrossCheck, the stored part of a run's summary, lives with the other parts in
+# engine.runs.summary (the lower module); it is named here too for this module's callers.
+from engine.runs.summary import CrossCheck, ServerLatency, TelemetryFigures
 
 # Client and server disagree when they differ by more than this share...
 DISAGREE = 0.10
 # ...and by more than this many ms (a 10% gap on a 3 ms TPOT is scheduling noise).
 FLOOR_MS = 2.0
-
-
-@dataclass(frozen=True)
-class CrossCheck:
-    """Client beside server for one run; ``warnings`` says what disagrees and why it matters."""
-
-    client_mean_ttft_ms: float | None
-    server_mean_ttft_ms: float | None
-    client_mean_tpot_ms: float | None
-    server_tpot_ms: float | None  # (server mean E2E - server mean TTFT) / (tokens per request - 1)
-    client_prompt_tokens: float | None  # per request, from each response's usage
-    server_prompt_tokens: float | None  # per request the server finished, from its counter
-    prefix_hit_rate: float | None
-    warnings: tuple[str, ...]
-    server_mean_queue_ms: float | None = None  # of TTFT, the time requests waited to be scheduled
-
-    def to_dict(self) -> dict[str, JSONValue]:
-        d: dict[str, JSONValue] = asdict(self)
-        d["warnings"] = list(self.warnings)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, object]) -> CrossCheck:
-        """Back from :meth:`to_dict` (a stored run); missing figures are None."""
-        warnings = d.get("warnings") or ()
-        return cls(**{f: _num(d.get(f)) for f in (
-            "client_mean_ttft_ms", "server_mean_ttft_ms", "client_mean_tpot_ms", "server_tpot_ms",
-            "client_prompt_tokens", "server_prompt_tokens", "prefix_hit_rate", "server_mean_queue_ms")},
-            warnings=tuple(str(w) for w in warnings) if isinstance(warnings, Iterable) else ())
 
 
 def _num(v: object) -> float | None:

@@ -16,7 +16,7 @@ measure writes them:
 ``energy``
     joules over the window, per token and per request, mean and idle power (:class:`EnergyFigures`).
 ``cross_check``
-    the client against the server (``engine.runs.crosscheck.CrossCheck``).
+    the client against the server (:class:`CrossCheck`; the check: ``engine.runs.crosscheck``).
 ``stream``
     the stream's shape and the client's own cost (:class:`StreamShape`).
 ``client_bound``, ``client_cpus``, ``failures_by_reason``
@@ -38,11 +38,10 @@ included (``extra``), in their order.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
 from typing import TypeVar
 
-from engine.runs.crosscheck import CrossCheck
 from engine.server.logparse import StartupFacts
 from engine.values import JSONObject, JSONValue, StoredFields
 from loadgen.stats import LoadSummary
@@ -123,6 +122,39 @@ class Kept:
 
 
 # --------------------------------------------------------------------------- typed parts
+
+
+def _cross_number(v: object) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+@dataclass(frozen=True)
+class CrossCheck:
+    """Client beside server for one run; ``warnings`` says what disagrees and why it matters."""
+
+    client_mean_ttft_ms: float | None
+    server_mean_ttft_ms: float | None
+    client_mean_tpot_ms: float | None
+    server_tpot_ms: float | None  # (server mean E2E - server mean TTFT) / (tokens per request - 1)
+    client_prompt_tokens: float | None  # per request, from each response's usage
+    server_prompt_tokens: float | None  # per request the server finished, from its counter
+    prefix_hit_rate: float | None
+    warnings: tuple[str, ...]
+    server_mean_queue_ms: float | None = None  # of TTFT, the time requests waited to be scheduled
+
+    def to_dict(self) -> dict[str, JSONValue]:
+        d: dict[str, JSONValue] = asdict(self)
+        d["warnings"] = list(self.warnings)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, object]) -> CrossCheck:
+        """Back from :meth:`to_dict` (a stored run); missing figures are None."""
+        warnings = d.get("warnings") or ()
+        return cls(**{f: _cross_number(d.get(f)) for f in (
+            "client_mean_ttft_ms", "server_mean_ttft_ms", "client_mean_tpot_ms", "server_tpot_ms",
+            "client_prompt_tokens", "server_prompt_tokens", "prefix_hit_rate", "server_mean_queue_ms")},
+            warnings=tuple(str(w) for w in warnings) if isinstance(warnings, Iterable) else ())
 
 
 @dataclass(frozen=True)
