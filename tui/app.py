@@ -645,7 +645,7 @@ def run_app(args: argparse.Namespace) -> int:
     try:
         session = build_session(args)
     except ModelError as exc:
-        from tui.cli import print_error
+        from tui.errors import print_error
 
         print_error(str(exc), exc.hint)
         return 2

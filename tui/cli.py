@@ -18,6 +18,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from tui.errors import UserError, print_error
+
 # Order is the order shown in --help.
 COMMANDS = (
     "serve",
@@ -32,20 +34,6 @@ COMMANDS = (
     "tune",
     "advise",
 )
-
-
-class UserError(Exception):
-    """A mistake the user can fix: printed as ``error:`` plus ``hint:``, no traceback."""
-
-    def __init__(self, message: str, hint: str = "") -> None:
-        super().__init__(message)
-        self.hint = hint
-
-
-def print_error(message: str, hint: str = "") -> None:
-    print(f"error: {message}", file=sys.stderr)
-    if hint:
-        print(f"hint: {hint}", file=sys.stderr)
 
 
 def offer_left_running(args: argparse.Namespace) -> int | None:
