@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from loadgen import records as R
+import loadgen.records as R
 from loadgen.fasthttp import FastPool, HTTPFailure, Response, _Conn
 from loadgen.records import PlannedRequest, RequestResult
 

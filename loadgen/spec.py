@@ -11,12 +11,10 @@ import math
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
-
-    from loadgen.stats import LoadSummary
 
 WORKLOAD_KINDS = ("random", "sharegpt", "jsonl", "trace", "chat")
 LENGTH_DISTS = ("fixed", "uniform", "normal")
@@ -328,7 +326,18 @@ def allowed_failures(n: int, percentile: float) -> int:
     return math.floor(n * (100.0 - percentile) / 100.0)
 
 
-def judge(slo: SLO, summary: LoadSummary) -> tuple[bool, str]:
+class RunFigures(Protocol):
+    """What :func:`judge` reads of a run: ``loadgen.stats.LoadSummary`` has it. Written here, not
+    imported, because loadgen.stats imports this module (SLO, percentile_word): no import circle."""
+
+    @property
+    def completed(self) -> int: ...
+    @property
+    def failed(self) -> int: ...
+    def at_percentile(self, metric: str, p: float) -> float | None: ...
+
+
+def judge(slo: SLO, summary: RunFigures) -> tuple[bool, str]:
     """Whether a run's figures meet ``slo``; the reason when not."""
     p = slo.percentile
     word = percentile_word(p)
