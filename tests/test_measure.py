@@ -82,7 +82,8 @@ def test_a_run_is_stored_once_with_what_every_path_shows(url: str, tmp_path: Pat
     assert isinstance(first, float) and 0.0 <= first <= run.ended - run.started
     # stored as every earlier vtui stored it: measure's keys in measure's order
     assert [k for k in stored.summary.to_json() if k not in ("telemetry", "energy")] == [
-        "load", "server", "cross_check", "stream", "client_bound", "client_cpus", "failures_by_reason"]
+        "load", "server", "cross_check", "stream", "client_bound", "client_cpus", "failures_by_reason",
+        "prefix_cache_reset"]
     assert {"load", "telemetry", "server", "cross_check", "stream", "client_bound"} <= set(stored.summary.to_json())
 
 

