@@ -19,12 +19,23 @@ import functools
 import json
 import math
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from engine.values import as_float, json_object
 from tui.commands.compare import add_plot_argument, draw, plot_target
 
 SLO_METRICS = ("ttft", "tpot", "e2el")
+
+
+def _saved(inputs: Mapping[str, object], key: str) -> Mapping[str, object]:
+    """A saved search's part ``key``: a KeyError where it is missing, a TypeError where it is not
+    an object (both said as 'cannot resume')."""
+    value = inputs[key]
+    if not isinstance(value, Mapping):
+        raise TypeError(f"the saved {key} is {type(value).__name__}, not an object")
+    return value
 
 
 def add_parser(subparsers: Any) -> None:
@@ -147,12 +158,12 @@ def _list() -> int:
             continue
         best = ""
         if st.get("best") and st.get("score") is not None:
-            objective = st.get("objective") or "goodput"
+            objective = str(st.get("objective") or "goodput")
             best = f"  best {st['best']} ({st['score']:.3g} {OBJECTIVE_UNITS.get(objective, '')})"
         elif st.get("best") and st.get("goodput"):  # saved by a vtui before summaries had a score
             best = f"  best {st['best']} ({st['goodput']:.3g} req/s)"
         rows.append(f"{st['id']}  {st['status']:<11} {st.get('done', 0)}/{st.get('total', 0)} configs  "
-                    f"{(st.get('elapsed_s') or 0) / 60:.1f} min  {st.get('model') or ''}{best}")
+                    f"{as_float(st.get('elapsed_s') or 0) / 60:.1f} min  {st.get('model') or ''}{best}")
     print("\n".join(rows) if rows else "no saved searches")
     return 0
 
@@ -204,13 +215,14 @@ def run(args: argparse.Namespace) -> int:
         try:
             state = load_state(args.resume)
             inputs = state.inputs
-            base = FlagSet.from_dict(inputs["base_flags"])
-            space = SearchSpace.from_dict(inputs["space"])
-            slo = SLO.from_dict(inputs["slo"])
-            workload = WorkloadSpec.from_dict(inputs["workload"].get("workload", {}))
-            if inputs["workload"].get("arrivals"):
-                arrivals = ArrivalSpec.from_dict(inputs["workload"]["arrivals"])
-            saved = TuneSettings.from_dict(inputs["settings"])
+            base = FlagSet.from_dict(_saved(inputs, "base_flags"))
+            space = SearchSpace.from_dict(_saved(inputs, "space"))
+            slo = SLO.from_dict(_saved(inputs, "slo"))
+            saved_load = _saved(inputs, "workload")
+            workload = WorkloadSpec.from_dict(json_object(saved_load.get("workload")))
+            if saved_load.get("arrivals"):
+                arrivals = ArrivalSpec.from_dict(_saved(saved_load, "arrivals"))
+            saved = TuneSettings.from_dict(_saved(inputs, "settings"))
             # The saved search's method, with the budget (and timeouts) given now.
             settings = TuneSettings.from_dict({**saved.to_dict(), "budget_s": settings.budget_s,
                                                "start_timeout_s": settings.start_timeout_s,
@@ -254,9 +266,10 @@ def run(args: argparse.Namespace) -> int:
             space = SearchSpace.parse(args.space) if args.space else SearchSpace.default()
         except TuneError as exc:
             raise UserError(str(exc), "e.g. --space max-num-seqs=64,128,256") from None
-        slo = _slo(args) or (preset.slo if preset else None)
-        if slo is None or slo.empty:
+        wanted = _slo(args) or (preset.slo if preset else None)
+        if wanted is None or wanted.empty:
             raise UserError("no SLO limit given", "e.g. --slo-ttft-p99-ms 500 --slo-tpot-p99-ms 50")
+        slo = wanted
         try:
             wl = dict(preset.workload) if preset else {"input_len": 128, "output_len": 64}
             if args.input_len is not None:

@@ -328,9 +328,8 @@ class TuneScreen(Screen[None]):
         """TTFT against load for each configuration's steps (the best first, at most 6 lines):
         where each one's latency turns up. The session gives the points; this draws them."""
         chart = self.query_one("#tune-chart", PlotextPlot)
-        series = list(view.step_series) if view is not None else []
-        series = [(k, [p for p in pts if p[1] is not None]) for k, pts in series]
-        series = [(k, pts) for k, pts in series if pts]
+        measured = [(k, [p for p in pts if p[1] is not None]) for k, pts in (view.step_series if view else ())]
+        series = [(k, pts) for k, pts in measured if pts]
         chart.display = bool(series)
         if not series:
             return
