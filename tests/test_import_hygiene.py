@@ -79,3 +79,152 @@ def test_core_source_has_no_ui_imports() -> None:
                     if name.split(".")[0] in SOURCE_FORBIDDEN:
                         offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
     assert not offenders, offenders
+
+
+# --------------------------------------------------------------------------- import circles
+#
+# Rooms import downward only; a circle, even a type-only one, says a concept sits in the wrong
+# room (docs/ARCHITECTURE.md). The graph is read from the source with `ast`, so imports under
+# `if TYPE_CHECKING:` and inside functions count as much as those at the top. `from X import a`
+# is an edge to X (its namespace is read), and to X.a too where X.a is a module; `import X.Y`
+# is an edge to X.Y. A package's own __init__ is not counted as imported by its submodules
+# (Python runs it first, but every package that names its submodules would then be a circle).
+
+GRAPH_PACKAGES = ("engine", "loadgen", "tui")
+
+# The circles left, each a set of modules (one strongly connected part of the graph), with the
+# reason it stays. Only circles that exist may be listed: a stale entry fails too.
+ALLOWED_CIRCLES: dict[frozenset[str], str] = {
+    frozenset({"engine.flags", "engine.flags.cmdline", "engine.flags.flagset", "engine.flags.validate",
+               "engine.server.supervisor"}):
+        "FlagsLike (what FlagSet.same_launch and recordable_values accept of a Supervisor's flags) lives "
+        "in engine.server.supervisor, which imports engine.flags; engine.flags.flagset and validate import "
+        "it back for their annotations. It moves down into engine/flags with the supervisor's own split "
+        "(issue 36 item 3), which another change edits now.",
+}
+
+
+def _module_files(root: Path) -> dict[str, Path]:
+    files: dict[str, Path] = {}
+    for package in GRAPH_PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            files[".".join(parts)] = path
+    return files
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports, anywhere in its source."""
+    import ast
+
+    files = _module_files(root)
+    graph: dict[str, set[str]] = {}
+    for module, path in files.items():
+        here = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    name = alias.name
+                    while name and name not in files:  # `import a.b.func_module`: the nearest module
+                        name = name.rpartition(".")[0]
+                    if name:
+                        targets.add(name)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = here[: len(here) - (node.level - 1)]
+                    source = ".".join([*base, node.module] if node.module else base)
+                else:
+                    source = node.module or ""
+                if source in files:
+                    targets.add(source)
+                targets.update(f"{source}.{a.name}" for a in node.names if f"{source}.{a.name}" in files)
+        targets.discard(module)
+        graph[module] = targets
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
+    """The graph's circles: each strongly connected part of more than one module (Tarjan's)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[frozenset[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part: set[str] = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                part.add(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                out.append(frozenset(part))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out, key=sorted)
+
+
+def _circle_path(graph: dict[str, set[str]], part: frozenset[str]) -> str:
+    """One circle through ``part``'s first module, written a -> b -> a."""
+    start = min(part)
+    paths = {start: [start]}
+    queue = [start]
+    while queue:
+        v = queue.pop(0)
+        for w in sorted(graph[v] & part):
+            if w == start:
+                return " -> ".join([*paths[v], start])
+            if w not in paths:
+                paths[w] = [*paths[v], w]
+                queue.append(w)
+    return " <-> ".join(sorted(part))
+
+
+def test_no_import_circles() -> None:
+    graph = import_graph()
+    circles = import_circles(graph)
+    new = [_circle_path(graph, c) for c in circles if c not in ALLOWED_CIRCLES]
+    assert not new, "import circles (put the shared types in the lower module or one of their own):\n" + "\n".join(new)
+    stale = [sorted(c) for c in ALLOWED_CIRCLES if c not in circles]
+    assert not stale, f"ALLOWED_CIRCLES lists circles that are gone (or changed): {stale}"
+
+
+def test_import_graph_sees_type_only_function_level_and_relative_imports(tmp_path: Path) -> None:
+    files = {
+        "engine/__init__.py": "",
+        "engine/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from engine.b import B\n",
+        "engine/b.py": "def f():\n    from engine import a\n",
+        "engine/c.py": "from . import d\n",
+        "engine/d.py": "import engine.c\n",
+        "engine/e.py": "from engine.f import thing\n",
+        "engine/f.py": "import os\nthing = os.sep\n",
+        "loadgen/__init__.py": "from loadgen.run import R\n",
+        "loadgen/run.py": "from loadgen import records\n",
+        "loadgen/records.py": "",
+        "tui/__init__.py": "",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    graph = import_graph(tmp_path)
+    assert graph["engine.b"] == {"engine", "engine.a"}
+    assert graph["engine.c"] == {"engine", "engine.d"}
+    assert sorted(map(sorted, import_circles(graph))) == [
+        ["engine.a", "engine.b"], ["engine.c", "engine.d"], ["loadgen", "loadgen.run"]]
