@@ -337,3 +337,22 @@ def test_a_live_writer_survives_a_clock_step(tmp_path: Path, monkeypatch: pytest
         with History(path) as other:
             assert other.get_run(rec.run_id).status == "running"
         rec.finish()
+
+
+def test_history_show_says_whether_the_prefix_cache_was_reset(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from tui.cli import main
+
+    monkeypatch.setenv("VTUI_HOME", str(tmp_path))
+    with History() as store:
+        for name, reset in (("fresh", {"reset": True, "reason": None}),
+                            ("attached", {"reset": False, "reason": "a server vtui did not start"}), ("older", None)):
+            rec = store.start_run(name)
+            rec.finish(summary={"load": {"completed": 1}, **({"prefix_cache_reset": reset} if reset else {})})
+    shown = {}
+    for name in ("fresh", "attached", "older"):
+        assert main(["history", "show", name]) == 0
+        shown[name] = capsys.readouterr().out
+    assert "  prefix    cache reset before the run\n" in shown["fresh"]
+    assert "  prefix    cache not reset: a server vtui did not start\n" in shown["attached"]
+    assert "  prefix " not in shown["older"]  # stored before vtui reset the cache: nothing said

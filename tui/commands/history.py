@@ -127,6 +127,7 @@ def _list(store: Any, limit: int, *, as_json: bool = False) -> int:
 
 def _show(store: Any, info: Any) -> int:
     from engine.runs.compare import compare, render
+    from engine.runs.measure import PrefixReset
 
     print(f"run #{info.id} {info.name}" + ("  [baseline]" if info.baseline else ""))
     print(f"  status    {info.status}")
@@ -144,6 +145,9 @@ def _show(store: Any, info: Any) -> int:
     error = info.summary.error
     if error:
         print(f"  error     {error}")
+    prefix = PrefixReset.of(info.summary)
+    if prefix is not None:
+        print(f"  prefix    {'cache reset before the run' if prefix.reset else f'cache not reset: {prefix.reason}'}")
     print()
     print(render(compare([info], all_flags=False), "text"), end="")
     return 0
