@@ -77,6 +77,7 @@ def test_kill_9_mid_bench_reads_cut_short_with_its_requests(tmp_path: Path) -> N
     # requests then in flight are missing (and a margin for a busy 2-core box).
     assert 0 < run["requests"] <= served
     assert run["requests"] >= served - (1.5 * RATE + CAP), (run["requests"], served)
+    print(f"killed run: {run['requests']} requests stored, {served} begun by the server, {run['duration_s']:.1f} s")
 
     shown = _vtui(home, "history", "show", str(run["id"]))
     assert shown.returncode == 0, shown.stderr
