@@ -326,7 +326,7 @@ async def reset_prefix_cache(target: Target, *, tries: int = 10, wait_s: float =
                 response = await client.post(url, headers=headers)
                 if response.status_code == 404:
                     host = urlsplit(target.base_url).hostname or ""
-                    return PrefixReset(False, dev_mode_refusal(host) or (
+                    return PrefixReset(False, dev_mode_refusal(host, api_key=bool(target.api_key)) or (
                         "the server does not serve /reset_prefix_cache (HTTP 404): it runs without "
                         "VLLM_SERVER_DEV_MODE=1"))
                 if response.status_code != 200:

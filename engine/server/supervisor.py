@@ -460,14 +460,19 @@ DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
 so a repeat measures the same work as the first) only with this set to 1."""
 
 
-def dev_mode_refusal(host: str) -> str | None:
+def dev_mode_refusal(host: str, *, api_key: bool = False) -> str | None:
     """Why a server on ``host`` is started without vLLM's dev mode, or None (it gets it).
 
     Dev mode also opens ``/collective_rpc`` (a method called on every worker), ``/pause``,
     ``/sleep``, ``/update_weights``, ``/server_info`` (the config and VLLM_* environment, names
     with KEY left out) and more, and vLLM's ``--api-key`` guards only ``/v1``-like paths: on a
     loopback bind only this machine reaches them (as it reaches the process itself); on any other
-    they would be open to the network, so they stay closed there."""
+    they would be open to the network, so they stay closed there. A server given an API key
+    stays without them too: its owner asked for requests to be guarded, and on a shared machine
+    other local users reach loopback."""
+    if api_key:
+        return (f"the server has an API key, which vLLM's dev routes ({DEV_MODE_ENV}, serving "
+                "/reset_prefix_cache) ignore: vtui leaves them closed so the key guards the whole server")
     if is_loopback(host):
         return None
     return (f"the server listens on {host}, beyond this machine: vtui opens vLLM's dev routes "
@@ -803,9 +808,10 @@ class Supervisor:
             header.write(f"# vtui launched: {shlex.join(self.command)}\n")
         # Secrets (API key, HF token) travel in the environment, never in argv (ps, logs, registry).
         # Dev mode on loopback only (dev_mode_refusal says why); the caller's env still decides last.
-        dev = {DEV_MODE_ENV: "1"} if dev_mode_refusal(self.host) is None else {}
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", **dev, **_secret_env(self.flags),
-               **self.extra_env}
+        secrets = _secret_env(self.flags)
+        keyed = bool(secrets.get("VLLM_API_KEY") or os.environ.get("VLLM_API_KEY"))
+        dev = {DEV_MODE_ENV: "1"} if dev_mode_refusal(self.host, api_key=keyed) is None else {}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", **dev, **secrets, **self.extra_env}
         install_cleanup_hooks()
         self.started_at = time.time()
         self._set_phase(Phase.LAUNCHING)
