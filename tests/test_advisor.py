@@ -635,11 +635,11 @@ def test_partial_prefills_waits_for_a_smaller_step_that_tpot_tail_asks_for(monke
 
 
 def test_partial_prefills_fires_where_short_prompts_wait_behind_long_ones(monkeypatch: pytest.MonkeyPatch) -> None:
-    from engine.advise import advisor
     from engine.advise.advisor import rule_partial_prefills
+    from engine.advise.rules import batching  # where rule_partial_prefills looks up the rules it waits for
 
     _schema_as(monkeypatch, "0.32.0", drop=("max-num-partial-prefills",))
-    monkeypatch.setattr(advisor, "rule_tpot_tail", lambda _run: [])  # a run whose TPOT tail is fine
+    monkeypatch.setattr(batching, "rule_tpot_tail", lambda _run: [])  # a run whose TPOT tail is fine
     run = _step(load("prefill-chunked-256"), 1024)
     [f] = rule_partial_prefills(run)
     assert f.rule == "partial_prefills"
@@ -660,10 +660,10 @@ def test_partial_prefills_fires_where_short_prompts_wait_behind_long_ones(monkey
 
 
 def test_partial_prefills_flag_only_where_the_engine_runs_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    from engine.advise import advisor
     from engine.advise.advisor import rule_partial_prefills
+    from engine.advise.rules import batching  # where rule_partial_prefills looks up the rules it waits for
 
-    monkeypatch.setattr(advisor, "rule_tpot_tail", lambda _run: [])  # a run whose TPOT tail is fine
+    monkeypatch.setattr(batching, "rule_tpot_tail", lambda _run: [])  # a run whose TPOT tail is fine
     run = _step(load("prefill-chunked-256"), 1024)
     # vLLM 0.24 has the flag, but its V1 engine refuses any value above 1 at startup.
     _schema_as(monkeypatch, "0.24.0", add=("max-num-partial-prefills",))
@@ -682,11 +682,11 @@ def test_partial_prefills_flag_only_where_the_engine_runs_it(monkeypatch: pytest
 
 
 def test_partial_prefills_silent_without_the_evidence(monkeypatch: pytest.MonkeyPatch) -> None:
-    from engine.advise import advisor
     from engine.advise.advisor import rule_partial_prefills
+    from engine.advise.rules import batching  # where rule_partial_prefills looks up the rules it waits for
 
     _schema_as(monkeypatch, "0.32.0")
-    monkeypatch.setattr(advisor, "rule_tpot_tail", lambda _run: [])  # each case below silent for its own reason
+    monkeypatch.setattr(batching, "rule_tpot_tail", lambda _run: [])  # each case below silent for its own reason
     recorded = load("prefill-chunked-256")
     assert rule_partial_prefills(recorded) == []  # a 256-token step: no prompt fits in half of one
     assert rule_partial_prefills(_step(recorded, None)) == []  # the step unknown (no flag, no log)
@@ -703,7 +703,7 @@ def test_partial_prefills_silent_without_the_evidence(monkeypatch: pytest.Monkey
     whole = _step(load("prefill-no-chunking"), 1024, chunked=False)
     assert rule_partial_prefills(whole) == [] and "prefill_ttft" in rules_of(advise(whole))
     # Where rule_prefill_ttft raises a too small step, that comes first (a bigger step changes the split).
-    monkeypatch.setattr(advisor, "rule_prefill_ttft", lambda _run: [object()])
+    monkeypatch.setattr(batching, "rule_prefill_ttft", lambda _run: [object()])
     assert rule_partial_prefills(run) == []
     monkeypatch.undo()
     _schema_as(monkeypatch, "0.32.0")
