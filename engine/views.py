@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from engine.flags import recordable_values
-from engine.runs.compare import compare, fmt_delta, fmt_number
-from engine.runs.history import RunInfo
+from engine.runs.compare import cell_text, compare, noise_legend
+from engine.runs.history import RunInfo, StoredRequest
 from engine.runs.summary import RunSummary
 
 if TYPE_CHECKING:
@@ -155,6 +155,8 @@ class ComparisonView:
     rows: tuple[tuple[str, tuple[str, ...], frozenset[int]], ...]  # label, cells, best columns
     baseline: int | None  # column index
     flag_rows: int = 0  # the first rows are the flags that differ between runs
+    counts: tuple[int, ...] = ()  # how many runs each column holds
+    notes: tuple[str, ...] = ()  # what the "within noise" verdicts rest on (engine.runs.compare.noise_legend)
 
 
 @dataclass(frozen=True)
@@ -372,14 +374,17 @@ def run_info(record: RunRecord, *, baseline: bool = False, vllm_version: str | N
     )
 
 
-def compare_view(records: Sequence[RunRecord], baseline: int | None, stored: Sequence[RunInfo] = ()) -> ComparisonView:
+def compare_view(records: Sequence[RunRecord], baseline: int | None, stored: Sequence[RunInfo] = (),
+                 requests: Mapping[int, Sequence[StoredRequest]] | None = None) -> ComparisonView:
     """engine.runs.compare's table of ``records`` (this session's runs) and ``stored`` runs of the
-    history (``RunInfo``, after them), formatted for display (strings only)."""
+    history (``RunInfo``, after them), formatted for display (strings only). ``requests`` (history
+    run id -> its stored requests) give each run its within-run noise."""
     base_col = next((i for i, r in enumerate(records) if r.index == baseline), 0)
     own = {r.history_id for r in records}
     extra = [s for s in stored if s.id not in own]
     infos = [run_info(r, baseline=i == base_col) for i, r in enumerate(records)] + list(extra)
-    cmp = compare(infos, base_col)
+    unstored = {r.index for r in records if r.history_id is None}  # their ids are not the history's
+    cmp = compare(infos, base_col, requests={k: v for k, v in (requests or {}).items() if k not in unstored})
     rows: list[tuple[str, tuple[str, ...], frozenset[int]]] = []
     flag_rows = 0
     for row in cmp.rows:
@@ -389,12 +394,10 @@ def compare_view(records: Sequence[RunRecord], baseline: int | None, stored: Seq
             continue
         arrow = {"lower": " ↓", "higher": " ↑"}.get(row.better or "", "")
         unit = f" {row.unit}" if row.unit and row.unit not in row.label else ""
-        cells = []
-        for v, d in zip(row.values, row.deltas, strict=True):
-            delta = fmt_delta(d)
-            cells.append(fmt_number(v) + (f" ({delta})" if delta else ""))
-        rows.append((f"{row.label}{unit}{arrow}", tuple(cells), row.best))
+        cells = tuple(cell_text(row, i) for i in range(len(row.values)))  # "within noise" where it is
+        rows.append((f"{row.label}{unit}{arrow}", cells, row.best))
     return ComparisonView(
         columns=tuple(r.label for r in records) + tuple(f"stored #{s.id} {s.name}" for s in extra),
         rows=tuple(rows), baseline=base_col, flag_rows=flag_rows,
+        counts=tuple(cmp.count(i) for i in range(len(infos))), notes=tuple(noise_legend(cmp)),
     )

@@ -25,7 +25,7 @@ from engine.errors import SessionError
 from engine.flags import SECRET_FLAGS, FlagSet, recordable_values
 from engine.presets import Preset
 from engine.runs.compare import LoadPoint, RunPoint, load_points, run_points
-from engine.runs.history import History, Recording, RunInfo
+from engine.runs.history import History, Recording, RunInfo, StoredRequest
 from engine.runs.measure import MeasuredRun, RunHandle, RunPlan, Target, measure
 from engine.runs.status import RunStatus
 from engine.views import ComparisonView, RunProgress, RunRecord, StoredRun, compare_view, run_info
@@ -354,9 +354,23 @@ class LiveRuns:
         if self._comparison_cache is not None and self._comparison_cache[0] == key:
             return self._comparison_cache[1]
         records = [r for r in self.runs if not r.summary.empty]
-        view = compare_view(records, self.baseline, pinned) if records or pinned else None
+        view = compare_view(records, self.baseline, pinned, self._requests(records, pinned)) if records or pinned else None
         self._comparison_cache = (key, view)
         return view
+
+    def _requests(self, records: Sequence[RunRecord], pinned: Sequence[RunInfo]) -> dict[int, list[StoredRequest]]:
+        """The compared runs' stored requests (their within-run noise); none where unreadable."""
+        history = self.get_history()
+        if history is None:
+            return {}
+        ids = [r.history_id for r in records if r.history_id is not None] + [i.id for i in pinned]
+        out: dict[int, list[StoredRequest]] = {}
+        for run_id in ids:
+            try:
+                out[run_id] = history.requests(run_id)
+            except Exception:  # noqa: BLE001 - a run whose requests cannot be read is compared without its noise
+                continue
+        return out
 
     def stored_runs(self, text: str = "", limit: int = 200) -> tuple[StoredRun, ...]:
         """The run history, newest first, for the Runs tab (see ``Session.stored_runs``)."""

@@ -1,5 +1,7 @@
-"""Runs side by side: one column per run, the best value per row marked, deltas to the
-baseline in percent (computed in the core; this only lays them out), and below it the stored
+"""Runs side by side: one column per run (saying how many runs it holds), the best value per
+row marked only beyond the noise, deltas to the baseline in percent and "within noise" where
+the interval of a delta holds zero (computed in the core; this only lays them out), and the
+notes saying what those verdicts rest on; below it the stored
 history of every path (vtui bench, sweep, earlier sessions), any of which Enter adds to the
 comparison."""
 
@@ -15,6 +17,7 @@ from textual.reactive import reactive
 from textual.widgets import DataTable, Input, Static
 from textual_plotext import PlotextPlot
 
+from engine.runs.compare import fmt_runs
 from engine.session import SessionError
 from engine.views import SessionSnapshot, StoredRun
 
@@ -40,6 +43,7 @@ class RunsPanel(Vertical):
     def compose(self) -> ComposeResult:
         yield Static("no runs yet: r runs the workload, b marks the last run as baseline", id="runs-help")
         yield DataTable(id="runs-table", zebra_stripes=True, cursor_type="column")
+        yield Static("", id="runs-notes")
         yield Static("stored runs (every path): Enter adds one to the comparison or takes it out",
                      id="stored-help")
         yield Input(placeholder="filter: model, preset, date, status", id="stored-filter", compact=True)
@@ -154,10 +158,13 @@ class RunsPanel(Vertical):
         table = self.query_one("#runs-table", DataTable)
         table.clear(columns=True)
         help_ = self.query_one("#runs-help", Static)
+        notes = self.query_one("#runs-notes", Static)
+        notes.display = comp is not None and bool(comp.notes)
         if comp is None:
             help_.display = True
             return
         help_.display = False
+        notes.update("\n".join(comp.notes))
         best = self.get_component_rich_style("runs--best")
         flag = self.get_component_rich_style("runs--flag")
         table.add_column("", key="label")
@@ -165,7 +172,8 @@ class RunsPanel(Vertical):
             mark = " (baseline)" if comp.baseline == i else ""
             status = str(snap.runs[i].status) if i < len(snap.runs) else ""
             status = "" if status in ("", "ok") else f" [{status}]"
-            table.add_column(f"{name}{mark}{status}", key=f"run{i}")
+            count = f" [{fmt_runs(comp.counts[i])}]" if i < len(comp.counts) else ""
+            table.add_column(f"{name}{mark}{status}{count}", key=f"run{i}")
         for n, (label, cells, best_cols) in enumerate(comp.rows):
             is_flag = n < comp.flag_rows
             row = [Text(label, style=flag if is_flag else "")]
