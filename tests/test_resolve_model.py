@@ -22,7 +22,7 @@ from engine.server.tinymodel import (
 )
 from tui.cli import main
 
-TINY_ARGV = [f"--gpu-memory-utilization={TINY_CPU_DEFAULTS['gpu-memory-utilization']}", "--max-model-len=2048"]
+TINY_ARGV = [f"--kv-cache-memory-bytes={TINY_CPU_DEFAULTS['kv-cache-memory-bytes']}", "--max-model-len=2048"]
 
 
 @pytest.fixture()
@@ -133,7 +133,7 @@ def test_serve_puts_the_models_flags_under_the_users(tiny_model: Path) -> None:
     args = argparse.Namespace(model=str(tiny_model), extra=["--", "--max-model-len", "1024"], no_validate=True)
     flags = build_flags(args)
     assert flags.model == str(tiny_model)
-    assert flags.get("gpu-memory-utilization") == 0.2  # the tiny default, visible
+    assert flags.get("kv-cache-memory-bytes") == TINY_CPU_DEFAULTS["kv-cache-memory-bytes"]  # the tiny default, visible
     assert flags.get("max-model-len") == 1024  # the user's value wins
     dummy = build_flags(argparse.Namespace(model=str(ensure_dummy_model("qwen2.5-7b", tiny_model.parent)),
                                            extra=[], no_validate=True))

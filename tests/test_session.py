@@ -81,7 +81,7 @@ def test_load_preset_on_the_tiny_model_applies_its_tiny_table_and_says_so() -> N
     fs = FlagSet(model=tui_data.MODEL, values={}, schema=builtin_schema())
     session = Session(fs, telemetry=False, record_history=False, tiny=True, schema=builtin_schema())
     session.load_preset("online-chat")
-    assert session.flags.get("gpu-memory-utilization") == TINY_CPU_DEFAULTS["gpu-memory-utilization"]  # the engine's rule
+    assert session.flags.get("kv-cache-memory-bytes") == TINY_CPU_DEFAULTS["kv-cache-memory-bytes"]  # the engine's rule
     assert "tiny model" in (session.snapshot().notice or "")
 
 
@@ -305,7 +305,7 @@ def test_runs_are_named_by_what_differs_and_numbered_when_repeated() -> None:
     assert name == "online-chat ecp=off mnbt=512"  # the key changed too, but is never named
     assert run_name("online-chat", loaded, edited, [same, name]) == f"{name} (2)"
     assert run_name("online-chat", loaded, edited, [name, f"{name} (2)"]) == f"{name} (3)"
-    assert run_name("online-chat", loaded, loaded.unset("max-num-batched-tokens"), []) == "online-chat mnbt=default"
+    assert run_name("online-chat", loaded, loaded.unset("max-num-batched-tokens"), []) == "online-chat vllm-default:mnbt"
 
 
 async def test_a_run_after_apply_is_named_by_the_flags_changed_since_the_preset(tiny_model: Path) -> None:

