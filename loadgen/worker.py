@@ -367,9 +367,9 @@ def raise_priority(nice: int) -> int:
         os.setpriority(os.PRIO_PROCESS, 0, nice)
     except (OSError, AttributeError):
         return 0
-    with contextlib.suppress(OSError):  # autogroups: the group's weight is what competes
-        with open("/proc/self/autogroup", "w") as f:
-            f.write(str(nice))
+    # autogroups: the group's weight is what competes
+    with contextlib.suppress(OSError), open("/proc/self/autogroup", "w") as f:
+        f.write(str(nice))
     WORKER_NICE_APPLIED = nice
     return nice
 
