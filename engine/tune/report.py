@@ -1,0 +1,154 @@
+"""What a search reports: :class:`TuneResult` (every configuration, the best, the Pareto points,
+the trials running now), the steps per configuration for the charts, and the plain-text table."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.flags import FlagSet
+from engine.runs.compare import pareto_frontier
+from engine.tune.trial import OBJECTIVE_UNITS, ConfigResult, LiveTrial, Measurement, config_score
+
+
+@dataclass(frozen=True)
+class ParetoPoint:
+    """One SLO-meeting step: output tokens/s per user against output tokens/s per GPU."""
+
+    key: str
+    load: float
+    tokens_per_user: float
+    tokens_per_gpu: float
+    goodput: float
+    frontier: bool
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """What a search found. ``status``: ``done`` (space covered), ``budget`` (stopped at
+    the budget), ``interrupted`` (stopped while it measured), ``stopped`` (stopped before it
+    started: the Tune screen's x while it joined a Ray cluster)."""
+
+    id: str
+    status: str
+    mode: str
+    best: ConfigResult | None
+    best_flags: FlagSet | None
+    configs: tuple[ConfigResult, ...]
+    pareto: tuple[ParetoPoint, ...]
+    elapsed_s: float
+    budget_s: float
+    starts: int
+    steps: int
+    state_path: Path | None
+    objective: str = "goodput"
+    measurements: Mapping[str, tuple[Measurement, ...]] = dataclasses.field(default_factory=dict)
+    """Every step of every configuration, in the order measured (the state file keeps them too)."""
+    running: tuple[LiveTrial, ...] = ()
+    """The configurations being measured now, by slot (empty once the search ended)."""
+
+    def score(self, c: ConfigResult) -> float | None:
+        """``c``'s figure for this search's objective at its limit."""
+        return config_score(c, self.objective)
+
+    @property
+    def stopped_by_user(self) -> bool:
+        return self.status in ("interrupted", "stopped")
+
+    def outcome(self) -> str:
+        """What it came to, in a few words: the best, or why there is none (a search the user
+        stopped did not find that no configuration meets the SLO)."""
+        if self.best is not None:
+            return f"best {self.best.key}"
+        if self.stopped_by_user:
+            return "stopped before any configuration met the SLO"
+        return "no configuration met the SLO"
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "id": self.id, "status": self.status, "mode": self.mode, "objective": self.objective,
+            "best_score": self.score(self.best) if self.best else None,
+            "best": self.best.to_dict() if self.best else None,
+            "best_flags": self.best_flags.to_dict() if self.best_flags else None,
+            "best_serve_line": self.best_flags.to_serve_line() if self.best_flags else None,
+            "configs": [c.to_dict() for c in self.configs],
+            "pareto": [dataclasses.asdict(p) | {"load": _jsonable_load(p.load)} for p in self.pareto],
+            "elapsed_s": self.elapsed_s, "budget_s": self.budget_s, "starts": self.starts,
+            "steps": self.steps, "state_path": str(self.state_path) if self.state_path else None,
+        }
+
+
+def _jsonable_load(load: float) -> float | str:
+    return "inf" if math.isinf(load) else load
+
+
+StepPoint = tuple[float, float | None, float | None, bool]  # load, TTFT, TPOT (at the SLO's percentile), met
+
+
+def step_series(measurements: Mapping[str, Sequence[Measurement]]) -> tuple[tuple[str, tuple[StepPoint, ...]], ...]:
+    """Each configuration's steps as (load, TTFT, TPOT, met) points, by load; a step at
+    "all at once" (infinite load) has no place on a load axis and is left out."""
+    out = []
+    for key, ms in measurements.items():
+        pts = sorted((m.load, m.ttft_ms, m.tpot_ms, bool(m.ok)) for m in ms if math.isfinite(m.load))
+        if pts:
+            out.append((key, tuple(pts)))
+    return tuple(out)
+
+
+def pareto_points(measurements: Mapping[str, Sequence[Measurement]], gpus: Mapping[str, int]) -> list[ParetoPoint]:
+    """Every SLO-meeting step of every configuration, with the frontier marked (no other
+    point is at least as good on both axes and better on one)."""
+    pts = []
+    for key, ms in measurements.items():
+        for m in ms:
+            if m.ok and m.output_throughput > 0:
+                pts.append((key, m, m.tokens_per_user, m.output_throughput / max(1, gpus.get(key, 1))))
+
+    marks = pareto_frontier([(x, y) for _, _, x, y in pts])
+    out = [ParetoPoint(key, m.load, x, y, m.goodput, front) for (key, m, x, y), front in zip(pts, marks, strict=True)]
+    out.sort(key=lambda p: (-p.tokens_per_user, -p.tokens_per_gpu))
+    return out
+
+
+def format_table(result: TuneResult) -> str:
+    """Every configuration tried, best first among the measured, as plain text."""
+    unit = "req/s" if result.mode == "rate" else "conc"
+    energy = result.objective != "goodput"
+    head: tuple[str, ...] = ("", "configuration", "status", f"limit {unit}", "goodput req/s", "steps", "reason")
+    if energy:
+        head = (*head[:5], "GPU W", f"{result.objective} {OBJECTIVE_UNITS[result.objective]}", *head[5:])
+    rows = [head]
+    best_key = result.best.key if result.best else None
+    for c in result.configs:
+        lim = "" if c.limit_load is None else ("any" if math.isinf(c.limit_load) else f"{c.limit_load:.3g}")
+        status = c.status + (" (checked)" if c.confirmed else "")
+        row: tuple[str, ...] = ("*" if c.key == best_key else "", c.key, status, lim,
+                                "" if c.goodput is None else f"{c.goodput:.3g}", str(c.steps), c.reason[:90])
+        if energy:
+            watts = c.at.mean_power_w if c.at is not None else None
+            score = result.score(c)
+            row = (*row[:5], "" if watts is None else f"{watts:.0f}", "" if score is None else f"{score:.3g}",
+                   *row[5:])
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def format_pareto(result: TuneResult) -> str:
+    """The frontier of tokens/s per user against tokens/s per GPU (SLO-meeting steps)."""
+    pts = [p for p in result.pareto if p.frontier]
+    if not pts:
+        return "no step met the SLO: no Pareto frontier"
+    lines = ["Pareto frontier (output tokens/s per user = mean output tokens / mean E2EL;"
+             " per GPU = output tokens/s / (tp x pp x dp)):"]
+    for p in pts:
+        load = "all at once" if math.isinf(p.load) else f"{p.load:.3g}"
+        lines.append(f"  {p.tokens_per_user:8.1f} tok/s/user  {p.tokens_per_gpu:9.1f} tok/s/GPU  "
+                     f"{p.key} at {load}")
+    return "\n".join(lines)
