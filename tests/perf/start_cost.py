@@ -17,7 +17,8 @@ first `vtui` does) and plain vLLM with those same defaults written out
 (``engine.server.tinymodel.resolve_model``); with flags, both get them.
 
 Prints one line per start (with vLLM's KV tokens, the worker's non-KV use from its "Auto set"
-line and the planner's prediction for the same flags) and a table: per kind the median
+line, or the explicit size from its "Explicitly set" line, vLLM's "init engine" seconds and the
+planner's prediction for the same flags) and a table: per kind the median
 seconds, and vtui's excess over plain vLLM (target: at most 2 s). Run it alone on the box:
 starts are CPU-bound.
 """
@@ -40,6 +41,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 KV_LINE = re.compile(r"KV cache size: ([0-9,]+) tokens")
 NON_KV_LINE = re.compile(r"([0-9.]+) GiB memory was consumed by non-kv usages")
+EXPLICIT_LINE = re.compile(r"Explicitly set \(([0-9.]+)/[0-9.]+\) GiB for KV cache")
+INIT_LINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s")
 sys.path.insert(0, str(ROOT))
 
 
@@ -139,12 +142,15 @@ def main() -> None:
                 times[kind].append(dt)
                 text = log.read_text(errors="replace")
                 kv, non_kv = KV_LINE.search(text), NON_KV_LINE.search(text)
+                explicit, init = EXPLICIT_LINE.search(text), INIT_LINE.search(text)
+                memory = (f"non-KV {non_kv.group(1)} GiB" if non_kv else
+                          f"KV set {explicit.group(1)} GiB" if explicit else "non-KV ? GiB")
                 vs_plan = ""
                 if kv and planned:
                     vs_plan = f", plan {planned:,} ({planned / int(kv.group(1).replace(',', '')) - 1:+.1%})"
                 print(f"rep {rep}  {kind:<32} healthy after {dt:6.1f} s"
                       f"  (vLLM: KV cache {kv.group(1) if kv else '?'} tokens{vs_plan},"
-                      f" non-KV {non_kv.group(1) if non_kv else '?'} GiB)", flush=True)
+                      f" {memory}, init engine {init.group(1) if init else '?'} s)", flush=True)
     plain = statistics.median(times["plain vLLM"])
     print(f"\n== start cost: exec to healthy /health, median of {a.repeat} (s); vLLM flags: {' '.join(flags)} ==")
     print(f"{'start':<32} {'n':>2} {'median':>8} {'min':>7} {'max':>7} {'over plain vLLM':>16}")
