@@ -162,3 +162,70 @@ def test_load_summary_from_a_stored_document() -> None:
     assert old.latency == {"mean_ttft_ms": 40.0} and old.duration == 2.0
     with pytest.raises(ValueError, match="completed is 'many'"):
         LoadSummary.from_dict({"completed": "many"}, where="run 7")
+
+
+def _peak_by_events(spans: list[tuple[float, float]]) -> int:
+    """The peak as the old code computed it: every start and end in order, an end first at a tie."""
+    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    peak = cur = 0
+    for _, step in events:
+        cur += step
+        peak = max(peak, cur)
+    return peak
+
+
+def test_peak_in_flight_from_sorted_arrays_matches_the_event_walk() -> None:
+    """Issue 35: the peak comes from two sorted arrays (16 bytes a request), not a list of 2n
+    tuples (about 250 bytes a request, 500 MB at the 2M cap); the figure is the same, ties
+    (an end at the instant of a start, starts at one instant) included."""
+    import random
+
+    rng = random.Random(7)
+    for n in (1, 2, 50, 3000):
+        spans = []
+        for _ in range(n):
+            s = round(rng.uniform(0, 20), 1)  # coarse: many ties
+            spans.append((s, s + round(rng.uniform(0, 3), 1)))
+        agg = RunAggregator()
+        for i, (s, e) in enumerate(spans):
+            agg.add(RequestResult(id=i, t_start=s, ttft_s=0.0, itl_s=(), e2el_s=e - s, input_tokens=1,
+                                  output_tokens=1, ok=True))
+        # the ends as the aggregator sees them (t_start + e2el_s, rounded as floats are)
+        assert agg.peak_in_flight() == _peak_by_events([(s, s + (e - s)) for s, e in spans]), n
+    assert RunAggregator().peak_in_flight() == 0
+
+
+def test_percentiles_past_numpys_threshold_equal_the_sorted_lists() -> None:
+    """Large samples are sorted by numpy (a buffer, not 2M float objects); the figures are the
+    ones sorted() gives, bit for bit."""
+    import random
+
+    rng = random.Random(3)
+    values = [rng.expovariate(20.0) for _ in range(50_000)]
+    acc = Accumulator()
+    acc.extend(values)
+    ordered = sorted(values)
+    for p in (0, 1, 50, 90, 99, 99.9, 100):
+        got = acc.quantile(p)
+        assert type(got) is float and got == percentile(ordered, p), p
+
+
+def test_the_reservoirs_bound_is_shown_once_it_samples() -> None:
+    """Past the cap the percentiles are read from a uniform sample; the bound on their rank is
+    three standard errors, sqrt(p (1 - p) / cap), in percentile points (0 while exact)."""
+    import random
+
+    from loadgen.stats import DEFAULT_CAP, rank_error
+
+    values = [i / 5000 for i in range(5000)]  # uniform over 0..1 s
+    random.Random(1).shuffle(values)
+    acc = Accumulator(cap=1000, seed=1)
+    acc.extend(values[:1000])
+    assert acc.exact and acc.rank_error(99) == 0.0 and acc.samples == 1000
+    acc.extend(values[1000:])
+    assert not acc.exact and acc.samples == 1000
+    assert acc.rank_error(50) == pytest.approx(300 * math.sqrt(0.25 / 1000))  # +-4.7 points at 1000
+    assert rank_error(99, DEFAULT_CAP) == pytest.approx(0.0211, abs=1e-4)  # p99 of 2M: p98.98-p99.02
+    # The bound holds: the reservoir's p90 is the true p90 +- the bound.
+    s = acc.summary()
+    assert abs(s.p90 / 1000 - 0.9) * 100 <= acc.rank_error(90)
