@@ -194,7 +194,7 @@ def test_migration_from_version_1_keeps_runs(tmp_path: Path) -> None:
     conn.commit()
     conn.close()
     with History(path) as store:
-        assert store.schema_version == SCHEMA_VERSION == 3
+        assert store.schema_version == SCHEMA_VERSION == 4
         (run,) = store.list_runs()
         assert (run.name, run.tags, run.requests, run.flags) == ("v1-run", (), 1, {"max-num-seqs": 4})
         store.tag(run.id, "migrated")

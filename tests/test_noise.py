@@ -278,3 +278,114 @@ def test_a_burst_that_starts_together_still_has_intervals() -> None:
     ttft, rps = noise.interval("median_ttft_ms"), noise.interval("request_throughput")
     assert ttft is not None and rps is not None
     assert rps.high < 2 * noise.figures()["request_throughput"]
+
+
+# --------------------------------------------------------------------------- the box's noise floor (issue 34 item 5)
+
+
+def test_floor_spread_is_the_prediction_interval_of_two_runs_logs() -> None:
+    import math
+    import statistics
+
+    from engine.runs.noise import MIN_FLOOR_RUNS, floor_spread
+
+    values = [100.0, 110.0, 90.0, 105.0, 95.0]
+    got = floor_spread([{"median_tpot_ms": v, "p99_tpot_ms": None} for v in values])
+    s = statistics.stdev(math.log(v) for v in values)
+    assert got == {"median_tpot_ms": pytest.approx(100 * math.expm1(2.776445 * math.sqrt(2) * s), rel=1e-5)}
+    assert floor_spread([{"median_tpot_ms": v} for v in values[:MIN_FLOOR_RUNS - 1]]) == {}
+    assert floor_spread([{"median_tpot_ms": 5.0}] * 4) == {"median_tpot_ms": 0.0}
+
+
+def test_a_measured_floor_judges_single_runs_without_requests() -> None:
+    """Where no requests are at hand, the floor alone judges two single runs (a factor either way)."""
+    from engine.runs.noise import BOX_FLOOR, MEASURED_FLOOR
+
+    a, b = Configuration((100.0,)), Configuration((88.0,))
+    assert difference("median_tpot_ms", a, b) is None  # no requests, no floor: unknown, as before
+    wide = difference("median_tpot_ms", a, b, box_floor_pct=15.0)
+    assert wide is not None and wide.within_noise and wide.interval.kind == BOX_FLOOR and wide.floor == MEASURED_FLOOR
+    narrow = difference("median_tpot_ms", a, b, box_floor_pct=5.0)
+    assert narrow is not None and not narrow.within_noise
+
+
+def _store_made_run(store: History, name: str, requests: list[StoredRequest]) -> int:
+    rec = store.start_run(name, flags={"max-num-seqs": 8}, model="m")
+    for r in requests:
+        rec.add_request(r.to_json())
+    rec.finish(summary={"load": {"completed": len(requests), "failed": 0, **RunNoise(requests).figures()}})
+    return rec.run_id
+
+
+def test_a_stored_floor_decides_a_single_run_verdict_through_vtui_compare(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two single runs 12% apart in TPOT (5 against 5.6 ms a token, narrow bootstrap intervals):
+    with no floor the fixed 10% margin calls them different (said so); with a 15% floor stored
+    for this box they are within noise; with a newer 5% floor, beyond it again."""
+    import time
+
+    from engine.runs.history import NoiseFloor, this_box
+    from tui.cli import main
+
+    monkeypatch.setenv("VTUI_HOME", str(tmp_path))
+    a, b = made_requests(1, jitter=0.02), made_requests(2, gap_ms=5.6, jitter=0.02)
+    with History() as store:
+        ids = [_store_made_run(store, "a", a), _store_made_run(store, "b", b)]
+
+    def tpot(*extra: str) -> tuple[dict[str, object], str]:
+        assert main(["compare", *map(str, ids), "--format", "json"]) == 0
+        row = next(r for r in json.loads(capsys.readouterr().out)["rows"] if r["key"] == "tpot_p50")
+        assert main(["compare", *map(str, ids)]) == 0
+        return row, capsys.readouterr().out
+
+    row, text = tpot()
+    assert 11 < row["delta_pct"][1] < 13, row  # type: ignore[index]
+    assert row["noise"][1]["verdict"] == BEYOND_NOISE and "no noise floor measured for this box" in text  # type: ignore[index]
+    with History() as store:
+        store.save_noise_floor(NoiseFloor(box=this_box(), measured=time.time() - 60, runs=5,
+                                          spread_pct={"median_tpot_ms": 15.0, "median_ttft_ms": 15.0}, label="made"))
+    row, text = tpot()
+    assert row["noise"][1]["verdict"] == WITHIN_NOISE, row  # type: ignore[index]
+    assert "noise floor of this box" in text and "TPOT p50 ±15%" in text and "5 runs of made" in text
+    assert "within noise" in next(line for line in text.splitlines() if line.startswith("TPOT p50"))
+    with History() as store:
+        store.save_noise_floor(NoiseFloor(box=this_box(), measured=time.time(), runs=4,
+                                          spread_pct={"median_tpot_ms": 5.0}, label="made"))
+        store.save_noise_floor(NoiseFloor(box="another-box", measured=time.time() + 60, runs=4,
+                                          spread_pct={"median_tpot_ms": 50.0}))  # not this box's: not read
+    row, text = tpot()
+    assert row["noise"][1]["verdict"] == BEYOND_NOISE and "TPOT p50 ±5%" in text, row  # type: ignore[index]
+
+
+def test_bench_noise_floor_against_the_test_server_prints_and_stores_the_spread(
+        servers: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from engine.runs.history import this_box
+    from tui.cli import main
+
+    monkeypatch.setenv("VTUI_HOME", str(tmp_path))
+    result = tmp_path / "floor.json"
+    rc = main(["bench", "--url", servers[0], "--input-len", "12", "--output-len", "8", "--concurrency", "2",
+               "--num-requests", "20", "--warmup", "2", "-q", "--noise-floor", "3", "--result-file", str(result),
+               "--allow-box-bound"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert out.out.count("Serving Benchmark Result") == 3 and f"Noise floor of {this_box()}: 3 of 3 runs" in out.out
+    line = next(x for x in out.out.split("Noise floor of")[1].splitlines() if x.startswith("Median TPOT (ms)"))
+    assert "±" in line and line.rstrip().endswith("%")
+    assert "stored" in out.err
+    with History() as history:
+        floor = history.noise_floor()
+        runs = history.list_runs()
+    assert floor is not None and floor.runs == 3 and floor.box == this_box() and len(floor.run_ids) == 3
+    assert {"median_tpot_ms", "median_ttft_ms", "request_throughput"} <= set(floor.spread_pct)
+    assert floor.pct("median_tpot_ms") == pytest.approx(float(line.split("±")[1].rstrip("%\n ")), abs=0.05)
+    assert sorted(r.name for r in runs) == [f"bench c=2 12/8 (noise floor {k}/3)" for k in (1, 2, 3)]
+    assert all("noise-floor" in r.tags for r in runs)
+    doc = json.loads(result.read_text())
+    assert len(doc["runs"]) == 3 and doc["noise_floor"]["runs"] == 3
+    assert main(["bench", "--url", servers[0], "--noise-floor", "2"]) == 2
+    assert "--noise-floor 2" in capsys.readouterr().err
+    assert main(["bench", "--url", servers[0], "--noise-floor", "3", "--repeat", "2"]) == 2
+    assert "--repeat" in capsys.readouterr().err
+

@@ -17,12 +17,25 @@ import csv
 import io
 import json
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from engine.flags import devices_needed
-from engine.runs.history import RunInfo, StoredRequest
-from engine.runs.noise import REPEATS, WITHIN_NOISE, WITHIN_RUN, Configuration, Difference, RunNoise, difference, run_noise
+from engine.runs.history import NoiseFloor, RunInfo, StoredRequest
+from engine.runs.noise import (
+    BOX_FLOOR,
+    FIXED_FLOOR,
+    REPEATS,
+    RUN_TO_RUN_FLOOR_PCT,
+    WITHIN_NOISE,
+    WITHIN_RUN,
+    Configuration,
+    Difference,
+    RunNoise,
+    difference,
+    run_noise,
+)
 from engine.runs.summary import RunSummary, SpeedOfLightFigures, TelemetryFigures
 
 GIB = 1024**3
@@ -142,6 +155,7 @@ class Comparison:
     baseline: int  # index into runs
     rows: tuple[Row, ...]
     columns: tuple[tuple[RunInfo, ...], ...] = ()  # each column's runs: the repeats of one configuration
+    floor: NoiseFloor | None = None  # the box's measured noise floor, which single-run verdicts read
 
     def count(self, i: int) -> int:
         """How many runs column ``i`` holds."""
@@ -153,9 +167,16 @@ class Comparison:
         return frozenset(d.interval.kind for row in self.rows for d in row.noise if d is not None)
 
     @property
+    def floors(self) -> frozenset[str]:
+        """Where the single-run verdicts' allowance for what moves between runs came from
+        (engine.runs.noise.MEASURED_FLOOR, FIXED_FLOOR)."""
+        return frozenset(d.floor for row in self.rows for d in row.noise if d is not None and d.floor)
+
+    @property
     def unjudged(self) -> bool:
-        """Whether some metric row with a judgement has no interval (its mark ignores noise)."""
-        return any(row.kind == "metric" and row.better is not None and len(self.runs) > 1
+        """Whether some metric row marks a best without any interval (its mark ignores noise; a
+        row with no best, as a failure rate of 0 everywhere, says nothing either way)."""
+        return any(row.kind == "metric" and row.better is not None and len(self.runs) > 1 and row.best
                    and all(d is None for d in row.noise) for row in self.rows)
 
     def row(self, key: str) -> Row:
@@ -271,12 +292,17 @@ def _column_value(metric: Metric, column: Sequence[RunInfo]) -> float | None:
 
 
 def compare(columns: Sequence[Column], baseline: int | None = None, *, all_flags: bool = False,
-            requests: Mapping[int, Sequence[StoredRequest]] | None = None) -> Comparison:
+            requests: Mapping[int, Sequence[StoredRequest]] | None = None, floor: NoiseFloor | None = None,
+            noises: Mapping[int, RunNoise] | None = None) -> Comparison:
     """Build the comparison. Each of ``columns`` is a run, or the runs of one configuration
     (its repeats: the column shows their median). ``baseline`` is an index into ``columns``; by
     default the column holding a run tagged baseline in the history, else the first.
     ``requests`` (run id -> its stored requests) gives each run its within-run noise where a
-    column has no repeats to read it from; without them such rows are not judged against noise."""
+    column has no repeats to read it from; without them such rows are not judged against noise.
+    ``noises`` (run id -> its RunNoise, bootstrapped once) stand in for a run's requests: a caller
+    that compares the same runs again (the Runs tab) keeps them. ``floor`` is the box's measured
+    noise floor (History.noise_floor): single-run verdicts take it as what moves between runs, in
+    place of the fixed RUN_TO_RUN_FLOOR_PCT, and judge by it alone where no requests are at hand."""
     if not columns:
         raise ValueError("nothing to compare: give at least one run")
     groups = tuple((c,) if isinstance(c, RunInfo) else tuple(c) for c in columns)
@@ -303,8 +329,9 @@ def compare(columns: Sequence[Column], baseline: int | None = None, *, all_flags
         if all_flags or len(set(values)) > 1:
             rows.append(Row("flag", name, f"--{name}", "", None, values, frozenset(), none))
 
-    noises = {run.id: run_noise(requests[run.id], run.workload, key=run.id)
-              for g in groups for run in g if requests is not None and run.id in requests}
+    given, stored = noises or {}, requests or {}
+    noise_of = {run.id: given[run.id] if run.id in given else run_noise(stored[run.id], run.workload, key=run.id)
+                for g in groups for run in g if run.id in given or run.id in stored}
     for metric in METRICS:
         values_m = tuple(_column_value(metric, g) for g in groups)
         if all(v is None for v in values_m):
@@ -313,18 +340,18 @@ def compare(columns: Sequence[Column], baseline: int | None = None, *, all_flags
         deltas = tuple(None if i == baseline else delta_pct(v, base) for i, v in enumerate(values_m))
 
         def diff(i: int, j: int, metric: Metric = metric) -> Difference | None:
-            return _difference(metric, groups[i], groups[j], noises)
+            return _difference(metric, groups[i], groups[j], noise_of, floor)
 
         noise = tuple(None if i == baseline else diff(baseline, i) for i in range(len(groups)))
         best = _beyond_noise(best_indexes(values_m, metric.better), values_m, diff)
         rows.append(Row("metric", metric.key, metric.label, metric.unit, metric.better, values_m, best, deltas, noise))
-    return Comparison(runs, baseline, tuple(rows), groups)
+    return Comparison(runs, baseline, tuple(rows), groups, floor)
 
 
 def _difference(metric: Metric, a: Sequence[RunInfo], b: Sequence[RunInfo],
-                noises: Mapping[int, RunNoise]) -> Difference | None:
+                noises: Mapping[int, RunNoise], floor: NoiseFloor | None) -> Difference | None:
     """``b - a`` for one metric with its interval (engine.runs.noise); None where the metric has
-    no noise model (telemetry rows) or neither repeats nor requests are at hand."""
+    no noise model (telemetry rows) or neither repeats, requests nor a measured floor are at hand."""
     if metric.figure is None:
         return None
 
@@ -335,7 +362,9 @@ def _difference(metric: Metric, a: Sequence[RunInfo], b: Sequence[RunInfo],
         return Configuration(tuple(v for v, _ in found), tuple(n for _, n in found))
 
     ca, cb = configuration(a), configuration(b)
-    return None if ca is None or cb is None else difference(metric.figure, ca, cb)
+    if ca is None or cb is None:
+        return None
+    return difference(metric.figure, ca, cb, box_floor_pct=None if floor is None else floor.pct(metric.figure))
 
 
 def _beyond_noise(best: frozenset[int], values: Sequence[float | None],
@@ -423,6 +452,20 @@ def _cell(cmp: Comparison, row: Row, i: int, mark: str) -> str:
     return cell_text(row, i, mark)
 
 
+# The figures a floor's one-line note names, with their short labels.
+FLOOR_NOTE_FIGURES = (("median_ttft_ms", "TTFT p50"), ("median_tpot_ms", "TPOT p50"), ("median_e2el_ms", "E2EL p50"),
+                      ("request_throughput", "req/s"))
+
+
+def floor_note(floor: NoiseFloor) -> str:
+    """``noise floor of this box: TTFT p50 ±12%, ... measured 2026-12-05 14:02, 5 runs (label)``."""
+    parts = [f"{label} ±{pct:.0f}%" for key, label in FLOOR_NOTE_FIGURES if (pct := floor.pct(key)) is not None]
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(floor.measured))
+    what = f" of {floor.label}" if floor.label else ""
+    return (f"noise floor of this box ({floor.box}): {', '.join(parts) or 'no figure'}, measured {when}, "
+            f"{fmt_runs(floor.runs)}{what}.")
+
+
 def noise_legend(cmp: Comparison) -> list[str]:
     """What the verdicts rest on, in words (a line each)."""
     kinds = cmp.noise_kinds
@@ -433,6 +476,16 @@ def noise_legend(cmp: Comparison) -> list[str]:
     if WITHIN_RUN in kinds:
         out.append("within noise (within-run, the weaker kind): a block bootstrap over each run's requests, "
                    "widened for what moves between runs; repeat runs (vtui bench --repeat N) to know more.")
+    if BOX_FLOOR in kinds:
+        out.append("within noise (box floor): single runs without stored requests, judged by the box's "
+                   "measured noise floor alone.")
+    if cmp.floor is not None:
+        out.append(floor_note(cmp.floor) + " Single runs differ within it when nothing changed.")
+    if FIXED_FLOOR in cmp.floors and cmp.floor is None:
+        out.append(f"no noise floor measured for this box: single-run verdicts allow a fixed "
+                   f"{RUN_TO_RUN_FLOOR_PCT:g}% for what moves between runs (vtui bench --noise-floor 5 measures it).")
+    elif FIXED_FLOOR in cmp.floors:
+        out.append(f"rows the floor lacks allow a fixed {RUN_TO_RUN_FLOOR_PCT:g}% for what moves between runs.")
     if cmp.unjudged:
         out.append("noise unknown where the runs have no repeats and no stored requests: "
                    "the best mark there ignores noise.")

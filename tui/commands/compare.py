@@ -6,8 +6,9 @@ Each column says how many runs it holds; rows for the flags that differ and for 
 metric; (±%) is the change against the baseline (the column holding the run tagged with
 ``vtui history baseline ID``, else the first given), and "within noise" says that the
 95% interval of that change holds zero: over the repeats where both columns have some,
-else from each run's stored requests (the weaker kind); ``*`` marks the best value per
-row only where it is beyond the noise of every other column.
+else from each run's stored requests (the weaker kind) and this box's noise floor
+(measured by ``vtui bench --noise-floor K``; without one, a fixed margin, said so); ``*``
+marks the best value per row only where it is beyond the noise of every other column.
 
   vtui compare 12 13                  two single runs
   vtui compare 12,14,16 13,15,17      three repeats each (vtui bench --repeat 3)
@@ -131,11 +132,12 @@ def run(args: argparse.Namespace) -> int:
             baseline = at
         runs = [run for column in columns for run in column]
         requests = {run.id: store.requests(run.id) for run in runs}  # each run's within-run noise
+        floor = store.noise_floor()  # this box's run-to-run noise, where measured
     except HistoryError as exc:
         raise UserError(str(exc), "see `vtui history list` for run ids") from None
     finally:
         store.close()
-    cmp = compare(columns, baseline, all_flags=args.all_flags, requests=requests)
+    cmp = compare(columns, baseline, all_flags=args.all_flags, requests=requests, floor=floor)
     write_or_print(render(cmp, args.format), args.output)
     if plot is not None:
         from engine.runs.compare import run_points
