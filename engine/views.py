@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from engine.flags import recordable_values
-from engine.runs.compare import cell_text, compare, noise_legend
-from engine.runs.history import RunInfo, StoredRequest
+from engine.runs.compare import cell_text, compare, fmt_runs, noise_legend
+from engine.runs.history import NoiseFloor, RunInfo, StoredRequest
+from engine.runs.noise import RunNoise
 from engine.runs.summary import RunSummary
 
 if TYPE_CHECKING:
@@ -375,16 +376,21 @@ def run_info(record: RunRecord, *, baseline: bool = False, vllm_version: str | N
 
 
 def compare_view(records: Sequence[RunRecord], baseline: int | None, stored: Sequence[RunInfo] = (),
-                 requests: Mapping[int, Sequence[StoredRequest]] | None = None) -> ComparisonView:
+                 requests: Mapping[int, Sequence[StoredRequest]] | None = None, *,
+                 noises: Mapping[int, RunNoise] | None = None, floor: NoiseFloor | None = None,
+                 pending: int = 0) -> ComparisonView:
     """engine.runs.compare's table of ``records`` (this session's runs) and ``stored`` runs of the
     history (``RunInfo``, after them), formatted for display (strings only). ``requests`` (history
-    run id -> its stored requests) give each run its within-run noise."""
+    run id -> its stored requests) or ``noises`` (-> its requests bootstrapped, kept by the
+    caller) give each run its within-run noise; ``floor`` is the box's measured noise floor;
+    ``pending`` runs are still being bootstrapped (a note says so)."""
     base_col = next((i for i, r in enumerate(records) if r.index == baseline), 0)
     own = {r.history_id for r in records}
     extra = [s for s in stored if s.id not in own]
     infos = [run_info(r, baseline=i == base_col) for i, r in enumerate(records)] + list(extra)
     unstored = {r.index for r in records if r.history_id is None}  # their ids are not the history's
-    cmp = compare(infos, base_col, requests={k: v for k, v in (requests or {}).items() if k not in unstored})
+    cmp = compare(infos, base_col, requests={k: v for k, v in (requests or {}).items() if k not in unstored},
+                  noises={k: v for k, v in (noises or {}).items() if k not in unstored}, floor=floor)
     rows: list[tuple[str, tuple[str, ...], frozenset[int]]] = []
     flag_rows = 0
     for row in cmp.rows:
@@ -399,5 +405,7 @@ def compare_view(records: Sequence[RunRecord], baseline: int | None, stored: Seq
     return ComparisonView(
         columns=tuple(r.label for r in records) + tuple(f"stored #{s.id} {s.name}" for s in extra),
         rows=tuple(rows), baseline=base_col, flag_rows=flag_rows,
-        counts=tuple(cmp.count(i) for i in range(len(infos))), notes=tuple(noise_legend(cmp)),
+        counts=tuple(cmp.count(i) for i in range(len(infos))),
+        notes=tuple(noise_legend(cmp)) + ((f"intervals of {fmt_runs(pending)} being computed "
+                                          "(their requests bootstrapped)",) if pending else ()),
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -389,3 +390,63 @@ def test_bench_noise_floor_against_the_test_server_prints_and_stores_the_spread(
     assert main(["bench", "--url", servers[0], "--noise-floor", "3", "--repeat", "2"]) == 2
     assert "--repeat" in capsys.readouterr().err
 
+
+def test_the_sessions_comparison_bootstraps_each_run_once_off_the_snapshot(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The snapshot (rebuilt four times a second on the screen's thread) never bootstraps: the
+    noise thread does, once a run; building the snapshot twice bootstraps once, a third run put in
+    bootstraps only itself, a run taken out and put back none, and a floor stored changes the
+    view without bootstrapping again."""
+    import time
+
+    from engine.flags import FlagSet
+    from engine.runs.history import NoiseFloor, this_box
+    from engine.session import Session
+
+    monkeypatch.setenv("VTUI_HOME", str(tmp_path))
+    with History() as store:
+        ids = [_store_made_run(store, f"r{k}", made_requests(k, n=120)) for k in range(3)]
+    counted: list[int] = []  # each bootstrap's run id
+    on_screen: list[int] = []  # those done on this (the screen's) thread
+    replicates = RunNoise.replicates
+    screen = threading.get_ident()
+
+    def counting(self: RunNoise, figure: str) -> tuple[float, ...] | None:
+        if self.usable and self._replicates is None:
+            counted.append(self.key)
+            if threading.get_ident() == screen:
+                on_screen.append(self.key)
+        return replicates(self, figure)
+
+    monkeypatch.setattr(RunNoise, "replicates", counting)
+    session = Session(FlagSet(model="m", values={}), telemetry=False)
+    live = session._live_runs
+    try:
+        for run_id in ids[:2]:
+            session.toggle_stored(run_id)
+        first = session.snapshot().comparison
+        assert first is not None and any("being computed" in n for n in first.notes)
+        assert live.noise_settled(30)
+        settled = session.snapshot().comparison
+        assert settled is not None and not any("being computed" in n for n in settled.notes)
+        assert session.snapshot().comparison is settled  # built once, read since
+        assert sorted(counted) == ids[:2]
+        session.toggle_stored(ids[2])
+        session.snapshot()
+        assert live.noise_settled(30)
+        session.snapshot()
+        assert sorted(counted) == ids  # only the new one
+        session.toggle_stored(ids[2])
+        session.toggle_stored(ids[2])
+        view = session.snapshot().comparison
+        assert live.noise_settled(30) and sorted(counted) == ids and session.snapshot().comparison is view
+        assert view is not None and not any("noise floor of this box" in n for n in view.notes)
+        with History() as store:
+            store.save_noise_floor(NoiseFloor(box=this_box(), measured=time.time(), runs=5,
+                                              spread_pct={"median_tpot_ms": 15.0}, label="made"))
+        live.floor_checked = None  # read again now, not FLOOR_READ_S later
+        with_floor = session.snapshot().comparison
+        assert with_floor is not None and any("noise floor of this box" in n for n in with_floor.notes)
+        assert sorted(counted) == ids and on_screen == []
+    finally:
+        asyncio.run(session.close())

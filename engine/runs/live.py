@@ -8,7 +8,9 @@ to, and builds the snapshot's run views. What it needs of the session comes in e
 the session's state when a run starts (a :class:`RunGround`) and a few callables.
 
 Threads: a load run's thread calls :meth:`LiveRuns.on_window` and :meth:`LiveRuns.on_request`;
-both only assign or count (atomic under the GIL).
+both only assign or count (atomic under the GIL). The comparison's intervals bootstrap each
+compared run's requests (0.1-0.5 s a run) on a thread of their own, once a run: the snapshot,
+built on the screen's thread four times a second, only reads what is done.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import asyncio
 import dataclasses
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,8 +27,9 @@ from engine.errors import SessionError
 from engine.flags import SECRET_FLAGS, FlagSet, recordable_values
 from engine.presets import Preset
 from engine.runs.compare import LoadPoint, RunPoint, load_points, run_points
-from engine.runs.history import History, Recording, RunInfo, StoredRequest
+from engine.runs.history import History, NoiseFloor, Recording, RunInfo
 from engine.runs.measure import MeasuredRun, RunHandle, RunPlan, Target, measure
+from engine.runs.noise import FIGURES, RunNoise, run_noise
 from engine.runs.status import RunStatus
 from engine.views import ComparisonView, RunProgress, RunRecord, StoredRun, compare_view, run_info
 
@@ -38,6 +41,8 @@ if TYPE_CHECKING:
     from loadgen.stats import StatsWindow
 
 RUN_SERIES = ("req_s", "tok_s", "ttft_p50", "tpot_p50")  # a new run starts these afresh
+FLOOR_READ_S = 10.0  # the box's noise floor is read again this often (one measured elsewhere shows up)
+KEPT_NOISES = 32  # bootstrapped runs kept after they left the comparison
 
 
 def _short_flag(name: str) -> str:
@@ -122,8 +127,16 @@ class LiveRuns:
         self.window: StatsWindow | None = None  # the latest stats window
         self._handle: RunHandle | None = None
         self._pinned: tuple[RunInfo, ...] = ()  # the stored runs in the comparison
-        # ((runs, baseline, stored ids), the view)
-        self._comparison_cache: tuple[tuple[int, int | None, tuple[int, ...]], ComparisonView | None] | None = None
+        # ((runs, baseline, stored ids, floor id, runs bootstrapped), the view)
+        self._comparison_cache: tuple[tuple[object, ...], ComparisonView | None] | None = None
+        # History run id -> its requests bootstrapped (engine.runs.noise), by the noise thread; kept
+        # while compared and for up to KEPT_NOISES runs since, so a run taken out and put back is not
+        # bootstrapped again.
+        self._noises: dict[int, RunNoise] = {}
+        self._noise_lock = threading.Lock()
+        self._noise_thread: threading.Thread | None = None
+        self.floor: NoiseFloor | None = None  # the box's noise floor (History.noise_floor), as last read
+        self.floor_checked: float | None = None  # when (time.monotonic()) it was read; None: read at next use
 
     @property
     def active(self) -> bool:
@@ -348,29 +361,89 @@ class LiveRuns:
         )
 
     def comparison(self) -> ComparisonView | None:
-        """This session's runs and the stored runs picked in the Runs tab, side by side."""
+        """This session's runs and the stored runs picked in the Runs tab, side by side. Built
+        again only when what is compared changes (the runs, the baseline, the stored runs picked,
+        the box's floor, a run's bootstrap done); a compared run's intervals are bootstrapped on
+        the noise thread, once (noise_settled waits for it), its verdicts said pending until then."""
         pinned = tuple(self._pinned)
-        key = (len(self.runs), self.baseline, tuple(i.id for i in pinned))
+        records = [r for r in self.runs if not r.summary.empty]
+        if not records and not pinned:
+            return None
+        # run id -> its stored workload (whose SLO judges goodput; a session run's is not at hand)
+        wanted: dict[int, object] = {r.history_id: None for r in records if r.history_id is not None}
+        wanted.update((i.id, i.workload) for i in pinned)
+        floor = self._box_floor()
+        with self._noise_lock:
+            noises = {run_id: self._noises[run_id] for run_id in wanted if run_id in self._noises}
+        key = (len(self.runs), self.baseline, tuple(i.id for i in pinned), None if floor is None else floor.id,
+               tuple(sorted(noises)))
         if self._comparison_cache is not None and self._comparison_cache[0] == key:
             return self._comparison_cache[1]
-        records = [r for r in self.runs if not r.summary.empty]
-        view = compare_view(records, self.baseline, pinned, self._requests(records, pinned)) if records or pinned else None
+        missing = {run_id: w for run_id, w in wanted.items() if run_id not in noises}
+        if missing:
+            self._bootstrap(missing)
+        view = compare_view(records, self.baseline, pinned, noises=noises, floor=floor, pending=len(missing))
         self._comparison_cache = (key, view)
+        self._forget_noises(set(wanted))
         return view
 
-    def _requests(self, records: Sequence[RunRecord], pinned: Sequence[RunInfo]) -> dict[int, list[StoredRequest]]:
-        """The compared runs' stored requests (their within-run noise); none where unreadable."""
-        history = self.get_history()
-        if history is None:
-            return {}
-        ids = [r.history_id for r in records if r.history_id is not None] + [i.id for i in pinned]
-        out: dict[int, list[StoredRequest]] = {}
-        for run_id in ids:
+    def _box_floor(self) -> NoiseFloor | None:
+        """The box's newest noise floor, read again every FLOOR_READ_S (one indexed query)."""
+        now = time.monotonic()
+        if self.floor_checked is None or now - self.floor_checked >= FLOOR_READ_S:
+            self.floor_checked = now
+            history = self.get_history()
             try:
-                out[run_id] = history.requests(run_id)
-            except Exception:  # noqa: BLE001 - a run whose requests cannot be read is compared without its noise
-                continue
-        return out
+                self.floor = history.noise_floor() if history is not None else None
+            except Exception:  # noqa: BLE001 - a floor that cannot be read: the fixed margin, said so
+                self.floor = None
+        return self.floor
+
+    def _bootstrap(self, missing: dict[int, object]) -> None:
+        """Read and bootstrap ``missing`` runs' requests (run id -> its stored workload) on the
+        noise thread, then mark the session changed; one thread at a time (the snapshot after it
+        asks for what is still missing)."""
+        thread = self._noise_thread
+        history = self.get_history()
+        if (thread is not None and thread.is_alive()) or history is None:
+            return
+        path = history.path
+
+        def work() -> None:
+            try:
+                store: History | None = History(path, read_only=True)
+            except Exception:  # noqa: BLE001 - unreadable: the runs are compared without their noise
+                store = None
+            try:
+                for run_id, workload in missing.items():
+                    try:
+                        requests = store.requests(run_id) if store is not None else []
+                    except Exception:  # noqa: BLE001 - a run whose requests cannot be read has no noise
+                        requests = []
+                    noise = run_noise(requests, workload if isinstance(workload, Mapping) else None, key=run_id)
+                    noise.replicates(FIGURES[0])  # the bootstrap: every figure's resamples at once
+                    with self._noise_lock:
+                        self._noises[run_id] = noise
+            finally:
+                if store is not None:
+                    store.close()
+                self._changed()
+
+        self._noise_thread = threading.Thread(target=work, name="vtui-noise", daemon=True)
+        self._noise_thread.start()
+
+    def _forget_noises(self, compared: set[int]) -> None:
+        with self._noise_lock:
+            others = [run_id for run_id in self._noises if run_id not in compared]
+            for run_id in others[:max(0, len(others) - KEPT_NOISES)]:  # the oldest first (insertion order)
+                del self._noises[run_id]
+
+    def noise_settled(self, timeout: float | None = None) -> bool:
+        """Wait for the noise thread (tests, scripts); True when no bootstrap is left running."""
+        thread = self._noise_thread
+        if thread is not None:
+            thread.join(timeout)
+        return thread is None or not thread.is_alive()
 
     def stored_runs(self, text: str = "", limit: int = 200) -> tuple[StoredRun, ...]:
         """The run history, newest first, for the Runs tab (see ``Session.stored_runs``)."""
