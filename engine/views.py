@@ -19,6 +19,7 @@ from engine.runs.compare import cell_text, compare, fmt_runs, noise_legend
 from engine.runs.history import NoiseFloor, RunInfo, StoredRequest
 from engine.runs.noise import RunNoise
 from engine.runs.summary import RunSummary
+from loadgen.stats import DEFAULT_CAP, rank_error
 
 if TYPE_CHECKING:
     # For the annotations only.
@@ -115,6 +116,90 @@ class RunProgress:
     fraction: float | None  # 0..1, None when open-ended
 
 
+# Live's latency rows: (label, metric) as LoadSummary and StatsWindow name them.
+LIVE_METRICS = (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl"), ("E2EL", "e2el"))
+
+
+@dataclass(frozen=True)
+class LiveFigures:
+    """Live's throughput and latency lines, with what they cover (``scope``).
+
+    While a run goes they are its rolling window (``last 10 s``, loadgen's StatsWindow); once it
+    ended they are the run's own figures, the stored summary that Runs, the history, compare,
+    ``vtui bench`` and the result file show (``whole run``), so one run reads the same
+    everywhere (issue 32, item 3)."""
+
+    scope: str  # "last 10 s" (the rolling window) or "whole run"
+    whole_run: bool
+    req_s: float | None
+    out_tok_s: float | None
+    # (label, (p50, p90, p99) in ms, None where there is no figure), in LIVE_METRICS' order
+    latency: tuple[tuple[str, tuple[float | None, float | None, float | None]], ...]
+    in_flight: int | None = None  # the window's; None for a whole run (it ended)
+    completed: int | None = None  # the whole run's; None for a window
+    slo_met: float | None = None  # 0..1 of completions that met the SLO; None without one
+    goodput: float | None = None  # good requests/s
+    failed: int = 0  # failures so far in the run / in the whole run
+    client_bound: bool = False
+    client_lag_ms: float | None = None  # the window's worst loop lag (client-bound windows)
+    # Where the percentiles are read from a sample (a run past loadgen.stats' cap): the bound.
+    note: str | None = None
+
+
+def window_figures(w: StatsWindow) -> LiveFigures:
+    """A load run's rolling window as Live shows it (``last N s``)."""
+
+    def row(metric: str) -> tuple[float | None, float | None, float | None]:
+        pcts = getattr(w, metric)
+        if pcts.count == 0:
+            return (None, None, None)
+        return (pcts.p50, pcts.p90, pcts.p99)
+
+    return LiveFigures(
+        scope=f"last {w.window_s:g} s", whole_run=False, req_s=w.req_s, out_tok_s=w.output_tok_s,
+        latency=tuple((label, row(metric)) for label, metric in LIVE_METRICS), in_flight=w.in_flight,
+        slo_met=w.slo_attainment, goodput=w.goodput, failed=w.total_failed, client_bound=w.client_bound,
+        client_lag_ms=w.client_lag_ms)
+
+
+def run_figures(record: RunRecord) -> LiveFigures | None:
+    """A finished run's own figures (its stored summary, read as every other view reads it);
+    None when it measured none."""
+    summary = record.summary
+    if summary.load is None:
+        return None
+    fig = summary.figure
+
+    def row(metric: str) -> tuple[float | None, float | None, float | None]:
+        if not fig("completed"):
+            return (None, None, None)
+        p50 = fig(f"median_{metric}_ms")
+        return (fig(f"p50_{metric}_ms") if p50 is None else p50, fig(f"p90_{metric}_ms"), fig(f"p99_{metric}_ms"))
+
+    req_s, goodput = fig("request_throughput"), fig("request_goodput")
+    note = None
+    result = record.result
+    if result is not None and result.extra.get("percentiles_exact") is False:
+        note = (f"percentiles from a {DEFAULT_CAP:,}-sample reservoir: p99 +-{rank_error(99, DEFAULT_CAP):.2f}, "
+                f"p50 +-{rank_error(50, DEFAULT_CAP):.2f} percentile points")
+    return LiveFigures(
+        scope="whole run", whole_run=True, req_s=req_s, out_tok_s=fig("output_throughput"),
+        latency=tuple((label, row(metric)) for label, metric in LIVE_METRICS),
+        completed=int(fig("completed") or 0),
+        slo_met=(goodput / req_s if req_s else None) if goodput is not None else None, goodput=goodput,
+        failed=int(fig("failed") or 0), client_bound=summary.client_bound, note=note)
+
+
+def live_figures(window: StatsWindow | None, active: bool, runs: Sequence[RunRecord]) -> LiveFigures | None:
+    """What Live's figures show: the rolling window while a run goes; after it, the last run's
+    own figures; a window with no run of this session behind it (a replay) as a window."""
+    if not active and runs:
+        figures = run_figures(runs[-1])
+        if figures is not None:
+            return figures
+    return window_figures(window) if window is not None else None
+
+
 @dataclass(frozen=True)
 class RunRecord:
     """A run measured in this session."""
@@ -191,6 +276,12 @@ class SessionSnapshot:
     # vllm:*_config_info labels, engine.telemetry.configinfo): block-size 128 where the flag
     # was left out. Empty without a server or before its first answer.
     server_config: Mapping[str, FlagValue] = field(default_factory=dict)
+
+    @property
+    def figures(self) -> LiveFigures | None:
+        """Live's throughput and latency: the run's rolling window while it goes, the last
+        run's own figures once it ended (see :func:`live_figures`)."""
+        return live_figures(self.window, self.run is not None, self.runs)
 
 
 @dataclass(frozen=True)

@@ -305,7 +305,7 @@ def test_runs_are_named_by_what_differs_and_numbered_when_repeated() -> None:
     assert name == "online-chat ecp=off mnbt=512"  # the key changed too, but is never named
     assert run_name("online-chat", loaded, edited, [same, name]) == f"{name} (2)"
     assert run_name("online-chat", loaded, edited, [name, f"{name} (2)"]) == f"{name} (3)"
-    assert run_name("online-chat", loaded, loaded.unset("max-num-batched-tokens"), []) == "online-chat mnbt=default"
+    assert run_name("online-chat", loaded, loaded.unset("max-num-batched-tokens"), []) == "online-chat vllm-default:mnbt"
 
 
 async def test_a_run_after_apply_is_named_by_the_flags_changed_since_the_preset(tiny_model: Path) -> None:

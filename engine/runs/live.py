@@ -37,12 +37,44 @@ if TYPE_CHECKING:
     from engine.server.supervisor import Supervisor
     from engine.telemetry.store import SeriesStore
     from loadgen.records import RequestResult
+    from loadgen.run import RunResult
     from loadgen.spec import SLO, ArrivalSpec, WorkloadSpec
     from loadgen.stats import StatsWindow
 
 RUN_SERIES = ("req_s", "tok_s", "ttft_p50", "tpot_p50")  # a new run starts these afresh
 FLOOR_READ_S = 10.0  # the box's noise floor is read again this often (one measured elsewhere shows up)
 KEPT_NOISES = 32  # bootstrapped runs kept after they left the comparison
+# What a finished run keeps of its load result (issue 35): a session of twenty long runs held
+# 2 GB when each kept its per-request records (50,000 of them, ~1.3 kB each with their gaps).
+# A run stored in the history keeps none (the trace export and the advisor read them back from
+# there); a run not stored keeps its first UNSTORED_REQUESTS for its trace. Its windows (the
+# result file's series, one a second, 1-2 kB each) are thinned to FINISHED_WINDOWS, the last kept.
+UNSTORED_REQUESTS = 2_000
+FINISHED_WINDOWS = 720
+
+
+def finished_result(result: RunResult, *, stored: bool) -> RunResult:
+    """``result`` as a finished run keeps it (see UNSTORED_REQUESTS): its figures whole, its
+    per-request records only where the history does not have them, its windows thinned."""
+    windows = result.windows
+    if len(windows) > FINISHED_WINDOWS:
+        step = -(-len(windows) // FINISHED_WINDOWS)  # ceil
+        windows = (*windows[:-1:step], windows[-1])
+    requests = () if stored else result.requests[:UNSTORED_REQUESTS]
+    return dataclasses.replace(result, windows=windows, requests=requests)
+
+
+# Where a server listens, and how it logs: not what a run measures, never in its name.
+UNNAMED_FLAGS = frozenset({
+    "host", "port", "uds", "root-path", "ssl-keyfile", "ssl-certfile", "ssl-ca-certs", "ssl-cert-reqs",
+    "allowed-origins", "allowed-methods", "allowed-headers", "allow-credentials", "uvicorn-log-level",
+    "disable-uvicorn-access-log", "disable-log-requests", "enable-log-requests", "disable-log-stats",
+    "disable-fastapi-docs", "middleware", "served-model-name",
+})
+# A run's name before its number fits in this much, so ``run <name> (12): slo-missed`` (the notice
+# line when it ends) stays within 80 columns.
+NAME_WIDTH = 56
+VALUE_WIDTH = 14  # a longer value (a JSON config) is cut, ending in "~"
 
 
 def _short_flag(name: str) -> str:
@@ -50,20 +82,40 @@ def _short_flag(name: str) -> str:
     return "".join(part[:1] for part in name.split("-") if part) or name
 
 
+def _value_text(value: object) -> str:
+    text = ("on" if value else "off") if isinstance(value, bool) else str(value)
+    return text if len(text) <= VALUE_WIDTH else text[:VALUE_WIDTH - 1] + "~"
+
+
 def run_name(base: str, loaded: FlagSet | None, flags: FlagSet | None, taken: Sequence[str]) -> str:
-    """A run named by what differs: the preset (or workload) and every flag changed since it
-    was loaded (``online-chat mnbt=512``), numbered when the name was taken (``... (2)``).
-    Secrets never appear (recordable_values gives their references, and they are skipped)."""
+    """A run named by what differs from its preset: the preset (or workload) and each flag the
+    server runs with another value than the preset's (``online-chat mnbt=512``), numbered when
+    the name was taken (``... (2)``).
+
+    Where the server leaves a flag the preset sets to vLLM's default, the name says so once for
+    all of them (``vllm-default:ecp,mnbt``); where it listens (host, port) and how it logs are
+    not named, nor secrets (recordable_values gives their references, and they are skipped).
+    Past :data:`NAME_WIDTH` columns the rest are counted (``+3 flags``): the comparison's flag
+    rows list them all."""
     now = recordable_values(flags) if flags is not None else {}
     before = recordable_values(loaded) if loaded is not None else {}
-    parts = [base]
-    for key in sorted(set(now) | set(before)):
-        if key in SECRET_FLAGS or now.get(key) == before.get(key):
-            continue
-        value = now.get(key, "default")
-        text = ("on" if value else "off") if isinstance(value, bool) else str(value)
-        parts.append(f"{_short_flag(key)}={text}")
-    name = " ".join(parts)
+    keys = [k for k in sorted(set(now) | set(before))
+            if k not in SECRET_FLAGS and k not in UNNAMED_FLAGS and now.get(k) != before.get(k)]
+    # Initials, unless two of the named flags share them (then their names in full).
+    short = {k: _short_flag(k) for k in keys}
+    clash = {a for a in short.values() if list(short.values()).count(a) > 1}
+    short = {k: k if a in clash else a for k, a in short.items()}
+    parts = [f"{short[k]}={_value_text(now[k])}" for k in keys if k in now]
+    unset = [short[k] for k in keys if k not in now]
+    if unset:
+        parts.append("vllm-default:" + ",".join(unset))
+    name = base
+    for i, part in enumerate(parts):
+        left = len(parts) - i - 1  # parts after this one
+        if len(name) + 1 + len(part) + (len(f" +{left} flags") if left else 0) > NAME_WIDTH:
+            name += f" +{left + 1} flag" + ("s" if left else "")
+            break
+        name += " " + part
     if name not in taken:
         return name
     n = 2
@@ -266,7 +318,7 @@ class LiveRuns:
             started_t=self.started,
             status=run.status,
             summary=run.summary,
-            result=result,
+            result=None if result is None else finished_result(result, stored=run.history_id is not None),
             history_id=run.history_id,
             error=run.error,
             ended_t=ended,
@@ -337,8 +389,10 @@ class LiveRuns:
     # ------------------------------------------------------------------ views
 
     def progress(self, arrivals: ArrivalSpec | None) -> RunProgress | None:
-        """The run in progress's view (``arrivals``: the session's, they say when it stops)."""
-        if not self.active:
+        """The run in progress's view (``arrivals``: the session's, they say when it stops);
+        it lasts until the run is recorded (its thread may end a moment before), so Live never
+        shows the run before as the last one."""
+        if not self.active and self._handle is None:
             return None
         now = self._clock()
         elapsed = now - self.started

@@ -3,8 +3,6 @@ client beside the server's own, throughput, progress and SLO, sparklines over ti
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
@@ -12,7 +10,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.reactive import reactive
 from textual.widgets import Label, ProgressBar, Sparkline, Static
 
-from engine.views import SessionSnapshot
+from engine.views import LIVE_METRICS, SessionSnapshot
 
 # (series name in the snapshot, label)
 SPARKS = (
@@ -25,17 +23,6 @@ SPARKS = (
 
 def _f(value: float | None, fmt: str = "{:.1f}") -> str:
     return "-" if value is None else fmt.format(value)
-
-
-def _p(pcts: Any, key: str) -> float | None:
-    if pcts is None:
-        return None
-    if isinstance(pcts, dict):
-        return pcts.get(key)
-    value = getattr(pcts, key, None)
-    if value is None or getattr(pcts, "count", 1) == 0:
-        return None
-    return float(value)
 
 
 class LivePanel(VerticalScroll):
@@ -117,42 +104,63 @@ class LivePanel(VerticalScroll):
         return text
 
     def _latency(self, snap: SessionSnapshot) -> Table:
+        # The client's figures say what they cover: the rolling window while a run goes, the
+        # whole run (its stored figures, as Runs shows them) once it ended.
+        figures = snap.figures
         table = Table(box=None, padding=(0, 1), show_edge=False, expand=False)
-        table.add_column("ms", style="bold")
+        table.add_column(f"ms, {figures.scope}" if figures is not None else "ms", style="bold")
         for col in ("p50", "p90", "p99"):
             table.add_column(col, justify="right")
         table.add_column("server p50", justify="right")
         table.add_column("p99", justify="right")
-        w = snap.window
         m = snap.server_metrics
         server = {"TTFT": m.ttft_ms, "ITL": m.itl_ms, "E2EL": m.e2el_ms}
-        for label, attr in (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl"), ("E2EL", "e2el")):
-            pcts = getattr(w, attr, None) if w is not None else None
+        rows = dict(figures.latency) if figures is not None else {}
+        for label, _ in LIVE_METRICS:
             srv = server.get(label) or {}
             table.add_row(
                 label,
-                *(_f(_p(pcts, k)) for k in ("p50", "p90", "p99")),
+                *(_f(v) for v in rows.get(label, (None, None, None))),
                 _f(srv.get("p50")),
                 _f(srv.get("p99")),
             )
         return table
 
     def _throughput(self, snap: SessionSnapshot) -> Text:
-        w = snap.window
+        f = snap.figures
         text = Text()
-        if w is None:
+        if f is None:
             text.append("throughput  no run yet (r runs the workload)")
             return text
-        text.append(f"{w.req_s:.1f} req/s  {w.output_tok_s:.0f} out tok/s  in flight {w.in_flight}")
-        if w.slo_attainment is not None:
-            text.append(f"  SLO met {w.slo_attainment * 100:.0f}%")
-        if w.goodput is not None:
-            text.append(f"  goodput {w.goodput:.1f}/s")
-        failed = getattr(w, "total_failed", 0)
-        if failed:
-            text.append(f"  failed {failed}", style="bold")
-        if getattr(w, "client_bound", False):
-            text.append(f"  CLIENT-BOUND (lag {w.client_lag_ms:.0f} ms)", style="bold")
+        parts = [f"{_f(f.req_s)} req/s", f"{_f(f.out_tok_s, '{:.0f}')} out tok/s"]
+        if f.in_flight is not None:
+            parts.append(f"in flight {f.in_flight}")
+        if f.completed is not None:
+            parts.append(f"{f.completed} done")
+        if f.slo_met is not None:
+            parts.append(f"SLO met {f.slo_met * 100:.0f}%")
+        if f.goodput is not None:
+            parts.append(f"goodput {f.goodput:.1f}/s")
+        marked = []
+        if f.failed:
+            marked.append(f"failed {f.failed}")
+        if f.client_bound:
+            marked.append("CLIENT-BOUND" + (f" (lag {f.client_lag_ms:.0f} ms)" if f.client_lag_ms is not None else ""))
+        # The figures after the scope's label, broken where the panel is narrower than the
+        # line (80 columns), under the figures rather than under the label.
+        width = max(40, self.scrollable_content_region.width - 1)
+        head = f"{f.scope:<11} "
+        text.append(head, style="bold")
+        col = len(head)
+        for i, part in enumerate(parts + marked):
+            sep = "  " if i else ""
+            if i and col + len(sep) + len(part) > width:
+                text.append("\n" + " " * len(head))
+                col, sep = len(head), ""
+            text.append(sep + part, style="bold" if i >= len(parts) else "")
+            col += len(sep) + len(part)
+        if f.note:
+            text.append(f"\n{f.note}", style="italic")
         return text
 
     def _progress(self, snap: SessionSnapshot) -> None:
