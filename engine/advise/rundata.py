@@ -375,7 +375,8 @@ class RunData:
 
 
 # Flags whose value the server reports in vllm:cache_config_info (flag: label).
-SERVER_REPORTED = {"gpu-memory-utilization": "gpu_memory_utilization"}
+SERVER_REPORTED = {"gpu-memory-utilization": "gpu_memory_utilization",
+                   "kv-cache-memory-bytes": "kv_cache_memory_bytes"}  # "None" where the fraction sized it
 
 
 def _num_text(value: object) -> object:

