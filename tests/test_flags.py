@@ -291,7 +291,7 @@ def test_validate(args: str, kwargs: dict, expected: list[tuple[str, str]]) -> N
     fs = parse_command_line(f"vllm serve m {args}", BUILTIN)
     errors = validate(fs, BUILTIN, **kwargs)
     assert len(errors) == len(expected), [str(e) for e in errors]
-    for error, (flag, words) in zip(errors, expected):
+    for error, (flag, words) in zip(errors, expected, strict=True):
         assert error.flag == flag
         assert words in error.reason
         assert str(error).startswith(f"--{flag}: ")
@@ -497,3 +497,32 @@ def test_typed_getters_read_a_number_once_and_name_a_wrong_one() -> None:
     for name, getter in (("c", f.get_int), ("d", f.get_int), ("b", f.get_int), ("c", f.get_float)):
         with pytest.raises(FlagError, match=f"--{name}: expected"):
             getter(name)
+
+
+@pytest.mark.parametrize(
+    ("args", "warned"),
+    [
+        # vLLM takes an explicit KV size as it is: the fraction beside it sizes nothing of the cache.
+        ("--kv-cache-memory-bytes 256M --gpu-memory-utilization 0.5", True),
+        ("--kv-cache-memory-bytes 268435456 --device-memory-utilization 0.3", True),  # vLLM's alias
+        ("--gpu-memory-utilization 0.5", False),
+        ("--kv-cache-memory-bytes 256M", False),
+    ],
+)
+def test_a_fraction_beside_an_explicit_kv_size_is_a_warning_naming_both(vllm_schema, args: str, warned: bool) -> None:
+    from engine.flags import validation_warnings
+
+    fs = parse_command_line(f"vllm serve m {args}", vllm_schema)
+    assert validate(fs, vllm_schema) == []  # a server starts with it: not an error
+    warnings = validation_warnings(fs)
+    if not warned:
+        assert warnings == []
+        return
+    (w,) = warnings
+    assert w.flag == "gpu-memory-utilization"
+    assert "--gpu-memory-utilization" in w.reason and "--kv-cache-memory-bytes 268,435,456" in w.reason
+    assert "does not size the KV cache" in w.reason and w.hint
+    # the edit that still warns: the fraction changed in the editor, the size left as it was
+    edited = fs.set("gpu-memory-utilization", 0.9)
+    assert [x.flag for x in validation_warnings(edited)] == ["gpu-memory-utilization"]
+    assert validation_warnings(edited.unset("kv-cache-memory-bytes")) == []

