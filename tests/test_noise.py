@@ -308,6 +308,12 @@ def test_a_measured_floor_judges_single_runs_without_requests() -> None:
     assert wide is not None and wide.within_noise and wide.interval.kind == BOX_FLOOR and wide.floor == MEASURED_FLOOR
     narrow = difference("median_tpot_ms", a, b, box_floor_pct=5.0)
     assert narrow is not None and not narrow.within_noise
+    # A floor is a factor either way: at 100%, half to twice the baseline is noise, a third or
+    # nothing is not (a TPOT of 0, every token in one read, against 5 ms was called noise by a
+    # floor laid the wrong way round: tests/perf/noise.py, a floor of 119%).
+    for b_value, within in ((190.0, True), (55.0, True), (45.0, False), (0.0, False), (210.0, False)):
+        d = difference("median_tpot_ms", a, Configuration((b_value,)), box_floor_pct=100.0)
+        assert d is not None and d.within_noise is within, b_value
 
 
 def _store_made_run(store: History, name: str, requests: list[StoredRequest]) -> int:

