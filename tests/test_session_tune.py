@@ -208,6 +208,24 @@ async def test_view_follows_the_run_and_the_best_is_found() -> None:
     assert "l on the Tune screen loads it" in (session.snapshot().notice or "")
 
 
+# 64 sequences with 2048 batched tokens meets the best's limit too: within the noise, and cheaper.
+TIED = {**LIMITS, "max-num-seqs=64,max-num-batched-tokens=2048": LIMITS[BEST]}
+TIED_BEST = "max-num-seqs=64,max-num-batched-tokens=2048"
+
+
+async def test_the_view_says_the_best_is_tied_with_another_and_why() -> None:
+    # Issue 34, item 4: the Tune screen's best reads the core's words on the tie (its row's ``tie``).
+    session = make_session(RecordedMeasurer(TIED))
+    result = await session.tune(request(), settings=SETTINGS)
+    assert result.best is not None and result.best.key == TIED_BEST
+    view = session.snapshot().tune
+    assert view is not None and view.best_key == TIED_BEST
+    row = next(r for r in view.rows if r.key == TIED_BEST)
+    assert row.tie.startswith(f"tied with {BEST} (within noise: goodput ") and "2 runs each" in row.tie
+    assert row.tie.endswith(f"fewer max-num-seqs (64 against 128) than {BEST}") and row.runs == 2
+    assert f"tied with {BEST} within noise" in (session.snapshot().notice or "")
+
+
 async def test_actions_are_refused_while_a_tune_runs() -> None:
     m = RecordedMeasurer(LIMITS, hold=True)
     session = make_session(m)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import tui_data
-from test_session_tune import LIMITS, RecordedMeasurer
+from test_session_tune import LIMITS, TIED, TIED_BEST, RecordedMeasurer
 from textual.widgets import DataTable, Input, Static, TextArea
 
 from engine.flags import builtin_schema
@@ -156,6 +156,25 @@ async def test_finished_tune_loads_the_winner_and_exports_it() -> None:
         await pilot.press("u")
         await pilot.pause()
         assert app.screen is screen and screen.query_one("#tune-space", TextArea).text == SPACE
+
+
+async def test_the_best_line_says_a_tie_within_the_noise() -> None:
+    # Issue 34, item 4: the screen lays out the core's words (the best row's ``tie``) under the best.
+    app, _ = make_app(RecordedMeasurer(TIED))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("u")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, TuneScreen)
+        screen.query_one("#tune-space", TextArea).text = SPACE
+        await pilot.press("g")
+        await pilot.pause()
+        await wait_group(app, "tune")
+        await pilot.pause()
+        best = text_of(screen, "#tune-best").splitlines()
+        assert best[0].startswith(f"best: {TIED_BEST}: goodput")
+        assert best[1].startswith(f"tied with {BEST} (within noise: goodput ") and "fewer max-num-seqs" in best[1]
+        assert best[2].startswith("vllm serve")
 
 
 def test_finished_tune_snapshot(snap_compare: Callable[..., bool]) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from engine.flags import FlagSet, builtin_schema
+from engine.tune.ranking import FLOOR_ONLY, TIE_RULE, cheaper_by, cost, limit_difference, tie_load
 from engine.tune.search import (
     CUT_SHORT,
     DIED,
@@ -28,6 +29,7 @@ from engine.tune.search import (
     NOT_TRIED,
     SKIPPED,
     START_FAILED,
+    ConfigResult,
     EarlyStop,
     HistoryStore,
     Measurement,
@@ -187,8 +189,9 @@ async def test_saturation_step_meeting_the_slo_makes_its_throughput_the_limit() 
     res = await tuner.run()
     by = {c.key: c for c in res.configs}
     assert by[k128].limit_load == 10.0 and "all requests at once" in by[k128].reason
-    # then the same again to confirm it, then the other config at the best's limit
-    assert m.steps[:3] == [(k128, math.inf), (k128, math.inf), (k64, 10.0)]
+    # then the same again to confirm it, then the other config at the best's limit: 64 is the
+    # cheaper (fewer max-num-seqs), which wins a tie, so at the lower edge of its noise (10% below)
+    assert m.steps[:3] == [(k128, math.inf), (k128, math.inf), (k64, 9.0)]
     assert res.best is not None and res.best.key == k64
     assert res.best.limit_load is not None and 20.0 * 0.95 <= res.best.limit_load <= 20.0
 
@@ -230,9 +233,10 @@ async def test_seed_first_then_dominated_configs_cost_two_steps() -> None:
     assert m.starts[0] == k64  # the middle value is the seed
     assert res.best is not None and res.best.key == k256
     by = {c.key: c for c in res.configs}
-    # a miss at the best's limit is measured once more before the config is dropped
+    # a miss at the best's limit (16, the cheaper, at the lower edge of its noise: it wins a tie) is
+    # measured once more before the config is dropped
     assert by[k16].status == DOMINATED and by[k16].steps == 2
-    assert "(twice), where" in by[k16].reason and "meets it" in by[k16].reason
+    assert "(twice), 10% below" in by[k16].reason and "meets it: it cannot tie it" in by[k16].reason
     # the config that beat the best was first probed at the best's limit
     first_256 = next(ld for k, ld in m.steps if k == k256)
     assert first_256 == by[k64].limit_load
@@ -365,6 +369,136 @@ async def test_server_dying_under_load_ends_that_config_only() -> None:
     by = {c.key: c for c in res.configs}
     assert by[k128].status == DIED and "out of memory" in by[k128].reason
     assert by[k64].status == DONE
+
+
+# ---------------------------------------------------------------------------- the noise of the limits
+
+
+@pytest.mark.parametrize("order", [(64, 128), (128, 64)])  # the seed is the second value: either one first
+async def test_equal_limits_are_tied_and_the_cheaper_wins_by_the_rule(order: tuple[int, int]) -> None:
+    # Issue 34, item 4: two configurations with the same limit are within each other's noise: the
+    # search says they are tied, how many runs each limit rests on, and picks the cheaper by its
+    # stated rule (fewer max-num-seqs here), whichever was measured first.
+    space = space_of(max_num_seqs=order)
+    k64, k128 = "max-num-seqs=64", "max-num-seqs=128"
+    tuner, _ = make_tuner(space, {k64: 10.0, k128: 10.0})
+    res = await tuner.run()
+    assert res.best is not None and res.best.key == k64
+    assert res.decision is not None and [r.key for r in res.decision.tied] == [k128]
+    tie = res.decision.tied[0]
+    assert tie.within_noise and tie.runs == (2, 2) and tie.difference.interval.kind == "repeats"
+    assert tie.cheaper == "fewer max-num-seqs (64 against 128)"
+    # Both limits were measured twice (the confirm step): the re-measure counts as a repeat.
+    rows = {c.key: c for c in res.configs}
+    assert rows[k64].runs == rows[k128].runs == 2 and rows[k64].confirmed and rows[k128].confirmed
+    assert res.best.tie.startswith(f"tied with {k128} (within noise: goodput ")
+    assert "(repeats, 2 runs each)" in res.best.tie
+    assert f"chosen by the rule ({TIE_RULE}): fewer max-num-seqs (64 against 128)" in res.best.tie
+    assert rows[k128].tie.startswith(f"tied with the best {k64} (within noise: ")
+    assert res.outcome() == f"best {k64}, tied with {k128} within noise: the cheaper by the rule"
+    table = format_table(res)
+    assert f"*  {k64}" in table and f"=  {k128}" in table and "runs" in table.splitlines()[0]
+    assert table.splitlines()[-1] == f"{k64}: {res.best.tie}"
+    data = json.loads(json.dumps(res.to_json()))
+    assert data["decision"]["best"] == k64 and data["decision"]["rule"] == TIE_RULE
+    assert data["decision"]["tied"][0]["verdict"] == "within noise" and data["decision"]["tied"][0]["runs"] == [2, 2]
+    assert res.best_flags is not None and res.best_flags.get("max-num-seqs") == 64
+
+
+async def test_a_cheaper_configuration_within_the_noise_below_is_measured_and_wins_the_tie() -> None:
+    # 128 first (the seed) meets 10.6; 64 meets 10.0, 6% below: within the noise. It used to be dropped
+    # after two steps at 128's limit; it is now checked at the lower edge of that limit's noise,
+    # measured to its own limit, and, tied and cheaper, it is the best.
+    space = space_of(max_num_seqs=(64, 128))
+    k64, k128 = keys(space)
+    tuner, m = make_tuner(space, {k64: 10.0, k128: 10.6})
+    res = await tuner.run()
+    rows = {c.key: c for c in res.configs}
+    assert rows[k64].status == DONE and rows[k64].limit_load is not None and rows[k64].limit_load > 9.5
+    first_64 = next(ld for k, ld in m.steps if k == k64)
+    assert first_64 == pytest.approx(tie_load(rows[k128].limit_load or 0.0, 0.05))
+    assert res.best is not None and res.best.key == k64
+    assert res.decision is not None and [r.key for r in res.decision.tied] == [k128]
+    assert res.decision.tied[0].difference.value > 0  # 128's goodput is higher, within the noise
+
+
+@pytest.mark.parametrize("order", [(64, 128), (128, 64)])
+async def test_a_clearly_better_limit_displaces_the_best(order: tuple[int, int]) -> None:
+    # Twice the limit is beyond any noise: the more expensive configuration wins, not tied.
+    space = space_of(max_num_seqs=order)
+    k64, k128 = "max-num-seqs=64", "max-num-seqs=128"
+    tuner, _ = make_tuner(space, {k64: 10.0, k128: 20.0})
+    res = await tuner.run()
+    assert res.best is not None and res.best.key == k128
+    assert res.decision is not None and res.decision.tied == () and res.best.tie == ""
+    assert res.outcome() == f"best {k128}"
+    rows = {c.key: c for c in res.configs}
+    if rows[k64].limit_load is not None:  # measured to a limit (first): the runner-up beyond the noise
+        assert res.decision.runner_up is not None and res.decision.runner_up.key == k64
+        assert not res.decision.runner_up.within_noise
+        assert "beyond the noise of the runner-up max-num-seqs=64: goodput -50" in format_table(res)
+
+
+def test_a_limit_on_one_run_is_judged_by_the_run_to_run_floor() -> None:
+    # One run a side: no requests are kept, so the floor alone (10% of the better figure) judges.
+    d = limit_difference("goodput", (10.0,), (9.2,), 0.05)
+    assert d.within_noise and d.interval.kind == FLOOR_ONLY and d.interval.runs == 2
+    assert not limit_difference("goodput", (10.0,), (8.9,), 0.05).within_noise
+    # A coarse bisection (tolerance 20%) cannot tell limits 15% apart.
+    assert limit_difference("goodput", (10.0,), (8.5,), 0.2).within_noise
+    # Two runs a side: over the repeats (Welch's interval, widened by 5%).
+    d = limit_difference("goodput", (10.0, 10.0), (9.3, 9.3), 0.05)
+    assert d.interval.kind == "repeats" and not d.within_noise
+    assert limit_difference("goodput", (10.0, 8.0), (9.3, 9.0), 0.05).within_noise  # the runs spread
+
+
+def test_the_cheaper_rule_gpus_then_memory_then_sequences() -> None:
+    one_gpu = cost({"max-num-seqs": 256, "gpu-memory-utilization": 0.95})
+    two_gpus = cost({"tensor-parallel-size": 2, "max-num-seqs": 64, "gpu-memory-utilization": 0.5})
+    assert one_gpu < two_gpus and cheaper_by(one_gpu, two_gpus) == "fewer GPUs (1 against 2)"
+    less_memory = cost({"max-num-seqs": 256, "gpu-memory-utilization": 0.8})
+    assert cheaper_by(less_memory, one_gpu) == "less memory (gpu-memory-utilization) (0.8 against 0.95)"
+    assert cost({"max-num-seqs": 64}) < cost({"max-num-seqs": 128}) < cost({})  # unset: vLLM's, counted as more
+    assert cost({"max-num-seqs": 64, "kv-cache-memory-bytes": 2**28}) < cost({"max-num-seqs": 16,
+                                                                            "kv-cache-memory-bytes": 2**29})
+    assert cheaper_by(cost({"max-num-seqs": 64}), cost({"max-num-seqs": 64})) == ""
+
+
+async def test_a_cheaper_config_is_dropped_by_littles_law_only_beyond_the_noise() -> None:
+    # 128 (the seed, the middle value) meets 12 req/s; the fastest E2EL seen makes 64's bound
+    # 64 / (0.8 x 7.2 s) = 11.1 req/s: below the best's goodput (it was dropped unstarted), above the
+    # lower edge of its noise, so 64 is measured (and ties: the table stands in for a server); 32's
+    # bound (5.6) is beyond the noise.
+    space = space_of(max_num_seqs=(32, 128, 64))
+    k32, k128, k64 = keys(space)
+    tuner, m = make_tuner(space, {k32: 5.0, k64: 12.0, k128: 12.0}, e2el_min_ms=7200.0)
+    res = await tuner.run()
+    rows = {c.key: c for c in res.configs}
+    assert rows[k32].status == DOMINATED and "at most" in rows[k32].reason and k32 not in m.starts
+    assert rows[k64].status == DONE and res.best is not None and res.best.key == k64
+
+
+async def test_a_saved_search_keeps_what_each_limit_rests_on_and_older_ones_load(tmp_path: Path) -> None:
+    space = space_of(max_num_seqs=(64, 128))
+    k64, k128 = keys(space)
+    tuner, _ = make_tuner(space, {k64: 10.0, k128: 10.0}, state_file=tmp_path / "s.json")
+    res = await tuner.run()
+    rows = {c.key: c for c in res.configs}
+    # The result's rows round-trip with the new fields.
+    for c in res.configs:
+        assert ConfigResult.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+    assert rows[k64].tie and rows[k64].runs == 2
+    # A state saved before these fields (no "runs", no "tie") loads, and ranks the same.
+    doc = json.loads((tmp_path / "s.json").read_text())
+    for c in doc["configs"].values():
+        c.pop("runs", None)
+        c.pop("tie", None)
+    old = TuneState.from_json(doc, "old.json")
+    assert old.configs[k64].runs == 0 and old.configs[k64].tie == ""
+    assert old.summary()["best"] == k64  # `vtui tune --list` names the search's best: the tie's cheaper one
+    again, _ = make_tuner(space, {k64: 10.0, k128: 10.0}, state=old)
+    resumed = again.result()
+    assert resumed.best is not None and resumed.best.key == k64 and resumed.best.tie == rows[k64].tie
 
 
 # ---------------------------------------------------------------------------- budget, resume

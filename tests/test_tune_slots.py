@@ -330,7 +330,12 @@ async def test_a_trial_is_pruned_as_soon_as_a_neighbour_finishes_better() -> Non
     assert rows[k64].status == DONE and res.best is not None and res.best.key == k64
     assert rows[k16].status == DOMINATED and "where max-num-seqs=64 meets it" in rows[k16].reason
     loads16 = [m.load for m in res.measurements[k16]]
-    assert loads16[-2:] == [rows[k64].limit_load] * 2  # checked at the winner's limit, twice, then stopped
+    # Checked at the winner's limit, twice, then stopped; 16 is the cheaper (fewer max-num-seqs), which
+    # wins a tie within the noise, so at the lower edge of that limit's noise (issue 34, item 4).
+    from engine.tune.ranking import tie_load
+
+    assert rows[k64].limit_load is not None
+    assert loads16[-2:] == [tie_load(rows[k64].limit_load, 0.05)] * 2
     assert len(loads16) == 3  # inf, then twice at the winner's limit; bracketing its own limit alone took 7
     alone = await Tuner(TableMeasurer(space, {k16: 4.0}, FakeClock()), base_flags=BASE, space=space_of(max_num_seqs=(16,)),
                         slo=SLO_TTFT, settings=TuneSettings(budget_s=1e9, step=StepRule(min_requests=50)),

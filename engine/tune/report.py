@@ -11,6 +11,7 @@ from pathlib import Path
 
 from engine.flags import FlagSet
 from engine.runs.compare import pareto_frontier
+from engine.tune.ranking import TIE_RULE, Decision, Rival
 from engine.tune.trial import OBJECTIVE_UNITS, ConfigResult, LiveTrial, Measurement, config_score
 
 
@@ -49,6 +50,10 @@ class TuneResult:
     """Every step of every configuration, in the order measured (the state file keeps them too)."""
     running: tuple[LiveTrial, ...] = ()
     """The configurations being measured now, by slot (empty once the search ended)."""
+    decision: Decision | None = None
+    """Why the best is the best (engine.tune.ranking): the configurations tied with it within the
+    noise and the rule that chose among them, or the runner-up beyond the noise; the runs each
+    limit rests on."""
 
     def score(self, c: ConfigResult) -> float | None:
         """``c``'s figure for this search's objective at its limit."""
@@ -62,6 +67,10 @@ class TuneResult:
         """What it came to, in a few words: the best, or why there is none (a search the user
         stopped did not find that no configuration meets the SLO)."""
         if self.best is not None:
+            tied = self.decision.tied if self.decision is not None else ()
+            if tied:
+                return (f"best {self.best.key}, tied with {', '.join(r.key for r in tied)} within noise:"
+                        " the cheaper by the rule")
             return f"best {self.best.key}"
         if self.stopped_by_user:
             return "stopped before any configuration met the SLO"
@@ -74,11 +83,26 @@ class TuneResult:
             "best": self.best.to_dict() if self.best else None,
             "best_flags": self.best_flags.to_dict() if self.best_flags else None,
             "best_serve_line": self.best_flags.to_serve_line() if self.best_flags else None,
+            "decision": _decision_json(self.decision),
             "configs": [c.to_dict() for c in self.configs],
             "pareto": [dataclasses.asdict(p) | {"load": _jsonable_load(p.load)} for p in self.pareto],
             "elapsed_s": self.elapsed_s, "budget_s": self.budget_s, "starts": self.starts,
             "steps": self.steps, "state_path": str(self.state_path) if self.state_path else None,
         }
+
+
+def _decision_json(d: Decision | None) -> dict[str, object] | None:
+    if d is None:
+        return None
+
+    def rival(r: Rival) -> dict[str, object]:
+        iv = r.difference.interval
+        return {"key": r.key, "figure": r.difference.figure, "difference": r.difference.value,
+                "low": iv.low, "high": iv.high, "kind": iv.kind, "verdict": r.difference.verdict,
+                "runs": list(r.runs), "cheaper": r.cheaper}
+
+    return {"best": d.best, "value": d.value, "runs": d.runs, "rule": TIE_RULE, "tied": [rival(r) for r in d.tied],
+            "runner_up": rival(d.runner_up) if d.runner_up is not None else None, "words": d.words()}
 
 
 def _jsonable_load(load: float) -> float | str:
@@ -118,16 +142,19 @@ def format_table(result: TuneResult) -> str:
     """Every configuration tried, best first among the measured, as plain text."""
     unit = "req/s" if result.mode == "rate" else "conc"
     energy = result.objective != "goodput"
-    head: tuple[str, ...] = ("", "configuration", "status", f"limit {unit}", "goodput req/s", "steps", "reason")
+    head: tuple[str, ...] = ("", "configuration", "status", f"limit {unit}", "goodput req/s", "runs", "steps",
+                             "reason")
     if energy:
         head = (*head[:5], "GPU W", f"{result.objective} {OBJECTIVE_UNITS[result.objective]}", *head[5:])
     rows = [head]
     best_key = result.best.key if result.best else None
+    tied = {r.key for r in result.decision.tied} if result.decision is not None else set()
     for c in result.configs:
         lim = "" if c.limit_load is None else ("any" if math.isinf(c.limit_load) else f"{c.limit_load:.3g}")
         status = c.status + (" (checked)" if c.confirmed else "")
-        row: tuple[str, ...] = ("*" if c.key == best_key else "", c.key, status, lim,
-                                "" if c.goodput is None else f"{c.goodput:.3g}", str(c.steps), c.reason[:90])
+        mark = "*" if c.key == best_key else "=" if c.key in tied else ""
+        row: tuple[str, ...] = (mark, c.key, status, lim, "" if c.goodput is None else f"{c.goodput:.3g}",
+                                str(c.runs) if c.runs else "", str(c.steps), c.reason[:90])
         if energy:
             watts = c.at.mean_power_w if c.at is not None else None
             score = result.score(c)
@@ -137,6 +164,11 @@ def format_table(result: TuneResult) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    if result.decision is not None:
+        lines.append("")
+        lines.append("* best" + (", = tied with it within noise" if tied else "")
+                     + "; runs: the steps at its limit that met the SLO (what its figure rests on)")
+        lines.append(result.decision.words())
     return "\n".join(lines)
 
 

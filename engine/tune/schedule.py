@@ -62,26 +62,30 @@ def off_line_reason(space: SearchSpace, values: Mapping[str, SpaceValue], best: 
 
 
 def bound_reason(values: Mapping[str, object], best: ConfigResult | None, settings: TuneSettings, base: FlagSet,
-                 measurements: Mapping[str, Sequence[Measurement]]) -> str:
+                 measurements: Mapping[str, Sequence[Measurement]], need: float | None = None) -> str:
     """Why a config cannot beat ``best`` without starting it, or "".
 
     Little's law: completions/s <= max-num-seqs / (time each request holds a slot),
     and no request holds it for less than the fastest E2EL seen on any configuration
     (batching only slows each request). 0.8 of that E2EL leaves room for the client's
-    share of it and for prefix-cache hits faster than anything seen.
+    share of it and for prefix-cache hits faster than anything seen. ``need``: the goodput
+    it must be able to reach (default the best's; lower for a cheaper configuration, which
+    wins a tie within the noise: engine.tune.ranking).
     """
     if best is None or not settings.prune or not best.goodput or settings.objective != "goodput":
         return ""
+    need = best.goodput if need is None else need
     seqs = values.get("max-num-seqs", base.get("max-num-seqs"))
     fastest = [m.e2el_min_ms for ms in measurements.values() for m in ms if m.e2el_min_ms]
     if not isinstance(seqs, int) or not fastest:
         return ""
     e2el_s = 0.8 * min(fastest) / 1000
     bound = seqs / e2el_s
-    if bound >= best.goodput:
+    if bound >= need:
         return ""
     return (f"at most {bound:.3g} req/s (max-num-seqs {seqs} / 0.8 x fastest E2EL {min(fastest):.0f} ms),"
-            f" below the best so far ({best.goodput:.3g} req/s, {best.key})")
+            f" below the best so far ({best.goodput:.3g} req/s, {best.key})"
+            + ("" if need >= best.goodput else f" by more than the noise (it needs {need:.3g} to tie)"))
 
 
 def neighbour_pass(key: str, running: Iterable[str], measurements: Mapping[str, Sequence[Measurement]],

@@ -73,6 +73,7 @@ from engine.flags import FlagError, FlagSet, devices_needed, validate
 from engine.runs.status import SPOILED_TRIES
 from engine.tune.errors import BudgetExhausted, TuneError
 from engine.tune.measurer import ServerMeasurer
+from engine.tune.ranking import TIE_RULE, Cost, Decision, cost, decide, limit_runs, tie_floor_pct, tie_load
 from engine.tune.report import ParetoPoint, StepPoint, TuneResult, format_pareto, format_table, pareto_points, step_series
 from engine.tune.schedule import Costs, bound_reason, flags_changed, nearest_first, neighbour_pass, off_line_reason
 from engine.tune.space import DEFAULT_SPACE, SearchSpace
@@ -468,8 +469,12 @@ class Tuner:
                      " (--exhaustive measures them too)")
 
     def _bound_reason(self, values: Mapping[str, object], best: ConfigResult | None) -> str:
-        """Why a config cannot beat ``best`` without starting it, or "" (schedule.bound_reason)."""
-        return bound_reason(values, best, self.settings, self.base, self.state.measurements)
+        """Why a config cannot beat ``best`` (nor, cheaper, tie it) without starting it, or ""
+        (schedule.bound_reason)."""
+        need = None
+        if best is not None and best.goodput and cost({**self.base.values, **values}) < self._cost(best):
+            need = best.goodput * (1 - tie_floor_pct(self.settings.tolerance) / 100)
+        return bound_reason(values, best, self.settings, self.base, self.state.measurements, need)
 
     def _static_problems(self, values: Mapping[str, object]) -> str:
         if not self.validate_flags:
@@ -493,8 +498,23 @@ class Tuner:
         return config_score(c, self.settings.objective)
 
     def best(self, exclude: str | None = None) -> ConfigResult | None:
-        """The configuration with the highest objective at its limit (ties: higher limit)."""
-        return best_config(self.state.configs.values(), self.settings.objective, exclude)
+        """The best configuration by engine.tune.ranking's rule: none other better beyond the
+        noise of the limits, and of those within each other's noise the cheapest (TIE_RULE)."""
+        decided = self.decide(exclude)
+        return decided[0] if decided is not None else None
+
+    def decide(self, exclude: str | None = None) -> tuple[ConfigResult, Decision] | None:
+        """The best (leaving out ``exclude``) and what the decision rests on (ranking.decide)."""
+        return decide(self.state.configs.values(), self._runs, self.settings.objective, cost_of=self._cost,
+                      tolerance=self.settings.tolerance, exclude=exclude)
+
+    def _runs(self, c: ConfigResult) -> tuple[float, ...]:
+        """What ``c``'s figure at its limit rests on (ranking.limit_runs over its steps)."""
+        return limit_runs(c, self.state.measurements.get(c.key, ()), self.settings.objective)
+
+    def _cost(self, c: ConfigResult) -> Cost:
+        """``c``'s cost by ranking.TIE_RULE, with the base flags under its values."""
+        return cost({**self.base.values, **c.values})
 
     def _report(self, c: ConfigResult) -> None:
         unit = "req/s" if self.settings.mode == "rate" else "concurrent"
@@ -573,7 +593,7 @@ class Tuner:
                 goodput=top.goodput if top else None, at=top, start_s=start_s, steps=len(ms), order=order)
 
         try:
-            result = await self._bracket(probe, finish, best, key)
+            result = await self._bracket(probe, finish, best, key, values)
             if (s.confirm and result.status == DONE and self.score(result) is not None and result.at is not None
                     and (best is None
                          or (self.score(result) or 0.0) >= (1 - s.confirm_margin) * (self.score(best) or 0.0))):
@@ -635,8 +655,18 @@ class Tuner:
         return dataclasses.replace(result, status=UNSTABLE, limit_load=None, goodput=None, at=None,
                                    reason=reason, steps=len(ms))
 
+    def _must_meet(self, values: Mapping[str, SpaceValue], rival: ConfigResult) -> float:
+        """The load a configuration with ``values`` must meet to stay in the running against
+        ``rival``'s limit: that limit, or, where it is cheaper by ranking.TIE_RULE (it wins a
+        tie), the lower edge of that limit's noise (ranking.tie_load): missing it there, it is
+        beyond the noise below, so it can neither beat nor tie it."""
+        assert rival.limit_load is not None
+        if cost({**self.base.values, **values}) >= self._cost(rival):
+            return rival.limit_load
+        return tie_load(rival.limit_load, self.settings.tolerance, integer=self.settings.mode == "concurrency")
+
     async def _bracket(self, probe: _Probe, finish: _Finish,
-                       best: ConfigResult | None, key: str) -> ConfigResult:
+                       best: ConfigResult | None, key: str, values: Mapping[str, SpaceValue]) -> ConfigResult:
         s = self.settings
         integer = s.mode == "concurrency"
         lo: float | None = None  # highest load that met the SLO
@@ -658,32 +688,37 @@ class Tuner:
 
         prunes = s.prune and s.objective == "goodput"
 
-        async def lost_to(rival: str, limit: float) -> ConfigResult | None:
-            """One step at ``limit``, the load ``rival`` meets the SLO at, says whether this can
-            beat it: the finished result when it cannot (or when it meets even "all at once"),
-            None to go on."""
-            if hi is not None and hi <= limit:
-                return finish(DOMINATED, f"violates the SLO at {hi:.3g}, at or below {limit:.3g} "
-                                         f"where {rival} meets it")
-            if lo is not None and lo >= limit:
+        async def lost_to(rival: str, limit: float, at: float | None = None) -> ConfigResult | None:
+            """One step at ``at`` (default ``limit``, the load ``rival`` meets the SLO at) says
+            whether this can beat it, or tie it where ``at`` is the lower edge of the noise of that
+            limit (_must_meet): the finished result when it cannot (or when it meets even "all at
+            once"), None to go on."""
+            load = limit if at is None else at
+            where_met = f"where {rival} meets it"
+            if load < limit:  # more than the noise below the rival's limit: no tie either
+                where_met = f"{tie_floor_pct(s.tolerance):g}% below {limit:.3g} {where_met}: it cannot tie it"
+            if hi is not None and hi <= load:
+                return finish(DOMINATED, f"violates the SLO at {hi:.3g}, at or below {load:.3g} {where_met}")
+            if lo is not None and lo >= load:
                 return None  # met there already
             # A miss there is checked once more unless requests failed or the server died:
             # one slow burst on a shared box must not drop a config that could win.
-            m = await step(limit)
+            m = await step(load)
             if not m.ok and s.confirm and not m.fatal and not m.failed:
-                m = await step(limit, fresh=True)
+                m = await step(load, fresh=True)
             if not m.ok:
-                where = "all at once" if math.isinf(limit) else f"{limit:.3g}"
+                where = "all at once" if math.isinf(load) else f"{load:.3g}"
                 twice = " (twice)" if len([x for x in self.state.measurements.get(key, ())
-                                           if x.load == limit]) > 1 else ""
-                return finish(DOMINATED, f"violates the SLO at {where}{twice}, where {rival} meets it ({m.reason})")
-            if math.isinf(limit):
+                                           if x.load == load]) > 1 else ""
+                return finish(DOMINATED, f"violates the SLO at {where}{twice}, {where_met} ({m.reason})")
+            if math.isinf(load):
                 return finish(DONE)
             return None
 
-        # 1. Can it beat the best so far? One step at the best's limit load says.
+        # 1. Can it beat the best so far (or, cheaper, tie it)? One step at the best's limit load
+        # (a cheaper one: at the lower edge of that limit's noise) says.
         if best is not None and prunes and best.limit_load is not None:
-            lost = await lost_to(best.key, best.limit_load)
+            lost = await lost_to(best.key, best.limit_load, self._must_meet(values, best))
             if lost is not None:
                 return lost
         # 2. No anchor: a saturation step gives the capacity (rate mode); side by side, a load a
@@ -713,7 +748,7 @@ class Tuner:
             if (prunes and rival is not None and rival.limit_load is not None
                     and (best is None or (rival.key, rival.limit_load) != (best.key, best.limit_load))):
                 best = rival
-                lost = await lost_to(rival.key, rival.limit_load)
+                lost = await lost_to(rival.key, rival.limit_load, self._must_meet(values, rival))
                 if lost is not None:
                     return lost
             # Side by side, a running neighbour may already have met a load this one has not met:
@@ -772,9 +807,19 @@ class Tuner:
 
     def result(self) -> TuneResult:
         st = self.state
-        best = self.best()
+        decided = self.decide()
+        best, decision = decided if decided is not None else (None, None)
         best_flags = self._flags(best.values) if best is not None else None
-        configs = sorted(st.configs.values(), key=lambda c: (c.order == 0, c.order, c.key))
+
+        def row(c: ConfigResult) -> ConfigResult:
+            # What its figure rests on, and, for the best and the rows tied with it, the decision.
+            tie = "" if decision is None else (decision.tie_words() if c.key == decision.best
+                                                else decision.rival_words(c.key))
+            return dataclasses.replace(c, runs=len(self._runs(c)), tie=tie)
+
+        configs = [row(c) for c in sorted(st.configs.values(), key=lambda c: (c.order == 0, c.order, c.key))]
+        if best is not None:
+            best = next(c for c in configs if c.key == best.key)
 
         gpus = {k: devices_needed({**self.base.values, **c.values}) for k, c in st.configs.items()}
         return TuneResult(
@@ -783,7 +828,7 @@ class Tuner:
             elapsed_s=st.elapsed_s, budget_s=self.settings.budget_s, starts=st.starts, steps=st.steps,
             state_path=self.state_file, objective=self.settings.objective,
             measurements={k: tuple(ms) for k, ms in st.measurements.items()},
-            running=tuple(self._live[i] for i in sorted(self._live)),
+            running=tuple(self._live[i] for i in sorted(self._live)), decision=decision,
         )
 
     def _set_live(self, measurer: Measurer, key: str, phase: str, load: float | None = None,
@@ -843,9 +888,11 @@ __all__ = [
     "OBJECTIVE_UNITS",
     "SKIPPED",
     "START_FAILED",
+    "TIE_RULE",
     "UNSTABLE",
     "BudgetExhausted",
     "ConfigResult",
+    "Decision",
     "EarlyStop",
     "FileStore",
     "HistoryStore",

@@ -17,7 +17,8 @@ from typing import Protocol
 from engine import paths
 from engine.runs.history import History, HistoryError
 from engine.tune.errors import TuneError
-from engine.tune.trial import CUT_SHORT, NOT_TRIED, OBJECTIVES, ConfigResult, Measurement, best_config, config_score
+from engine.tune.ranking import cost, decide, limit_runs
+from engine.tune.trial import CUT_SHORT, NOT_TRIED, OBJECTIVES, ConfigResult, Measurement, config_score
 from engine.values import StoredFields, json_object
 
 
@@ -82,12 +83,24 @@ class TuneState:
         objective = settings.get("objective", "goodput") if isinstance(settings, dict) else "goodput"
         if objective not in OBJECTIVES:
             objective = "goodput"
-        best = best_config(self.configs.values(), objective)  # as the search ranks (Tuner.best)
+        best = self.best(objective)
         space = self.inputs.get("space")
         total = math.prod(len(v) for v in space.values()) if isinstance(space, dict) else len(self.configs)
         return {"done": len(finished), "total": max(total, len(self.configs)), "elapsed_s": self.elapsed_s,
                 "best": best.key if best else None, "goodput": best.goodput if best else None,
                 "objective": objective, "score": config_score(best, objective) if best else None}
+
+    def best(self, objective: str) -> ConfigResult | None:
+        """The best as the search ranks them (Tuner.best: engine.tune.ranking.decide), from the
+        saved steps and the saved base flags under each configuration's values."""
+        base = json_object(self.inputs.get("base_flags"))
+        settings = json_object(self.inputs.get("settings"))
+        tolerance = settings.get("tolerance", 0.0)
+        decided = decide(self.configs.values(),
+                         lambda c: limit_runs(c, self.measurements.get(c.key, ()), objective), objective,
+                         cost_of=lambda c: cost({**base, **c.values}),
+                         tolerance=float(tolerance) if isinstance(tolerance, (int, float)) else 0.0)
+        return decided[0] if decided is not None else None
 
     @classmethod
     def load(cls, path: Path) -> TuneState:

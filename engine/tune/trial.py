@@ -50,7 +50,9 @@ def config_score(c: ConfigResult, objective: str) -> float | None:
 
 def best_config(configs: Iterable[ConfigResult], objective: str, exclude: str | None = None) -> ConfigResult | None:
     """The configuration with the highest ``objective`` at its limit (ties: the higher limit,
-    then the earlier tried); None when none was measured at a limit."""
+    then the earlier tried); None when none was measured at a limit. The raw figure, blind to
+    the noise: the search's best is engine.tune.ranking.decide's (ties within the noise go to
+    the cheaper configuration)."""
     done = [c for c in configs
             if config_score(c, objective) is not None and c.limit_load is not None and c.key != exclude]
     if not done:
@@ -357,6 +359,12 @@ class ConfigResult:
     alone: bool = False
     """Its limit was measured again with no other trial running (the winner and runner-up of
     a search that ran trials side by side): its figures are that step's."""
+    runs: int = 0
+    """Runs its figure at the limit rests on: its steps at the limit load that met the SLO
+    (engine.tune.ranking.limit_runs; set in the search's result, 0 in a saved state before it)."""
+    tie: str = ""
+    """Where it is the best and tied with others, or tied with the best, what the search decided
+    and why (engine.tune.ranking.Decision); set in the search's result."""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -366,6 +374,7 @@ class ConfigResult:
             "goodput": self.goodput, "at": self.at.to_dict() if self.at else None, "start_s": self.start_s,
             "steps": self.steps, "order": self.order, "confirmed": self.confirmed,
             "slot": self.slot, "side_by_side": list(self.side_by_side), "alone": self.alone,
+            "runs": self.runs, "tie": self.tie,
         }
 
     @classmethod
@@ -390,6 +399,7 @@ class ConfigResult:
             confirmed=bool(d.get("confirmed", False)),
             slot=None if d.get("slot") is None else as_int(d["slot"]),
             side_by_side=tuple(str(k) for k in side), alone=bool(d.get("alone", False)),
+            runs=as_int(d.get("runs", 0)), tie=str(d.get("tie", "")),
         )
 
 

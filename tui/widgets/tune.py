@@ -366,9 +366,12 @@ class TuneScreen(Screen[None]):
             best.update("no configuration has met the SLO yet" if view.status == "running"
                         else "no configuration met the SLO")
         else:
+            # Where the best is tied with others within the noise, the core's words for it.
+            row = next((r for r in view.rows if r.key == view.best_key), None)
+            tie = f"\n{row.tie}" if row is not None and row.tie else ""
             best.update(f"best: {view.best_key}: goodput {view.best_goodput or 0:.3g} req/s at "
                         f"{_load(view.best_limit, view.mode) or '-'}"
-                        + (" (so far)" if view.status == "running" else "")
+                        + (" (so far)" if view.status == "running" else "") + tie
                         + f"\n{view.best_serve_line}\n{view.best_docker_line}")
         if not view.id:
             pareto.update("")
