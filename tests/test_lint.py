@@ -15,7 +15,7 @@ def test_ruff_is_clean() -> None:
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-1000:]
 
 
-def test_mypy_strict_on_the_core() -> None:
-    # Configuration (strict, files = engine, loadgen) is in pyproject.toml.
+def test_mypy_strict_on_the_core_and_the_tui() -> None:
+    # Configuration (strict, files = engine, loadgen, tui) is in pyproject.toml.
     out = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-1000:]

@@ -337,8 +337,12 @@ class VtuiApp(App[int]):
             return
         self.push_screen(
             DiffScreen(self.session.flags_diff(), self.session.launch_argv()),
-            lambda ok: self._apply() if ok else None,
+            self._apply_if_confirmed,
         )
+
+    def _apply_if_confirmed(self, ok: bool | None) -> None:
+        if ok:
+            self._apply()
 
     @work(exclusive=True, group="server", exit_on_error=False)
     async def _apply(self) -> None:
@@ -395,12 +399,12 @@ class VtuiApp(App[int]):
     def action_attach(self) -> None:
         def attach(url: str | None) -> None:
             if url:
-                self._attach(url)
+                self._attach_url(url)
 
         self.push_screen(PromptScreen("Attach to a running vLLM server", placeholder="http://127.0.0.1:8000"), attach)
 
     @work(exclusive=True, group="server", exit_on_error=False)
-    async def _attach(self, url: str) -> None:
+    async def _attach_url(self, url: str) -> None:
         try:
             await self.session.attach(url)
         except SessionError as exc:
@@ -572,7 +576,7 @@ class VtuiApp(App[int]):
             yield SystemCommand(
                 binding.description,
                 f"key {keys}" + (f" · {binding.tooltip}" if binding.tooltip else ""),
-                lambda action=binding.action, ns=namespace: self.run_action(action, ns),  # type: ignore[misc]
+                lambda action=binding.action, ns=namespace: self.run_action(action, ns),
             )
 
     def get_key_display(self, binding: Binding) -> str:
@@ -653,6 +657,6 @@ def run_app(args: argparse.Namespace) -> int:
     # Without --url the server starts at once (the README's `make run`), unless --no-start.
     app = VtuiApp(session, start_server=not url and not getattr(args, "no_start", False))
     if url:
-        app.call_later(app._attach, url)
+        app.call_later(app._attach_url, url)
     result = app.run()
     return int(result or 0)

@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tui.cli import UserError
+from tui.errors import UserError
 
 
 def add_parser(subparsers: Any) -> None:

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tui.cli import UserError
+from tui.errors import UserError
 
 if TYPE_CHECKING:
     from engine.runs.summary import RunSummary, TelemetryFigures
@@ -436,7 +436,8 @@ def _listening_pid(url: str) -> int | None:
     GPU memory share, RSS), None when it is elsewhere or psutil may not say."""
     from urllib.parse import urlsplit
 
-    from engine.server.attach import is_loopback, listening_pid
+    from engine.server.attach import listening_pid
+    from engine.server.supervisor import is_loopback
 
     parts = urlsplit(url)
     if not (parts.hostname and is_loopback(parts.hostname) and parts.port):

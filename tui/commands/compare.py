@@ -40,7 +40,7 @@ def add_parser(subparsers: Any) -> None:
 def open_history(read_only: bool = True) -> Any:
     """The user's history, or a UserError saying why it cannot be opened."""
     from engine.runs.history import History, HistoryError
-    from tui.cli import UserError
+    from tui.errors import UserError
 
     try:
         return History(read_only=read_only)
@@ -63,7 +63,7 @@ def plot_target(arg: str | None, result_file: Path | None, result_option: str, w
     """``--plot``'s file, checked before the work starts (a long search must not end in a bad
     path or a missing library): None when no chart was asked for."""
     from engine.runs.plots import PlotError, beside, chart_path, check_available
-    from tui.cli import UserError
+    from tui.errors import UserError
 
     if arg is None:
         return None
@@ -81,7 +81,7 @@ def plot_target(arg: str | None, result_file: Path | None, result_option: str, w
 def draw(draw_fn: Any, path: Path) -> None:
     """Run one of engine.runs.plots' savers, a PlotError becoming the user's error."""
     from engine.runs.plots import PlotError
-    from tui.cli import UserError
+    from tui.errors import UserError
 
     try:
         draw_fn()
@@ -91,7 +91,7 @@ def draw(draw_fn: Any, path: Path) -> None:
 
 
 def write_or_print(text: str, output: Path | None) -> None:
-    from tui.cli import UserError
+    from tui.errors import UserError
 
     if output is None:
         print(text, end="" if text.endswith("\n") else "\n")
@@ -105,7 +105,7 @@ def write_or_print(text: str, output: Path | None) -> None:
 
 def _refs(text: str) -> list[str]:
     """``3,5,7``: the runs of one column; an empty part is the user's mistake, named."""
-    from tui.cli import UserError
+    from tui.errors import UserError
 
     refs = [part.strip() for part in text.split(",")]
     if not all(refs):
@@ -116,7 +116,7 @@ def _refs(text: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from engine.runs.compare import compare, render
     from engine.runs.history import HistoryError
-    from tui.cli import UserError
+    from tui.errors import UserError
 
     plot = plot_target(args.plot, args.output, "--output", "pareto")
     store = open_history()

@@ -52,7 +52,7 @@ def _gpus(text: str | None) -> str | int | list[int] | None:
         return "all"
     parts = [p for p in text.split(",") if p.strip()]
     if not parts or not all(p.strip().isdigit() for p in parts):
-        from tui.cli import UserError
+        from tui.errors import UserError
 
         raise UserError(f"--gpus {text!r} is not 'all', a count or device ids", "write e.g. --gpus all or --gpus 0,1")
     if len(parts) == 1 and "," not in text:
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from engine.flags import CommandLine, FlagError, installed_vllm_version, load_schema, parse_argv, read_command_line, validate
-    from tui.cli import UserError
+    from tui.errors import UserError
 
     extra = [a for a in getattr(args, "extra", []) if a != "--"]
     sources = sum(bool(x) for x in (args.line, args.preset, extra or args.model))
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _from_preset(path: str, schema: Any) -> Any:
     from engine.flags import FlagSet
-    from tui.cli import UserError
+    from tui.errors import UserError
 
     try:
         from engine.presets import load_preset

@@ -47,8 +47,8 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from engine.runs.history import HistoryError
-    from tui.cli import UserError
     from tui.commands.compare import open_history
+    from tui.errors import UserError
 
     writes = args.action in ("delete", "baseline", "tag")
     if args.action not in ("list",) and not (args.action == "baseline" and args.clear) and not args.run:
@@ -191,10 +191,10 @@ def _requests_csv(requests: list[StoredRequest]) -> str:
     writer.writerow(columns)
     for r in requests:
         ttft, e2el, n = r.ttft_s, r.e2el_s, r.output_tokens or 0
-        tpot = (e2el - ttft) / (n - 1) * 1000 if ttft is not None and e2el is not None and n > 1 else ""
+        tpot = (e2el - ttft) / (n - 1) * 1000 if ttft is not None and e2el is not None and n > 1 else None
         writer.writerow([
             r.id, r.t_start, int(r.ok), r.error or "", int(r.cancelled),
-            "" if ttft is None else round(ttft * 1000, 3), "" if tpot == "" else round(tpot, 3),
+            "" if ttft is None else round(ttft * 1000, 3), "" if tpot is None else round(tpot, 3),
             "" if e2el is None else round(e2el * 1000, 3), r.input_tokens, r.output_tokens,
         ])
     return buf.getvalue()
@@ -202,7 +202,7 @@ def _requests_csv(requests: list[StoredRequest]) -> str:
 
 def _command_line(info: Any, fmt: str) -> str:
     from engine.flags import FlagError, FlagSet
-    from tui.cli import UserError
+    from tui.errors import UserError
 
     try:
         flags = FlagSet.from_dict({"model": info.model or "MODEL", "values": dict(info.flags)})

@@ -12,7 +12,7 @@ import json
 import time
 from typing import Any
 
-from tui.cli import UserError
+from tui.errors import UserError
 
 
 def add_parser(subparsers: Any) -> None:

@@ -62,7 +62,7 @@ def _tiny_defaults(args: argparse.Namespace) -> str:
     ``vtui serve`` fills its command line (``ResolvedModel.serve_argv``: a memory flag given
     replaces the tiny model's KV size). Returns the folder to read."""
     from engine.server.tinymodel import TINY_ALIASES, ModelError, is_tiny_model, resolve_model
-    from tui.cli import UserError
+    from tui.errors import UserError
 
     if args.model not in TINY_ALIASES and not is_tiny_model(args.model):
         return str(args.model)
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         plan_target,
         shipped_configs,
     )
-    from tui.cli import UserError
+    from tui.errors import UserError
 
     if args.list:
         for name, path in shipped_configs().items():

@@ -44,7 +44,7 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from engine import presets as pr
-    from tui.cli import UserError
+    from tui.errors import UserError
 
     cmd = args.preset_cmd or "list"
     extra = [a for a in getattr(args, "extra", []) if a != "--"]
@@ -118,7 +118,7 @@ def _parse_kv(items: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
 
     from engine.presets import parse_flag_args
     from loadgen.spec import ArrivalSpec, WorkloadSpec
-    from tui.cli import UserError
+    from tui.errors import UserError
 
     wl_keys = {f.name for f in dataclasses.fields(WorkloadSpec)}
     ar_keys = {f.name for f in dataclasses.fields(ArrivalSpec)}
@@ -144,7 +144,7 @@ def _parse_kv(items: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
 def _save(args: argparse.Namespace, extra: list[str]) -> int:
     from engine import presets as pr
     from engine.flags import FlagError, load_schema, parse_argv
-    from tui.cli import UserError
+    from tui.errors import UserError
 
     tokens = shlex.split(args.from_flags) + extra
     try:

@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any
 
-from tui.cli import UserError
+from tui.errors import UserError
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -270,9 +270,10 @@ async def _serve(args: argparse.Namespace, flags: Any) -> int:
         await died.wait()
         err = sup.error
         print(f"error: {err}", file=sys.stderr)
-        if err is not None and getattr(err, "vllm_line", ""):
-            print(f"  vLLM said: {err.vllm_line}", file=sys.stderr)  # type: ignore[union-attr]
-        print(f"hint: {getattr(err, 'hint', 'restart it')}  (log: {sup.log_path})", file=sys.stderr)
+        said = str(getattr(err, "vllm_line", "") or "")
+        if said:
+            print(f"  vLLM said: {said}", file=sys.stderr)
+        print(f"hint: {getattr(err, 'hint', None) or 'restart it'}  (log: {sup.log_path})", file=sys.stderr)
         return 1
     except asyncio.CancelledError:
         return 130

@@ -62,7 +62,7 @@ def resolve_presets(args: argparse.Namespace, tiny: bool) -> list[Any]:
     """Load, scale for the tiny model, apply command-line overrides, validate."""
     from engine.presets import PresetError, find_preset, parse_flag_args
     from loadgen.spec import SpecError
-    from tui.cli import UserError
+    from tui.errors import UserError
 
     out = []
     for name in args.presets:
@@ -100,8 +100,8 @@ def run(args: argparse.Namespace) -> int:
     from engine.runs.history import HistoryError, open_history
     from engine.server.tinymodel import ModelError, resolve_model
     from engine.tune.sweep import by_preset, run_sweep
-    from tui.cli import UserError
     from tui.commands.compare import write_or_print
+    from tui.errors import UserError
 
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)

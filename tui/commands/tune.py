@@ -93,7 +93,7 @@ def _slots(args: argparse.Namespace, base: Any, space: Any) -> list[Any]:
     """The search's slots (engine.tune.slots): --gpus (default every visible GPU) cut into
     blocks of the most GPUs any configuration needs, at most --parallel of them."""
     from engine.tune.slots import SlotError, search_slots, trial_needs
-    from tui.cli import UserError
+    from tui.errors import UserError
 
     try:
         return search_slots(args.gpus, trial_needs(base, space.configs()), parallel=args.parallel)
@@ -105,7 +105,7 @@ def _ray_measurers(args: argparse.Namespace, base: Any, space: Any, say: Any, fa
     """One Ray actor per trial at once (engine.tune.ray.ray_measurers joins the cluster and sizes them)."""
     from engine.tune.ray import RayUnavailable, ray_measurers
     from engine.tune.slots import trial_needs
-    from tui.cli import UserError
+    from tui.errors import UserError
 
     if args.gpus:
         raise UserError("--gpus names this machine's GPUs; with --ray the cluster grants them",
@@ -120,7 +120,7 @@ def _ray_measurers(args: argparse.Namespace, base: Any, space: Any, say: Any, fa
 
 def _slo(args: argparse.Namespace) -> Any:
     from loadgen.spec import SLO, SpecError
-    from tui.cli import UserError
+    from tui.errors import UserError
 
     limits: dict[str, float] = {}
     pcts = set()
@@ -145,7 +145,7 @@ def _slo(args: argparse.Namespace) -> Any:
 def _list() -> int:
     from engine.runs.history import HistoryError
     from engine.tune.search import OBJECTIVE_UNITS, list_states
-    from tui.cli import UserError
+    from tui.errors import UserError
 
     try:
         states = list_states()
@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from engine.tune.slots import slot_measurers
     from loadgen.spec import SLO, ArrivalSpec, SpecError, WorkloadSpec
-    from tui.cli import UserError
+    from tui.errors import UserError
 
     if args.list:
         return _list()

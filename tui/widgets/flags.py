@@ -370,6 +370,8 @@ class FlagEditor(Vertical):
         values = {n: flags.get(n) for n in ("tensor-parallel-size", "pipeline-parallel-size")} if flags else {}
         server = snap.server_config.get(spec.name) if snap is not None else None
         value = flags.get(spec.name) if flags is not None else None
+        if not isinstance(value, (bool, int, float, str, tuple, dict, list)):
+            value = None  # a FlagSet holds only flag values; anything else reads as unset
         return flag_shown(spec, value, resolved=self.schema.resolved_default(spec.name, values), server=server)
 
     @on(Switch.Changed, ".flag-editor")
@@ -416,7 +418,7 @@ class FlagEditor(Vertical):
         parts = []
         if snap.flag_errors:
             parts.append(f"{len(snap.flag_errors)} invalid: start refused")
-        if has_server:
+        if has_server and flags is not None and running is not None:
             diff = [n for n in self._shown if flags.get(n) != running.get(n)]
             parts.append(f"{len(diff)} changed vs running (a: apply)" if diff else "same as running")
         elif snap.dirty:

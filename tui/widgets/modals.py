@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from rich.table import Table
 from textual import on
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static, TextArea
@@ -219,11 +219,11 @@ class AdviceScreen(ModalScreen[int | None]):
     .advice { margin-bottom: 1; }
     """
 
-    BINDINGS = [Binding("escape", "dismiss(None)", "Close")] + [
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "dismiss(None)", "Close"), *(
         Binding(str(i), f"pick({i})", f"Load {i}", show=False,
                 group=Binding.Group("Load that suggestion's flags into the editor"))
         for i in range(1, 10)
-    ]
+    )]
 
     def __init__(self, findings: Sequence[Any]) -> None:
         super().__init__(classes="modal")
