@@ -991,3 +991,15 @@ def test_max_model_len_failure_with_an_explicit_size_names_the_size() -> None:
     assert f.evidence["planner_max_model_len"] == 4 * CPU_BLOCK
     (alt,) = f.alternatives
     assert [c.flag for c in alt] == ["kv-cache-memory-bytes"] and _usable_tokens(alt[0].new) >= 512
+
+
+def test_busy_gpu_with_an_explicit_size_still_lowers_the_fraction() -> None:
+    # Derived from the busy-GPU capture, as if --kv-cache-memory-bytes 8G had been given too: vLLM's
+    # GPU worker checks the fraction's share is free at start whatever sizes the KV cache
+    # (vllm/v1/worker/utils.py, request_memory), so the fraction is still what to lower; the advice
+    # says the KV cache keeps its size.
+    run = failed_run("vllm-0.24.0-h200-fail-busy-gpu.log")
+    run = dataclasses.replace(run, flags={**run.flags, "kv-cache-memory-bytes": 8 * GIB})
+    (f,) = advise(run)
+    assert f.changes[0].describe() == "--gpu-memory-utilization 0.9 -> 0.25"
+    assert "--kv-cache-memory-bytes 8.00 GiB" in f.cause and "explicit size" in f.tradeoff
