@@ -175,6 +175,10 @@ async def test_the_best_line_says_a_tie_within_the_noise() -> None:
         assert best[0].startswith(f"best: {TIED_BEST}: goodput")
         assert best[1].startswith(f"tied with {BEST} (within noise: goodput ") and "fewer max-num-seqs" in best[1]
         assert best[2].startswith("vllm serve")
+        table = screen.query_one("#tune-table", DataTable)
+        tied = table.get_row(BEST)
+        assert str(tied[0]) == "=" and str(tied[-1]).startswith(f"tied with the best {TIED_BEST} (within noise")
+        assert str(table.get_row(TIED_BEST)[0]) == "★"
 
 
 def test_finished_tune_snapshot(snap_compare: Callable[..., bool]) -> None:

@@ -439,6 +439,23 @@ async def test_a_clearly_better_limit_displaces_the_best(order: tuple[int, int])
         assert "beyond the noise of the runner-up max-num-seqs=64: goodput -50" in format_table(res)
 
 
+async def test_side_by_side_the_final_measure_alone_counts_as_a_repeat_of_the_winner_and_the_runner_up() -> None:
+    # Two slots: each limit is measured twice (confirm), then the winner and the runner-up once more
+    # alone: three runs each, compared over those repeats, still tied, the cheaper still the best.
+    space = space_of(max_num_seqs=(64, 128))
+    k64, k128 = keys(space)
+    clock = FakeClock()
+    table = {k64: 10.0, k128: 10.0}
+    ms = [TableMeasurer(space, table, clock) for _ in range(2)]
+    tuner = Tuner(ms[0], slots=ms[1:], base_flags=BASE, space=space, slo=SLO_TTFT,
+                  settings=TuneSettings(budget_s=1e9, step=StepRule(min_requests=50)), schema=SCHEMA, clock=clock,
+                  max_request_len=192)
+    res = await tuner.run()
+    rows = {c.key: c for c in res.configs}
+    assert rows[k64].alone and rows[k128].alone and rows[k64].runs == rows[k128].runs == 3
+    assert res.best is not None and res.best.key == k64 and "(repeats, 3 runs each)" in res.best.tie
+
+
 def test_a_limit_on_one_run_is_judged_by_the_run_to_run_floor() -> None:
     # One run a side: no requests are kept, so the floor alone (10% of the better figure) judges.
     d = limit_difference("goodput", (10.0,), (9.2,), 0.05)

@@ -319,9 +319,13 @@ class TuneScreen(Screen[None]):
         for r in rows:
             is_best = r.key == best
             status = r.status + (" (checked)" if r.confirmed else "")
-            cells = [Text("★" if is_best else ""), Text(r.key, style=style if is_best else ""), Text(status),
-                     Text(_load(r.limit_load, mode)), Text("" if r.goodput is None else f"{r.goodput:.3g}"),
-                     Text(str(r.steps)), Text(r.reason)]
+            # A row tied with the best within the noise (its ``tie`` from the core) is marked "=" and
+            # says so where it has no other reason; the best's own words are under the table.
+            tied = bool(r.tie) and not is_best
+            cells = [Text("★" if is_best else "=" if tied else ""), Text(r.key, style=style if is_best else ""),
+                     Text(status), Text(_load(r.limit_load, mode)),
+                     Text("" if r.goodput is None else f"{r.goodput:.3g}"), Text(str(r.steps)),
+                     Text(r.reason or (r.tie if tied else ""))]
             table.add_row(*cells, key=r.key)
 
     def _render_chart(self, view: TuneView | None) -> None:
