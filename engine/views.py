@@ -18,13 +18,13 @@ from engine.flags import recordable_values
 from engine.runs.compare import cell_text, compare, fmt_runs, noise_legend
 from engine.runs.history import NoiseFloor, RunInfo, StoredRequest
 from engine.runs.noise import RunNoise
-from engine.runs.summary import RunSummary
+from engine.runs.status import RunStatus
+from engine.runs.summary import CrossCheck, RunSummary, ServerWindow
 from loadgen.stats import DEFAULT_CAP, rank_error
 
 if TYPE_CHECKING:
     # For the annotations only.
     from engine.flags import FlagSet, FlagValue
-    from engine.runs.status import RunStatus
     from engine.telemetry.metrics import Quantiles, ServerSample
     from engine.telemetry.sampler import TelemetrySnapshot
     from engine.tune.search import ConfigResult, LiveTrial, ParetoPoint, SearchSpace, StepPoint
@@ -144,6 +144,15 @@ class LiveFigures:
     client_lag_ms: float | None = None  # the window's worst loop lag (client-bound windows)
     # Where the percentiles are read from a sample (a run past loadgen.stats' cap): the bound.
     note: str | None = None
+    # A whole run's server side over its own window (engine.runs.summary.ServerWindow): p50/p99 per
+    # LIVE_METRICS label where /metrics has that histogram (TTFT, ITL, E2EL); empty for a window
+    # (the panel then shows the live scrapes').
+    server_latency: tuple[tuple[str, tuple[float | None, float | None]], ...] = ()
+    # The client beside the server over the run (engine.runs.crosscheck): one line of means, and
+    # the cross-check's warnings (a disagreement past 10%, the reason named).
+    beside: str | None = None
+    warnings: tuple[str, ...] = ()
+    status: str | None = None  # the run's status where it is not plainly ok (box-bound, ...)
 
 
 def window_figures(w: StatsWindow) -> LiveFigures:
@@ -182,12 +191,39 @@ def run_figures(record: RunRecord) -> LiveFigures | None:
     if result is not None and result.extra.get("percentiles_exact") is False:
         note = (f"percentiles from a {DEFAULT_CAP:,}-sample reservoir: p99 +-{rank_error(99, DEFAULT_CAP):.2f}, "
                 f"p50 +-{rank_error(50, DEFAULT_CAP):.2f} percentile points")
+    window = summary.server or ServerWindow()
+    hists = {"TTFT": window.server_ttft, "ITL": window.server_itl, "E2EL": window.server_e2e}
+    server_latency = tuple((label, (h.p50_ms, h.p99_ms) if h is not None else (None, None))
+                           for label, _ in LIVE_METRICS for h in (hists.get(label),))
+    check = summary.cross_check
     return LiveFigures(
         scope="whole run", whole_run=True, req_s=req_s, out_tok_s=fig("output_throughput"),
         latency=tuple((label, row(metric)) for label, metric in LIVE_METRICS),
         completed=int(fig("completed") or 0),
         slo_met=(goodput / req_s if req_s else None) if goodput is not None else None, goodput=goodput,
-        failed=int(fig("failed") or 0), client_bound=summary.client_bound, note=note)
+        failed=int(fig("failed") or 0), client_bound=summary.client_bound, note=note,
+        server_latency=server_latency if any(h is not None for h in hists.values()) else (),
+        beside=beside_line(check) if check is not None else None,
+        warnings=check.warnings if check is not None else (),
+        status=None if record.status == RunStatus.OK else str(record.status))
+
+
+def beside_line(check: CrossCheck) -> str | None:
+    """The client's means beside the server's over one run, as Live shows them after it; None
+    where the server's window was not read (no exact scrapes at the run's edges)."""
+    if check.server_mean_ttft_ms is None and check.server_tpot_ms is None:
+        return None
+
+    def pair(client: float | None, server: float | None, fmt: str) -> str:
+        return f"{'-' if client is None else fmt.format(client)} / {'-' if server is None else fmt.format(server)}"
+
+    parts = [f"TTFT {pair(check.client_mean_ttft_ms, check.server_mean_ttft_ms, '{:.1f}')}",
+             f"TPOT {pair(check.client_mean_tpot_ms, check.server_tpot_ms, '{:.2f}')}"]
+    if check.server_mean_queue_ms is not None:
+        parts.append(f"queue {check.server_mean_queue_ms:.1f}")
+    if check.prefix_hit_rate is not None:
+        parts.append(f"prefix hit {check.prefix_hit_rate:.0%}")
+    return "client / server means, ms: " + "  ".join(parts)
 
 
 def live_figures(window: StatsWindow | None, active: bool, runs: Sequence[RunRecord]) -> LiveFigures | None:

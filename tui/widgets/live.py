@@ -113,16 +113,20 @@ class LivePanel(VerticalScroll):
             table.add_column(col, justify="right")
         table.add_column("server p50", justify="right")
         table.add_column("p99", justify="right")
+        # The server's side covers what the client's does: its histograms over the whole run's
+        # window once it ended (the scrapes at its edges), the live scrapes' while it goes.
         m = snap.server_metrics
-        server = {"TTFT": m.ttft_ms, "ITL": m.itl_ms, "E2EL": m.e2el_ms}
+        live = {"TTFT": m.ttft_ms, "ITL": m.itl_ms, "E2EL": m.e2el_ms}
+        server = {label: ((live.get(label) or {}).get("p50"), (live.get(label) or {}).get("p99"))
+                  for label, _ in LIVE_METRICS}
+        if figures is not None and figures.server_latency:
+            server = dict(figures.server_latency)
         rows = dict(figures.latency) if figures is not None else {}
         for label, _ in LIVE_METRICS:
-            srv = server.get(label) or {}
             table.add_row(
                 label,
                 *(_f(v) for v in rows.get(label, (None, None, None))),
-                _f(srv.get("p50")),
-                _f(srv.get("p99")),
+                *(_f(v) for v in server.get(label, (None, None))),
             )
         return table
 
@@ -146,6 +150,8 @@ class LivePanel(VerticalScroll):
             marked.append(f"failed {f.failed}")
         if f.client_bound:
             marked.append("CLIENT-BOUND" + (f" (lag {f.client_lag_ms:.0f} ms)" if f.client_lag_ms is not None else ""))
+        elif f.status is not None and f.status != "slo-missed":
+            marked.append(f.status.upper())  # box-bound, cancelled, server-died: the run's own word
         # The figures after the scope's label, broken where the panel is narrower than the
         # line (80 columns), under the figures rather than under the label.
         width = max(40, self.scrollable_content_region.width - 1)
@@ -161,6 +167,10 @@ class LivePanel(VerticalScroll):
             col += len(sep) + len(part)
         if f.note:
             text.append(f"\n{f.note}", style="italic")
+        if f.beside:
+            text.append(f"\n{f.beside}")
+        for warning in f.warnings:
+            text.append(f"\nWARNING: {warning}", style="bold")
         return text
 
     def _progress(self, snap: SessionSnapshot) -> None:
