@@ -228,3 +228,36 @@ def _without_noise_columns(text: str) -> str:
     buf = io.StringIO()
     csv.writer(buf, lineterminator="\n").writerows([[row[i] for i in keep] for row in rows])
     return buf.getvalue()
+
+
+def test_a_spoiled_column_is_named_and_never_best_and_the_server_sits_beside_the_client() -> None:
+    """Issue 32: the comparison says how each column's runs ended where one was not plainly ok,
+    a box-bound column takes no best mark (its figures carry the client's delay), and the
+    server's own means over each run's window sit beside the client's."""
+    import dataclasses
+
+    from engine.runs.crosscheck import cross_check
+    from engine.runs.summary import ServerWindow
+
+    window = ServerWindow.from_json(
+        {"server_ttft": {"mean_ms": 70.0, "count": 100}, "server_e2e": {"mean_ms": 500.0, "count": 100},
+         "server_queue": {"mean_ms": 6.0, "count": 100}, "generation_tokens": 6400, "prompt_tokens": 12_800,
+         "prefix_hit_rate": 0.0}, "window")
+    load_b = {**B.summary.load_json(), "mean_ttft_ms": 95.0, "mean_tpot_ms": 6.9, "total_input_tokens": 12_800}
+    summary_b = dataclasses.replace(B.summary, cross_check=cross_check(load_b, window.figures()))
+    held = dataclasses.replace(B, status="box-bound", summary=summary_b)
+    cmp = compare([A, held])
+    assert cmp.row("status").values == ("ok", "box-bound")
+    assert cmp.row("ttft_p50").values == (100.0, 80.0) and cmp.row("ttft_p50").best == frozenset()
+    assert cmp.row("request_throughput").best == frozenset()
+    assert cmp.row("server_ttft_mean").values == (None, 70.0)
+    assert cmp.row("server_queue_mean").values == (None, 6.0) and cmp.row("prefix_hit").values == (None, 0.0)
+    assert cmp.row("server_tpot_mean").values[1] == pytest.approx((500.0 - 70.0) / 63)
+    assert "box-bound" in render(cmp, "text")
+    with pytest.raises(KeyError):
+        compare([A, B]).row("status")  # every run ok: no status row
+    # repeats: a column is spoiled where most of its runs are (its median rests on them)
+    one = compare([[A, dataclasses.replace(A, id=5, status="box-bound"), dataclasses.replace(A, id=6)], B])
+    assert one.row("status").values == ("ok x2, box-bound", "ok") and one.row("ttft_p99").best == {0}
+    most = compare([[A, *(dataclasses.replace(A, id=i, status="box-bound") for i in (5, 6))], B])
+    assert most.row("status").values == ("ok, box-bound x2", "ok") and most.row("ttft_p99").best == frozenset()

@@ -36,7 +36,8 @@ from engine.runs.noise import (
     difference,
     run_noise,
 )
-from engine.runs.summary import RunSummary, SpeedOfLightFigures, TelemetryFigures
+from engine.runs.status import RunStatus
+from engine.runs.summary import CrossCheck, RunSummary, SpeedOfLightFigures, TelemetryFigures
 
 GIB = 1024**3
 FORMATS = ("text", "markdown", "csv", "json")
@@ -101,6 +102,13 @@ def _sol(field: Callable[[SpeedOfLightFigures], float | None], scale: float = 1.
 _power = _tel(lambda t: t.energy.mean_power_w if t.energy is not None else None)
 
 
+def _server(field: Callable[[CrossCheck], float | None], scale: float = 1.0) -> Reader:
+    """The server's own figure over the run's window, from its cross-check (engine.runs.crosscheck):
+    None where the scrapes at the run's edges were not exact."""
+    return lambda summary: (None if summary.cross_check is None
+                            else _number(field(summary.cross_check), scale))
+
+
 METRICS: tuple[Metric, ...] = (
     *(
         Metric(f"{name}_{p}", f"{name.upper()} {p}", "ms", "lower", _load(f"{'median' if p == 'p50' else p}_{name}_ms"),
@@ -108,6 +116,14 @@ METRICS: tuple[Metric, ...] = (
         for name in ("ttft", "tpot", "itl", "e2el")
         for p in ("p50", "p99")
     ),
+    # The client's means beside the server's own over the same window (issue 32): TTFT, TPOT
+    # against the server's (E2E - TTFT)/(n - 1), the time requests queued, the prefix cache's hits.
+    Metric("ttft_mean", "TTFT mean", "ms", "lower", _load("mean_ttft_ms"), "mean_ttft_ms"),
+    Metric("server_ttft_mean", "server TTFT mean", "ms", "lower", _server(lambda c: c.server_mean_ttft_ms)),
+    Metric("tpot_mean", "TPOT mean", "ms", "lower", _load("mean_tpot_ms"), "mean_tpot_ms"),
+    Metric("server_tpot_mean", "server TPOT mean", "ms", "lower", _server(lambda c: c.server_tpot_ms)),
+    Metric("server_queue_mean", "server queue mean", "ms", "lower", _server(lambda c: c.server_mean_queue_ms)),
+    Metric("prefix_hit", "prefix-cache hits", "%", None, _server(lambda c: c.prefix_hit_rate, 100.0)),
     Metric("request_throughput", "requests/s", "req/s", "higher", _load("request_throughput"), "request_throughput"),
     Metric("output_throughput", "output tokens/s", "tok/s", "higher", _load("output_throughput"), "output_throughput"),
     Metric("request_goodput", "goodput", "req/s", "higher", _load("request_goodput"), "request_goodput"),
@@ -329,6 +345,15 @@ def compare(columns: Sequence[Column], baseline: int | None = None, *, all_flags
         if all_flags or len(set(values)) > 1:
             rows.append(Row("flag", name, f"--{name}", "", None, values, frozenset(), none))
 
+    # How each column's runs ended, where any did not end plainly ok (a box-bound repeat among
+    # them). A column whose figure rests on spoiled runs (its run, or most of its repeats: their
+    # median) carries the client's delay, so it never takes the best mark.
+    statuses = tuple(_status_text(g) for g in groups)
+    if any(s != RunStatus.OK for s in statuses):
+        rows.append(Row("flag", "status", "status", "", None, statuses, frozenset(), none))
+    spoiled = frozenset(i for i, g in enumerate(groups)
+                        if 2 * sum(_parsed_status(r.status).spoiled for r in g) > len(g))
+
     given, stored = noises or {}, requests or {}
     noise_of = {run.id: given[run.id] if run.id in given else run_noise(stored[run.id], run.workload, key=run.id)
                 for g in groups for run in g if run.id in given or run.id in stored}
@@ -343,9 +368,25 @@ def compare(columns: Sequence[Column], baseline: int | None = None, *, all_flags
             return _difference(metric, groups[i], groups[j], noise_of, floor)
 
         noise = tuple(None if i == baseline else diff(baseline, i) for i in range(len(groups)))
-        best = _beyond_noise(best_indexes(values_m, metric.better), values_m, diff)
+        best = _beyond_noise(best_indexes(values_m, metric.better), values_m, diff) - spoiled
         rows.append(Row("metric", metric.key, metric.label, metric.unit, metric.better, values_m, best, deltas, noise))
     return Comparison(runs, baseline, tuple(rows), groups, floor)
+
+
+def _parsed_status(text: str) -> RunStatus:
+    try:
+        return RunStatus.parse(text)
+    except ValueError:
+        return RunStatus.FAILED  # an unknown word: judged as nothing measured
+
+
+def _status_text(group: Sequence[RunInfo]) -> str:
+    """A column's status: its run's, or its repeats' counted ('ok x2, box-bound')."""
+    counts: dict[str, int] = {}
+    for run in group:
+        word = _parsed_status(run.status).value if run.status else "unknown"
+        counts[word] = counts.get(word, 0) + 1
+    return ", ".join(word if n == 1 else f"{word} x{n}" for word, n in counts.items())
 
 
 def _difference(metric: Metric, a: Sequence[RunInfo], b: Sequence[RunInfo],
