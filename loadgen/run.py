@@ -31,7 +31,7 @@ from loadgen.client import ClientConfig
 from loadgen.records import PlannedRequest, RequestResult
 from loadgen.spec import SLO, ArrivalSpec, WorkloadSpec
 from loadgen.stats import DEFAULT_PERCENTILES, Accumulator, LoadSummary, RunAggregator, SlidingWindow, StatsWindow, percentile
-from loadgen.tokens import Codec, LocalTokenizer, RemoteTokenizer
+from loadgen.tokens import Codec, RemoteTokenizer, shared_local_tokenizer
 from loadgen.worker import Batch, Worker, WorkerPlan, run_in_process
 from loadgen.workload import DEFAULT_POOL, REMOTE_POOL, build_requests
 
@@ -267,7 +267,7 @@ class LoadRun:
         remote: RemoteTokenizer | None = None
         if codec is None and (self.workload.kind != "jsonl"):
             if self._tokenizer:
-                codec = await asyncio.to_thread(LocalTokenizer, self._tokenizer)
+                codec = await asyncio.to_thread(shared_local_tokenizer, self._tokenizer)
             else:
                 remote = await asyncio.to_thread(RemoteTokenizer, self.base_url, info.model,
                                                  self.api_key)

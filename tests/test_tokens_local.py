@@ -121,3 +121,20 @@ def test_where_the_child_finds_it_unfit_transformers_runs_here(tiny_model: Path,
 def test_a_missing_path_names_it(tmp_path: Path) -> None:
     with pytest.raises(tokens.TokenizerError, match="no-such: no tokenizer found"):
         LocalTokenizer(tmp_path / "no-such")
+
+
+def test_a_sessions_runs_share_one_tokenizer_until_its_files_change(tiny_model: Path, tmp_path: Path) -> None:
+    """Issue 35: each run built its tokenizer again, and each build left ~7 MB resident behind
+    in the TUI process; loadgen.run now asks shared_local_tokenizer, one per tokenizer."""
+    import shutil
+
+    from loadgen.tokens import shared_local_tokenizer
+
+    folder = tmp_path / "tok"
+    shutil.copytree(tiny_model, folder)
+    first = shared_local_tokenizer(folder)
+    assert shared_local_tokenizer(str(folder)) is first
+    config = folder / "tokenizer_config.json"
+    config.write_text(config.read_text(encoding="utf-8") + "\n", encoding="utf-8")  # a changed file
+    again = shared_local_tokenizer(folder)
+    assert again is not first and again.encode("hello world") == first.encode("hello world")
