@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from engine.advise.advisor import RunData, advise
 from engine.errors import SessionError
-from engine.flags import FlagError, FlagSet, FlagValue, load_schema, schema_pending, validate
+from engine.flags import FlagError, FlagSet, FlagValue, load_schema, schema_pending, validate, validation_warnings
 from engine.presets import Preset, list_presets, load_for_session, save_from_session
 from engine.runs.export import EXPORT_KINDS, export_text, write_export
 from engine.runs.history import HistoryError
@@ -142,6 +142,7 @@ class Session:
         self._preset_flags = flags  # what run names compare against: the preset as loaded or saved
         self._flag_text_errors: dict[str, str] = {}
         self._flag_errors: dict[str, str] = {}
+        self._flag_warnings: dict[str, str] = {}
         self._workload = workload
         self._arrivals = arrivals
         self._slo = slo
@@ -294,6 +295,7 @@ class Session:
             errors.setdefault(err.flag or "model", err.reason)
         errors.update(self._flag_text_errors)
         self._flag_errors = errors
+        self._flag_warnings = {w.flag or "model": w.reason for w in validation_warnings(self._flags)}
 
     def _max_request_len(self) -> int | None:
         """Longest prompt + output the workload asks for (synthetic kinds), for validate()."""
@@ -678,6 +680,7 @@ class Session:
             flags=self._flags,
             running_flags=self._live_server.running_flags,
             flag_errors=dict(self._flag_errors),
+            flag_warnings=dict(self._flag_warnings),
             dirty=self.dirty,
             workload_label=self._workload_label,
             preset_name=self._preset_name,

