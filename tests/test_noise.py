@@ -456,3 +456,23 @@ def test_the_sessions_comparison_bootstraps_each_run_once_off_the_snapshot(
         assert sorted(counted) == ids and on_screen == []
     finally:
         asyncio.run(session.close())
+
+
+def test_a_settled_run_noise_keeps_its_verdicts_and_lets_its_requests_go() -> None:
+    """Issue 35: the Runs tab keeps a RunNoise for each compared run; settled, it holds only its
+    figures and their resamples (a 22,500-request run's latencies were ~25 MB as Python floats),
+    and every interval, figure and difference reads as before."""
+    import sys
+
+    from engine.runs.noise import FIGURES
+
+    requests = made_requests(3, n=400)
+    fresh, settled = RunNoise(requests, key=7), RunNoise(requests, key=7).settle()
+    assert settled.usable and not settled._blocks
+    assert settled.figures() == fresh.figures()
+    for figure in FIGURES:
+        assert settled.replicates(figure) == fresh.replicates(figure)
+        assert settled.interval(figure) == fresh.interval(figure)
+    kept = sum(sys.getsizeof(v) for v in (settled._replicates or {}).values())
+    assert kept < 200_000
+    assert not RunNoise(requests[:3]).settle().usable  # too few requests stays unusable

@@ -29,7 +29,7 @@ from engine.presets import Preset
 from engine.runs.compare import LoadPoint, RunPoint, load_points, run_points
 from engine.runs.history import History, NoiseFloor, Recording, RunInfo
 from engine.runs.measure import MeasuredRun, RunHandle, RunPlan, Target, measure
-from engine.runs.noise import FIGURES, RunNoise, run_noise
+from engine.runs.noise import RunNoise, run_noise
 from engine.runs.status import RunStatus
 from engine.views import ComparisonView, RunProgress, RunRecord, StoredRun, compare_view, run_info
 
@@ -474,8 +474,10 @@ class LiveRuns:
                         requests = store.requests(run_id) if store is not None else []
                     except Exception:  # noqa: BLE001 - a run whose requests cannot be read has no noise
                         requests = []
-                    noise = run_noise(requests, workload if isinstance(workload, Mapping) else None, key=run_id)
-                    noise.replicates(FIGURES[0])  # the bootstrap: every figure's resamples at once
+                    # the bootstrap (every figure's resamples at once), then the requests let go
+                    noise = run_noise(requests, workload if isinstance(workload, Mapping) else None,
+                                      key=run_id).settle()
+                    del requests
                     with self._noise_lock:
                         self._noises[run_id] = noise
             finally:
