@@ -350,10 +350,12 @@ def pin(cpus: tuple[int, ...] | None) -> None:
 
 
 # How far a worker process raises its priority (its scheduling group's and its own), where it
-# may (root or CAP_SYS_NICE; elsewhere it runs as it is). On a small box the server's processes
-# hold the cores, and a worker that wakes for a first token then waits for one: a box-bound run.
-# VTUI_WORKER_NICE=0 turns it off (tests/perf/agreement.py measures both).
-WORKER_NICE = -5
+# may (root or CAP_SYS_NICE): VTUI_WORKER_NICE=-5, say. On a small box the server's processes hold
+# the cores, and a worker that wakes for a first token then waits for one is box-bound; but a
+# client ahead of the server's API process can slow what it measures (a CI run of the advisor's
+# saturation test read /metrics gauges idle throughout with it at -5), and no A/B measurement
+# has shown it helps yet: off by default (0).
+WORKER_NICE = 0
 WORKER_NICE_APPLIED = 0  # set in the worker process by raise_priority
 
 

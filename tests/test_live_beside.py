@@ -63,7 +63,7 @@ async def test_live_shows_them_after_a_run() -> None:
         app.show_snapshot(ended)
         await pilot.pause()
         panel = app.screen.query_one(LivePanel)
-        throughput = str(panel.query_one("#live-throughput").render())
+        throughput = str(panel.query_one("#live-throughput").render()) + str(panel.query_one("#live-check").render())
         latency = panel._latency(ended)  # the table the panel draws from this snapshot
         assert "BOX-BOUND" in throughput and "client / server means, ms: TTFT 47.2 / 32.0" in throughput
         assert "WARNING: mean TTFT 47.2 ms here, 32.0 ms on the server" in throughput

@@ -41,6 +41,9 @@ class LivePanel(VerticalScroll):
         with Horizontal(id="live-progress-row"):
             yield Label("no run", id="live-progress-label")
             yield ProgressBar(total=100, show_eta=False, id="live-progress")
+        # The client beside the server after a run: under the progress line, so that at 80x24 the
+        # run's figures and how it ended stay in view and this scrolls in below them.
+        yield Static("", id="live-check")
         with Vertical(id="live-sparks"):
             for name, label in SPARKS:
                 with Horizontal(classes="spark-row"):
@@ -55,6 +58,10 @@ class LivePanel(VerticalScroll):
         self.query_one("#live-server", Static).update(self._server(snap))
         self.query_one("#live-latency", Static).update(self._latency(snap))
         self.query_one("#live-throughput", Static).update(self._throughput(snap))
+        check = self._check(snap)
+        box = self.query_one("#live-check", Static)
+        box.update(check)
+        box.display = bool(check.plain)
         self._progress(snap)
         for name, _ in SPARKS:
             data = snap.series.get(name, ())
@@ -167,10 +174,18 @@ class LivePanel(VerticalScroll):
             col += len(sep) + len(part)
         if f.note:
             text.append(f"\n{f.note}", style="italic")
+        return text
+
+    def _check(self, snap: SessionSnapshot) -> Text:
+        """A finished run's client beside the server, and the cross-check's warnings."""
+        f = snap.figures
+        text = Text()
+        if f is None:
+            return text
         if f.beside:
-            text.append(f"\n{f.beside}")
+            text.append(f.beside)
         for warning in f.warnings:
-            text.append(f"\nWARNING: {warning}", style="bold")
+            text.append(("\n" if text.plain else "") + f"WARNING: {warning}", style="bold")
         return text
 
     def _progress(self, snap: SessionSnapshot) -> None:
