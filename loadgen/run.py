@@ -175,8 +175,6 @@ class RunResult:
         d["workers"] = self.workers
         d["server_gone"] = self.server_gone
         d["client_cpus"] = list(self.client_cpus)
-        d["client_delay_ms"] = self.client_delay_ms
-        d["box_bound"] = self.box_bound
         d["windows"] = [w.to_dict() for w in self.windows]
         return d
 
