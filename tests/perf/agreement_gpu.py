@@ -217,7 +217,7 @@ async def tui_run(url: str, conc: int, n: int, seed: int, a: argparse.Namespace
     if record.result is None or record.status in ("failed", "cancelled", "server died", "server-died"):
         raise RuntimeError(f"TUI run: {record.status} {record.error}")
     r = {**record.result.summary.to_dict(), **record.result.extra, "status": record.status,
-         "history_id": record.history_id,
+         "history_id": record.history_id, "client_lag_p99_ms": record.result.client_lag_p99_ms,
          "live_in_flight_after": getattr(getattr(live, "window", None), "in_flight", None)}
     tel = record.summary.telemetry.to_json() if record.summary.telemetry is not None else {}
     s = server_view(r, tel, series)
@@ -249,7 +249,21 @@ def run_line(conc: int, rep: int, tool: str, r: dict[str, Any], s: dict[str, Any
             f" own window: {_f(s['server_requests'], 0)} requests, TTFT {_f(s['server_mean_ttft_ms'])},"
             f" TPOT {_f(s['server_tpot_ms'], 2)}]"
             f"  engine ITL {_f(s.get('b_engine_itl_mean_ms', s['engine_itl_mean_ms']), 2)}  gen {_f(s['gen_tok_s'], 0)} tok/s"
-            f"  tok/event {_f(r.get('tokens_per_event'), 2)}  {'OK' if ok else 'OUTSIDE'}")
+            f"  tok/event {_f(r.get('tokens_per_event'), 2)}  {'OK' if ok else 'OUTSIDE'}"
+            f"  | excess {_f(excess(s))} ms  lag p99 {_f(r.get('client_lag_p99_ms'), 0)}"
+            f"  delay {_f(r.get('client_delay_ms'))}  status {r.get('status') or '-'}")
+
+
+def excess(s: dict[str, Any]) -> float | None:
+    """The client's mean TTFT minus the server's over the run (the bracketing scrapes where the
+    run has them, else the tool's own window): time the client counted that vLLM did not."""
+    c = s.get("client_mean_ttft_ms")
+    sv = s.get("b_server_mean_ttft_ms") or s.get("server_mean_ttft_ms")
+    return c - sv if isinstance(c, (int, float)) and isinstance(sv, (int, float)) else None
+
+
+def is_box_bound(r: dict[str, Any]) -> bool:
+    return str(r.get("status") or "") == "box-bound" or r.get("box_bound") is True
 
 
 async def main_async(a: argparse.Namespace) -> None:
@@ -329,6 +343,7 @@ async def main_async(a: argparse.Namespace) -> None:
         log.close()
     print_table(runs, a, model="Qwen2.5-7B dummy on one H200 (vLLM 0.24.0)")
     print_server_table(runs, views, a)
+    print_excess_table(runs, views, a)
     print(f"\ntotal {time.monotonic() - started:.0f} s", flush=True)
 
 
@@ -362,6 +377,44 @@ def print_server_table(runs: dict[tuple[int, str], list[dict[str, Any]]],
                      _f(med("b_engine_itl_mean_ms") or med("engine_itl_mean_ms"), 2), _f(med("gen_tok_s"), 0),
                      f"{sum(v[2] for v in ver)}/{len(ver)}"]
             print(f"{conc:>4} {tool:>17} | " + " ".join(f"{c:>8}" for c in cells))
+
+
+def print_excess_table(runs: dict[tuple[int, str], list[dict[str, Any]]],
+                       views: dict[tuple[int, str], list[dict[str, Any]]], a: argparse.Namespace) -> None:
+    """Issue 32's table: per run the mean-TTFT excess over the server's own, TPOT against the
+    server's, the client's loop lag p99, the delay vtui estimates its held-up loop added
+    (client_delay_ms) and its status; per client the median and worst excess over all runs and
+    over the runs vtui did not mark box-bound (bench serve has no such status: all its runs)."""
+    print("\n== each client against the server's own /metrics over its run (bracketing scrapes): "
+          "mean TTFT excess, TPOT ratio, vtui's loop lag, client_delay_ms and status (ms) ==")
+    print(f"{'conc':>4} {'client':>17} {'rep':>3} | {'TTFT':>7} {'server':>7} {'excess':>7} | {'TPOT':>6} "
+          f"{'server':>6} {'ratio':>6} | {'lag p99':>7} {'delay':>6} {'box-bound':>9} status")
+    for conc in a.concurrency:
+        for tool in TOOLS:
+            for rep, (r, s) in enumerate(zip(runs.get((conc, tool), []), views.get((conc, tool), []), strict=True)):
+                _, rp, _ = verdict(s)
+                print(f"{conc:>4} {tool:>17} {rep:>3} | {_f(s.get('client_mean_ttft_ms')):>7} "
+                      f"{_f(s.get('b_server_mean_ttft_ms') or s.get('server_mean_ttft_ms')):>7} "
+                      f"{'-' if excess(s) is None else f'{excess(s):+.1f}':>7} | {_f(s.get('client_mean_tpot_ms'), 2):>6} "
+                      f"{_f(s.get('b_server_tpot_ms') or s.get('server_tpot_ms'), 2):>6} {_f(rp, 3):>6} | "
+                      f"{_f(r.get('client_lag_p99_ms'), 0):>7} {_f(r.get('client_delay_ms')):>6} "
+                      f"{('-' if tool == 'vllm bench serve' else 'yes' if is_box_bound(r) else 'no'):>9} "
+                      f"{r.get('status') or '-'}")
+    print(f"\n{'conc':>4} {'client':>17} | {'runs':>4} {'median':>7} {'worst':>7} | {'not box-bound':>13} "
+          f"{'median':>7} {'worst':>7} | {'TPOT ratio range':>16}")
+    for conc in a.concurrency:
+        for tool in TOOLS:
+            pairs = [(r, s) for r, s in zip(runs.get((conc, tool), []), views.get((conc, tool), []), strict=True)
+                     if excess(s) is not None]
+            if not pairs:
+                continue
+            ex = [excess(s) or 0.0 for _, s in pairs]
+            kept = [excess(s) or 0.0 for r, s in pairs if not is_box_bound(r)]
+            tp = [v for v in (verdict(s)[1] for _, s in pairs) if v is not None]
+            print(f"{conc:>4} {tool:>17} | {len(ex):>4} {statistics.median(ex):+7.1f} {max(ex):+7.1f} | "
+                  f"{len(kept):>13} {statistics.median(kept) if kept else float('nan'):+7.1f} "
+                  f"{max(kept) if kept else float('nan'):+7.1f} | "
+                  f"{min(tp) if tp else float('nan'):7.3f}-{max(tp) if tp else float('nan'):.3f}")
 
 
 def main() -> None:
