@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from engine.server import supervisor
 from engine.server.supervisor import CLI_ENTRY, MODULE_ENTRY, vllm_program
 
 
@@ -24,7 +23,7 @@ def _python_in(folder: Path, monkeypatch: pytest.MonkeyPatch, *, has_dist: bool)
             return "0.24.0"
         raise importlib.metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(supervisor.importlib.metadata, "version", version)
+    monkeypatch.setattr(importlib.metadata, "version", version)
     return str(python)
 
 

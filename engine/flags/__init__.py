@@ -21,7 +21,7 @@ from ``engine.flags``; the submodules are for the package itself and its tests.
 from __future__ import annotations
 
 from engine.flags.cmdline import parse_argv, parse_command_line, read_argv, read_command_line
-from engine.flags.flagset import CommandLine, DockerRun, FlagSet, default_image, devices_needed
+from engine.flags.flagset import CommandLine, DockerRun, FlagSet, FlagsLike, default_image, devices_needed
 from engine.flags.schema import Schema, background_held, builtin_schema, installed_vllm_version, load_schema, schema_pending
 from engine.flags.spec import SECRET_FLAGS, TUNING_FLAGS, FlagError, FlagSpec, FlagValue
 from engine.flags.validate import recordable_values, validate, validation_warnings
@@ -35,6 +35,7 @@ __all__ = [
     "FlagSet",
     "FlagSpec",
     "FlagValue",
+    "FlagsLike",
     "Schema",
     "background_held",
     "builtin_schema",

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Literal, TypeVar, cast
+from typing import Literal, Protocol, TypeVar, cast
 
 from engine.flags.schema import Schema, _current_schema, installed_vllm_version
 from engine.flags.spec import (
@@ -25,9 +25,6 @@ from engine.flags.spec import (
     _looks_like_option,
     _norm,
 )
-
-if TYPE_CHECKING:
-    from engine.server.supervisor import FlagsLike
 
 # docker run options that take a value (the rest are switches such as --rm, -d, -it).
 _DOCKER_VALUE_OPTS = {
@@ -52,6 +49,24 @@ def _freeze(value: object) -> object:
 
 
 _N = TypeVar("_N", int, float)
+
+
+class FlagsLike(Protocol):
+    """What a server's supervisor (``engine.server.supervisor.Supervisor``) needs of a
+    :class:`FlagSet`: the argv and the record without secrets, and the secrets apart (handed
+    to the child in its environment only). Here, below the supervisor, so that the flags
+    (``FlagSet.same_launch``, ``validate.recordable_values``) can take a Supervisor's flags too."""
+
+    @property
+    def model(self) -> str: ...
+
+    def to_argv(self, *, include_secrets: bool = False) -> list[str]: ...
+
+    def to_dict(self, *, include_secrets: bool = False) -> dict[str, object]: ...
+
+    def secret_env(self) -> dict[str, str]: ...
+
+    def get(self, name: str, default: object = None) -> object: ...
 
 
 @dataclass(frozen=True)

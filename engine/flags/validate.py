@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.flags.flagset import FlagSet
+from engine.flags.flagset import FlagSet, FlagsLike
 from engine.flags.schema import Schema, load_schema
 from engine.flags.spec import FlagError
 
 if TYPE_CHECKING:
     from engine.server.modelconfig import ModelConfig
-    from engine.server.supervisor import FlagsLike
 
 
 

