@@ -93,7 +93,9 @@ class PresetError(Exception):
 # [workload], [arrivals] and [slo] are the dict forms of loadgen's WorkloadSpec,
 # ArrivalSpec and SLO: loadgen's own from_dict validates them, so the two never drift.
 
-_TOP_KEYS = ("name", "description", "model", "flags", "workload", "arrivals", "slo", "tiny")
+_TOP_KEYS = ("name", "description", "model", "repeats", "flags", "workload", "arrivals", "slo", "tiny")
+MAX_REPEATS = 50
+"""The most runs one configuration is measured: past it a preset's ``repeats`` is taken for a typo."""
 _TINY_KEYS = ("note", "unset", "flags", "workload", "arrivals")
 
 
@@ -128,6 +130,9 @@ class Preset:
     """The file it was read from (None for a preset made in memory)."""
     scaled: tuple[str, ...] = ()
     """What :meth:`for_tiny_model` changed, one line each; empty when unscaled."""
+    repeats: int = 1
+    """How many times its workload is measured (``repeats = 3``): each figure then reads an
+    interval over the repeats (engine.runs.noise), and a sweep alternates them A B A B."""
 
     @property
     def is_user(self) -> bool:
@@ -173,6 +178,7 @@ class Preset:
             tiny=TinyScaling(),
             source=self.source,
             scaled=tuple(changes),
+            repeats=self.repeats,
         )
 
     def workload_spec(self) -> WorkloadSpec:
@@ -202,6 +208,8 @@ class Preset:
         if self.description:
             doc["description"] = self.description
         doc["model"] = self.model
+        if self.repeats != 1:
+            doc["repeats"] = self.repeats
         if self.flags:
             doc["flags"] = dict(self.flags)
         if self.workload:
@@ -347,6 +355,7 @@ def preset_from_dict(
     model = doc.get("model", DEFAULT_MODEL)
     if not isinstance(model, str) or not model.strip():
         raise fail("", "model", "must be a non-empty string (\"default\" = the tiny model)")
+    repeats = check_repeats(doc.get("repeats", 1), lambda reason: fail("", "repeats", reason))
 
     flags = _check_flags(doc.get("flags", {}), "flags", fail)
     workload = _check_spec(doc.get("workload", {}), "workload", WorkloadSpec, fail)
@@ -384,9 +393,19 @@ def preset_from_dict(
         slo=slo,
         tiny=tiny,
         source=Path(source) if source is not None else None,
+        repeats=repeats,
     )
     _validate_flags_with_schema(preset, fail, schema)
     return preset
+
+
+def check_repeats(value: object, fail: Callable[[str], Exception]) -> int:
+    """``value`` as a count of repeats (1 to :data:`MAX_REPEATS`), else ``fail(reason)`` raised."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise fail(f"must be a whole number of runs, not {_tname(value)}")
+    if not 1 <= value <= MAX_REPEATS:
+        raise fail(f"{value}: must be 1 to {MAX_REPEATS} (1: one run; 3 to 5 give an interval over the repeats)")
+    return value
 
 
 _Fail = Callable[[str, str | None, str], PresetError]
@@ -554,9 +573,12 @@ def preset_from_flags(
     description: str = "",
     model: str = DEFAULT_MODEL,
     slo: SLO | None = None,
+    repeats: int = 1,
 ) -> Preset:
     """Build and validate a preset from current flags (names with or without dashes)."""
     doc: dict[str, object] = {"name": name, "model": model, "flags": {k.lstrip("-"): v for k, v in flags.items()}}
+    if repeats != 1:
+        doc["repeats"] = repeats
     if description:
         doc["description"] = description
     if workload:
@@ -794,7 +816,7 @@ def load_for_session(preset: Preset | str | Path, *, model: str, model_flags: Ma
 
 
 def save_from_session(name: str, flags: FlagSet, workload: WorkloadSpec | None, arrivals: ArrivalSpec | None,
-                      slo: SLO | None, *, description: str = "") -> Path:
+                      slo: SLO | None, *, description: str = "", repeats: int = 1) -> Path:
     """Save ``flags`` (their recordable values: secrets never), the workload, the arrivals and
     the SLO as the user preset ``name``, replacing one of that name; returns its path. Raises
     SessionError for a name or a value that cannot be saved."""
@@ -807,6 +829,7 @@ def save_from_session(name: str, flags: FlagSet, workload: WorkloadSpec | None, 
             arrivals.to_dict() if arrivals is not None else None,
             description=description,
             slo=slo,
+            repeats=repeats,
         )
         path = save_user_preset(preset, overwrite=True)
     except PresetError as exc:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from engine.advise.advisor import RunData, advise
 from engine.errors import SessionError
 from engine.flags import FlagError, FlagSet, FlagValue, load_schema, schema_pending, validate, validation_warnings
-from engine.presets import Preset, list_presets, load_for_session, save_from_session
+from engine.presets import Preset, PresetError, check_repeats, find_preset, list_presets, load_for_session, save_from_session
 from engine.runs.export import EXPORT_KINDS, export_text, write_export
 from engine.runs.history import HistoryError
 from engine.runs.live import RUN_SERIES, LiveRuns, RunGround, run_name
@@ -148,6 +148,7 @@ class Session:
         self._slo = slo
         self._workload_label = workload_label
         self._preset_name = preset_name
+        self._repeats = 1  # how many runs `r` makes of the workload (a preset's ``repeats``, or set_repeats)
 
         self._seq = 0
         self._subscribers: list[Callable[[SessionSnapshot], None]] = []
@@ -352,6 +353,7 @@ class Session:
         self._slo = loaded.preset.slo
         self._preset_name = loaded.preset.name
         self._workload_label = loaded.preset.name
+        self._repeats = loaded.preset.repeats
         self._flag_text_errors.clear()
         self._revalidate()
         self._notice = loaded.notice
@@ -360,7 +362,7 @@ class Session:
     def save_preset(self, name: str, description: str = "") -> Path:
         """Save the edited flags and the workload as a user preset."""
         path = save_from_session(name, self._flags, self._workload, self._arrivals, self._slo,
-                                 description=description)
+                                 description=description, repeats=self._repeats)
         self.changed()
         self._loaded_flags = self._flags
         self._preset_flags = self._flags
@@ -456,7 +458,34 @@ class Session:
         """Feed a stats window by hand (headless tests, replay)."""
         self._live_runs.on_window(window)
 
-    async def run_workload(self, label: str | None = None) -> RunRecord:
+    @property
+    def repeats(self) -> int:
+        """How many runs :meth:`run_repeats` (the TUI's ``r``) makes of the workload."""
+        return self._repeats
+
+    def set_repeats(self, value: object) -> int:
+        """Set how many runs ``r`` makes (1 to engine.presets.MAX_REPEATS; text is read as a
+        whole number); SessionError naming what was wrong."""
+        if isinstance(value, str):
+            text = value.strip()
+            try:
+                value = int(text)
+            except ValueError:
+                raise SessionError(f"repeats {text!r}: not a whole number", "e.g. 3") from None
+        count = check_repeats(value, lambda reason: SessionError(f"repeats {reason}", "e.g. 3"))
+        self.changed()
+        self._repeats = count
+        self._notice = (f"r runs the workload {count} times: one column of the comparison, an interval over the repeats"
+                        if count > 1 else "r runs the workload once")
+        return count
+
+    async def run_repeats(self) -> list[RunRecord]:
+        """The workload :attr:`repeats` times in a row (engine.runs.series): the TUI's ``r``.
+        The repeats are one column of the comparison, each figure with an interval over them."""
+        self._refuse_while_tuning("start a load run")
+        return await self._live_runs.repeat(self._run_ground, self._repeats)
+
+    async def run_workload(self, label: str | None = None, *, group: int | None = None) -> RunRecord:
         """Run the chosen workload against the server; returns the recorded run.
 
         The run is :func:`engine.runs.measure.measure`, the same pipeline as `vtui bench`, sweep
@@ -465,7 +494,7 @@ class Session:
         the run and the measured part is kept (status ``server-died``).
         """
         self._refuse_while_tuning("start a load run")
-        return await self._live_runs.run(self._run_ground(), label)
+        return await self._live_runs.run(self._run_ground(), label, group=group)
 
     def _run_ground(self) -> RunGround:
         """What a load run starts from: the server and the workload, read now."""
@@ -489,12 +518,33 @@ class Session:
         """Mark a run (default: the last one) as the baseline of the comparison."""
         self._live_runs.set_baseline(index)
 
-    async def sweep(self, presets: Sequence[Preset | str | Path]) -> list[RunRecord]:
-        """Run several presets in a row, restarting only when the flags differ."""
+    async def sweep(self, presets: Sequence[Preset | str | Path], *, repeats: int | None = None) -> list[RunRecord]:
+        """Run several presets in a row, restarting only when the flags differ; ``repeats``
+        rounds over them (default: the most any of them asks for), each preset's repeats one
+        column of the comparison."""
         self._refuse_while_tuning("start a sweep")
+        found: list[Preset] = []
+        for preset in presets:
+            try:
+                found.append(preset if isinstance(preset, Preset) else find_preset(str(preset)))
+            except PresetError as exc:
+                raise SessionError(str(exc), "see the Presets list") from None
+        if not found:
+            raise SessionError("no preset to sweep", "name one or more presets")
+        if repeats is None:
+            repeats = max(p.repeats for p in found)
+
+        async def run(label: str | None, group: int | None) -> RunRecord:
+            return await self.run_workload(label, group=group)
+
+        needs_apply = self._flags_to_apply
+        if self._live_server.attached_only:
+            # As `vtui sweep --url`: an attached server takes no flags, only the workloads run.
+            self._set_notice("attached server: the presets' flags are not applied; only their workloads run")
+            needs_apply = _never
         return await self._live_runs.sweep(
-            presets, load=self.load_preset, apply=self.apply_flags, run=self.run_workload,
-            needs_apply=self._flags_to_apply)
+            found, load=self.load_preset, apply=self.apply_flags, run=run,
+            needs_apply=needs_apply, repeats=repeats)
 
     def _flags_to_apply(self) -> bool:
         """True when the server runs nothing known, or other flags than the edited ones."""
@@ -683,6 +733,7 @@ class Session:
             flag_warnings=dict(self._flag_warnings),
             dirty=self.dirty,
             workload_label=self._workload_label,
+            repeats=self._repeats,
             preset_name=self._preset_name,
             server=self._live_server.view(),
             window=self._live_runs.window,
@@ -713,6 +764,10 @@ class Session:
 # --------------------------------------------------------------------------- adapters
 # These translate the other core modules' objects into the snapshot's views; a figure the
 # object does not have (None) shows as "-".
+
+
+def _never() -> bool:
+    return False
 
 
 def _flags_differ(a: FlagSet | None, b: FlagSet | None) -> bool:

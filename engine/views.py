@@ -252,6 +252,10 @@ class RunRecord:
     history_id: int | None = None  # the run's id in the history, None when it was not stored
     error: str | None = None
     ended_t: float | None = None
+    # The index of the first run of the repeats this one belongs to (one comparison column);
+    # None: a column of its own.
+    group: int | None = None
+    superseded: bool = False  # spoiled by the box and measured again (a sweep): out of the comparison
 
 
 @dataclass(frozen=True)
@@ -293,6 +297,7 @@ class SessionSnapshot:
     flag_errors: Mapping[str, str]  # flag name -> reason, as typed
     dirty: bool  # edited flags differ from the preset or run they were loaded from
     workload_label: str
+    repeats: int  # how many runs `r` makes of the workload
     preset_name: str | None
     server: ServerView
     window: StatsWindow | None  # the latest load-run window
@@ -505,6 +510,15 @@ def run_info(record: RunRecord, *, baseline: bool = False, vllm_version: str | N
     )
 
 
+def _column_label(runs: Sequence[RunRecord]) -> str:
+    """A column's name: its run's label; for repeats, the first's without its "(1/N)", and how many."""
+    first = runs[0].label
+    if len(runs) == 1:
+        return first
+    name, _, _ = first.rpartition(" (")
+    return f"{name or first} x{len(runs)}"
+
+
 def compare_view(records: Sequence[RunRecord], baseline: int | None, stored: Sequence[RunInfo] = (),
                  requests: Mapping[int, Sequence[StoredRequest]] | None = None, *,
                  noises: Mapping[int, RunNoise] | None = None, floor: NoiseFloor | None = None,
@@ -514,10 +528,17 @@ def compare_view(records: Sequence[RunRecord], baseline: int | None, stored: Seq
     run id -> its stored requests) or ``noises`` (-> its requests bootstrapped, kept by the
     caller) give each run its within-run noise; ``floor`` is the box's measured noise floor;
     ``pending`` runs are still being bootstrapped (a note says so)."""
-    base_col = next((i for i, r in enumerate(records) if r.index == baseline), 0)
+    # One column per run, or per repeats of one configuration (RunRecord.group), in run order.
+    groups: dict[int, list[RunRecord]] = {}
+    for r in records:
+        groups.setdefault(r.group if r.group is not None else r.index, []).append(r)
+    columns = list(groups.values())
+    base_col = next((i for i, g in enumerate(columns) if any(r.index == baseline for r in g)), 0)
     own = {r.history_id for r in records}
     extra = [s for s in stored if s.id not in own]
-    infos = [run_info(r, baseline=i == base_col) for i, r in enumerate(records)] + list(extra)
+    infos: list[Sequence[RunInfo]] = [[run_info(r, baseline=i == base_col) for r in g]
+                                      for i, g in enumerate(columns)]
+    infos += [[s] for s in extra]
     unstored = {r.index for r in records if r.history_id is None}  # their ids are not the history's
     cmp = compare(infos, base_col, requests={k: v for k, v in (requests or {}).items() if k not in unstored},
                   noises={k: v for k, v in (noises or {}).items() if k not in unstored}, floor=floor)
@@ -533,7 +554,7 @@ def compare_view(records: Sequence[RunRecord], baseline: int | None, stored: Seq
         cells = tuple(cell_text(row, i) for i in range(len(row.values)))  # "within noise" where it is
         rows.append((f"{row.label}{unit}{arrow}", cells, row.best))
     return ComparisonView(
-        columns=tuple(r.label for r in records) + tuple(f"stored #{s.id} {s.name}" for s in extra),
+        columns=tuple(_column_label(g) for g in columns) + tuple(f"stored #{s.id} {s.name}" for s in extra),
         rows=tuple(rows), baseline=base_col, flag_rows=flag_rows,
         counts=tuple(cmp.count(i) for i in range(len(infos))),
         notes=tuple(noise_legend(cmp)) + ((f"intervals of {fmt_runs(pending)} being computed "

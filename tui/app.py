@@ -146,6 +146,8 @@ class VtuiApp(App[int]):
         Binding("p", "save_preset", "Save preset", show=False, tooltip="Save the flags and workload as a preset"),
         Binding("b", "baseline", "Baseline", show=False, tooltip="Mark the last run as the baseline of the comparison"),
         Binding("w", "sweep", "Sweep", show=False, tooltip="Sweep: run several presets in a row"),
+        Binding("n", "repeats", "Repeats", show=False,
+                tooltip="How many runs r makes of the workload (repeats: one column, an interval over them)"),
         Binding("t", "attach", "Attach URL", show=False, tooltip="Attach to a vLLM server already running"),
         Binding("l", "show('tab-server')", "Log", show=False, tooltip="The server's log (Server tab)"),
         Binding("h", "log_polls", "Log: show/hide vtui's polls", show=False),
@@ -362,12 +364,32 @@ class VtuiApp(App[int]):
     async def _run(self) -> None:
         self.action_show("tab-live")
         try:
-            record = await self.session.run_workload()
+            records = await self.session.run_repeats()
         except SessionError as exc:
             self._error(exc)
             return
         self.refresh_now()
-        self.notify(f"run {record.label}: {record.status}", severity="warning" if record.status != "ok" else "information")
+        if len(records) == 1:
+            record = records[0]
+            self.notify(f"run {record.label}: {record.status}",
+                        severity="warning" if record.status != "ok" else "information")
+        else:
+            statuses = ", ".join(str(r.status) for r in records)
+            self.notify(f"{len(records)} repeats: {statuses} (Runs tab: one column)",
+                        severity="warning" if any(r.status != "ok" for r in records) else "information")
+
+    def action_repeats(self) -> None:
+        def take(text: str | None) -> None:
+            if text is None:
+                return
+            try:
+                self.session.set_repeats(text)
+            except SessionError as exc:
+                self._error(exc)
+            self.refresh_now()
+
+        self.push_screen(PromptScreen("Runs of the workload per r (1 to 50; 3 or more give an interval)",
+                                      value=str(self.session.repeats)), take)
 
     def action_stop_run(self) -> None:
         self.session.stop_workload()

@@ -30,6 +30,7 @@ from engine.runs.compare import LoadPoint, RunPoint, load_points, run_points
 from engine.runs.history import History, NoiseFloor, Recording, RunInfo
 from engine.runs.measure import MeasuredRun, RunHandle, RunPlan, Target, measure
 from engine.runs.noise import RunNoise, run_noise
+from engine.runs.series import Slot, run_series
 from engine.runs.status import RunStatus
 from engine.views import ComparisonView, RunProgress, RunRecord, StoredRun, compare_view, run_info
 
@@ -143,6 +144,11 @@ class RunGround:
     preset_flags: FlagSet  # what run names compare against
 
 
+def _ends_repeats(record: RunRecord) -> bool:
+    """A repeat after which no more are run: cancelled, the server gone, or nothing measured."""
+    return record.status in (RunStatus.CANCELLED, RunStatus.SERVER_DIED, RunStatus.FAILED)
+
+
 class LiveRuns:
     """The session's load run in progress, its runs, the baseline, the comparison and the history."""
 
@@ -232,9 +238,10 @@ class LiveRuns:
         """The next run's name: the preset and the flags changed since it (see run_name)."""
         return run_name(ground.name_base, ground.preset_flags, ground.flags, [r.label for r in self.runs])
 
-    async def run(self, ground: RunGround, label: str | None = None) -> RunRecord:
+    async def run(self, ground: RunGround, label: str | None = None, *, group: int | None = None) -> RunRecord:
         """Run ``ground``'s workload against its server; returns the recorded run (see
-        ``engine.session.Session.run_workload``)."""
+        ``engine.session.Session.run_workload``). ``group``: the index of the first run of the
+        repeats this one belongs to (one column of the comparison)."""
         base_url = ground.base_url
         if base_url is None or not ground.ready:
             raise SessionError("no server is ready", "start one (s) or attach to a URL (t)")
@@ -322,6 +329,7 @@ class LiveRuns:
             history_id=run.history_id,
             error=run.error,
             ended_t=ended,
+            group=group,
         )
         self.runs.append(record)
         if self.baseline is None:
@@ -367,24 +375,59 @@ class LiveRuns:
         self._notify(f"baseline: {record.label}")
         self._changed()
 
-    async def sweep(self, presets: Sequence[Preset | str | Path], *, load: Callable[[Preset | str | Path], object],
+    async def repeat(self, ground: Callable[[], RunGround], repeats: int) -> list[RunRecord]:
+        """The workload ``repeats`` times in a row (engine.runs.series), one column of the
+        comparison; each repeat is stored as what it was (a spoiled one is not measured again:
+        the comparison reads the repeats' statuses). A cancelled or failed run ends the repeats."""
+        if repeats == 1:
+            return [await self.run(ground())]
+        base = self.next_label(ground())
+        group = len(self.runs) + 1
+
+        async def step(slot: Slot[str]) -> RunRecord:
+            return await self.run(ground(), f"{base} ({slot.repeat}/{slot.repeats})", group=group)
+
+        done = await run_series([base], step, repeats=repeats, retry_spoiled=False, stop=_ends_repeats)
+        return [record for _, record in done]
+
+    async def sweep(self, presets: Sequence[Preset], *, load: Callable[[Preset], object],
                     needs_apply: Callable[[], bool], apply: Callable[[], Awaitable[object]],
-                    run: Callable[[], Awaitable[RunRecord]]) -> list[RunRecord]:
-        """For each of ``presets``: ``load`` it, ``apply`` (restart) when ``needs_apply``
-        says the flags differ from the running ones, and ``run`` the workload."""
+                    run: Callable[[str | None, int | None], Awaitable[RunRecord]],
+                    repeats: int = 1) -> list[RunRecord]:
+        """For each of ``presets`` (``repeats`` rounds over them, engine.runs.series): ``load``
+        it, ``apply`` (restart) when ``needs_apply`` says the flags differ from the running ones,
+        and ``run`` the workload; a run the box spoiled is measured again (the spoiled try stays
+        in the runs, out of the comparison). With repeats, each preset's runs are one column."""
         if self.sweeping:
             raise SessionError("a sweep is already going", "wait for it to end")
-        records = []
+        groups: dict[int, int] = {}  # preset's place in the sweep -> the index of its first run
+        spoiled: dict[int, int] = {}  # slot of the series -> its last try's index, spoiled
+
+        async def step(slot: Slot[tuple[int, Preset]]) -> RunRecord:
+            place, preset = slot.config
+            tried = spoiled.pop(slot.index, None)
+            if tried is not None:
+                # measured again: the spoiled try is kept as what it was, out of the comparison
+                self.runs[tried - 1] = dataclasses.replace(self.runs[tried - 1], superseded=True)
+                if groups.get(place) == tried:
+                    del groups[place]
+            load(preset)
+            if needs_apply():
+                await apply()
+            group = groups.setdefault(place, len(self.runs) + 1) if repeats > 1 else None
+            label = f"{preset.name} ({slot.repeat}/{slot.repeats})" if repeats > 1 else None
+            record = await run(label, group)
+            if record.status.spoiled:
+                spoiled[slot.index] = record.index
+            return record
+
         self.sweeping = True
         try:
-            for preset in presets:
-                load(preset)
-                if needs_apply():
-                    await apply()
-                records.append(await run())
+            done = await run_series(list(enumerate(presets)), step, repeats=repeats, say=self._notify,
+                                    name=lambda config: config[1].name)
         finally:
             self.sweeping = False
-        return records
+        return [record for _, record in done]
 
     # ------------------------------------------------------------------ views
 
@@ -420,7 +463,7 @@ class LiveRuns:
         the box's floor, a run's bootstrap done); a compared run's intervals are bootstrapped on
         the noise thread, once (noise_settled waits for it), its verdicts said pending until then."""
         pinned = tuple(self._pinned)
-        records = [r for r in self.runs if not r.summary.empty]
+        records = [r for r in self.runs if not r.summary.empty and not r.superseded]
         if not records and not pinned:
             return None
         # run id -> its stored workload (whose SLO judges goodput; a session run's is not at hand)
@@ -429,7 +472,7 @@ class LiveRuns:
         floor = self._box_floor()
         with self._noise_lock:
             noises = {run_id: self._noises[run_id] for run_id in wanted if run_id in self._noises}
-        key = (len(self.runs), self.baseline, tuple(i.id for i in pinned), None if floor is None else floor.id,
+        key = (len(self.runs), sum(r.superseded for r in self.runs), self.baseline, tuple(i.id for i in pinned), None if floor is None else floor.id,
                tuple(sorted(noises)))
         if self._comparison_cache is not None and self._comparison_cache[0] == key:
             return self._comparison_cache[1]

@@ -16,7 +16,7 @@ from engine.errors import EngineDied, StartupError
 from engine.flags import FlagSet
 from engine.runs.measure import RunHandle, RunPlan, Target, ensure_server, wait_for
 from engine.runs.measure import measure as measure_run
-from engine.runs.status import SPOILED_TRIES
+from engine.runs.series import measure_sound
 from engine.server.supervisor import ServerState, Supervisor
 from engine.tune.trial import EarlyStop, Measurement, StartOutcome
 from loadgen import LoadRun, ServerError
@@ -123,13 +123,10 @@ class ServerMeasurer:
         (box-bound): a step judged on the client's delay would put the configuration's limit
         where the client's is. At most ``SPOILED_TRIES`` tries; the last is the one kept, marked
         ``remeasured`` (and client- or box-bound again if it still was: the report says so)."""
-        m = await self._measure_once(load, requests=requests, timeout=timeout, warmup=warmup)
-        tries = 1
-        while (m.client_bound or m.box_bound) and not m.fatal and tries < SPOILED_TRIES:
-            m = dataclasses.replace(await self._measure_once(load, requests=requests, timeout=timeout,
-                                                             warmup=warmup), remeasured=True)
-            tries += 1
-        return m
+        return await measure_sound(
+            lambda: self._measure_once(load, requests=requests, timeout=timeout, warmup=warmup),
+            spoiled=lambda m: (m.client_bound or m.box_bound) and not m.fatal,
+            again=lambda m: dataclasses.replace(m, remeasured=True))
 
     async def _measure_once(self, load: float, *, requests: int, timeout: float, warmup: int) -> Measurement:
         if self.sup is None:

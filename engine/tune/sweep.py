@@ -30,7 +30,8 @@ from engine.flags import FlagSet, installed_vllm_version, recordable_values
 from engine.presets import FlagValue, Preset
 from engine.runs.history import History, Recording, RunInfo
 from engine.runs.measure import RunPlan, Target, ensure_server, measure
-from engine.runs.status import SPOILED_TRIES, RunStatus
+from engine.runs.series import Slot, run_series
+from engine.runs.status import RunStatus
 from engine.server.supervisor import Supervisor
 
 
@@ -80,76 +81,75 @@ async def run_sweep(
     """
     if repeats < 1:
         raise ValueError(f"repeats {repeats}: must be 1 or more")
+
     def make_supervisor(flags: FlagSet) -> Supervisor:
         if supervisor_factory is not None:
             return supervisor_factory(flags)
         return Supervisor(flags, log_dir=paths.logs_dir())
 
-    steps: list[SweepStep] = []
     sup: Supervisor | None = None
     tokenizer = model if Path(model).is_dir() else None
     version = installed_vllm_version()
-    try:
-        order = [(r, p) for r in range(1, repeats + 1) for p in presets]  # rounds: A B A B, not A A B B
-        for n, (repeat, preset) in enumerate(order, 1):
-            label = f"[{n}/{len(order)}] {preset.name}" + (f" (repeat {repeat}/{repeats})" if repeats > 1 else "")
-            flags = FlagSet.from_dict({"model": model, "values": {**(extra_flags or {}), **preset.flags}})
-            meta: dict[str, object] = {"scaled": list(preset.scaled)}
-            restarted, downtime = False, None
-            if url is None:
-                def say_step(text: str, label: str = label) -> None:
-                    say(f"{label}: {text}")
 
-                ready = await ensure_server(sup, flags, make=make_supervisor, timeout=start_timeout, say=say_step)
-                sup = ready.supervisor
-                if ready.error is not None:
-                    say(f"{label}: server did not start: {ready.error}")
-                    rec = Recording(history, preset.name, preset=preset.name, flags=recordable_values(flags),
-                                    model=model, vllm_version=version,
-                                    workload={"workload": dict(preset.workload), "arrivals": dict(preset.arrivals),
-                                              "slo": preset.slo.to_dict() if preset.slo else None, **meta})
-                    info = rec.finish(history, RunStatus.FAILED, {"error": ready.error, "hint": ready.hint})
-                    steps.append(SweepStep(preset.name, RunStatus.FAILED, info, error=ready.error, hint=ready.hint,
-                                           repeat=repeat))
-                    continue
-                assert sup is not None  # ensure_server gives None only with an error, handled above
-                restarted = ready.restarted and ready.started
-                if ready.started:
-                    downtime = ready.seconds
-                    say(f"{label}: server ready in {downtime:.0f} s")
-                target = Target.of(sup, tokenizer=tokenizer)
-                if target.vllm_version is None:
-                    target = dataclasses.replace(target, vllm_version=version)
-            else:
-                target = Target(url, None, tokenizer=tokenizer, model_label=None, vllm_version=version)
-            arr = preset.arrival_spec()
-            say(f"{label}: {arr.num_requests or '-'} requests, {arr.mode} "
-                + (f"concurrency {arr.concurrency}" if arr.mode == "closed" else f"rate {arr.rate}"))
-            plan = RunPlan(preset.name, preset.workload_spec(), arr, preset.slo, preset=preset.name,
-                           check_max_len=check_max_len, meta=meta)
-            run = await measure(target, plan, history=history)
-            for attempt in range(2, SPOILED_TRIES + 1):
-                if not run.status.spoiled:
-                    break
-                # Its figures carry the client's delay, not the preset's: stored as such, and
-                # measured again before the sweep takes the step (the last try is kept).
-                say(f"{label}: {run.status}: measured again (try {attempt} of {SPOILED_TRIES})")
-                run = await measure(target, plan, history=history)
-            if run.history_error is not None:
-                say(f"{label}: history not written ({run.history_error}); results kept in memory")
-            load = run.load
-            if run.status is RunStatus.SERVER_DIED:
-                say(f"{label}: server died: {run.error}; what it measured is kept, the next preset starts it again")
-            elif run.error:
-                say(f"{label}: {run.status}: {run.error}")
-            else:
-                say(f"{label}: {run.status}: {load.get('completed', 0)} done, {load.get('failed', 0)} failed, "
-                    f"{load.get('request_throughput', 0):.2f} req/s, TTFT p50 {load.get('median_ttft_ms', 0):.0f} ms")
-            assert run.info is not None
-            error = f"server died: {run.error}" if run.status is RunStatus.SERVER_DIED else run.error
-            steps.append(SweepStep(preset.name, run.status, run.info, restarted, downtime, error, run.hint, repeat))
+    async def step(slot: Slot[Preset]) -> SweepStep:
+        nonlocal sup
+        preset, repeat = slot.config, slot.repeat
+        label = slot.label(preset.name)
+        flags = FlagSet.from_dict({"model": model, "values": {**(extra_flags or {}), **preset.flags}})
+        meta: dict[str, object] = {"scaled": list(preset.scaled)}
+        restarted, downtime = False, None
+        if url is None:
+            def say_step(text: str) -> None:
+                say(f"{label}: {text}")
+
+            ready = await ensure_server(sup, flags, make=make_supervisor, timeout=start_timeout, say=say_step)
+            sup = ready.supervisor
+            if ready.error is not None:
+                say(f"{label}: server did not start: {ready.error}")
+                rec = Recording(history, preset.name, preset=preset.name, flags=recordable_values(flags),
+                                model=model, vllm_version=version,
+                                workload={"workload": dict(preset.workload), "arrivals": dict(preset.arrivals),
+                                          "slo": preset.slo.to_dict() if preset.slo else None, **meta})
+                info = rec.finish(history, RunStatus.FAILED, {"error": ready.error, "hint": ready.hint})
+                return SweepStep(preset.name, RunStatus.FAILED, info, error=ready.error, hint=ready.hint,
+                                 repeat=repeat)
+            assert sup is not None  # ensure_server gives None only with an error, handled above
+            restarted = ready.restarted and ready.started
+            if ready.started:
+                downtime = ready.seconds
+                say(f"{label}: server ready in {downtime:.0f} s")
+            target = Target.of(sup, tokenizer=tokenizer)
+            if target.vllm_version is None:
+                target = dataclasses.replace(target, vllm_version=version)
+        else:
+            target = Target(url, None, tokenizer=tokenizer, model_label=None, vllm_version=version)
+        arr = preset.arrival_spec()
+        say(f"{label}: {arr.num_requests or '-'} requests, {arr.mode} "
+            + (f"concurrency {arr.concurrency}" if arr.mode == "closed" else f"rate {arr.rate}"))
+        plan = RunPlan(preset.name, preset.workload_spec(), arr, preset.slo, preset=preset.name,
+                       check_max_len=check_max_len, meta=meta)
+        run = await measure(target, plan, history=history)
+        if run.history_error is not None:
+            say(f"{label}: history not written ({run.history_error}); results kept in memory")
+        load = run.load
+        if run.status is RunStatus.SERVER_DIED:
+            say(f"{label}: server died: {run.error}; what it measured is kept, the next preset starts it again")
+        elif run.error:
+            say(f"{label}: {run.status}: {run.error}")
+        else:
+            say(f"{label}: {run.status}: {load.get('completed', 0)} done, {load.get('failed', 0)} failed, "
+                f"{load.get('request_throughput', 0):.2f} req/s, TTFT p50 {load.get('median_ttft_ms', 0):.0f} ms")
+        assert run.info is not None
+        error = f"server died: {run.error}" if run.status is RunStatus.SERVER_DIED else run.error
+        return SweepStep(preset.name, run.status, run.info, restarted, downtime, error, run.hint, repeat)
+
+    try:
+        # A step the box spoiled carries the client's delay, not the preset's: stored as such,
+        # and measured again before the sweep takes it (the last try is kept).
+        done = await run_series(presets, step, repeats=repeats, say=say, name=lambda p: p.name)
     finally:
         if sup is not None:
             with contextlib.suppress(Exception):
                 await sup.stop()
+    steps = [run for _, run in done]
     return steps

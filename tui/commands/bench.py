@@ -96,9 +96,9 @@ def add_parser(subparsers: Any) -> None:
     s.add_argument("--no-history", action="store_true",
                    help="do not store the run in the run history (`vtui history`, `vtui compare`)")
     s.add_argument("--name", help="the run's name in the history (default: bench c=N in/out)")
-    s.add_argument("--repeat", type=int, default=1, metavar="N",
+    s.add_argument("--repeat", type=int, default=None, metavar="N",
                    help="measure N runs of the workload, each stored; then each figure's median and its 95%% "
-                        "interval over the repeats (default 1)")
+                        "interval over the repeats (default: the preset's repeats, else 1)")
     s.add_argument("--noise-floor", type=int, metavar="K",
                    help="measure this box's noise floor: K runs of the workload (3 or more), each figure's "
                         "run-to-run spread printed and stored; single-run comparisons on this box "
@@ -123,7 +123,13 @@ def build_specs(args: argparse.Namespace) -> tuple[Any, Any, Any]:
             raise UserError(str(exc), "`vtui preset list` shows the presets") from None
         if not args.url:
             preset = preset.for_tiny_model() if not args.model else preset
-        wd.update(preset.workload)
+        if args.repeat is None and preset.repeats > 1:
+            if args.noise_floor or args.requests_file:
+                _err(f"vtui: preset {preset.name} asks for {preset.repeats} repeats; "
+                     f"{'--noise-floor' if args.noise_floor else '--requests-file'} measures its own runs: the preset's repeats are not run")
+            else:
+                args.repeat = preset.repeats
+                _err(f"vtui: preset {preset.name}: {preset.repeats} repeats (--repeat 1 for one run)")
         ad.update(preset.arrivals)
         if preset.slo is not None:
             slo_d.update(preset.slo.to_dict())
@@ -174,6 +180,9 @@ def build_specs(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    workload, arrivals, slo = build_specs(args)  # the preset's repeats, where --repeat is not given
+    if args.repeat is None:
+        args.repeat = 1
     if args.repeat < 1:
         raise UserError(f"--repeat {args.repeat}: must be 1 or more", "e.g. --repeat 5")
     if args.repeat > 1 and args.requests_file:
@@ -191,7 +200,6 @@ def run(args: argparse.Namespace) -> int:
         if args.requests_file:
             raise UserError("--requests-file holds one run's requests, and --noise-floor measures several",
                             "drop --requests-file: every run's requests are stored (`vtui history show ID`)")
-    workload, arrivals, slo = build_specs(args)
     peaks = (args.peak_bw_tbs, args.peak_tflops)
     if (peaks[0] is None) != (peaks[1] is None) or any(p is not None and not p > 0 for p in peaks):
         raise UserError("--peak-bw-tbs and --peak-tflops go together, both > 0",
@@ -227,6 +235,7 @@ async def _start_server(args: argparse.Namespace) -> Any:
 async def _bench(args: argparse.Namespace, workload: Any, arrivals: Any, slo: Any) -> int:
     from engine.runs.history import open_history
     from engine.runs.measure import RunHandle, RunPlan, Target, measure
+    from engine.runs.series import Slot, run_series
 
     sup = None
     if args.url:
@@ -248,26 +257,33 @@ async def _bench(args: argparse.Namespace, workload: Any, arrivals: Any, slo: An
     floor_doc: dict[str, Any] | None = None
     count, what, tag = (args.noise_floor, "noise floor", "noise-floor") if args.noise_floor else \
         (args.repeat, "repeat", "repeat")
+    codes: list[int] = []
+
+    async def one(slot: Slot[Any]) -> Any:
+        this = plan
+        if count > 1:
+            # each repeat a normal measured run, stored under its own name (and its own seed)
+            this = dataclasses.replace(plan, name=f"{plan.name} ({what} {slot.repeat}/{count})",
+                                       tags=(*plan.tags, tag))
+            _err(f"vtui: {what} run {slot.repeat} of {count}" if args.noise_floor
+                 else f"vtui: repeat {slot.repeat} of {count}")
+        progress = _Progress(args.quiet)
+        handle = RunHandle()
+        loop.add_signal_handler(signal.SIGINT, handle.cancel)
+        try:
+            run = await measure(target, this, history=history, handle=handle, on_window=progress.update)
+        finally:
+            loop.remove_signal_handler(signal.SIGINT)
+            progress.end()
+        codes.append(_report(args, run))
+        return run
+
     try:
-        for k in range(1, count + 1):
-            this = plan
-            if count > 1:
-                # each repeat a normal measured run, stored under its own name (and its own seed)
-                this = dataclasses.replace(plan, name=f"{plan.name} ({what} {k}/{count})",
-                                           tags=(*plan.tags, tag))
-                _err(f"vtui: {what} run {k} of {count}" if args.noise_floor else f"vtui: repeat {k} of {count}")
-            progress = _Progress(args.quiet)
-            handle = RunHandle()
-            loop.add_signal_handler(signal.SIGINT, handle.cancel)
-            try:
-                run = await measure(target, this, history=history, handle=handle, on_window=progress.update)
-            finally:
-                loop.remove_signal_handler(signal.SIGINT)
-                progress.end()
-            runs.append(run)
-            code = max(code, _report(args, run))
-            if code not in (0, 3):  # cancelled, the server died, or the run failed: no more repeats
-                break
+        # A repeat the box spoiled is kept as one (its status says so; the spread reads it), not
+        # measured again; a cancelled run, a dead server or a failed run ends the repeats.
+        runs = [run for _, run in await run_series([plan], one, repeats=count, retry_spoiled=False,
+                                                   stop=lambda run: codes[-1] not in (0, 3))]
+        code = max(codes, default=0)
         if args.noise_floor and code in (0, 3):
             floor_doc = print_floor(runs, history, label=args.preset or plan.name)
     finally:

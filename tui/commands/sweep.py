@@ -48,8 +48,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--force", action="store_true", help="run presets that cannot apply here anyway")
     parser.add_argument("--allow-long", action="store_true",
                         help="send requests longer than max-model-len (the server's rejections count as failures)")
-    parser.add_argument("--repeat", type=int, default=1, metavar="N",
-                        help="run every preset N times, in alternating rounds (default 1)")
+    parser.add_argument("--repeat", type=int, default=None, metavar="N",
+                        help="run every preset N times, in alternating rounds (default: the most repeats "
+                             "the presets ask for, else 1)")
     parser.add_argument("--no-history", action="store_true", help="do not store the runs")
     parser.add_argument("--format", choices=("text", "markdown", "csv", "json"), default="text")
     parser.add_argument("--output", "-o", type=Path, help="write the comparison to this file")
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
-    if args.repeat < 1:
+    if args.repeat is not None and args.repeat < 1:
         raise UserError(f"--repeat {args.repeat}: must be 1 or more", "e.g. --repeat 3")
     try:
         resolved = resolve_model(args.model)
@@ -121,6 +122,13 @@ def run(args: argparse.Namespace) -> int:
     for preset in presets:
         for line in preset.scaled:
             say(f"{preset.name} (tiny model): {line}")
+    repeats = args.repeat
+    if repeats is None:
+        # Rounds alternate over every preset, so the sweep has one count: the most any asks for.
+        repeats = max(p.repeats for p in presets)
+        if repeats > 1:
+            asked = ", ".join(f"{p.name} {p.repeats}" for p in presets)
+            say(f"{repeats} rounds: the most repeats the presets ask for ({asked}); --repeat N sets it")
 
     if args.url is None:
         gpus, backend, config = detect_box(model)
@@ -149,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     requests: dict[int, Any] = {}
     try:
         steps = asyncio.run(run_sweep(presets, model=model, url=args.url, history=history, say=say,
-                                      extra_flags=extra_flags, repeats=args.repeat,
+                                      extra_flags=extra_flags, repeats=repeats,
                                       start_timeout=args.start_timeout, check_max_len=not args.allow_long))
         if history is not None:  # each run's requests: the within-run noise where there are no repeats
             with contextlib.suppress(HistoryError):

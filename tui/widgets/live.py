@@ -141,7 +141,8 @@ class LivePanel(VerticalScroll):
         f = snap.figures
         text = Text()
         if f is None:
-            text.append("throughput  no run yet (r runs the workload)")
+            text.append("throughput  no run yet (r runs the workload"
+                        + (f" {snap.repeats} times: n sets how many)" if snap.repeats > 1 else ")"))
             return text
         parts = [f"{_f(f.req_s)} req/s", f"{_f(f.out_tok_s, '{:.0f}')} out tok/s"]
         if f.in_flight is not None:
