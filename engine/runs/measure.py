@@ -557,13 +557,15 @@ class ServerReady:
     seconds: float = 0.0
     error: str | None = None  # vLLM's own line when it did not start
     hint: str | None = None
+    failure: StartupError | None = None  # the start's error itself (its report: the log's last lines)
 
 
 async def ensure_server(sup: Supervisor | None, flags: FlagSet, *, make: Callable[[FlagSet], Supervisor],
                         timeout: float, say: Callable[[str], None] | None = None) -> ServerReady:
     """A server running ``flags``: ``sup`` itself when it is ready with the same command line,
     else ``sup`` restarted through its supervisor (same port, same log), or a new one from
-    ``make`` when there is none. The one restart policy of sweep and tune. A start that fails
+    ``make`` when there is none. The one start and restart policy of vtui bench, sweep and tune
+    (the TUI's LiveServer adds its log pane and events around the same Supervisor). A start that fails
     leaves no server running and says vLLM's own line in ``error``."""
     if sup is not None and sup.state is ServerState.READY:
         now = sup.flags
@@ -587,7 +589,7 @@ async def ensure_server(sup: Supervisor | None, flags: FlagSet, *, make: Callabl
             with contextlib.suppress(Exception):
                 await sup.stop()
         return ServerReady(sup, restarted, False, time.monotonic() - t0,
-                           error=exc.vllm_line or str(exc), hint=exc.hint or None)
+                           error=exc.vllm_line or str(exc), hint=exc.hint or None, failure=exc)
     return ServerReady(sup, restarted, True, time.monotonic() - t0)
 
 

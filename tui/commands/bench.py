@@ -213,22 +213,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _start_server(args: argparse.Namespace) -> Any:
-    from engine.errors import StartupError
+    from engine.runs.measure import ensure_server
     from engine.server.supervisor import Supervisor
     from tui.commands.serve import build_flags
 
     flags = build_flags(args)
-    sup = Supervisor(flags)
     _err(f"vtui: starting {flags.model} (this takes a minute) ...")
-    t0 = time.monotonic()
-    try:
-        await sup.start(timeout=args.server_timeout)
-    except StartupError as exc:
-        await sup.stop()
-        report = exc.report()
+    ready = await ensure_server(None, flags, make=Supervisor, timeout=args.server_timeout)
+    if ready.failure is not None:
+        report = ready.failure.report()
         print("\n".join(report[:-1]), file=sys.stderr)  # what happened, vLLM's line, its last log lines
-        raise UserError(f"the server did not start: {exc}", exc.hint) from None
-    _err(f"vtui: ready at {sup.base_url} after {time.monotonic() - t0:.0f} s")
+        raise UserError(f"the server did not start: {ready.failure}", ready.failure.hint)
+    sup = ready.supervisor
+    assert sup is not None  # ensure_server gives None only with a failure, handled above
+    _err(f"vtui: ready at {sup.base_url} after {ready.seconds:.0f} s")
     return sup
 
 
