@@ -11,7 +11,7 @@ import pytest
 from engine.errors import SessionError
 from engine.flags import FlagSet
 from engine.presets import PresetError, dumps_toml, loads_preset
-from engine.runs.series import measure_sound, rounds, run_series
+from engine.runs.series import Slot, measure_sound, rounds, run_series
 from engine.runs.status import RunStatus
 from engine.server.attach import AttachedServer
 from engine.session import Session
@@ -64,8 +64,8 @@ def test_a_spoiled_step_is_measured_again_at_most_three_times_and_repeats_are_no
                      RunStatus.BOX_BOUND])
     calls: list[str] = []
 
-    async def step(slot: object) -> _Run:
-        calls.append(str(getattr(slot, "config")))
+    async def step(slot: Slot[str]) -> _Run:
+        calls.append(str(slot.config))
         return _Run(next(statuses))
 
     done = asyncio.run(run_series(["a", "b"], step, say=said.append))
@@ -153,7 +153,7 @@ async def test_the_tuis_sweep_runs_rounds_and_groups_each_preset(tmp_path: Path,
     with serve_in_thread(ServerConfig(first_delay_s=0.005, gap_s=0.002, max_model_len=4096)) as url:
         session = _session(url, tmp_path)
         try:
-            with pytest.raises(SessionError, match="no preset named .no-such-preset-here."):
+            with pytest.raises(SessionError, match=r"no preset named .no-such-preset-here."):
                 await session.sweep(["no-such-preset-here"])
             records = await session.sweep(presets)  # the most repeats any asks for: 2 rounds
         finally:

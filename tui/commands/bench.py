@@ -125,8 +125,9 @@ def build_specs(args: argparse.Namespace) -> tuple[Any, Any, Any]:
             preset = preset.for_tiny_model() if not args.model else preset
         if args.repeat is None and preset.repeats > 1:
             if args.noise_floor or args.requests_file:
+                given = "--noise-floor" if args.noise_floor else "--requests-file"
                 _err(f"vtui: preset {preset.name} asks for {preset.repeats} repeats; "
-                     f"{'--noise-floor' if args.noise_floor else '--requests-file'} measures its own runs: the preset's repeats are not run")
+                     f"{given} measures its own runs: the preset's repeats are not run")
             else:
                 args.repeat = preset.repeats
                 _err(f"vtui: preset {preset.name}: {preset.repeats} repeats (--repeat 1 for one run)")
