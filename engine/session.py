@@ -246,7 +246,9 @@ class Session:
 
     # ------------------------------------------------------------------ flags
 
-    def _schema(self) -> Schema:
+    def schema(self) -> Schema:
+        """The flag schema the editor and the checks use: the installed vLLM's once read (in
+        the background), the built-in one until then."""
         # Never wait for the installed vLLM's schema (about 10 s the first time on a data
         # folder): the built-in one answers until the background read is done.
         if self._schema_obj is None or (not self._schema_obj.complete and not schema_pending()
@@ -292,7 +294,7 @@ class Session:
 
     def _revalidate(self) -> None:
         errors: dict[str, str] = {}
-        for err in validate(self._flags, self._schema(), max_request_len=self._max_request_len()):
+        for err in validate(self._flags, self.schema(), max_request_len=self._max_request_len()):
             errors.setdefault(err.flag or "model", err.reason)
         errors.update(self._flag_text_errors)
         self._flag_errors = errors
@@ -589,7 +591,7 @@ class Session:
             flags=self._flags, flag_errors=dict(self._flag_errors), workload=self._workload, arrivals=self._arrivals,
             loading=self.run_active or self._live_runs.sweeping, busy=self._live_server.busy,
             attached=self._live_server.attached_only,
-            max_request_len=self._max_request_len(), schema=self._schema(),
+            max_request_len=self._max_request_len(), schema=self.schema(),
             gpus=tuple(g.index for g in snap.gpus) if snap is not None else (), measurer=self._tune_measurer)
 
     def _tune_server(self, base: FlagSet) -> Supervisor:
@@ -758,7 +760,7 @@ class Session:
         labels = live.attached.cache_config if live.attached is not None else {}
         if sample is not None and not sample.stale and (live.attached is not None or live.running_flags is not None):
             labels = sample.cache_config or labels
-        return server_values({CACHE_CONFIG: labels}, self._schema()) if labels else {}
+        return server_values({CACHE_CONFIG: labels}, self.schema()) if labels else {}
 
 
 # --------------------------------------------------------------------------- adapters

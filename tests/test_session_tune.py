@@ -142,7 +142,7 @@ def test_bad_form_input_names_the_field(fields: dict[str, str], error: str) -> N
     session = make_session()
     form = {**session.tune_form_defaults(), **fields}
     with pytest.raises(SessionError) as info:
-        parse_tune_form(form, schema=session._schema())
+        parse_tune_form(form, schema=session.schema())
     assert error in str(info.value)
     assert info.value.hint
 
@@ -153,13 +153,13 @@ def test_form_defaults_round_trip_into_a_request() -> None:
     assert form["ttft_ms"] == "500" and form["tpot_ms"] == "50"  # the preset's SLO
     assert SearchSpace.parse(form["space"].splitlines()) == SearchSpace.default()
     got = parse_tune_form({**form, "budget_min": "2.5", "space": "max-num-seqs=64,128\nenable-chunked-prefill=on,off",
-                           "mode": "concurrency", "start_load": "4"}, schema=session._schema())
+                           "mode": "concurrency", "start_load": "4"}, schema=session.schema())
     assert got.slo == SLO(ttft_ms=500.0, tpot_ms=50.0)
     assert got.budget_s == 150.0 and got.mode == "concurrency" and got.start_load == 4.0
     assert got.space.dims == (("max-num-seqs", (64, 128)), ("enable-chunked-prefill", (True, False)))
     assert space_lines(got.space) == "max-num-seqs=64,128\nenable-chunked-prefill=on,off"
     assert form["percentile"] == "99"
-    p90 = parse_tune_form({**form, "percentile": "p90", "tpot_ms": ""}, schema=session._schema())
+    p90 = parse_tune_form({**form, "percentile": "p90", "tpot_ms": ""}, schema=session.schema())
     assert p90.slo == SLO(percentile=90.0, ttft_ms=500.0)
 
 
@@ -304,7 +304,7 @@ async def test_stop_saves_it_interrupted_and_the_id_resumes() -> None:
     tuner = Tuner(again, base_flags=FlagSet.from_dict(inputs["base_flags"]),
                   space=SearchSpace.from_dict(inputs["space"]), slo=SLO.from_dict(inputs["slo"]),
                   settings=TuneSettings.from_dict(inputs["settings"]), workload=inputs["workload"],
-                  max_request_len=inputs["max_request_len"], state=state, schema=session._schema())
+                  max_request_len=inputs["max_request_len"], state=state, schema=session.schema())
     resumed = await tuner.run()
     assert resumed.status == "done" and resumed.best is not None and resumed.best.key == BEST
 

@@ -138,7 +138,7 @@ async def test_gpus_the_session_cannot_give_are_refused_on_the_form(
     if space is not None:
         text["space"] = space
     with pytest.raises(TuneFormError) as info:
-        await session.tune(parse_tune_form(text, schema=session._schema()), settings=SETTINGS)
+        await session.tune(parse_tune_form(text, schema=session.schema()), settings=SETTINGS)
     assert info.value.field == field and words in str(info.value), str(info.value)
     # Refused before anything: no measurer, the session's server untouched, no search shown.
     assert not tables.made and not released and session.snapshot().tune is None and not session.tune_active

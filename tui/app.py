@@ -176,7 +176,7 @@ class VtuiApp(App[int]):
         super().__init__()
         self.session = session
         self.start_on_mount = start_server
-        self.schema = schema if schema is not None else session._schema()
+        self.schema = schema if schema is not None else session.schema()
         self.presets = presets if presets is not None else _safe_presets(session)
         self.publish = publish
         self.cursor_blink = cursor_blink
@@ -566,9 +566,7 @@ class VtuiApp(App[int]):
     async def _close_and_exit(self, *, stop_server: bool) -> None:
         if stop_server:
             self.notify("stopping the server…")
-        elif self.session.supervisor is not None:
-            # The user chose to leave it: tell the supervisor not to kill it at exit.
-            self.session.supervisor.leave_running = True
+        # Left running by choice: the session's LiveServer tells its supervisor (and reaper) so.
         await self.session.close(stop_server=stop_server)
         self.exit(self.exit_code)
 
