@@ -20,7 +20,6 @@ import dataclasses
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.errors import SessionError
@@ -28,7 +27,7 @@ from engine.flags import SECRET_FLAGS, FlagSet, recordable_values
 from engine.presets import Preset
 from engine.runs.compare import LoadPoint, RunPoint, load_points, run_points
 from engine.runs.history import History, NoiseFloor, Recording, RunInfo
-from engine.runs.measure import MeasuredRun, RunHandle, RunPlan, Target, measure
+from engine.runs.measure import MeasuredRun, RunHandle, RunPlan, Target, local_tokenizer, measure
 from engine.runs.noise import RunNoise, run_noise
 from engine.runs.series import Slot, run_series
 from engine.runs.status import RunStatus
@@ -256,7 +255,7 @@ class LiveRuns:
             # A server started here with --api-key wants it on every request.
             api_key = flags.secret_env().get("VLLM_API_KEY")
         target = Target(base_url, ground.model, api_key=api_key or None,
-                        tokenizer=str(flags.model) if Path(flags.model).is_dir() else None,
+                        tokenizer=local_tokenizer(flags.model),
                         supervisor=ground.supervisor, root_pid=ground.pid,
                         flags=recordable_values(flags), model_label=str(flags.model), vllm_version=ground.version)
         # 120 s without a byte means a hung server (SIGSTOP, a stuck engine), not a long

@@ -121,17 +121,29 @@ class Target:
     def of(cls, sup: MeasuredServer, *, api_key: str | None = None, tokenizer: str | os.PathLike[str] | None = None) -> Target:
         """The server a supervisor runs: its URL, served name, process tree and flags.
         ``api_key``: None takes the server's own --api-key (where its flags are a FlagSet)."""
-        from pathlib import Path
-
         flags = sup.flags
-        folder = Path(str(flags.model))
         if api_key is None:
             api_key = flags.secret_env().get("VLLM_API_KEY") if isinstance(flags, FlagSet) else None
         return cls(
             base_url=sup.base_url, model=sup.model, api_key=api_key, supervisor=sup,
-            tokenizer=str(tokenizer) if tokenizer else (str(folder) if (folder / "config.json").is_file() else None),
+            tokenizer=str(tokenizer) if tokenizer else local_tokenizer(flags.model),
             root_pid=sup.pid, flags=recordable_values(flags), model_label=str(flags.model),
             vllm_version=sup.facts.vllm_version if sup.facts is not None else None)
+
+
+def local_tokenizer(model: object) -> str | None:
+    """The tokenizer a run's client counts with: the model's own folder when the model is one
+    (a local folder holding config.json), else None (a Hugging Face id: the server's count)."""
+    from pathlib import Path
+
+    text = str(model or "")
+    if not text:
+        return None
+    try:
+        folder = Path(text).expanduser()
+        return str(folder) if (folder / "config.json").is_file() else None
+    except (OSError, ValueError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -605,4 +617,4 @@ async def wait_for(coro: Awaitable[MeasuredRun], handle: RunHandle, timeout: flo
 
 
 __all__ = ["PREFIX_RESET_KEY", "MeasuredRun", "MeasuredServer", "PrefixReset", "RunHandle", "RunPlan", "ServerReady",
-           "Target", "ensure_server", "measure", "reset_prefix_cache", "server_window", "wait_for"]
+           "Target", "ensure_server", "local_tokenizer", "measure", "reset_prefix_cache", "server_window", "wait_for"]

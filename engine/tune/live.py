@@ -30,11 +30,11 @@ import json
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.errors import SessionError
 from engine.flags import FlagError
+from engine.runs.measure import local_tokenizer
 from engine.telemetry.nvml import visible_gpus
 from engine.tune.ray import RayMeasurer, RayUnavailable, ray_installed, ray_measurers
 from engine.tune.search import (
@@ -309,7 +309,7 @@ class LiveTune:
         # GPUs named on the form, several slots, or Ray: every trial on a server of its own.
         named = request.gpus is not None
         own_servers = len(slots) > 1 or named or ray is not None
-        tokenizer = base.model if Path(str(base.model)).is_dir() else None
+        tokenizer = local_tokenizer(base.model)
         measurers: list[Measurer]
         ray_trials: list[RayMeasurer] = []
         ray_lines: list[str] = []

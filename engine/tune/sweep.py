@@ -23,13 +23,12 @@ import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from engine import paths
 from engine.flags import FlagSet, installed_vllm_version, recordable_values
 from engine.presets import FlagValue, Preset
 from engine.runs.history import History, Recording, RunInfo
-from engine.runs.measure import RunPlan, Target, ensure_server, measure
+from engine.runs.measure import RunPlan, Target, ensure_server, local_tokenizer, measure
 from engine.runs.series import Slot, run_series
 from engine.runs.status import RunStatus
 from engine.server.supervisor import Supervisor
@@ -88,7 +87,7 @@ async def run_sweep(
         return Supervisor(flags, log_dir=paths.logs_dir())
 
     sup: Supervisor | None = None
-    tokenizer = model if Path(model).is_dir() else None
+    tokenizer = local_tokenizer(model)
     version = installed_vllm_version()
 
     async def step(slot: Slot[Preset]) -> SweepStep:

@@ -170,6 +170,7 @@ def _list() -> int:
 
 def run(args: argparse.Namespace) -> int:
     from engine.flags import FlagError, FlagSet
+    from engine.runs.measure import local_tokenizer
     from engine.tune.search import (
         HistoryStore,
         SearchSpace,
@@ -284,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
 
     plot = plot_target(args.plot, args.json, "--json", "load")
     model = base.model
-    tokenizer = model if Path(model).is_dir() else None
+    tokenizer = local_tokenizer(model)
     measurers: list[Any]
     if args.ray:
         measurers = _ray_measurers(args, base, space, say, functools.partial(
