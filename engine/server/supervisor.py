@@ -147,10 +147,10 @@ def _on_signal(signum: int, frame: object) -> None:
     cleanup_all()
     # Dying of the signal skips atexit: write what open history runs still queue (up to
     # the last 0.25 s of requests) and mark them cut short now.
-    history = sys.modules.get("engine.runs.history")
-    if history is not None:
+    writer = sys.modules.get("engine.runs.writer")  # the run recorders History.start_run opened
+    if writer is not None:
         with contextlib.suppress(Exception):
-            history.finish_open_runs()
+            writer.finish_open_runs()
     # Then die of the same signal, as the default action would have.
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
