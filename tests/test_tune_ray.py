@@ -62,7 +62,7 @@ def same_limits(alone: TuneResult, res: TuneResult) -> bool:
 
     The same to the search's tolerance, not to the bit: where a bisection ends depends on its
     path, and side by side a running neighbour's pass can set the path (it anchors the bracket:
-    Tuner._bracket), which depends on when each actor came up and what its neighbour had met by
+    engine.tune.bracket.bracket), which depends on when each actor came up and what its neighbour had met by
     then. A Ray worker process takes seconds to start on a loaded box: with slot 0's actor 0.5 s
     behind slot 1's, max-num-seqs=64 (limit 10) ended at 9.81 or 9.91 req/s, one slot at 9.75."""
     one, many = limits(alone), limits(res)

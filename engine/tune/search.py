@@ -52,9 +52,11 @@ two largest values, so 100 is the least that means anything.
 
 This module is the loop (:class:`Tuner`); its parts live beside it: the search space in
 ``engine.tune.space``, the budget's costs and which configuration comes next in
-``engine.tune.schedule``, a trial's settings, steps and result in ``engine.tune.trial``, the saved
-state in ``engine.tune.state``, the report (``TuneResult``, the table) in ``engine.tune.report``
-and the real measurer in ``engine.tune.measurer``. Every name is importable from here as before.
+``engine.tune.schedule``, one configuration's limit (bracketing, bisection, the second
+measurement) in ``engine.tune.bracket``, a trial's settings, steps and result in
+``engine.tune.trial``, the saved state in ``engine.tune.state``, the report (``TuneResult``, the
+table) in ``engine.tune.report`` and the real measurer in ``engine.tune.measurer``. Every name is
+importable from here as before.
 """
 
 from __future__ import annotations
@@ -67,10 +69,11 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from engine.flags import FlagError, FlagSet, devices_needed, validate
 from engine.runs.status import SPOILED_TRIES
+from engine.tune.bracket import ConfigBudget, Fatal, bracket, confirm
 from engine.tune.errors import BudgetExhausted, TuneError
 from engine.tune.measurer import ServerMeasurer
 from engine.tune.ranking import TIE_RULE, Cost, Decision, cost, decide, limit_runs, tie_floor_pct, tie_load
@@ -560,7 +563,7 @@ class Tuner:
             n = s.step.requests(load, s.mode)
             est = self._costs.step(load, n)
             if self.remaining() < est:
-                raise _ConfigBudget
+                raise ConfigBudget
             warm = s.step.warmup if first_step[0] else 0
             tmo = min(s.step_timeout_s, max(5.0, self.remaining()))
             t0 = self.clock()
@@ -593,67 +596,20 @@ class Tuner:
                 goodput=top.goodput if top else None, at=top, start_s=start_s, steps=len(ms), order=order)
 
         try:
-            result = await self._bracket(probe, finish, best, key, values)
+            result = await bracket(
+                probe, finish, settings=s, best=best, key=key, best_now=lambda: self.best(exclude=key),
+                must_meet=lambda rival: self._must_meet(values, rival),
+                neighbour_pass=lambda skip: self._neighbour_pass(key, skip=skip),
+                measurements=self.state.measurements, lost_beside=self._lost_beside)
             if (s.confirm and result.status == DONE and self.score(result) is not None and result.at is not None
                     and (best is None
                          or (self.score(result) or 0.0) >= (1 - s.confirm_margin) * (self.score(best) or 0.0))):
-                result = await self._confirm(probe, result, ms, key)
+                result = await confirm(probe, result, ms, s)
             return result
-        except _ConfigBudget:
+        except ConfigBudget:
             return finish(CUT_SHORT, "budget reached while measuring")
-        except _Fatal as exc:
+        except Fatal as exc:
             return finish(DIED, str(exc))
-
-    async def _confirm(self, probe: _Probe, result: ConfigResult, ms: list[Measurement],
-                       key: str) -> ConfigResult:
-        """Measure a would-be best's limit step again; the lower goodput counts.
-
-        The best so far decides which configs are dropped after one step, so a limit that
-        passed once by luck would cost the rest of the search. When the second step misses,
-        one step just below (the highest load that passed before, if within two tolerances,
-        else two tolerances down) gets the same check; a miss there too marks it unstable.
-        """
-        s = self.settings
-        at = result.at
-        assert at is not None and result.limit_load is not None
-        m = await probe(at.load, True)
-        if m.fatal:
-            raise _Fatal(m.fatal)
-        if m.ok:
-            worse = m if self._value(m) < self._value(at) else at
-            limit = min(result.limit_load, m.request_throughput) if math.isinf(at.load) else result.limit_load
-            return dataclasses.replace(result, goodput=worse.goodput, at=worse, limit_load=limit,
-                                       confirmed=True, steps=len(ms))
-        first_miss = m.reason
-        base = at.request_throughput if math.isinf(at.load) else at.load
-        if s.mode == "concurrency":
-            down = float(max(1, round(base - max(1.0, 2 * s.tolerance * base))))
-        else:
-            down = base * (1 - 2 * s.tolerance)
-        earlier = [x.load for x in ms if x.ok and math.isfinite(x.load) and down <= x.load < base]
-        load = max(earlier) if earlier else down
-        if load >= base or load <= 0:
-            return self._unstable(result, ms, f"limit {base:.3g} missed when measured again ({first_miss})")
-        m2 = await probe(load, True)
-        if m2.fatal:
-            raise _Fatal(m2.fatal)
-        if not m2.ok:
-            return self._unstable(result, ms, f"limit {base:.3g} missed when measured again ({first_miss}),"
-                                              f" and {load:.3g} too ({m2.reason})")
-        before = [x for x in ms if x.ok and x.load == load and x is not m2]
-        worse = min([m2, *before], key=self._value)
-        return dataclasses.replace(
-            result, limit_load=load, goodput=worse.goodput, at=worse, confirmed=True, steps=len(ms),
-            reason=f"limit {base:.3g} missed when measured again ({first_miss}); {load:.3g} held")
-
-    def _value(self, m: Measurement) -> float:
-        """A step's objective figure, 0 without one (the lower of two steps counts)."""
-        return objective_value(m, self.settings.objective) or 0.0
-
-    @staticmethod
-    def _unstable(result: ConfigResult, ms: list[Measurement], reason: str) -> ConfigResult:
-        return dataclasses.replace(result, status=UNSTABLE, limit_load=None, goodput=None, at=None,
-                                   reason=reason, steps=len(ms))
 
     def _must_meet(self, values: Mapping[str, SpaceValue], rival: ConfigResult) -> float:
         """The load a configuration with ``values`` must meet to stay in the running against
@@ -665,143 +621,6 @@ class Tuner:
             return rival.limit_load
         return tie_load(rival.limit_load, self.settings.tolerance, integer=self.settings.mode == "concurrency")
 
-    async def _bracket(self, probe: _Probe, finish: _Finish,
-                       best: ConfigResult | None, key: str, values: Mapping[str, SpaceValue]) -> ConfigResult:
-        s = self.settings
-        integer = s.mode == "concurrency"
-        lo: float | None = None  # highest load that met the SLO
-        hi: float | None = None  # lowest load above lo that violated it
-        ceiling: float | None = None  # capacity: no rate above it can meet the SLO
-
-        async def step(load: float, fresh: bool = False) -> Measurement:
-            nonlocal lo, hi
-            m: Measurement = await probe(load, fresh)
-            if m.fatal:
-                raise _Fatal(m.fatal)
-            if m.ok:
-                lo = load if lo is None else max(lo, load)
-                if hi is not None and hi <= lo:
-                    hi = None  # noise: a lower load failed, a higher one passed; trust the pass
-            else:
-                hi = load if hi is None else min(hi, load)
-            return m
-
-        prunes = s.prune and s.objective == "goodput"
-
-        async def lost_to(rival: str, limit: float, at: float | None = None) -> ConfigResult | None:
-            """One step at ``at`` (default ``limit``, the load ``rival`` meets the SLO at) says
-            whether this can beat it, or tie it where ``at`` is the lower edge of the noise of that
-            limit (_must_meet): the finished result when it cannot (or when it meets even "all at
-            once"), None to go on."""
-            load = limit if at is None else at
-            where_met = f"where {rival} meets it"
-            if load < limit:  # more than the noise below the rival's limit: no tie either
-                where_met = f"{tie_floor_pct(s.tolerance):g}% below {limit:.3g} {where_met}: it cannot tie it"
-            if hi is not None and hi <= load:
-                return finish(DOMINATED, f"violates the SLO at {hi:.3g}, at or below {load:.3g} {where_met}")
-            if lo is not None and lo >= load:
-                return None  # met there already
-            # A miss there is checked once more unless requests failed or the server died:
-            # one slow burst on a shared box must not drop a config that could win.
-            m = await step(load)
-            if not m.ok and s.confirm and not m.fatal and not m.failed:
-                m = await step(load, fresh=True)
-            if not m.ok:
-                where = "all at once" if math.isinf(load) else f"{load:.3g}"
-                twice = " (twice)" if len([x for x in self.state.measurements.get(key, ())
-                                           if x.load == load]) > 1 else ""
-                return finish(DOMINATED, f"violates the SLO at {where}{twice}, {where_met} ({m.reason})")
-            if math.isinf(load):
-                return finish(DONE)
-            return None
-
-        # 1. Can it beat the best so far (or, cheaper, tie it)? One step at the best's limit load
-        # (a cheaper one: at the lower edge of that limit's noise) says.
-        if best is not None and prunes and best.limit_load is not None:
-            lost = await lost_to(best.key, best.limit_load, self._must_meet(values, best))
-            if lost is not None:
-                return lost
-        # 2. No anchor: a saturation step gives the capacity (rate mode); side by side, a load a
-        # running neighbour has met is the anchor instead (step 3 starts there).
-        elif s.start_load is None and not integer and not (prunes and self._neighbour_pass(key)):
-            m = await probe(math.inf)  # not step(): "violates at inf" says nothing about hi
-            if m.fatal:
-                raise _Fatal(m.fatal)
-            if m.ok:
-                # Met even with every request at once: it serves at its capacity within the
-                # SLO, so that throughput is the limit (a faster open-loop rate only queues).
-                return dataclasses.replace(
-                    finish(DONE, "meets the SLO with all requests at once: limit = its throughput"),
-                    limit_load=m.request_throughput)
-            if m.request_throughput > 0 and not m.stopped_early:
-                ceiling = m.request_throughput
-        # 3. Bracket, then bisect. Each pass halves the bracket or grows the load by
-        # `growth`, so 64 passes are far more than any real search; the cap only makes a
-        # logic slip end the config instead of hanging the search.
-        seen: set[float] = set()
-        checked: set[str] = set()  # running neighbours whose pass this one was measured against
-        for _ in range(64):
-            # Side by side, a neighbour can finish better while this one brackets: it is pruned
-            # against that one now, as one at a time would have been from its start (issue 19,
-            # item 2). One at a time, the best does not change meanwhile.
-            rival = self.best(exclude=key)
-            if (prunes and rival is not None and rival.limit_load is not None
-                    and (best is None or (rival.key, rival.limit_load) != (best.key, best.limit_load))):
-                best = rival
-                lost = await lost_to(rival.key, rival.limit_load, self._must_meet(values, rival))
-                if lost is not None:
-                    return lost
-            # Side by side, a running neighbour may already have met a load this one has not met:
-            # one step there (checked once more on a miss), as at a best's limit. A pass moves the
-            # bracket up at once; a miss (or one already at or below it) ends this trial, held by
-            # _run_slots until that load is confirmed (a single pass may be luck): then it is
-            # dropped, else measured again (issue 19, item 2). Once per neighbour: its finished
-            # limit, if better, is checked above as any new best is.
-            near = self._neighbour_pass(key, skip=checked) if prunes else None
-            if near is not None and (lo is None or near[0] > lo):
-                checked.add(near[1])  # once a neighbour: its later passes would only nibble at the bracket
-                lost = await lost_to(near[1], near[0])
-                if lost is not None:
-                    self._lost_beside[key] = (near[1], near[0])
-                    return lost
-            if lo is None and hi is None:
-                if ceiling is not None:
-                    load = 0.75 * ceiling
-                else:
-                    load = s.start_load or (8.0 if integer else 1.0)
-            elif lo is None:
-                assert hi is not None
-                load = hi / s.growth
-                if load < (1.0 if integer else s.min_load):
-                    if hi <= (1.0 if integer else s.min_load):
-                        return finish(NO_LOAD, f"violates the SLO even at {hi:.3g}")
-                    load = 1.0 if integer else s.min_load
-            elif hi is None:
-                if lo >= s.max_load * (1 - s.tolerance):
-                    return finish(DONE)
-                if ceiling is not None and lo < ceiling * (1 - s.tolerance):
-                    load = ceiling  # the estimate itself: a miss there bounds the bracket
-                elif ceiling is not None:
-                    # Met up to the burst's throughput: that estimates the capacity, it does
-                    # not bound it (a short step at a steady rate can do better), so look a
-                    # little past it; past that, the estimate is spent: grow as usual.
-                    load = min(lo * (1 + 4 * s.tolerance), s.max_load)
-                    ceiling = None
-                else:
-                    load = min(lo * s.growth, s.max_load)
-            else:
-                if hi - lo <= max(s.tolerance * lo, 1.0 if integer else 0.0):
-                    return finish(DONE)
-                load = (lo + hi) / 2
-            if integer:
-                load = float(max(1, round(load)))
-                if (lo is not None and load <= lo) or (hi is not None and load >= hi):
-                    return finish(DONE)
-            if load in seen:
-                return finish(DONE)  # the bracket cannot shrink further at this resolution
-            seen.add(load)
-            await step(load)
-        return finish(DONE, "stopped after 64 steps")
 
     # -- results ------------------------------------------------------------------------
 
@@ -851,25 +670,6 @@ class Tuner:
     def _slot_of(self, measurer: Measurer) -> int:
         return next((i for i, m in enumerate(self.measurers) if m is measurer), 0)
 
-
-class _Probe(Protocol):
-    """One step of a configuration at ``load`` (``fresh``: measure again, even if measured)."""
-
-    async def __call__(self, load: float, fresh: bool = False) -> Measurement: ...
-
-
-class _Finish(Protocol):
-    """The configuration's result with ``status``, from the steps measured so far."""
-
-    def __call__(self, status: str, reason: str = "") -> ConfigResult: ...
-
-
-class _ConfigBudget(Exception):
-    """The next step of this configuration does not fit the budget."""
-
-
-class _Fatal(Exception):
-    """The server died under load: no later step on this configuration can succeed."""
 
 
 # The search's names, each defined in the module of its part (space, trial, state, report,
