@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import functools
 import json
 import re
 import time
@@ -39,15 +38,13 @@ from engine.telemetry.nvml import visible_gpus
 from engine.tune.ray import RayMeasurer, RayUnavailable, ray_installed, ray_measurers
 from engine.tune.search import (
     MODES,
-    HistoryStore,
     SearchSpace,
-    ServerMeasurer,
     TuneError,
-    Tuner,
     TuneResult,
     TuneSettings,
     step_series,
 )
+from engine.tune.setup import measurer_factory, new_tuner
 from engine.tune.slots import SlotError, parse_gpus, search_slots, slot_measurers, too_wide, trial_needs
 from engine.views import TrialView, TuneRequest, TuneView, devices_view, frontier_points, slo_label, space_lines
 from loadgen.spec import SLO, SpecError
@@ -315,8 +312,8 @@ class LiveTune:
         ray_lines: list[str] = []
         if ray is not None:
             # As `vtui tune --ray`: each actor runs the measurer built by this factory on its node.
-            inner = functools.partial(ground.measurer or ServerMeasurer, workload, request.slo,
-                                      mode=settings.mode, arrivals=ground.arrivals, tokenizer=tokenizer)
+            inner = measurer_factory(workload, request.slo, mode=settings.mode, arrivals=ground.arrivals,
+                                     tokenizer=tokenizer, factory=ground.measurer)
             joining = asyncio.ensure_future(self._ray_trials(ray, request, ground, inner))
             self._joining = (joining, request, time.monotonic())
             self._stop_requested = False
@@ -336,9 +333,8 @@ class LiveTune:
         elif not own_servers:
             # One slot on the GPUs the session sees: its own server, restarted with each configuration.
             supervisor = self._server(base)
-            factory = ground.measurer or ServerMeasurer
-            measurers = [factory(workload, request.slo, mode=settings.mode, arrivals=ground.arrivals,
-                                 tokenizer=tokenizer, supervisor=supervisor)]
+            measurers = [measurer_factory(workload, request.slo, mode=settings.mode, arrivals=ground.arrivals,
+                                          tokenizer=tokenizer, factory=ground.measurer)(supervisor=supervisor)]
             # The view shows every GPU the telemetry sees beside it (where the session's server runs).
             slot_gpus = [ground.gpus]
         else:
@@ -347,15 +343,9 @@ class LiveTune:
                                        tokenizer=tokenizer, factory=ground.measurer)
             slot_gpus = [s.gpus for s in slots]
         try:
-            tuner = Tuner(
-                measurers[0], base_flags=base, space=request.space, slo=request.slo, settings=settings,
-                workload={"workload": workload.to_dict(),
-                          "arrivals": ground.arrivals.to_dict() if ground.arrivals is not None else {}},
-                max_request_len=ground.max_request_len, schema=ground.schema, say=self.say,
-                on_update=self.update, slots=measurers[1:], slot_gpus=slot_gpus,
-                # Saved in the run history after every start and step, where
-                # `vtui tune --list/--resume` look (as the CLI saves it).
-                store=HistoryStore())
+            tuner = new_tuner(measurers, base=base, space=request.space, slo=request.slo, settings=settings,
+                              workload=workload, arrivals=ground.arrivals, slot_gpus=slot_gpus, say=self.say,
+                              max_request_len=ground.max_request_len, schema=ground.schema, on_update=self.update)
         except TuneError as exc:
             raise SessionError(str(exc), "check the Tune form") from None
         if own_servers and self._release is not None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import json
 import math
 import sys
@@ -172,17 +171,15 @@ def run(args: argparse.Namespace) -> int:
     from engine.flags import FlagError, FlagSet
     from engine.runs.measure import local_tokenizer
     from engine.tune.search import (
-        HistoryStore,
         SearchSpace,
-        ServerMeasurer,
         StepRule,
         TuneError,
-        Tuner,
         TuneSettings,
         format_pareto,
         format_table,
         load_state,
     )
+    from engine.tune.setup import measurer_factory, new_tuner
     from engine.tune.slots import slot_measurers
     from loadgen.spec import SLO, ArrivalSpec, SpecError, WorkloadSpec
     from tui.errors import UserError
@@ -288,8 +285,8 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = local_tokenizer(model)
     measurers: list[Any]
     if args.ray:
-        measurers = _ray_measurers(args, base, space, say, functools.partial(
-            ServerMeasurer, workload, slo, mode=settings.mode, arrivals=arrivals, tokenizer=tokenizer))
+        measurers = _ray_measurers(args, base, space, say, measurer_factory(
+            workload, slo, mode=settings.mode, arrivals=arrivals, tokenizer=tokenizer))
         slots: list[Any] = []
     else:
         slots = _slots(args, base, space)
@@ -300,11 +297,9 @@ def run(args: argparse.Namespace) -> int:
         say(f"{len(slots)} trials at once: " + "; ".join(
             f"{s.label()} on cores {','.join(map(str, s.cpus))}" for s in slots))
     try:
-        tuner = Tuner(
-            measurers[0], base_flags=base, space=space, slo=slo, settings=settings,
-            workload={"workload": workload.to_dict(), "arrivals": arrivals.to_dict() if arrivals else {}},
-            max_request_len=workload.max_request_len(), state=state, store=HistoryStore(), say=say,
-            slots=measurers[1:], slot_gpus=[s.gpus for s in slots])
+        tuner = new_tuner(measurers, base=base, space=space, slo=slo, settings=settings, workload=workload,
+                          arrivals=arrivals, slot_gpus=[s.gpus for s in slots], say=say,
+                          max_request_len=workload.max_request_len(), state=state)
     except TuneError as exc:
         raise UserError(str(exc), "start a new search instead of --resume") from None
     n = len(space.configs())
