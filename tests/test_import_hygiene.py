@@ -1,4 +1,5 @@
-"""The core (engine/, loadgen/) never imports Textual or Rich, and `vtui --help` stays light.
+"""The core (engine/, loadgen/) never imports Textual or Rich, and `vtui --help` stays light;
+imports go down the layers docs/ARCHITECTURE.md gives, in no circle; no module is over 900 lines.
 
 Each module is imported in a fresh interpreter, so one module's imports cannot hide
 another's (harlequin's tests/unit_tests/test_import_hygiene.py does the same).
@@ -9,6 +10,7 @@ from __future__ import annotations
 import pkgutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -221,3 +223,122 @@ def test_import_graph_sees_type_only_function_level_and_relative_imports(tmp_pat
     assert graph["engine.c"] == {"engine", "engine.d"}
     assert sorted(map(sorted, import_circles(graph))) == [
         ["engine.a", "engine.b"], ["engine.c", "engine.d"], ["loadgen", "loadgen.run"]]
+
+
+# --------------------------------------------------------------------------- layers
+#
+# The layering as docs/ARCHITECTURE.md ("Layers") writes it, lowest first: tui -> engine -> loadgen,
+# and inside engine the rooms in that order. A module imports its own layer and those below, never
+# one above, counting every import the graph above sees (type-only and function-level ones too). A
+# module belongs to the layer of the longest name that contains it: engine.runs.live is one of the
+# session's parts, engine.runs.measure is engine.runs. `engine` itself names only the package.
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("loadgen",),
+    ("engine", "engine.errors", "engine.values", "engine.paths"),
+    ("engine.flags",),
+    ("engine.server", "engine.telemetry"),
+    ("engine.presets",),
+    ("engine.runs",),
+    ("engine.tune", "engine.advise"),
+    ("engine.views",),
+    ("engine.server.live", "engine.telemetry.live", "engine.runs.live", "engine.runs.export", "engine.tune.live"),
+    ("engine.session",),
+    ("tui",),
+)
+
+# Imports that go up a layer, each with the reason it stays. Only imports that exist may be listed:
+# a stale entry fails too.
+LAYER_EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("engine.flags.validate", "engine.server.modelconfig"):
+        "validate checks flags against a model's numbers (heads for tensor-parallel-size, the context for "
+        "max-model-len): a type-only import of ModelConfig, whose module reads config.json and imports "
+        "nothing above engine.values.",
+    ("engine.runs.measure", "engine.advise.speedoflight"):
+        "a measured run stores its speed of light (decode floor, MBU, MFU) with its telemetry; "
+        "speedoflight imports only engine.server's model numbers and engine.values, nothing of advise.",
+}
+
+MAX_MODULE_LINES = 900
+
+
+def layer_of(module: str, layers: Sequence[Sequence[str]] = LAYERS) -> int | None:
+    """The index in ``layers`` of the longest name containing ``module``; None when none does."""
+    found: tuple[int, int] | None = None
+    for index, names in enumerate(layers):
+        for name in names:
+            if module == name or (name != "engine" and module.startswith(name + ".")):
+                if found is None or len(name) > found[1]:
+                    found = (index, len(name))
+    return None if found is None else found[0]
+
+
+def layer_violations(graph: dict[str, set[str]], layers: Sequence[Sequence[str]] = LAYERS) -> list[tuple[str, str]]:
+    """Every import from a module to one in a higher layer, as (importer, imported)."""
+    out = []
+    for module in sorted(graph):
+        here = layer_of(module, layers)
+        for target in sorted(graph[module]):
+            there = layer_of(target, layers)
+            if here is not None and there is not None and there > here:
+                out.append((module, target))
+    return out
+
+
+def long_modules(root: Path = ROOT, limit: int = MAX_MODULE_LINES) -> list[str]:
+    """Modules in engine/, loadgen/, tui/ over ``limit`` lines (as `wc -l` counts), longest first."""
+    counts = [(path.read_text(encoding="utf-8").count("\n"), path.relative_to(root).as_posix())
+              for path in _module_files(root).values()]
+    return [f"{name}: {n} lines" for n, name in sorted(counts, reverse=True) if n > limit]
+
+
+def test_every_module_has_a_layer() -> None:
+    unplaced = sorted(m for m in import_graph() if layer_of(m) is None)
+    assert not unplaced, f"modules in no layer (add them to LAYERS and docs/ARCHITECTURE.md): {unplaced}"
+
+
+def test_imports_go_down_the_layers() -> None:
+    found = layer_violations(import_graph())
+    new = [f"{a} imports {b}" for a, b in found if (a, b) not in LAYER_EXCEPTIONS]
+    assert not new, ("imports up the layers (docs/ARCHITECTURE.md, Layers: move the shared part down, "
+                     "or the importer up):\n" + "\n".join(new))
+    stale = [pair for pair in LAYER_EXCEPTIONS if pair not in found]
+    assert not stale, f"LAYER_EXCEPTIONS lists imports that no longer go up (or are gone): {stale}"
+
+
+def test_architecture_doc_gives_the_same_layers() -> None:
+    """docs/ARCHITECTURE.md's numbered Layers list names LAYERS' modules in LAYERS' order."""
+    import re
+
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    section = text.partition("\n## Layers")[2].partition("\n## ")[0]
+    written = [tuple(re.findall(r"`([a-z_.]+)`", line.partition(" — ")[0]))
+               for line in section.splitlines() if re.match(r"\d+\. ", line)]
+    assert written == list(LAYERS), f"the doc's Layers list: {written}"
+
+
+def test_no_module_over_900_lines() -> None:
+    over = long_modules()
+    assert not over, f"modules over {MAX_MODULE_LINES} lines (split them along a seam):\n" + "\n".join(over)
+
+
+def test_layer_and_size_checks_catch_a_violation(tmp_path: Path) -> None:
+    files = {
+        "engine/__init__.py": "",
+        "engine/flags/__init__.py": "",
+        "engine/flags/spec.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from engine.session import S\n",
+        "engine/session.py": "from engine.flags import spec\n" + "x = 1\n" * 901,
+        "engine/runs/__init__.py": "",
+        "engine/runs/live.py": "from engine import views\n",
+        "engine/views.py": "from engine.runs import live\n",
+        "loadgen/__init__.py": "def f():\n    import tui\n",
+        "tui/__init__.py": "import engine.session\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert layer_violations(import_graph(tmp_path)) == [
+        ("engine.flags.spec", "engine.session"), ("engine.views", "engine.runs.live"), ("loadgen", "tui")]
+    assert layer_of("engine.runs.live") > layer_of("engine.views") > layer_of("engine.runs.measure")
+    assert layer_of("engine.nothing_here") is None
+    assert long_modules(tmp_path) == ["engine/session.py: 902 lines"]
