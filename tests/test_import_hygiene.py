@@ -201,6 +201,12 @@ def test_no_import_circles() -> None:
     assert not stale, f"ALLOWED_CIRCLES lists circles that are gone (or changed): {stale}"
 
 
+def _write_tree(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
 def test_import_graph_sees_type_only_function_level_and_relative_imports(tmp_path: Path) -> None:
     files = {
         "engine/__init__.py": "",
@@ -215,9 +221,7 @@ def test_import_graph_sees_type_only_function_level_and_relative_imports(tmp_pat
         "loadgen/records.py": "",
         "tui/__init__.py": "",
     }
-    for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
+    _write_tree(tmp_path, files)
     graph = import_graph(tmp_path)
     assert graph["engine.b"] == {"engine", "engine.a"}
     assert graph["engine.c"] == {"engine", "engine.d"}
@@ -334,9 +338,7 @@ def test_layer_and_size_checks_catch_a_violation(tmp_path: Path) -> None:
         "loadgen/__init__.py": "def f():\n    import tui\n",
         "tui/__init__.py": "import engine.session\n",
     }
-    for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
+    _write_tree(tmp_path, files)
     assert layer_violations(import_graph(tmp_path)) == [
         ("engine.flags.spec", "engine.session"), ("engine.views", "engine.runs.live"), ("loadgen", "tui")]
     assert layer_of("engine.runs.live") > layer_of("engine.views") > layer_of("engine.runs.measure")
