@@ -91,3 +91,20 @@ def test_the_background_read_waits_while_a_server_starts(monkeypatch: pytest.Mon
         thread.join(10)
     assert len(started) == 1 and started[0] >= released
     assert flags.load_schema(wait=False).vllm_version == "9.9.9-test"
+
+
+def test_attaching_on_a_first_start_does_not_wait_for_the_schema(slow_extract: threading.Event) -> None:
+    """`vtui --url` on a fresh data folder sat 99 s at "attaching…" (2026-12-05, a busy 2-core box):
+    reading the attached server's command line extracted the schema a second time, blocking."""
+    import asyncio
+
+    from engine.server.attach import attach
+    from loadgen.testserver import ServerConfig, serve_in_thread
+
+    with serve_in_thread(ServerConfig(first_delay_s=0.001, gap_s=0.001)) as url:
+        t0 = time.monotonic()
+        server = asyncio.run(attach(url))
+        took = time.monotonic() - t0
+    slow_extract.set()
+    assert server.local and server.pid is not None  # its process was read (the flags: not a vLLM)
+    assert took < 5.0, f"attach waited {took:.1f} s for the schema's extraction"

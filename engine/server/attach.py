@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import httpx
 import psutil
 
-from engine.flags import FlagError, FlagSet, parse_argv
+from engine.flags import FlagError, FlagSet, load_schema, parse_argv
 from engine.server import procs
 
 # is_loopback: one test of "this machine only", the bind policy's
@@ -199,7 +199,9 @@ def _local_details(server: AttachedServer, port: int) -> AttachedServer:
     flags: FlagSet | None = None
     flags_error: str | None = None
     try:
-        flags = parse_argv(list(cmdline))
+        # Never wait for the installed vLLM's schema here (a first start reads it in the
+        # background, 10-100 s on a busy 2-core box): the built-in one reads any command line.
+        flags = parse_argv(list(cmdline), load_schema(wait=False))
     except FlagError as exc:
         flags_error = f"cannot read its command line: {exc}"
 
