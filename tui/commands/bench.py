@@ -131,6 +131,7 @@ def build_specs(args: argparse.Namespace) -> tuple[Any, Any, Any]:
             else:
                 args.repeat = preset.repeats
                 _err(f"vtui: preset {preset.name}: {preset.repeats} repeats (--repeat 1 for one run)")
+        wd.update(preset.workload)
         ad.update(preset.arrivals)
         if preset.slo is not None:
             slo_d.update(preset.slo.to_dict())
