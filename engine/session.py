@@ -52,11 +52,18 @@ from engine.tune.live import (
     parse_tune_form,
 )
 from engine.views import (
+    Changed,
     ComparisonView,
+    FlagsRecovered,
+    Notice,
     RunRecord,
+    ServerTookFlags,
+    SessionEvent,
     SessionSnapshot,
     StoredRun,
+    TuneEnded,
     TuneRequest,
+    TuneTookFlags,
     devices_view,
     server_metrics_view,
 )
@@ -156,25 +163,23 @@ class Session:
 
         self._tiny = tiny
         # The sampler, the /metrics scrape and the sparkline series (engine.telemetry.live).
-        self._live_telemetry = LiveTelemetry(enabled=telemetry, changed=self.changed,
+        self._live_telemetry = LiveTelemetry(enabled=telemetry, emit=self._on_event,
                                              recording=lambda: self._live_runs.recording)
 
         # The load run in progress, the runs measured, the comparison and the history (engine.runs.live).
-        self._live_runs = LiveRuns(changed=self.changed, notify=self._set_notice, clock=clock,
+        self._live_runs = LiveRuns(emit=self._on_event, clock=clock,
                                    store=self._live_telemetry.store, push=self._push,
                                    clear_series=self._clear_series, record_history=record_history)
         # The server started here or attached, its log lines and its view (engine.server.live).
         self._live_server = LiveServer(
-            changed=self.changed, notify=self._set_notice, clock=clock, launcher=launcher, port=port,
-            edited=lambda: self._flags, loaded=self._set_loaded, adopt=self._adopt_flags,
+            emit=self._on_event, clock=clock, launcher=launcher, port=port, edited=lambda: self._flags,
             start_telemetry=self._start_telemetry, halt_telemetry=self._halt_telemetry,
             telemetry=lambda: self._live_telemetry.latest, tune_active=lambda: self.tune_active,
             run_active=lambda: self.run_active, stop_run=self.stop_workload)
 
         self._tune_measurer = tune_measurer  # read when a tune starts (tests set it after __init__)
         # The flag search, its progress and its result (engine.tune.live).
-        self._live_tune = LiveTune(changed=self.changed, notify=self._set_notice, server=self._tune_server,
-                                   ended=self._tune_ended, take_flags=self._take_flags,
+        self._live_tune = LiveTune(emit=self._on_event, server=self._tune_server,
                                    telemetry=lambda: self._live_telemetry.latest, release=self._tune_release)
         self._revalidate()
 
@@ -409,15 +414,30 @@ class Session:
             name, reason = next(iter(self._flag_errors.items()))
             raise SessionError(f"--{name}: {reason}", hint)
 
-    def _set_loaded(self, flags: FlagSet) -> None:
-        """The server runs ``flags`` now (a start or an apply): "dirty" compares against them."""
-        self._loaded_flags = flags
-
-    def _adopt_flags(self, flags: FlagSet) -> None:
-        """An attached server's recovered flags go into the editor."""
-        self._flags = flags
-        self._loaded_flags = flags
-        self._revalidate()
+    def _on_event(self, event: SessionEvent) -> None:
+        """What the session's parts report (engine.views.SessionEvent), acted on in one place."""
+        match event:
+            case Changed():
+                pass
+            case Notice(text):
+                self._notice = text
+            case ServerTookFlags(flags):
+                # a start or an apply: "dirty" compares against what the server runs now
+                self._loaded_flags = flags
+            case FlagsRecovered(flags):
+                # an attached server's flags read back from its command line: into the editor
+                self._flags = flags
+                self._loaded_flags = flags
+                self._revalidate()
+            case TuneTookFlags(flags):
+                # the tune's winner into the editor, the typed-text errors dropped
+                self._flags = flags
+                self._flag_text_errors.clear()
+                self._revalidate()
+            case TuneEnded():
+                # the server runs the last configuration tried (or nothing): the view says so
+                self._live_server.tune_ended()
+        self.changed()
 
     async def attach(self, url: str) -> AttachedServer:
         """Watch and load a server that is already running (not started here)."""
@@ -542,7 +562,7 @@ class Session:
         needs_apply = self._flags_to_apply
         if self._live_server.attached_only:
             # As `vtui sweep --url`: an attached server takes no flags, only the workloads run.
-            self._set_notice("attached server: the presets' flags are not applied; only their workloads run")
+            self._notice = "attached server: the presets' flags are not applied; only their workloads run"
             needs_apply = _never
         return await self._live_runs.sweep(
             found, load=self.load_preset, apply=self.apply_flags, run=run,
@@ -604,19 +624,6 @@ class Session:
         keep sampling the GPUs (the running trials' rows show theirs)."""
         await self._live_server.stop()
         self._live_telemetry.start(None, None)
-
-    def _tune_ended(self) -> None:
-        """The server runs the last configuration tried (or nothing): say so in the view."""
-        self._live_server.tune_ended()
-
-    def _take_flags(self, flags: FlagSet) -> None:
-        """Put ``flags`` into the editor (the tune's winner), dropping the typed-text errors."""
-        self._flags = flags
-        self._flag_text_errors.clear()
-        self._revalidate()
-
-    def _set_notice(self, text: str) -> None:
-        self._notice = text
 
     def stop_tune(self) -> bool:
         """Cancel the running search; it is saved as "interrupted" (resumable). False when

@@ -10,9 +10,9 @@ are below it) or Textual: the TUI, a script or a test reads the same objects.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 from engine.flags import recordable_values
 from engine.runs.compare import cell_text, compare, fmt_runs, noise_legend
@@ -256,6 +256,56 @@ class RunRecord:
     # None: a column of its own.
     group: int | None = None
     superseded: bool = False  # spoiled by the box and measured again (a sweep): out of the comparison
+
+
+# --------------------------------------------------------------------------- what the parts report
+# The session's parts (engine.server.live, engine.runs.live, engine.tune.live, engine.telemetry.live)
+# report to the session through one typed stream: each is handed ``emit`` and calls it with one of
+# these; engine.session.Session._on_event is the one place that acts on them. What a part asks of
+# the session (the edited flags, whether a run goes) stays a plain query it is handed.
+
+
+@dataclass(frozen=True)
+class Changed:
+    """Something a snapshot shows changed: the next publish sends a new one."""
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A line for the status bar's notice."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ServerTookFlags:
+    """A start or an apply made the server run ``flags``: what "dirty" compares against moves."""
+
+    flags: FlagSet
+
+
+@dataclass(frozen=True)
+class FlagsRecovered:
+    """An attached server's flags were read back from its command line: they go into the editor."""
+
+    flags: FlagSet
+
+
+@dataclass(frozen=True)
+class TuneTookFlags:
+    """The search's winner (or a configuration the user picked) goes into the editor."""
+
+    flags: FlagSet
+
+
+@dataclass(frozen=True)
+class TuneEnded:
+    """The search ended, whatever the outcome: the server runs its last configuration, or nothing."""
+
+
+SessionEvent: TypeAlias = Changed | Notice | ServerTookFlags | FlagsRecovered | TuneTookFlags | TuneEnded
+Emit: TypeAlias = Callable[[SessionEvent], None]
+CHANGED = Changed()
 
 
 @dataclass(frozen=True)

@@ -133,7 +133,7 @@ def _ground(n: int) -> RunGround:
 
 
 def _live_runs(record_history: bool) -> LiveRuns:
-    return LiveRuns(changed=lambda: None, notify=lambda text: None, clock=lambda: 0.0, store=SeriesStore(capacity=4),
+    return LiveRuns(emit=lambda event: None, clock=lambda: 0.0, store=SeriesStore(capacity=4),
                     push=lambda name, value: None, clear_series=lambda names: None, record_history=record_history)
 
 

@@ -31,7 +31,17 @@ from engine.runs.measure import MeasuredRun, RunHandle, RunPlan, Target, local_t
 from engine.runs.noise import RunNoise, run_noise
 from engine.runs.series import Slot, run_series
 from engine.runs.status import RunStatus
-from engine.views import ComparisonView, RunProgress, RunRecord, StoredRun, compare_view, run_info
+from engine.views import (
+    CHANGED,
+    ComparisonView,
+    Emit,
+    Notice,
+    RunProgress,
+    RunRecord,
+    StoredRun,
+    compare_view,
+    run_info,
+)
 
 if TYPE_CHECKING:
     from engine.server.supervisor import Supervisor
@@ -154,20 +164,18 @@ class LiveRuns:
     def __init__(
         self,
         *,
-        changed: Callable[[], None],
-        notify: Callable[[str], None],
+        emit: Emit,
         clock: Callable[[], float],
         store: SeriesStore,
         push: Callable[[str, float], None],
         clear_series: Callable[[tuple[str, ...]], None],
         record_history: bool,
     ) -> None:
-        """The session's side: ``changed`` marks its state changed; ``notify`` sets its notice
-        line; ``clock`` its clock; ``store`` every telemetry sample of the session (the runs'
+        """The session's side: ``emit`` reports to it (engine.views.SessionEvent: Changed, a
+        Notice); ``clock`` its clock; ``store`` every telemetry sample of the session (the runs'
         summaries read it); ``push`` and ``clear_series`` extend and reset its sparklines.
         ``record_history``: False never writes (or reads) the run history."""
-        self._changed = changed
-        self._notify = notify
+        self._emit = emit
         self._clock = clock
         self._store = store
         self._push = push
@@ -194,6 +202,12 @@ class LiveRuns:
         self._noise_thread: threading.Thread | None = None
         self.floor: NoiseFloor | None = None  # the box's noise floor (History.noise_floor), as last read
         self.floor_checked: float | None = None  # when (time.monotonic()) it was read; None: read at next use
+
+    def _changed(self) -> None:
+        self._emit(CHANGED)
+
+    def _notify(self, text: str) -> None:
+        self._emit(Notice(text))
 
     @property
     def active(self) -> bool:

@@ -27,7 +27,7 @@ from engine.server.attach import AttachedServer, attach
 from engine.server.logparse import LineKind, StartupFacts, classify_line
 from engine.server.planner import numa_node_memory, plan_for_flags, refusal_for
 from engine.server.supervisor import RestartResult, ServerEvent, Supervisor
-from engine.views import LogLine, ServerView, devices_view
+from engine.views import CHANGED, Emit, FlagsRecovered, LogLine, Notice, ServerTookFlags, ServerView, devices_view
 
 if TYPE_CHECKING:
     from engine.telemetry.sampler import TelemetrySnapshot
@@ -54,14 +54,11 @@ class LiveServer:
     def __init__(
         self,
         *,
-        changed: Callable[[], None],
-        notify: Callable[[str], None],
+        emit: Emit,
         clock: Callable[[], float],
         launcher: Sequence[str],
         port: int | None,
         edited: Callable[[], FlagSet],
-        loaded: Callable[[FlagSet], None],
-        adopt: Callable[[FlagSet], None],
         start_telemetry: Callable[[], None],
         halt_telemetry: Callable[[], Awaitable[None]],
         telemetry: Callable[[], TelemetrySnapshot | None],
@@ -69,22 +66,18 @@ class LiveServer:
         run_active: Callable[[], bool],
         stop_run: Callable[[str], None],
     ) -> None:
-        """The session's side: ``changed`` marks its state changed; ``notify`` sets its notice
-        line; ``clock`` its clock (log lines' times); ``launcher`` and ``port`` go to each
-        Supervisor; ``edited`` gives the edited flags; ``loaded(flags)`` is called when a
-        start or an apply made the server run them (what "dirty" compares against moves);
-        ``adopt(flags)`` when an attached server's flags were recovered (they go into the
-        editor); ``start_telemetry`` and ``halt_telemetry`` start and stop the sampler and the
+        """The session's side: ``emit`` reports to it (engine.views.SessionEvent: Changed, a
+        Notice, ServerTookFlags when a start or an apply made the server run the flags,
+        FlagsRecovered when an attached server's flags were read back); ``clock`` its clock (log
+        lines' times); ``launcher`` and ``port`` go to each Supervisor; ``edited`` gives the
+        edited flags; ``start_telemetry`` and ``halt_telemetry`` start and stop the sampler and the
         scrape for this server; ``telemetry`` gives the latest sample (the GPU's memory);
         ``tune_active``, ``run_active`` and ``stop_run(reason)`` reach the tune and the load run."""
-        self._changed = changed
-        self._notify = notify
+        self._emit = emit
         self._clock = clock
         self._launcher = tuple(launcher)
         self._port = port
         self._edited = edited
-        self._loaded = loaded
-        self._adopt = adopt
         self._start_telemetry = start_telemetry
         self._halt_telemetry = halt_telemetry
         self._telemetry = telemetry
@@ -115,6 +108,18 @@ class LiveServer:
         if self.supervisor is None:
             return "DETACHED" if self.detached else "STOPPED"
         return self.supervisor.state.name
+
+    def _changed(self) -> None:
+        self._emit(CHANGED)
+
+    def _notify(self, text: str) -> None:
+        self._emit(Notice(text))
+
+    def _loaded(self, flags: FlagSet) -> None:
+        self._emit(ServerTookFlags(flags))
+
+    def _adopt(self, flags: FlagSet) -> None:
+        self._emit(FlagsRecovered(flags))
 
     @property
     def started_here(self) -> bool:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from engine.telemetry.metrics import MetricsScraper
 from engine.telemetry.sampler import Sampler, scrape_loop
-from engine.views import devices_view
+from engine.views import CHANGED, Emit, devices_view
 
 if TYPE_CHECKING:
     # For the annotations only (engine.telemetry.store, which imports numpy, is imported where it is used).
@@ -36,16 +36,16 @@ SERIES_POINTS = 120
 class LiveTelemetry:
     """The sampler, the scrape, their latest samples and the sparkline series of one session."""
 
-    def __init__(self, *, enabled: bool, changed: Callable[[], None],
+    def __init__(self, *, enabled: bool, emit: Emit,
                  recording: Callable[[], Recording | None]) -> None:
         """``enabled``: False never starts a sampler or a scrape (tests, replay).
-        ``changed``: marks the session's state changed. ``recording``: the history
+        ``emit``: reports to the session (engine.views.Changed). ``recording``: the history
         recording of the load run in progress, or None; it gets every telemetry sample."""
         # here, not at the top: engine.telemetry.store imports numpy, kept off `import engine.session`
         from engine.telemetry.store import SeriesStore
 
         self._enabled = enabled
-        self._changed = changed
+        self._emit = emit
         self._recording = recording
         self.store: SeriesStore = SeriesStore()
         self.latest: TelemetrySnapshot | None = None  # the sampler's last snapshot
@@ -132,7 +132,7 @@ class LiveTelemetry:
                 self.push("util", devices[0].util_pct)
             if devices[0].mem_used_gib is not None:
                 self.push("mem", devices[0].mem_used_gib)
-        self._changed()
+        self._emit(CHANGED)
 
     def on_server_sample(self, sample: ServerSample) -> None:
         """A /metrics scrape (on the session's loop)."""
@@ -142,7 +142,7 @@ class LiveTelemetry:
             self.push("kv", sample.kv_cache_usage * 100)
         if sample.running is not None:
             self.push("running", sample.running)
-        self._changed()
+        self._emit(CHANGED)
 
     # ------------------------------------------------------------------ series
 

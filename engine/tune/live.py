@@ -46,7 +46,20 @@ from engine.tune.search import (
 )
 from engine.tune.setup import measurer_factory, new_tuner
 from engine.tune.slots import SlotError, parse_gpus, search_slots, slot_measurers, too_wide, trial_needs
-from engine.views import TrialView, TuneRequest, TuneView, devices_view, frontier_points, slo_label, space_lines
+from engine.views import (
+    CHANGED,
+    Emit,
+    Notice,
+    TrialView,
+    TuneEnded,
+    TuneRequest,
+    TuneTookFlags,
+    TuneView,
+    devices_view,
+    frontier_points,
+    slo_label,
+    space_lines,
+)
 from loadgen.spec import SLO, SpecError
 
 if TYPE_CHECKING:
@@ -200,26 +213,19 @@ class LiveTune:
     def __init__(
         self,
         *,
-        changed: Callable[[], None],
-        notify: Callable[[str], None],
+        emit: Emit,
         server: Callable[[FlagSet], Supervisor],
-        ended: Callable[[], None],
-        take_flags: Callable[[FlagSet], None],
         telemetry: Callable[[], TelemetrySnapshot | None],
         release: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        """The session's side, as callables: ``changed`` marks its state changed; ``notify``
-        sets its notice line; ``server(base)`` gives the server the search restarts (the one
-        started here, made with ``base`` when there is none); ``ended`` is called when the
-        search ends, whatever the outcome; ``take_flags`` puts flags into its editor;
-        ``telemetry`` gives its latest telemetry sample (the running trials' GPUs);
-        ``release`` stops its server before a search on servers of its own (and keeps the
-        GPUs sampled)."""
-        self._changed = changed
-        self._notify = notify
+        """The session's side: ``emit`` reports to it (engine.views.SessionEvent: Changed, a
+        Notice, TuneEnded when the search ends whatever the outcome, TuneTookFlags to put flags
+        into its editor); ``server(base)`` gives the server the search restarts (the one
+        started here, made with ``base`` when there is none); ``telemetry`` gives its latest
+        telemetry sample (the running trials' GPUs); ``release`` stops its server before a
+        search on servers of its own (and keeps the GPUs sampled)."""
+        self._emit = emit
         self._server = server
-        self._ended = ended
-        self._take_flags = take_flags
         self._telemetry = telemetry
         self._release = release
         self._task: asyncio.Task[TuneResult] | None = None
@@ -235,6 +241,12 @@ class LiveTune:
         self._ray: tuple[RayMeasurer, ...] = ()  # the running search's Ray trials (their labels)
         # Joining the Ray cluster (before the search exists): the join's task, its request and start.
         self._joining: tuple[asyncio.Task[tuple[list[RayMeasurer], list[str]]], TuneRequest, float] | None = None
+
+    def _changed(self) -> None:
+        self._emit(CHANGED)
+
+    def _notify(self, text: str) -> None:
+        self._emit(Notice(text))
 
     @property
     def task(self) -> asyncio.Task[TuneResult] | None:
@@ -440,7 +452,7 @@ class LiveTune:
         self._elapsed0, self._t0 = elapsed, 0.0
         self.say(f"stopped while joining the Ray cluster at {ray}: nothing was measured, and the session's "
                  "server was not stopped")
-        self._ended()
+        self._emit(TuneEnded())
         self._notify(f"tune stopped while joining the Ray cluster at {ray}")
         self._changed()
         return result
@@ -479,7 +491,7 @@ class LiveTune:
 
     def _after(self) -> None:
         """The server runs the last configuration tried (or nothing): the session says so."""
-        self._ended()
+        self._emit(TuneEnded())
         self._elapsed0 += time.monotonic() - self._t0
         self._t0 = 0.0
         self._changed()
@@ -531,7 +543,7 @@ class LiveTune:
         except FlagError as exc:
             raise SessionError(str(exc), "set the flag by hand in the editor") from None
         self._changed()
-        self._take_flags(flags)
+        self._emit(TuneTookFlags(flags))
         changes = [(str(n), old.get(n), flags.get(n)) for n in best.values if old.get(n) != flags.get(n)]
         self._notify(f"loaded the tuned flags ({best.key}) into the editor: a applies (restarts the server)")
         return changes
