@@ -156,6 +156,10 @@ class Session:
         self._workload_label = workload_label
         self._preset_name = preset_name
         self._repeats = 1  # how many runs `r` makes of the workload (a preset's ``repeats``, or set_repeats)
+        self._stored_filter = ""  # the Runs tab's filter of the stored runs
+        self._stored_epoch = 0  # grows when the stored runs must be read again
+        self._stored_cache: tuple[tuple[object, ...], tuple[tuple[StoredRun, ...], tuple[LoadPoint, ...],
+                                                            tuple[RunPoint, ...]]] | None = None
 
         self._seq = 0
         self._subscribers: list[Callable[[SessionSnapshot], None]] = []
@@ -727,11 +731,33 @@ class Session:
 
     def toggle_stored(self, run_id: int) -> bool:
         """Put a stored run into the comparison, or take it out; True when it is in now."""
-        return self._live_runs.toggle_stored(run_id)
+        inside = self._live_runs.toggle_stored(run_id)
+        self._stored_epoch += 1
+        return inside
+
+    def set_stored_filter(self, text: str) -> None:
+        """Filter the Runs tab's stored runs: every word must appear (see :meth:`stored_runs`)."""
+        self._stored_filter = text
+        self.changed()
+
+    def refresh_stored(self) -> None:
+        """Read the history again for the next snapshot (runs written by another process)."""
+        self._stored_epoch += 1
+        self.changed()
+
+    def _stored_views(self) -> tuple[tuple[StoredRun, ...], tuple[LoadPoint, ...], tuple[RunPoint, ...]]:
+        """The Runs tab's lists for the snapshot, read again only when what they show can have
+        changed: a run ended or was set aside, the filter, a stored run compared, or asked."""
+        runs = self._live_runs.runs
+        key = (len(runs), sum(r.superseded for r in runs), self._stored_filter, self._stored_epoch)
+        if self._stored_cache is None or self._stored_cache[0] != key:
+            self._stored_cache = (key, (self.stored_runs(self._stored_filter), self.load_points(), self.run_points()))
+        return self._stored_cache[1]
 
     def snapshot(self) -> SessionSnapshot:
         """The current state, frozen."""
         devices, unavailable = devices_view(self._live_telemetry.latest)
+        stored, load_pts, run_pts = self._stored_views()
         return SessionSnapshot(
             t=self._clock(),
             seq=self._seq,
@@ -759,6 +785,10 @@ class Session:
             busy="tuning" if self.tune_active and not self._live_server.busy else self._live_server.busy,
             tune=self._live_tune.view(),
             server_config=self._server_config(),
+            stored=stored,
+            stored_filter=self._stored_filter,
+            load_points=load_pts,
+            run_points=run_pts,
         )
 
     def _server_config(self) -> dict[str, FlagValue]:

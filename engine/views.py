@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeAlias
 
 from engine.flags import recordable_values
-from engine.runs.compare import cell_text, compare, fmt_runs, noise_legend
+from engine.runs.compare import cell_text, compare, fmt_runs, noise_legend, status_text
 from engine.runs.history import NoiseFloor, RunInfo, StoredRequest
 from engine.runs.noise import RunNoise
 from engine.runs.status import RunStatus
@@ -25,6 +25,7 @@ from loadgen.stats import DEFAULT_CAP, rank_error
 if TYPE_CHECKING:
     # For the annotations only.
     from engine.flags import FlagSet, FlagValue
+    from engine.runs.compare import LoadPoint, RunPoint
     from engine.telemetry.metrics import Quantiles, ServerSample
     from engine.telemetry.sampler import TelemetrySnapshot
     from engine.tune.search import ConfigResult, LiveTrial, ParetoPoint, SearchSpace, StepPoint
@@ -333,6 +334,7 @@ class ComparisonView:
     flag_rows: int = 0  # the first rows are the flags that differ between runs
     counts: tuple[int, ...] = ()  # how many runs each column holds
     notes: tuple[str, ...] = ()  # what the "within noise" verdicts rest on (engine.runs.compare.noise_legend)
+    statuses: tuple[str, ...] = ()  # how each column's runs ended ("ok", "box-bound", "ok x2, box-bound")
 
 
 @dataclass(frozen=True)
@@ -370,6 +372,14 @@ class SessionSnapshot:
     # Flags vLLM takes but that will not do what they say (engine.flags.validation_warnings): flag
     # name -> why, shown under the editor; a start is not refused for them.
     flag_warnings: Mapping[str, str] = field(default_factory=dict)
+    # The Runs tab's lists: the history (every path's runs, newest first, filtered by
+    # ``stored_filter``), the compared runs on the latency-against-load plane, the stored runs
+    # on the throughput-latency plane. Read again when a run ends, the filter or the compared
+    # runs change, or the screen asks (Session.refresh_stored), not at every publish.
+    stored: tuple[StoredRun, ...] = ()
+    stored_filter: str = ""
+    load_points: tuple[LoadPoint, ...] = ()
+    run_points: tuple[RunPoint, ...] = ()
 
     @property
     def figures(self) -> LiveFigures | None:
@@ -607,6 +617,7 @@ def compare_view(records: Sequence[RunRecord], baseline: int | None, stored: Seq
         columns=tuple(_column_label(g) for g in columns) + tuple(f"stored #{s.id} {s.name}" for s in extra),
         rows=tuple(rows), baseline=base_col, flag_rows=flag_rows,
         counts=tuple(cmp.count(i) for i in range(len(infos))),
+        statuses=tuple(status_text(c) for c in cmp.columns) if cmp.columns else tuple(r.status for r in cmp.runs),
         notes=tuple(noise_legend(cmp)) + ((f"intervals of {fmt_runs(pending)} being computed "
                                           "(their requests bootstrapped)",) if pending else ()),
     )

@@ -122,7 +122,7 @@ async def test_r_runs_the_repeats_as_one_column_with_an_interval_over_them(tmp_p
     assert all(r.status is RunStatus.OK for r in records)
     view = session.comparison()
     assert view is not None and view.columns == ("rep x3", single.label)
-    assert view.counts == (3, 1)
+    assert view.counts == (3, 1) and view.statuses == ("ok x3", "ok")
 
 
 async def test_a_preset_brings_its_repeats_and_saving_keeps_them(tmp_path: Path,

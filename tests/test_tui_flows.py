@@ -469,7 +469,8 @@ async def test_runs_tab_plots_the_stored_runs_pareto_chart() -> None:
         plot = app.screen.query_one("#runs-pareto", PlotextPlot)
         assert not plot.display  # nothing stored yet: no empty axes
         shown[0] = tuple(points)
-        app.screen.query_one("RunsPanel").refresh_stored()  # type: ignore[attr-defined]
+        app.session.refresh_stored()  # the history read again: the next snapshot carries the points
+        app.refresh_now()
         await pilot.pause()
         assert plot.display
         text = app.export_screenshot().replace("&#160;", " ")

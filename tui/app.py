@@ -238,6 +238,20 @@ class VtuiApp(App[int]):
 
     # ------------------------------------------------------------------ widget messages
 
+    @on(RunsPanel.FilterChanged)
+    def _stored_filter(self, event: RunsPanel.FilterChanged) -> None:
+        self.session.set_stored_filter(event.text)
+        self.refresh_now()
+
+    @on(RunsPanel.Toggled)
+    def _stored_toggled(self, event: RunsPanel.Toggled) -> None:
+        try:
+            self.session.toggle_stored(event.run_id)
+        except SessionError as exc:
+            self.notify(f"{exc}: {exc.hint}", severity="warning")
+            return
+        self.refresh_now()
+
     @on(FlagEditor.FlagEdited)
     def _flag_edited(self, event: FlagEditor.FlagEdited) -> None:
         self.session.set_flag_text(event.name, event.text)

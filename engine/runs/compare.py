@@ -348,7 +348,7 @@ def compare(columns: Sequence[Column], baseline: int | None = None, *, all_flags
     # How each column's runs ended, where any did not end plainly ok (a box-bound repeat among
     # them). A column whose figure rests on spoiled runs (its run, or most of its repeats: their
     # median) carries the client's delay, so it never takes the best mark.
-    statuses = tuple(_status_text(g) for g in groups)
+    statuses = tuple(status_text(g) for g in groups)
     if any(s != RunStatus.OK for s in statuses):
         rows.append(Row("flag", "status", "status", "", None, statuses, frozenset(), none))
     spoiled = frozenset(i for i, g in enumerate(groups)
@@ -380,7 +380,7 @@ def _parsed_status(text: str) -> RunStatus:
         return RunStatus.FAILED  # an unknown word: judged as nothing measured
 
 
-def _status_text(group: Sequence[RunInfo]) -> str:
+def status_text(group: Sequence[RunInfo]) -> str:
     """A column's status: its run's, or its repeats' counted ('ok x2, box-bound')."""
     counts: dict[str, int] = {}
     for run in group:

@@ -13,13 +13,13 @@ from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import DataTable, Input, Static
 from textual_plotext import PlotextPlot
 
-from engine.runs.compare import fmt_runs
-from engine.session import SessionError
-from engine.views import SessionSnapshot, StoredRun
+from engine.runs.compare import LoadPoint, RunPoint, fmt_runs
+from engine.views import SessionSnapshot
 
 
 def _n(value: float | None, fmt: str) -> str:
@@ -38,7 +38,9 @@ class RunsPanel(Vertical):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self._shown: object = None
-        self._runs_seen = -1
+        self._stored_shown: object = None  # the snapshot's lists last drawn (by identity)
+        self._pareto_shown: object = None
+        self._load_shown: object = None
 
     def compose(self) -> ComposeResult:
         yield Static("no runs yet: r runs the workload, b marks the last run as baseline", id="runs-help")
@@ -51,32 +53,47 @@ class RunsPanel(Vertical):
         yield PlotextPlot(id="runs-load")
         yield PlotextPlot(id="runs-pareto")
 
+    class FilterChanged(Message):
+        """The stored runs' filter was edited: the app hands it to the session."""
+
+        def __init__(self, text: str) -> None:
+            super().__init__()
+            self.text = text
+
+    class Toggled(Message):
+        """Enter on a stored run: the app puts it into the comparison or takes it out."""
+
+        def __init__(self, run_id: int) -> None:
+            super().__init__()
+            self.run_id = run_id
+
     def on_mount(self) -> None:
         table = self.query_one("#stored-table", DataTable)
         for key, label in (("id", "id"), ("name", "name"), ("preset", "preset"), ("model", "model"),
                            ("started", "started"), ("status", "status"), ("req_s", "req/s"),
                            ("ttft", "TTFT p50 ms"), ("in", "compared")):
             table.add_column(label, key=key)
-        self.refresh_stored()
-        self._plot_load(self._session())  # then again whenever the comparison changes
+        self._draw_lists(self.snapshot)
 
-    def _session(self) -> object | None:
-        return getattr(self.app, "session", None)
-
-    def refresh_stored(self) -> None:
-        """List the history again (the core reads and filters it)."""
-        session = self._session()
-        stored: tuple[StoredRun, ...] = ()
-        if session is not None and hasattr(session, "stored_runs"):
-            stored = session.stored_runs(self.query_one("#stored-filter", Input).value)
-        table = self.query_one("#stored-table", DataTable)
-        table.clear()
-        for r in stored:
-            table.add_row(str(r.id), r.name, r.preset or "-", (r.model or "-").rsplit("/", 1)[-1],
-                          time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started)), r.status,
-                          _n(r.req_s, "{:.2f}"), _n(r.ttft_p50_ms, "{:.1f}"), "yes" if r.compared else "",
-                          key=str(r.id))
-        self._plot_pareto(session)
+    def _draw_lists(self, snap: SessionSnapshot | None) -> None:
+        """The stored runs and the two charts, from the snapshot, when they changed."""
+        if snap is None:
+            return
+        if snap.stored is not self._stored_shown:
+            self._stored_shown = snap.stored
+            table = self.query_one("#stored-table", DataTable)
+            table.clear()
+            for r in snap.stored:
+                table.add_row(str(r.id), r.name, r.preset or "-", (r.model or "-").rsplit("/", 1)[-1],
+                              time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started)), r.status,
+                              _n(r.req_s, "{:.2f}"), _n(r.ttft_p50_ms, "{:.1f}"), "yes" if r.compared else "",
+                              key=str(r.id))
+        if snap.run_points is not self._pareto_shown:
+            self._pareto_shown = snap.run_points
+            self._plot_pareto(snap.run_points)
+        if snap.load_points is not self._load_shown:
+            self._load_shown = snap.load_points
+            self._plot_load(snap.load_points)
 
     def _blank_plot(self, selector: str, points: int) -> PlotextPlot | None:
         """The chart cleared for drawing, or None (and hidden) under two points: no empty axes."""
@@ -88,10 +105,9 @@ class RunsPanel(Vertical):
         plot.plt.clear_figure()
         return plot
 
-    def _plot_load(self, session: object | None) -> None:
+    def _plot_load(self, points: tuple[LoadPoint, ...]) -> None:
         """The compared runs' p99 TTFT and TPOT against the requests/s each achieved (a sweep
         read as a curve; the core gives the points). Hidden under two runs."""
-        points = session.load_points() if session is not None and hasattr(session, "load_points") else ()
         plot = self._blank_plot("#runs-load", len(points))
         if plot is None:
             return
@@ -106,10 +122,9 @@ class RunsPanel(Vertical):
         plt.xlabel("requests/s")
         plot.refresh()
 
-    def _plot_pareto(self, session: object | None) -> None:
+    def _plot_pareto(self, points: tuple[RunPoint, ...]) -> None:
         """The stored runs' tokens/s per user against tokens/s per GPU, frontier apart (the core
         computes the points and the frontier; this only draws them). Hidden under two runs."""
-        points = session.run_points() if session is not None and hasattr(session, "run_points") else ()
         plot = self._blank_plot("#runs-pareto", len(points))
         if plot is None:
             return
@@ -126,35 +141,22 @@ class RunsPanel(Vertical):
         plot.refresh()
 
     @on(Input.Changed, "#stored-filter")
-    def _filter(self) -> None:
-        self.refresh_stored()
+    def _filter(self, event: Input.Changed) -> None:
+        self.post_message(self.FilterChanged(event.value))
 
     @on(DataTable.RowSelected, "#stored-table")
     def _toggle(self, event: DataTable.RowSelected) -> None:
-        session = self._session()
-        if session is None or event.row_key.value is None:
-            return
-        try:
-            session.toggle_stored(int(event.row_key.value))  # type: ignore[attr-defined]
-        except SessionError as exc:
-            self.notify(f"{exc}: {exc.hint}", severity="warning")
-            return
-        self.refresh_stored()
-        refresh = getattr(self.app, "refresh_now", None)
-        if refresh is not None:
-            refresh()
+        if event.row_key.value is not None:
+            self.post_message(self.Toggled(int(event.row_key.value)))
 
     def watch_snapshot(self, snap: SessionSnapshot | None) -> None:
         if snap is None or not self.is_mounted:
             return
-        if len(snap.runs) != self._runs_seen:  # a run ended (and was stored): list it
-            self._runs_seen = len(snap.runs)
-            self.refresh_stored()
+        self._draw_lists(snap)
         comp = snap.comparison
         if comp is self._shown:
             return  # the comparison only changes when a run ends or the baseline moves
         self._shown = comp
-        self._plot_load(self._session())
         table = self.query_one("#runs-table", DataTable)
         table.clear(columns=True)
         help_ = self.query_one("#runs-help", Static)
@@ -170,10 +172,11 @@ class RunsPanel(Vertical):
         table.add_column("", key="label")
         for i, name in enumerate(comp.columns):
             mark = " (baseline)" if comp.baseline == i else ""
-            status = str(snap.runs[i].status) if i < len(snap.runs) else ""
-            status = "" if status in ("", "ok") else f" [{status}]"
+            status = comp.statuses[i] if i < len(comp.statuses) else ""
+            status = "" if status in ("", "ok") or (status.startswith("ok x") and "," not in status) else f" [{status}]"
             count = f" [{fmt_runs(comp.counts[i])}]" if i < len(comp.counts) else ""
-            table.add_column(f"{name}{mark}{status}{count}", key=f"run{i}")
+            # Text, not markup: a status in brackets ("[box-bound]") would read as a style tag and vanish
+            table.add_column(Text(f"{name}{mark}{status}{count}"), key=f"run{i}")
         for n, (label, cells, best_cols) in enumerate(comp.rows):
             is_flag = n < comp.flag_rows
             row = [Text(label, style=flag if is_flag else "")]
