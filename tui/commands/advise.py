@@ -18,12 +18,17 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tui.errors import UserError
 
+if TYPE_CHECKING:
+    from engine.advise.rundata import RunData
+    from engine.runs.history import History
+    from tui.commands import Subparsers
 
-def add_parser(subparsers: Any) -> None:
+
+def add_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "advise", help="findings and flag changes from a stored run (never applies them)",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -36,7 +41,7 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _load(ref: str, history: Any) -> Any:
+def _load(ref: str, history: History | None) -> RunData:
     from engine.advise.advisor import RunData, RunDataError
     from engine.runs.history import HistoryError
 
@@ -85,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         after = _load(args.after, history)
         verdicts = [check_expected(f, before, after) for f in findings]
     if args.format == "json":
-        out: dict[str, Any] = {"run": before.name, "findings": [f.to_dict() for f in findings]}
+        out: dict[str, object] = {"run": before.name, "findings": [f.to_dict() for f in findings]}
         if draft:
             out["draft_model"] = draft
         if after is not None:

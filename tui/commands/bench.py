@@ -22,18 +22,27 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from tui.errors import UserError
 
 if TYPE_CHECKING:
+    from engine.runs.crosscheck import CrossCheck
+    from engine.runs.history import History
+    from engine.runs.measure import MeasuredRun
     from engine.runs.summary import RunSummary, TelemetryFigures
+    from engine.server.supervisor import Supervisor
+    from engine.values import JSONValue
+    from loadgen.spec import SLO, ArrivalSpec, WorkloadSpec
+    from loadgen.stats import StatsWindow
+    from tui.commands import Subparsers
 
 METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2EL"))
 
 
-def add_parser(subparsers: Any) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     p = subparsers.add_parser(
         "bench",
         help="run a load test against a vLLM server (results match `vllm bench serve`)",
@@ -107,13 +116,13 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=run, allow_extra=True)
 
 
-def build_specs(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+def build_specs(args: argparse.Namespace) -> tuple[WorkloadSpec, ArrivalSpec, SLO | None]:
     """WorkloadSpec, ArrivalSpec, SLO from --preset and flags (flags win)."""
     from loadgen import SLO, ArrivalSpec, SpecError, WorkloadSpec
 
-    wd: dict[str, Any] = {}
-    ad: dict[str, Any] = {}
-    slo_d: dict[str, Any] = {}
+    wd: dict[str, object] = {}
+    ad: dict[str, object] = {}
+    slo_d: dict[str, object] = {}
     if args.preset:
         from engine.presets import PresetError, find_preset
 
@@ -214,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
     return asyncio.run(_bench(args, workload, arrivals, slo))
 
 
-async def _start_server(args: argparse.Namespace) -> Any:
+async def _start_server(args: argparse.Namespace) -> Supervisor:
     from engine.runs.measure import ensure_server
     from engine.server.supervisor import Supervisor
     from tui.commands.serve import build_flags
@@ -232,7 +241,7 @@ async def _start_server(args: argparse.Namespace) -> Any:
     return sup
 
 
-async def _bench(args: argparse.Namespace, workload: Any, arrivals: Any, slo: Any) -> int:
+async def _bench(args: argparse.Namespace, workload: WorkloadSpec, arrivals: ArrivalSpec, slo: SLO | None) -> int:
     from engine.runs.history import open_history
     from engine.runs.measure import RunHandle, RunPlan, Target, measure
     from engine.runs.series import Slot, run_series
@@ -252,14 +261,14 @@ async def _bench(args: argparse.Namespace, workload: Any, arrivals: Any, slo: An
                    peak_bw_tbs=args.peak_bw_tbs, peak_tflops=args.peak_tflops)
     history = None if args.no_history else open_history(lambda text: _err(f"vtui: {text}"))
     loop = asyncio.get_running_loop()
-    runs: list[Any] = []
+    runs: list[MeasuredRun] = []
     code = 0
-    floor_doc: dict[str, Any] | None = None
+    floor_doc: dict[str, object] | None = None
     count, what, tag = (args.noise_floor, "noise floor", "noise-floor") if args.noise_floor else \
         (args.repeat, "repeat", "repeat")
     codes: list[int] = []
 
-    async def one(slot: Slot[Any]) -> Any:
+    async def one(slot: Slot[RunPlan]) -> MeasuredRun:
         this = plan
         if count > 1:
             # each repeat a normal measured run, stored under its own name (and its own seed)
@@ -300,9 +309,10 @@ async def _bench(args: argparse.Namespace, workload: Any, arrivals: Any, slo: An
     return code
 
 
-def _result(run: Any) -> dict[str, Any]:
+def _result(run: MeasuredRun) -> dict[str, object]:
     """The run's result document: bench serve's keys, the stored parts, the telemetry and its series."""
-    out: dict[str, Any] = run.result.to_json()
+    assert run.result is not None  # _report refuses a run without one before any result is written
+    out: dict[str, object] = run.result.to_json()
     parts = stored_parts(run.summary)
     telemetry = parts.pop("telemetry")
     out.update(parts)
@@ -312,14 +322,14 @@ def _result(run: Any) -> dict[str, Any]:
     return out
 
 
-def _write_result(name: str, doc: dict[str, Any]) -> None:
+def _write_result(name: str, doc: dict[str, object]) -> None:
     path = Path(name).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
     _err(f"vtui: result written to {path}")
 
 
-def _report(args: argparse.Namespace, run: Any) -> int:
+def _report(args: argparse.Namespace, run: MeasuredRun) -> int:
     """Print one measured run (the table, telemetry, the server check) and give its exit code."""
     from engine.runs.crosscheck import CrossCheck
     from engine.runs.status import RunStatus
@@ -376,7 +386,7 @@ def figure_label(name: str) -> str:
     return f"{_STATS.get(stat, stat)} {dict(METRICS).get(metric, metric.upper())} (ms)"
 
 
-def print_repeats(runs: list[Any]) -> list[dict[str, Any]]:
+def print_repeats(runs: list[MeasuredRun]) -> list[dict[str, object]]:
     """Each figure over the measured repeats: the median, the 95% interval of the repeats' mean
     (engine.runs.noise), the range and the coefficient of variation; returned for the result file."""
     from engine.runs.noise import spreads
@@ -386,7 +396,7 @@ def print_repeats(runs: list[Any]) -> list[dict[str, Any]]:
     print("{s:{c}^{n}}".format(s=f" Repeats: {len(measured)} of {len(runs)} runs measured ", n=86, c="="))
     print(f"{'':<34} {'median':>10} {'95% interval (repeats)':>24} {'min .. max':>20} {'CV':>6}")
     out = []
-    for sp in spreads([r.summary.load.to_dict() for r in measured]):
+    for sp in spreads([load.to_dict() for r in measured if (load := r.summary.load) is not None]):
         iv = sp.interval
         cv = sp.cv_pct
         print(f"{figure_label(sp.figure):<34} {sp.median:>10.2f} "
@@ -403,7 +413,7 @@ def print_repeats(runs: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def print_floor(runs: list[Any], history: Any, label: str) -> dict[str, Any]:
+def print_floor(runs: list[MeasuredRun], history: History | None, label: str) -> dict[str, object]:
     """The box's noise floor from the measured runs (engine.runs.noise.floor_spread): each
     figure's median, range, CV and spread printed; stored in ``history`` (None: --no-history, or
     none could be opened: said). Returned for the result file."""
@@ -414,7 +424,7 @@ def print_floor(runs: list[Any], history: Any, label: str) -> dict[str, Any]:
     if len(measured) < MIN_FLOOR_RUNS:
         raise UserError(f"only {len(measured)} of {len(runs)} runs were measured: a noise floor needs "
                         f"{MIN_FLOOR_RUNS}", "see the runs' errors above; measure again on a quieter box")
-    figures = [r.summary.load.to_dict() for r in measured]
+    figures = [load.to_dict() for r in measured if (load := r.summary.load) is not None]
     spread = floor_spread(figures)
     box = this_box()
     print("{s:{c}^{n}}".format(s=f" Noise floor of {box}: {len(measured)} of {len(runs)} runs measured ", n=86, c="="))
@@ -464,7 +474,7 @@ def _listening_pid(url: str) -> int | None:
         return None
 
 
-def cross_check_line(check: Any) -> str:
+def cross_check_line(check: CrossCheck) -> str:
     """The client's mean TTFT/TPOT beside the server's own over the same run."""
     def ms(v: float | None, fmt: str = "{:.1f}") -> str:
         return "n/a" if v is None else fmt.format(v)
@@ -532,12 +542,12 @@ def telemetry_line(t: TelemetryFigures) -> str:
             f"waiting peak {t.peak_waiting}, preemptions {t.preemptions}")
 
 
-def energy_line(e: dict[str, Any]) -> str:
+def energy_line(e: Mapping[str, JSONValue]) -> str:
     """One line of what the server's GPUs drew over the window (measure.energy_figures)."""
     if e.get("joules") is None:
         return f"energy: n/a ({e.get('reason') or 'no reading'})"
 
-    def num(v: Any, fmt: str) -> str:
+    def num(v: JSONValue, fmt: str) -> str:
         return "n/a" if v is None else fmt.format(v)
 
     idle = e.get("idle_power_w")
@@ -560,7 +570,7 @@ class _Progress:
         self.last = 0.0
         self.shown = False
 
-    def update(self, w: Any) -> None:
+    def update(self, w: StatsWindow) -> None:
         if self.quiet:
             return
         now = time.monotonic()
@@ -586,11 +596,11 @@ class _Progress:
             sys.stderr.flush()
 
 
-def print_table(d: dict[str, Any]) -> None:
+def print_table(d: Mapping[str, object]) -> None:
     """The final table, laid out like `vllm bench serve`'s."""
     from loadgen.run import BOX_DELAY_LIMIT_MS, BOX_DELAY_NOTE
 
-    def row(name: str, value: Any, fmt: str = "{:.2f}") -> None:
+    def row(name: str, value: object, fmt: str = "{:.2f}") -> None:
         text = fmt.format(value) if isinstance(value, int | float) else str(value)
         print(f"{name:<40} {text:<10}")
 
@@ -620,8 +630,8 @@ def print_table(d: dict[str, Any]) -> None:
                 row(f"P{p} {label} (ms):", d[f"p{p}_{key}_ms"])
     print("=" * 50)
     if d.get("failures_by_reason"):
-        print("Failures: " + ", ".join(f"{k} {v}" for k, v in d["failures_by_reason"].items()))
-        for k, v in d.get("failure_examples", {}).items():
+        print("Failures: " + ", ".join(f"{k} {v}" for k, v in cast("Mapping[str, int]", d["failures_by_reason"]).items()))
+        for k, v in cast("Mapping[str, str]", d.get("failure_examples", {})).items():
             print(f"  {k}: {v[:160]}")
     if d.get("client_bound"):
         print(f"WARNING: client-bound (CPU p90 {d.get('client_cpu_p90', 0):.0%} of a core, event-loop "
@@ -643,7 +653,7 @@ def print_table(d: dict[str, Any]) -> None:
               f"network read ({(d.get('same_read_gap_fraction') or 0):.0%} of gaps were 0): the "
               f"server wrote their tokens back to back, so their TPOT/ITL say nothing of decode "
               f"speed (a starved API server process on a busy box does this to any client)")
-    first = (d.get("stream") or {}).get("first_request_s")
+    first = cast("Mapping[str, object]", d.get("stream") or {}).get("first_request_s")
     if isinstance(first, (int, float)):
         print(f"first request sent {first:.2f} s after the run began (prompts built, worker started)")
     print("TPOT = (E2EL - TTFT) / (output tokens - 1); ITL = gap between streamed chunks "

@@ -18,11 +18,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.runs.history import History
+    from tui.commands import Subparsers
 
 
-def add_parser(subparsers: Any) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "compare", help="compare stored runs side by side", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -37,7 +42,7 @@ def add_parser(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def open_history(read_only: bool = True) -> Any:
+def open_history(read_only: bool = True) -> History:
     """The user's history, or a UserError saying why it cannot be opened."""
     from engine.runs.history import History, HistoryError
     from tui.errors import UserError
@@ -52,7 +57,7 @@ def open_history(read_only: bool = True) -> Any:
 PLOT_BESIDE = "beside"
 
 
-def add_plot_argument(parser: Any, result_option: str, what: str) -> None:
+def add_plot_argument(parser: argparse.ArgumentParser, result_option: str, what: str) -> None:
     """``--plot [FILE]``: the chart as PNG or SVG (matplotlib, ``vtui[plots]``)."""
     parser.add_argument("--plot", nargs="?", const=PLOT_BESIDE, metavar="FILE",
                         help=f"also draw {what} as a .png or .svg file (needs `pip install 'vtui[plots]'`); "
@@ -78,7 +83,7 @@ def plot_target(arg: str | None, result_file: Path | None, result_option: str, w
         raise UserError(exc.reason, exc.hint) from None
 
 
-def draw(draw_fn: Any, path: Path) -> None:
+def draw(draw_fn: Callable[[], object], path: Path) -> None:
     """Run one of engine.runs.plots' savers, a PlotError becoming the user's error."""
     from engine.runs.plots import PlotError
     from tui.errors import UserError

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.flags import FlagSet, Schema
+    from tui.commands import Subparsers
 
 
-def add_parser(subparsers: Any) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "export",
         help="print flags as a docker run / vllm serve line, JSON or argv",
@@ -124,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _from_preset(path: str, schema: Any) -> Any:
+def _from_preset(path: str, schema: Schema) -> FlagSet:
     from engine.flags import FlagSet
     from tui.errors import UserError
 

@@ -18,16 +18,19 @@ import csv
 import io
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine.runs.history import StoredRequest
+    from engine.runs.history import History, StoredRequest
+    from engine.runs.rows import RunInfo
+    from tui.commands import Subparsers
 
 EXPORT_FORMATS = ("json", "csv", "trace", "docker", "serve")
 
 
-def add_parser(subparsers: Any) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "history", help="list, show, delete, tag and export stored runs", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -95,7 +98,7 @@ def _when(t: float | None) -> str:
     return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
-def _list(store: Any, limit: int, *, as_json: bool = False) -> int:
+def _list(store: History, limit: int, *, as_json: bool = False) -> int:
     from engine.runs.compare import fmt_number
 
     runs = store.list_runs(limit=limit)
@@ -125,7 +128,7 @@ def _list(store: Any, limit: int, *, as_json: bool = False) -> int:
     return 0
 
 
-def _show(store: Any, info: Any) -> int:
+def _show(store: History, info: RunInfo) -> int:
     from engine.runs.compare import compare, render
     from engine.runs.measure import PrefixReset
 
@@ -153,7 +156,7 @@ def _show(store: Any, info: Any) -> int:
     return 0
 
 
-def _argv(flags: Any) -> list[str]:
+def _argv(flags: Mapping[str, object]) -> list[str]:
     out: list[str] = []
     for name, value in dict(flags).items():
         if isinstance(value, bool):
@@ -165,7 +168,7 @@ def _argv(flags: Any) -> list[str]:
     return out
 
 
-def _export(store: Any, info: Any, fmt: str, output: Path | None) -> int:
+def _export(store: History, info: RunInfo, fmt: str, output: Path | None) -> int:
     from tui.commands.compare import write_or_print
 
     if fmt == "json":
@@ -200,7 +203,7 @@ def _requests_csv(requests: list[StoredRequest]) -> str:
     return buf.getvalue()
 
 
-def _command_line(info: Any, fmt: str) -> str:
+def _command_line(info: RunInfo, fmt: str) -> str:
     from engine.flags import FlagError, FlagSet
     from tui.errors import UserError
 

