@@ -14,7 +14,7 @@ import json
 import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from textual import events, on
 from textual.app import ComposeResult
@@ -28,12 +28,16 @@ from textual.widgets import Input, Label, Select, Static, Switch
 from engine.flags.effective import FlagShown, flag_shown
 from engine.views import SessionSnapshot
 
+if TYPE_CHECKING:
+    from engine.flags.schema import Schema
+    from engine.flags.spec import FlagSpec, FlagValue
+
 # Building a row per flag of the installed vLLM (about 200) takes a while and
 # scrolls forever; the filter narrows it, and at most this many rows are shown.
 MAX_ROWS = 40
 
 
-def _item(value: Any) -> str:
+def _item(value: object) -> str:
     if value is None:
         return "None"
     if isinstance(value, bool):
@@ -43,7 +47,7 @@ def _item(value: Any) -> str:
     return str(value)
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     """A value as the text that reads back as the same value (the session parses typed text
     as vLLM would): JSON as JSON, not Python's repr; list items quoted as a shell would."""
     if value is None:
@@ -66,7 +70,7 @@ def _wid(name: str) -> str:
 IDLE_HINT = "Tab: edit · Enter: accept · Esc: cancel"
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     """What, sent as typed text, sets the flag back to ``value`` (booleans too)."""
     return ("true" if value else "false") if isinstance(value, bool) else _show(value)
 
@@ -131,7 +135,7 @@ class FlagRow(Vertical):
         Binding("up", "move(-1)", "Previous", tooltip="Previous flag (shift+Tab too)"),
     ]
 
-    def __init__(self, spec: Any, cursor_blink: bool = True, shown: FlagShown | None = None) -> None:
+    def __init__(self, spec: FlagSpec, cursor_blink: bool = True, shown: FlagShown | None = None) -> None:
         """``shown``: how the flag reads before the first snapshot (engine.flags.effective)."""
         super().__init__(id=_wid(spec.name), classes="flag-row")
         self.spec = spec
@@ -182,7 +186,7 @@ class FlagRow(Vertical):
             rows[i].scroll_visible()
 
     def show(
-        self, value: Any, error: str | None, running: Any, has_server: bool, typed: str | None = None,
+        self, value: object, error: str | None, running: object, has_server: bool, typed: str | None = None,
         shown: FlagShown | None = None,
     ) -> None:
         """Render this flag's state from a snapshot without re-sending it as an edit.
@@ -195,7 +199,7 @@ class FlagRow(Vertical):
         if not found:
             return  # not composed yet (just mounted) or being removed
         editor = found.first()
-        shown = shown or flag_shown(self.spec, value)
+        shown = shown or flag_shown(self.spec, cast("FlagValue | None", value))
         self._reads = shown
         if isinstance(editor, Switch):
             # A switch and the words beside it say the edited value, also while the switch has
@@ -246,7 +250,7 @@ class FlagEditor(Vertical):
     """The latest session snapshot."""
 
     def __init__(
-        self, schema: Any, *, cursor_blink: bool = True, typed: dict[str, str] | None = None, id: str | None = None
+        self, schema: Schema, *, cursor_blink: bool = True, typed: dict[str, str] | None = None, id: str | None = None
     ) -> None:
         """``typed``: flag name -> the text last typed into it, kept by the owner so that a
         rebuilt editor (a new terminal width, the all-flags switch) shows it again."""
@@ -259,7 +263,7 @@ class FlagEditor(Vertical):
         self._filter = ""
         self._shown: tuple[str, ...] = ()
         self._rebuild_lock = asyncio.Lock()
-        self._last_key: tuple[Any, ...] | None = None
+        self._last_key: tuple[object, ...] | None = None
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="flag-tools"):
@@ -276,8 +280,8 @@ class FlagEditor(Vertical):
     def on_resize(self, event: events.Resize) -> None:
         self.set_class(event.size.width < self.BESIDE_MIN_WIDTH, "-column")
 
-    def _specs(self) -> list[Any]:
-        specs: Iterable[Any] = self.schema.all() if self._all else self.schema.tuning()
+    def _specs(self) -> list[FlagSpec]:
+        specs: Iterable[FlagSpec] = self.schema.all() if self._all else self.schema.tuning()
         needle = self._filter.lower()
         out = [s for s in specs if not needle or needle in s.name.lower() or needle in (s.help or "").lower()]
         return out[:MAX_ROWS]
@@ -364,7 +368,7 @@ class FlagEditor(Vertical):
         if self.screen.focused is None or _row_of(self.screen.focused) is None:
             self.query_one("#flag-hint", Static).update(IDLE_HINT)
 
-    def _shown_of(self, spec: Any, snap: SessionSnapshot | None) -> FlagShown:
+    def _shown_of(self, spec: FlagSpec, snap: SessionSnapshot | None) -> FlagShown:
         """How ``spec``'s flag reads in ``snap``: its value, the server's, vLLM's default."""
         flags = snap.flags if snap is not None else None
         values = {n: flags.get(n) for n in ("tensor-parallel-size", "pipeline-parallel-size")} if flags else {}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.table import Table
 from textual import on
@@ -13,8 +13,11 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static, TextArea
 
+if TYPE_CHECKING:
+    from engine.advise.finding import Finding
 
-def _show(value: Any) -> str:
+
+def _show(value: object) -> str:
     if value is None:
         return "(default)"
     if isinstance(value, bool):
@@ -48,7 +51,7 @@ class DiffScreen(ModalScreen[bool]):
 
     BINDINGS = [Binding("escape", "dismiss(False)", "Cancel"), Binding("enter", "dismiss(True)", "Apply")]
 
-    def __init__(self, rows: Sequence[tuple[str, Any, Any]], argv: Sequence[str]) -> None:
+    def __init__(self, rows: Sequence[tuple[str, object, object]], argv: Sequence[str]) -> None:
         super().__init__(classes="modal")
         self.rows = list(rows)
         self.argv = list(argv)
@@ -225,7 +228,7 @@ class AdviceScreen(ModalScreen[int | None]):
         for i in range(1, 10)
     )]
 
-    def __init__(self, findings: Sequence[Any]) -> None:
+    def __init__(self, findings: Sequence[Finding]) -> None:
         super().__init__(classes="modal")
         self.findings = list(findings)[:9]
 

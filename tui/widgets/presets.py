@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from textual import on
 from textual.app import ComposeResult
@@ -13,6 +13,9 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
+
+if TYPE_CHECKING:
+    from engine.presets import Preset
 
 
 class PresetList(Vertical):
@@ -26,7 +29,7 @@ class PresetList(Vertical):
 
         name: str
 
-    def __init__(self, presets: Sequence[Any] = (), *, id: str | None = None) -> None:
+    def __init__(self, presets: Sequence[Preset] = (), *, id: str | None = None) -> None:
         super().__init__(id=id)
         self._presets = list(presets)
 
@@ -42,7 +45,7 @@ class PresetList(Vertical):
             out.append(Option(f"{p.name}{mark}", id=p.name))
         return out
 
-    def set_presets(self, presets: Sequence[Any]) -> None:
+    def set_presets(self, presets: Sequence[Preset]) -> None:
         """Replace the list (after a save)."""
         self._presets = list(presets)
         options = self.query_one(OptionList)

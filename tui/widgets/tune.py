@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual import on
@@ -30,6 +30,10 @@ from textual_plotext import PlotextPlot
 
 from engine.session import TUNE_PERCENTILES, TuneFormError, parse_tune_form
 from engine.views import TuneRequest, TuneView
+
+if TYPE_CHECKING:
+    from engine.flags.schema import Schema
+    from engine.tune.trial import ConfigResult
 
 # Progress lines shown under the table (the core keeps more; the history has every step).
 SHOWN_LINES = 5
@@ -90,14 +94,14 @@ class TuneScreen(Screen[None]):
     view: reactive[TuneView | None] = reactive(None, always_update=True)
     """The latest TuneView from the session's snapshot (None before any search)."""
 
-    def __init__(self, defaults: Mapping[str, str], *, schema: Any = None, percentile: float = 99.0,
+    def __init__(self, defaults: Mapping[str, str], *, schema: Schema | None = None, percentile: float = 99.0,
                  cursor_blink: bool = True) -> None:
         super().__init__()
         self.defaults = dict(defaults)
         self.schema = schema
         self.percentile = percentile
         self.cursor_blink = cursor_blink
-        self._rows_shown: tuple[Any, ...] | None = None
+        self._rows_shown: tuple[tuple[ConfigResult, ...], str | None] | None = None
 
     # ------------------------------------------------------------------ layout
 
