@@ -10,13 +10,14 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from textual import on, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.css.query import NoMatches
+from textual.dom import DOMNode
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, TabbedContent, TabPane
@@ -34,6 +35,12 @@ from tui.widgets.server import ServerPanel
 from tui.widgets.status import StatusBar
 from tui.widgets.tune import TuneScreen
 
+if TYPE_CHECKING:
+    from engine.advise.finding import Finding
+    from engine.flags.schema import Schema
+    from engine.presets import Preset
+    from engine.views import TuneRequest
+
 # At this width and above the flags sit beside the live view; below, every panel is a tab.
 WIDE_COLUMNS = 110
 
@@ -49,7 +56,7 @@ class MainScreen(Screen[None]):
     wide: reactive[bool] = reactive(True, recompose=True)
     """Whether the terminal is wide enough for the two-column layout."""
 
-    def __init__(self, schema: Any, presets: list[Any], *, cursor_blink: bool = True) -> None:
+    def __init__(self, schema: Schema, presets: list[Preset], *, cursor_blink: bool = True) -> None:
         super().__init__()
         self.schema = schema
         self.presets = presets
@@ -93,13 +100,13 @@ class MainScreen(Screen[None]):
 
     def on_mount(self) -> None:
         self.wide = self.size.width >= WIDE_COLUMNS
-        self.call_after_refresh(self.app.rerender)  # type: ignore[attr-defined]
+        self.call_after_refresh(cast("VtuiApp", self.app).rerender)
 
     def on_resize(self) -> None:
         wide = self.size.width >= WIDE_COLUMNS
         if wide != self.wide:
             self.wide = wide
-            self.call_after_refresh(self.app.rerender)  # type: ignore[attr-defined]
+            self.call_after_refresh(cast("VtuiApp", self.app).rerender)
 
     def show_tab(self, tab: str) -> None:
         """Bring a panel to front, whichever layout is showing."""
@@ -112,7 +119,7 @@ class MainScreen(Screen[None]):
         with self.app.batch_update():
             for widget in self.query("StatusBar, FlagEditor, LivePanel, ServerPanel, RunsPanel"):
                 try:
-                    widget.snapshot = snap  # type: ignore[attr-defined]
+                    cast("StatusBar | FlagEditor | LivePanel | ServerPanel | RunsPanel", widget).snapshot = snap
                 except NoMatches:
                     # A panel between mount and compose (or being rebuilt for a new width)
                     # has no children yet; the next snapshot, a quarter second on, draws it.
@@ -165,8 +172,8 @@ class VtuiApp(App[int]):
         self,
         session: Session,
         *,
-        schema: Any = None,
-        presets: list[Any] | None = None,
+        schema: Schema | None = None,
+        presets: list[Preset] | None = None,
         publish: bool = True,
         cursor_blink: bool = True,
         start_server: bool = False,
@@ -480,7 +487,7 @@ class VtuiApp(App[int]):
         self.push_screen(AdviceScreen(findings),
                          lambda i: self._load_finding(findings[i]) if i is not None else None)
 
-    def _load_finding(self, finding: Any) -> None:
+    def _load_finding(self, finding: Finding) -> None:
         # Only into the editor: the user reviews the diff and restarts with the apply key.
         loaded = []
         for change in finding.changes:
@@ -524,7 +531,7 @@ class VtuiApp(App[int]):
         self._tune(event.request)
 
     @work(exclusive=True, group="tune", exit_on_error=False)
-    async def _tune(self, request: Any) -> None:
+    async def _tune(self, request: TuneRequest) -> None:
         try:
             result = await self.session.tune(request)
         except SessionError as exc:
@@ -599,7 +606,7 @@ class VtuiApp(App[int]):
             if binding.action in seen or binding.description in titles or name in ("blur", "dismiss", "cancel_edit"):
                 continue
             if binding in own:
-                namespace: Any = screen
+                namespace: DOMNode = screen
             elif self.check_action(name, ()) is False:
                 continue
             else:
@@ -623,7 +630,7 @@ class VtuiApp(App[int]):
     # ------------------------------------------------------------------ help
 
     # (title, the classes whose bindings it lists, whether Textual's own keys are included)
-    HELP_SECTIONS: tuple[tuple[str, tuple[type[Any], ...], bool], ...] = (
+    HELP_SECTIONS: tuple[tuple[str, tuple[type[DOMNode], ...], bool], ...] = (
         ("Main screen", (MainScreen,), True),
         ("In a flag (Flags tab)", (FlagInput, FlagRow, FlagEditor), False),
         ("Tune screen (u)", (TuneScreen,), False),
@@ -656,7 +663,7 @@ class VtuiApp(App[int]):
                 Binding(self.COMMAND_PALETTE_BINDING, "command_palette"))))
 
 
-def _safe_presets(session: Session) -> list[Any]:
+def _safe_presets(session: Session) -> list[Preset]:
     try:
         return session.list_presets()
     except Exception:  # noqa: BLE001 - a broken preset folder must not stop the app
