@@ -546,8 +546,8 @@ class Session:
 
     async def sweep(self, presets: Sequence[Preset | str | Path], *, repeats: int | None = None) -> list[RunRecord]:
         """Run several presets in a row, restarting only when the flags differ; ``repeats``
-        rounds over them (default: the most any of them asks for), each preset's repeats one
-        column of the comparison."""
+        rounds over them (default: the most any of them asks for, or :attr:`repeats` when more),
+        each preset's repeats one column of the comparison."""
         self._refuse_while_tuning("start a sweep")
         found: list[Preset] = []
         for preset in presets:
@@ -557,8 +557,8 @@ class Session:
                 raise SessionError(str(exc), "see the Presets list") from None
         if not found:
             raise SessionError("no preset to sweep", "name one or more presets")
-        if repeats is None:
-            repeats = max(p.repeats for p in found)
+        if repeats is None:  # the most any preset asks for, or what n set
+            repeats = max([p.repeats for p in found] + [self._repeats])
 
         async def run(label: str | None, group: int | None) -> RunRecord:
             return await self.run_workload(label, group=group)

@@ -161,6 +161,21 @@ async def test_the_tuis_sweep_runs_rounds_and_groups_each_preset(tmp_path: Path,
     assert [r.label for r in records] == ["left (1/2)", "right (1/2)", "left (2/2)", "right (2/2)"]
     view = session.comparison()
     assert view is not None and view.columns == ("left x2", "right x2") and view.counts == (2, 2)
+    assert session.repeats == 1  # the last preset loaded (right) asks for one run
+
+
+async def test_the_tuis_sweep_takes_ns_repeats_when_more(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VTUI_HOME", str(tmp_path))
+    path = tmp_path / "one.toml"
+    path.write_text(PRESET.format(name="one", repeats=1))
+    with serve_in_thread(ServerConfig(first_delay_s=0.005, gap_s=0.002, max_model_len=4096)) as url:
+        session = _session(url, tmp_path)
+        try:
+            session.set_repeats(2)
+            records = await session.sweep([loads_preset(path.read_text(), source=path)])
+        finally:
+            await session.close()
+    assert [r.label for r in records] == ["one (1/2)", "one (2/2)"]
 
 
 # --------------------------------------------------------------------------- the CLI as typed

@@ -460,7 +460,8 @@ class VtuiApp(App[int]):
             if text:
                 self._sweep(text.replace(",", " ").split())
 
-        self.push_screen(PromptScreen("Presets to run in a row (space separated)", value=names), sweep)
+        rounds = f"; {self.session.repeats} rounds (n)" if self.session.repeats > 1 else ""
+        self.push_screen(PromptScreen(f"Presets to run in a row (space separated){rounds}", value=names), sweep)
 
     @work(exclusive=True, group="run", exit_on_error=False)
     async def _sweep(self, names: list[str]) -> None:
