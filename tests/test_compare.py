@@ -261,3 +261,25 @@ def test_a_spoiled_column_is_named_and_never_best_and_the_server_sits_beside_the
     assert one.row("status").values == ("ok x2, box-bound", "ok") and one.row("ttft_p99").best == {0}
     most = compare([[A, *(dataclasses.replace(A, id=i, status="box-bound") for i in (5, 6))], B])
     assert most.row("status").values == ("ok, box-bound x2", "ok") and most.row("ttft_p99").best == frozenset()
+
+
+def test_telemetry_rows_are_judged_over_repeats() -> None:
+    """The H200 sweep with 3 repeats (2026-12-05) marked GPU utilization, energy and the server's
+    means best by their medians alone: those rows have no within-run model, but repeats give them
+    an interval. Utilization 66-68% against 91-93% is beyond noise; 50-60% against 52-62% is not."""
+    def col(first: int, utils: tuple[float, ...]) -> list[RunInfo]:
+        return [run(first + k, {"max-num-seqs": first}, {"median_ttft_ms": 100.0, "completed": 10, "failed": 0},
+                    {"mean_gpu_util_pct": u}) for k, u in enumerate(utils)]
+
+    def util_row(cmp: Any) -> Any:
+        return next(r for r in cmp.rows if r.key == "mean_gpu_util")
+
+    apart = compare([col(10, (66.8, 67.5, 68.1)), col(20, (92.5, 91.0, 93.0))])
+    row = util_row(apart)
+    assert row.noise[1] is not None and row.noise[1].interval.low > 0 and row.best == frozenset({1})
+    close = compare([col(10, (50.0, 60.0, 55.0)), col(20, (52.0, 62.0, 57.0))])
+    row = util_row(close)
+    assert row.noise[1] is not None and row.noise[1].interval.low < 0 < row.noise[1].interval.high
+    assert row.best == frozenset()  # within noise: no best mark
+    single = compare([col(10, (66.8,)), col(20, (92.5,))])
+    assert util_row(single).noise[1] is None  # one run each: no interval to read (as before)

@@ -391,10 +391,10 @@ def status_text(group: Sequence[RunInfo]) -> str:
 
 def _difference(metric: Metric, a: Sequence[RunInfo], b: Sequence[RunInfo],
                 noises: Mapping[int, RunNoise], floor: NoiseFloor | None) -> Difference | None:
-    """``b - a`` for one metric with its interval (engine.runs.noise); None where the metric has
-    no noise model (telemetry rows) or neither repeats, requests nor a measured floor are at hand."""
-    if metric.figure is None:
-        return None
+    """``b - a`` for one metric with its interval (engine.runs.noise); None where neither
+    repeats, requests nor a measured floor are at hand. A metric with no within-run model (the
+    telemetry and server rows: GPU utilization, energy, the server's means) is judged over
+    repeats alone, where both columns have two runs or more."""
 
     def configuration(column: Sequence[RunInfo]) -> Configuration | None:
         found = [(v, noises.get(run.id)) for run in column if (v := metric.read(run.summary)) is not None]
@@ -405,6 +405,10 @@ def _difference(metric: Metric, a: Sequence[RunInfo], b: Sequence[RunInfo],
     ca, cb = configuration(a), configuration(b)
     if ca is None or cb is None:
         return None
+    if metric.figure is None:
+        if len(ca.values) < 2 or len(cb.values) < 2:
+            return None
+        return difference(metric.key, Configuration(ca.values), Configuration(cb.values))
     return difference(metric.figure, ca, cb, box_floor_pct=None if floor is None else floor.pct(metric.figure))
 
 
