@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import httpx
 
 import loadgen.records as R
-from loadgen.fasthttp import FastPool, HTTPFailure, Response, _Conn
+from loadgen.fasthttp import FastPool, HTTPFailure, Response, _Conn, last_data_age_ms
 from loadgen.records import PlannedRequest, RequestResult
 
 Sink = Callable[[RequestResult], None]
@@ -153,10 +153,13 @@ class _SSE:
         "buf",
         "chat",
         "done",
+        "first_at",
+        "first_k",
         "itl",
         "last",
         "n",
         "new_conn",
+        "read_delay",
         "sent",
         "st",
         "texts",
@@ -179,6 +182,9 @@ class _SSE:
         self.buf = b""
         self.texts: list[str] | None = [] if want_text else None
         self.chat = chat
+        self.first_at = 0.0  # the stamp of the read that carried the first token
+        self.first_k = 0  # tokens (events with choices) that read carried
+        self.read_delay = -1.0  # first_read_delay's, -1 unknown
 
     def feed(self, now: float, piece: bytes) -> None:
         self.buf += piece
@@ -207,8 +213,11 @@ class _SSE:
                 # dummy-weights model streams ""), as vLLM's benchmark does.
                 if self.n == 0:
                     self.ttft = now - self.st
+                    self.first_at, self.first_k = now, 1
                 else:
                     self.itl.append(now - self.last)
+                    if now == self.first_at:
+                        self.first_k += 1
                 self.last = now
                 self.n += 1
                 if self.texts is not None:
@@ -268,6 +277,7 @@ async def _send_head(pool: FastPool, conn: _Conn, cfg: ClientConfig, body: bytes
     """Write the request on ``conn`` and read the response's head."""
     conn.requests += 1
     conn.bytes_in = 0
+    conn.ages = []
     sse.new_conn = conn.requests == 1
     assert conn.transport is not None  # set on connect, before the pool hands it out
     conn.transport.write(pool.request_bytes(cfg.path, body, cfg.headers()))
@@ -298,11 +308,44 @@ async def _stream_fast(pool: FastPool, cfg: ClientConfig, body: bytes, sse: _SSE
             reusable = resp.complete
             excerpt = raw[:300].decode("utf-8", "replace").strip()
             raise _Fail(R.HTTP_ERROR, f"HTTP {resp.status}: {excerpt}")
+        age = -1
         async for now, piece in resp.body():
             sse.feed(now, piece)
+            if conn.ages is not None and sse.n:
+                age = next((a for t, a in conn.ages if t == sse.first_at), -1)
+                conn.ages = None
+        if age >= 0:  # the stream's last bytes reached the socket this long ago
+            sse.read_delay = first_read_delay(age, last_data_age_ms(conn.sock), time.perf_counter(), sse)
         reusable = resp.complete and resp.headers.get("connection", "").lower() != "close"
     finally:
+        conn.ages = None
         pool.release(conn, reusable)
+
+
+_pace = [0.0]  # the server's last measured gap per token (first_read_delay: a stream read at once)
+
+
+def first_read_delay(age_ms: int, end_age_ms: int, now: float, sse: _SSE) -> float:
+    """How long the first token waited in the socket before this client read it (s; -1 unknown):
+    the client's own share of its TTFT, whatever held it (a busy box, its own work).
+
+    The kernel says how long ago the newest bytes of the read that carried it had arrived
+    (``age_ms``, loadgen.fasthttp.last_data_age_ms, asked as that read came in). Where that read
+    also carried later tokens (the loop was held up while they queued: ``first_k`` > 1), the first
+    came before them, at the server's pace: the kernel's arrival times of that read's newest bytes
+    and of the stream's last (``end_age_ms`` before ``now``, perf_counter), over the tokens between,
+    which no stall of this client can stretch. A stream that came whole in one read takes the last
+    pace measured (unknown before one was). Never more than the TTFT itself; ~0 for a client that
+    reads tokens as they come."""
+    if age_ms < 0 or sse.n == 0:
+        return -1.0
+    rest = sse.n - sse.first_k
+    if rest > 0 and end_age_ms >= 0:
+        first, end = sse.first_at - age_ms / 1000, now - end_age_ms / 1000
+        _pace[0] = max(0.0, end - first) / rest
+    elif sse.first_k > 1 and _pace[0] <= 0:
+        return -1.0  # no stream of this process has shown the server's pace yet: cannot say
+    return min(sse.ttft, age_ms / 1000 + (sse.first_k - 1) * _pace[0])
 
 
 async def _stream_httpx(client: httpx.AsyncClient, cfg: ClientConfig, body: bytes,
@@ -348,7 +391,7 @@ async def send(client: Client, cfg: ClientConfig, p: PlannedRequest, rid: int,
             e2el_s=sse.last - sse.st, input_tokens=sse.usage_in or p.input_len,
             output_tokens=out_tokens, ok=True, expected_input=p.input_len,
             expected_output=p.output_len, worker=worker, new_conn=sse.new_conn,
-            send_s=sse.sent - sse.st))
+            send_s=sse.sent - sse.st, read_delay_s=sse.read_delay))
         return "".join(sse.texts) if sse.texts is not None else ""
     except asyncio.CancelledError:
         sink(RequestResult(

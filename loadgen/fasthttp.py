@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
+import struct
 import time
 from collections.abc import AsyncIterator
 from typing import cast
@@ -29,12 +30,30 @@ class HTTPFailure(Exception):
         self.detail = detail
 
 
+_TCP_INFO = getattr(socket, "TCP_INFO", None)  # Linux
+
+
+def last_data_age_ms(sock: socket.socket | None) -> int:
+    """How long ago (ms, the kernel's jiffies: 1-10 ms steps) the newest data reached this TCP
+    socket (``tcp_info.tcpi_last_data_recv``); -1 where the kernel does not say."""
+    if sock is None or _TCP_INFO is None:
+        return -1
+    try:
+        return int(struct.unpack_from("I", sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 56), 52)[0])
+    except (OSError, AttributeError, struct.error, ValueError):
+        return -1
+
+
 class _Conn(asyncio.Protocol):
     """One TCP connection; received data queues up with its arrival time."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
+        self.sock: socket.socket | None = None
         self.chunks: list[tuple[float, bytes]] = []
+        # While a response's first token is awaited: each read's stamp and how long its newest
+        # bytes had waited in the socket (last_data_age_ms): see loadgen.client.first_read_delay.
+        self.ages: list[tuple[float, int]] | None = None
         self.waiter: asyncio.Future[None] | None = None
         self.eof = False
         self.error: BaseException | None = None
@@ -49,12 +68,17 @@ class _Conn(asyncio.Protocol):
         if sock is not None:
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self.sock = sock
             except OSError:
                 pass
 
     def data_received(self, data: bytes) -> None:
-        self.chunks.append((time.perf_counter(), data))
+        t = time.perf_counter()
+        self.chunks.append((t, data))
         self.bytes_in += len(data)
+        ages = self.ages
+        if ages is not None and len(ages) < 16:  # one syscall (~2 us) a read, first token only
+            ages.append((t, last_data_age_ms(self.sock)))
         w = self.waiter
         if w is not None and not w.done():
             w.set_result(None)

@@ -68,6 +68,9 @@ class RequestResult:
     worker: int = 0
     new_conn: bool = False  # sent on a connection opened for it (fast transport)
     send_s: float = 0.0  # start to the request's bytes handed to the socket (connect included)
+    # How long the first token waited in the socket before the client read it (fast transport on
+    # Linux; -1 unknown): the client's own share of ttft_s (loadgen.client.first_read_delay).
+    read_delay_s: float = -1.0
 
     @property
     def tpot_s(self) -> float:

