@@ -42,8 +42,9 @@ def cross_check(load: Mapping[str, object], server: TelemetryFigures, *,
     """``load``: the run's result (vllm bench serve's keys); ``server``: the server's own
     figures over the same window (``engine.runs.measure.server_window``, read as
     ``TelemetryFigures``); ``shared_prefix``: the workload asks for shared prefixes (then cache
-    hits are expected, not a warning); ``client_delay_ms``: the delay the client's held-up loop
-    added to an event at a random time (loadgen.run), which a TTFT gap is then first put down to."""
+    hits are expected, not a warning); ``client_delay_ms``: what the client's held-up loop added
+    to the mean TTFT (loadgen.run: its first tokens' measured waits in the socket), which a TTFT gap is
+    then first put down to."""
     completed = _num(load.get("completed")) or 0.0
     c_ttft, c_tpot = _num(load.get("mean_ttft_ms")), _num(load.get("mean_tpot_ms"))
     s_ttft = _mean_ms(server.server_ttft)
@@ -60,8 +61,8 @@ def cross_check(load: Mapping[str, object], server: TelemetryFigures, *,
     warnings: list[str] = []
     if _differ(c_ttft, s_ttft):
         held = client_delay_ms is not None and client_delay_ms >= 0.5 * abs((c_ttft or 0) - (s_ttft or 0))
-        why = (f"this client's loop was held up by the busy box (about {client_delay_ms:.0f} ms added to a first "
-               "token at a random time): measure again on a quieter box"
+        why = (f"this client's loop was held up by the busy box ({client_delay_ms:.0f} ms added to the mean "
+               "time to first token): measure again on a quieter box"
                if held and (c_ttft or 0) > (s_ttft or 0) else
                "the difference is the time from vLLM's first token to this client reading it: the API server's "
                "streaming, the network and this client"

@@ -196,8 +196,9 @@ class StreamShape:
     warmup_requests: int | None = None
     warmup_s: float | None = None
     first_request_s: float | None = None
-    # The delay the client's held-up loop added to an event at a random time, and whether it was
-    # past loadgen.run.BOX_DELAY_LIMIT_MS without being the client's own (the run is box-bound).
+    # The delay the client's held-up loop added to the mean TTFT (loadgen.run: measured from its first
+    # tokens' waits in the socket), and whether it was past loadgen.run.BOX_DELAY_LIMIT_MS without
+    # being the client's own (the run is box-bound).
     client_delay_ms: float | None = None
     box_bound: bool | None = None
 
