@@ -166,10 +166,20 @@ class WorkloadSpec:
         return _to_dict(self)
 
     def with_run_seed(self) -> WorkloadSpec:
-        """This spec with the seed a run uses: its own when set, else a fresh one."""
+        """This spec with the seed a run uses: its own when set, else a fresh one (then
+        :attr:`seed_drawn` says so)."""
         if self.seed is not None:
             return self
-        return dataclasses.replace(self, seed=secrets.randbelow(2**31))
+        spec = dataclasses.replace(self, seed=secrets.randbelow(2**31))
+        object.__setattr__(spec, "_seed_drawn", True)  # not a field: equality, hash and the file ignore it
+        return spec
+
+    @property
+    def seed_drawn(self) -> bool:
+        """True when :meth:`with_run_seed` drew ``seed`` for one run: no later run asks for these
+        prompts again, so a plan cache has no reason to keep them (issue 35: every run of a
+        session drew one, and loadgen.workload kept each run's plan, up to 32M characters)."""
+        return bool(self.__dict__.get("_seed_drawn", False))
 
     def max_request_len(self) -> int:
         """The longest prompt + output this spec can ask for (synthetic kinds), for the
