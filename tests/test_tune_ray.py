@@ -190,6 +190,7 @@ async def test_x_stops_a_search_still_joining_its_cluster() -> None:
     from engine.errors import SessionError
     from engine.session import parse_tune_form
     from engine.tune import ray as tune_ray
+    from engine.views import SessionEvent, TuneEnded
 
     assert not ray.is_initialized(), "runs before the cluster fixture joins this process"
     tables = SlotTables()
@@ -201,7 +202,14 @@ async def test_x_stops_a_search_still_joining_its_cluster() -> None:
 
     session._live_tune._release = release
     ended: list[bool] = []
-    session._live_tune._ended = lambda: ended.append(True)
+    emit = session._live_tune._emit
+
+    def spy(event: SessionEvent) -> None:  # the search's end, as the session hears it
+        if isinstance(event, TuneEnded):
+            ended.append(True)
+        emit(event)
+
+    session._live_tune._emit = spy
     before = session.snapshot().server.state
     with listener(None) as port:
         request = parse_tune_form(form(session, ray=f"127.0.0.1:{port}"))
