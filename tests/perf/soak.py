@@ -42,6 +42,24 @@ def rss_mb(pid: int | str = "self") -> float:
     return 0.0
 
 
+def c_heap_mb() -> tuple[float, float] | None:
+    """glibc's heap (all threads' arenas): MB in use and MB free but kept (mallinfo2), or None."""
+    import ctypes
+    import ctypes.util
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                   "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    try:
+        f = ctypes.CDLL(ctypes.util.find_library("c")).mallinfo2
+    except (OSError, AttributeError, TypeError):
+        return None
+    f.restype = MallInfo2
+    m = f()
+    return m.uordblks / 1e6, m.fordblks / 1e6
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -109,7 +127,9 @@ async def soak(url: str, args: argparse.Namespace) -> list[tuple[str, float, flo
                 f"{load.completed} req, {load.request_throughput:.1f} req/s, "
                 f"TTFT p50 {load.get('median_ttft_ms') or 0:.1f} ms, TPOT p50 {load.get('median_tpot_ms') or 0:.1f} ms")
             await asyncio.sleep(5.0)
-            mark(f"after run {i}", f"{record.status}: {figures}")
+            heap = c_heap_mb()
+            where = "" if heap is None else f"; C heap {heap[0]:.1f} MB in use, {heap[1]:.1f} free"
+            mark(f"after run {i}", f"{record.status}: {figures}{where}")
         gc.collect()
         mark("after the runs, gc.collect()")
     finally:
