@@ -35,6 +35,13 @@ if TYPE_CHECKING:
     import tokenizers
     from transformers import PreTrainedTokenizerBase
 
+# The tokenizers package spreads a batch over a thread pool of its own (rayon) unless told not to,
+# and each of its threads keeps a C heap that grows with what it tokenized: building 2,000 prompts
+# three times held 10 MB more of live heap (RSS 64 -> 74 MB, against 47 MB flat without the pool),
+# and the pool saved 0.13 s of 2 s on 1,500 prompts of 1,024 tokens on 2 cores (issue 35). A value
+# the user set stands.
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
 
 class TokenizerError(RuntimeError):
     """No tokenizer could be loaded or reached; the message says where it looked."""

@@ -219,7 +219,8 @@ def build_requests(spec: WorkloadSpec, codec: Codec | None, n: int,
     The first ``n`` requests of a plan do not depend on how many were asked for, so a plan
     built before, for as many or more requests with the same spec and tokenizer, is reused
     (its first ``n``)."""
-    key = _plan_key(spec, codec, max_model_len, pool)
+    # A seed drawn for one run (every run without a seed of its own) is never asked for again.
+    key = None if spec.seed_drawn else _plan_key(spec, codec, max_model_len, pool)
     if key is not None:
         with _cache_lock:
             hit = _cache.get(key)

@@ -90,6 +90,18 @@ def test_planned_input_lengths_are_the_servers_counts(codec: LocalTokenizer) -> 
         assert [len(codec.encode(p.prompt)) + codec.special_offset for p in plan] == planned
 
 
+def test_a_plan_for_a_seed_drawn_for_one_run_is_not_kept(codec: LocalTokenizer) -> None:
+    """Issue 35: every run without a seed of its own draws one (WorkloadSpec.with_run_seed), and
+    the cache kept each such run's plan, never asked for again; a seed set by hand is kept."""
+    from loadgen import workload
+
+    drawn = WorkloadSpec(input_len=32, output_len=8).with_run_seed()
+    first = build_requests(drawn, codec, 20)
+    assert not workload._cache
+    by_hand = build_requests(WorkloadSpec(input_len=32, output_len=8, seed=drawn.seed), codec, 20)
+    assert len(workload._cache) == 1 and by_hand == first  # the same prompts, now kept
+
+
 def test_a_bare_tokenizer_json_builds_exact_prompts(tiny_model: Path) -> None:
     bare = LocalTokenizer(tiny_model / "tokenizer.json")  # the tokenizers package, no transformers
     out = make_prompts(bare, random.Random(0), [5, 64, 700])

@@ -31,6 +31,7 @@ from engine.runs.measure import MeasuredRun, RunHandle, RunPlan, Target, local_t
 from engine.runs.noise import RunNoise, run_noise
 from engine.runs.series import Slot, run_series
 from engine.runs.status import RunStatus
+from engine.telemetry.host import release_free_memory
 from engine.views import (
     CHANGED,
     ComparisonView,
@@ -531,15 +532,19 @@ class LiveRuns:
                         requests = store.requests(run_id) if store is not None else []
                     except Exception:  # noqa: BLE001 - a run whose requests cannot be read has no noise
                         requests = []
-                    # the bootstrap (every figure's resamples at once), then the requests let go
-                    noise = run_noise(requests, workload if isinstance(workload, Mapping) else None,
-                                      key=run_id).settle()
+                    # the requests cut into blocks and let go, then the bootstrap (every figure's
+                    # resamples at once)
+                    noise = run_noise(requests, workload if isinstance(workload, Mapping) else None, key=run_id)
                     del requests
+                    noise.settle()
                     with self._noise_lock:
                         self._noises[run_id] = noise
             finally:
                 if store is not None:
                     store.close()
+                # The run's requests (read back here, and its own records before) were the session's
+                # largest allocations since the run: their free pages go back to the system.
+                release_free_memory()
                 self._changed()
 
         self._noise_thread = threading.Thread(target=work, name="vtui-noise", daemon=True)
