@@ -617,7 +617,7 @@ def compare_view(records: Sequence[RunRecord], baseline: int | None, stored: Seq
         columns=tuple(_column_label(g) for g in columns) + tuple(f"stored #{s.id} {s.name}" for s in extra),
         rows=tuple(rows), baseline=base_col, flag_rows=flag_rows,
         counts=tuple(cmp.count(i) for i in range(len(infos))),
-        statuses=tuple(status_text(c) for c in cmp.columns) if cmp.columns else tuple(r.status for r in cmp.runs),
+        statuses=tuple(status_text(c) for c in cmp.columns),
         notes=tuple(noise_legend(cmp)) + ((f"intervals of {fmt_runs(pending)} being computed "
                                           "(their requests bootstrapped)",) if pending else ()),
     )
