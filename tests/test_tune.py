@@ -13,9 +13,13 @@ import json
 import math
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from engine.server.logparse import StartupFacts
+    from engine.server.supervisor import RestartResult
 
 from engine.flags import FlagSet, builtin_schema
 from engine.tune.ranking import FLOOR_ONLY, TIE_RULE, cheaper_by, cost, limit_difference, tie_load
@@ -920,14 +924,18 @@ class ReadyStandIn(ServerStandIn):
         super().__init__(flags, url, ServerConfig().model, state=ServerState.STOPPED)
         self.starts = 0
 
-    async def start(self, timeout: float) -> None:
+    async def start(self, timeout: float) -> StartupFacts:
+        from engine.server.logparse import StartupFacts
         from engine.server.supervisor import ServerState
 
         self.state, self.starts = ServerState.READY, self.starts + 1
+        return StartupFacts()
 
-    async def restart(self, flags: FlagSet, timeout: float) -> None:
+    async def restart(self, flags: FlagSet, timeout: float) -> RestartResult:
+        from engine.server.supervisor import RestartResult
+
         self.flags = flags
-        await self.start(timeout)
+        return RestartResult(0.0, await self.start(timeout))
 
     async def stop(self) -> None:
         from engine.server.supervisor import ServerState

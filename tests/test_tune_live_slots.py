@@ -22,7 +22,8 @@ from standins import ServerStandIn
 from test_session_tune import BEST, LIMITS, SETTINGS, SPACE, RecordedMeasurer
 
 from engine.flags import FlagSet
-from engine.server.supervisor import ServerState
+from engine.server.logparse import StartupFacts
+from engine.server.supervisor import RestartResult, ServerState
 from engine.session import Session, SessionError, TuneFormError, parse_tune_form
 from engine.telemetry.nvml import GpuSample
 from engine.telemetry.sampler import TelemetrySnapshot
@@ -334,13 +335,14 @@ class ConfigServer(ServerStandIn):
         super().__init__(flags, urls[int(str(flags.get("max-num-seqs")))], "test-model", state=ServerState.STOPPED)
         self.urls = urls
 
-    async def start(self, timeout: float) -> None:
+    async def start(self, timeout: float) -> StartupFacts:
         self.base_url = self.urls[int(str(self.flags.get("max-num-seqs")))]
         self.state = ServerState.READY
+        return StartupFacts()
 
-    async def restart(self, flags: FlagSet, timeout: float) -> None:
+    async def restart(self, flags: FlagSet, timeout: float) -> RestartResult:
         self.flags = flags
-        await self.start(timeout)
+        return RestartResult(0.0, await self.start(timeout))
 
     async def stop(self) -> None:
         self.state = ServerState.STOPPED

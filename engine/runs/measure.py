@@ -1,6 +1,6 @@
 """One measured run, the same on every path: the TUI's `r`, `vtui bench`, `vtui sweep`, a tune
-step and the advisor's relaunch all call :func:`measure`, and :func:`ensure_server` is the one
-policy that puts a server in the wanted flags.
+step and the advisor's relaunch all call :func:`measure`, and
+:func:`engine.server.ready.ensure_server` is the one policy that puts a server in the wanted flags.
 
 :func:`measure`, in order:
 
@@ -51,7 +51,7 @@ from loadgen.tokens import TokenizerError
 
 if TYPE_CHECKING:
     from engine.server.logparse import StartupFacts
-    from engine.server.supervisor import FlagsLike, ServerEvent, Supervisor
+    from engine.server.supervisor import FlagsLike, ServerEvent
     from engine.telemetry.metrics import ServerSample
     from engine.telemetry.sampler import TelemetrySnapshot
     from engine.telemetry.store import SeriesStore
@@ -557,54 +557,6 @@ async def measure(
         server_log=server_log, store=recorder.store if recorder is not None else None)
 
 
-@dataclass(frozen=True)
-class ServerReady:
-    """What :func:`ensure_server` did."""
-
-    # A Supervisor, stopped when the start failed (a next call restarts it, same port); None when
-    # ``make`` itself raised a StartupError (then ``error`` says why).
-    supervisor: Supervisor | None
-    restarted: bool = False  # an existing server was restarted with new flags
-    started: bool = False  # a server was started (first start or restart)
-    seconds: float = 0.0
-    error: str | None = None  # vLLM's own line when it did not start
-    hint: str | None = None
-    failure: StartupError | None = None  # the start's error itself (its report: the log's last lines)
-
-
-async def ensure_server(sup: Supervisor | None, flags: FlagSet, *, make: Callable[[FlagSet], Supervisor],
-                        timeout: float, say: Callable[[str], None] | None = None) -> ServerReady:
-    """A server running ``flags``: ``sup`` itself when it is ready with the same command line,
-    else ``sup`` restarted through its supervisor (same port, same log), or a new one from
-    ``make`` when there is none. The one start and restart policy of vtui bench, sweep and tune
-    (the TUI's LiveServer adds its log pane and events around the same Supervisor). A start that fails
-    leaves no server running and says vLLM's own line in ``error``."""
-    if sup is not None and sup.state is ServerState.READY:
-        now = sup.flags
-        if flags.same_launch(now):
-            return ServerReady(sup)
-    shown = " ".join(flags.display_argv())  # secrets go to the child's environment
-    t0 = time.monotonic()
-    restarted = sup is not None
-    try:
-        if sup is None:
-            if say:
-                say(f"starting vLLM {flags.model} {shown}")
-            sup = make(flags)
-            await sup.start(timeout=timeout)
-        else:
-            if say:
-                say(f"restarting vLLM with {shown}")
-            await sup.restart(flags, timeout=timeout)
-    except StartupError as exc:
-        if sup is not None:  # None: ``make`` itself failed
-            with contextlib.suppress(Exception):
-                await sup.stop()
-        return ServerReady(sup, restarted, False, time.monotonic() - t0,
-                           error=exc.vllm_line or str(exc), hint=exc.hint or None, failure=exc)
-    return ServerReady(sup, restarted, True, time.monotonic() - t0)
-
-
 async def wait_for(coro: Awaitable[MeasuredRun], handle: RunHandle, timeout: float | None) -> MeasuredRun | None:
     """``coro`` (a :func:`measure`) bounded by ``timeout``: past it the run is cancelled and
     given 30 s to store itself; None when even that did not end."""
@@ -616,5 +568,5 @@ async def wait_for(coro: Awaitable[MeasuredRun], handle: RunHandle, timeout: flo
     return task.result() if done else None
 
 
-__all__ = ["PREFIX_RESET_KEY", "MeasuredRun", "MeasuredServer", "PrefixReset", "RunHandle", "RunPlan", "ServerReady",
-           "Target", "ensure_server", "local_tokenizer", "measure", "reset_prefix_cache", "server_window", "wait_for"]
+__all__ = ["PREFIX_RESET_KEY", "MeasuredRun", "MeasuredServer", "PrefixReset", "RunHandle", "RunPlan",
+           "Target", "local_tokenizer", "measure", "reset_prefix_cache", "server_window", "wait_for"]

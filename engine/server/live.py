@@ -18,7 +18,7 @@ import collections
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, NoReturn, cast
 
 from engine import paths
 from engine.errors import EngineDied, SessionError, StartupError
@@ -26,6 +26,7 @@ from engine.flags import FlagSet
 from engine.server.attach import AttachedServer, attach
 from engine.server.logparse import LineKind, StartupFacts, classify_line
 from engine.server.planner import numa_node_memory, plan_for_flags, refusal_for
+from engine.server.ready import ServerReady, ensure_server
 from engine.server.supervisor import RestartResult, ServerEvent, Supervisor
 from engine.views import CHANGED, Emit, FlagsRecovered, LogLine, Notice, ServerTookFlags, ServerView, devices_view
 
@@ -230,20 +231,31 @@ class LiveServer:
         self.attached = None
         self.detached = None
         flags = self._edited()  # as launched: an edit made while it starts is not what it runs
-        sup = self.new_supervisor(flags)
-        self.supervisor = sup
         self.busy = "starting"
         try:
-            facts = await sup.start(timeout=timeout)
-        except StartupError as exc:
-            self._server_error = (str(exc.vllm_line or exc), str(exc.hint or ""))
-            self._notify("server failed to start")
-            raise SessionError(self._server_error[0], self._server_error[1]) from exc
+            ready = await ensure_server(None, flags, make=self._adopt_new, timeout=timeout, stop_failed=False)
         finally:
             self.busy = None
             self._changed()
-        self._took(flags, f"server ready at {sup.base_url}")
-        return facts
+        if ready.failure is not None or ready.facts is None:
+            self._failed(ready)
+        assert self.supervisor is not None and ready.facts is not None
+        self._took(flags, f"server ready at {self.supervisor.base_url}")
+        return ready.facts
+
+    def _adopt_new(self, flags: FlagSet) -> Supervisor:
+        """A new supervisor for ``flags``, ours from before its start (its state and log show
+        while it starts, and stay when it fails)."""
+        self.supervisor = self.new_supervisor(flags)
+        return self.supervisor
+
+    def _failed(self, ready: ServerReady) -> NoReturn:
+        """A start or restart that did not come up: vLLM's own line, said and raised."""
+        exc = ready.failure
+        line = str(exc.vllm_line or exc) if exc is not None else (ready.error or "the server did not start")
+        self._server_error = (line, str(exc.hint or "") if exc is not None else (ready.hint or ""))
+        self._notify("server failed to start")
+        raise SessionError(*self._server_error) from exc
 
     def _took(self, flags: FlagSet, notice: str) -> None:
         """The server came up with ``flags``: they are what it runs and what "dirty" compares
@@ -301,17 +313,19 @@ class LiveServer:
         await self._halt_telemetry()
         flags = self._edited()  # as launched (see start)
         try:
-            result = await self.supervisor.restart(flags, timeout=timeout)
-        except StartupError as exc:
-            self._server_error = (str(exc.vllm_line or exc), str(exc.hint or ""))
-            self.running_flags = None
-            raise SessionError(self._server_error[0], self._server_error[1]) from exc
+            # the user asked for a restart: it happens even with the same flags (reuse=False)
+            ready = await ensure_server(self.supervisor, flags, make=self._adopt_new, timeout=timeout,
+                                        reuse=False, stop_failed=False)
         finally:
             self.busy = None
             self._changed()
-        self._downtime = float(result.downtime_s)
+        if ready.failure is not None or ready.restart is None:
+            self.running_flags = None
+            self._failed(ready)
+        assert ready.restart is not None
+        self._downtime = float(ready.restart.downtime_s)
         self._took(flags, f"restarted in {self._downtime:.1f} s")
-        return result
+        return ready.restart
 
     def new_supervisor(self, flags: FlagSet) -> Supervisor:
         """A Supervisor for ``flags`` (not started) whose events come to :meth:`on_event`."""

@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING
 from engine import paths
 from engine.errors import EngineDied, StartupError
 from engine.flags import FlagSet
-from engine.runs.measure import RunHandle, RunPlan, Target, ensure_server, wait_for
+from engine.runs.measure import RunHandle, RunPlan, Target, wait_for
 from engine.runs.measure import measure as measure_run
 from engine.runs.series import measure_sound
+from engine.server.ready import ensure_server
 from engine.server.supervisor import ServerState, Supervisor
 from engine.tune.trial import EarlyStop, Measurement, StartOutcome
 from loadgen import LoadRun, ServerError

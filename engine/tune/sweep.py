@@ -1,7 +1,7 @@
 """Run several presets in a row against one model and store every run in the history.
 
 The server is started once and restarted (through its supervisor, on the same port) only
-when a preset's flags differ from the running ones: :func:`engine.runs.measure.ensure_server`.
+when a preset's flags differ from the running ones: :func:`engine.server.ready.ensure_server`.
 Each preset is one :func:`engine.runs.measure.measure` run: every request, the stats windows,
 GPU/host telemetry and the server's /metrics are recorded as it happens, and the run is
 stored with the status every path uses (:mod:`engine.runs.status`). A preset whose server does
@@ -28,9 +28,10 @@ from engine import paths
 from engine.flags import FlagSet, installed_vllm_version, recordable_values
 from engine.presets import FlagValue, Preset
 from engine.runs.history import History, Recording, RunInfo
-from engine.runs.measure import RunPlan, Target, ensure_server, local_tokenizer, measure
+from engine.runs.measure import RunPlan, Target, local_tokenizer, measure
 from engine.runs.series import Slot, run_series
 from engine.runs.status import RunStatus
+from engine.server.ready import ensure_server
 from engine.server.supervisor import Supervisor
 
 

@@ -224,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _start_server(args: argparse.Namespace) -> Supervisor:
-    from engine.runs.measure import ensure_server
+    from engine.server.ready import ensure_server
     from engine.server.supervisor import Supervisor
     from tui.commands.serve import build_flags
 
