@@ -15,6 +15,8 @@ where the older estimate from the loop's stalls read 52-57 ms).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import multiprocessing
 import os
 import signal
@@ -163,3 +165,59 @@ def test_a_sweep_measures_a_box_bound_step_again_then_keeps_the_last(url: str, t
     assert step.status is RunStatus.BOX_BOUND
     assert stored == ["box-bound"] * SPOILED_TRIES
     assert sum("measured again" in line for line in said) == SPOILED_TRIES - 1
+
+
+# ----------------------------------------------------------------- other processes on the box
+
+
+def _strangers(n: int) -> list[int]:
+    """``n`` busy processes outside this process's tree (the shell that starts each ends at once,
+    as another user's job is), for up to 60 s; their pids, for the test to end them."""
+    import subprocess
+    import sys
+
+    burn = "import time\nend = time.monotonic() + 60\nwhile time.monotonic() < end: pass\n"
+    return [int(subprocess.run(["sh", "-c", '"$0" -c "$1" >/dev/null 2>&1 & echo $!', sys.executable, burn],
+                               capture_output=True, text=True, check=True).stdout) for _ in range(n)]
+
+
+def test_a_box_crowded_by_other_processes_is_box_bound_stored_and_said(
+        url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Other processes taking the cores the server and the client want move a run's figures
+    (tests/perf/noise.py --hog: req/s by about 8% per quarter core on the 2-core box): a busy
+    process per core beside the run, none of them ours, and the run is box-bound, with what the
+    others took stored and said by `vtui history show`. The test server is this test's child, so
+    its tree is ours (root_pid: this process)."""
+    import psutil
+
+    from tui.cli import main
+
+    monkeypatch.setenv("VTUI_HOME", str(tmp_path))
+    pids = _strangers(psutil.cpu_count() or 1)
+    try:
+        with History(tmp_path / "data" / "history.sqlite") as history:
+            run = asyncio.run(measure(Target(url, root_pid=os.getpid()), _plan("crowded"), history=history))
+    finally:
+        for pid in pids:  # the processes this test started, by their pids
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    share = run.summary.extra["box_cpu"]
+    assert isinstance(share, dict) and share["crowded"] is True, share
+    assert float(share["other_cores"]) >= 0.25 and float(share["idle_cores"]) < 0.5, share
+    assert run.status is RunStatus.BOX_BOUND and run.result is not None and not run.result.box_bound
+    assert main(["history", "show", str(run.history_id)]) == 0
+    out = capsys.readouterr().out
+    assert "status    box-bound" in out and "box: other processes" in out and ": box-bound (others took" in out
+
+
+def test_a_box_share_is_judged_only_where_the_server_is_counted() -> None:
+    """A server found by URL alone is not in vtui's tree: its cores read as the others' and the box
+    is not judged from them; idle cores to spare mean nobody was crowded."""
+    from engine.telemetry.host import CROWD_CORES, ROOM_CORES, BoxShare
+
+    busy = BoxShare(10.0, 2, 2.0, 2.0 - CROWD_CORES)
+    assert busy.crowded and busy.other_cores == pytest.approx(CROWD_CORES)
+    assert not BoxShare(10.0, 2, 2.0, 2.0 - CROWD_CORES, server_counted=False).crowded
+    assert not BoxShare(10.0, 16, 16 - ROOM_CORES, 1.0).crowded  # half a core idle: room enough
+    assert not BoxShare(10.0, 16, 4.0, 1.0).crowded  # 3 cores the others', 12 idle
+    assert BoxShare.from_json(busy.to_json(), "a stored share") == dataclasses.replace(busy, seconds=10.0)

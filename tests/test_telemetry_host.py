@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -154,3 +156,41 @@ def test_is_api_server_by_title() -> None:
 
     assert is_api_server("VLLM::APIServer_1") and is_api_server("VLLM::APIServer")  # comm keeps 15 characters
     assert not is_api_server("python3") and not is_api_server("VLLM::EngineCor") and not is_api_server("vllm")
+
+
+def _burn(seconds: float) -> str:
+    return f"import time\nend = time.process_time() + {seconds}\nwhile time.process_time() < end: pass\n"
+
+
+def test_box_share_counts_our_tree_and_a_stranger_apart() -> None:
+    """BoxLedger: a busy child of ours (joined before the reading: its time is in our reaped
+    children's) reads as ours; a busy process outside our tree (its starting shell gone, as
+    another user's job is) reads as other. Each burns 1 s of CPU."""
+    from engine.telemetry.host import BoxLedger
+
+    ledger = BoxLedger((os.getpid(),))
+    ledger.mark()
+    subprocess.run([sys.executable, "-c", _burn(1.0)], check=True)
+    ours = ledger.share()
+    assert ours is not None and ours.ours_cores * ours.seconds >= 0.9, ours
+    out = subprocess.run(["sh", "-c", '"$0" -c "$1" >/dev/null 2>&1 & echo $!', sys.executable, _burn(1.0)],
+                         capture_output=True, text=True, check=True)
+    stranger = psutil.Process(int(out.stdout))
+    assert stranger.ppid() != os.getpid()
+    ledger.mark()
+    deadline = time.monotonic() + 30
+    try:
+        # not our child: done once gone or a zombie (whoever adopted it may not reap it at once)
+        while stranger.is_running() and stranger.status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the busy process did not end in 30 s"
+            time.sleep(0.05)
+    except psutil.NoSuchProcess:
+        pass
+    finally:
+        with contextlib.suppress(psutil.Error):
+            if stranger.status() != psutil.STATUS_ZOMBIE:
+                stranger.kill()  # the process this test started, by its pid
+    share = ledger.share()
+    assert share is not None and share.other_cores * share.seconds >= 0.8, share
+    assert share.ours_cores * share.seconds < 0.3, share  # the test's own waiting only
+    assert share.to_json()["other_cores"] == round(share.other_cores, 3)

@@ -42,6 +42,7 @@ from engine.runs.history import History, Recording, RunInfo, to_jsonable
 from engine.runs.status import RunStatus, decide
 from engine.runs.summary import STREAM_KEYS, EnergyFigures, RunSummary, ServerWindow, SloVerdict, StreamShape, TelemetryFigures
 from engine.server.supervisor import ServerState, dev_mode_refusal
+from engine.telemetry.host import BoxLedger, BoxShare
 from engine.telemetry.metrics import MetricsScraper
 from engine.values import JSONValue
 from loadgen import DatasetError, LoadRun, ServerError
@@ -296,6 +297,8 @@ def server_window(first: ServerSample, last: ServerSample) -> dict[str, object]:
 
 
 PREFIX_RESET_KEY = "prefix_cache_reset"
+# Where a run's BoxShare is stored (its window's cores: ours, the rest's, idle).
+BOX_SHARE_KEY = "box_cpu"
 """The run summary's key (kept in ``RunSummary.extra``) saying whether the prefix cache was reset."""
 
 
@@ -318,6 +321,18 @@ class PrefixReset:
             return None
         reason = d.get("reason")
         return cls(bool(d["reset"]), reason if isinstance(reason, str) else None)
+
+
+def box_share_of(summary: RunSummary) -> BoxShare | None:
+    """Who had the box's cores over the run's window, as stored (None: an older run, or one
+    measured too briefly to say); a stored part that does not read is None too."""
+    d = summary.extra.get(BOX_SHARE_KEY)
+    if not isinstance(d, Mapping):
+        return None
+    try:
+        return BoxShare.from_json(d, "the run's box share")
+    except (TypeError, ValueError):
+        return None
 
 
 async def reset_prefix_cache(target: Target, *, tries: int = 10, wait_s: float = 0.2) -> PrefixReset:
@@ -409,7 +424,12 @@ async def measure(
     scraper = MetricsScraper(target.base_url)
     marks: list[ServerSample] = []
 
+    # Who had the box's cores over the measured window (BoxShare): our trees against the rest.
+    ledger = BoxLedger((os.getpid(),) + ((target.root_pid,) if target.root_pid else ()),
+                       server_counted=target.root_pid is not None)
+
     async def on_measured() -> None:
+        ledger.mark()
         marks.append(await scraper.scrape())  # the server's baseline: warm-up done, nothing in flight
 
     died: list[str] = []
@@ -446,6 +466,7 @@ async def measure(
     t0 = time.time()
     result: RunResult | None = None
     prefix: PrefixReset | None = None
+    box_share: BoxShare | None = None
     error: str | None = None
     hint: str | None = None
     try:
@@ -454,6 +475,7 @@ async def measure(
         prefix = await reset_prefix_cache(target)
         try:
             result = await lr.run(on_window=window, on_request=request, on_measured=on_measured)
+            box_share = ledger.share()
         except ServerError as exc:
             error, hint = str(exc), exc.hint or None
         except (DatasetError, TokenizerError) as exc:
@@ -534,10 +556,13 @@ async def measure(
     if server_died:
         error = error or (died[0] if died else "the server stopped accepting connections mid-run")
         hint = hint or "what completed before is kept"
+    # The box held the run up: the client's loop (loadgen.run), or other processes took cores our
+    # server or client wanted (BoxShare.crowded; judged only where the server's own tree is known).
+    crowded = box_share is not None and box_share.crowded
     status = decide(server_died=server_died, cancelled=handle.cancelled and not server_died,
                     completed=completed,
                     client_bound=bool(result is not None and result.client_bound), slo_met=slo_met,
-                    box_bound=bool(result is not None and result.box_bound))
+                    box_bound=bool(result is not None and result.box_bound) or crowded)
     facts = sup.facts if sup is not None else None
     # What vLLM said at start (KV tokens, captured CUDA graph sizes, versions): the advisor's
     # evidence about the server the run measured (engine.advise.advisor.RunData.startup).
@@ -547,6 +572,8 @@ async def measure(
     summary = dataclasses.replace(measured, error=error, hint=hint or None, server_log=server_log, startup=startup)
     if result is not None and prefix is not None:  # load was sent: whether it met an emptied prefix cache
         summary = dataclasses.replace(summary, extra={**summary.extra, PREFIX_RESET_KEY: prefix.to_json()})
+    if result is not None and box_share is not None:
+        summary = dataclasses.replace(summary, extra={**summary.extra, BOX_SHARE_KEY: box_share.to_json()})
     if recorder is None:  # the caller's store: the GPUs it saw
         gpus.update(store.gpu_names)
     gpu_list = [{"index": i, "name": name} for i, name in sorted(gpus.items())]
@@ -568,5 +595,5 @@ async def wait_for(coro: Awaitable[MeasuredRun], handle: RunHandle, timeout: flo
     return task.result() if done else None
 
 
-__all__ = ["PREFIX_RESET_KEY", "MeasuredRun", "MeasuredServer", "PrefixReset", "RunHandle", "RunPlan",
-           "Target", "local_tokenizer", "measure", "reset_prefix_cache", "server_window", "wait_for"]
+__all__ = ["BOX_SHARE_KEY", "PREFIX_RESET_KEY", "MeasuredRun", "MeasuredServer", "PrefixReset", "RunHandle", "RunPlan",
+           "Target", "box_share_of", "local_tokenizer", "measure", "reset_prefix_cache", "server_window", "wait_for"]

