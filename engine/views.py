@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeAlias
 
 from engine.flags import recordable_values
-from engine.runs.compare import cell_text, compare, fmt_runs, noise_legend, status_text
+from engine.runs.compare import cell_text, compare, fmt_runs, noise_legend
 from engine.runs.history import NoiseFloor, RunInfo, StoredRequest
 from engine.runs.noise import RunNoise
 from engine.runs.status import RunStatus
@@ -617,7 +617,7 @@ def compare_view(records: Sequence[RunRecord], baseline: int | None, stored: Seq
         columns=tuple(_column_label(g) for g in columns) + tuple(f"stored #{s.id} {s.name}" for s in extra),
         rows=tuple(rows), baseline=base_col, flag_rows=flag_rows,
         counts=tuple(cmp.count(i) for i in range(len(infos))),
-        statuses=tuple(status_text(c) for c in cmp.columns),
+        statuses=cmp.statuses,
         notes=tuple(noise_legend(cmp)) + ((f"intervals of {fmt_runs(pending)} being computed "
                                           "(their requests bootstrapped)",) if pending else ()),
     )

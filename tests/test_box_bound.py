@@ -205,6 +205,9 @@ def test_a_box_crowded_by_other_processes_is_box_bound_stored_and_said(
     assert isinstance(share, dict) and share["crowded"] is True, share
     assert float(share["other_cores"]) >= 0.25 and float(share["idle_cores"]) < 0.5, share
     assert run.status is RunStatus.BOX_BOUND and run.result is not None and not run.result.box_bound
+    from engine.runs.measure import box_bound_why
+
+    assert box_bound_why(run.summary).startswith("other processes took ")  # what Live and sweep say
     assert main(["history", "show", str(run.history_id)]) == 0
     out = capsys.readouterr().out
     assert "status    box-bound" in out and "box: other processes" in out and ": box-bound (others took" in out

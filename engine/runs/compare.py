@@ -172,6 +172,7 @@ class Comparison:
     rows: tuple[Row, ...]
     columns: tuple[tuple[RunInfo, ...], ...] = ()  # each column's runs: the repeats of one configuration
     floor: NoiseFloor | None = None  # the box's measured noise floor, which single-run verdicts read
+    statuses: tuple[str, ...] = ()  # how each column's runs ended (status_text: "ok", "ok x2, box-bound")
 
     def count(self, i: int) -> int:
         """How many runs column ``i`` holds."""
@@ -370,7 +371,7 @@ def compare(columns: Sequence[Column], baseline: int | None = None, *, all_flags
         noise = tuple(None if i == baseline else diff(baseline, i) for i in range(len(groups)))
         best = _beyond_noise(best_indexes(values_m, metric.better), values_m, diff) - spoiled
         rows.append(Row("metric", metric.key, metric.label, metric.unit, metric.better, values_m, best, deltas, noise))
-    return Comparison(runs, baseline, tuple(rows), groups, floor)
+    return Comparison(runs, baseline, tuple(rows), groups, floor, statuses)
 
 
 def _parsed_status(text: str) -> RunStatus:

@@ -27,7 +27,7 @@ from engine.flags import SECRET_FLAGS, FlagSet, recordable_values
 from engine.presets import Preset
 from engine.runs.compare import LoadPoint, RunPoint, load_points, run_points
 from engine.runs.history import History, NoiseFloor, Recording, RunInfo
-from engine.runs.measure import MeasuredRun, RunHandle, RunPlan, Target, local_tokenizer, measure
+from engine.runs.measure import MeasuredRun, RunHandle, RunPlan, Target, box_bound_why, local_tokenizer, measure
 from engine.runs.noise import RunNoise, run_noise
 from engine.runs.series import Slot, run_series
 from engine.runs.status import RunStatus
@@ -348,7 +348,9 @@ class LiveRuns:
         self.runs.append(record)
         if self.baseline is None:
             self.baseline = record.index
-        notice = f"run {label}: {run.status}" + (f" ({record.error})" if record.error else "")
+        why = box_bound_why(run.summary) if run.status is RunStatus.BOX_BOUND else ""
+        notice = f"run {label}: {run.status}" + (f" ({record.error})" if record.error else "") + (
+            f" ({why}: measure it again on a quieter box)" if why else "")
         if run.history_error is not None:
             # Disk full or a read-only file mid-run: the run is kept in memory; say so.
             notice += f"; history not written: {run.history_error}"

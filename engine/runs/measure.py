@@ -335,6 +335,19 @@ def box_share_of(summary: RunSummary) -> BoxShare | None:
         return None
 
 
+def box_bound_why(summary: RunSummary) -> str:
+    """Why a run is box-bound, in words ("" when it is not): other processes crowded the box
+    (BoxShare.crowded), the client's loop was held up (loadgen.run's client_delay_ms), or both."""
+    why = []
+    share = box_share_of(summary)
+    if share is not None and share.crowded:
+        why.append(f"other processes took {share.other_cores:.2f} of {share.cpus} cores")
+    stream = summary.stream
+    if stream is not None and stream.box_bound:
+        why.append(f"the client's loop was held up, about {stream.client_delay_ms or 0:.0f} ms on each TTFT")
+    return "; ".join(why)
+
+
 async def reset_prefix_cache(target: Target, *, tries: int = 10, wait_s: float = 0.2) -> PrefixReset:
     """Empty the prefix cache of a server vtui started (``POST /reset_prefix_cache``, which vLLM
     serves with ``VLLM_SERVER_DEV_MODE=1``: the supervisor sets it on loopback binds), so that a
@@ -596,4 +609,5 @@ async def wait_for(coro: Awaitable[MeasuredRun], handle: RunHandle, timeout: flo
 
 
 __all__ = ["BOX_SHARE_KEY", "PREFIX_RESET_KEY", "MeasuredRun", "MeasuredServer", "PrefixReset", "RunHandle", "RunPlan",
-           "Target", "box_share_of", "local_tokenizer", "measure", "reset_prefix_cache", "server_window", "wait_for"]
+           "Target", "box_bound_why", "box_share_of", "local_tokenizer", "measure", "reset_prefix_cache",
+           "server_window", "wait_for"]

@@ -28,7 +28,7 @@ from engine import paths
 from engine.flags import FlagSet, installed_vllm_version, recordable_values
 from engine.presets import FlagValue, Preset
 from engine.runs.history import History, Recording, RunInfo
-from engine.runs.measure import RunPlan, Target, local_tokenizer, measure
+from engine.runs.measure import RunPlan, Target, box_bound_why, local_tokenizer, measure
 from engine.runs.series import Slot, run_series
 from engine.runs.status import RunStatus
 from engine.server.ready import ensure_server
@@ -137,7 +137,9 @@ async def run_sweep(
         elif run.error:
             say(f"{label}: {run.status}: {run.error}")
         else:
-            say(f"{label}: {run.status}: {load.get('completed', 0)} done, {load.get('failed', 0)} failed, "
+            why = box_bound_why(run.summary) if run.status is RunStatus.BOX_BOUND else ""
+            say(f"{label}: {run.status}" + (f" ({why})" if why else "") + f": {load.get('completed', 0)} done, "
+                f"{load.get('failed', 0)} failed, "
                 f"{load.get('request_throughput', 0):.2f} req/s, TTFT p50 {load.get('median_ttft_ms', 0):.0f} ms")
         assert run.info is not None
         error = f"server died: {run.error}" if run.status is RunStatus.SERVER_DIED else run.error

@@ -37,8 +37,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -117,7 +119,7 @@ async def run_session(url: str, tok: Path, conc: int, n: int, seed: int,
     if not record.status.measured or record.result is None:
         raise RuntimeError(f"TUI session run: {record.status} {record.error}")
     return {**record.result.summary.to_dict(), **record.result.extra, "status": record.status.value,
-            "client_lag_p99_ms": record.result.client_lag_p99_ms}
+            "client_lag_p99_ms": record.result.client_lag_p99_ms, "box_cpu": record.summary.extra.get("box_cpu")}
 
 
 def server_figures(first: Any, last: Any) -> dict[str, float]:
@@ -135,9 +137,14 @@ def server_figures(first: Any, last: Any) -> dict[str, float]:
     return out
 
 
-def hogs(n: int) -> list[subprocess.Popen[bytes]]:
-    """N CPU-bound processes (the busy box), ended by the caller."""
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+def hogs(n: int) -> list[int]:
+    """N CPU-bound processes (the busy box), ended by the caller (their pids). Outside this
+    process's tree (the shell that starts each ends at once), as another user's job is: vtui
+    counts its own tree and the measured server's as ours (engine.telemetry.host.BoxShare), and
+    the TUI session measured here runs in this process."""
+    return [int(subprocess.run(["sh", "-c", '"$0" -c "$1" >/dev/null 2>&1 & echo $!', sys.executable,
+                                "while True: pass"], capture_output=True, text=True, check=True).stdout)
+            for _ in range(n)]
 
 
 async def main_async(a: argparse.Namespace) -> None:
@@ -212,10 +219,12 @@ async def main_async(a: argparse.Namespace) -> None:
                               + f"  delay {r.get('client_delay_ms', float('nan')):6.1f}"
                               + f"  stalls {_num(r.get('client_stall_delay_ms')):6.1f}"
                               + f"  nice {r.get('client_nice', '-')}  load {r['load']:.1f}"
+                              + f"  others {_num((r.get('box_cpu') or {}).get('other_cores')):4.2f} cores"
                               + f"  {r.get('status', '-')}", flush=True)
     finally:
-        for p in busy:
-            p.kill()
+        for pid in busy:  # the hogs this script started, by their pids
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         await scraper.aclose()
         await sup.stop()
     if a.against_server:

@@ -491,7 +491,8 @@ def cross_check_line(check: CrossCheck) -> str:
 
 
 # The parts of the run's stored document the result file carries beside the load figures.
-RESULT_PARTS = ("server", "cross_check", "stream", "slo_verdict", "energy")
+# box_cpu: who had the box's cores over the run (engine.runs.measure.BOX_SHARE_KEY)
+RESULT_PARTS = ("server", "cross_check", "stream", "slo_verdict", "energy", "box_cpu", "prefix_cache_reset")
 
 
 def stored_parts(summary: RunSummary) -> dict[str, object]:
