@@ -4,10 +4,12 @@
 ``slo-missed``: measured to the end, the SLO was not met (the numbers are good, the config is not).
 ``client-bound``: measured to the end, but the client's own delay (not the server's) may be in the
 numbers: see the run's client_* figures before trusting them.
-``box-bound``: measured to the end, but the box held the client's loop up (waiting for a core,
-most often one the server held on a small box) long enough to add more than
-``loadgen.run.BOX_DELAY_LIMIT_MS`` to its latencies: measure it again on a quieter box. Sweep and
-tune measure such a step again before they take it.
+``box-bound``: measured to the end, but the box held the run up: the client's loop waited for a
+core (most often one the server held on a small box) long enough to add more than
+``loadgen.run.BOX_DELAY_LIMIT_MS`` to its latencies, or other processes took cores the server or
+the client wanted (``engine.telemetry.host.BoxShare.crowded``), which moves the server's own
+figures. Measure it again on a quieter box (``engine.runs.measure.box_bound_why`` says which).
+Sweep and tune measure such a step again before they take it.
 ``server-died``: the server stopped mid-run; what completed before is kept.
 ``failed``: nothing was measured (server refused the load, no request completed).
 ``cancelled``: stopped by the user (or a tune step stopped early); what completed is kept.

