@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 from typing import Any
@@ -62,8 +63,23 @@ def test_best_indexes(values, better, expected) -> None:
     assert best_indexes(values, better) == frozenset(expected)
 
 
-def test_rows_values_best_and_deltas() -> None:
+def twice(r: RunInfo) -> list[RunInfo]:
+    """A column of two repeats with the same figures: their interval is the difference widened by
+    REPEATS_FLOOR_PCT (5%), so the 20-50% differences below are beyond the noise."""
+    return [r, dataclasses.replace(r, id=r.id + 100)]
+
+
+def test_single_runs_without_an_interval_mark_no_best() -> None:
+    """No verdict from noise: single runs with no stored requests and no floor have no interval on
+    any row, so none is marked best, and the legend says why."""
     cmp = compare([A, B])
+    assert all(not row.best for row in cmp.rows if row.kind == "metric")
+    assert cmp.row("ttft_p50").deltas == (None, pytest.approx(-20.0))  # the difference is still shown
+    assert "no best mark where no interval could be had" in render(cmp, "text")
+
+
+def test_rows_values_best_and_deltas() -> None:
+    cmp = compare([twice(A), twice(B)])
     assert cmp.baseline == 0
     flag_rows = [r.key for r in cmp.rows if r.kind == "flag"]
     assert flag_rows == ["enable-chunked-prefill", "max-num-seqs"]  # max-model-len is equal: not shown
@@ -109,7 +125,7 @@ def test_flat_vllm_bench_summary_is_read_as_load() -> None:
 
 
 def test_renderings() -> None:
-    cmp = compare([A, B])
+    cmp = compare([twice(A), twice(B)])
     text = render(cmp, "text")
     assert "#1 r1 (baseline)" in text and "*80 (-20.0%)" in text and "--max-num-seqs" in text
     md = render(cmp, "markdown").splitlines()
@@ -180,18 +196,18 @@ kind,key,label,unit,better,run1,run1_delta_pct,run1_best,run2,run2_delta_pct,run
 metric,ttft_p50,TTFT p50,ms,lower,38.0,,,38.0,0.0,,38.0,0.0,
 metric,ttft_p99,TTFT p99,ms,lower,90.0,,,90.0,0.0,,90.0,0.0,
 metric,request_throughput,requests/s,req/s,higher,9.6,,,9.6,0.0,,9.6,0.0,
-metric,output_throughput,output tokens/s,tok/s,higher,614.4,,,700.0,13.932,1,614.4,0.0,
+metric,output_throughput,output tokens/s,tok/s,higher,614.4,,,700.0,13.932,,614.4,0.0,
 metric,failure_rate,failure rate,%,lower,0.0,,,0.0,0.0,,0.0,0.0,
-metric,peak_gpu_mem,peak GPU memory,GiB,lower,19.0,,,18.0,-5.263,1,80.0,321.053,
+metric,peak_gpu_mem,peak GPU memory,GiB,lower,19.0,,,18.0,-5.263,,80.0,321.053,
 metric,mean_gpu_util,mean GPU utilization,%,higher,50.0,,,50.0,0.0,,,,
-metric,j_per_token,energy per output token,J/tok,lower,1.171875,,,0.78125,-33.333,,0.146484375,-87.5,1
-metric,j_per_request,energy per request,J/req,lower,75.0,,,50.0,-33.333,,9.375,-87.5,1
+metric,j_per_token,energy per output token,J/tok,lower,1.171875,,,0.78125,-33.333,,0.146484375,-87.5,
+metric,j_per_request,energy per request,J/req,lower,75.0,,,50.0,-33.333,,9.375,-87.5,
 metric,mean_power,mean GPU power,W,,800.0,,,800.0,0.0,,,,
 metric,decode_floor,decode step floor,ms,,3.25,,,,,,,,
 metric,mbu,decode MBU,%,higher,34.0,,,,,,,,
 metric,prefill_mfu,prefill MFU (lower bound),%,higher,12.0,,,,,,,,
 metric,peak_kv_usage,peak KV cache usage,%,,40.0,,,35.0,-12.5,,,,
-metric,preemptions,preemptions,,lower,2.0,,1,3.0,50.0,,,,
+metric,preemptions,preemptions,,lower,2.0,,,3.0,50.0,,,,
 metric,server_peak_rss,peak server RSS,GiB,,1.0000000083819032,,,1.0000000074505806,-0.0,,,,
 """
 
@@ -257,10 +273,10 @@ def test_a_spoiled_column_is_named_and_never_best_and_the_server_sits_beside_the
     with pytest.raises(KeyError):
         compare([A, B]).row("status")  # every run ok: no status row
     # repeats: a column is spoiled where most of its runs are (its median rests on them)
-    one = compare([[A, dataclasses.replace(A, id=5, status="box-bound"), dataclasses.replace(A, id=6)], B])
-    assert one.row("status").values == ("ok x2, box-bound", "ok") and one.row("ttft_p99").best == {0}
-    most = compare([[A, *(dataclasses.replace(A, id=i, status="box-bound") for i in (5, 6))], B])
-    assert most.row("status").values == ("ok, box-bound x2", "ok") and most.row("ttft_p99").best == frozenset()
+    one = compare([[A, dataclasses.replace(A, id=5, status="box-bound"), dataclasses.replace(A, id=6)], twice(B)])
+    assert one.row("status").values == ("ok x2, box-bound", "ok x2") and one.row("ttft_p99").best == {0}
+    most = compare([[A, *(dataclasses.replace(A, id=i, status="box-bound") for i in (5, 6))], twice(B)])
+    assert most.row("status").values == ("ok, box-bound x2", "ok x2") and most.row("ttft_p99").best == frozenset()
 
 
 def test_telemetry_rows_are_judged_over_repeats() -> None:

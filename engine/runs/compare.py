@@ -191,9 +191,11 @@ class Comparison:
 
     @property
     def unjudged(self) -> bool:
-        """Whether some metric row marks a best without any interval (its mark ignores noise; a
-        row with no best, as a failure rate of 0 everywhere, says nothing either way)."""
-        return any(row.kind == "metric" and row.better is not None and len(self.runs) > 1 and row.best
+        """Whether some metric row's columns differ with no interval to judge them by: it marks no
+        best (no verdict from noise); a row whose values are all equal, as a failure rate of 0
+        everywhere, says nothing either way."""
+        return any(row.kind == "metric" and row.better is not None and len(self.runs) > 1
+                   and len({v for v in row.values if v is not None}) > 1
                    and all(d is None for d in row.noise) for row in self.rows)
 
     def row(self, key: str) -> Row:
@@ -350,7 +352,7 @@ def compare(columns: Sequence[Column], baseline: int | None = None, *, all_flags
     # them). A column whose figure rests on spoiled runs (its run, or most of its repeats: their
     # median) carries the client's delay, so it never takes the best mark.
     statuses = tuple(status_text(g) for g in groups)
-    if any(s != RunStatus.OK for s in statuses):
+    if any(_parsed_status(run.status) is not RunStatus.OK for g in groups for run in g):  # "ok x3" is plainly ok
         rows.append(Row("flag", "status", "status", "", None, statuses, frozenset(), none))
     spoiled = frozenset(i for i, g in enumerate(groups)
                         if 2 * sum(_parsed_status(r.status).spoiled for r in g) > len(g))
@@ -415,15 +417,17 @@ def _difference(metric: Metric, a: Sequence[RunInfo], b: Sequence[RunInfo],
 
 def _beyond_noise(best: frozenset[int], values: Sequence[float | None],
                   diff: Callable[[int, int], Difference | None]) -> frozenset[int]:
-    """The best columns, kept only where beyond the noise of every other column that has a value
-    (a pair without an interval does not take the mark away: nothing says it is noise)."""
+    """The best columns, kept only where beyond the noise of every other column that has a value.
+    A pair without an interval (single runs of a row with no within-run model, such as the
+    server's means, and no repeats) takes the mark away too: a best resting on nothing that says
+    the difference is more than noise is no verdict (issue 34)."""
     if not best:
         return best
     others = [j for j, v in enumerate(values) if v is not None and j not in best]
     for i in best:
         for j in others:
             d = diff(i, j)
-            if d is not None and d.within_noise:
+            if d is None or d.within_noise:
                 return frozenset()
     return best
 
@@ -533,8 +537,9 @@ def noise_legend(cmp: Comparison) -> list[str]:
     elif FIXED_FLOOR in cmp.floors:
         out.append(f"rows the floor lacks allow a fixed {RUN_TO_RUN_FLOOR_PCT:g}% for what moves between runs.")
     if cmp.unjudged:
-        out.append("noise unknown where the runs have no repeats and no stored requests: "
-                   "the best mark there ignores noise.")
+        out.append("no best mark where no interval could be had (single runs of rows with no within-run model, "
+                   "such as the server's means and the GPU's, or runs without stored requests): repeat runs "
+                   "(vtui bench --repeat N) to judge them.")
     return out
 
 
