@@ -350,7 +350,7 @@ class LiveRuns:
             self.baseline = record.index
         why = box_bound_why(run.summary) if run.status is RunStatus.BOX_BOUND else ""
         notice = f"run {label}: {run.status}" + (f" ({record.error})" if record.error else "") + (
-            f" ({why}: measure it again on a quieter box)" if why else "")
+            f" ({why})" if why else "")  # within the header's 80 columns; history show says more
         if run.history_error is not None:
             # Disk full or a read-only file mid-run: the run is kept in memory; say so.
             notice += f"; history not written: {run.history_error}"
