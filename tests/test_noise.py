@@ -476,3 +476,29 @@ def test_a_settled_run_noise_keeps_its_verdicts_and_lets_its_requests_go() -> No
     kept = sum(sys.getsizeof(v) for v in (settled._replicates or {}).values())
     assert kept < 200_000
     assert not RunNoise(requests[:3]).settle().usable  # too few requests stays unusable
+
+
+def test_a_single_run_verdict_reads_the_floor_at_99_percent() -> None:
+    """The box's floor is measured and shown at 95% over K runs one after another; runs far apart
+    spread about 1.5x more (today's 7 noise.py tables), so a single-run verdict reads it at
+    SINGLE_RUN_LEVEL: the same standard deviation, t at 99%. A 25% difference of two single runs
+    on a box whose TPOT floor is ±20% (8 runs) is within noise; 45% is not."""
+    import math
+    import time
+
+    from engine.runs.noise import LEVEL, SINGLE_RUN_LEVEL, t_quantile, verdict_floor
+    from engine.runs.rows import NoiseFloor
+
+    assert verdict_floor(20.0, 8, LEVEL) == pytest.approx(20.0)
+    wide = verdict_floor(20.0, 8)
+    assert wide == pytest.approx(100 * math.expm1(math.log1p(0.2) * t_quantile(SINGLE_RUN_LEVEL, 7) / t_quantile(LEVEL, 7)))
+    assert 30 < wide < 32
+    floor = NoiseFloor(box="b", measured=time.time(), runs=8, spread_pct={"median_tpot_ms": 20.0})
+
+    def tpot_row(ms: float) -> object:
+        a = RunInfo(**{**info(1, []).__dict__, "summary": RunSummary.from_json({"load": {"median_tpot_ms": 4.0}}, "a")})
+        b = RunInfo(**{**info(2, []).__dict__, "summary": RunSummary.from_json({"load": {"median_tpot_ms": ms}}, "b")})
+        return compare([a, b], floor=floor).row("tpot_p50")
+
+    assert tpot_row(5.0).within_noise(1) is True  # +25%: past the 95% floor, within the 99% one
+    assert tpot_row(5.8).within_noise(1) is False  # +45%

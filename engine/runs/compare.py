@@ -28,6 +28,7 @@ from engine.runs.noise import (
     FIXED_FLOOR,
     REPEATS,
     RUN_TO_RUN_FLOOR_PCT,
+    SINGLE_RUN_LEVEL,
     WITHIN_NOISE,
     WITHIN_RUN,
     Configuration,
@@ -35,6 +36,7 @@ from engine.runs.noise import (
     RunNoise,
     difference,
     run_noise,
+    verdict_floor,
 )
 from engine.runs.status import RunStatus
 from engine.runs.summary import CrossCheck, RunSummary, SpeedOfLightFigures, TelemetryFigures
@@ -412,7 +414,10 @@ def _difference(metric: Metric, a: Sequence[RunInfo], b: Sequence[RunInfo],
         if len(ca.values) < 2 or len(cb.values) < 2:
             return None
         return difference(metric.key, Configuration(ca.values), Configuration(cb.values))
-    return difference(metric.figure, ca, cb, box_floor_pct=None if floor is None else floor.pct(metric.figure))
+    pct = None if floor is None else floor.pct(metric.figure)
+    # a single-run verdict reads the floor at SINGLE_RUN_LEVEL (engine.runs.noise says why)
+    return difference(metric.figure, ca, cb, box_floor_pct=None if pct is None or floor is None
+                      else verdict_floor(pct, floor.runs))
 
 
 def _beyond_noise(best: frozenset[int], values: Sequence[float | None],
@@ -530,7 +535,9 @@ def noise_legend(cmp: Comparison) -> list[str]:
         out.append("within noise (box floor): single runs without stored requests, judged by the box's "
                    "measured noise floor alone.")
     if cmp.floor is not None:
-        out.append(floor_note(cmp.floor) + " Single runs differ within it when nothing changed.")
+        out.append(floor_note(cmp.floor) + f" Single runs differ within it when nothing changed; a single-run "
+                   f"verdict reads it at {SINGLE_RUN_LEVEL:.0%} (runs far apart spread more than the floor's, "
+                   f"which came one after another).")
     if FIXED_FLOOR in cmp.floors and cmp.floor is None:
         out.append(f"no noise floor measured for this box: single-run verdicts allow a fixed "
                    f"{RUN_TO_RUN_FLOOR_PCT:g}% for what moves between runs (vtui bench --noise-floor 5 measures it).")

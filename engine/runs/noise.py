@@ -75,6 +75,14 @@ BOX_FLOOR = "box floor"  # a single-run difference judged by the box's measured 
 MEASURED_FLOOR = "measured"
 FIXED_FLOOR = "fixed"
 MIN_FLOOR_RUNS = 3  # a floor needs this many runs: two give a spread with one degree of freedom
+# A single-run verdict reads the box's floor at this level, not the 95% it is measured and shown at.
+# The floor's K runs come one after another; runs far apart spread more. Over the 7 noise.py tables
+# kept on this box on 2026-12-05 (64 identical pairs, tests/perf/noise.2026-12-05.pooled.out.txt)
+# the 95% floor called identical single runs different 20% of the time on TPOT p50, 25% on ITL p50
+# (5% expected): the floor understated the spread by about 1.5x, which the 99% level's t makes up
+# (3.50 against 2.36 at 7 degrees of freedom). The same tables re-read with it (noise.py --analyze):
+# TPOT p50 6%, E2EL p50 3%, TTFT p50 0%; ITL p50 still 17% (repeats: 1 of 19).
+SINGLE_RUN_LEVEL = 0.99
 WITHIN_NOISE = "within noise"
 BEYOND_NOISE = "beyond noise"
 
@@ -499,6 +507,15 @@ def difference(figure: str, a: Configuration, b: Configuration, level: float = L
     low, high = _percentile_interval([y - x for x, y in zip(ra, rb, strict=True)], level)
     floor = abs(a.value) * (RUN_TO_RUN_FLOOR_PCT if floor_pct is None else floor_pct) / 100
     return Difference(figure, value, Interval(low - floor, high + floor, WITHIN_RUN, runs, level), FIXED_FLOOR)
+
+
+def verdict_floor(spread_pct: float, runs: int, level: float = SINGLE_RUN_LEVEL) -> float:
+    """A floor measured at LEVEL over ``runs`` runs (:func:`floor_spread`), restated at ``level``:
+    the same standard deviation of the runs' logarithms, another quantile of t."""
+    if runs < 2 or spread_pct <= 0:
+        return spread_pct
+    df = runs - 1
+    return 100 * math.expm1(math.log1p(spread_pct / 100) * t_quantile(level, df) / t_quantile(LEVEL, df))
 
 
 def floor_spread(figures: Sequence[Mapping[str, float | None]], names: Sequence[str] = FIGURES,

