@@ -121,9 +121,12 @@ def test_per_token_per_request_in_the_run_summary_compare_and_bench_line() -> No
                        flags={}, vllm_version=None, model="m", gpus=[], workload={},
                        summary=RunSummary.from_json({"load": load, "telemetry": telemetry}, "test"), baseline=False, tags=())
 
-    runs = [run(1, tel), run(2, half)]
+    # over two repeats each (energy has no within-run model: single runs take no best mark)
+    runs = [[run(1, tel), run(3, tel)], [run(2, half), run(4, half)]]
     row = next(r for r in compare(runs).rows if r.key == "j_per_token")
     assert row.values[0] == pytest.approx(figures["j_per_token"]) and row.best == frozenset({1})
+    single = next(r for r in compare([run(1, tel), run(2, half)]).rows if r.key == "j_per_token")
+    assert single.best == frozenset() and single.deltas[1] == pytest.approx(-50.0)
 
 
 class PoweredMeasurer(TableMeasurer):
