@@ -83,7 +83,7 @@ def test_a_run_is_stored_once_with_what_every_path_shows(url: str, tmp_path: Pat
     # stored as every earlier vtui stored it: measure's keys in measure's order
     assert [k for k in stored.summary.to_json() if k not in ("telemetry", "energy")] == [
         "load", "server", "cross_check", "stream", "client_bound", "client_cpus", "failures_by_reason",
-        "prefix_cache_reset"]
+        "prefix_cache_reset", "box_cpu"]
     assert {"load", "telemetry", "server", "cross_check", "stream", "client_bound"} <= set(stored.summary.to_json())
 
 
