@@ -414,10 +414,10 @@ def _difference(metric: Metric, a: Sequence[RunInfo], b: Sequence[RunInfo],
         if len(ca.values) < 2 or len(cb.values) < 2:
             return None
         return difference(metric.key, Configuration(ca.values), Configuration(cb.values))
-    pct = None if floor is None else floor.pct(metric.figure)
-    # a single-run verdict reads the floor at SINGLE_RUN_LEVEL (engine.runs.noise says why)
-    return difference(metric.figure, ca, cb, box_floor_pct=None if pct is None or floor is None
-                      else verdict_floor(pct, floor.runs))
+    box_floor: float | None = None
+    if floor is not None and (pct := floor.pct(metric.figure)) is not None:
+        box_floor = verdict_floor(pct, floor.runs)  # a single-run verdict reads it at SINGLE_RUN_LEVEL
+    return difference(metric.figure, ca, cb, box_floor_pct=box_floor)
 
 
 def _beyond_noise(best: frozenset[int], values: Sequence[float | None],

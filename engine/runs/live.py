@@ -348,7 +348,7 @@ class LiveRuns:
         self.runs.append(record)
         if self.baseline is None:
             self.baseline = record.index
-        why = box_bound_why(run.summary) if run.status is RunStatus.BOX_BOUND else ""
+        why = box_bound_why(run)
         notice = f"run {label}: {run.status}" + (f" ({record.error})" if record.error else "") + (
             f" ({why})" if why else "")  # within the header's 80 columns; history show says more
         if run.history_error is not None:

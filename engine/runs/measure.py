@@ -297,9 +297,9 @@ def server_window(first: ServerSample, last: ServerSample) -> dict[str, object]:
 
 
 PREFIX_RESET_KEY = "prefix_cache_reset"
-# Where a run's BoxShare is stored (its window's cores: ours, the rest's, idle).
-BOX_SHARE_KEY = "box_cpu"
 """The run summary's key (kept in ``RunSummary.extra``) saying whether the prefix cache was reset."""
+BOX_SHARE_KEY = "box_cpu"
+"""The run summary's key (kept in ``RunSummary.extra``) of the run's BoxShare: its window's cores, ours, the rest's, idle."""
 
 
 @dataclass(frozen=True)
@@ -335,14 +335,16 @@ def box_share_of(summary: RunSummary) -> BoxShare | None:
         return None
 
 
-def box_bound_why(summary: RunSummary) -> str:
+def box_bound_why(run: MeasuredRun) -> str:
     """Why a run is box-bound, in words ("" when it is not): other processes crowded the box
     (BoxShare.crowded), the client's loop was held up (loadgen.run's client_delay_ms), or both."""
+    if run.status is not RunStatus.BOX_BOUND:
+        return ""
     why = []
-    share = box_share_of(summary)
+    share = box_share_of(run.summary)
     if share is not None and share.crowded:
         why.append(f"other processes took {share.other_cores:.2f} of {share.cpus} cores")
-    stream = summary.stream
+    stream = run.summary.stream
     if stream is not None and stream.box_bound:
         why.append(f"the client's loop was held up, about {stream.client_delay_ms or 0:.0f} ms on each TTFT")
     return "; ".join(why)
@@ -585,7 +587,7 @@ async def measure(
     summary = dataclasses.replace(measured, error=error, hint=hint or None, server_log=server_log, startup=startup)
     if result is not None and prefix is not None:  # load was sent: whether it met an emptied prefix cache
         summary = dataclasses.replace(summary, extra={**summary.extra, PREFIX_RESET_KEY: prefix.to_json()})
-    if result is not None and box_share is not None:
+    if box_share is not None:  # set only once the load ran
         summary = dataclasses.replace(summary, extra={**summary.extra, BOX_SHARE_KEY: box_share.to_json()})
     if recorder is None:  # the caller's store: the GPUs it saw
         gpus.update(store.gpu_names)

@@ -80,8 +80,9 @@ MIN_FLOOR_RUNS = 3  # a floor needs this many runs: two give a spread with one d
 # kept on this box on 2026-12-05 (64 identical pairs, tests/perf/noise.2026-12-05.pooled.out.txt)
 # the 95% floor called identical single runs different 20% of the time on TPOT p50, 25% on ITL p50
 # (5% expected): the floor understated the spread by about 1.5x, which the 99% level's t makes up
-# (3.50 against 2.36 at 7 degrees of freedom). The same tables re-read with it (noise.py --analyze):
-# TPOT p50 6%, E2EL p50 3%, TTFT p50 0%; ITL p50 still 17% (repeats: 1 of 19).
+# (3.50 against 2.36 at 7 degrees of freedom). The same tables re-read with it (noise.py --analyze,
+# noise.2026-12-05.pooled99.out.txt): TPOT p50 6%, E2EL p50 3%, TTFT p50 0%; ITL p50 still 20%
+# (repeats: 1 of 19).
 SINGLE_RUN_LEVEL = 0.99
 WITHIN_NOISE = "within noise"
 BEYOND_NOISE = "beyond noise"

@@ -26,7 +26,7 @@ from engine.flags import FlagSet
 from engine.server.attach import AttachedServer, attach
 from engine.server.logparse import LineKind, StartupFacts, classify_line
 from engine.server.planner import numa_node_memory, plan_for_flags, refusal_for
-from engine.server.ready import ServerReady, ensure_server
+from engine.server.ready import ensure_server
 from engine.server.supervisor import RestartResult, ServerEvent, Supervisor
 from engine.views import CHANGED, Emit, FlagsRecovered, LogLine, Notice, ServerTookFlags, ServerView, devices_view
 
@@ -237,8 +237,8 @@ class LiveServer:
         finally:
             self.busy = None
             self._changed()
-        if ready.failure is not None or ready.facts is None:
-            self._failed(ready)
+        if ready.failure is not None:
+            self._failed(ready.failure)
         assert self.supervisor is not None and ready.facts is not None
         self._took(flags, f"server ready at {self.supervisor.base_url}")
         return ready.facts
@@ -249,11 +249,9 @@ class LiveServer:
         self.supervisor = self.new_supervisor(flags)
         return self.supervisor
 
-    def _failed(self, ready: ServerReady) -> NoReturn:
+    def _failed(self, exc: StartupError) -> NoReturn:
         """A start or restart that did not come up: vLLM's own line, said and raised."""
-        exc = ready.failure
-        line = str(exc.vllm_line or exc) if exc is not None else (ready.error or "the server did not start")
-        self._server_error = (line, str(exc.hint or "") if exc is not None else (ready.hint or ""))
+        self._server_error = (str(exc.vllm_line or exc), str(exc.hint or ""))
         self._notify("server failed to start")
         raise SessionError(*self._server_error) from exc
 
@@ -319,9 +317,9 @@ class LiveServer:
         finally:
             self.busy = None
             self._changed()
-        if ready.failure is not None or ready.restart is None:
+        if ready.failure is not None:
             self.running_flags = None
-            self._failed(ready)
+            self._failed(ready.failure)
         assert ready.restart is not None
         self._downtime = float(ready.restart.downtime_s)
         self._took(flags, f"restarted in {self._downtime:.1f} s")

@@ -89,6 +89,18 @@ def release_free_memory() -> bool:
     return True
 
 
+def _total_seconds(t: object) -> float:
+    """Seconds the machine's cores have counted (all of them summed), from ``psutil.cpu_times()``:
+    guest time not twice (Linux counts it in user time already; psutil does the same)."""
+    return float(sum(t)) - float(getattr(t, "guest", 0.0)) - float(getattr(t, "guest_nice", 0.0))  # type: ignore[call-overload]  # a psutil namedtuple
+
+
+def _busy_seconds(t: object) -> float:
+    """Of :func:`_total_seconds`, those busy: everything but idle and iowait, steal included (a
+    hypervisor's other guests are the box too)."""
+    return _total_seconds(t) - float(getattr(t, "idle", 0.0)) - float(getattr(t, "iowait", 0.0))
+
+
 class HostSampler:
     """Takes :class:`HostSample` readings; keeps psutil.Process objects between calls."""
 
@@ -185,18 +197,10 @@ class HostSampler:
     def _machine_cpu_percent(self) -> float:
         prev, cur = self._cpu_times, psutil.cpu_times()
         self._cpu_times = cur
-
-        def idle(t: object) -> float:
-            return float(getattr(t, "idle", 0.0)) + float(getattr(t, "iowait", 0.0))
-
-        def total(t: object) -> float:
-            # guest time is already counted in user time on Linux (psutil does the same)
-            return float(sum(t)) - float(getattr(t, "guest", 0.0)) - float(getattr(t, "guest_nice", 0.0))  # type: ignore[call-overload]  # a psutil namedtuple
-
-        all_delta = total(cur) - total(prev)
+        all_delta = _total_seconds(cur) - _total_seconds(prev)
         if all_delta <= 0:
             return 0.0
-        busy = all_delta - (idle(cur) - idle(prev))
+        busy = _busy_seconds(cur) - _busy_seconds(prev)
         return min(max(100.0 * busy / all_delta, 0.0), 100.0)
 
     def _tree(self) -> list[psutil.Process] | None:
@@ -219,12 +223,6 @@ class HostSampler:
         return tree
 
 
-def _busy_seconds(t: object) -> float:
-    """Seconds the machine's cores were busy (all of them summed), from ``psutil.cpu_times()``:
-    everything but idle and iowait, steal included (a hypervisor's other guests are the box too),
-    guest time not twice (Linux counts it in user time already)."""
-    total = float(sum(t)) - float(getattr(t, "guest", 0.0)) - float(getattr(t, "guest_nice", 0.0))  # type: ignore[call-overload]  # a psutil namedtuple
-    return total - float(getattr(t, "idle", 0.0)) - float(getattr(t, "iowait", 0.0))
 
 
 def _tree_seconds(roots: tuple[int, ...]) -> float:

@@ -137,7 +137,7 @@ async def run_sweep(
         elif run.error:
             say(f"{label}: {run.status}: {run.error}")
         else:
-            why = box_bound_why(run.summary) if run.status is RunStatus.BOX_BOUND else ""
+            why = box_bound_why(run)
             say(f"{label}: {run.status}" + (f" ({why})" if why else "") + f": {load.get('completed', 0)} done, "
                 f"{load.get('failed', 0)} failed, "
                 f"{load.get('request_throughput', 0):.2f} req/s, TTFT p50 {load.get('median_ttft_ms', 0):.0f} ms")
