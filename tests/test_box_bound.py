@@ -15,7 +15,6 @@ where the older estimate from the loop's stalls read 52-57 ms).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import multiprocessing
 import os
@@ -25,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from strangers import end_strangers, spawn_stranger
 
 from engine.runs.history import History
 from engine.runs.measure import RunPlan, Target, measure
@@ -170,17 +170,6 @@ def test_a_sweep_measures_a_box_bound_step_again_then_keeps_the_last(url: str, t
 # ----------------------------------------------------------------- other processes on the box
 
 
-def _strangers(n: int) -> list[int]:
-    """``n`` busy processes outside this process's tree (the shell that starts each ends at once,
-    as another user's job is), for up to 60 s; their pids, for the test to end them."""
-    import subprocess
-    import sys
-
-    burn = "import time\nend = time.monotonic() + 60\nwhile time.monotonic() < end: pass\n"
-    return [int(subprocess.run(["sh", "-c", '"$0" -c "$1" >/dev/null 2>&1 & echo $!', sys.executable, burn],
-                               capture_output=True, text=True, check=True).stdout) for _ in range(n)]
-
-
 def test_a_box_crowded_by_other_processes_is_box_bound_stored_and_said(
         url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """Other processes taking the cores the server and the client want move a run's figures
@@ -193,21 +182,21 @@ def test_a_box_crowded_by_other_processes_is_box_bound_stored_and_said(
     from tui.cli import main
 
     monkeypatch.setenv("VTUI_HOME", str(tmp_path))
-    pids = _strangers(psutil.cpu_count() or 1)
+    # a busy process per core, for up to 60 s
+    burn = "import time\nend = time.monotonic() + 60\nwhile time.monotonic() < end: pass\n"
+    pids = [spawn_stranger(burn) for _ in range(psutil.cpu_count() or 1)]
     try:
         with History(tmp_path / "data" / "history.sqlite") as history:
             run = asyncio.run(measure(Target(url, root_pid=os.getpid()), _plan("crowded"), history=history))
     finally:
-        for pid in pids:  # the processes this test started, by their pids
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        end_strangers(pids)
     share = run.summary.extra["box_cpu"]
     assert isinstance(share, dict) and share["crowded"] is True, share
     assert float(share["other_cores"]) >= 0.25 and float(share["idle_cores"]) < 0.5, share
     assert run.status is RunStatus.BOX_BOUND and run.result is not None and not run.result.box_bound
     from engine.runs.measure import box_bound_why
 
-    assert box_bound_why(run.summary).startswith("other processes took ")  # what Live and sweep say
+    assert box_bound_why(run).startswith("other processes took ")  # what Live and sweep say
     assert main(["history", "show", str(run.history_id)]) == 0
     out = capsys.readouterr().out
     assert "status    box-bound" in out and "box: other processes" in out and ": box-bound (others took" in out

