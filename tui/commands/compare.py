@@ -7,7 +7,8 @@ metric; (±%) is the change against the baseline (the column holding the run tag
 ``vtui history baseline ID``, else the first given), and "within noise" says that the
 95% interval of that change holds zero: over the repeats where both columns have some,
 else from each run's stored requests (the weaker kind) and this box's noise floor
-(measured by ``vtui bench --noise-floor K``; without one, a fixed margin, said so); ``*``
+(measured by ``vtui bench --noise-floor K``, else learned from the history's repeats of any
+configuration; without either, single runs are not judged, said so); ``*``
 marks the best value per row only where it is beyond the noise of every other column.
 
   vtui compare 12 13                  two single runs
@@ -121,6 +122,7 @@ def _refs(text: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from engine.runs.compare import compare, render
     from engine.runs.history import HistoryError
+    from engine.runs.noise import box_floor
     from tui.errors import UserError
 
     plot = plot_target(args.plot, args.output, "--output", "pareto")
@@ -137,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
             baseline = at
         runs = [run for column in columns for run in column]
         requests = {run.id: store.requests(run.id) for run in runs}  # each run's within-run noise
-        floor = store.noise_floor()  # this box's run-to-run noise, where measured
+        floor = box_floor(store)  # this box's run-to-run noise: measured, else learned from repeats
     except HistoryError as exc:
         raise UserError(str(exc), "see `vtui history list` for run ids") from None
     finally:

@@ -31,7 +31,7 @@ from tui.commands.compare import add_plot_argument, draw, plot_target
 
 if TYPE_CHECKING:
     from engine.presets import FlagValue, Preset
-    from engine.runs.rows import StoredRequest
+    from engine.runs.rows import NoiseFloor, StoredRequest
     from tui.commands import Subparsers
 
 
@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.presets import check_applicable, detect_box
     from engine.runs.compare import compare, render
     from engine.runs.history import HistoryError, open_history
+    from engine.runs.noise import box_floor
     from engine.server.tinymodel import ModelError, resolve_model
     from engine.tune.sweep import by_preset, run_sweep
     from tui.commands.compare import write_or_print
@@ -160,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
     plot = plot_target(args.plot, args.output, "--output", "load")
     history = None if args.no_history else open_history(say)
     requests: dict[int, list[StoredRequest]] = {}
+    floor: NoiseFloor | None = None
     try:
         steps = asyncio.run(run_sweep(presets, model=model, url=args.url, history=history, say=say,
                                       extra_flags=extra_flags, repeats=repeats,
@@ -167,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
         if history is not None:  # each run's requests: the within-run noise where there are no repeats
             with contextlib.suppress(HistoryError):
                 requests = {s.run.id: history.requests(s.run.id) for s in steps if s.status.measured}
+                floor = box_floor(history)  # single runs: the box's noise, measured or learned from repeats
     except KeyboardInterrupt:
         say("interrupted: the runs so far are in `vtui history`")
         return 130
@@ -175,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
             history.close()
     if not steps:
         return 1
-    write_or_print(render(compare(by_preset(steps), requests=requests), args.format), args.output)
+    write_or_print(render(compare(by_preset(steps), requests=requests, floor=floor), args.format), args.output)
     if plot is not None:
         from engine.runs.compare import load_points
         from engine.runs.plots import load_steps, save_latency_load
