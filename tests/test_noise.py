@@ -600,3 +600,32 @@ def test_the_historys_repeats_teach_a_floor_that_judges_single_runs(
     assert main(["compare", str(one), str(twelve_pct), "--format", "json"]) == 0
     row = next(r for r in json.loads(capsys.readouterr().out)["rows"] if r["key"] == "tpot_p50")
     assert row["noise"][1]["verdict"] == BEYOND_NOISE, row
+
+
+def test_the_runs_tab_reads_a_floor_learned_since_it_last_looked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seen in tmux: three runs of one configuration made in the TUI left the Runs tab saying
+    "no noise floor for this box yet": its comparison was kept while the floor's id (None for a
+    learned one) stayed the same. A third run of a configuration stored since now brings the
+    learned floor in."""
+    from engine.flags import FlagSet
+    from engine.session import Session
+
+    monkeypatch.setenv("VTUI_HOME", str(tmp_path))
+    with History() as store:
+        ids = [_store_made_run(store, f"r{k}", made_requests(k, n=120)) for k in range(2)]
+    session = Session(FlagSet(model="m", values={}), telemetry=False)
+    live = session._live_runs
+    try:
+        for run_id in ids:
+            session.toggle_stored(run_id)
+        session.snapshot()
+        assert live.noise_settled(30)
+        before = session.snapshot().comparison
+        assert before is not None and any("single runs are not judged" in n for n in before.notes), before.notes
+        with History() as store:
+            _store_made_run(store, "r2", made_requests(2, n=120))  # a third run of that configuration
+        live.floor_checked = None  # read again now, not FLOOR_READ_S later
+        after = session.snapshot().comparison
+        assert after is not None and any("learned from the history's repeats (3 runs" in n for n in after.notes)
+    finally:
+        asyncio.run(session.close())

@@ -489,7 +489,7 @@ class LiveRuns:
         with self._noise_lock:
             noises = {run_id: self._noises[run_id] for run_id in wanted if run_id in self._noises}
         key = (len(self.runs), sum(r.superseded for r in self.runs), self.baseline, tuple(i.id for i in pinned),
-               None if floor is None else floor.id,
+               None if floor is None else (floor.id, floor.runs, floor.groups, floor.measured),  # a learned one has no id
                tuple(sorted(noises)))
         if self._comparison_cache is not None and self._comparison_cache[0] == key:
             return self._comparison_cache[1]
