@@ -538,9 +538,9 @@ def noise_legend(cmp: Comparison) -> list[str]:
         out.append("within noise (box floor): single runs without stored requests, judged by the box's "
                    "measured noise floor alone.")
     if cmp.floor is not None:
+        why = "" if cmp.floor.learned else " (runs far apart spread more than the floor's, which came one after another)"
         out.append(floor_note(cmp.floor) + f" Single runs differ within it when nothing changed; a single-run "
-                   f"verdict reads it at {SINGLE_RUN_LEVEL:.0%} (runs far apart spread more than the floor's, "
-                   f"which came one after another).")
+                   f"verdict reads it at {SINGLE_RUN_LEVEL:.0%}{why}.")
     elif _single_runs(cmp):
         out.append("single runs are not judged: no noise floor for this box yet. `vtui bench --noise-floor 5` "
                    "measures one; repeats of any configuration (vtui bench --repeat 3, a sweep's --repeat, "
