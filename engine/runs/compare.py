@@ -543,8 +543,8 @@ def noise_legend(cmp: Comparison) -> list[str]:
                    f"verdict reads it at {SINGLE_RUN_LEVEL:.0%}{why}.")
     elif _single_runs(cmp):
         out.append("single runs are not judged: no noise floor for this box yet. `vtui bench --noise-floor 5` "
-                   "measures one; repeats of any configuration (vtui bench --repeat 3, a sweep's --repeat, "
-                   "or a run again with the same flags and workload) teach one.")
+                   "measures one; three runs or more of any configuration teach one (the TUI's n then r, "
+                   "vtui bench --repeat 3, a sweep's --repeat, or runs again with the same flags and workload).")
     if cmp.unjudged:
         out.append("no best mark where no interval could be had (single runs without a noise floor of the box, "
                    "or of rows with no within-run model, such as the server's means and the GPU's): repeat runs "
