@@ -572,6 +572,11 @@ def test_the_historys_repeats_teach_a_floor_that_judges_single_runs(
 
     monkeypatch.setenv("VTUI_HOME", str(tmp_path))
     with History() as store:
+        _store_figures(store, "first", tpot=5.0)
+    assert main(["history", "floor"]) == 0  # one run: nothing learned yet
+    assert "no noise floor for this box" in capsys.readouterr().out
+    with History() as store:
+        store.delete_run(store.resolve("first").id)
         a = [_store_figures(store, f"a{k}", tpot=v) for k, v in enumerate((5.0, 5.4, 4.7, 5.2))]
         b = [_store_figures(store, f"b{k}", tpot=v, flags={"max-num-seqs": 64}) for k, v in enumerate((9.0, 8.1, 8.6))]
         _store_figures(store, "spoiled", tpot=50.0, status="box-bound")  # would widen it 10x
@@ -593,10 +598,20 @@ def test_the_historys_repeats_teach_a_floor_that_judges_single_runs(
     assert main(["compare", str(one), str(twelve_pct)]) == 0
     text = capsys.readouterr().out
     assert "learned from the history's repeats (7 runs of 2 configurations" in text
+    assert main(["history", "floor", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)["floor"]
+    assert (doc["source"], doc["runs"], doc["configurations"], doc["degrees_of_freedom"]) == ("learned", 7, 2, 5)
+    tpot_floor = next(f for f in doc["figures"] if f["figure"] == "median_tpot_ms")
+    assert tpot_floor["spread_pct"] == pytest.approx(floor.pct("median_tpot_ms"))
+    assert tpot_floor["verdict_pct"] > tpot_floor["spread_pct"]  # read at 99%
+    assert main(["history", "floor"]) == 0
+    assert "Median TPOT (ms)" in capsys.readouterr().out
     with History() as store:
         store.save_noise_floor(NoiseFloor(box=this_box(), measured=time.time(), runs=5,
                                           spread_pct={"median_tpot_ms": 3.0}, label="made"))
         assert box_floor(store) == store.noise_floor()
+    assert main(["history", "floor", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["floor"]["source"] == "measured"
     assert main(["compare", str(one), str(twelve_pct), "--format", "json"]) == 0
     row = next(r for r in json.loads(capsys.readouterr().out)["rows"] if r["key"] == "tpot_p50")
     assert row["noise"][1]["verdict"] == BEYOND_NOISE, row

@@ -6,6 +6,7 @@
   vtui history baseline RUN            the run comparisons measure against (--clear to unset)
   vtui history tag RUN TAG...          (--remove to take tags off)
   vtui history export RUN --format json|csv|trace|docker|serve [-o FILE]
+  vtui history floor [--format json]   this box's noise floor, which single-run verdicts read
 
 RUN is a run id, a run name (its newest run), ``last`` or ``baseline``. ``trace`` is
 a Perfetto / Chrome trace-event JSON file: open it at https://ui.perfetto.dev.
@@ -36,11 +37,11 @@ def add_parser(subparsers: Subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("action", nargs="?", default="list",
-                        choices=("list", "show", "delete", "baseline", "tag", "export"))
+                        choices=("list", "show", "delete", "baseline", "tag", "export", "floor"))
     parser.add_argument("run", nargs="?", metavar="RUN")
     parser.add_argument("tags", nargs="*", metavar="TAG")
     parser.add_argument("--format", choices=EXPORT_FORMATS,
-                        help="export: the format (default json); list: json prints the listing as JSON")
+                        help="export: the format (default json); list, floor: json prints it as JSON")
     parser.add_argument("--output", "-o", type=Path, help="export to this file instead of printing")
     parser.add_argument("--limit", type=int, default=50, help="list at most this many runs")
     parser.add_argument("--clear", action="store_true", help="baseline: unset it")
@@ -54,11 +55,11 @@ def run(args: argparse.Namespace) -> int:
     from tui.errors import UserError
 
     writes = args.action in ("delete", "baseline", "tag")
-    if args.action not in ("list",) and not (args.action == "baseline" and args.clear) and not args.run:
+    if args.action not in ("list", "floor") and not (args.action == "baseline" and args.clear) and not args.run:
         raise UserError(f"`vtui history {args.action}` needs a RUN", "see `vtui history list` for run ids")
     store = open_history(read_only=not writes)
     try:
-        if args.format is not None and args.action not in ("list", "export"):
+        if args.format is not None and args.action not in ("list", "export", "floor"):
             raise UserError(f"--format applies to `vtui history list` and `export`, not `{args.action}`",
                             f"e.g. vtui history export {args.run or 'RUN'} --format {args.format}")
         if args.action == "list":
@@ -66,6 +67,10 @@ def run(args: argparse.Namespace) -> int:
                 raise UserError(f"`vtui history list` prints a table or JSON, not {args.format}",
                                 "use --format json, or `vtui history export RUN --format ...` for one run")
             return _list(store, args.limit, as_json=args.format == "json")
+        if args.action == "floor":
+            if args.format not in (None, "json"):
+                raise UserError(f"`vtui history floor` prints a table or JSON, not {args.format}", "use --format json")
+            return _floor(store, as_json=args.format == "json")
         if args.action == "baseline" and args.clear:
             store.set_baseline(None)
             print("baseline cleared")
@@ -125,6 +130,40 @@ def _list(store: History, limit: int, *, as_json: bool = False) -> int:
     widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def _floor(store: History, *, as_json: bool = False) -> int:
+    """The noise floor this box's single-run verdicts read (engine.runs.noise.box_floor): where it
+    came from, and per figure its spread as measured (95%) and as a verdict reads it (99%)."""
+    from engine.runs.compare import floor_note
+    from engine.runs.noise import FIGURES, SINGLE_RUN_LEVEL, box_floor, verdict_floor
+    from engine.runs.rows import this_box
+    from tui.commands.bench import figure_label
+
+    floor = box_floor(store)
+    if floor is None:
+        if as_json:
+            print(json.dumps({"box": this_box(), "floor": None}, indent=2))
+        else:
+            print(f"no noise floor for this box ({this_box()}) yet: single runs are not judged. "
+                  "`vtui bench --noise-floor 5` measures one; three runs or more of any configuration teach one.")
+        return 0
+    spreads = [(f, pct, verdict_floor(pct, floor.df)) for f in FIGURES if (pct := floor.pct(f)) is not None]
+    rows = [{"figure": f, "spread_pct": pct, "verdict_pct": read} for f, pct, read in spreads]
+    if as_json:
+        print(json.dumps({"box": floor.box, "floor": {
+            "source": "learned" if floor.learned else "measured", "id": floor.id, "label": floor.label,
+            "runs": floor.runs, "configurations": floor.groups, "degrees_of_freedom": floor.df,
+            "when": floor.measured, "run_ids": list(floor.run_ids), "figures": rows}}, indent=2))
+        return 0
+    print(floor_note(floor))
+    print(f"{'':<34} {'spread (95%)':>13} {f'a verdict reads ({SINGLE_RUN_LEVEL:.0%})':>22}")
+    for figure, pct, read in spreads:
+        print(f"{figure_label(figure):<34} {f'±{pct:.1f}%':>13} {f'±{read:.1f}%':>22}")
+    print("two single runs of one configuration on this box differ by less than the spread 95 times in 100 "
+          f"(the larger within a factor 1 + spread of the smaller); it rests on {floor.df} degrees of freedom "
+          "(runs less one per configuration): more runs narrow it")
     return 0
 
 
