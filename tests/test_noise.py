@@ -644,3 +644,50 @@ def test_the_runs_tab_reads_a_floor_learned_since_it_last_looked(tmp_path: Path,
         assert after is not None and any("learned from the history's repeats (3 runs" in n for n in after.notes)
     finally:
         asyncio.run(session.close())
+
+
+def test_a_learned_floor_survives_a_damaged_run_and_keeps_versions_and_gpus_apart(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A review's findings: one run whose summary does not parse took every comparison down with a
+    traceback (the repeats are read for the floor of any two runs); runs of one configuration on
+    another vLLM or other GPUs were taken as repeats (two pairs 2% apart within themselves, 10x
+    apart from each other, made a TPOT floor of 279%); a figure only some configurations have was
+    read at every run's degrees of freedom, a floor too narrow."""
+    import sqlite3
+
+    from engine.runs.noise import FloorReader, box_floor
+    from tui.cli import main
+
+    monkeypatch.setenv("VTUI_HOME", str(tmp_path))
+    with History() as store:
+        a = [_store_figures(store, f"a{k}", tpot=v) for k, v in enumerate((5.0, 5.4, 4.7, 5.2))]
+        for version, gpu, tpot in (("0.10", "H100", 5.0), ("0.10", "H100", 5.1), ("0.24", "H200", 50.0),
+                                   ("0.24", "H200", 51.0)):
+            rec = store.start_run(f"v{version}", flags={"max-num-seqs": 64}, model="m", vllm_version=version,
+                                  workload={"workload": {"input_len": 12}}, gpus=[{"index": 0, "name": gpu}])
+            rec.finish("ok", {"load": {"completed": 10, "failed": 0, "median_tpot_ms": tpot,
+                                       "p99_ttft_ms": 100.0 + tpot}})
+        other = [_store_figures(store, f"x{k}", tpot=v, flags={"max-num-seqs": k + 2}) for k, v in enumerate((5.0, 9.0))]
+        path = store.path
+    with sqlite3.connect(path) as raw:
+        raw.execute("UPDATE runs SET summary = '{bad' WHERE id = ?", (a[0],))
+    with History() as store:
+        groups = store.repeated_runs()
+        floor = box_floor(store)
+    assert sorted(len(g) for g in groups) == [2, 2, 3]  # a1..a3 (a0 damaged); each vLLM/GPU pair its own
+    assert floor is not None and (floor.runs, floor.groups, floor.df) == (7, 3, 4)
+    assert (floor.pct("median_tpot_ms") or 0) < 50  # not the 10x between the versions
+    assert floor.df_of("p99_ttft_ms") == 2 and floor.df_of("median_tpot_ms") == 4  # only the pairs have p99 TTFT
+    assert main(["compare", *map(str, other)]) == 0  # no traceback for a run it does not compare
+    assert "learned from the history's repeats" in capsys.readouterr().out
+    assert main(["history", "floor", "--format", "json"]) == 0
+    rows = {r["figure"]: r for r in json.loads(capsys.readouterr().out)["floor"]["figures"]}
+    assert rows["p99_ttft_ms"]["degrees_of_freedom"] == 2 and rows["median_tpot_ms"]["degrees_of_freedom"] == 4
+    # a reader that asks again learns again only when the history's finished runs changed
+    reader = FloorReader()
+    with History() as store:
+        first = reader.read(store)
+        assert reader.read(store) is first
+        _store_figures(store, "a9", tpot=5.1)
+        again = reader.read(store)
+    assert again is not first and again is not None and again.runs == 8

@@ -409,7 +409,7 @@ def _difference(metric: Metric, a: Sequence[RunInfo], b: Sequence[RunInfo],
         return difference(metric.key, Configuration(ca.values), Configuration(cb.values))
     box_floor: float | None = None
     if floor is not None and (pct := floor.pct(metric.figure)) is not None:
-        box_floor = verdict_floor(pct, floor.df)  # a single-run verdict reads it at SINGLE_RUN_LEVEL
+        box_floor = verdict_floor(pct, floor.df_of(metric.figure))  # as a single-run verdict reads it: at SINGLE_RUN_LEVEL
     return difference(metric.figure, ca, cb, box_floor_pct=box_floor)
 
 
@@ -536,18 +536,19 @@ def noise_legend(cmp: Comparison) -> list[str]:
                    "widened for what moves between runs; repeat runs (vtui bench --repeat N) to know more.")
     if BOX_FLOOR in kinds:
         out.append("within noise (box floor): single runs without stored requests, judged by the box's "
-                   "measured noise floor alone.")
+                   "noise floor alone.")
     if cmp.floor is not None:
         why = "" if cmp.floor.learned else " (runs far apart spread more than the floor's, which came one after another)"
         out.append(floor_note(cmp.floor) + f" Single runs differ within it when nothing changed; a single-run "
                    f"verdict reads it at {SINGLE_RUN_LEVEL:.0%}{why}.")
     elif _single_runs(cmp):
         out.append("single runs are not judged: no noise floor for this box yet. `vtui bench --noise-floor 5` "
-                   "measures one; three runs or more of any configuration teach one (the TUI's n then r, "
-                   "vtui bench --repeat 3, a sweep's --repeat, or runs again with the same flags and workload).")
+                   "measures one; three runs or more of any configuration vtui started teach one (the TUI's n "
+                   "then r, vtui bench --repeat 3, a sweep's --repeat, or runs again with the same flags and "
+                   "workload; an attached server's runs teach none: its flags are not known).")
     if cmp.unjudged:
-        out.append("no best mark where no interval could be had (single runs without a noise floor of the box, "
-                   "or of rows with no within-run model, such as the server's means and the GPU's): repeat runs "
+        out.append("no best mark where no interval could be had (single runs of rows the box's noise floor lacks "
+                   "or with no within-run model, such as the server's means and the GPU's): repeat runs "
                    "(vtui bench --repeat N) to judge them.")
     return out
 

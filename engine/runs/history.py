@@ -70,8 +70,8 @@ if TYPE_CHECKING:
 
 STATUSES = tuple(s.value for s in RunStatus)  # engine.runs.status: one vocabulary on every path
 # The runs a learned noise floor reads (History.repeated_runs): measured to the end, not spoiled by
-# the box or the client; "complete" is what older histories wrote for ok.
-REPEAT_STATUSES = tuple(s.value for s in RunStatus if s.measured and not s.spoiled) + ("complete",)
+# the box or the client; "complete" and "done" are what older histories wrote for ok.
+REPEAT_STATUSES = tuple(s.value for s in RunStatus if s.measured and not s.spoiled) + ("complete", "done")
 REPEATS_READ = 500  # the newest this many such runs: a box's recent noise, a bounded read
 
 
@@ -237,11 +237,10 @@ class History:
             requests=int(n),
         )
 
-    _SELECT = (
-        "SELECT r.id, r.name, r.preset, r.started, r.ended, r.status, r.flags, r.vllm_version, r.model, r.gpus,"
-        " r.workload, r.summary, r.baseline, r.tags, (SELECT COUNT(*) FROM requests q WHERE q.run_id = r.id)"
-        " FROM runs r"
-    )
+    _COLUMNS = ("SELECT r.id, r.name, r.preset, r.started, r.ended, r.status, r.flags, r.vllm_version, r.model,"
+                " r.gpus, r.workload, r.summary, r.baseline, r.tags,")
+    _SELECT = _COLUMNS + " (SELECT COUNT(*) FROM requests q WHERE q.run_id = r.id) FROM runs r"
+    _SELECT_UNCOUNTED = _COLUMNS + " 0 FROM runs r"  # without the requests' count (a query per run)
 
     def list_runs(self, limit: int | None = None) -> list[RunInfo]:
         """Newest first."""
@@ -412,27 +411,51 @@ class History:
         return NoiseFloor(box=str(where), measured=float(measured), runs=int(runs), spread_pct=spread_pct,
                           label=str(label), model=model, fingerprint=fingerprint, run_ids=numbers, id=int(fid))
 
-    def repeated_runs(self, limit: int = REPEATS_READ) -> list[list[RunInfo]]:
-        """The history's repeats: runs of one configuration (the same model, flags and workload,
-        the workload's per-run seed aside) that ended measured and unspoiled, grouped, each group
-        two runs or more (oldest first), from the newest ``limit`` such runs. Runs whose flags are
-        unknown (an attached server's) are left out: their configurations cannot be told apart."""
+    def repeats_key(self) -> tuple[object, ...]:
+        """What changes whenever :meth:`repeated_runs` may read differently: the newest and the
+        count of the runs it could read (one indexed query)."""
         kept = ", ".join("?" for _ in REPEAT_STATUSES)
         try:
+            row = self._conn.execute(f"SELECT MAX(id), COUNT(*) FROM runs WHERE status IN ({kept})",
+                                     REPEAT_STATUSES).fetchone()
+        except sqlite3.Error as exc:
+            raise explain(self.path, exc) from None
+        return tuple(row)
+
+    def repeated_runs(self, limit: int = REPEATS_READ) -> list[list[RunInfo]]:
+        """The history's repeats: runs of one configuration (the same model, flags, workload, vLLM
+        version and GPUs; the workload's per-run seed aside) that ended measured and unspoiled,
+        grouped, each group two runs or more (oldest first), from the newest ``limit`` such runs.
+        Runs whose flags are unknown (an attached server's) are left out: their configurations
+        cannot be told apart. A damaged row is left out too, so one bad run never takes every
+        comparison's floor with it. The runs come without their request counts (``requests`` 0):
+        only their figures are read."""
+        kept = ", ".join("?" for _ in REPEAT_STATUSES)
+        valid = " AND ".join(f"json_valid({c})" for c in ("flags", "workload", "summary", "gpus", "tags"))
+        try:
             keys = self._conn.execute(
-                "SELECT id, model, flags, json_remove(workload, '$.workload.seed') FROM runs"
-                f" WHERE status IN ({kept}) AND flags NOT IN ('{{}}', 'null') AND json_valid(workload)"
+                "SELECT id, model, flags, json_remove(workload, '$.workload.seed'), vllm_version, gpus FROM runs"
+                f" WHERE status IN ({kept}) AND flags NOT IN ('{{}}', 'null') AND {valid}"
                 f" ORDER BY id DESC LIMIT {int(limit)}", REPEAT_STATUSES).fetchall()
             by_key: dict[tuple[object, ...], list[int]] = {}
             for run_id, *key in keys:
                 by_key.setdefault(tuple(key), []).append(int(run_id))
             ids = sorted(i for group in by_key.values() if len(group) >= 2 for i in group)
             rows = {row[0]: row for row in self._conn.execute(
-                self._SELECT + f" WHERE r.id IN ({', '.join(str(i) for i in ids)})").fetchall()} if ids else {}
+                self._SELECT_UNCOUNTED + f" WHERE r.id IN ({', '.join(str(i) for i in ids)})").fetchall()} if ids else {}
         except sqlite3.Error as exc:
             raise explain(self.path, exc) from None
-        return [[self._row_to_info(rows[i]) for i in sorted(group)] for group in by_key.values()
-                if len(group) >= 2 and all(i in rows for i in group)]
+        groups = []
+        for group in by_key.values():
+            runs = []
+            for i in sorted(group):
+                try:
+                    runs.append(self._row_to_info(rows[i]))
+                except (KeyError, ValueError):  # gone since, or a summary that does not parse: not a repeat
+                    continue
+            if len(runs) >= 2:
+                groups.append(runs)
+        return groups
 
     def tag(self, run_id: int, *tags: str, remove: bool = False) -> RunInfo:
         info = self.get_run(run_id)

@@ -28,7 +28,7 @@ from engine.presets import Preset
 from engine.runs.compare import LoadPoint, RunPoint, load_points, run_points
 from engine.runs.history import History, NoiseFloor, Recording, RunInfo
 from engine.runs.measure import MeasuredRun, RunHandle, RunPlan, Target, box_bound_why, local_tokenizer, measure
-from engine.runs.noise import RunNoise, box_floor, run_noise
+from engine.runs.noise import FloorReader, RunNoise, run_noise
 from engine.runs.series import Slot, run_series
 from engine.runs.status import RunStatus
 from engine.telemetry.host import release_free_memory
@@ -202,6 +202,7 @@ class LiveRuns:
         self._noise_lock = threading.Lock()
         self._noise_thread: threading.Thread | None = None
         self.floor: NoiseFloor | None = None  # the box's noise floor (noise.box_floor), as last read
+        self._floors = FloorReader()  # learns a floor again only when the history's runs changed
         self.floor_checked: float | None = None  # when (time.monotonic()) it was read; None: read at next use
 
     def _changed(self) -> None:
@@ -509,7 +510,7 @@ class LiveRuns:
             self.floor_checked = now
             history = self.get_history()
             try:
-                self.floor = box_floor(history) if history is not None else None
+                self.floor = self._floors.read(history) if history is not None else None
             except Exception:  # noqa: BLE001 - a floor that cannot be read: single runs not judged, said so
                 self.floor = None
         return self.floor

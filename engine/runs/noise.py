@@ -533,7 +533,13 @@ def pooled_spread(groups: Sequence[Sequence[Mapping[str, float | None]]], names:
     out, so what differs between configurations is not noise), with the degrees of freedom of
     all of them (the runs less one per group). Figures with fewer than MIN_FLOOR_RUNS - 1
     degrees of freedom are left out."""
-    out: dict[str, float] = {}
+    return {name: pct for name, (pct, _) in _pooled(groups, names, level).items()}
+
+
+def _pooled(groups: Sequence[Sequence[Mapping[str, float | None]]], names: Sequence[str],
+            level: float) -> dict[str, tuple[float, int]]:
+    """:func:`pooled_spread`'s figures, each with the degrees of freedom it rests on."""
+    out: dict[str, tuple[float, int]] = {}
     for name in names:
         squares, df = 0.0, 0
         for figures in groups:
@@ -545,7 +551,7 @@ def pooled_spread(groups: Sequence[Sequence[Mapping[str, float | None]]], names:
             df += len(logs) - 1
         if df < MIN_FLOOR_RUNS - 1:
             continue
-        out[name] = 100 * math.expm1(t_quantile(level, df) * math.sqrt(2) * math.sqrt(squares / df))
+        out[name] = (100 * math.expm1(t_quantile(level, df) * math.sqrt(2) * math.sqrt(squares / df)), df)
     return out
 
 
@@ -557,13 +563,15 @@ def learned_floor(groups: Sequence[Sequence[RunInfo]], box: str) -> NoiseFloor |
     as minutes, so it holds what drifts between runs; it is never stored, only read."""
     runs = [[load.to_dict() for run in g if (load := run.summary.load) is not None] for g in groups]
     runs = [g for g in runs if len(g) >= 2]
-    spread = pooled_spread(runs)
-    if not spread:
+    pooled = _pooled(runs, FIGURES, LEVEL)
+    if not pooled:
         return None
     ids = tuple(run.id for g in groups for run in g)
     newest = max((run.ended or run.started for g in groups for run in g), default=0.0)
-    return NoiseFloor(box=box, measured=newest, runs=sum(len(g) for g in runs), spread_pct=spread,
-                      label=LEARNED_LABEL, run_ids=ids, groups=len(runs))
+    total, count = sum(len(g) for g in runs), len(runs)
+    return NoiseFloor(box=box, measured=newest, runs=total, spread_pct={k: pct for k, (pct, _) in pooled.items()},
+                      label=LEARNED_LABEL, run_ids=ids, groups=count,
+                      dfs={k: df for k, (_, df) in pooled.items() if df != total - count})
 
 
 def box_floor(history: History) -> NoiseFloor | None:
@@ -573,7 +581,28 @@ def box_floor(history: History) -> NoiseFloor | None:
     project's CPU box, tests/perf/noise.2026-12-05.pooled99.out.txt). Learned, it judged identical
     single runs different 0-7% of the time by row, and found a real change on the p50 rows 98-100%
     (tests/perf/noise.2026-12-05.learned.out.txt)."""
-    return history.noise_floor() or learned_floor(history.repeated_runs(), this_box())
+    return FloorReader().read(history)
+
+
+class FloorReader:
+    """:func:`box_floor` for a reader that asks again and again (the Runs tab, every few seconds on
+    the screen's thread): the learned floor is made again only when the history's finished runs
+    changed (a measured one is one indexed query; learning reads up to REPEATS_READ runs' figures,
+    ~40 ms for 500 here)."""
+
+    def __init__(self) -> None:
+        self._key: object = None
+        self._learned: NoiseFloor | None = None
+
+    def read(self, history: History) -> NoiseFloor | None:
+        measured = history.noise_floor()
+        if measured is not None:
+            return measured
+        key = (str(history.path), history.repeats_key())
+        if key != self._key:
+            self._learned = learned_floor(history.repeated_runs(), this_box())
+            self._key = key
+        return self._learned
 
 
 @dataclass(frozen=True)

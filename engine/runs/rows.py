@@ -112,6 +112,9 @@ class NoiseFloor:
     # How many configurations the runs came from: 1 for a measured floor (K runs of one workload);
     # more for one learned from the history's repeats (engine.runs.noise.learned_floor), never stored.
     groups: int = 1
+    # Per figure, the degrees of freedom its spread rests on where they are fewer than ``df`` (a
+    # figure some runs lack, as goodput without an SLO); learned floors fill it, stored ones not.
+    dfs: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def learned(self) -> bool:
@@ -122,6 +125,10 @@ class NoiseFloor:
     def df(self) -> int:
         """The degrees of freedom its spread rests on: the runs less one per configuration."""
         return self.runs - self.groups
+
+    def df_of(self, figure: str) -> int:
+        """The degrees of freedom ``figure``'s spread rests on."""
+        return self.dfs.get(figure, self.df)
 
     def pct(self, figure: str) -> float | None:
         """The figure's spread in percent; None where the floor has none."""

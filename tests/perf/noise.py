@@ -181,12 +181,12 @@ def report(history: Any, floor: Any, pairs: dict[str, list[tuple[Any, Any]]], a:
 
         def measured(x: Any, y: Any, stored: float | None = stored) -> float | None:
             # as vtui compare and the Runs tab judge single runs: the floor at SINGLE_RUN_LEVEL
-            return None if stored is None else verdict_floor(stored, floor.df)
+            return None if stored is None else verdict_floor(stored, floor.df_of(row))
 
         def from_repeats(x: Any, y: Any, row: str = row) -> float | None:
             got = learned(x, y)
             pct = None if got is None else got.pct(row)
-            return None if pct is None else verdict_floor(pct, got.df)
+            return None if pct is None else verdict_floor(pct, got.df_of(row))
 
         for box_floor in (from_repeats, measured):
             for kind in ("identical", "changed"):

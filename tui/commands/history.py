@@ -149,8 +149,10 @@ def _floor(store: History, *, as_json: bool = False) -> int:
             print(f"no noise floor for this box ({this_box()}) yet: single runs are not judged. "
                   "`vtui bench --noise-floor 5` measures one; three runs or more of any configuration teach one.")
         return 0
-    spreads = [(f, pct, verdict_floor(pct, floor.df)) for f in FIGURES if (pct := floor.pct(f)) is not None]
-    rows = [{"figure": f, "spread_pct": pct, "verdict_pct": read} for f, pct, read in spreads]
+    spreads = [(f, pct, verdict_floor(pct, floor.df_of(f)), floor.df_of(f)) for f in FIGURES
+               if (pct := floor.pct(f)) is not None]
+    rows = [{"figure": f, "spread_pct": pct, "verdict_pct": read, "degrees_of_freedom": df}
+            for f, pct, read, df in spreads]
     if as_json:
         print(json.dumps({"box": floor.box, "floor": {
             "source": "learned" if floor.learned else "measured", "id": floor.id, "label": floor.label,
@@ -158,12 +160,12 @@ def _floor(store: History, *, as_json: bool = False) -> int:
             "when": floor.measured, "run_ids": list(floor.run_ids), "figures": rows}}, indent=2))
         return 0
     print(floor_note(floor))
-    print(f"{'':<34} {'spread (95%)':>13} {f'a verdict reads ({SINGLE_RUN_LEVEL:.0%})':>22}")
-    for figure, pct, read in spreads:
-        print(f"{figure_label(figure):<34} {f'±{pct:.1f}%':>13} {f'±{read:.1f}%':>22}")
+    print(f"{'':<34} {'spread (95%)':>13} {f'a verdict reads ({SINGLE_RUN_LEVEL:.0%})':>22} {'df':>4}")
+    for figure, pct, read, df in spreads:
+        print(f"{figure_label(figure):<34} {f'±{pct:.1f}%':>13} {f'±{read:.1f}%':>22} {df:>4}")
     print("two single runs of one configuration on this box differ by less than the spread 95 times in 100 "
-          f"(the larger within a factor 1 + spread of the smaller); it rests on {floor.df} degrees of freedom "
-          "(runs less one per configuration): more runs narrow it")
+          "(the larger within a factor 1 + spread of the smaller); df: the degrees of freedom each rests on "
+          "(its runs less one per configuration): more runs narrow it")
     return 0
 
 

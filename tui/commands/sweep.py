@@ -169,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
         if history is not None:  # each run's requests: the within-run noise where there are no repeats
             with contextlib.suppress(HistoryError):
                 requests = {s.run.id: history.requests(s.run.id) for s in steps if s.status.measured}
+            with contextlib.suppress(HistoryError):  # a floor that cannot be read: single runs not judged, said so
                 floor = box_floor(history)  # single runs: the box's noise, measured or learned from repeats
     except KeyboardInterrupt:
         say("interrupted: the runs so far are in `vtui history`")
