@@ -543,9 +543,8 @@ def noise_legend(cmp: Comparison) -> list[str]:
                    f"verdict reads it at {SINGLE_RUN_LEVEL:.0%}{why}.")
     elif _single_runs(cmp):
         out.append("single runs are not judged: no noise floor for this box yet. `vtui bench --noise-floor 5` "
-                   "measures one; three runs or more of any configuration vtui started teach one (the TUI's n "
-                   "then r, vtui bench --repeat 3, a sweep's --repeat, or runs again with the same flags and "
-                   "workload; an attached server's runs teach none: its flags are not known).")
+                   "measures one; three runs or more of one configuration vtui started teach one (the TUI's n "
+                   "then r, --repeat in bench and sweep, or runs again with the same flags and workload).")
     if cmp.unjudged:
         out.append("no best mark where no interval could be had (single runs of rows the box's noise floor lacks "
                    "or with no within-run model, such as the server's means and the GPU's): repeat runs "
