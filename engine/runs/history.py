@@ -72,6 +72,7 @@ STATUSES = tuple(s.value for s in RunStatus)  # engine.runs.status: one vocabula
 # The runs a learned noise floor reads (History.repeated_runs): measured to the end, not spoiled by
 # the box or the client; "complete" and "done" are what older histories wrote for ok.
 REPEAT_STATUSES = tuple(s.value for s in RunStatus if s.measured and not s.spoiled) + ("complete", "done")
+_REPEAT_KEPT = ", ".join("?" for _ in REPEAT_STATUSES)  # their placeholders in a query
 REPEATS_READ = 500  # the newest this many such runs: a box's recent noise, a bounded read
 
 
@@ -414,9 +415,8 @@ class History:
     def repeats_key(self) -> tuple[object, ...]:
         """What changes whenever :meth:`repeated_runs` may read differently: the newest and the
         count of the runs it could read (one indexed query)."""
-        kept = ", ".join("?" for _ in REPEAT_STATUSES)
         try:
-            row = self._conn.execute(f"SELECT MAX(id), COUNT(*) FROM runs WHERE status IN ({kept})",
+            row = self._conn.execute(f"SELECT MAX(id), COUNT(*) FROM runs WHERE status IN ({_REPEAT_KEPT})",
                                      REPEAT_STATUSES).fetchone()
         except sqlite3.Error as exc:
             raise explain(self.path, exc) from None
@@ -430,12 +430,11 @@ class History:
         cannot be told apart. A damaged row is left out too, so one bad run never takes every
         comparison's floor with it. The runs come without their request counts (``requests`` 0):
         only their figures are read."""
-        kept = ", ".join("?" for _ in REPEAT_STATUSES)
         valid = " AND ".join(f"json_valid({c})" for c in ("flags", "workload", "summary", "gpus", "tags"))
         try:
             keys = self._conn.execute(
                 "SELECT id, model, flags, json_remove(workload, '$.workload.seed'), vllm_version, gpus FROM runs"
-                f" WHERE status IN ({kept}) AND flags NOT IN ('{{}}', 'null') AND {valid}"
+                f" WHERE status IN ({_REPEAT_KEPT}) AND flags NOT IN ('{{}}', 'null') AND {valid}"
                 f" ORDER BY id DESC LIMIT {int(limit)}", REPEAT_STATUSES).fetchall()
             by_key: dict[tuple[object, ...], list[int]] = {}
             for run_id, *key in keys:

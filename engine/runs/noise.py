@@ -561,13 +561,13 @@ def learned_floor(groups: Sequence[Sequence[RunInfo]], box: str) -> NoiseFloor |
     (:func:`pooled_spread`). None under MIN_FLOOR_RUNS - 1 degrees of freedom on every figure.
     Unlike a floor measured with ``vtui bench --noise-floor`` its runs came hours apart as much
     as minutes, so it holds what drifts between runs; it is never stored, only read."""
-    runs = [[load.to_dict() for run in g if (load := run.summary.load) is not None] for g in groups]
-    runs = [g for g in runs if len(g) >= 2]
+    kept = [m for g in groups if len(m := [run for run in g if run.summary.load is not None]) >= 2]
+    runs = [[load.to_dict() for run in g if (load := run.summary.load) is not None] for g in kept]
     pooled = _pooled(runs, FIGURES, LEVEL)
     if not pooled:
         return None
-    ids = tuple(run.id for g in groups for run in g)
-    newest = max((run.ended or run.started for g in groups for run in g), default=0.0)
+    ids = tuple(run.id for g in kept for run in g)  # the runs it rests on
+    newest = max((run.ended or run.started for g in kept for run in g), default=0.0)
     total, count = sum(len(g) for g in runs), len(runs)
     return NoiseFloor(box=box, measured=newest, runs=total, spread_pct={k: pct for k, (pct, _) in pooled.items()},
                       label=LEARNED_LABEL, run_ids=ids, groups=count,

@@ -163,9 +163,12 @@ def report(history: Any, floor: Any, pairs: dict[str, list[tuple[Any, Any]]], a:
     # engine.runs.noise.learned_floor), as vtui compare and the Runs tab read it: here the table's
     # other runs, one group a server (the pair judged left out, so it is not judged by itself).
     groups = history.repeated_runs()
+    floors: dict[tuple[int, int], Any] = {}
 
-    def learned(x: Any, y: Any) -> Any:
-        return learned_floor([[r for r in g if r.id not in (x.id, y.id)] for g in groups], "this box")
+    def learned(x: Any, y: Any) -> Any:  # once a pair, read for every row
+        if (x.id, y.id) not in floors:
+            floors[x.id, y.id] = learned_floor([[r for r in g if r.id not in (x.id, y.id)] for g in groups], "this box")
+        return floors[x.id, y.id]
 
     setting = ("the workload the kept runs were measured with" if a.analyze else
                f"{a.requests} requests at concurrency {a.concurrency}, {a.input_len}/{a.output_len} tokens")
