@@ -299,3 +299,51 @@ def test_telemetry_rows_are_judged_over_repeats() -> None:
     assert row.best == frozenset()  # within noise: no best mark
     single = compare([col(10, (66.8,)), col(20, (92.5,))])
     assert util_row(single).noise[1] is None  # one run each: no interval to read (as before)
+
+
+def test_identical_single_runs_through_vtui_compare_are_within_noise_without_a_floor(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 44 item 1: `vtui compare 1 2` of two `vtui bench` runs against one test server, no
+    noise floor for the box (an attached server's runs teach none), printed TPOT p50 `5.45 5.45
+    (+0.1%)` and no word. The within-run interval of the difference holds zero, and any floor only
+    widens it: "within noise". Against a server 60% slower per token that interval does not hold
+    zero, and with no floor vtui still does not claim "beyond noise" (nor marks a best).
+
+    On a busy box two runs of one server differ for real (seen: TPOT p50 +11% with both runs
+    box-bound, the box's share moving between them), and a run's own interval cannot know it: so
+    TPOT p50 must read "within noise" where both runs were ok, and otherwise some latency row must
+    (today's code said it on none)."""
+    from engine.runs.noise import BEYOND_NOISE, WITHIN_NOISE, WITHIN_RUN_ONLY
+    from loadgen.testserver import ServerConfig, serve_in_processes
+    from tui.cli import main
+
+    monkeypatch.setenv("VTUI_HOME", str(tmp_path))
+    bench = ["--input-len", "12", "--output-len", "16", "--concurrency", "2", "--num-requests", "40",
+             "--warmup", "2", "-q", "--allow-box-bound"]
+    with serve_in_processes(ServerConfig(first_delay_s=0.02, gap_s=0.005)) as fast, \
+            serve_in_processes(ServerConfig(first_delay_s=0.02, gap_s=0.008)) as slow:
+        for url in (fast.url, fast.url, slow.url):
+            assert main(["bench", "--url", url, *bench]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+
+    assert main(["compare", "1", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "*" not in text.split("\n* best")[0], text  # no best mark on any row
+    assert "single runs are not judged beyond noise, only within it" in text
+    assert main(["compare", "1", "2", "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    rows = {r["key"]: r for r in data["rows"]}
+    assert all(r["noise"][1] is None or r["noise"][1]["verdict"] == WITHIN_NOISE for r in rows.values()), text
+    within = [k for k in ("ttft_p50", "tpot_p50", "itl_p50", "e2el_p50", "ttft_p99", "tpot_p99", "itl_p99", "e2el_p99")
+              if rows[k]["noise"][1] is not None]
+    assert within and all(rows[k]["noise"][1]["kind"] == WITHIN_RUN_ONLY for k in within), text
+    if all(r["status"] == "ok" for r in data["runs"]):
+        tpot = next(line for line in text.splitlines() if line.startswith("TPOT p50"))
+        assert "within noise" in tpot, text
+
+    assert main(["compare", "1", "3", "--format", "json"]) == 0
+    rows = {r["key"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows["tpot_p50"]["delta_pct"][1] > 30, rows["tpot_p50"]
+    for row in rows.values():  # 60% slower: not within noise, and without a floor not beyond it either
+        assert row["best_runs"] == [] and (row["noise"][1] or {}).get("verdict") != BEYOND_NOISE, row
+    assert rows["tpot_p50"]["noise"][1] is None

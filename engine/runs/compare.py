@@ -316,7 +316,8 @@ def compare(columns: Sequence[Column], baseline: int | None = None, *, all_flags
     that compares the same runs again (the Runs tab) keeps them. ``floor`` is the box's measured
     noise floor (engine.runs.noise.box_floor: measured, else learned from the history's repeats):
     single-run verdicts take it as what moves between runs, and judge by it alone where no requests
-    are at hand; without it single runs are not judged."""
+    are at hand; without it single runs are never called beyond noise, only within it where even
+    their within-run interval holds zero (engine.runs.noise.difference)."""
     if not columns:
         raise ValueError("nothing to compare: give at least one run")
     groups = tuple((c,) if isinstance(c, RunInfo) else tuple(c) for c in columns)
@@ -390,7 +391,8 @@ def status_text(group: Sequence[RunInfo]) -> str:
 def _difference(metric: Metric, a: Sequence[RunInfo], b: Sequence[RunInfo],
                 noises: Mapping[int, RunNoise], floor: NoiseFloor | None) -> Difference | None:
     """``b - a`` for one metric with its interval (engine.runs.noise); None where there are
-    no repeats and no floor of the box (measured or learned) to judge single runs by. A metric with no within-run model (the
+    no repeats and no floor of the box (measured or learned) to judge single runs by, unless their
+    within-run interval alone holds zero (within noise). A metric with no within-run model (the
     telemetry and server rows: GPU utilization, energy, the server's means) is judged over
     repeats alone, where both columns have two runs or more."""
 
@@ -542,9 +544,11 @@ def noise_legend(cmp: Comparison) -> list[str]:
         out.append(floor_note(cmp.floor) + f" Single runs differ within it when nothing changed; a single-run "
                    f"verdict reads it at {SINGLE_RUN_LEVEL:.0%}{why}.")
     elif _single_runs(cmp):
-        out.append("single runs are not judged: no noise floor for this box yet. `vtui bench --noise-floor 5` "
-                   "measures one; three runs or more of one configuration vtui started teach one (the TUI's n "
-                   "then r, --repeat in bench and sweep, or runs again with the same flags and workload).")
+        # Within noise is still said where a run's own interval holds zero (noise.WITHIN_RUN_ONLY):
+        # no line of its own, the Runs tab's legend must not grow (its load chart falls off 36 rows).
+        out.append("single runs are not judged beyond noise, only within it: no noise floor for this box yet. "
+                   "`vtui bench --noise-floor 5` measures one; 3+ runs of one configuration vtui started teach one "
+                   "(n then r in the TUI, --repeat, or the same flags and workload again).")
     if cmp.unjudged:
         out.append("no best mark where no interval could be had (single runs of rows the box's noise floor lacks "
                    "or with no within-run model, such as the server's means and the GPU's): repeat runs "

