@@ -108,3 +108,48 @@ def test_attaching_on_a_first_start_does_not_wait_for_the_schema(slow_extract: t
     slow_extract.set()
     assert server.local and server.pid is not None  # its process was read (the flags: not a vLLM)
     assert took < 5.0, f"attach waited {took:.1f} s for the schema's extraction"
+
+
+def test_kill_9_of_vtui_serve_on_a_first_start_ends_the_schema_read(tmp_path: Path) -> None:
+    """Issue 44 item 2: `vtui serve` on an empty data folder reads vLLM's flag schema in a child
+    (importing vLLM: 10-30 s here); kill -9 of vtui left that child running 20-30 s after it. A
+    process vtui started ends with it: the process table read 10 s after the kill holds none of
+    vtui's children. The server is tests/fakevllm.py through `--launcher` (the schema read waits
+    for a server to be ready, and a real one takes 35-70 s here: the reaper that ends it is tested
+    in test_orphans.py); the schema read is the real one."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    from tests import fakevllm
+
+    if flags.installed_vllm_version() is None:
+        pytest.skip("no vLLM installed: no schema read to start")
+    home = tmp_path / "home"  # an empty data folder: no schema cached
+    vtui = subprocess.Popen([sys.executable, "-m", "tui.cli", "serve", "--launcher", " ".join(fakevllm.command())],
+                            env={**os.environ, "VTUI_HOME": str(home)}, cwd=Path(__file__).resolve().parents[1],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    children: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and vtui.poll() is None:
+            children = psutil.Process(vtui.pid).children(recursive=True)
+            if any("vtui-schema" in " ".join(p.cmdline()) for p in children if p.is_running()):
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"no schema read seen (vtui exit {vtui.poll()})")
+        vtui.send_signal(signal.SIGKILL)
+        vtui.wait(5)
+        time.sleep(10)
+        left = [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not left, [" ".join(p.cmdline())[:80] for p in left]
+    finally:
+        if vtui.poll() is None:
+            vtui.kill()
+        for p in children:  # the test's own grandchildren, by pid and start time (psutil checks it)
+            if p.is_running():
+                p.kill()

@@ -346,7 +346,17 @@ def _platform_of(version: str) -> str | None:
 # Runs in a child interpreter: importing vLLM costs seconds and pulls torch, so the
 # parent (vtui) never does it. "--help" in argv makes vLLM fill in the help texts
 # (it skips them otherwise to start faster); without "serve" it keeps --model.
+# It ends with vtui, kill -9 included (issue 44: it outlived a killed `vtui serve` by 20-30 s,
+# importing vLLM): the parent-death signal the server's reaper takes (engine.server.procs), here
+# SIGKILL, as the child holds nothing to clean up. It fires when the thread that started the child
+# ends; that thread waits in subprocess.run for as long as the child lives. A vtui gone before the
+# prctl took effect is seen by the parent pid.
 _EXTRACT = r'''
+import os, signal
+from engine.server.procs import _set_parent_death_signal
+_set_parent_death_signal(signal.SIGKILL)
+if os.getppid() != OWNER_PID:
+    os._exit(1)
 import argparse, json, sys
 sys.argv = ["vtui-schema", "--help"]
 out_path = OUT_PATH
@@ -628,7 +638,7 @@ def _schema_from_cache(data: Mapping[str, Any]) -> Schema:  # the cache file's J
 def _extract_vllm_schema(timeout: float) -> _Extraction:
     with tempfile.TemporaryDirectory(prefix="vtui-schema-") as tmp:
         out = Path(tmp) / "schema.json"
-        code = _EXTRACT.replace("OUT_PATH", repr(str(out)))
+        code = _EXTRACT.replace("OUT_PATH", repr(str(out))).replace("OWNER_PID", str(os.getpid()))
         env = dict(os.environ, VLLM_LOGGING_LEVEL="ERROR", PYTHONWARNINGS="ignore")
         try:
             proc = subprocess.run(
