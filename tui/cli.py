@@ -23,7 +23,9 @@ from tui.errors import UserError, print_error
 # Order is the order shown in --help.
 COMMANDS = (
     "serve",
+    "set",
     "bench",
+    "record",
     "sweep",
     "compare",
     "history",

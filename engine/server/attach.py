@@ -22,6 +22,7 @@ import psutil
 
 from engine.flags import FlagError, FlagSet, load_schema, parse_argv
 from engine.server import procs
+from engine.server.livehook import strip_launch_args
 
 # is_loopback: one test of "this machine only", the bind policy's
 from engine.server.supervisor import Supervisor, is_loopback, list_registered
@@ -201,7 +202,7 @@ def _local_details(server: AttachedServer, port: int) -> AttachedServer:
     try:
         # Never wait for the installed vLLM's schema here (a first start reads it in the
         # background, 10-100 s on a busy 2-core box): the built-in one reads any command line.
-        flags = parse_argv(list(cmdline), load_schema(wait=False))
+        flags = parse_argv(strip_launch_args(list(cmdline)), load_schema(wait=False))
     except FlagError as exc:
         flags_error = f"cannot read its command line: {exc}"
 

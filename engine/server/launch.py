@@ -19,6 +19,7 @@ from typing import SupportsIndex, SupportsInt
 
 from engine import paths
 from engine.flags import FlagsLike
+from engine.server import livehook
 
 MODULE_ENTRY = ("-m", "vllm.entrypoints.openai.api_server")  # one API server process, whatever the flags say
 CLI_ENTRY = ("-m", "vllm.entrypoints.cli.main", "serve")  # `vllm serve` where its console script is missing
@@ -170,7 +171,7 @@ def server_argv(flags: FlagsLike, *, program: Sequence[str], launcher: Sequence[
         head = [*program, flags.model]
     else:
         head = [*program, "--model", flags.model]
-    return [*launcher, *head, *flag_argv, "--host", host, "--port", str(port)]
+    return [*launcher, *head, *flag_argv, *livehook.LAUNCH_ARGS, "--host", host, "--port", str(port)]
 
 
 def server_env(flags: FlagsLike, host: str, extra_env: Mapping[str, str]) -> dict[str, str]:
@@ -180,7 +181,8 @@ def server_env(flags: FlagsLike, host: str, extra_env: Mapping[str, str]) -> dic
     secrets = secret_env(flags)
     keyed = bool(secrets.get("VLLM_API_KEY") or os.environ.get("VLLM_API_KEY"))
     dev = {DEV_MODE_ENV: "1"} if dev_mode_refusal(host, api_key=keyed) is None else {}
-    return {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", **dev, **secrets, **extra_env}
+    live = livehook.launch_env({**os.environ, **extra_env})
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", **dev, **live, **secrets, **extra_env}
 
 
 def start_key(flags: FlagsLike) -> str:

@@ -1,0 +1,65 @@
+"""Live scheduler limits (issue 41): change max-num-seqs, max-num-batched-tokens and chunked
+prefill on a running vLLM server that vtui started, between two engine steps, without a restart.
+
+Three parts, each in the process it runs in:
+
+- ``plugin`` runs inside vLLM's processes (a ``vllm.general_plugins`` entry point, so vLLM loads
+  it in the engine core it spawns). It does nothing unless the server's environment holds
+  ``VTUI_LIVE=1``, which only vtui's launcher sets. There it gives the engine core one utility
+  method, ``vtui_live``: the adapter, the one place that touches vLLM's scheduler, by the
+  features it finds (not version numbers).
+- ``asgi`` is the API server's side: ASGI middleware (vLLM's public ``--middleware``) serving
+  ``/vtui/live`` to loopback peers holding the server's API key, if it has one, and calling the
+  engine's utility method the way vLLM's own ``reset_prefix_cache`` reaches the engine.
+- ``engine.server.livelimits`` is vtui's side: which flags can change live, the request, and the
+  reason a change must restart instead.
+
+Only ``plugin`` and ``asgi`` import vLLM, and only inside vLLM's processes.
+"""
+
+from __future__ import annotations
+
+ENV = "VTUI_LIVE"  # set to "1" in the environment of a server vtui starts
+PLUGIN = "vtui_live"  # the entry point's name (VLLM_PLUGINS is an allowlist of these)
+ROUTE = "/vtui/live"
+MIDDLEWARE = "engine.server.livehook.asgi.LiveLimitsMiddleware"
+UTILITY = "vtui_live"  # the engine core's method
+
+# The flags that can change live, as the Flags tab names them.
+MAX_NUM_SEQS = "max-num-seqs"
+MAX_NUM_BATCHED_TOKENS = "max-num-batched-tokens"
+CHUNKED_PREFILL = "enable-chunked-prefill"
+LIVE_FLAGS = (MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, CHUNKED_PREFILL)
+
+# What vtui's launcher adds to a server's argv: vLLM's public middleware option, naming ours. Never
+# part of the user's flags (exports, history): ``strip_launch_args`` takes it out of a read command line.
+LAUNCH_ARGS = ("--middleware", MIDDLEWARE)
+
+
+def launch_env(environ: dict[str, str]) -> dict[str, str]:
+    """What a server vtui starts gets in its environment for the live hook: ``VTUI_LIVE=1`` (unless
+    the user's environment says ``VTUI_LIVE=0``) and, where ``VLLM_PLUGINS`` allowlists plugins,
+    ours added to the list."""
+    if environ.get(ENV) == "0":
+        return {}
+    env = {ENV: "1"}
+    allow = environ.get("VLLM_PLUGINS")
+    if allow is not None and PLUGIN not in [p.strip() for p in allow.split(",")]:
+        env["VLLM_PLUGINS"] = f"{allow},{PLUGIN}" if allow.strip() else PLUGIN
+    return env
+
+
+def strip_launch_args(argv: list[str]) -> list[str]:
+    """A server's command line without what vtui's launcher added (``LAUNCH_ARGS``)."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] == LAUNCH_ARGS[0] and i + 1 < len(argv) and argv[i + 1] == MIDDLEWARE:
+            i += 2
+            continue
+        if argv[i] == f"{LAUNCH_ARGS[0]}={MIDDLEWARE}":
+            i += 1
+            continue
+        out.append(argv[i])
+        i += 1
+    return out

