@@ -137,7 +137,7 @@ async def test_port_in_use_and_missing_model_are_session_messages(tiny_model: Pa
         assert info.value.hint
         assert session.snapshot().server.error_line
     session = Session(flags_for(tmp_path / "no-such-model"), launcher=fakevllm.command(), telemetry=False)
-    with pytest.raises(SessionError, match="model folder not found: .*no-such-model"):
+    with pytest.raises(SessionError, match=r"model folder not found: .*no-such-model"):
         await session.start_server(timeout=30)
     report("port in use / model folder missing", "SessionError with the port / folder and a hint", 0.0, "none")
 
@@ -182,8 +182,16 @@ async def test_server_sigkill_mid_session_run_is_cut_short_and_restartable(tiny_
 async def test_server_sigkill_mid_sweep_is_cut_short_and_next_preset_restarts(
     tiny_model: Path, tmp_path: Path
 ) -> None:
+    """The second preset's run is taken as the sweep takes it on a busy box (issue 44 item 3: in a
+    fresh-clone CI with another process busy it read `box-bound`, correctly, and the test failed):
+    the sweep measures a box-bound step again (at most SPOILED_TRIES tries, engine.runs.series) and
+    keeps the last, so the step is `ok`, or `box-bound` where the box stayed busy through every try;
+    either way it restarted the server and measured its 8 requests. A busy process of the test's
+    own, not our child (tests/strangers.py), holds a core throughout, as the CI's stranger did."""
     from engine.presets import Preset
+    from engine.runs.status import SPOILED_TRIES
     from engine.tune.sweep import run_sweep
+    from tests.strangers import end_strangers, spawn_stranger
 
     presets = [
         Preset(name=f"p{i}", flags={"max-num-seqs": 4},
@@ -215,17 +223,26 @@ async def test_server_sigkill_mid_sweep_is_cut_short_and_next_preset_restarts(
 
     killed_task: list[asyncio.Task[None]] = []
     lines: list[str] = []
-    with History(tmp_path / "h.sqlite") as history:
-        steps = await run_sweep(presets, model=str(tiny_model), history=history, say=lines.append,
-                                supervisor_factory=factory, start_timeout=30)
-        await killed_task[0]
-        assert [s.status for s in steps] == ["server-died", "ok"]
-        assert steps[0].error and "server died" in steps[0].error
-        assert steps[0].run.summary.figure("completed") > 0
-        assert steps[1].run.summary.figure("completed") == 8 and steps[1].restarted
-        stored = history.requests(steps[0].run.id)
-        assert sum(1 for r in stored if r.ok) == steps[0].run.summary.figure("completed")
-        assert history.get_run(steps[0].run.id).status == "server-died"
+    busy = [spawn_stranger("while True: pass")]
+    try:
+        with History(tmp_path / "h.sqlite") as history:
+            steps = await run_sweep(presets, model=str(tiny_model), history=history, say=lines.append,
+                                    supervisor_factory=factory, start_timeout=30)
+            await killed_task[0]
+            p2_tries = [r.status for r in history.list_runs() if r.name == "p2"]
+            assert [s.status for s in steps][:1] == ["server-died"] and len(steps) == 2, lines
+            # ok, or box-bound where every try was (the sweep measured it again, as for a user)
+            assert steps[1].status == "ok" or p2_tries == ["box-bound"] * SPOILED_TRIES, (p2_tries, lines)
+            assert steps[0].error and "server died" in steps[0].error
+            assert steps[0].run.summary.figure("completed") > 0
+            assert steps[1].run.summary.figure("completed") == 8
+            # restarted for p2 (a retry measures on the server as it is: its step says no restart)
+            assert any(line.startswith("[2/2] p2: server ready in") for line in lines), lines
+            stored = history.requests(steps[0].run.id)
+            assert sum(1 for r in stored if r.ok) == steps[0].run.summary.figure("completed")
+            assert history.get_run(steps[0].run.id).status == "server-died"
+    finally:
+        end_strangers(busy)
     assert killed["detected"] < 2.0
     assert any("server died" in line for line in lines)
     assert all(s.state is ServerState.STOPPED for s in sups)
