@@ -1,4 +1,4 @@
-"""engine.server.modelconfig and engine.server.planner, checked against real vLLM startup lines."""
+"""engine.modelconfig and engine.server.planner, checked against real vLLM startup lines."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.server.modelconfig import ModelConfig, ModelConfigError
+from engine.modelconfig import ModelConfig, ModelConfigError
 from engine.server.planner import (
     GIB,
     PlanError,

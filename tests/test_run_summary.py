@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from engine.advise.speedoflight import SpeedOfLight
 from engine.runs.compare import compare, render
 from engine.runs.crosscheck import cross_check
 from engine.runs.history import History, RunInfo
@@ -23,6 +22,7 @@ from engine.runs.summary import (
     TelemetryFigures,
 )
 from engine.server.logparse import StartupFacts
+from engine.server.speedoflight import SpeedOfLight
 from engine.telemetry.store import SeriesStore
 from engine.telemetry.summary import GpuSummary, summarize
 from loadgen.stats import LoadSummary

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from engine.advise.advisor import RunData, rule_launch_bound
-from engine.advise.speedoflight import ModelCost, assess, decode_floor, for_run, peaks_for, prefill_flops
 from engine.runs.compare import METRICS
 from engine.runs.summary import RunSummary
 from engine.server.planner import kv_bytes_per_token, load_model_config, weight_bytes
+from engine.server.speedoflight import ModelCost, assess, decode_floor, for_run, peaks_for, prefill_flops
 
 QWEN = load_model_config("qwen2.5-7b")
 H200 = peaks_for("NVIDIA H200")

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from engine.advise.speedoflight import SpeedOfLight
 from engine.runs.summary import GpuFigures, Kept, ServerLatency, SpeedOfLightFigures, TelemetryFigures, WindowEnergy
+from engine.server.speedoflight import SpeedOfLight
 from engine.telemetry.host import HostSample
 from engine.telemetry.metrics import Histogram, ServerSample, parse_metrics, server_sample
 from engine.telemetry.nvml import GpuSample, GpuUnavailable

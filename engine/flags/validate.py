@@ -9,7 +9,7 @@ from engine.flags.schema import Schema, load_schema
 from engine.flags.spec import FlagError
 
 if TYPE_CHECKING:
-    from engine.server.modelconfig import ModelConfig
+    from engine.modelconfig import ModelConfig
 
 
 

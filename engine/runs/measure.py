@@ -34,13 +34,13 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from engine.advise.speedoflight import for_run
 from engine.errors import EngineDied, StartupError
 from engine.flags import FlagSet, recordable_values
 from engine.runs.crosscheck import cross_check
 from engine.runs.history import History, Recording, RunInfo, to_jsonable
 from engine.runs.status import RunStatus, decide
 from engine.runs.summary import STREAM_KEYS, EnergyFigures, RunSummary, ServerWindow, SloVerdict, StreamShape, TelemetryFigures
+from engine.server.speedoflight import for_run
 from engine.server.supervisor import ServerState, dev_mode_refusal
 from engine.telemetry.host import BoxLedger, BoxShare
 from engine.telemetry.metrics import MetricsScraper
@@ -163,7 +163,7 @@ class RunPlan:
     check_max_len: bool = True
     percentiles: tuple[float, ...] | None = None
     meta: Mapping[str, object] = field(default_factory=dict)  # extra workload facts to store (scaled, ...)
-    peak_bw_tbs: float | None = None  # a GPU's peaks where engine.advise.speedoflight's table lacks it
+    peak_bw_tbs: float | None = None  # a GPU's peaks where engine.server.speedoflight's table lacks it
     peak_tflops: float | None = None
     client_cpus: tuple[int, ...] | None = None  # host cores to pin the load generator to (None: not pinned)
 
@@ -235,7 +235,7 @@ class MeasuredRun:
 
 def speed_of_light(target: Target, plan: RunPlan, telemetry: TelemetrySummary,
                    load: Mapping[str, object]) -> dict[str, object]:
-    """The run against its GPU's limits (engine.advise.speedoflight), or ``{"reason": ...}``.
+    """The run against its GPU's limits (engine.server.speedoflight), or ``{"reason": ...}``.
     ``telemetry``: the run's telemetry over its window (the first GPU with a name, the mean
     running requests)."""
     name = next((g.name for g in telemetry.gpus if g.name), None)

@@ -352,7 +352,7 @@ class WindowEnergy:
 
 @dataclass(frozen=True)
 class SpeedOfLightFigures:
-    """The run against its GPU's limits as stored (``engine.advise.speedoflight.SpeedOfLight``'s
+    """The run against its GPU's limits as stored (``engine.server.speedoflight.SpeedOfLight``'s
     fields, then its ``line`` and ``reason``), or only why there is none (``reason``; then
     ``floor_ms`` is None and only the reason is written). Times in milliseconds."""
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.server.modelconfig import DTYPE_BYTES, ModelConfig
+from engine.modelconfig import DTYPE_BYTES, ModelConfig
 
 if TYPE_CHECKING:
     from engine.flags import FlagSet

@@ -85,7 +85,7 @@ def _tiny_defaults(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.server.modelconfig import ModelConfigError
+    from engine.modelconfig import ModelConfigError
     from engine.server.planner import (
         CPU_BLOCK_SIZE,
         PlanError,

@@ -87,7 +87,7 @@ class LivePanel(VerticalScroll):
             text.append(f" mem {mem}{vllm}{util}{watts}\n")
         last = snap.runs[-1].summary.telemetry if snap.runs else None
         sol = last.speed_of_light if last is not None else None
-        if sol is not None and sol.line:  # engine.advise.speedoflight, for the last run
+        if sol is not None and sol.line:  # engine.server.speedoflight, for the last run
             text.append("last run    ", style="bold")
             text.append(f" {sol.line}\n")
         text.rstrip()

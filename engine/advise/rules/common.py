@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from engine import flags as flagmod  # flagmod.load_schema, looked up when called (tests replace it)
 from engine.advise.rundata import RunData, _f
 from engine.flags.spec import FlagError, FlagSpec
-from engine.server.modelconfig import ModelConfig, ModelConfigError
+from engine.modelconfig import ModelConfig, ModelConfigError
 from engine.server.planner import CPU_BLOCK_SIZE, PlanError, kv_bytes_per_token
 from engine.values import as_int
 from loadgen.stats import percentile  # the loadgen package comes with engine.runs.summary already

@@ -53,7 +53,7 @@ def rule_tp_oversized(run: RunData) -> list[Finding]:
 
 
 def rule_launch_bound(run: RunData) -> list[Finding]:
-    """Decode far slower than the GPU's memory allows at a small batch (engine.advise.speedoflight):
+    """Decode far slower than the GPU's memory allows at a small batch (engine.server.speedoflight):
     the step waits on kernel launches or scheduling, not on memory."""
     sol = run.telemetry_figures.speed_of_light
     if sol is None or not sol.launch_bound or _completed(run) < 10:

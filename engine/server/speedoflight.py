@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import cast
 
-from engine.server.modelconfig import ModelConfig
+from engine.modelconfig import ModelConfig
 from engine.server.planner import PlanError, kv_bytes_per_token, load_model_config, weight_bytes
 from engine.values import as_float, as_int
 
