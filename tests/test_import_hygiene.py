@@ -110,35 +110,59 @@ def _module_files(root: Path) -> dict[str, Path]:
     return files
 
 
-def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
-    """Module -> the modules of ours it imports, anywhere in its source."""
+def _dynamic_import(node: object) -> str | None:
+    """The module a call ``importlib.import_module("x.y")`` or ``__import__("x.y")`` names, else None."""
+    import ast
+
+    if not isinstance(node, ast.Call) or not node.args:
+        return None
+    func, arg = node.func, node.args[0]
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    if name in ("import_module", "__import__") and isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    return None
+
+
+def import_lines(root: Path = ROOT) -> dict[str, dict[str, int]]:
+    """Module -> the modules of ours it imports, anywhere in its source, each with the line of
+    its first import there (``importlib.import_module("engine.x")`` with a literal name counts)."""
     import ast
 
     files = _module_files(root)
-    graph: dict[str, set[str]] = {}
+
+    def nearest(name: str) -> str:  # `import a.b.func_module`: the nearest module
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph: dict[str, dict[str, int]] = {}
     for module, path in files.items():
         here = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
-        targets: set[str] = set()
+        targets: dict[str, int] = {}
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            found: list[str] = []
             if isinstance(node, ast.Import):
-                for alias in node.names:
-                    name = alias.name
-                    while name and name not in files:  # `import a.b.func_module`: the nearest module
-                        name = name.rpartition(".")[0]
-                    if name:
-                        targets.add(name)
+                found = [nearest(alias.name) for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
                 if node.level:
                     base = here[: len(here) - (node.level - 1)]
                     source = ".".join([*base, node.module] if node.module else base)
                 else:
                     source = node.module or ""
-                if source in files:
-                    targets.add(source)
-                targets.update(f"{source}.{a.name}" for a in node.names if f"{source}.{a.name}" in files)
-        targets.discard(module)
+                found = [source] if source in files else []
+                found += [f"{source}.{a.name}" for a in node.names if f"{source}.{a.name}" in files]
+            elif (dynamic := _dynamic_import(node)) is not None:
+                found = [nearest(dynamic)]
+            for name in found:
+                if name and name != module:
+                    targets[name] = min(targets.get(name, node.lineno), node.lineno)
         graph[module] = targets
     return graph
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports, anywhere in its source."""
+    return {module: set(targets) for module, targets in import_lines(root).items()}
 
 
 def import_circles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
@@ -231,61 +255,96 @@ def test_import_graph_sees_type_only_function_level_and_relative_imports(tmp_pat
 
 # --------------------------------------------------------------------------- layers
 #
-# The layering as docs/ARCHITECTURE.md ("Layers") writes it, lowest first: tui -> engine -> loadgen,
-# and inside engine the rooms in that order. A module imports its own layer and those below, never
-# one above, counting every import the graph above sees (type-only and function-level ones too). A
-# module belongs to the layer of the longest name that contains it: engine.runs.live is one of the
-# session's parts, engine.runs.measure is engine.runs. `engine` itself names only the package.
+# The floor plan as docs/ARCHITECTURE.md ("Layers") draws it, lowest floor first. A room is an
+# engine subpackage or top-level module (engine.runs holds engine.runs.live; engine.views is one
+# module), loadgen or tui. A room imports only rooms on lower floors: rooms on one floor stand
+# side by side and import neither each other nor anything above, counting every import the
+# graph above sees (type-only, function-level and importlib ones too). So the rooms form no
+# circle. What two rooms both need goes down to a floor below them both (the session's events:
+# engine.events; each room's own views: engine.<room>.view), or the importer moves up.
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("loadgen",),
-    ("engine", "engine.errors", "engine.values", "engine.paths"),
+    ("engine", "engine.errors", "engine.paths", "engine.values"),
+    ("engine.modelconfig",),
     ("engine.flags",),
-    ("engine.server", "engine.telemetry"),
+    ("engine.events",),
+    ("engine.telemetry",),
+    ("engine.server",),
     ("engine.presets",),
     ("engine.runs",),
-    ("engine.tune", "engine.advise"),
+    ("engine.advise", "engine.tune"),
     ("engine.views",),
-    ("engine.server.live", "engine.telemetry.live", "engine.runs.live", "engine.runs.export", "engine.tune.live"),
     ("engine.session",),
     ("tui",),
 )
 
-# Imports that go up a layer, each with the reason it stays. Only imports that exist may be listed:
-# a stale entry fails too.
-LAYER_EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("engine.flags.validate", "engine.server.modelconfig"):
-        "validate checks flags against a model's numbers (heads for tensor-parallel-size, the context for "
-        "max-model-len): a type-only import of ModelConfig, whose module reads config.json and imports "
-        "nothing above engine.values.",
-    ("engine.runs.measure", "engine.advise.speedoflight"):
-        "a measured run stores its speed of light (decode floor, MBU, MFU) with its telemetry; "
-        "speedoflight imports only engine.server's model numbers and engine.values, nothing of advise.",
-}
+# The one place that may import vLLM itself (a plugin vLLM loads into its own process); everywhere
+# else vtui reads vLLM from outside (its argparse in a subprocess, its HTTP API, its /metrics).
+VLLM_IMPORTERS = ("engine.server.livehook",)
 
 MAX_MODULE_LINES = 900
 
 
-def layer_of(module: str, layers: Sequence[Sequence[str]] = LAYERS) -> int | None:
-    """The index in ``layers`` of the longest name containing ``module``; None when none does."""
-    found: tuple[int, int] | None = None
-    for index, names in enumerate(layers):
-        for name in names:
-            if module == name or (name != "engine" and module.startswith(name + ".")):
-                if found is None or len(name) > found[1]:
-                    found = (index, len(name))
-    return None if found is None else found[0]
+def room_of(module: str) -> str:
+    """``engine.runs.live`` -> ``engine.runs``; ``engine.views`` -> itself; ``tui.app`` -> ``tui``."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "engine" else parts[0]
 
 
-def layer_violations(graph: dict[str, set[str]], layers: Sequence[Sequence[str]] = LAYERS) -> list[tuple[str, str]]:
-    """Every import from a module to one in a higher layer, as (importer, imported)."""
+def floor_of(room: str, layers: Sequence[Sequence[str]] = LAYERS) -> int | None:
+    """The index in ``layers`` of the floor ``room`` stands on; None when it is on none."""
+    return next((i for i, rooms in enumerate(layers) if room in rooms), None)
+
+
+def room_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Room -> the other rooms its modules import."""
+    rooms: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        rooms.setdefault(room_of(module), set()).update(
+            room_of(t) for t in targets if room_of(t) != room_of(module))
+    return rooms
+
+
+def layer_violations(lines: dict[str, dict[str, int]], root: Path = ROOT,
+                     layers: Sequence[Sequence[str]] = LAYERS) -> list[str]:
+    """Every import of a room on the same floor or a higher one, each named with its file and line
+    (a module's first import of that room)."""
+    files = _module_files(root)
     out = []
-    for module in sorted(graph):
-        here = layer_of(module, layers)
-        for target in sorted(graph[module]):
-            there = layer_of(target, layers)
-            if here is not None and there is not None and there > here:
-                out.append((module, target))
+    for module in sorted(lines):
+        here = room_of(module)
+        first: dict[str, tuple[int, int, str]] = {}  # room -> its first import here (line, -len, name)
+        for target, line in lines[module].items():
+            first[room_of(target)] = min(first.get(room_of(target), (line, -len(target), target)),
+                                         (line, -len(target), target))
+        for there, (line, _, target) in sorted(first.items(), key=lambda kv: kv[1]):
+            a, b = floor_of(here, layers), floor_of(there, layers)
+            if here != there and a is not None and b is not None and b >= a:
+                where = "the same floor" if a == b else f"floor {b + 1}"
+                out.append(f"{files[module].relative_to(root).as_posix()}:{line}: {module} imports {target}: "
+                           f"room {here} (floor {a + 1}) may not import {there} ({where})")
+    return out
+
+
+def vllm_imports(root: Path = ROOT) -> list[str]:
+    """Every import of vllm in engine/, loadgen/ and tui/ outside VLLM_IMPORTERS, with its line."""
+    import ast
+
+    out = []
+    for module, path in _module_files(root).items():
+        if any(module == m or module.startswith(m + ".") for m in VLLM_IMPORTERS):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            elif (dynamic := _dynamic_import(node)) is not None:
+                names = [dynamic]
+            names = [n for n in names if n.split(".")[0] == "vllm"]
+            out += [f"{path.relative_to(root).as_posix()}:{node.lineno}: {module} imports {n}" for n in names]
     return out
 
 
@@ -296,22 +355,29 @@ def long_modules(root: Path = ROOT, limit: int = MAX_MODULE_LINES) -> list[str]:
     return [f"{name}: {n} lines" for n, name in sorted(counts, reverse=True) if n > limit]
 
 
-def test_every_module_has_a_layer() -> None:
-    unplaced = sorted(m for m in import_graph() if layer_of(m) is None)
-    assert not unplaced, f"modules in no layer (add them to LAYERS and docs/ARCHITECTURE.md): {unplaced}"
+def test_every_room_stands_on_a_floor() -> None:
+    unplaced = sorted({room_of(m) for m in import_graph()} - {r for rooms in LAYERS for r in rooms})
+    assert not unplaced, f"rooms on no floor (add them to LAYERS and docs/ARCHITECTURE.md): {unplaced}"
 
 
-def test_imports_go_down_the_layers() -> None:
-    found = layer_violations(import_graph())
-    new = [f"{a} imports {b}" for a, b in found if (a, b) not in LAYER_EXCEPTIONS]
-    assert not new, ("imports up the layers (docs/ARCHITECTURE.md, Layers: move the shared part down, "
-                     "or the importer up):\n" + "\n".join(new))
-    stale = [pair for pair in LAYER_EXCEPTIONS if pair not in found]
-    assert not stale, f"LAYER_EXCEPTIONS lists imports that no longer go up (or are gone): {stale}"
+def test_rooms_import_only_from_lower_floors() -> None:
+    found = layer_violations(import_lines())
+    assert not found, ("imports that do not go down the floors (docs/ARCHITECTURE.md, Layers: move what both "
+                       "need down, or the importer up):\n" + "\n".join(found))
+
+
+def test_no_circle_of_rooms() -> None:
+    rooms = room_graph(import_graph())
+    assert not import_circles(rooms), [_circle_path(rooms, c) for c in import_circles(rooms)]
+
+
+def test_only_the_livehook_imports_vllm() -> None:
+    found = vllm_imports()
+    assert not found, f"vLLM imported outside {VLLM_IMPORTERS}:\n" + "\n".join(found)
 
 
 def test_architecture_doc_gives_the_same_layers() -> None:
-    """docs/ARCHITECTURE.md's numbered Layers list names LAYERS' modules in LAYERS' order."""
+    """docs/ARCHITECTURE.md's numbered Layers list names LAYERS' rooms in LAYERS' order."""
     import re
 
     text = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
@@ -326,7 +392,7 @@ def test_no_module_over_900_lines() -> None:
     assert not over, f"modules over {MAX_MODULE_LINES} lines (split them along a seam):\n" + "\n".join(over)
 
 
-def test_layer_and_size_checks_catch_a_violation(tmp_path: Path) -> None:
+def test_layer_vllm_and_size_checks_catch_a_violation(tmp_path: Path) -> None:
     files = {
         "engine/__init__.py": "",
         "engine/flags/__init__.py": "",
@@ -334,13 +400,32 @@ def test_layer_and_size_checks_catch_a_violation(tmp_path: Path) -> None:
         "engine/session.py": "from engine.flags import spec\n" + "x = 1\n" * 901,
         "engine/runs/__init__.py": "",
         "engine/runs/live.py": "from engine import views\n",
+        "engine/runs/measure.py": "import importlib\nm = importlib.import_module('engine.tune.search')\n",
+        "engine/tune/__init__.py": "",
+        "engine/tune/search.py": "from engine.advise import advisor\nimport vllm\n",
+        "engine/advise/__init__.py": "",
+        "engine/advise/advisor.py": "",
+        "engine/server/__init__.py": "",
+        "engine/server/livehook/__init__.py": "from vllm import plugins\n",
         "engine/views.py": "from engine.runs import live\n",
         "loadgen/__init__.py": "def f():\n    import tui\n",
         "tui/__init__.py": "import engine.session\n",
     }
     _write_tree(tmp_path, files)
-    assert layer_violations(import_graph(tmp_path)) == [
-        ("engine.flags.spec", "engine.session"), ("engine.views", "engine.runs.live"), ("loadgen", "tui")]
-    assert layer_of("engine.runs.live") > layer_of("engine.views") > layer_of("engine.runs.measure")
-    assert layer_of("engine.nothing_here") is None
+    lines = import_lines(tmp_path)
+    assert layer_violations(lines, tmp_path) == [
+        "engine/flags/spec.py:3: engine.flags.spec imports engine.session: "
+        "room engine.flags (floor 4) may not import engine.session (floor 12)",
+        "engine/runs/live.py:1: engine.runs.live imports engine.views: "
+        "room engine.runs (floor 9) may not import engine.views (floor 11)",
+        "engine/runs/measure.py:2: engine.runs.measure imports engine.tune.search: "
+        "room engine.runs (floor 9) may not import engine.tune (floor 10)",
+        "engine/tune/search.py:1: engine.tune.search imports engine.advise.advisor: "
+        "room engine.tune (floor 10) may not import engine.advise (the same floor)",
+        "loadgen/__init__.py:2: loadgen imports tui: room loadgen (floor 1) may not import tui (floor 13)"]
+    rooms = room_graph(import_graph(tmp_path))
+    assert import_circles(rooms) == [frozenset({"engine.flags", "engine.session"}), frozenset({"engine.runs", "engine.views"})]
+    assert vllm_imports(tmp_path) == ["engine/tune/search.py:2: engine.tune.search imports vllm"]
+    assert room_of("engine.runs.live") == "engine.runs" and room_of("engine.views") == "engine.views"
+    assert floor_of("engine.nothing_here") is None
     assert long_modules(tmp_path) == ["engine/session.py: 902 lines"]

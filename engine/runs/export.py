@@ -22,7 +22,7 @@ from engine.runs.trace import build_trace
 
 if TYPE_CHECKING:
     from engine.runs.history import History
-    from engine.views import RunRecord
+    from engine.runs.view import RunRecord
 
 EXPORT_KINDS = ("docker", "serve", "k8s", "compose", "results", "perfetto")
 # The file name's ending for each kind (the tune's "results" is JSON too).

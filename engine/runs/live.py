@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from engine.errors import SessionError
+from engine.events import CHANGED, Emit, Notice
 from engine.flags import SECRET_FLAGS, FlagSet, recordable_values
 from engine.presets import Preset
 from engine.runs.compare import LoadPoint, RunPoint, load_points, run_points
@@ -31,18 +32,8 @@ from engine.runs.measure import MeasuredRun, RunHandle, RunPlan, Target, box_bou
 from engine.runs.noise import FloorReader, RunNoise, run_noise
 from engine.runs.series import Slot, run_series
 from engine.runs.status import RunStatus
+from engine.runs.view import ComparisonView, RunProgress, RunRecord, StoredRun, compare_view, run_info
 from engine.telemetry.host import release_free_memory
-from engine.views import (
-    CHANGED,
-    ComparisonView,
-    Emit,
-    Notice,
-    RunProgress,
-    RunRecord,
-    StoredRun,
-    compare_view,
-    run_info,
-)
 
 if TYPE_CHECKING:
     from engine.server.supervisor import Supervisor
@@ -172,7 +163,7 @@ class LiveRuns:
         clear_series: Callable[[tuple[str, ...]], None],
         record_history: bool,
     ) -> None:
-        """The session's side: ``emit`` reports to it (engine.views.SessionEvent: Changed, a
+        """The session's side: ``emit`` reports to it (engine.events.SessionEvent: Changed, a
         Notice); ``clock`` its clock; ``store`` every telemetry sample of the session (the runs'
         summaries read it); ``push`` and ``clear_series`` extend and reset its sparklines.
         ``record_history``: False never writes (or reads) the run history."""

@@ -4,7 +4,7 @@ A :class:`LiveServer` is owned by an ``engine.session.Session``. It starts, rest
 stops the vLLM server vtui launches (``engine.server.supervisor.Supervisor``), attaches to
 one already running (``engine.server.attach``), keeps the server's log lines for the log
 pane, refuses a launch the planner shows cannot fit, and builds the snapshot's
-:class:`~engine.views.ServerView`. What it needs of the session comes in explicitly, as
+:class:`~engine.server.view.ServerView`. What it needs of the session comes in explicitly, as
 callables: the edited flags, what to do with them when the server takes them, the
 telemetry, and whether a tune or a load run is going.
 
@@ -22,13 +22,15 @@ from typing import TYPE_CHECKING, NoReturn, cast
 
 from engine import paths
 from engine.errors import EngineDied, SessionError, StartupError
+from engine.events import CHANGED, Emit, FlagsRecovered, Notice, ServerTookFlags
 from engine.flags import FlagSet
 from engine.server.attach import AttachedServer, attach
 from engine.server.logparse import LineKind, StartupFacts, classify_line
 from engine.server.planner import numa_node_memory, plan_for_flags, refusal_for
 from engine.server.ready import ensure_server
 from engine.server.supervisor import RestartResult, ServerEvent, Supervisor
-from engine.views import CHANGED, Emit, FlagsRecovered, LogLine, Notice, ServerTookFlags, ServerView, devices_view
+from engine.server.view import LogLine, ServerView
+from engine.telemetry.view import devices_view
 
 if TYPE_CHECKING:
     from engine.telemetry.sampler import TelemetrySnapshot
@@ -67,7 +69,7 @@ class LiveServer:
         run_active: Callable[[], bool],
         stop_run: Callable[[str], None],
     ) -> None:
-        """The session's side: ``emit`` reports to it (engine.views.SessionEvent: Changed, a
+        """The session's side: ``emit`` reports to it (engine.events.SessionEvent: Changed, a
         Notice, ServerTookFlags when a start or an apply made the server run the flags,
         FlagsRecovered when an attached server's flags were read back); ``clock`` its clock (log
         lines' times); ``launcher`` and ``port`` go to each Supervisor; ``edited`` gives the

@@ -16,18 +16,27 @@ import collections
 import contextlib
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
+from engine.events import CHANGED, Emit
 from engine.telemetry.metrics import MetricsScraper
 from engine.telemetry.sampler import Sampler, scrape_loop
-from engine.views import CHANGED, Emit, devices_view
+from engine.telemetry.view import devices_view
 
 if TYPE_CHECKING:
     # For the annotations only (engine.telemetry.store, which imports numpy, is imported where it is used).
-    from engine.runs.history import Recording
     from engine.telemetry.metrics import ServerSample
     from engine.telemetry.sampler import TelemetrySnapshot
     from engine.telemetry.store import SeriesStore
+
+
+
+class SampleSink(Protocol):
+    """Where a telemetry sample goes while a load run records (engine.runs.history.Recording:
+    the runs room is above this one, so its recording is named by what it takes)."""
+
+    def add_sample(self, kind: str, t: float, data: object) -> None: ...
+
 
 # Sparklines show the last 120 points: one minute at the 2 Hz telemetry rate.
 SERIES_POINTS = 120
@@ -37,9 +46,9 @@ class LiveTelemetry:
     """The sampler, the scrape, their latest samples and the sparkline series of one session."""
 
     def __init__(self, *, enabled: bool, emit: Emit,
-                 recording: Callable[[], Recording | None]) -> None:
+                 recording: Callable[[], SampleSink | None]) -> None:
         """``enabled``: False never starts a sampler or a scrape (tests, replay).
-        ``emit``: reports to the session (engine.views.Changed). ``recording``: the history
+        ``emit``: reports to the session (engine.events.Changed). ``recording``: the history
         recording of the load run in progress, or None; it gets every telemetry sample."""
         # here, not at the top: engine.telemetry.store imports numpy, kept off `import engine.session`
         from engine.telemetry.store import SeriesStore

@@ -3,7 +3,7 @@
 A :class:`LiveTune` is owned by an ``engine.session.Session``. It reads the Tune form
 (:func:`parse_tune_form`), runs ``engine.tune.search.Tuner`` on the session's workload,
 keeps the progress lines and the latest result, and builds the snapshot's
-:class:`~engine.views.TuneView`. What it needs of the session comes in explicitly: the
+:class:`~engine.tune.view.TuneView`. What it needs of the session comes in explicitly: the
 session's state when a tune starts (a :class:`TuneGround`) and a few callables.
 
 Where the trials run is ``vtui tune``'s plan (engine.tune.slots): the form's GPUs (empty:
@@ -32,9 +32,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING
 
 from engine.errors import SessionError
+from engine.events import CHANGED, Emit, Notice, TuneEnded, TuneTookFlags
 from engine.flags import FlagError
 from engine.runs.measure import local_tokenizer
 from engine.telemetry.nvml import visible_gpus
+from engine.telemetry.view import devices_view
 from engine.tune.ray import RayMeasurer, RayUnavailable, ray_installed, ray_measurers
 from engine.tune.search import (
     MODES,
@@ -46,20 +48,7 @@ from engine.tune.search import (
 )
 from engine.tune.setup import measurer_factory, new_tuner
 from engine.tune.slots import SlotError, parse_gpus, search_slots, slot_measurers, too_wide, trial_needs
-from engine.views import (
-    CHANGED,
-    Emit,
-    Notice,
-    TrialView,
-    TuneEnded,
-    TuneRequest,
-    TuneTookFlags,
-    TuneView,
-    devices_view,
-    frontier_points,
-    slo_label,
-    space_lines,
-)
+from engine.tune.view import TrialView, TuneRequest, TuneView, frontier_points, slo_label, space_lines
 from loadgen.spec import SLO, SpecError
 
 if TYPE_CHECKING:
@@ -107,7 +96,7 @@ def check_ray(ray: str, gpus: str | None, parallel: int | None) -> None:
 
 def parse_tune_form(fields: Mapping[str, str], *, schema: Schema | None = None,
                     percentile: float = 99.0) -> TuneRequest:
-    """A :class:`~engine.views.TuneRequest` from the Tune form's text (keys: :data:`TUNE_FIELDS`).
+    """A :class:`~engine.tune.view.TuneRequest` from the Tune form's text (keys: :data:`TUNE_FIELDS`).
 
     Raises TuneFormError naming the field (and the space line) that is wrong; an empty
     limit is not judged, but one limit at least is needed. ``percentile``: used when the
@@ -218,7 +207,7 @@ class LiveTune:
         telemetry: Callable[[], TelemetrySnapshot | None],
         release: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        """The session's side: ``emit`` reports to it (engine.views.SessionEvent: Changed, a
+        """The session's side: ``emit`` reports to it (engine.events.SessionEvent: Changed, a
         Notice, TuneEnded when the search ends whatever the outcome, TuneTookFlags to put flags
         into its editor); ``server(base)`` gives the server the search restarts (the one
         started here, made with ``base`` when there is none); ``telemetry`` gives its latest
