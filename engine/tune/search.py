@@ -73,6 +73,7 @@ from typing import TYPE_CHECKING
 
 from engine.flags import FlagError, FlagSet, devices_needed, validate
 from engine.runs.status import SPOILED_TRIES
+from engine.server.livehook import CHUNKED_PREFILL, LIVE_FLAGS, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
 from engine.tune.bracket import ConfigBudget, Fatal, bracket, confirm
 from engine.tune.errors import BudgetExhausted, TuneError
 from engine.tune.measurer import ServerMeasurer
@@ -192,6 +193,11 @@ class Tuner:
         self._t0 = 0.0
         self._elapsed0 = self.state.elapsed_s
         self._costs = Costs()  # what starts and steps cost here: the estimates for the next ones
+        self._last_group: tuple[object, ...] | None = None  # restart group of the server last started (slot 0)
+        for m in self.measurers:
+            # Live measurers (issue 41) start each restart group's server at the group's maxima.
+            if isinstance(m, ServerMeasurer) and m.live and m.launch_flags is None:
+                m.launch_flags = self._group_launch
 
     @property
     def measurers(self) -> tuple[Measurer, ...]:
@@ -251,6 +257,7 @@ class Tuner:
             seed = self.space.seed(self.base.values)
             s_exhaustive = self.settings.exhaustive or not self.settings.prune
             await self._run_slots(by_key, seed, s_exhaustive, order)
+            await self._check_live_winners()
         except BudgetExhausted:
             status = "budget"
             self.say(f"budget of {self.settings.budget_s / 60:.1f} min reached after {self.elapsed() / 60:.1f} min")
@@ -321,6 +328,9 @@ class Tuner:
                             break
                         pending = on_line
                     nearest_first(pending, by_key, st.configs, self.space, anchor)
+                    if self._live_measuring():
+                        # Fewest restarts: the running server's restart group first (stable sort).
+                        pending.sort(key=lambda k: self._restart_group(by_key[k]) != self._last_group)
                     key = pending[0]
                     if self.remaining() < self._costs.start() + self._costs.step(1.0, 1):
                         out_of_budget = True
@@ -375,6 +385,83 @@ class Tuner:
             raise BudgetExhausted
         if side_by_side:
             await self._measure_alone()
+
+    # -- live limits (issue 41) ----------------------------------------------------------
+
+    def _live_measuring(self) -> bool:
+        return isinstance(self.measurer, ServerMeasurer) and self.measurer.live and not self._slots
+
+    def _restart_group(self, values: Mapping[str, object]) -> tuple[object, ...]:
+        """The values of the flags that need a restart: configurations alike in them share a server."""
+        return tuple((n, values[n]) for n, _ in self.space.dims if n not in LIVE_FLAGS and n in values)
+
+    def _group_launch(self, flags: FlagSet) -> FlagSet:
+        """The flags a restart for ``flags`` starts with: its restart group's maxima of the live
+        flags (so the group's other configurations are set live, never above what was started),
+        or ``flags`` itself where those maxima would not start (vLLM's own rules)."""
+        values = {n: flags.get(n) for n, _ in self.space.dims}
+        group = self._restart_group(values)
+        members = [c for c in self.space.configs() if self._restart_group(c) == group]
+        launch = flags
+        for name in (MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS):
+            seen = [int(str(c[name])) for c in members if c.get(name) is not None]
+            if seen:
+                launch = launch.set(name, max(seen))
+        if any(c.get(CHUNKED_PREFILL) is True for c in members):
+            launch = launch.set(CHUNKED_PREFILL, True)
+        if launch is not flags and self._static_problems({n: launch.get(n) for n, _ in self.space.dims}):
+            return flags
+        return launch
+
+    async def _check_live_winners(self) -> None:
+        """A winner measured live, and a rival tied with it, measured once more on a server started
+        with exactly its flags (the KV cache and CUDA graphs were sized for the started maxima):
+        met there, it stands (``start_check`` says so); missed, it is UNSTABLE."""
+        if not self._live_measuring():
+            return
+        decided = self.decide()
+        if decided is None:
+            return
+        best, decision = decided
+        keys = [best.key, *(r.key for r in decision.tied)]
+        s = self.settings
+        for key in keys:
+            c = self.state.configs.get(key)
+            if c is None or not c.live or c.limit_load is None or not math.isfinite(c.limit_load):
+                continue
+            load = c.limit_load
+            n = s.step.requests(load, s.mode)
+            if self.remaining() < self._costs.start() + self._costs.step(load, n):
+                self.say(f"{key}: no budget left to check it on a server started with exactly its flags;"
+                         " its figures were measured live")
+                break
+            self.say(f"{key}: measured live; checking {load:.3g} on a server started with exactly its flags")
+            self._set_live(self.measurer, key, "starting", notify=True)
+            outcome = await self.measurer.start(self._flags(c.values), timeout=min(s.start_timeout_s, self.remaining()),
+                                                exact=True)  # type: ignore[call-arg]
+            self.state.starts += 1
+            if not outcome.ok:
+                self._end_live(self.measurer)
+                new = dataclasses.replace(c, status=UNSTABLE, reason=f"measured live; does not start with exactly "
+                                          f"its flags: {outcome.reason}")
+            else:
+                self._set_live(self.measurer, key, "measuring", load, notify=True)
+                m = await self.measurer.measure(load, requests=n, timeout=min(s.step_timeout_s, max(5.0, self.remaining())),
+                                                warmup=s.step.warmup)
+                self._end_live(self.measurer)
+                self.state.steps += 1
+                self.state.measurements.setdefault(key, []).append(m)
+                if m.ok:
+                    new = dataclasses.replace(c, start_check=f"met {load:.3g} again started with exactly its flags "
+                                              f"(goodput {m.goodput:.3g} req/s; live {c.goodput or 0:.3g})")
+                else:
+                    new = dataclasses.replace(c, status=UNSTABLE, limit_load=None, goodput=None, at=None,
+                                              start_check=f"missed {load:.3g} started with exactly its flags ({m.reason})",
+                                              reason=f"met {load:.3g} live, missed it on a server started with "
+                                              f"exactly its flags ({m.reason})")
+            self.say(f"{key}: {new.start_check or new.reason}")
+            self.state.configs[key] = new
+            self._persist()
 
     async def _measure_alone(self) -> None:
         """The winner's and the runner-up's limits measured once more with every other slot's
@@ -547,9 +634,17 @@ class Tuner:
         t = self.clock()
         outcome = await measurer.start(flags, timeout=timeout)
         start_s = self.clock() - t
-        st.starts += 1
+        if outcome.restarted or not outcome.live:
+            st.starts += 1
         if outcome.restarted:
             self._costs.starts.append(start_s)
+        if measurer is self.measurer:
+            self._last_group = self._restart_group(values)
+        if outcome.live:
+            self.say(f"  {key}: set live in {start_s:.1f} s" + (" after a start at its group's maxima"
+                                                               if outcome.restarted else ", no restart"))
+        elif self._live_measuring() and getattr(measurer, "live_refusal", None):
+            self.say(f"  {key}: restarted, not live: {getattr(measurer, 'live_refusal', '')}")
         if not outcome.ok:
             return ConfigResult(key, values, START_FAILED, reason=outcome.reason, hint=outcome.hint,
                                 start_s=start_s, order=order)
@@ -593,7 +688,8 @@ class Tuner:
             top = max(passing, key=lambda m: m.load) if passing else None
             return ConfigResult(
                 key, values, status, reason=reason, limit_load=top.load if top else None,
-                goodput=top.goodput if top else None, at=top, start_s=start_s, steps=len(ms), order=order)
+                goodput=top.goodput if top else None, at=top, start_s=start_s, steps=len(ms), order=order,
+                live=outcome.live, started_with=outcome.started_with)
 
         try:
             result = await bracket(

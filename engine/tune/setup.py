@@ -34,9 +34,13 @@ def new_tuner(measurers: Sequence[Measurer], *, base: FlagSet, space: SearchSpac
               settings: TuneSettings, workload: WorkloadSpec, arrivals: ArrivalSpec | None,
               slot_gpus: Sequence[tuple[int, ...]], say: Callable[[str], None],
               max_request_len: int | None = None, state: TuneState | None = None, schema: Schema | None = None,
-              on_update: Callable[[TuneResult], None] | None = None) -> Tuner:
+              on_update: Callable[[TuneResult], None] | None = None, live: bool = True) -> Tuner:
     """The search over ``measurers`` (the first the Tuner's own, the rest its slots, with the
-    GPUs each holds); ``state`` resumes a saved search. Raises TuneError for what cannot start."""
+    GPUs each holds); ``state`` resumes a saved search. Raises TuneError for what cannot start.
+    ``live``: one trial at a time on a server vtui starts sets the live flags without a restart
+    where it can (issue 41: ServerMeasurer.live); False restarts for every configuration."""
+    if live and len(measurers) == 1 and isinstance(measurers[0], ServerMeasurer):
+        measurers[0].live = True
     return Tuner(
         measurers[0], base_flags=base, space=space, slo=slo, settings=settings,
         workload={"workload": workload.to_dict(), "arrivals": arrivals.to_dict() if arrivals is not None else {}},

@@ -101,6 +101,10 @@ class StartOutcome:
     seconds: float = 0.0
     restarted: bool = True
     """False when the running server already had these flags (no restart spent)."""
+    live: bool = False
+    """Its flags were set on a running server without a restart (issue 41): ``started_with``
+    holds the flag values that server was started with."""
+    started_with: Mapping[str, object] | None = None
 
 
 @dataclass(frozen=True)
@@ -365,6 +369,11 @@ class ConfigResult:
     tie: str = ""
     """Where it is the best and tied with others, or tied with the best, what the search decided
     and why (engine.tune.ranking.Decision); set in the search's result."""
+    live: bool = False
+    """Measured with its flags set live on a server started with ``started_with`` (issue 41)."""
+    started_with: Mapping[str, object] | None = None
+    start_check: str = ""
+    """A live winner measured again on a server started with exactly its flags: what that found."""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -374,7 +383,9 @@ class ConfigResult:
             "goodput": self.goodput, "at": self.at.to_dict() if self.at else None, "start_s": self.start_s,
             "steps": self.steps, "order": self.order, "confirmed": self.confirmed,
             "slot": self.slot, "side_by_side": list(self.side_by_side), "alone": self.alone,
-            "runs": self.runs, "tie": self.tie,
+            "runs": self.runs, "tie": self.tie, "live": self.live,
+            "started_with": dict(self.started_with) if self.started_with is not None else None,
+            "start_check": self.start_check,
         }
 
     @classmethod
@@ -399,8 +410,17 @@ class ConfigResult:
             confirmed=bool(d.get("confirmed", False)),
             slot=None if d.get("slot") is None else as_int(d["slot"]),
             side_by_side=tuple(str(k) for k in side), alone=bool(d.get("alone", False)),
-            runs=as_int(d.get("runs", 0)), tie=str(d.get("tie", "")),
+            runs=as_int(d.get("runs", 0)), tie=str(d.get("tie", "")), live=bool(d.get("live", False)),
+            started_with=_started_with(d.get("started_with")), start_check=str(d.get("start_check", "")),
         )
+
+
+def _started_with(value: object) -> dict[str, object] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise TypeError(f"started_with: expected an object, got {type(value).__name__}")
+    return {str(k): v for k, v in value.items()}
 
 
 @dataclass(frozen=True)

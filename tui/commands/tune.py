@@ -87,6 +87,11 @@ def add_parser(subparsers: Subparsers) -> None:
                         help="GPUs the search may use, e.g. 0,1,2,3 or 0-7 (default: every visible one); "
                              "cut into slots of the GPUs a configuration needs, one trial per slot at once")
     parser.add_argument("--parallel", type=int, metavar="N", help="at most N trials at once (default: one per slot)")
+    parser.add_argument("--no-live", action="store_true",
+                        help="restart the server for every configuration; by default max-num-seqs, "
+                             "max-num-batched-tokens and chunked prefill are set live on a server started at "
+                             "each restart group's maxima, and the winner is checked on a server started with "
+                             "exactly its flags")
     parser.add_argument("--ray", metavar="ADDRESS",
                         help="run each trial as a Ray actor with the GPUs its flags need, on any node of the "
                              "cluster at ADDRESS ('auto': the one this machine belongs to; 'local': start one "
@@ -309,7 +314,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         tuner = new_tuner(measurers, base=base, space=space, slo=slo, settings=settings, workload=workload,
                           arrivals=arrivals, slot_gpus=[s.gpus for s in slots], say=say,
-                          max_request_len=workload.max_request_len(), state=state)
+                          max_request_len=workload.max_request_len(), state=state, live=not args.no_live)
     except TuneError as exc:
         raise UserError(str(exc), "start a new search instead of --resume") from None
     n = len(space.configs())

@@ -26,6 +26,7 @@ from textual.widget import Widget
 from textual.widgets import Input, Label, Select, Static, Switch
 
 from engine.flags.effective import FlagShown, flag_shown
+from engine.server.livehook import LIVE_FLAGS
 from engine.views import SessionSnapshot
 
 if TYPE_CHECKING:
@@ -145,7 +146,8 @@ class FlagRow(Vertical):
     def compose(self) -> ComposeResult:
         spec = self.spec
         with Horizontal(classes="flag-line"):
-            yield Label(spec.name, classes="flag-name")
+            # "~": the flag changes on a running server vtui started, without a restart (issue 41)
+            yield Label(f"{spec.name} ~" if spec.name in LIVE_FLAGS else spec.name, classes="flag-name")
             if spec.kind == "bool":
                 yield Switch(value=self._reads.on, classes="flag-editor")
             elif spec.kind == "choice" and spec.choices:
@@ -225,7 +227,9 @@ class FlagRow(Vertical):
         changed = has_server and value != running
         self.set_class(changed, "-changed")
         self.set_class(value is not None, "-set")
-        self.tooltip = "\n".join(t for t in (self.spec.help, shown.note) if t) or None
+        live = "~ changes live on a server vtui started (up to its started value): no restart" \
+            if self.spec.name in LIVE_FLAGS else None
+        self.tooltip = "\n".join(t for t in (self.spec.help, shown.note, live) if t) or None
 
 
 class FlagEditor(Vertical):
@@ -424,7 +428,12 @@ class FlagEditor(Vertical):
             parts.append(f"{len(snap.flag_errors)} invalid: start refused")
         if has_server and flags is not None and running is not None:
             diff = [n for n in self._shown if flags.get(n) != running.get(n)]
-            parts.append(f"{len(diff)} changed vs running (a: apply)" if diff else "same as running")
+            if not diff:
+                parts.append("same as running")
+            else:
+                restart = [n for n in diff if n not in LIVE_FLAGS]
+                how = f"restarts for --{restart[0]}" if restart else "live, no restart"
+                parts.append(f"{len(diff)} changed vs running (a: apply, {how})")
         elif snap.dirty:
             parts.append("edited")
         hidden = [n for n in snap.flag_errors if n not in self._shown]
