@@ -299,6 +299,9 @@ def server_window(first: ServerSample, last: ServerSample) -> dict[str, object]:
 PREFIX_RESET_KEY = "prefix_cache_reset"
 """The run summary's key (kept in ``RunSummary.extra``) saying whether the prefix cache was reset."""
 BOX_SHARE_KEY = "box_cpu"
+STARTED_FLAGS_KEY = "started_flags"
+"""Where the server ran flags set live (issue 41): the values it was started with, beside the
+run's own flags (the live ones, which export, compare and names read)."""
 """The run summary's key (kept in ``RunSummary.extra``) of the run's BoxShare: its window's cores, ours, the rest's, idle."""
 
 
@@ -589,6 +592,9 @@ async def measure(
         summary = dataclasses.replace(summary, extra={**summary.extra, PREFIX_RESET_KEY: prefix.to_json()})
     if box_share is not None:  # set only once the load ran
         summary = dataclasses.replace(summary, extra={**summary.extra, BOX_SHARE_KEY: box_share.to_json()})
+    started_flags = _started_flags(target)
+    if started_flags is not None:
+        summary = dataclasses.replace(summary, extra={**summary.extra, STARTED_FLAGS_KEY: started_flags})
     if recorder is None:  # the caller's store: the GPUs it saw
         gpus.update(store.gpu_names)
     gpu_list = [{"index": i, "name": name} for i, name in sorted(gpus.items())]
@@ -610,6 +616,40 @@ async def wait_for(coro: Awaitable[MeasuredRun], handle: RunHandle, timeout: flo
     return task.result() if done else None
 
 
-__all__ = ["BOX_SHARE_KEY", "PREFIX_RESET_KEY", "MeasuredRun", "MeasuredServer", "PrefixReset", "RunHandle", "RunPlan",
-           "Target", "box_bound_why", "box_share_of", "local_tokenizer", "measure", "reset_prefix_cache",
-           "server_window", "wait_for"]
+def _started_flags(target: Target) -> dict[str, JSONValue] | None:
+    """The flags the measured server was started with, where they differ from the run's (live changes)."""
+    sup = target.supervisor
+    flags = getattr(sup, "flags", None)
+    if not isinstance(flags, FlagSet):
+        return None
+    started = recordable_values(flags)
+    if started == dict(target.flags):
+        return None
+    return {str(k): to_jsonable(v) for k, v in started.items()}
+
+
+def started_flags_of(summary: RunSummary) -> dict[str, object] | None:
+    """A stored run's ``STARTED_FLAGS_KEY`` (None: started with the run's own flags, or unreadable)."""
+    value = summary.extra.get(STARTED_FLAGS_KEY)
+    return dict(value) if isinstance(value, dict) else None
+
+
+__all__ = [
+    "BOX_SHARE_KEY",
+    "PREFIX_RESET_KEY",
+    "STARTED_FLAGS_KEY",
+    "MeasuredRun",
+    "MeasuredServer",
+    "PrefixReset",
+    "RunHandle",
+    "RunPlan",
+    "Target",
+    "box_bound_why",
+    "box_share_of",
+    "local_tokenizer",
+    "measure",
+    "reset_prefix_cache",
+    "server_window",
+    "started_flags_of",
+    "wait_for",
+]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from engine import paths
 from engine.errors import EngineDied, StartupError
-from engine.flags import FlagSet
+from engine.flags import FlagSet, recordable_values
 from engine.runs.measure import RunHandle, RunPlan, Target, wait_for
 from engine.runs.measure import measure as measure_run
 from engine.runs.series import measure_sound
@@ -88,6 +88,7 @@ class ServerMeasurer:
         self.launch_flags = launch_flags
         self.live_changes = 0  # configurations set live (a test and the tune's summary read it)
         self.live_refusal: str | None = None  # why the last configuration was not set live
+        self._live_flags: FlagSet | None = None  # the flags set live on the running server, if any
 
     async def start(self, flags: FlagSet, *, timeout: float, exact: bool = False) -> StartOutcome:
         def make(f: FlagSet) -> Supervisor:
@@ -99,6 +100,7 @@ class ServerMeasurer:
             if outcome is not None:
                 return outcome
         launch = flags if exact or not self.live or self.launch_flags is None else self.launch_flags(flags)
+        self._live_flags = None
         ready = await ensure_server(self.sup, launch, make=make, timeout=timeout, reuse=not exact)
         self.sup = ready.supervisor  # stopped after a failed start: the next one restarts it, same port
         if ready.error is not None:
@@ -143,6 +145,7 @@ class ServerMeasurer:
             return None
         self.live_changes += 1
         self.live_refusal = None
+        self._live_flags = flags
         return StartOutcome(True, restarted=False, live=True, seconds=time.monotonic() - t0,
                             started_with=sup.flags.to_dict())
 
@@ -223,7 +226,10 @@ class ServerMeasurer:
                 handle.cancel("early stop")
 
         t0 = time.monotonic()
-        run = await wait_for(measure_run(Target.of(self.sup, tokenizer=self.tokenizer), plan, handle=handle,
+        target = Target.of(self.sup, tokenizer=self.tokenizer)
+        if self._live_flags is not None:  # the step measures the live values (the start's are kept beside)
+            target = dataclasses.replace(target, flags=recordable_values(self._live_flags))
+        run = await wait_for(measure_run(target, plan, handle=handle,
                                          on_request=on_request), handle, timeout)
         timed_out = handle.reason == "timed out"
         if run is not None and run.result is None:

@@ -171,7 +171,7 @@ def _floor(store: History, *, as_json: bool = False) -> int:
 
 def _show(store: History, info: RunInfo) -> int:
     from engine.runs.compare import compare, render
-    from engine.runs.measure import PrefixReset, box_share_of
+    from engine.runs.measure import PrefixReset, box_share_of, started_flags_of
 
     print(f"run #{info.id} {info.name}" + ("  [baseline]" if info.baseline else ""))
     print(f"  status    {info.status}")
@@ -184,6 +184,9 @@ def _show(store: History, info: RunInfo) -> int:
     if info.gpus:
         print(f"  gpus      {json.dumps(list(info.gpus))}")
     print(f"  flags     {' '.join(_argv(info.flags)) or '(defaults)'}")
+    started = started_flags_of(info.summary)
+    if started is not None:
+        print(f"  started   {' '.join(_argv(started)) or '(defaults)'}  (the flags above were set live on it)")
     if info.workload:
         print(f"  workload  {json.dumps(dict(info.workload), sort_keys=True)}")
     error = info.summary.error
