@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as _dt
 import json
 import math
@@ -307,8 +308,13 @@ class LoadRun:
         self.phase = "preparing"
         model, plan, max_model_len = await self._prepare()
         a = self.arrivals
+        if self.workload.kind == "trace" and a.num_requests > len(plan) - a.warmup_requests:
+            # A trace has as many requests as rows: under an arrival model too (a rate or concurrency
+            # over its mix), it is sent once, not recycled up to a default count (--duration loops it).
+            a = self.arrivals = dataclasses.replace(a, num_requests=max(1, len(plan) - a.warmup_requests))
         nw = self.num_workers()
-        trace = self.workload.kind == "trace" or a.mode == "trace"
+        # A trace's own times, unless it asks for its requests under the arrival model instead.
+        trace = a.mode == "trace" or (self.workload.kind == "trace" and self.workload.trace_timing)
         warm = a.warmup_requests
         pool = tuple(plan[warm:]) if warm and len(plan) > warm else tuple(plan)
         warm_pool = tuple(plan[:warm])

@@ -97,8 +97,10 @@ class WorkloadSpec:
     ``kind``: ``random`` (synthetic lengths, prompts built from the served model's tokenizer
     so input lengths are exact), ``sharegpt`` (ShareGPT JSON: first human turn as prompt,
     the reply's length as output length), ``jsonl`` (one ``{"prompt", "output_len"?}`` per
-    line), ``trace`` (JSONL of ``timestamp`` s, ``input_len``, ``output_len``, ``prompt``?
-    replayed at ``time_scale``), ``chat`` (multi-turn sessions; each turn carries the
+    line), ``trace`` (vtui's JSONL of ``timestamp`` s, ``input_len``, ``output_len``,
+    ``prompt``?, ``hash_ids``?, a ``vtui record`` recording, or a published Mooncake, Bailian,
+    Azure or BurstGPT trace, detected by ``loadgen.traceformats``; replayed at
+    ``time_scale``), ``chat`` (multi-turn sessions; each turn carries the
     conversation so far, including the server's real replies).
     """
 
@@ -120,6 +122,13 @@ class WorkloadSpec:
     max_input_len: int = 0  # 0 = limited only by the server's max-model-len
     max_output_len: int = 0
     time_scale: float = 1.0  # trace: 2.0 replays twice as slow, 0.5 twice as fast
+    # trace: tokens per hash id and the timestamps' unit, where the file's own (or the rule
+    # loadgen.traceformats infers them by) is wrong; 0 / "" = the file's.
+    trace_block_size: int = 0
+    trace_time_unit: str = ""
+    # trace: True replays at the recorded times; False sends the recorded requests under the
+    # arrival model (a rate or concurrency sweep over your own traffic).
+    trace_timing: bool = True
     num_turns: int = 3  # chat: turns per session
     endpoint: str = "completions"  # or "chat" (/v1/chat/completions)
     ignore_eos: bool = True
@@ -153,6 +162,10 @@ class WorkloadSpec:
             raise SpecError(src, "dataset", f"kind {self.kind!r} needs a dataset file path")
         if self.time_scale <= 0:
             raise SpecError(src, "time_scale", "must be > 0")
+        if self.trace_block_size < 0:
+            raise SpecError(src, "trace_block_size", "must be >= 0 (0 = the file's)")
+        if self.trace_time_unit not in ("", "s", "ms", "us"):
+            raise SpecError(src, "trace_time_unit", "must be s, ms or us")
         if self.num_turns < 1:
             raise SpecError(src, "num_turns", "must be at least 1")
 
@@ -314,7 +327,8 @@ _TYPES: dict[str, dict[str, type]] = {
         "range_ratio": float, "input_std": float, "output_std": float, "min_len": int,
         "max_len": int, "prefix_len": int, "num_prefixes": int, "dataset": str,
         "min_input_len": int, "max_input_len": int, "max_output_len": int,
-        "time_scale": float, "num_turns": int, "endpoint": str, "ignore_eos": bool,
+        "time_scale": float, "trace_block_size": int, "trace_time_unit": str,
+        "trace_timing": bool, "num_turns": int, "endpoint": str, "ignore_eos": bool,
         "seed": int, "num_prompts": int,
     },
     "ArrivalSpec": {

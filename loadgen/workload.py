@@ -20,6 +20,7 @@ from pathlib import Path
 from loadgen.records import PlannedRequest
 from loadgen.spec import WorkloadSpec
 from loadgen.tokens import Codec, codec_key, encode_many, make_prompts
+from loadgen.traceformats import TraceError, TraceFile, TraceRow, read_trace
 
 # Distinct prompts built for a run; longer runs recycle them (index modulo pool size).
 DEFAULT_POOL = 2000
@@ -285,6 +286,8 @@ def _build(spec: WorkloadSpec, codec: Codec | None, n: int, max_model_len: int |
         return [PlannedRequest(index=k, prompt=rows[k % len(rows)][0],
                                input_len=rows[k % len(rows)][1],
                                output_len=rows[k % len(rows)][2]) for k in range(n)]
+    if spec.kind == "trace":
+        return _build_trace(spec, codec, n, seed)
     path = Path(spec.dataset).expanduser()
     rows2 = _jsonl(path)
     if not rows2:
@@ -303,46 +306,122 @@ def _build(spec: WorkloadSpec, codec: Codec | None, n: int, max_model_len: int |
                if codec else [0] * len(prompts))
         return [PlannedRequest(index=k, prompt=prompts[k % len(used)], input_len=ins[k % len(used)],
                                output_len=outs[k % len(used)]) for k in range(n)]
-    # trace: arrival time, lengths, optional prompt; replayed at time_scale.
-    first: float | None = None
-    lines: list[tuple[float, int, str | None, int | None]] = []
-    for k, (lineno, obj) in enumerate(rows2):
-        if k >= n:
+    raise AssertionError(f"unplanned kind {spec.kind}")  # trace is built above
+
+
+def read_spec_trace(spec: WorkloadSpec, limit: int | None = None) -> TraceFile:
+    """The trace file ``spec`` names, read with its overrides (``trace_block_size``,
+    ``trace_time_unit``); a bad file raises DatasetError naming the file and line.
+    ``TraceFile.describe()`` says which format it is and what was assumed."""
+    try:
+        return read_trace(spec.dataset, block_size=spec.trace_block_size or None,
+                          time_unit=spec.trace_time_unit or None, limit=limit)
+    except TraceError as exc:
+        raise DatasetError(exc.path, exc.reason, exc.line) from None
+
+
+# Words that are one token in most BPE and SentencePiece vocabularies (with their leading
+# space), and single characters for byte-level tokenizers: trace prompts are built of such
+# units, so a block of B hash-id tokens is exactly B units, and blocks concatenate exactly.
+_WORDS = (
+    "the of and to in is that for it as was with be by on not he this are or his from at which but have an "
+    "they you were her she there one all we their been has when who will more no if out so said what up its "
+    "about into than them can only other new some could time these two may then do first any my now such "
+    "like our over man me even most made after also did many before must through back years where much your "
+    "way well down should because each just those people how too little state good very make world still own "
+    "see men work long here get both between life being under never day same another know while last might "
+    "us great old year off come since against go came right used take three").split()
+_UNIT_SETS = ([" " + w for w in _WORDS], list("abcdefghijklmnopqrstuvwxyz0123456789"))
+_units_cache: dict[Hashable, list[str] | None] = {}
+
+
+def _units(codec: Codec) -> list[str] | None:
+    """Texts of one token each whose concatenations tokenize as the sum of their parts (checked on
+    a random run of 256), or None when neither set works for this tokenizer."""
+    key = codec_key(codec)
+    if key is not None and key in _units_cache:
+        return _units_cache[key]
+    found: list[str] | None = None
+    for cands in _UNIT_SETS:
+        one = [u for u, ids in zip(cands, encode_many(codec, cands), strict=True) if len(ids) == 1]
+        if len(one) < 16:
+            continue
+        rng = random.Random(7)
+        runs = ["".join(rng.choice(one) for _ in range(256)) for _ in range(2)]
+        if all(len(ids) == 256 for ids in encode_many(codec, runs)):
+            found = one
             break
-        ts = obj.get("timestamp", obj.get("t"))
-        if isinstance(ts, bool) or not isinstance(ts, int | float) or ts < 0:
-            raise DatasetError(path, f"'timestamp' must be a number >= 0 s, got {ts!r}", lineno)
-        if first is None:
-            first = float(ts)
-        if ts < first:
-            raise DatasetError(path, "timestamps must not decrease", lineno)
-        out_len = _int_field(path, lineno, obj, "output_len")
-        if out_len is None:
-            raise DatasetError(path, "missing 'output_len'", lineno)
-        prompt = obj.get("prompt")
-        if prompt is not None and not isinstance(prompt, str):
-            raise DatasetError(path, "'prompt' must be a string", lineno)
-        in_len = _int_field(path, lineno, obj, "input_len")
-        if not prompt:
-            if in_len is None:
-                raise DatasetError(path, "needs 'input_len' or 'prompt'", lineno)
-            if codec is None:
-                raise ValueError("trace lines without a prompt need the model's tokenizer")
-        lines.append(((float(ts) - first) * spec.time_scale, out_len, prompt or None, in_len))
-    # Lengths of given prompts and prompts for the lines without one, each in one batch.
-    given = [p for _, _, p, _ in lines if p]
-    given_lens = iter([len(ids) + codec.special_offset for ids in encode_many(codec, given)]
-                      if codec else [])
-    synth = iter(make_prompts(codec, prompt_rng, [(i or 0) - codec.special_offset
-                                             for _, _, p, i in lines if not p])
-                 if codec else [])
-    plan: list[PlannedRequest] = []
-    for k, (at_s, o, prompt, in_len) in enumerate(lines):
-        if prompt:
-            i = next(given_lens) if codec else (in_len or 0)
-        else:
-            prompt, got = next(synth)
-            assert codec is not None
-            i = got + codec.special_offset
-        plan.append(PlannedRequest(index=k, prompt=prompt, input_len=i, output_len=o, at_s=at_s))
-    return plan
+    if key is not None:
+        _units_cache[key] = found
+    return found
+
+
+def _build_trace(spec: WorkloadSpec, codec: Codec | None, n: int, seed: int) -> list[PlannedRequest]:
+    """A trace's rows as planned requests at their (scaled) times. A row's prompt is its own
+    where the trace has one; else built of token blocks, one per hash id, the same ids giving
+    the same blocks (so the server's prefix cache sees the trace's reuse); rows without ids get
+    prompts of their own."""
+    tf = read_spec_trace(spec, limit=n)
+    rows = tf.rows[:n]
+    if codec is None:
+        if any(r.prompt is None for r in rows):
+            raise ValueError("trace lines without a prompt need the model's tokenizer")
+        return [PlannedRequest(index=k, prompt=r.prompt or "", input_len=r.input_len, output_len=r.output_len,
+                               at_s=r.at_s * spec.time_scale) for k, r in enumerate(rows)]
+    off = codec.special_offset
+    texts: dict[int, tuple[str, int]] = {}
+    given = [k for k, r in enumerate(rows) if r.prompt]
+    for k, ids in zip(given, encode_many(codec, [rows[k].prompt or "" for k in given]), strict=True):
+        texts[k] = (rows[k].prompt or "", len(ids) + off)
+    prompt_rng = random.Random(f"vtui-trace-prompts/{seed}")
+    hashed = [k for k, r in enumerate(rows) if k not in texts and r.hash_ids and tf.block_size]
+    if hashed:
+        assert tf.block_size is not None
+        texts.update(_block_prompts(codec, [(k, rows[k]) for k in hashed], tf.block_size, seed))
+    plain = [k for k, r in enumerate(rows) if k not in texts]
+    made = make_prompts(codec, prompt_rng, [rows[k].input_len - off for k in plain])
+    for k, (text, got) in zip(plain, made, strict=True):
+        texts[k] = (text, got + off)
+    return [PlannedRequest(index=k, prompt=texts[k][0], input_len=texts[k][1], output_len=r.output_len,
+                           at_s=r.at_s * spec.time_scale) for k, r in enumerate(rows)]
+
+
+def _block_prompts(codec: Codec, rows: list[tuple[int, TraceRow]], bs: int, seed: int
+                   ) -> dict[int, tuple[str, int]]:
+    """Prompts of ``bs``-token blocks, one per hash id (the last one cut to the row's length;
+    tokens past the ids' blocks are the row's own)."""
+    off = codec.special_offset
+    units = _units(codec)
+    out: dict[int, tuple[str, int]] = {}
+    if units is not None:
+        blocks: dict[int | str, list[str]] = {}
+        for k, r in rows:
+            need = max(1, r.input_len - off)
+            parts: list[str] = []
+            left = need
+            for h in r.hash_ids:
+                if left <= 0:
+                    break
+                b = blocks.get(h)
+                if b is None:
+                    rng = random.Random(f"vtui-block/{seed}/{h!r}")
+                    b = blocks[h] = [rng.choice(units) for _ in range(bs)]
+                take = min(bs, left)
+                parts.append("".join(b[:take]))
+                left -= take
+            if left > 0:  # past the ids' blocks (a row longer than its ids say): its own tokens
+                rng = random.Random(f"vtui-tail/{seed}/{k}")
+                parts.append("".join(rng.choice(units) for _ in range(left)))
+            out[k] = ("".join(parts), need + off)
+        return out
+    # No clean units for this tokenizer: one exact prompt a block, joined (a join may merge two
+    # tokens at a boundary; every block after the first shared one is still shared).
+    rng = random.Random(f"vtui-blocks/{seed}")
+    distinct = list(dict.fromkeys(h for _, r in rows for h in r.hash_ids))
+    made = dict(zip(distinct, make_prompts(codec, rng, [bs] * len(distinct)), strict=True))
+    for k, r in rows:
+        n_ids = min(len(r.hash_ids), max(1, math.ceil((r.input_len - off) / bs)))
+        text = "".join(made[h][0] for h in r.hash_ids[:n_ids])
+        got = sum(made[h][1] for h in r.hash_ids[:n_ids])
+        out[k] = (text, got + off)
+    return out

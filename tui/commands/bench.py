@@ -78,6 +78,11 @@ def add_parser(subparsers: Subparsers) -> None:
     w.add_argument("--num-prefixes", type=int)
     w.add_argument("--num-turns", type=int, help="chat: turns per session")
     w.add_argument("--time-scale", type=float, help="trace: replay speed factor on gaps")
+    w.add_argument("--trace-block-size", type=int, metavar="TOKENS",
+                   help="trace: prompt tokens per hash id (default: the file's; Mooncake 512, Bailian 16, "
+                        "else inferred from input tokens per hash id)")
+    w.add_argument("--trace-time-unit", choices=("s", "ms", "us"),
+                   help="trace: the timestamps' unit (default: the format's: Mooncake ms, others s)")
     w.add_argument("--seed", type=int)
     a = p.add_argument_group("arrivals")
     a.add_argument("--concurrency", type=int, help="closed loop slots, or in-flight cap with --rate")
@@ -146,7 +151,7 @@ def build_specs(args: argparse.Namespace) -> tuple[WorkloadSpec, ArrivalSpec, SL
             slo_d.update(preset.slo.to_dict())
     for key in ("kind", "dataset", "input_len", "output_len", "range_ratio", "length_dist",
                 "input_std", "output_std", "prefix_len", "num_prefixes", "num_turns",
-                "time_scale", "seed", "endpoint"):
+                "time_scale", "seed", "endpoint", "trace_block_size", "trace_time_unit"):
         v = getattr(args, key)
         if v is not None:
             wd[key] = v
@@ -166,7 +171,12 @@ def build_specs(args: argparse.Namespace) -> tuple[WorkloadSpec, ArrivalSpec, SL
     if args.ramp_to is not None:
         ad["mode"], ad["end_rate"] = "ramp", args.ramp_to
     if wd.get("kind") == "trace":
-        ad["mode"] = "trace"
+        # A trace replays at its recorded times; with --rate or --concurrency its requests are sent
+        # under that arrival model instead (a sweep over your own traffic's mix).
+        if args.rate is not None or args.concurrency is not None:
+            wd["trace_timing"] = False
+        elif wd.get("trace_timing", True):
+            ad["mode"] = "trace"
     for flag, key in (("burstiness", "burstiness"), ("num_requests", "num_requests"),
                       ("duration", "duration_s"), ("warmup", "warmup_requests"),
                       ("workers", "workers")):
@@ -220,6 +230,15 @@ def run(args: argparse.Namespace) -> int:
         if not path.is_file():
             raise UserError(f"--dataset {workload.dataset}: no such file",
                             "give the path of a ShareGPT JSON or JSONL file")
+    if workload.kind == "trace":
+        from loadgen.workload import DatasetError, read_spec_trace
+
+        try:
+            trace = read_spec_trace(workload, limit=arrivals.num_requests or None)
+        except DatasetError as exc:
+            raise UserError(str(exc), "vtui reads its own traces and recordings, Mooncake and Bailian JSONL, "
+                            "the Azure LLM inference CSV and BurstGPT CSV, as published") from None
+        _err(f"vtui: {trace.describe()}")
     return asyncio.run(_bench(args, workload, arrivals, slo))
 
 
