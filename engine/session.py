@@ -75,6 +75,7 @@ if TYPE_CHECKING:
     from engine.runs.compare import LoadPoint, RunPoint
     from engine.runs.history import History
     from engine.server.attach import AttachedServer
+    from engine.server.livelimits import LiveResult
     from engine.server.logparse import StartupFacts
     from engine.server.supervisor import RestartResult, Supervisor
     from engine.telemetry.sampler import TelemetrySnapshot
@@ -403,8 +404,10 @@ class Session:
         self._refuse_while_tuning("stop the server")
         await self._live_server.stop()
 
-    async def apply_flags(self, timeout: float = 600.0, *, force: bool = False) -> StartupFacts | RestartResult:
-        """Restart the server with the edited flags (see :meth:`flags_diff` first).
+    async def apply_flags(self, timeout: float = 600.0, *,
+                          force: bool = False) -> StartupFacts | RestartResult | LiveResult:
+        """Change the edited flags live where every one can (issue 41: engine.server.live.LiveServer.apply),
+        else restart the server with them (see :meth:`flags_diff` first).
 
         With no server running this is a start. The server keeps its port, so the URL and
         the telemetry stay (the supervisor's port check tolerates TIME_WAIT sockets).

@@ -25,6 +25,9 @@ from engine.errors import EngineDied, SessionError, StartupError
 from engine.events import CHANGED, Emit, FlagsRecovered, Notice, ServerTookFlags
 from engine.flags import FlagSet
 from engine.server.attach import AttachedServer, attach
+from engine.server.launch import secret_env
+from engine.server.livehook import LIVE_FLAGS
+from engine.server.livelimits import LiveRefused, LiveResult, LiveUnavailable, change_live, plan_change, read_live
 from engine.server.logparse import LineKind, StartupFacts, classify_line
 from engine.server.planner import numa_node_memory, plan_for_flags, refusal_for
 from engine.server.ready import ensure_server
@@ -38,6 +41,10 @@ if TYPE_CHECKING:
 # The log pane keeps the last 1000 lines; the full log is in the supervisor's file.
 LOG_LINES = 1000
 POLL_LINES = 100  # vtui's own polling lines kept in the log buffer, at most
+
+
+def _word(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def flags_of(sup: Supervisor | None) -> FlagSet | None:
@@ -94,6 +101,9 @@ class LiveServer:
         self.busy: str | None = None  # "starting", "stopping", "restarting", "attaching"
         self._server_error: tuple[str, str] | None = None  # vLLM's line and a hint
         self._downtime: float | None = None  # the last restart's
+        # Live changes (issue 41): (session clock, "max-num-seqs 128->4") per change, for the charts' marks
+        self.live_changes: list[tuple[float, str]] = []
+        self.live_refusal: str | None = None  # why the last apply restarted instead of changing live
         self._logs: collections.deque[LogLine] = collections.deque(maxlen=LOG_LINES)
         self._log_n = 0
         self._log_lock = threading.Lock()
@@ -292,8 +302,11 @@ class LiveServer:
             self._notify("server stopped")
             self._changed()
 
-    async def apply(self, timeout: float = 600.0, *, force: bool = False) -> StartupFacts | RestartResult:
-        """Restart the server with the edited flags, or start one when none runs (see
+    async def apply(self, timeout: float = 600.0, *,
+                    force: bool = False) -> StartupFacts | RestartResult | LiveResult:
+        """Change the edited flags live on the server started here where every edited flag can
+        (issue 41: the load run goes on), else restart the server with them (``live_refusal``
+        says which flag forced it), or start one when none runs (see
         ``engine.session.Session.apply_flags``; the session has checked the tune and the flags)."""
         if self.supervisor is None or self.state_name() in ("STOPPED", "FAILED", "DEAD"):
             if self.attached is not None:
@@ -303,6 +316,9 @@ class LiveServer:
                 )
             self.supervisor = None
             return await self.start(timeout=timeout, force=force)
+        live = await self._apply_live(self._edited())
+        if live is not None:
+            return live
         if not force:
             self.refuse_what_cannot_fit(self._edited())
         if self._run_active():
@@ -324,8 +340,43 @@ class LiveServer:
             self._failed(ready.failure)
         assert ready.restart is not None
         self._downtime = float(ready.restart.downtime_s)
-        self._took(flags, f"restarted in {self._downtime:.1f} s")
+        why = f" ({self.live_refusal})" if self.live_refusal else ""
+        self._took(flags, f"restarted in {self._downtime:.1f} s{why}")
         return ready.restart
+
+    async def _apply_live(self, flags: FlagSet) -> LiveResult | None:
+        """``flags`` set live on the running server when they differ from what it runs only in
+        live flags, within its started values; None (``live_refusal`` says why) to restart."""
+        self.live_refusal = None
+        sup = self.supervisor
+        running = self.running_flags
+        if sup is None or running is None or self.state_name() != "READY" or not isinstance(sup.flags, FlagSet):
+            return None
+        edited = running.diff(flags)
+        if not edited:
+            return None  # the user asked for a restart with the same flags
+        restart = [n for n in {**edited, **sup.flags.diff(flags)} if n not in LIVE_FLAGS]
+        if restart:
+            self.live_refusal = f"--{restart[0]} needs a restart"
+            return None
+        key = secret_env(sup.flags).get("VLLM_API_KEY")
+        try:
+            state = await read_live(sup.base_url, key)
+            plan = plan_change({n: (None, flags.get(n)) for n in LIVE_FLAGS}, state)
+            if not plan.is_live:
+                self.live_refusal = "; ".join(plan.restart_reasons)
+                return None
+            result = await change_live(sup.base_url, plan.live, key)
+        except (LiveUnavailable, LiveRefused) as exc:
+            self.live_refusal = str(exc)
+            return None
+        words = ", ".join(f"{n} {_word(a)}->{_word(b)}" for n, (a, b) in result.changed.items()) or "no limit moved"
+        self.live_changes.append((self._clock(), words))
+        self.running_flags = flags
+        self._loaded(flags)
+        self._notify(f"changed live in {result.seconds * 1000:.0f} ms, no restart: {words}")
+        self._changed()
+        return result
 
     def new_supervisor(self, flags: FlagSet) -> Supervisor:
         """A Supervisor for ``flags`` (not started) whose events come to :meth:`on_event`."""
@@ -462,6 +513,7 @@ class LiveServer:
             predicted_kv_tokens=pred_tokens,
             predicted_concurrency=pred_conc,
             restart_downtime_s=self._downtime,
+            live_changes=tuple(self.live_changes[-20:]),
             error_line=error_line,
             error_hint=error_hint,
             log_path=str(sup.log_path) if sup is not None and sup.log_path is not None else None,

@@ -13,6 +13,8 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static, TextArea
 
+from engine.server.livehook import LIVE_FLAGS
+
 if TYPE_CHECKING:
     from engine.advise.finding import Finding
 
@@ -63,12 +65,17 @@ class DiffScreen(ModalScreen[bool]):
         table.add_column("→ new")
         for name, old, new in self.rows:
             table.add_row(f"--{name}", _show(old), _show(new))
+        # Every changed flag live (issue 41): set on the running server, no restart, the run goes on
+        # (the server refuses a value above its started one, and then the apply restarts).
+        live = bool(self.rows) and all(name in LIVE_FLAGS for name, _, _ in self.rows)
         with Vertical(classes="dialog"):
-            yield Label("Apply these flags and restart the server?", classes="title")
+            yield Label("Apply these flags live (no restart)?" if live else "Apply these flags and restart the server?",
+                        classes="title")
             yield Static(table if self.rows else "no flag changed: restart with the same flags", id="diff")
-            yield Static("argv: " + " ".join(self.argv), id="diff-argv", classes="muted")
+            yield Static("a value above the started one restarts instead" if live else "argv: " + " ".join(self.argv),
+                         id="diff-argv", classes="muted")
             with Horizontal(classes="buttons"):
-                yield Button("Apply & restart", id="yes", variant="warning", compact=True)
+                yield Button("Apply live" if live else "Apply & restart", id="yes", variant="warning", compact=True)
                 yield Button("Cancel", id="no", compact=True)
 
     @on(Button.Pressed)

