@@ -25,8 +25,8 @@ from tests.vllm_args import SERVER_ARGS
 async def test_apply_is_live_under_load_and_tune_sets_configurations_live(tiny_model: Path,
                                                                          own_servers_only: None) -> None:
     from engine.tune.search import SearchSpace, ServerMeasurer, TuneSettings
-    from engine.tune.trial import StepRule
     from engine.tune.setup import new_tuner
+    from engine.tune.trial import StepRule
     from loadgen.spec import SLO, ArrivalSpec, WorkloadSpec
 
     flags: FlagSet = make_flags(tiny_model, **SERVER_ARGS, max_num_seqs=16)
