@@ -37,6 +37,7 @@ import functools
 import math
 import random
 import statistics
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
@@ -261,7 +262,10 @@ class RunNoise:
         self.completed = len(done)
         self._blocks: tuple[_Block, ...] = ()
         self.block_s = 0.0
-        self._replicates: dict[str, tuple[float, ...]] | None = None
+        # Each figure's resamples, 8 bytes a value (as tuples of Python floats, 32 bytes a value, they
+        # were the most a finished run left in a session: ~0.25 MB a compared run, issue 44); a
+        # figure missing from some resample (goodput without an SLO) is not kept.
+        self._replicates: dict[str, array[float]] | None = None
         self._settled: dict[str, float] | None = None  # the figures, once settle() let the blocks go
         if self.completed < MIN_REQUESTS:
             return
@@ -351,11 +355,13 @@ class RunNoise:
                 for _ in range(n):
                     row[rng.randrange(n)] += 1
             rows = _figure_rows(self._blocks, counts, span, self._has_slo)
-            self._replicates = {f: tuple(row.get(f, math.nan) for row in rows) for f in FIGURES}
-        values = self._replicates.get(figure)
-        if values is None or any(math.isnan(v) for v in values):
-            return None
-        return values
+            self._replicates = {}
+            for f in FIGURES:
+                values = array("d", (row.get(f, math.nan) for row in rows))
+                if not any(math.isnan(v) for v in values):
+                    self._replicates[f] = values
+        kept = self._replicates.get(figure)
+        return None if kept is None else tuple(kept)
 
     def interval(self, figure: str, level: float = LEVEL) -> Interval | None:
         """The figure's within-run interval (percentile bootstrap over time blocks)."""
