@@ -181,6 +181,11 @@ def _objects(path: Path, text: str) -> list[tuple[int, dict[str, object]]]:
     return rows
 
 
+def _stamp(row: tuple[int, dict[str, object]]) -> float:
+    t = row[1].get("timestamp")
+    return float(t) if isinstance(t, int | float) else 0.0
+
+
 def _read_jsonl(path: Path, text: str, block_size: int | None, time_unit: str | None,
                 limit: int | None) -> TraceFile:
     objs = _objects(path, text)
@@ -210,7 +215,14 @@ def _read_jsonl(path: Path, text: str, block_size: int | None, time_unit: str | 
         raise TraceError(path, "not a trace vtui knows: expected vtui's input_len/output_len, or Mooncake's or "
                          f"Bailian's input_length/output_length; the line has {keys}", objs[0][0])
     rows_raw: list[tuple[int, float, int, int, tuple[int | str, ...], dict[str, object]]] = []
+    untokenized = 0
+    if header is not None:
+        # A recording's lines are written as requests end: arrival order is by timestamp.
+        objs.sort(key=_stamp)
     for lineno, obj in objs:
+        if header is not None and not obj.get("input_len") and not obj.get("prompt"):
+            untokenized += 1  # the server could not tokenize its prompt (or it never reached one)
+            continue
         ts = obj.get("timestamp", obj.get("t"))
         if ts is None:
             raise TraceError(path, "missing 'timestamp'", lineno)
@@ -224,6 +236,10 @@ def _read_jsonl(path: Path, text: str, block_size: int | None, time_unit: str | 
         i = _pos_int(path, lineno, obj, in_key) if in_len is not None else 0
         o = _pos_int(path, lineno, obj, out_key, zero=fmt not in ("vtui",))
         rows_raw.append((lineno, t, i, max(1, o), _hash_ids(path, lineno, obj), obj))
+    if untokenized:
+        notes.append(f"{untokenized} recorded requests without prompt tokens skipped")
+    if not rows_raw:
+        raise TraceError(path, "file has no requests with prompt tokens")
     # Block size: given, else the recording's header, else the format's, checked by the rule.
     pairs = [(i, len(h)) for _, _, i, _, h, _ in rows_raw if h and i]
     inferred = infer_block_size(pairs)

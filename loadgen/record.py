@@ -1,0 +1,638 @@
+"""``Recorder``: an OpenAI-compatible recording proxy, and what a recording says (``summarize``).
+
+A user puts the proxy between their clients and their server for a while. Every request and
+response passes through unchanged, bytes as they come (SSE included, error statuses included;
+a client that goes away closes the upstream connection, so the server aborts the request as it
+would without the proxy). The generation requests (``/v1/completions``,
+``/v1/chat/completions``) are recorded, one JSON line each, time zero at the first of them:
+arrival time, endpoint, prompt tokens and their block hashes, output tokens asked and made, the
+sampling parameters that change the work, the conversation when one can tell, and the outcome.
+
+Kept out of the request's path: the prompt's token ids come from the server's own ``/tokenize``
+(chat: with the messages, so the chat template's tokens count) after the response has ended;
+output tokens from the response's ``usage``, else by tokenizing the produced text, also after.
+Block hashes are chained (a block's hash covers every token before it, so equal prefixes give
+equal leading hashes) and salted with a secret drawn per recording and never written, so a
+recording does not give away prompts by a dictionary of known texts. No prompt text is written
+unless ``keep_prompts``; no header value ever. Each request's line is flushed when written: a
+``kill -9`` loses at most the requests in flight.
+
+The file replays with ``vtui bench --dataset-name trace`` (loadgen.traceformats reads it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as _dt
+import hashlib
+import json
+import math
+import secrets
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+from loadgen.stats import percentile
+from loadgen.traceformats import TraceFile, read_trace
+
+RECORDED_PATHS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+DEFAULT_BLOCK = 16  # vLLM's KV-cache block: reuse is measured in the prefix cache's own unit
+_HEAD_LIMIT = 1 << 20
+
+
+class RecordError(RuntimeError):
+    """The proxy cannot start (the port is taken, the upstream URL is bad)."""
+
+
+@dataclass
+class RecorderState:
+    """What the live status line shows (read on the recorder's loop)."""
+
+    recorded: int = 0
+    in_flight: int = 0
+    errors: int = 0
+    cancelled: int = 0
+    passed: int = 0  # requests on other paths, passed through unrecorded
+    started: float = field(default_factory=time.monotonic)
+
+    def line(self) -> str:
+        up = time.monotonic() - self.started
+        return (f"recorded {self.recorded} requests ({self.errors} errors, {self.cancelled} cancelled), "
+                f"{self.in_flight} in flight, {self.passed} others passed through, {up:.0f} s")
+
+
+def chained_hashes(ids: Sequence[int], block: int, salt: bytes) -> list[str]:
+    """One hash a ``block`` tokens (the last block may be partial), each covering every token
+    before it: equal prefixes give equal leading hashes. 16 hex digits each (64 bits)."""
+    out: list[str] = []
+    prev = b""
+    for k in range(0, len(ids), block):
+        h = hashlib.blake2b(salt + prev + b"|" + ",".join(map(str, ids[k : k + block])).encode(),
+                            digest_size=8)
+        prev = h.digest()
+        out.append(h.hexdigest())
+    return out
+
+
+def _strip_userinfo(url: str) -> str:
+    u = urlsplit(url)
+    host = u.hostname or ""
+    netloc = host + (f":{u.port}" if u.port else "")
+    return urlunsplit((u.scheme, netloc, u.path, "", ""))
+
+
+def _header(head: bytes, name: bytes) -> bytes | None:
+    for line in head.split(b"\r\n")[1:]:
+        k, _, v = line.partition(b":")
+        if k.strip().lower() == name:
+            return v.strip()
+    return None
+
+
+@dataclass
+class _Pending:
+    """A generation request on its way: what the recording needs once it has ended."""
+
+    t: float
+    endpoint: str
+    body: bytes
+    auth: bytes | None
+    status: int = 0
+    outcome: str = "ok"
+    stream: bool = False
+    payload: bytearray = field(default_factory=bytearray)
+    e2el_s: float = 0.0
+    ttft_s: float | None = None
+
+
+class Recorder:
+    """The proxy. ``await start()``, then ``await stop()``; ``state`` for a status line."""
+
+    def __init__(self, upstream: str, out: str | Path, *, host: str = "127.0.0.1", port: int = 0,
+                 block_size: int = DEFAULT_BLOCK, keep_prompts: bool = False,
+                 on_error: Callable[[str], None] | None = None) -> None:
+        u = urlsplit(upstream)
+        if u.scheme != "http" or not u.hostname:
+            raise RecordError(f"--upstream {_strip_userinfo(upstream)}: needs an http://HOST:PORT URL "
+                              "(https upstreams are not proxied)")
+        if block_size < 1:
+            raise RecordError(f"--block-size {block_size}: must be at least 1")
+        self.upstream = upstream.rstrip("/")
+        self._up_host = u.hostname
+        self._up_port = u.port or 80
+        self.out = Path(out)
+        self.host, self.port = host, port
+        self.block_size = block_size
+        self.keep_prompts = keep_prompts
+        self.state = RecorderState()
+        self._salt = secrets.token_bytes(16)
+        self._t0: float | None = None
+        self._server: asyncio.Server | None = None
+        self._file: IO[str] | None = None
+        self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue()
+        self._worker: asyncio.Task[None] | None = None
+        self._conns: set[asyncio.Task[None]] = set()
+        self._client: httpx.AsyncClient | None = None
+        self._on_error = on_error or (lambda _m: None)
+
+    # -- life -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the output file (appending to nothing: an existing file is refused) and listen."""
+        if self.out.exists() and self.out.stat().st_size > 0:
+            raise RecordError(f"--out {self.out}: exists; a recording is never written over (give a new name)")
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._server = await asyncio.start_server(self._serve, self.host, self.port, limit=_HEAD_LIMIT)
+        except OSError as exc:
+            raise RecordError(f"cannot listen on {self.host}:{self.port}: {exc.strerror or exc}") from None
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._file = self.out.open("w", encoding="utf-8")
+        header = {"vtui_recording": 1, "block_size": self.block_size,
+                  "started": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+                  "upstream": _strip_userinfo(self.upstream), "tokens_from": "the upstream's /tokenize",
+                  "keep_prompts": self.keep_prompts}
+        self._write(header)
+        self._client = httpx.AsyncClient(base_url=self.upstream, timeout=60.0, trust_env=False)
+        self._worker = asyncio.get_running_loop().create_task(self._tokenize_loop())
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def stop(self, grace_s: float = 10.0) -> None:
+        """Stop listening, let requests in flight end (up to ``grace_s``, then cut them: recorded
+        as cancelled), write what is left to write and close the file."""
+        if self._server is not None:
+            self._server.close()
+        if self._conns:
+            _done, pending = await asyncio.wait(set(self._conns), timeout=grace_s)
+            for t in pending:
+                t.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=2.0)
+        await self._queue.put(None)
+        if self._worker is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._worker, timeout=max(5.0, grace_s))
+        if self._client is not None:
+            await self._client.aclose()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def _write(self, obj: Mapping[str, object]) -> None:
+        if self._file is None:
+            return
+        self._file.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        self._file.flush()
+
+    # -- the proxy --------------------------------------------------------------------------
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._conns.add(task)
+        up: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        pending = b""
+        try:
+            while True:
+                try:
+                    head = pending + await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+                    return
+                pending = b""
+                body_raw, body = await self._read_body(reader, head)
+                line = head.split(b"\r\n", 1)[0].split(b" ")
+                method, target = line[0], line[1].decode("latin-1") if len(line) > 1 else "/"
+                path = target.split("?", 1)[0]
+                endpoint = RECORDED_PATHS.get(path) if method == b"POST" else None
+                rec: _Pending | None = None
+                now = time.perf_counter()
+                if endpoint is not None:
+                    if self._t0 is None:
+                        self._t0 = now
+                    rec = _Pending(t=now - self._t0, endpoint=endpoint, body=body,
+                                   auth=_header(head, b"authorization"))
+                    self.state.in_flight += 1
+                else:
+                    self.state.passed += 1
+                if up is None or up[0].at_eof():
+                    if up is not None:
+                        up[1].close()
+                    try:
+                        up = await asyncio.open_connection(self._up_host, self._up_port, limit=_HEAD_LIMIT)
+                    except OSError as exc:
+                        up = None
+                        msg = json.dumps({"error": {"message": f"vtui record: upstream unreachable: {exc}"}}).encode()
+                        writer.write(b"HTTP/1.1 502 Bad Gateway\r\ncontent-type: application/json\r\n"
+                                     b"content-length: %d\r\n\r\n%s" % (len(msg), msg))
+                        if rec is not None:
+                            rec.status, rec.outcome = 502, "upstream_unreachable"
+                            self._finish(rec)
+                        continue
+                up[1].write(head + body_raw)
+                keep, pending, up_ok = await self._relay(up, reader, writer, rec, now, method == b"HEAD")
+                if not up_ok:
+                    up[1].close()
+                    up = None
+                if rec is not None:
+                    self._finish(rec)
+                if not keep:
+                    return
+        except (asyncio.CancelledError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError,
+                ValueError):
+            return  # cut at stop, or a request that is not HTTP: the connection ends
+        finally:
+            if up is not None:
+                up[1].close()
+            writer.close()
+            self._conns.discard(task)
+
+    async def _read_body(self, reader: asyncio.StreamReader, head: bytes) -> tuple[bytes, bytes]:
+        """The request body as sent (raw) and as content."""
+        te = _header(head, b"transfer-encoding")
+        if te is not None and b"chunked" in te.lower():
+            raw = bytearray()
+            content = bytearray()
+            while True:
+                size_line = await reader.readuntil(b"\r\n")
+                raw += size_line
+                size = int(size_line.split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while True:
+                        t = await reader.readuntil(b"\r\n")
+                        raw += t
+                        if t == b"\r\n":
+                            return bytes(raw), bytes(content)
+                data = await reader.readexactly(size + 2)
+                raw += data
+                content += data[:-2]
+        n = int(_header(head, b"content-length") or b"0")
+        body = await reader.readexactly(n) if n else b""
+        return body, body
+
+    async def _relay(self, up: tuple[asyncio.StreamReader, asyncio.StreamWriter], creader: asyncio.StreamReader,
+                     cwriter: asyncio.StreamWriter, rec: _Pending | None, t_sent: float, head_only: bool
+                     ) -> tuple[bool, bytes, bool]:
+        """Pass the response through as it comes. Returns (keep the client's connection, bytes the
+        client sent meanwhile, keep the upstream connection)."""
+        ureader = up[0]
+        got_more = b""
+        gone = asyncio.Event()
+
+        async def watch() -> None:
+            nonlocal got_more
+            try:
+                got_more = await creader.read(1)
+            except ConnectionError:
+                got_more = b""
+            if not got_more:
+                gone.set()
+                up[1].transport.abort()  # the client went away: so does the request, as without us
+
+        watcher = asyncio.get_running_loop().create_task(watch())
+        try:
+            keep, up_keep = await self._pass(ureader, cwriter, rec, t_sent, head_only, gone)
+        finally:
+            if not watcher.done():
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+        # Bytes the client sent while this response was under way: its next request (pipelining).
+        return keep and not gone.is_set(), got_more, up_keep
+
+    async def _pass(self, ureader: asyncio.StreamReader, cwriter: asyncio.StreamWriter, rec: _Pending | None,
+                    t_sent: float, head_only: bool, gone: asyncio.Event) -> tuple[bool, bool]:
+        """The response, upstream to client; (keep the client's connection, keep the upstream's)."""
+        try:
+            head = await ureader.readuntil(b"\r\n\r\n")
+            cwriter.write(head)
+            status = int(head.split(b" ", 2)[1])
+            if rec is not None:
+                rec.status = status
+                rec.outcome = "ok" if status < 400 else "error"
+                ctype = _header(head, b"content-type") or b""
+                rec.stream = b"text/event-stream" in ctype
+            te = _header(head, b"transfer-encoding")
+            cl = _header(head, b"content-length")
+            close = (_header(head, b"connection") or b"").lower() == b"close"
+            payload = rec.payload if rec is not None else None
+            first = True
+            if head_only or status in (204, 304) or 100 <= status < 200:
+                pass
+            elif te is not None and b"chunked" in te.lower():
+                while True:
+                    size_line = await ureader.readuntil(b"\r\n")
+                    size = int(size_line.split(b";")[0].strip() or b"0", 16)
+                    if size == 0:
+                        tail = size_line
+                        while True:
+                            t = await ureader.readuntil(b"\r\n")
+                            tail += t
+                            if t == b"\r\n":
+                                break
+                        cwriter.write(tail)
+                        break
+                    data = await ureader.readexactly(size + 2)
+                    cwriter.write(size_line + data)
+                    if payload is not None:
+                        if first and rec is not None:
+                            rec.ttft_s = time.perf_counter() - t_sent
+                            first = False
+                        payload += data[:-2]
+                    if cwriter.transport.is_closing():
+                        raise ConnectionResetError
+            elif cl is not None:
+                left = int(cl)
+                while left > 0:
+                    data = await ureader.read(min(left, 1 << 16))
+                    if not data:
+                        raise asyncio.IncompleteReadError(b"", left)
+                    left -= len(data)
+                    cwriter.write(data)
+                    if payload is not None:
+                        payload += data
+            else:  # delimited by the upstream closing
+                while data := await ureader.read(1 << 16):
+                    cwriter.write(data)
+                    if payload is not None:
+                        payload += data
+                close = True
+            await cwriter.drain()
+            if rec is not None:
+                rec.e2el_s = time.perf_counter() - t_sent
+            return not close, not close
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError, ValueError, IndexError):
+            if rec is not None:
+                rec.e2el_s = time.perf_counter() - t_sent
+                rec.outcome = "cancelled" if gone.is_set() or cwriter.transport.is_closing() else "upstream_error"
+            return False, False
+
+    def _finish(self, rec: _Pending) -> None:
+        self.state.in_flight -= 1
+        if rec.outcome == "cancelled":
+            self.state.cancelled += 1
+        elif rec.outcome != "ok":
+            self.state.errors += 1
+        self._queue.put_nowait(rec)
+
+    # -- off the path: tokens, hashes, the line ----------------------------------------------
+
+    async def _tokenize(self, body: Mapping[str, object], auth: bytes | None, model: str) -> list[int] | None:
+        assert self._client is not None
+        headers = {"authorization": auth.decode("latin-1")} if auth else {}
+        try:
+            r = await self._client.post("/tokenize", json={"model": model, **body}, headers=headers)
+            if r.status_code != 200:
+                return None
+            toks = r.json().get("tokens")
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+        return [int(t) for t in toks] if isinstance(toks, list) else None
+
+    async def _tokenize_loop(self) -> None:
+        while True:
+            rec = await self._queue.get()
+            if rec is None:
+                return
+            try:
+                row = await self._row(rec)
+            except Exception as exc:  # one odd request must not end the recording
+                self._on_error(f"request at {rec.t:.3f} s not recorded: {type(exc).__name__}: {exc}")
+                continue
+            self._write(row)
+            self.state.recorded += 1
+
+    async def _row(self, rec: _Pending) -> dict[str, object]:
+        try:
+            req = json.loads(rec.body or b"{}")
+        except ValueError:
+            req = None
+        if not isinstance(req, dict):
+            req = {}
+        model = str(req.get("model", ""))
+        messages = req.get("messages") if rec.endpoint == "chat" else None
+        ids: list[int] | None = None
+        if rec.endpoint == "chat" and isinstance(messages, list):
+            ids = await self._tokenize({"messages": messages}, rec.auth, model)
+            if not ids:  # a server without chat-template tokenizing: the contents' tokens
+                text = "".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+                ids = await self._tokenize({"prompt": text}, rec.auth, model)
+        elif isinstance(req.get("prompt"), str):
+            ids = await self._tokenize({"prompt": req["prompt"]}, rec.auth, model)
+        elif isinstance(req.get("prompt"), list) and all(isinstance(t, int) for t in req["prompt"]):
+            ids = list(req["prompt"])  # a prompt already in token ids
+        max_tokens = req.get("max_completion_tokens", req.get("max_tokens"))
+        produced = await self._output_tokens(rec, model)
+        out_len = produced if produced else (max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else 16)
+        row: dict[str, object] = {
+            "timestamp": round(rec.t, 6), "endpoint": rec.endpoint, "stream": bool(req.get("stream")),
+            "input_len": len(ids) if ids else 0, "output_len": out_len, "output_tokens": produced,
+            "max_tokens": max_tokens, "n": req.get("n", 1), "ignore_eos": bool(req.get("ignore_eos", False)),
+            "temperature": req.get("temperature"),
+            "hash_ids": chained_hashes(ids, self.block_size, self._salt) if ids else [],
+            "status": rec.status, "outcome": rec.outcome,
+            "ttft_s": round(rec.ttft_s, 6) if rec.ttft_s is not None else None, "e2el_s": round(rec.e2el_s, 6),
+        }
+        if isinstance(messages, list):
+            users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+            first_user = next((k for k, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"),
+                              len(messages) - 1)
+            opening = json.dumps(messages[: first_user + 1], sort_keys=True).encode()
+            row["conversation"] = hashlib.blake2b(self._salt + opening, digest_size=8).hexdigest()
+            row["turn"] = len(users)
+        if self.keep_prompts:
+            if isinstance(req.get("prompt"), str):
+                row["prompt"] = req["prompt"]
+            elif isinstance(messages, list):
+                row["messages"] = messages
+        return row
+
+    async def _output_tokens(self, rec: _Pending, model: str) -> int | None:
+        """The response's usage.completion_tokens; else its text's tokens; None for none."""
+        texts: list[str] = []
+        usage: object = None
+        if rec.stream:
+            for raw in bytes(rec.payload).split(b"\n"):
+                if not raw.startswith(b"data:"):
+                    continue
+                data = raw[5:].strip()
+                if data == b"[DONE]":
+                    continue
+                try:
+                    ev = json.loads(data)
+                except ValueError:
+                    continue
+                if not isinstance(ev, dict):
+                    continue
+                if isinstance(ev.get("usage"), dict):
+                    usage = ev["usage"]
+                for ch in ev.get("choices") or []:
+                    if isinstance(ch, dict):
+                        piece = ch.get("text")
+                        if piece is None and isinstance(ch.get("delta"), dict):
+                            piece = ch["delta"].get("content")
+                        if isinstance(piece, str):
+                            texts.append(piece)
+        elif rec.payload:
+            try:
+                doc = json.loads(bytes(rec.payload))
+            except ValueError:
+                doc = None
+            if isinstance(doc, dict):
+                usage = doc.get("usage")
+                for ch in doc.get("choices") or []:
+                    if isinstance(ch, dict):
+                        piece = ch.get("text")
+                        if piece is None and isinstance(ch.get("message"), dict):
+                            piece = ch["message"].get("content")
+                        if isinstance(piece, str):
+                            texts.append(piece)
+        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+            return int(usage["completion_tokens"])
+        if not texts:
+            return None
+        ids = await self._tokenize({"prompt": "".join(texts), "add_special_tokens": False}, rec.auth, model)
+        return len(ids) if ids is not None else None
+
+
+# -- what a recording says ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PresetShape:
+    """A preset's workload as the nearest-preset match reads it."""
+
+    name: str
+    input_tokens: float  # a request's prompt tokens (prefix included)
+    output_tokens: float
+    reuse: float  # share of prompt tokens a prefix cache could serve
+
+
+@dataclass(frozen=True)
+class RecordingSummary:
+    """The traffic's shape: rate over time, lengths, prefix reuse, implied concurrency."""
+
+    format: str
+    requests: int
+    duration_s: float
+    rate_buckets: tuple[tuple[float, float], ...]  # (start s, requests/s)
+    input_q: dict[str, float]
+    output_q: dict[str, float]
+    reuse: float | None  # share of prompt tokens in blocks seen before (None: no hashes)
+    concurrency: float | None  # mean in flight by Little's law (None: no latencies recorded)
+    outcomes: dict[str, int]
+    nearest: tuple[str, float] | None = None  # preset, distance
+    notes: tuple[str, ...] = ()
+
+    def lines(self) -> list[str]:
+        def q(d: dict[str, float]) -> str:
+            return ", ".join(f"{k} {v:.0f}" for k, v in d.items())
+
+        out = [f"{self.requests} requests over {self.duration_s:.1f} s ({self.format} trace; "
+               + ", ".join(f"{v} {k}" for k, v in sorted(self.outcomes.items())) + ")"]
+        out += [f"  note: {n}" for n in self.notes]
+        peak = max((r for _, r in self.rate_buckets), default=0.0)
+        mean = self.requests / self.duration_s if self.duration_s > 0 else float("inf")
+        out.append(f"arrival rate: mean {mean:.2f} req/s, peak {peak:.2f} req/s a bucket")
+        width = self.rate_buckets[1][0] - self.rate_buckets[0][0] if len(self.rate_buckets) > 1 else 0.0
+        for t, r in self.rate_buckets:
+            bar = "#" * (round(30 * r / peak) if peak else 0)
+            out.append(f"  {t:9.2f} s +{width:.2f}  {r:8.2f} req/s  {bar}")
+        out.append(f"input tokens:  {q(self.input_q)}")
+        out.append(f"output tokens: {q(self.output_q)}")
+        out.append("prefix reuse: " + (f"{100 * self.reuse:.1f}% of prompt tokens are in blocks seen before"
+                                       if self.reuse is not None else "unknown (no block hashes)"))
+        out.append("implied concurrency: " + (f"{self.concurrency:.1f} requests in flight on average "
+                                              "(sum of latencies / duration)"
+                                              if self.concurrency is not None else "unknown (no latencies)"))
+        if self.nearest is not None:
+            out.append(f"nearest shipped preset: {self.nearest[0]} (distance {self.nearest[1]:.2f}: "
+                       "log ratios of mean input and output tokens, plus twice the reuse gap)")
+        return out
+
+
+def _quantiles(values: list[float]) -> dict[str, float]:
+    v = sorted(values)
+    return {"mean": sum(v) / len(v) if v else 0.0, "p50": percentile(v, 50), "p90": percentile(v, 90),
+            "p99": percentile(v, 99), "max": v[-1] if v else 0.0}
+
+
+def reuse_share(tf: TraceFile) -> float | None:
+    """The share of prompt tokens in blocks whose hash id was seen before (chained ids: the whole
+    prefix up to it was sent before), in arrival order. None when the trace has no hashes."""
+    if not tf.block_size or not any(r.hash_ids for r in tf.rows):
+        return None
+    seen: set[int | str] = set()
+    total = reused = 0
+    bs = tf.block_size
+    for r in sorted(tf.rows, key=lambda r: r.at_s):
+        left = r.input_len
+        for h in r.hash_ids:
+            n = min(bs, left)
+            if n <= 0:
+                break
+            if h in seen:
+                reused += n
+            seen.add(h)
+            left -= n
+        total += r.input_len
+    return reused / total if total else 0.0
+
+
+def summarize(path: str | Path, presets: Sequence[PresetShape] = (), buckets: int = 12) -> RecordingSummary:
+    """What a recording (or any trace loadgen.traceformats reads) says about its traffic."""
+    tf = read_trace(path)
+    rows = sorted(tf.rows, key=lambda r: r.at_s)
+    dur = rows[-1].at_s - rows[0].at_s if rows else 0.0
+    width = dur / buckets if dur > 0 else 1.0
+    counts = [0] * (buckets if dur > 0 else 1)
+    for r in rows:
+        counts[min(len(counts) - 1, int((r.at_s - rows[0].at_s) / width))] += 1
+    rate = tuple((k * width, c / width) for k, c in enumerate(counts))
+    ins = [float(r.input_len) for r in rows]
+    outs = [float(r.output_len) for r in rows]
+    outcomes: dict[str, int] = {}
+    for r in rows:
+        outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
+    reuse = reuse_share(tf)
+    lat = _latencies(Path(path)) if tf.format == "vtui-recording" else []
+    conc = sum(lat) / dur if lat and dur > 0 else None
+    nearest = None
+    if presets and rows:
+        mi, mo = max(1.0, sum(ins) / len(ins)), max(1.0, sum(outs) / len(outs))
+        ru = reuse or 0.0
+
+        def dist(p: PresetShape) -> float:
+            return (abs(math.log(mi / max(1.0, p.input_tokens))) + abs(math.log(mo / max(1.0, p.output_tokens)))
+                    + 2 * abs(ru - p.reuse))
+
+        best = min(presets, key=dist)
+        nearest = (best.name, dist(best))
+    return RecordingSummary(tf.format, len(rows), dur, rate, _quantiles(ins), _quantiles(outs), reuse, conc,
+                            outcomes, nearest, tf.notes)
+
+
+def _latencies(path: Path) -> list[float]:
+    out: list[float] = []
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            v = obj.get("e2el_s") if isinstance(obj, dict) else None
+            if isinstance(v, int | float) and not isinstance(v, bool):
+                out.append(float(v))
+    return out
+
+
+__all__ = ["DEFAULT_BLOCK", "PresetShape", "RecordError", "Recorder", "RecorderState", "RecordingSummary",
+           "chained_hashes", "reuse_share", "summarize"]
