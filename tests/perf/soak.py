@@ -13,7 +13,16 @@ temporary ``VTUI_HOME`` unless one is set.
 
     .venv/bin/python tests/perf/soak.py --rate 150 --seconds 600 --runs 3
 
-Target (issue 35): RSS after the last run within 30 MB of RSS after the first.
+``--tui`` starts each run in the real app instead (headless, ``--size`` columns x rows), by its
+``r`` key, and looks at the Runs tab after each: what the TUI renders and keeps is paid too.
+``--tracemalloc N`` prints, after each run from the second, where the Python memory the last
+run left grew most (N frames deep); the C heap (glibc's mallinfo2) and the thread count are
+printed beside each run's RSS.
+
+    .venv/bin/python tests/perf/soak.py --tui --rate 150 --seconds 120 --runs 6
+
+Targets: RSS after the last run within 30 MB of RSS after the first (issue 35); from the second
+run on, RSS flat within 10 MB over six runs (issue 44).
 """
 
 from __future__ import annotations
@@ -27,8 +36,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 import urllib.request
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -42,8 +54,9 @@ def rss_mb(pid: int | str = "self") -> float:
     return 0.0
 
 
-def c_heap_mb() -> tuple[float, float] | None:
-    """glibc's heap (all threads' arenas): MB in use and MB free but kept (mallinfo2), or None."""
+def c_heap_mb() -> tuple[float, float, float] | None:
+    """glibc's heap (all threads' arenas): MB in use, MB free but kept, and MB in blocks of their
+    own mapping (mallinfo2: uordblks, fordblks, hblkhd), or None."""
     import ctypes
     import ctypes.util
 
@@ -57,7 +70,20 @@ def c_heap_mb() -> tuple[float, float] | None:
         return None
     f.restype = MallInfo2
     m = f()
-    return m.uordblks / 1e6, m.fordblks / 1e6
+    return m.uordblks / 1e6, m.fordblks / 1e6, m.hblkhd / 1e6
+
+
+def print_grown(before: tracemalloc.Snapshot, after: tracemalloc.Snapshot, frames: int, top: int = 12) -> None:
+    """What a finished run left, by where it was allocated: the biggest growths between two
+    snapshots taken after consecutive runs (each ``frames`` deep, the allocating line last)."""
+    stats = after.compare_to(before, "traceback" if frames > 1 else "lineno")
+    grown = sum(s.size_diff for s in stats)
+    print(f"  tracemalloc: {grown / 1e6:+.2f} MB traced since the last run; largest growths:", flush=True)
+    for stat in stats[:top]:
+        if stat.size_diff <= 0:
+            break
+        where = " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in reversed(stat.traceback))
+        print(f"    {stat.size_diff / 1e6:+8.3f} MB {stat.count_diff:+7d} blocks  {where}", flush=True)
 
 
 def free_port() -> int:
@@ -99,14 +125,7 @@ async def soak(url: str, args: argparse.Namespace) -> list[tuple[str, float, flo
         rows.append((when, time.monotonic() - t0, rss, note))
         print(f"{time.monotonic() - t0:7.0f} s  {rss:7.1f} MB  {when}{'  ' + note if note else ''}", flush=True)
 
-    frames = 0
-
-    def on_snapshot(snap: object) -> None:
-        nonlocal frames
-        frames += 1  # the TUI renders each; here only its building is paid
-
-    session.subscribe(on_snapshot)
-    publisher = asyncio.create_task(session.publish_forever(hz=4.0))
+    snaps: list[tracemalloc.Snapshot] = []
 
     async def per_minute() -> None:
         minute = 0
@@ -115,29 +134,76 @@ async def soak(url: str, args: argparse.Namespace) -> list[tuple[str, float, flo
             minute += 1
             mark(f"minute {minute}", "run going" if session.run_active else "idle")
 
-    ticker = asyncio.create_task(per_minute())
-    try:
+    async def runs(run_once: Callable[[], Awaitable[Any]]) -> None:
         await session.attach(url)
         await asyncio.sleep(2.0)
         mark("idle, before any run")
         for i in range(1, args.runs + 1):
-            record = await session.run_workload()
+            record = await run_once()
             load = record.summary.load
             figures = "" if load is None else (
                 f"{load.completed} req, {load.request_throughput:.1f} req/s, "
                 f"TTFT p50 {load.get('median_ttft_ms') or 0:.1f} ms, TPOT p50 {load.get('median_tpot_ms') or 0:.1f} ms")
             await asyncio.sleep(5.0)
+            if args.tracemalloc:
+                gc.collect()
+                snap = tracemalloc.take_snapshot().filter_traces(
+                    (tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, "<frozen importlib._bootstrap>")))
+                if snaps:
+                    print_grown(snaps[-1], snap, args.tracemalloc)
+                snaps.append(snap)
             heap = c_heap_mb()
-            where = "" if heap is None else f"; C heap {heap[0]:.1f} MB in use, {heap[1]:.1f} free"
+            where = "" if heap is None else (f"; C heap {heap[0]:.1f} MB in use, {heap[1]:.1f} free, "
+                                             f"{heap[2]:.1f} mapped")
+            where += f"; {len(os.listdir('/proc/self/task'))} threads"
             mark(f"after run {i}", f"{record.status}: {figures}{where}")
         gc.collect()
         mark("after the runs, gc.collect()")
+
+    ticker = asyncio.create_task(per_minute())
+    frames = 0
+    try:
+        if args.tui:
+            await in_the_tui(session, runs, args)
+        else:
+            def on_snapshot(snap: object) -> None:
+                nonlocal frames
+                frames += 1  # the TUI renders each; here only its building is paid
+
+            session.subscribe(on_snapshot)
+            publisher = asyncio.create_task(session.publish_forever(hz=4.0))
+            try:
+                await runs(session.run_workload)
+            finally:
+                publisher.cancel()
     finally:
         ticker.cancel()
-        publisher.cancel()
         await session.close()
-    print(f"({frames} snapshots published)")
+    if not args.tui:
+        print(f"({frames} snapshots published)")
     return rows
+
+
+async def in_the_tui(session: Any, runs: Callable[[Callable[[], Awaitable[Any]]], Awaitable[None]],
+                     args: argparse.Namespace) -> None:
+    """``runs`` with each run started as the user does, by the ``r`` key of the real app (headless,
+    ``args.size`` columns x rows; it publishes, renders and compares as it does in a terminal)."""
+    from tui.app import VtuiApp
+
+    cols, rows_ = (int(v) for v in args.size.split("x"))
+    app = VtuiApp(session, cursor_blink=False)
+    async with app.run_test(size=(cols, rows_)) as pilot:
+        async def run_once() -> Any:
+            before = len(session.runs)
+            await pilot.press("r")
+            while len(session.runs) == before or session.run_active:
+                await asyncio.sleep(0.5)
+            await pilot.press("5")  # the Runs tab, where the user looks at the runs side by side
+            await asyncio.sleep(1.0)
+            await pilot.press("1")
+            return session.runs[-1]
+
+        await runs(run_once)
 
 
 def main() -> None:
@@ -147,6 +213,12 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="runs back to back in the one session (default 3)")
     ap.add_argument("--input-len", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=32)
+    ap.add_argument("--tui", action="store_true",
+                    help="start each run by the r key of the real app (headless), as in a terminal")
+    ap.add_argument("--size", default="100x36", help="the headless app's columns x rows (default 100x36)")
+    ap.add_argument("--tracemalloc", type=int, default=0, metavar="FRAMES",
+                    help="trace Python allocations FRAMES deep and print, after each run from the second, "
+                         "where the memory the previous run left grew most (slows the session)")
     a = ap.parse_args()
     if a.rate <= 0 or a.seconds <= 0 or a.runs < 1:
         ap.error("--rate and --seconds must be > 0, --runs at least 1")
@@ -160,6 +232,8 @@ def main() -> None:
     server = subprocess.Popen([sys.executable, "-m", "loadgen.testserver", "--port", str(port),
                                "--first-delay-ms", "20", "--gap-ms", "10"], cwd=ROOT,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if a.tracemalloc:
+        tracemalloc.start(a.tracemalloc)
     try:
         wait_healthy(url)
         print(f"soak: {a.runs} runs of {a.seconds:.0f} s at {a.rate:g} req/s, {a.input_len} in / {a.output_len} out, "
@@ -177,6 +251,10 @@ def main() -> None:
     after = [(w, r) for w, _, r, _ in rows if w.startswith("after run")]
     if len(after) >= 2:
         print(f"\nRSS after the last run - after the first: {after[-1][1] - after[0][1]:+.1f} MB (target: within 30)")
+    if len(after) >= 3:
+        later = [r for _, r in after[1:]]
+        print(f"RSS after runs 2..{len(after)}: {min(later):.1f} to {max(later):.1f} MB, "
+              f"spread {max(later) - min(later):.1f} MB (target: within 10)")
 
 
 if __name__ == "__main__":
