@@ -347,14 +347,18 @@ def _platform_of(version: str) -> str | None:
 # parent (vtui) never does it. "--help" in argv makes vLLM fill in the help texts
 # (it skips them otherwise to start faster); without "serve" it keeps --model.
 # It ends with vtui, kill -9 included (issue 44: it outlived a killed `vtui serve` by 20-30 s,
-# importing vLLM): the parent-death signal the server's reaper takes (engine.server.procs), here
-# SIGKILL, as the child holds nothing to clean up. It fires when the thread that started the child
-# ends; that thread waits in subprocess.run for as long as the child lives. A vtui gone before the
-# prctl took effect is seen by the parent pid.
+# importing vLLM): the parent-death signal the server's reaper takes (engine.server.procs's
+# _set_parent_death_signal, not imported: the server room stands above flags), here SIGKILL, as the
+# child holds nothing to clean up. It fires when the thread that started the child ends; that
+# thread waits in subprocess.run for as long as the child lives. A vtui gone before the prctl took
+# effect is seen by the parent pid. Off Linux the prctl is not there: the child ends on its own.
 _EXTRACT = r'''
 import os, signal
-from engine.server.procs import _set_parent_death_signal
-_set_parent_death_signal(signal.SIGKILL)
+try:
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+except (OSError, AttributeError):
+    pass
 if os.getppid() != OWNER_PID:
     os._exit(1)
 import argparse, json, sys
