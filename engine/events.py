@@ -55,6 +55,13 @@ class TuneEnded:
     """The search ended, whatever the outcome: the server runs its last configuration, or nothing."""
 
 
-SessionEvent: TypeAlias = Changed | Notice | ServerTookFlags | FlagsRecovered | TuneTookFlags | TuneEnded
+@dataclass(frozen=True)
+class LimitsSetLive:
+    """Live limits changed on the running server (issue 41): the Live tab's charts mark the moment."""
+
+    words: str  # "max-num-seqs 128->4"
+
+
+SessionEvent: TypeAlias = Changed | Notice | ServerTookFlags | FlagsRecovered | TuneTookFlags | TuneEnded | LimitsSetLive
 Emit: TypeAlias = Callable[[SessionEvent], None]
 CHANGED = Changed()

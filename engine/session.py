@@ -55,6 +55,7 @@ from engine.views import (
     Changed,
     ComparisonView,
     FlagsRecovered,
+    LimitsSetLive,
     Notice,
     RunRecord,
     ServerTookFlags,
@@ -441,6 +442,8 @@ class Session:
                 self._flags = flags
                 self._flag_text_errors.clear()
                 self._revalidate()
+            case LimitsSetLive(words):
+                self._live_telemetry.mark(words)
             case TuneEnded():
                 # the server runs the last configuration tried (or nothing): the view says so
                 self._live_server.tune_ended()
@@ -779,6 +782,7 @@ class Session:
             gpu_unavailable=unavailable,
             server_metrics=server_metrics_view(self._live_telemetry.server_sample, self._live_telemetry.latest),
             series=self._live_telemetry.series(),
+            series_marks=self._live_telemetry.marks(),
             logs=self._live_server.logs(),
             run=self._live_runs.progress(self._arrivals),
             runs=tuple(self._live_runs.runs),

@@ -22,6 +22,7 @@ from engine.events import (
     Changed,
     Emit,
     FlagsRecovered,
+    LimitsSetLive,
     Notice,
     ServerTookFlags,
     SessionEvent,
@@ -53,11 +54,41 @@ if TYPE_CHECKING:
     from loadgen.stats import StatsWindow
 
 __all__ = [
-    "CHANGED", "LIVE_METRICS", "Changed", "ComparisonView", "DeviceView", "Emit", "FlagsRecovered", "LiveFigures",
-    "LogLine", "Notice", "RunProgress", "RunRecord", "ServerMetricsView", "ServerTookFlags", "ServerView",
-    "SessionEvent", "SessionSnapshot", "StoredRun", "TrialView", "TuneEnded", "TuneRequest", "TuneTookFlags",
-    "TuneView", "beside_line", "compare_view", "devices_view", "frontier_points", "live_figures", "run_figures",
-    "run_info", "server_metrics_view", "slo_label", "space_lines", "window_figures",
+    "CHANGED",
+    "LIVE_METRICS",
+    "Changed",
+    "ComparisonView",
+    "DeviceView",
+    "Emit",
+    "FlagsRecovered",
+    "LimitsSetLive",
+    "LiveFigures",
+    "LogLine",
+    "Notice",
+    "RunProgress",
+    "RunRecord",
+    "ServerMetricsView",
+    "ServerTookFlags",
+    "ServerView",
+    "SessionEvent",
+    "SessionSnapshot",
+    "StoredRun",
+    "TrialView",
+    "TuneEnded",
+    "TuneRequest",
+    "TuneTookFlags",
+    "TuneView",
+    "beside_line",
+    "compare_view",
+    "devices_view",
+    "frontier_points",
+    "live_figures",
+    "run_figures",
+    "run_info",
+    "server_metrics_view",
+    "slo_label",
+    "space_lines",
+    "window_figures",
 ]
 
 
@@ -104,6 +135,8 @@ class SessionSnapshot:
     stored_filter: str = ""
     load_points: tuple[LoadPoint, ...] = ()
     run_points: tuple[RunPoint, ...] = ()
+    # Per sparkline, the live limit changes within its points (issue 41): (points since, words).
+    series_marks: Mapping[str, tuple[tuple[int, str], ...]] = field(default_factory=dict)
 
     @property
     def figures(self) -> LiveFigures | None:

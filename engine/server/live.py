@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, NoReturn, cast
 
 from engine import paths
 from engine.errors import EngineDied, SessionError, StartupError
-from engine.events import CHANGED, Emit, FlagsRecovered, Notice, ServerTookFlags
+from engine.events import CHANGED, Emit, FlagsRecovered, LimitsSetLive, Notice, ServerTookFlags
 from engine.flags import FlagSet
 from engine.server.attach import AttachedServer, attach
 from engine.server.launch import secret_env
@@ -372,6 +372,7 @@ class LiveServer:
             return None
         words = ", ".join(f"{n} {_word(a)}->{_word(b)}" for n, (a, b) in result.changed.items()) or "no limit moved"
         self.live_changes.append((self._clock(), words))
+        self._emit(LimitsSetLive(words))
         self.running_flags = flags
         self._loaded(flags)
         self._notify(f"changed live in {result.seconds * 1000:.0f} ms, no restart: {words}")

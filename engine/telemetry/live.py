@@ -42,6 +42,9 @@ class SampleSink(Protocol):
 SERIES_POINTS = 120
 
 
+MARKS_KEPT = 10  # live changes remembered for the charts' marks
+
+
 class LiveTelemetry:
     """The sampler, the scrape, their latest samples and the sparkline series of one session."""
 
@@ -67,6 +70,8 @@ class LiveTelemetry:
         # iterated raised RuntimeError and stopped the screen's updates without a word).
         self._series: dict[str, collections.deque[float]] = {}
         self._series_lock = threading.Lock()
+        self._pushed: collections.Counter[str] = collections.Counter()  # points ever pushed, per series
+        self._marks: collections.deque[tuple[dict[str, int], str]] = collections.deque(maxlen=MARKS_KEPT)
 
     @property
     def enabled(self) -> bool:
@@ -166,9 +171,26 @@ class LiveTelemetry:
         with self._series_lock:
             return {k: tuple(v) for k, v in self._series.items()}
 
+    def mark(self, words: str) -> None:
+        """A moment to mark on the series (a live limit change, issue 41), from any thread."""
+        with self._series_lock:
+            self._marks.append((dict(self._pushed), words))
+
+    def marks(self) -> dict[str, tuple[tuple[int, str], ...]]:
+        """Per series, the marks still within its points: (points since the mark, words), oldest first."""
+        with self._series_lock:
+            out: dict[str, tuple[tuple[int, str], ...]] = {}
+            for name, series in self._series.items():
+                seen = tuple((self._pushed[name] - at.get(name, 0), words) for at, words in self._marks
+                             if self._pushed[name] - at.get(name, 0) < len(series))
+                if seen:
+                    out[name] = seen
+            return out
+
     def push(self, name: str, value: float) -> None:
         """Append a point to a series (made on its first point), from any thread."""
         with self._series_lock:
+            self._pushed[name] += 1
             series = self._series.get(name)
             if series is None:
                 series = self._series[name] = collections.deque(maxlen=SERIES_POINTS)

@@ -13,6 +13,8 @@ from textual.widgets import Label, ProgressBar, Sparkline, Static
 from engine.views import LIVE_METRICS, SessionSnapshot
 
 # (series name in the snapshot, label)
+MARKED = "ttft_p50"  # the chart whose line shows where live changes fall
+
 SPARKS = (
     ("req_s", "req/s"),
     ("ttft_p50", "TTFT p50"),
@@ -50,6 +52,8 @@ class LivePanel(VerticalScroll):
                     yield Label(label, classes="spark-label")
                     yield Sparkline([], id=f"spark-{name}", classes="spark")
                     yield Label("", id=f"spark-last-{name}", classes="spark-last")
+        # Under the charts: where a live limit change (issue 41) falls on TTFT's, and what it was.
+        yield Static("", id="live-marks")
 
     def watch_snapshot(self, snap: SessionSnapshot | None) -> None:
         if snap is None or not self.is_mounted:
@@ -69,6 +73,26 @@ class LivePanel(VerticalScroll):
             # as full bars. Nothing above zero draws nothing.
             self.query_one(f"#spark-{name}", Sparkline).data = list(data) if any(data) else []
             self.query_one(f"#spark-last-{name}", Label).update(_f(data[-1]) if data else "-")
+        self._marks(snap)
+
+    def _marks(self, snap: SessionSnapshot) -> None:
+        box = self.query_one("#live-marks", Static)
+        marks = snap.series_marks.get(MARKED, ())
+        points = len(snap.series.get(MARKED, ()))
+        box.display = bool(marks) and points > 0
+        if not box.display:
+            return
+        spark = self.query_one(f"#spark-{MARKED}", Sparkline)
+        width, left = spark.size.width, max(0, spark.region.x - self.content_region.x)
+        text = Text()
+        if width > 0:  # laid out (a tab not shown yet has no size): the marks' columns
+            line = [" "] * (left + width)
+            for ago, _ in marks:
+                # Textual's sparkline spreads the points over its width: the change's first point's column.
+                line[left + max(0, min(width - 1, (points - ago) * width // points))] = "▲"
+            text.append("".join(line).rstrip() + "\n")
+        text.append(f"▲ set live: {marks[-1][1]}", style="italic")
+        box.update(text)
 
     def _resources(self, snap: SessionSnapshot) -> Text:
         text = Text()
