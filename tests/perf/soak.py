@@ -8,7 +8,8 @@ TUI) against loadgen's model-less stand-in server, started here as its own proce
 
 Each run is an open loop at ``--rate`` requests/s (constant gaps), ``--input-len`` in /
 ``--output-len`` out, for ``--seconds``. The process's resident size (``VmRSS``) is printed
-every minute and after each run (5 s after its end), then a table. The history goes to a
+every minute and after each run (5 s after its end, once the comparison's bootstrap of it is
+done), then a table. The history goes to a
 temporary ``VTUI_HOME`` unless one is set.
 
     .venv/bin/python tests/perf/soak.py --rate 150 --seconds 600 --runs 3
@@ -86,6 +87,30 @@ def print_grown(before: tracemalloc.Snapshot, after: tracemalloc.Snapshot, frame
         print(f"    {stat.size_diff / 1e6:+8.3f} MB {stat.count_diff:+7d} blocks  {where}", flush=True)
 
 
+def pymalloc_mb() -> tuple[float, float] | None:
+    """Python's small-object allocator: MB of its arenas (1 MiB each, mapped apart from the C
+    heap) and MB in blocks in use (sys._debugmallocstats, which writes to the C stderr), or None.
+    Arenas far above the blocks in use: a few live objects hold otherwise empty arenas."""
+    with tempfile.TemporaryFile() as out:
+        saved = os.dup(2)
+        try:
+            os.dup2(out.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    found = {}
+    for line in text.splitlines():
+        for key in ("arenas allocated current", "bytes in allocated blocks"):
+            if line.startswith(f"# {key}"):
+                found[key] = int(line.split("=")[1].replace(",", ""))
+    if len(found) < 2:
+        return None
+    return found["arenas allocated current"] * 1048576 / 1e6, found["bytes in allocated blocks"] / 1e6
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -145,6 +170,10 @@ async def soak(url: str, args: argparse.Namespace) -> list[tuple[str, float, flo
                 f"{load.completed} req, {load.request_throughput:.1f} req/s, "
                 f"TTFT p50 {load.get('median_ttft_ms') or 0:.1f} ms, TPOT p50 {load.get('median_tpot_ms') or 0:.1f} ms")
             await asyncio.sleep(5.0)
+            # The comparison's bootstrap of the run (the noise thread, asked for by the snapshot)
+            # reads its requests back: measured once it is done, not in the middle of it.
+            await asyncio.to_thread(session._live_runs.noise_settled, 120.0)
+            await asyncio.sleep(1.0)
             if args.tracemalloc:
                 gc.collect()
                 snap = tracemalloc.take_snapshot().filter_traces(
@@ -155,6 +184,9 @@ async def soak(url: str, args: argparse.Namespace) -> list[tuple[str, float, flo
             heap = c_heap_mb()
             where = "" if heap is None else (f"; C heap {heap[0]:.1f} MB in use, {heap[1]:.1f} free, "
                                              f"{heap[2]:.1f} mapped")
+            py = pymalloc_mb()
+            if py is not None:
+                where += f"; pymalloc {py[0]:.1f} MB of arenas, {py[1]:.1f} in use"
             where += f"; {len(os.listdir('/proc/self/task'))} threads"
             mark(f"after run {i}", f"{record.status}: {figures}{where}")
         gc.collect()
