@@ -224,10 +224,48 @@ def report(home: Path, names: dict[tuple[str, str, str], list[str]], knobs: list
                 pct = f"{100 * (lv - s) / s:+.1f}%" if s and lv is not None else "-"
                 print(f"{f'{name} {text_of(large)}->{text_of(small)}' if i == 0 else '':<36} {key:<18} {fmt(s):>9} "
                       f"{fmt(lv):>9} {pct:>9} {d.verdict if d else 'not judged':>13}")
+        if a.analyze:
+            print_ranges(knobs, group)
+    if a.analyze:
+        return
     print(f"\nwall time {wall:.0f} s; {len(starts)} server starts "
           f"({', '.join(f'{lbl} {s:.0f} s' for lbl, s in starts)}); "
           f"{len(set_ms)} vtui set calls, engine took each in {min(set_ms, default=0):.0f}-{max(set_ms, default=0):.0f} ms "
           f"(median {sorted(set_ms)[len(set_ms) // 2] if set_ms else 0:.0f} ms)")
+
+
+def print_ranges(knobs: list[tuple[str, object, object]], group: Any) -> None:
+    """Each arm's runs one by one (a box-bound run starred): what the verdicts' intervals rest on."""
+    print("\n== each arm's runs in order r1..rN (* = box-bound, as the product marks it)")
+    figures = (("ttft_p50", "median_ttft_ms"), ("tpot_p50", "median_tpot_ms"), ("request_throughput", "request_throughput"))
+    for name, small, large in knobs:
+        for value in (small, large):
+            for arm in ("started", "live"):
+                runs = group((name, text_of(value), arm))
+                if not runs:
+                    continue
+                cells = []
+                for label, key in figures:
+                    vals = [f"{fmt(r.summary.load.get(key))}{'*' if r.status == 'box-bound' else ''}" for r in runs
+                            if r.summary.load is not None]
+                    cells.append(f"{label} {' '.join(vals)}")
+                print(f"{f'{name}={text_of(value)} {arm}':<40} {' | '.join(cells)}")
+
+
+def analyze(a: argparse.Namespace) -> int:
+    """The tables again over a kept VTUI_HOME's runs (their names give knob, value, arm, repeat)."""
+    from engine.runs.history import History
+
+    home = Path(a.analyze)
+    names: dict[tuple[str, str, str], list[str]] = {}
+    with History(home / "data" / "history.sqlite", read_only=True) as history:
+        for run in sorted(history.list_runs(), key=lambda r: r.id):
+            if m := re.fullmatch(r"(\S+)=(\S+) (live|started) r(\d+)", run.name):
+                names.setdefault((m.group(1), m.group(2), m.group(3)), []).append(run.name)
+                a.repeats = max(a.repeats, int(m.group(4)))
+    knobs = [k for k in KNOBS if any(key[0] == k[0] for key in names)]
+    report(home, names, knobs, a, 0.0, [], [])
+    return 0
 
 
 def fmt(value: float | str | None) -> str:
@@ -247,7 +285,13 @@ def main() -> int:
     p.add_argument("--knob", action="append", choices=[k[0] for k in KNOBS], help="only this knob (repeat)")
     p.add_argument("--no-pin", action="store_true", help="do not split server and client over the cores")
     p.add_argument("--keep", action="store_true", help="keep the temporary VTUI_HOME with every run")
-    return asyncio.run(main_async(p.parse_args()))
+    p.add_argument("--analyze", metavar="VTUI_HOME", help="no runs: the tables again over a kept folder's runs, "
+                   "with each arm's runs one by one (the workload options should be the run's, for the title)")
+    a = p.parse_args()
+    if a.analyze:
+        a.repeats = 0
+        return analyze(a)
+    return asyncio.run(main_async(a))
 
 
 if __name__ == "__main__":
