@@ -139,8 +139,7 @@ class VtuiApp(App[int]):
     BINDINGS = [
         Binding("s", "start_server", "Start", tooltip="Start the server with the edited flags"),
         Binding("x", "stop_server", "Stop", tooltip="Stop the server (or detach from an attached one)"),
-        Binding("a", "apply", "Apply", tooltip="Apply the edited flags: live where every edited flag can (~ in the "
-                "Flags tab), else restart the server with them"),
+        Binding("a", "apply", "Apply", tooltip="Apply the edited flags: live if all are ~, else restart"),
         Binding("r", "run", "Run", tooltip="Run the workload against the server"),
         Binding("e", "export", "Export", tooltip="Export: docker run, vllm serve, results JSON, trace"),
         Binding("v", "advise", "Advise", tooltip="The advisor's findings for the last run"),
