@@ -26,8 +26,7 @@ from engine.events import CHANGED, Emit, FlagsRecovered, LimitsSetLive, Notice, 
 from engine.flags import FlagSet
 from engine.server.attach import AttachedServer, attach
 from engine.server.launch import secret_env
-from engine.server.livehook import LIVE_FLAGS
-from engine.server.livelimits import LiveRefused, LiveResult, LiveUnavailable, change_live, plan_change, read_live
+from engine.server.livelimits import LiveResult, try_live
 from engine.server.logparse import LineKind, StartupFacts, classify_line
 from engine.server.planner import numa_node_memory, plan_for_flags, refusal_for
 from engine.server.ready import ensure_server
@@ -352,24 +351,13 @@ class LiveServer:
         running = self.running_flags
         if sup is None or running is None or self.state_name() != "READY" or not isinstance(sup.flags, FlagSet):
             return None
-        edited = running.diff(flags)
-        if not edited:
+        if not running.diff(flags):
             return None  # the user asked for a restart with the same flags
-        restart = [n for n in {**edited, **sup.flags.diff(flags)} if n not in LIVE_FLAGS]
-        if restart:
-            self.live_refusal = f"--{restart[0]} needs a restart"
+        attempt = await try_live(sup.base_url, sup.flags, running, flags, secret_env(sup.flags).get("VLLM_API_KEY"))
+        if attempt.result is None:
+            self.live_refusal = attempt.refusal
             return None
-        key = secret_env(sup.flags).get("VLLM_API_KEY")
-        try:
-            state = await read_live(sup.base_url, key)
-            plan = plan_change({n: (None, flags.get(n)) for n in LIVE_FLAGS}, state)
-            if not plan.is_live:
-                self.live_refusal = "; ".join(plan.restart_reasons)
-                return None
-            result = await change_live(sup.base_url, plan.live, key)
-        except (LiveUnavailable, LiveRefused) as exc:
-            self.live_refusal = str(exc)
-            return None
+        result = attempt.result
         words = ", ".join(f"{n} {_word(a)}->{_word(b)}" for n, (a, b) in result.changed.items()) or "no limit moved"
         self.live_changes.append((self._clock(), words))
         self._emit(LimitsSetLive(words))

@@ -7,6 +7,7 @@ no ``/vtui/live``: every change there is a restart, and ``LiveUnavailable`` says
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from engine.flags import FlagSet
 from engine.server.livehook import CHUNKED_PREFILL, LIVE_FLAGS, ROUTE
 
 __all__ = [
@@ -21,12 +23,15 @@ __all__ = [
     "LiveRefused",
     "LiveResult",
     "LiveState",
+    "LiveTry",
     "LiveUnavailable",
     "change_live",
     "parse_assignments",
     "parse_value",
     "plan_change",
     "read_live",
+    "try_live",
+    "wait_drained",
 ]
 
 _TRUE = ("true", "1", "yes", "on")
@@ -208,3 +213,43 @@ async def change_live(url: str, changes: Mapping[str, Any], api_key: str | None 
         seconds = time.perf_counter() - t0
     after = LiveState.from_json(_answer(resp, url))
     return LiveResult(before=before, after=after, seconds=seconds)
+
+
+@dataclass(frozen=True)
+class LiveTry:
+    """One attempt at setting flags live: the result, or why they must restart instead."""
+
+    result: LiveResult | None = None
+    refusal: str | None = None
+
+
+async def try_live(base_url: str, started: FlagSet, current: FlagSet, target: FlagSet, api_key: str | None = None,
+                   *, timeout: float = 30.0) -> LiveTry:
+    """Set ``target`` on the server at ``base_url`` (started with ``started``, running ``current``)
+    without a restart, where it differs from both only in live flags within their started values:
+    every live flag is sent (unset ones back to the started value). The one way the TUI's apply,
+    the tune and the sweep change a running server's limits."""
+    restart = [n for n in {**current.diff(target), **started.diff(target)} if n not in LIVE_FLAGS]
+    if restart:
+        return LiveTry(refusal=f"--{restart[0]} needs a restart")
+    try:
+        state = await read_live(base_url, api_key, timeout=timeout)
+        plan = plan_change({n: (None, target.get(n)) for n in LIVE_FLAGS}, state)
+        if not plan.is_live:
+            return LiveTry(refusal="; ".join(plan.restart_reasons))
+        return LiveTry(result=await change_live(base_url, plan.live, api_key, timeout=timeout))
+    except (LiveUnavailable, LiveRefused) as exc:
+        return LiveTry(refusal=str(exc))
+
+
+async def wait_drained(base_url: str, api_key: str | None = None, *, timeout: float = 60.0) -> bool:
+    """Wait until nothing admitted under the old limits runs or waits (a measured step counts from
+    there); False when ``timeout`` ran out first."""
+    end = time.monotonic() + timeout
+    while True:
+        state = await read_live(base_url, api_key)
+        if state.running == 0 and state.waiting == 0:
+            return True
+        if time.monotonic() >= end:
+            return False
+        await asyncio.sleep(0.2)

@@ -19,8 +19,7 @@ from engine.runs.measure import measure as measure_run
 from engine.runs.series import measure_sound
 from engine.runs.status import RunStatus
 from engine.server.launch import secret_env
-from engine.server.livehook import LIVE_FLAGS
-from engine.server.livelimits import LiveRefused, LiveUnavailable, change_live, plan_change, read_live
+from engine.server.livelimits import LiveUnavailable, try_live, wait_drained
 from engine.server.ready import ensure_server
 from engine.server.supervisor import ServerState, Supervisor
 from engine.tune.trial import EarlyStop, Measurement, StartOutcome
@@ -124,23 +123,15 @@ class ServerMeasurer:
         sup = self.sup
         if sup is None or sup.state is not ServerState.READY or not isinstance(sup.flags, FlagSet):
             return None
-        restart = [n for n in sup.flags.diff(flags) if n not in LIVE_FLAGS]
-        if restart:
-            self.live_refusal = f"--{restart[0]} needs a restart"
-            return None
         key = secret_env(sup.flags).get("VLLM_API_KEY")
         t0 = time.monotonic()
+        attempt = await try_live(sup.base_url, sup.flags, self._live_flags or sup.flags, flags, key)
+        if attempt.result is None:
+            self.live_refusal = attempt.refusal
+            return None
         try:
-            state = await read_live(sup.base_url, key)
-            # Every live flag to the configuration's value (unset: the started one), whatever the
-            # configuration before it set.
-            plan = plan_change({n: (None, flags.get(n)) for n in LIVE_FLAGS}, state)
-            if not plan.is_live:
-                self.live_refusal = "; ".join(plan.restart_reasons)
-                return None
-            await change_live(sup.base_url, plan.live, key)
-            await self._drained(sup.base_url, key, timeout=min(60.0, timeout))
-        except (LiveUnavailable, LiveRefused) as exc:
+            await wait_drained(sup.base_url, key, timeout=min(60.0, timeout))
+        except LiveUnavailable as exc:
             self.live_refusal = str(exc)
             return None
         self.live_changes += 1
@@ -148,16 +139,6 @@ class ServerMeasurer:
         self._live_flags = flags
         return StartOutcome(True, restarted=False, live=True, seconds=time.monotonic() - t0,
                             started_with=sup.flags.to_dict())
-
-    @staticmethod
-    async def _drained(url: str, key: str | None, *, timeout: float) -> None:
-        """Wait until nothing admitted under the old limits runs or waits (a step counts from there)."""
-        end = time.monotonic() + timeout
-        while True:
-            state = await read_live(url, key)
-            if (state.running == 0 and state.waiting == 0) or time.monotonic() >= end:
-                return
-            await asyncio.sleep(0.2)
 
     async def _warm_up(self, *, timeout: float) -> None:
         """One unmeasured burst; what goes wrong here shows in the first step instead."""

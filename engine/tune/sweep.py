@@ -31,8 +31,10 @@ from engine.runs.history import History, Recording, RunInfo
 from engine.runs.measure import RunPlan, Target, box_bound_why, local_tokenizer, measure
 from engine.runs.series import Slot, run_series
 from engine.runs.status import RunStatus
+from engine.server.launch import secret_env
+from engine.server.livelimits import try_live, wait_drained
 from engine.server.ready import ensure_server
-from engine.server.supervisor import Supervisor
+from engine.server.supervisor import ServerState, Supervisor
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ async def run_sweep(
     supervisor_factory: Callable[[FlagSet], Supervisor] | None = None,
     extra_flags: Mapping[str, FlagValue] | None = None,
     repeats: int = 1,
+    live: bool = True,
 ) -> list[SweepStep]:
     """Run ``presets`` (already resolved: [tiny] applied, overrides made) in order.
 
@@ -78,6 +81,9 @@ async def run_sweep(
     where the flags cannot be applied and the attached server is used as it is).
     ``extra_flags`` go under every preset's flags (e.g. ``load-format = dummy`` for a
     shipped architecture); a preset's own value wins. ``repeats``: rounds over the presets.
+    ``live``: a preset that differs from the running server only in live flags (issue 41:
+    max-num-seqs, max-num-batched-tokens, chunked prefill, within the started values) is set on it
+    without a restart; its stored run keeps the started flags beside its own.
     """
     if repeats < 1:
         raise ValueError(f"repeats {repeats}: must be 1 or more")
@@ -88,20 +94,44 @@ async def run_sweep(
         return Supervisor(flags, log_dir=paths.logs_dir())
 
     sup: Supervisor | None = None
+    current: FlagSet | None = None  # the flags set live on ``sup``, if any
     tokenizer = local_tokenizer(model)
     version = installed_vllm_version()
 
+    async def set_live(flags: FlagSet, label: str) -> bool:
+        nonlocal current
+        if not live or sup is None or sup.state is not ServerState.READY or not isinstance(sup.flags, FlagSet):
+            return False
+        key = secret_env(sup.flags).get("VLLM_API_KEY")
+        attempt = await try_live(sup.base_url, sup.flags, current or sup.flags, flags, key)
+        if attempt.result is None:
+            say(f"{label}: restart ({attempt.refusal})")
+            return False
+        await wait_drained(sup.base_url, key)
+        current = flags
+        changed = ", ".join(f"{n} {a}->{b}" for n, (a, b) in attempt.result.changed.items()) or "no limit moved"
+        say(f"{label}: set live in {attempt.result.seconds * 1000:.0f} ms, no restart ({changed})")
+        return True
+
     async def step(slot: Slot[Preset]) -> SweepStep:
-        nonlocal sup
+        nonlocal sup, current
         preset, repeat = slot.config, slot.repeat
         label = slot.label(preset.name)
         flags = FlagSet.from_dict({"model": model, "values": {**(extra_flags or {}), **preset.flags}})
         meta: dict[str, object] = {"scaled": list(preset.scaled)}
         restarted, downtime = False, None
-        if url is None:
+        if url is not None:
+            target = Target(url, None, tokenizer=tokenizer, model_label=None, vllm_version=version)
+        elif await set_live(flags, label):
+            assert sup is not None
+            target = dataclasses.replace(Target.of(sup, tokenizer=tokenizer), flags=recordable_values(flags))
+            if target.vllm_version is None:
+                target = dataclasses.replace(target, vllm_version=version)
+        else:
             def say_step(text: str) -> None:
                 say(f"{label}: {text}")
 
+            current = None
             ready = await ensure_server(sup, flags, make=make_supervisor, timeout=start_timeout, say=say_step)
             sup = ready.supervisor
             if ready.error is not None:
@@ -121,8 +151,6 @@ async def run_sweep(
             target = Target.of(sup, tokenizer=tokenizer)
             if target.vllm_version is None:
                 target = dataclasses.replace(target, vllm_version=version)
-        else:
-            target = Target(url, None, tokenizer=tokenizer, model_label=None, vllm_version=version)
         arr = preset.arrival_spec()
         say(f"{label}: {arr.num_requests or '-'} requests, {arr.mode} "
             + (f"concurrency {arr.concurrency}" if arr.mode == "closed" else f"rate {arr.rate}"))

@@ -49,6 +49,10 @@ def add_parser(subparsers: Subparsers) -> None:
     parser.add_argument("--requests", type=int, help="override every preset's num_requests")
     parser.add_argument("--concurrency", type=int, help="override every preset's concurrency")
     parser.add_argument("--warmup", type=int, help="override every preset's warmup_requests")
+    parser.add_argument("--no-live", action="store_true",
+                        help="restart the server for every preset whose flags differ; by default a preset that "
+                             "differs only in max-num-seqs, max-num-batched-tokens or chunked prefill (within the "
+                             "started values) is set live on the running server")
     parser.add_argument("--skip", action="store_true", help="leave out presets that cannot apply here")
     parser.add_argument("--force", action="store_true", help="run presets that cannot apply here anyway")
     parser.add_argument("--allow-long", action="store_true",
@@ -164,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     floor: NoiseFloor | None = None
     try:
         steps = asyncio.run(run_sweep(presets, model=model, url=args.url, history=history, say=say,
-                                      extra_flags=extra_flags, repeats=repeats,
+                                      extra_flags=extra_flags, repeats=repeats, live=not args.no_live,
                                       start_timeout=args.start_timeout, check_max_len=not args.allow_long))
         if history is not None:  # each run's requests: the within-run noise where there are no repeats
             with contextlib.suppress(HistoryError):
