@@ -232,3 +232,26 @@ def test_launch_adds_the_hook_and_reading_a_command_line_takes_it_out() -> None:
     assert launch_env({}) == {"VTUI_LIVE": "1"}
     assert launch_env({"VTUI_LIVE": "0"}) == {}
     assert launch_env({"VLLM_PLUGINS": "other"}) == {"VTUI_LIVE": "1", "VLLM_PLUGINS": "other,vtui_live"}
+
+
+def test_the_hook_is_on_the_engine_class_before_vllm_forks_its_engine_core() -> None:
+    """vLLM loads plugins once per process, first while the API server builds its parser, before the
+    engine core's module is imported; a forked engine core never loads them again (vLLM 0.24 on an
+    H200: every /vtui/live answered 'no live-limits hook'). The real order, in a fresh interpreter."""
+    script = (
+        "import os, vllm.entrypoints.cli.main\n"
+        "from vllm.plugins import load_general_plugins\n"
+        "load_general_plugins()\n"
+        "from vllm.v1.engine.core import EngineCore\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    load_general_plugins()\n"
+        "    os._exit(0 if hasattr(EngineCore, 'vtui_live') else 3)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "print('parent', hasattr(EngineCore, 'vtui_live'), 'child', os.waitstatus_to_exitcode(status))\n"
+    )
+    import os
+
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "VTUI_LIVE": "1"})
+    assert out.stdout.strip().splitlines()[-1:] == ["parent True child 0"], (out.stdout[-500:], out.stderr[-2000:])

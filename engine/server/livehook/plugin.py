@@ -40,9 +40,15 @@ def register() -> None:
         return
     core = sys.modules.get("vllm.v1.engine.core")
     if core is None:
-        # The API server process loads plugins before it imports the engine core; the engine
-        # core's process loads them from EngineCore.__init__, with the module imported.
-        return
+        # vLLM loads plugins once per process, the first time while the API server builds its
+        # parser, before it imports the engine core. A forked engine core (vLLM's default,
+        # VLLM_WORKER_MULTIPROC_METHOD=fork) inherits "plugins loaded" and never runs this again
+        # (found on vLLM 0.24 on an H200): the class must carry the method before the fork. A
+        # spawned engine core loads plugins again from EngineCore.__init__, module imported.
+        try:
+            import vllm.v1.engine.core as core
+        except Exception:  # not this vLLM's layout, or imported mid-import: /vtui/live then says the hook is missing
+            return
     engine_core = getattr(core, "EngineCore", None)
     if engine_core is not None and not hasattr(engine_core, UTILITY):
         setattr(engine_core, UTILITY, _vtui_live)
