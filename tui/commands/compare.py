@@ -8,7 +8,8 @@ metric; (±%) is the change against the baseline (the column holding the run tag
 95% interval of that change holds zero: over the repeats where both columns have some,
 else from each run's stored requests (the weaker kind) and this box's noise floor
 (measured by ``vtui bench --noise-floor K``, else learned from the history's repeats of any
-configuration; without either, single runs are not judged, said so); ``*``
+configuration; without either, single runs are judged within noise only, where even their
+within-run interval holds zero, never beyond it, and the legend says so); ``*``
 marks the best value per row only where it is beyond the noise of every other column.
 
   vtui compare 12 13                  two single runs

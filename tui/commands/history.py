@@ -146,7 +146,7 @@ def _floor(store: History, *, as_json: bool = False) -> int:
         if as_json:
             print(json.dumps({"box": this_box(), "floor": None}, indent=2))
         else:
-            print(f"no noise floor for this box ({this_box()}) yet: single runs are not judged. "
+            print(f"no noise floor for this box ({this_box()}) yet: single runs are judged within noise only, never beyond it. "
                   "`vtui bench --noise-floor 5` measures one; three runs or more of any configuration teach one.")
         return 0
     spreads = [(f, pct, verdict_floor(pct, floor.df_of(f)), floor.df_of(f)) for f in FIGURES
