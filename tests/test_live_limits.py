@@ -166,6 +166,9 @@ def test_token_budget_bounds_each_step_live_and_chunked_prefill_refusals_are_vll
         # Above the started value: a restart is needed, and nothing changes.
         out = vtui_set(url, f"max-num-seqs={started[MAX_NUM_SEQS] + 1}")
         assert out.returncode == 2 and "needs a restart" in out.stderr
+        # A refusal is an answer, not an engine failure: no ERROR traceback in vLLM's log for it.
+        log = vllm_server.supervisor.log_path
+        assert log is not None and "Invocation of vtui_live method failed" not in log.read_text(errors="replace")
         # Off with a budget that covers max-model-len is taken.
         out = vtui_set(url, f"max-num-batched-tokens={started[MAX_NUM_BATCHED_TOKENS]}", "enable-chunked-prefill=false")
         assert out.returncode == 0, out.stderr

@@ -85,19 +85,28 @@ async def _call_engines(client: Any, changes: dict[str, Any]) -> dict[str, Any]:
     engines = list(getattr(client, "core_engines", None) or [])
     if len(engines) <= 1:
         state = await client.call_utility_async(UTILITY, changes, False)
+        _raise_refusal([state])
         return {"engines": 1, **state}
     call = getattr(client, "_call_utility_async", None)
     if call is None or "engine" not in inspect.signature(call).parameters:
         raise _Refused(f"this vLLM runs {len(engines)} engines and offers no way to reach each one: "
                        "a change to some and not others would be worse than a restart")
     if changes:
-        await asyncio.gather(*[call(UTILITY, changes, True, engine=e) for e in engines])
+        _raise_refusal(await asyncio.gather(*[call(UTILITY, changes, True, engine=e) for e in engines]))
     states = await asyncio.gather(*[call(UTILITY, changes, False, engine=e) for e in engines])
+    _raise_refusal(states)
     first = dict(states[0])
     first["engines"] = len(engines)
     if any(s.get("live") != first.get("live") for s in states):
         first["warning"] = "the engines report different live limits"
     return first
+
+
+def _raise_refusal(states: list[Any]) -> None:
+    """An engine's answer that refused the change (as data: vLLM's own words) becomes a 409."""
+    for state in states:
+        if isinstance(state, dict) and state.get("refused"):
+            raise _Refused(str(state["refused"]))
 
 
 def _engine_message(text: str) -> str:

@@ -41,10 +41,11 @@ def register() -> None:
     core = sys.modules.get("vllm.v1.engine.core")
     if core is None:
         # vLLM loads plugins once per process, the first time while the API server builds its
-        # parser, before it imports the engine core. A forked engine core (vLLM's default,
-        # VLLM_WORKER_MULTIPROC_METHOD=fork) inherits "plugins loaded" and never runs this again
-        # (found on vLLM 0.24 on an H200): the class must carry the method before the fork. A
-        # spawned engine core loads plugins again from EngineCore.__init__, module imported.
+        # parser, before it imports the engine core. vLLM's CLI spawns the engine core unless the
+        # environment names a method, and a spawned one loads plugins again from
+        # EngineCore.__init__ (seen on vLLM 0.24 on an H100). With VLLM_WORKER_MULTIPROC_METHOD=fork
+        # the engine core inherits "plugins loaded" and never runs this again (read in 0.24's
+        # source): the class must carry the method before the fork.
         try:
             import vllm.v1.engine.core as core
         except Exception:  # not this vLLM's layout, or imported mid-import: /vtui/live then says the hook is missing
@@ -59,7 +60,12 @@ def _vtui_live(self: Any, changes: dict[str, Any] | None = None, dry_run: bool =
     or only check them (``dry_run``); return the started and live limits either way."""
     limits = SchedulerLimits(self.scheduler)
     if changes:
-        limits.apply(changes, dry_run=dry_run)
+        try:
+            limits.apply(changes, dry_run=dry_run)
+        except ValueError as exc:
+            # A refusal is an answer, not a failure: returned as data, so vLLM's log gets no
+            # ERROR traceback for each value the user tried (seen on vLLM 0.24: 20 lines each).
+            return {**limits.state(), "refused": str(exc)}
     return limits.state()
 
 
