@@ -405,6 +405,15 @@ class Session:
         self._refuse_while_tuning("stop the server")
         await self._live_server.stop()
 
+    def set_live_headroom(self, factor: float) -> None:
+        """Start the server with max-num-seqs and max-num-batched-tokens ``factor`` times the edited
+        ones (those set), then set the edited ones live, so that later raises up to them stay live
+        (issue 41). 1 turns it off (the default: headroom changes the KV cache, so every measurement)."""
+        if not 1.0 <= factor <= 16.0:
+            raise SessionError(f"live headroom {factor:g}: must be from 1 (off) to 16",
+                               "e.g. --live-headroom 2 starts at twice the edited limits")
+        self._live_server.headroom = float(factor)
+
     async def apply_flags(self, timeout: float = 600.0, *,
                           force: bool = False) -> StartupFacts | RestartResult | LiveResult:
         """Change the edited flags live where every one can (issue 41: engine.server.live.LiveServer.apply),

@@ -34,12 +34,21 @@ async def test_apply_is_live_under_load_and_tune_sets_configurations_live(tiny_m
     session.load_preset("online-chat")
     for name, value in SERVER_ARGS.items():
         session.set_flag(name, value)
-    session.set_flag("max-num-seqs", 16)
+    session.set_flag("max-num-seqs", 8)
+    session.set_live_headroom(2)  # vtui --live-headroom 2: started at 16, set down to 8 live
     try:
         await session.start_server(timeout=300)
         sup = session.supervisor
         assert sup is not None
         pid = sup.pid
+        assert "with headroom (--max-num-batched-tokens 1024 --max-num-seqs 16 started)" in (session.snapshot().notice or "")
+        state = await read_live(sup.base_url)
+        assert state.started["max-num-seqs"] == 16 and state.live["max-num-seqs"] == 8
+        assert not session.snapshot().dirty  # it runs what the editor holds
+        # Raising within the headroom is live.
+        session.set_flag_text("max-num-seqs", "16")
+        assert isinstance(await session.apply_flags(), LiveResult)
+        assert "max-num-seqs 8->16" in (session.snapshot().notice or "")
         # A run going on while the flag is applied: a live change does not stop it.
         run = asyncio.ensure_future(session.run_workload())
         await asyncio.sleep(2.0)
@@ -89,6 +98,9 @@ async def test_apply_is_live_under_load_and_tune_sets_configurations_live(tiny_m
                    for c in measured), [c.started_with for c in measured]
         assert "set live in" in text and "no restart" in text
         assert res.best is not None and (res.best.start_check or res.best.status == "unstable"), text
-        assert res.starts == 1, text  # the check of the winner; every configuration was set live
+        # Every configuration was set live: the only starts are the checks of the winner and of any
+        # configuration tied with it (on this busy box the two are often within noise of each other).
+        checked = [c for c in res.configs if c.start_check]
+        assert 1 <= res.starts == len(checked) <= 2, text
     finally:
         await session.close()

@@ -688,13 +688,15 @@ def run_app(args: argparse.Namespace) -> int:
 
     # The first run builds the tiny model and reads the installed vLLM's flags (~30 s).
     print("vtui: preparing the model and vLLM's flag schema…", file=sys.stderr, flush=True)
+    from engine.errors import SessionError
     from engine.server.tinymodel import ModelError
+    from tui.errors import print_error
 
     try:
         session = build_session(args)
-    except ModelError as exc:
-        from tui.errors import print_error
-
+        if getattr(args, "live_headroom", None) is not None:
+            session.set_live_headroom(args.live_headroom)
+    except (ModelError, SessionError) as exc:
         print_error(str(exc), exc.hint)
         return 2
     url = getattr(args, "url", None)

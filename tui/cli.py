@@ -97,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="model folder, Hugging Face id or shipped config name (default: the tiny model)")
     ui.add_argument("--preset", dest="preset", default=None, help="preset to load at start (default: online-chat)")
     ui.add_argument("--url", dest="url", default=None, help="attach to this running vLLM server at start")
+    ui.add_argument("--live-headroom", dest="live_headroom", type=float, default=None, metavar="F",
+                    help="start the server with max-num-seqs and max-num-batched-tokens F times the edited ones, "
+                         "set the edited ones live, so raising them later stays live (default 1: off; the "
+                         "larger start changes the KV cache, and each run records the started flags)")
     ui.add_argument("--no-start", dest="no_start", action="store_true",
                     help="open without starting the server (s starts it); by default it starts at once")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")

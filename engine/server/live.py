@@ -26,7 +26,7 @@ from engine.events import CHANGED, Emit, FlagsRecovered, LimitsSetLive, Notice, 
 from engine.flags import FlagSet
 from engine.server.attach import AttachedServer, attach
 from engine.server.launch import secret_env
-from engine.server.livelimits import LiveResult, try_live
+from engine.server.livelimits import LiveResult, try_live, with_headroom
 from engine.server.logparse import LineKind, StartupFacts, classify_line
 from engine.server.planner import numa_node_memory, plan_for_flags, refusal_for
 from engine.server.ready import ensure_server
@@ -103,6 +103,9 @@ class LiveServer:
         # Live changes (issue 41): (session clock, "max-num-seqs 128->4") per change, for the charts' marks
         self.live_changes: list[tuple[float, str]] = []
         self.live_refusal: str | None = None  # why the last apply restarted instead of changing live
+        # Start (and restart) with the numeric live flags this many times the edited ones, then set the
+        # edited ones live, so later raises stay live (livelimits.with_headroom; 1: off, the default)
+        self.headroom = 1.0
         self._logs: collections.deque[LogLine] = collections.deque(maxlen=LOG_LINES)
         self._log_n = 0
         self._log_lock = threading.Lock()
@@ -242,17 +245,29 @@ class LiveServer:
         self.attached = None
         self.detached = None
         flags = self._edited()  # as launched: an edit made while it starts is not what it runs
+        launch = with_headroom(flags, self.headroom)
         self.busy = "starting"
         try:
-            ready = await ensure_server(None, flags, make=self._adopt_new, timeout=timeout, stop_failed=False)
+            ready = await ensure_server(None, launch, make=self._adopt_new, timeout=timeout, stop_failed=False)
         finally:
             self.busy = None
             self._changed()
         if ready.failure is not None:
             self._failed(ready.failure)
         assert self.supervisor is not None and ready.facts is not None
-        self._took(flags, f"server ready at {self.supervisor.base_url}")
+        runs, words = await self._down_from_headroom(launch, flags)
+        self._took(runs, f"server ready at {self.supervisor.base_url}{words}")
         return ready.facts
+
+    async def _down_from_headroom(self, launch: FlagSet, flags: FlagSet) -> tuple[FlagSet, str]:
+        """Started with headroom: the edited values set live. What the server runs, and the notice's words."""
+        if launch is flags or self.supervisor is None:
+            return flags, ""
+        attempt = await try_live(self.supervisor.base_url, launch, launch, flags,
+                                 secret_env(launch).get("VLLM_API_KEY"))
+        if attempt.result is None:  # it runs the headroom's values: said, and what "dirty" compares against
+            return launch, f"; headroom not set down ({attempt.refusal})"
+        return flags, f" with headroom ({' '.join(f'--{n} {launch.get(n)}' for n in launch.diff(flags))} started)"
 
     def _adopt_new(self, flags: FlagSet) -> Supervisor:
         """A new supervisor for ``flags``, ours from before its start (its state and log show
@@ -329,7 +344,8 @@ class LiveServer:
         flags = self._edited()  # as launched (see start)
         try:
             # the user asked for a restart: it happens even with the same flags (reuse=False)
-            ready = await ensure_server(self.supervisor, flags, make=self._adopt_new, timeout=timeout,
+            launch = with_headroom(flags, self.headroom)
+            ready = await ensure_server(self.supervisor, launch, make=self._adopt_new, timeout=timeout,
                                         reuse=False, stop_failed=False)
         finally:
             self.busy = None
@@ -340,7 +356,8 @@ class LiveServer:
         assert ready.restart is not None
         self._downtime = float(ready.restart.downtime_s)
         why = f" ({self.live_refusal})" if self.live_refusal else ""
-        self._took(flags, f"restarted in {self._downtime:.1f} s{why}")
+        runs, words = await self._down_from_headroom(launch, flags)
+        self._took(runs, f"restarted in {self._downtime:.1f} s{why}{words}")
         return ready.restart
 
     async def _apply_live(self, flags: FlagSet) -> LiveResult | None:

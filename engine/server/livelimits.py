@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from engine.flags import FlagSet
-from engine.server.livehook import CHUNKED_PREFILL, LIVE_FLAGS, ROUTE
+from engine.server.livehook import CHUNKED_PREFILL, LIVE_FLAGS, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, ROUTE
 
 __all__ = [
     "LIVE_FLAGS",
@@ -32,6 +32,7 @@ __all__ = [
     "read_live",
     "try_live",
     "wait_drained",
+    "with_headroom",
 ]
 
 _TRUE = ("true", "1", "yes", "on")
@@ -240,6 +241,23 @@ async def try_live(base_url: str, started: FlagSet, current: FlagSet, target: Fl
         return LiveTry(result=await change_live(base_url, plan.live, api_key, timeout=timeout))
     except (LiveUnavailable, LiveRefused) as exc:
         return LiveTry(refusal=str(exc))
+
+
+def with_headroom(flags: FlagSet, factor: float) -> FlagSet:
+    """``flags`` to start a server with so that later edits stay live (issue 41's headroom): the
+    numeric live flags set in ``flags`` times ``factor`` (unset ones stay vLLM's default), chunked
+    prefill on. Off by default: a larger max-num-batched-tokens changes the KV cache the start
+    profiles, and so every measurement on that server (each run stores the started flags)."""
+    if factor <= 1:
+        return flags
+    out = flags
+    for name in (MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS):
+        value = flags.get(name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            out = out.set(name, int(value * factor))
+    if out is not flags and flags.get(CHUNKED_PREFILL) is False:
+        out = out.set(CHUNKED_PREFILL, True)
+    return out
 
 
 async def wait_drained(base_url: str, api_key: str | None = None, *, timeout: float = 60.0) -> bool:
