@@ -5,7 +5,7 @@ from loadgen.records import PlannedRequest, RequestResult
 from loadgen.run import LoadRun, RunResult, ServerError, check_lengths, probe_server
 from loadgen.spec import SLO, ArrivalSpec, SpecError, WorkloadSpec
 from loadgen.stats import LoadSummary, Percentiles, StatsWindow, percentile
-from loadgen.workload import DatasetError
+from loadgen.datafile import DatasetError
 
 __all__ = [
     "SLO", "ArrivalSpec", "DatasetError", "LoadRun", "LoadSummary", "Percentiles", "PlannedRequest",

@@ -36,6 +36,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from loadgen.datafile import DatasetError, read_text
+
 FORMATS = ("vtui", "vtui-recording", "mooncake", "bailian", "azure", "burstgpt")
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 # The block sizes the publishers use, tried in order when a file does not say its own.
@@ -46,15 +48,8 @@ BAILIAN_BLOCK = 16
 _BAILIAN_KEYS = ("chat_id", "parent_chat_id", "turn", "type")
 
 
-class TraceError(ValueError):
+class TraceError(DatasetError):
     """A bad trace file: names the file and, when it applies, the line."""
-
-    def __init__(self, path: str | Path, reason: str, line: int | None = None) -> None:
-        where = f"{path}:{line}" if line is not None else str(path)
-        super().__init__(f"{where}: {reason}")
-        self.path = str(path)
-        self.line = line
-        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,22 +86,6 @@ class TraceFile:
     def describe(self) -> str:
         """One line for a user: the format and every assumption."""
         return f"{self.path}: {self.format} trace, {len(self.rows)} requests; " + "; ".join(self.notes)
-
-
-def _read_text(path: Path) -> str:
-    if not path.exists():
-        raise TraceError(path, "no such file")
-    if not path.is_file():
-        raise TraceError(path, "not a file")
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise TraceError(path, f"not UTF-8 text (byte {exc.start})", line) from None
-    if not text.strip():
-        raise TraceError(path, "file is empty")
-    return text
 
 
 def _pos_int(path: Path, line: int, obj: dict[str, object], key: str, *, zero: bool = False) -> int:
@@ -159,7 +138,7 @@ def read_trace(path: str | Path, *, block_size: int | None = None, time_unit: st
         raise TraceError(p, f"time unit {time_unit!r}: must be one of {', '.join(TIME_UNITS)}")
     if block_size is not None and block_size < 1:
         raise TraceError(p, f"block size {block_size}: must be at least 1")
-    text = _read_text(p)
+    text = read_text(p, TraceError)
     first = text.lstrip().split("\n", 1)[0].strip()
     if not first.startswith("{"):
         return _read_csv(p, text, time_unit, limit)

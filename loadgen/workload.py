@@ -17,6 +17,8 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from pathlib import Path
 
+from loadgen.datafile import DatasetError as DatasetError  # raised here, re-exported for its readers
+from loadgen.datafile import read_text
 from loadgen.records import PlannedRequest
 from loadgen.spec import WorkloadSpec
 from loadgen.tokens import Codec, codec_key, encode_many, make_prompts
@@ -26,17 +28,6 @@ from loadgen.traceformats import TraceError, TraceFile, TraceRow, read_trace
 DEFAULT_POOL = 2000
 # With only the server's /tokenize to build prompts (2-3 round trips each), fewer.
 REMOTE_POOL = 256
-
-
-class DatasetError(ValueError):
-    """A bad dataset file: names the file and, when it applies, the line."""
-
-    def __init__(self, path: str | Path, reason: str, line: int | None = None) -> None:
-        where = f"{path}:{line}" if line is not None else str(path)
-        super().__init__(f"{where}: {reason}")
-        self.path = str(path)
-        self.line = line
-        self.reason = reason
 
 
 def sample_lengths(spec: WorkloadSpec, rng: random.Random, n: int) -> list[tuple[int, int]]:
@@ -62,25 +53,9 @@ def sample_lengths(spec: WorkloadSpec, rng: random.Random, n: int) -> list[tuple
     return out
 
 
-def _read_text(path: Path) -> str:
-    if not path.exists():
-        raise DatasetError(path, "no such file")
-    if not path.is_file():
-        raise DatasetError(path, "not a file")
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise DatasetError(path, f"not UTF-8 text (byte {exc.start})", line) from None
-    if not text.strip():
-        raise DatasetError(path, "file is empty")
-    return text
-
-
 def _jsonl(path: Path) -> list[tuple[int, dict[str, object]]]:
     rows: list[tuple[int, dict[str, object]]] = []
-    for lineno, line in enumerate(_read_text(path).splitlines(), 1):
+    for lineno, line in enumerate(read_text(path).splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -112,7 +87,7 @@ def load_sharegpt(spec: WorkloadSpec, codec: Codec, max_total: int | None = None
     conversations are visited in ``rng``-shuffled order and tokenizing stops once ``need``
     are found (ShareGPT_V3 has ~90k; a remote tokenizer would take minutes for all)."""
     path = Path(spec.dataset).expanduser()
-    text = _read_text(path)
+    text = read_text(path)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
