@@ -1085,3 +1085,59 @@ async def test_a_box_bound_step_is_measured_again_then_said(monkeypatch: pytest.
     busy = await measurer([True] * 10).measure(4.0, requests=20, timeout=60, warmup=0)
     assert len(tries) == SPOILED_TRIES == 3 and busy.box_bound and busy.remeasured
     assert Measurement.from_dict(busy.to_dict()) == busy
+
+
+# ---------------------------------------------------------------------------- live (issue 41)
+
+
+class LiveTableMeasurer(TableMeasurer):
+    """Sets every configuration live (no restart); ``exact_table`` says what a configuration's limit
+    is on a server started with exactly its flags (the check of a live winner)."""
+
+    live = True
+
+    def __init__(self, space: SearchSpace, table: dict[str, Any], clock: FakeClock,
+                 exact_table: dict[str, float]) -> None:
+        super().__init__(space, table, clock)
+        self.exact_table = exact_table
+        self.exact_starts: list[str] = []
+        self._exact = False
+
+    async def start(self, flags: FlagSet, *, timeout: float, exact: bool = False) -> StartOutcome:
+        self.key = self.space.key({n: flags.get(n) for n, _ in self.space.dims})
+        self._exact = exact
+        if exact:
+            self.exact_starts.append(self.key)
+            self.clock.t += self.start_s
+            return StartOutcome(True, seconds=self.start_s)
+        self.clock.t += 0.1
+        return StartOutcome(True, restarted=False, live=True, seconds=0.1, started_with={"max-num-seqs": 256})
+
+    async def measure(self, load: float, *, requests: int, timeout: float, warmup: int) -> Measurement:
+        if not self._exact:
+            return await super().measure(load, requests=requests, timeout=timeout, warmup=warmup)
+        self.clock.t += self.step_s
+        limit = self.exact_table[self.key]
+        return Measurement(load, load <= limit, "" if load <= limit else f"p99 TTFT above the SLO at {load:g}",
+                           ttft_ms=50.0, tpot_ms=5.0, e2el_ms=500.0, goodput=min(load, limit), completed=requests)
+
+
+async def test_a_live_winner_that_misses_on_its_own_start_falls_and_the_next_best_is_checked() -> None:
+    space = space_of(max_num_seqs=(16, 64, 256))
+    k16, k64, k256 = keys(space)
+    clock = FakeClock()
+    m = LiveTableMeasurer(space, {k16: 4.0, k64: 10.0, k256: 20.0}, clock,
+                          exact_table={k256: 12.0, k64: 11.0, k16: 4.0})
+    settings = TuneSettings(budget_s=10_000, step=StepRule(min_requests=50), prune=False)
+    lines: list[str] = []
+    tuner = Tuner(m, base_flags=BASE, space=space, slo=SLO_TTFT, settings=settings, schema=SCHEMA, clock=clock,
+                  max_request_len=192, say=lines.append)
+    res = await tuner.run()
+    by_key = {c.key: c for c in res.configs}
+    assert all(c.live and c.started_with == {"max-num-seqs": 256} for c in res.configs)
+    # 256 met ~20 live but misses it on its own start: unstable; 64 is then checked, and holds.
+    assert by_key[k256].status == "unstable" and "missed" in by_key[k256].start_check
+    assert by_key[k64].start_check.startswith("met "), "\n".join(lines)
+    assert res.best is not None and res.best.key == k64
+    assert m.exact_starts == [k256, k64] and res.starts == 2  # live settings are not starts
+    assert "live, start-checked" in format_table(res)

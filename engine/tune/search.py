@@ -389,7 +389,8 @@ class Tuner:
     # -- live limits (issue 41) ----------------------------------------------------------
 
     def _live_measuring(self) -> bool:
-        return isinstance(self.measurer, ServerMeasurer) and self.measurer.live and not self._slots
+        """One trial at a time, by a measurer that sets flags live (ServerMeasurer(live=True))."""
+        return getattr(self.measurer, "live", False) is True and not self._slots
 
     def _restart_group(self, values: Mapping[str, object]) -> tuple[object, ...]:
         """The values of the flags that need a restart: configurations alike in them share a server."""
@@ -416,52 +417,79 @@ class Tuner:
     async def _check_live_winners(self) -> None:
         """A winner measured live, and a rival tied with it, measured once more on a server started
         with exactly its flags (the KV cache and CUDA graphs were sized for the started maxima):
-        met there, it stands (``start_check`` says so); missed, it is UNSTABLE."""
+        met there, it stands (``start_check`` says so); missed, it is UNSTABLE and the search decides
+        again, checking the next best, until a best holds on its own start or the budget ends."""
         if not self._live_measuring():
             return
-        decided = self.decide()
-        if decided is None:
-            return
-        best, decision = decided
-        keys = [best.key, *(r.key for r in decision.tied)]
-        s = self.settings
-        for key in keys:
-            c = self.state.configs.get(key)
-            if c is None or not c.live or c.limit_load is None or not math.isfinite(c.limit_load):
-                continue
-            load = c.limit_load
-            n = s.step.requests(load, s.mode)
-            if self.remaining() < self._costs.start() + self._costs.step(load, n):
-                self.say(f"{key}: no budget left to check it on a server started with exactly its flags;"
-                         " its figures were measured live")
+        checked: set[str] = set()
+        demoted: list[str] = []
+        while True:
+            decided = self.decide()
+            if decided is None:
+                return
+            best, decision = decided
+            keys = [k for k in (best.key, *(r.key for r in decision.tied)) if k not in checked]
+            todo = [c for c in (self.state.configs.get(k) for k in keys)
+                    if c is not None and c.live and c.limit_load is not None and math.isfinite(c.limit_load)]
+            if not todo:
                 break
-            self.say(f"{key}: measured live; checking {load:.3g} on a server started with exactly its flags")
-            self._set_live(self.measurer, key, "starting", notify=True)
-            outcome = await self.measurer.start(self._flags(c.values), timeout=min(s.start_timeout_s, self.remaining()),
-                                                exact=True)  # type: ignore[call-arg]
-            self.state.starts += 1
-            if not outcome.ok:
-                self._end_live(self.measurer)
-                new = dataclasses.replace(c, status=UNSTABLE, reason=f"measured live; does not start with exactly "
-                                          f"its flags: {outcome.reason}")
+            for c in todo:
+                checked.add(c.key)
+                held = await self._check_on_its_start(c)
+                if held is None:
+                    return  # no budget left: said, its figures stand as measured live
+                if not held:
+                    demoted.append(c.key)
+                    if c.key == best.key:
+                        break  # the best fell: decide again before checking its ties
             else:
-                self._set_live(self.measurer, key, "measuring", load, notify=True)
-                m = await self.measurer.measure(load, requests=n, timeout=min(s.step_timeout_s, max(5.0, self.remaining())),
-                                                warmup=s.step.warmup)
-                self._end_live(self.measurer)
-                self.state.steps += 1
-                self.state.measurements.setdefault(key, []).append(m)
-                if m.ok:
-                    new = dataclasses.replace(c, start_check=f"met {load:.3g} again started with exactly its flags "
-                                              f"(goodput {m.goodput:.3g} req/s; live {c.goodput or 0:.3g})")
-                else:
-                    new = dataclasses.replace(c, status=UNSTABLE, limit_load=None, goodput=None, at=None,
-                                              start_check=f"missed {load:.3g} started with exactly its flags ({m.reason})",
-                                              reason=f"met {load:.3g} live, missed it on a server started with "
-                                              f"exactly its flags ({m.reason})")
-            self.say(f"{key}: {new.start_check or new.reason}")
-            self.state.configs[key] = new
-            self._persist()
+                if best.key not in demoted:
+                    break
+        if demoted and not (self.settings.exhaustive or not self.settings.prune):
+            self.say(f"{', '.join(demoted)} did not hold on a server started with exactly its flags; configurations "
+                     "skipped as losing to it were not measured (--exhaustive measures every one)")
+
+    async def _check_on_its_start(self, c: ConfigResult) -> bool | None:
+        """``c``'s limit measured on a server started with exactly its flags; False when it missed
+        (the row is UNSTABLE then), None when no budget is left for it (said)."""
+        s = self.settings
+        load = c.limit_load
+        assert load is not None
+        n = s.step.requests(load, s.mode)
+        if self.remaining() < self._costs.start() + self._costs.step(load, n):
+            self.say(f"{c.key}: no budget left to check it on a server started with exactly its flags;"
+                     " its figures were measured live")
+            return None
+        self.say(f"{c.key}: measured live; checking {load:.3g} on a server started with exactly its flags")
+        self._set_live(self.measurer, c.key, "starting", notify=True)
+        outcome = await self.measurer.start(self._flags(c.values), timeout=min(s.start_timeout_s, self.remaining()),
+                                            exact=True)  # type: ignore[call-arg]
+        self.state.starts += 1
+        held = False
+        if not outcome.ok:
+            self._end_live(self.measurer)
+            new = dataclasses.replace(c, status=UNSTABLE, reason=f"measured live; does not start with exactly "
+                                      f"its flags: {outcome.reason}")
+        else:
+            self._set_live(self.measurer, c.key, "measuring", load, notify=True)
+            m = await self.measurer.measure(load, requests=n, timeout=min(s.step_timeout_s, max(5.0, self.remaining())),
+                                            warmup=s.step.warmup)
+            self._end_live(self.measurer)
+            self.state.steps += 1
+            self.state.measurements.setdefault(c.key, []).append(m)
+            held = m.ok
+            if m.ok:
+                new = dataclasses.replace(c, start_check=f"met {load:.3g} again started with exactly its flags "
+                                          f"(goodput {m.goodput:.3g} req/s; live {c.goodput or 0:.3g})")
+            else:
+                new = dataclasses.replace(c, status=UNSTABLE, limit_load=None, goodput=None, at=None,
+                                          start_check=f"missed {load:.3g} started with exactly its flags ({m.reason})",
+                                          reason=f"met {load:.3g} live, missed it on a server started with "
+                                          f"exactly its flags ({m.reason})")
+        self.say(f"{c.key}: {new.start_check or new.reason}")
+        self.state.configs[c.key] = new
+        self._persist()
+        return held
 
     async def _measure_alone(self) -> None:
         """The winner's and the runner-up's limits measured once more with every other slot's
