@@ -39,6 +39,7 @@ from engine.runs.rows import (
     REQUEST_FIELDS,
     CutShort,
     NoiseFloor,
+    RequestColumns,
     RunInfo,
     StoredRequest,
     TuneInfo,
@@ -283,6 +284,20 @@ class History:
             (int(run_id),),
         ).fetchall()
         return [StoredRequest.from_row(row, self.path, int(run_id)) for row in rows]
+
+    def request_columns(self, run_id: int) -> RequestColumns:
+        """A run's completed requests as columns (engine.runs.rows.RequestColumns: what a within-run
+        interval reads, the figures :meth:`requests` gives it to the bit), read row by row from a
+        cursor: no Python object per request is kept, so reading a finished run back leaves the
+        session's memory as it was (issue 44). HistoryError, naming the run and the request, for a
+        row whose columns do not parse."""
+        out = RequestColumns()
+        try:
+            for row in self._conn.execute(RequestColumns.QUERY, (int(run_id),)):
+                out.add_row(row, self.path, int(run_id))
+        except sqlite3.Error as exc:
+            raise explain(self.path, exc) from None
+        return out
 
     def samples(self, run_id: int, kind: str | None = None) -> list[tuple[str, float, JSONObject]]:
         """``(kind, t, data)`` series of a run in time order; kind e.g. ``telemetry`` or ``window``.
@@ -544,6 +559,7 @@ __all__ = [
     "HistoryError",
     "NoiseFloor",
     "Recording",
+    "RequestColumns",
     "RunInfo",
     "RunRecorder",
     "StoredRequest",

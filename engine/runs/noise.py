@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
 
 from engine.runs.history import History, StoredRequest
-from engine.runs.rows import LEARNED_LABEL, NoiseFloor, RunInfo, this_box
+from engine.runs.rows import LEARNED_LABEL, NoiseFloor, RequestColumns, RunInfo, this_box
 from loadgen.spec import SLO
 from loadgen.stats import LOAD_METRICS, percentile
 
@@ -253,12 +253,14 @@ class RunNoise:
     the bit; a mean sums the blocks' sums (math.fsum), within 1e-15 of summing the values.
     """
 
-    def __init__(self, requests: Sequence[StoredRequest], slo: SLO | None = None, *, key: int = 0,
+    def __init__(self, requests: Sequence[StoredRequest] | RequestColumns, slo: SLO | None = None, *, key: int = 0,
                  resamples: int = RESAMPLES) -> None:
         self.key = key
         self.resamples = resamples
         self._has_slo = slo is not None and not slo.empty
-        done = [r for r in requests if r.ok and not r.cancelled and r.ttft_s is not None and r.e2el_s is not None]
+        # The completed requests as columns (History.request_columns reads a stored run so, with no
+        # Python object per request: issue 44); the same figures either way, to the bit.
+        done = requests if isinstance(requests, RequestColumns) else RequestColumns.of(requests)
         self.completed = len(done)
         self._blocks: tuple[_Block, ...] = ()
         self.block_s = 0.0
@@ -269,8 +271,14 @@ class RunNoise:
         self._settled: dict[str, float] | None = None  # the figures, once settle() let the blocks go
         if self.completed < MIN_REQUESTS:
             return
-        t0 = min(r.t_start for r in done)
-        t1 = max(r.t_start + (r.e2el_s or 0.0) for r in done)
+        import numpy as np
+
+        t_start = np.array(done.t_start, dtype=np.float64)
+        ttft = np.array(done.ttft_s, dtype=np.float64)
+        e2el = np.array(done.e2el_s, dtype=np.float64)
+        out = np.array(done.output_tokens, dtype=np.int64)
+        ends = t_start + e2el
+        t0, t1 = float(t_start.min()), float(ends.max())
         if not t1 > t0:
             return
         count = max(MIN_BLOCKS, min(MAX_BLOCKS, self.completed // REQUESTS_PER_BLOCK))
@@ -278,38 +286,42 @@ class RunNoise:
         # Block i: the i-th run of consecutive requests by start (their latencies: a closed loop
         # starts its first slots together, so equal time windows of starts would leave most blocks
         # empty) and the i-th time window by completion (what was done then: the rates).
-        ordered = sorted(done, key=lambda r: r.t_start)
-        by_start = [ordered[i * len(ordered) // count:(i + 1) * len(ordered) // count] for i in range(count)]
-        by_end: list[list[StoredRequest]] = [[] for _ in range(count)]
-        for r in done:
-            by_end[min(count - 1, int((r.t_start + (r.e2el_s or 0.0) - t0) / self.block_s))].append(r)
-        self._blocks = tuple(self._block(lat, rate, slo) for lat, rate in zip(by_start, by_end, strict=True))
+        n = self.completed
+        by_start = np.empty(n, dtype=np.int64)
+        order = np.argsort(t_start, kind="stable")  # by start, ties in the stored order
+        for i in range(count):
+            by_start[order[i * n // count:(i + 1) * n // count]] = i
+        by_end = np.minimum(count - 1, ((ends - t0) / self.block_s).astype(np.int64))  # truncated, as int()
+        by_end = np.where(by_end < 0, by_end + count, by_end)  # as a list index (an E2EL below zero)
+        gap_ends = np.array(done.itl_ends, dtype=np.int64)
+        gaps = np.array(done.itl_s, dtype=np.float64)
+        gap_block = np.repeat(by_start, np.diff(gap_ends, prepend=0))
+        self._blocks = tuple(
+            self._block(ttft[s], e2el[s], out[s], gaps[gap_block == i], ttft[e], e2el[e], out[e], slo)
+            for i in range(count) for s, e in ((by_start == i, by_end == i),))
 
     @staticmethod
-    def _block(starts: Sequence[StoredRequest], ends: Sequence[StoredRequest], slo: SLO | None) -> _Block:
+    def _block(ttft: F64, e2el: F64, out: I64, gaps: F64, end_ttft: F64, end_e2el: F64, end_out: I64,
+               slo: SLO | None) -> _Block:
+        """A block from its requests by start (their TTFT, E2EL, output tokens and ITL gaps, in
+        seconds) and those completed in its time window (the rates')."""
         import numpy as np
 
-        ttft = np.array([r.ttft_s or 0.0 for r in starts], dtype=np.float64)
-        e2el = np.array([r.e2el_s or 0.0 for r in starts], dtype=np.float64)
-        out = np.array([r.output_tokens or 0 for r in starts], dtype=np.int64)
         multi = out > 1
-        gaps = np.array([g for r in starts for g in r.itl_s if g is not None], dtype=np.float64)
         lat = {
             "ttft": ttft * 1000.0,
             "tpot": (e2el[multi] - ttft[multi]) / (out[multi] - 1) * 1000.0,
             "itl": gaps[np.isfinite(gaps)] * 1000.0,
             "e2el": e2el * 1000.0,
         }
-        good = tokens = 0
-        for r in ends:
-            t, e = r.ttft_s or 0.0, r.e2el_s or 0.0
-            n = r.output_tokens or 0
-            tokens += n
-            tpot = (e - t) / (n - 1) if n > 1 else 0.0
-            if slo is not None and not slo.empty and slo.is_good(t, tpot, e):
-                good += 1
+        good = 0
+        if slo is not None and not slo.empty:
+            for t, e, k in zip(end_ttft.tolist(), end_e2el.tolist(), end_out.tolist(), strict=True):
+                if slo.is_good(t, (e - t) / (k - 1) if k > 1 else 0.0, e):
+                    good += 1
         latencies = {m: np.sort(lat[m]) for m in LOAD_METRICS}
-        return _Block(latencies, {m: math.fsum(v.tolist()) for m, v in latencies.items()}, len(ends), tokens, good)
+        return _Block(latencies, {m: math.fsum(v.tolist()) for m, v in latencies.items()}, len(end_ttft),
+                      int(end_out.sum()), good)
 
     @property
     def usable(self) -> bool:
@@ -372,9 +384,11 @@ class RunNoise:
         return Interval(low, high, WITHIN_RUN, 1, level)
 
 
-def run_noise(requests: Sequence[StoredRequest], workload: Mapping[str, object] | None = None, *,
+def run_noise(requests: Sequence[StoredRequest] | RequestColumns, workload: Mapping[str, object] | None = None, *,
               key: int = 0) -> RunNoise:
-    """A stored run's noise from its requests and its stored workload (whose ``slo`` judges goodput)."""
+    """A stored run's noise from its requests (as read by History.requests, or as columns by
+    History.request_columns: the lighter read, for a session that stays) and its stored workload
+    (whose ``slo`` judges goodput)."""
     slo_d = (workload or {}).get("slo")
     slo = SLO.from_dict(slo_d) if isinstance(slo_d, Mapping) and slo_d else None
     return RunNoise(requests, slo, key=key)
