@@ -258,3 +258,25 @@ def test_the_hook_is_on_the_engine_class_before_vllm_forks_its_engine_core() -> 
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "VTUI_LIVE": "1"})
     assert out.stdout.strip().splitlines()[-1:] == ["parent True child 0"], (out.stdout[-500:], out.stderr[-2000:])
+
+
+@pytest.mark.vllm
+def test_bench_by_url_records_the_live_limits_and_the_started_ones(vllm_server: VllmServer) -> None:
+    """`vtui bench --url` of a server vtui started records the live limits as the run's flags and the
+    started ones beside them (a run after `vtui set` told from one before it), as typed."""
+    url = vllm_server.base_url
+    with restored(url) as started:
+        assert vtui_set(url, "max-num-seqs=4").returncode == 0
+        bench = subprocess.run([sys.executable, "-m", "tui.cli", "bench", "--url", url, "--input-len", "12",
+                                "--output-len", "8", "--concurrency", "2", "--num-requests", "8", "-q",
+                                "--allow-box-bound", "--name", "after set"], capture_output=True, text=True, timeout=300)
+        assert bench.returncode == 0, bench.stderr[-2000:]
+    listed = subprocess.run([sys.executable, "-m", "tui.cli", "history", "list"], capture_output=True, text=True,
+                            timeout=60)
+    run_id = next(line.split()[0] for line in listed.stdout.splitlines() if "after set" in line)
+    shown = subprocess.run([sys.executable, "-m", "tui.cli", "history", "show", run_id], capture_output=True,
+                           text=True, timeout=60).stdout
+    flags_line = next(line for line in shown.splitlines() if line.strip().startswith("flags"))
+    started_line = next(line for line in shown.splitlines() if line.strip().startswith("launched"))
+    assert "--max-num-seqs 4" in flags_line, shown
+    assert f"--max-num-seqs {started[MAX_NUM_SEQS]}" in started_line, shown

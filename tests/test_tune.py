@@ -1141,3 +1141,18 @@ async def test_a_live_winner_that_misses_on_its_own_start_falls_and_the_next_bes
     assert res.best is not None and res.best.key == k64
     assert m.exact_starts == [k256, k64] and res.starts == 2  # live settings are not starts
     assert "live, start-checked" in format_table(res)
+
+
+async def test_a_live_tune_stopped_by_its_budget_says_its_winner_was_not_checked() -> None:
+    space = space_of(max_num_seqs=(16, 64, 256))
+    k16, k64, k256 = keys(space)
+    clock = FakeClock()
+    m = LiveTableMeasurer(space, {k16: 4.0, k64: 10.0, k256: 20.0}, clock, exact_table={k256: 20.0})
+    settings = TuneSettings(budget_s=200, step=StepRule(min_requests=50), prune=False)
+    lines: list[str] = []
+    tuner = Tuner(m, base_flags=BASE, space=space, slo=SLO_TTFT, settings=settings, schema=SCHEMA, clock=clock,
+                  max_request_len=192, say=lines.append)
+    res = await tuner.run()
+    assert res.status == "budget" and m.exact_starts == []
+    assert res.best is not None and res.best.live and not res.best.start_check
+    assert any("measured live only, not checked" in line for line in lines), "\n".join(lines)

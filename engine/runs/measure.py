@@ -117,6 +117,9 @@ class Target:
     flags: Mapping[str, object] = field(default_factory=dict)
     model_label: str | None = None  # what the history calls the model
     vllm_version: str | None = None
+    # A server vtui started elsewhere (vtui serve) and measured by URL: the values it was started
+    # with, read from its live limits (issue 41), where ``flags`` holds the live ones
+    started_flags: Mapping[str, object] | None = None
 
     @classmethod
     def of(cls, sup: MeasuredServer, *, api_key: str | None = None, tokenizer: str | os.PathLike[str] | None = None) -> Target:
@@ -620,9 +623,12 @@ def _started_flags(target: Target) -> dict[str, JSONValue] | None:
     """The flags the measured server was started with, where they differ from the run's (live changes)."""
     sup = target.supervisor
     flags = getattr(sup, "flags", None)
-    if not isinstance(flags, FlagSet):
+    if target.started_flags is not None:
+        started = dict(target.started_flags)
+    elif isinstance(flags, FlagSet):
+        started = recordable_values(flags)
+    else:
         return None
-    started = recordable_values(flags)
     if started == dict(target.flags):
         return None
     return {str(k): to_jsonable(v) for k, v in started.items()}

@@ -261,6 +261,10 @@ class Tuner:
         except BudgetExhausted:
             status = "budget"
             self.say(f"budget of {self.settings.budget_s / 60:.1f} min reached after {self.elapsed() / 60:.1f} min")
+            best = self.best()
+            if best is not None and best.live and not best.start_check:
+                self.say(f"{best.key}: measured live only, not checked on a server started with exactly its flags"
+                         " (no budget left): start it and measure it before you take it")
         except (asyncio.CancelledError, KeyboardInterrupt):
             status = "interrupted"
             self.state.status = status

@@ -31,7 +31,7 @@ from tui.errors import UserError
 if TYPE_CHECKING:
     from engine.runs.crosscheck import CrossCheck
     from engine.runs.history import History
-    from engine.runs.measure import MeasuredRun
+    from engine.runs.measure import MeasuredRun, Target
     from engine.runs.summary import RunSummary, TelemetryFigures
     from engine.server.supervisor import Supervisor
     from engine.values import JSONValue
@@ -260,6 +260,19 @@ async def _start_server(args: argparse.Namespace) -> Supervisor:
     return sup
 
 
+async def _with_live_limits(target: Target) -> Target:
+    """A server vtui started (``vtui serve``), measured by URL: its live limits are what the run
+    records as its flags, and the values it was started with beside them (issue 41), so a run after
+    ``vtui set`` is told from one before it. Other servers: unchanged (their flags are not known)."""
+    from engine.server.livelimits import LiveUnavailable, read_live
+
+    try:
+        state = await read_live(target.base_url, target.api_key, timeout=5.0)
+    except LiveUnavailable:
+        return target
+    return dataclasses.replace(target, flags={**target.flags, **state.live}, started_flags=dict(state.started))
+
+
 async def _bench(args: argparse.Namespace, workload: WorkloadSpec, arrivals: ArrivalSpec, slo: SLO | None) -> int:
     from engine.runs.history import open_history
     from engine.runs.measure import RunHandle, RunPlan, Target, measure
@@ -270,6 +283,7 @@ async def _bench(args: argparse.Namespace, workload: WorkloadSpec, arrivals: Arr
         target = Target(args.url, args.model, tokenizer=args.tokenizer,
                         api_key=args.api_key or os.environ.get("VLLM_API_KEY") or None,
                         root_pid=_listening_pid(args.url), model_label=args.model or args.url)
+        target = await _with_live_limits(target)
     else:
         sup = await _start_server(args)
         target = Target.of(sup, api_key=args.api_key, tokenizer=args.tokenizer)

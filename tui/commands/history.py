@@ -186,7 +186,7 @@ def _show(store: History, info: RunInfo) -> int:
     print(f"  flags     {' '.join(_argv(info.flags)) or '(defaults)'}")
     started = started_flags_of(info.summary)
     if started is not None:
-        print(f"  started   {' '.join(_argv(started)) or '(defaults)'}  (the flags above were set live on it)")
+        print(f"  launched  {' '.join(_argv(started)) or '(defaults)'}  (the flags above were set live on it)")
     if info.workload:
         print(f"  workload  {json.dumps(dict(info.workload), sort_keys=True)}")
     error = info.summary.error
