@@ -475,12 +475,7 @@ class Tuner:
             new = dataclasses.replace(c, status=UNSTABLE, reason=f"measured live; does not start with exactly "
                                       f"its flags: {outcome.reason}")
         else:
-            self._set_live(self.measurer, c.key, "measuring", load, notify=True)
-            m = await self.measurer.measure(load, requests=n, timeout=min(s.step_timeout_s, max(5.0, self.remaining())),
-                                            warmup=s.step.warmup)
-            self._end_live(self.measurer)
-            self.state.steps += 1
-            self.state.measurements.setdefault(c.key, []).append(m)
+            m = await self._one_step(c.key, "measuring", load, n)
             held = m.ok
             if m.ok:
                 new = dataclasses.replace(c, start_check=f"met {load:.3g} again started with exactly its flags "
@@ -494,6 +489,18 @@ class Tuner:
         self.state.configs[c.key] = new
         self._persist()
         return held
+
+    async def _one_step(self, key: str, phase: str, load: float, n: int) -> Measurement:
+        """One step of ``key`` at ``load`` by the first slot's measurer (its server already runs the
+        configuration), shown live as ``phase``, counted and kept with the configuration's steps."""
+        s = self.settings
+        self._set_live(self.measurer, key, phase, load, notify=True)
+        m = await self.measurer.measure(load, requests=n, timeout=min(s.step_timeout_s, max(5.0, self.remaining())),
+                                        warmup=s.step.warmup)
+        self._end_live(self.measurer)
+        self.state.steps += 1
+        self.state.measurements.setdefault(key, []).append(m)
+        return m
 
     async def _measure_alone(self) -> None:
         """The winner's and the runner-up's limits measured once more with every other slot's
@@ -521,12 +528,7 @@ class Tuner:
                 self._end_live(self.measurer)
                 self.say(f"{c.key}: could not start it alone: {outcome.reason}")
                 continue
-            self._set_live(self.measurer, c.key, "alone", load, notify=True)
-            m = await self.measurer.measure(load, requests=n, timeout=min(s.step_timeout_s, max(5.0, self.remaining())),
-                                            warmup=s.step.warmup)
-            self._end_live(self.measurer)
-            self.state.steps += 1
-            self.state.measurements.setdefault(c.key, []).append(m)
+            m = await self._one_step(c.key, "alone", load, n)
             if m.ok:
                 new = dataclasses.replace(c, at=m, goodput=m.goodput, alone=True)
                 self.say(f"{c.key}: alone at {load:.3g}: meets SLO, goodput {m.goodput:.3g} req/s")
