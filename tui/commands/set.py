@@ -59,7 +59,9 @@ def run(args: argparse.Namespace) -> int:
             return 0
         result = asyncio.run(change_live(args.url, changes, key))
     except LiveUnavailable as exc:
-        raise UserError(str(exc), "start the server with vtui (vtui serve, or the TUI) to change it live") from None
+        hint = ("is the server up at that URL? (vtui serve starts one)" if str(exc).startswith("cannot reach")
+                else "start the server with vtui (vtui serve, or the TUI) to change it live")
+        raise UserError(str(exc), hint) from None
     except LiveRefused as exc:
         raise UserError(f"not changed: {exc}", "nothing was changed on the server") from None
     changed = result.changed
