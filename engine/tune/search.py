@@ -437,6 +437,8 @@ class Tuner:
                     if c is not None and c.live and c.limit_load is not None and math.isfinite(c.limit_load)]
             if not todo:
                 break
+            # Until the best and its ties have all been checked: a check's step joins the figures, so
+            # a check that holds can still move the decision (a tie won by a cheaper configuration).
             for c in todo:
                 checked.add(c.key)
                 held = await self._check_on_its_start(c)
@@ -446,9 +448,6 @@ class Tuner:
                     demoted.append(c.key)
                     if c.key == best.key:
                         break  # the best fell: decide again before checking its ties
-            else:
-                if best.key not in demoted:
-                    break
         if demoted and not (self.settings.exhaustive or not self.settings.prune):
             self.say(f"{', '.join(demoted)} did not hold on a server started with exactly its flags; configurations "
                      "skipped as losing to it were not measured (--exhaustive measures every one)")
