@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from loadgen.stats import percentile
@@ -498,13 +498,7 @@ class Recorder:
                     continue
                 if isinstance(ev.get("usage"), dict):
                     usage = ev["usage"]
-                for ch in ev.get("choices") or []:
-                    if isinstance(ch, dict):
-                        piece = ch.get("text")
-                        if piece is None and isinstance(ch.get("delta"), dict):
-                            piece = ch["delta"].get("content")
-                        if isinstance(piece, str):
-                            texts.append(piece)
+                texts += _choice_texts(ev, "delta")
         elif rec.payload:
             try:
                 doc = json.loads(bytes(rec.payload))
@@ -512,19 +506,27 @@ class Recorder:
                 doc = None
             if isinstance(doc, dict):
                 usage = doc.get("usage")
-                for ch in doc.get("choices") or []:
-                    if isinstance(ch, dict):
-                        piece = ch.get("text")
-                        if piece is None and isinstance(ch.get("message"), dict):
-                            piece = ch["message"].get("content")
-                        if isinstance(piece, str):
-                            texts.append(piece)
+                texts += _choice_texts(doc, "message")
         if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
             return int(usage["completion_tokens"])
         if not texts:
             return None
         ids = await self._tokenize({"prompt": "".join(texts), "add_special_tokens": False}, rec.auth, model)
         return len(ids) if ids is not None else None
+
+
+def _choice_texts(doc: dict[str, Any], part: str) -> list[str]:
+    """Each choice's text in an OpenAI response: ``text`` (completions), else ``<part>.content``
+    (chat: ``delta`` in a stream's chunk, ``message`` in a whole response)."""
+    texts: list[str] = []
+    for ch in doc.get("choices") or []:
+        if isinstance(ch, dict):
+            piece = ch.get("text")
+            if piece is None and isinstance(ch.get(part), dict):
+                piece = ch[part].get("content")
+            if isinstance(piece, str):
+                texts.append(piece)
+    return texts
 
 
 # -- what a recording says ---------------------------------------------------------------------
