@@ -24,8 +24,8 @@ FAILURE_REASONS = (
 @dataclass(frozen=True, slots=True)
 class PlannedRequest:
     """One request to send. ``prompt`` for /v1/completions; ``messages`` for chat (the
-    conversation so far; a chat session's later turns are built by the worker from the
-    real replies). ``at_s``: offset from the run start for trace replay, else None."""
+    conversation so far; a session's later turns are built by the worker from the real
+    replies, on either endpoint). ``at_s``: offset from the run start for trace replay, else None."""
 
     index: int
     input_len: int
@@ -37,6 +37,8 @@ class PlannedRequest:
     turn: int = 0
     # chat: the user's next turns of this session (turn 0 carries them all)
     next_turns: tuple[str, ...] = ()
+    # trace conversations: each next turn's (at_s, output_len), as recorded
+    turn_plan: tuple[tuple[float, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ from loadgen.spec import SLO, ArrivalSpec, WorkloadSpec
 from loadgen.stats import DEFAULT_PERCENTILES, Accumulator, LoadSummary, RunAggregator, SlidingWindow, StatsWindow, percentile
 from loadgen.tokens import Codec, RemoteTokenizer, shared_local_tokenizer
 from loadgen.worker import Batch, Worker, WorkerPlan, run_in_process
-from loadgen.workload import DEFAULT_POOL, REMOTE_POOL, build_requests
+from loadgen.workload import ALL_ROWS, DEFAULT_POOL, REMOTE_POOL, build_requests
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -267,6 +267,8 @@ class LoadRun:
             n = a.num_requests
         if n:
             return n + a.warmup_requests
+        if w.kind == "trace" and not a.duration_s:
+            return ALL_ROWS  # every row of the trace, once
         if a.mode in ("poisson", "constant", "ramp"):
             rate = max(a.rate, a.end_rate) if math.isfinite(a.rate) else DEFAULT_POOL
             return min(DEFAULT_POOL, max(1, math.ceil(rate * a.duration_s)))
@@ -308,10 +310,11 @@ class LoadRun:
         self.phase = "preparing"
         model, plan, max_model_len = await self._prepare()
         a = self.arrivals
-        if self.workload.kind == "trace" and a.num_requests > len(plan) - a.warmup_requests:
+        rows = sum(1 + len(p.next_turns) for p in plan[a.warmup_requests:])  # a conversation's turns count
+        if self.workload.kind == "trace" and (a.num_requests > rows or not (a.num_requests or a.duration_s)):
             # A trace has as many requests as rows: under an arrival model too (a rate or concurrency
             # over its mix), it is sent once, not recycled up to a default count (--duration loops it).
-            a = self.arrivals = dataclasses.replace(a, num_requests=max(1, len(plan) - a.warmup_requests))
+            a = self.arrivals = dataclasses.replace(a, num_requests=max(1, rows))
         nw = self.num_workers()
         # A trace's own times, unless it asks for its requests under the arrival model instead.
         trace = a.mode == "trace" or (self.workload.kind == "trace" and self.workload.trace_timing)

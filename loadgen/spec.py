@@ -194,6 +194,12 @@ class WorkloadSpec:
         session drew one, and loadgen.workload kept each run's plan, up to 32M characters)."""
         return bool(self.__dict__.get("_seed_drawn", False))
 
+    @property
+    def shares_prefixes(self) -> bool:
+        """Whether its prompts may share prefixes: a shared prefix, a conversation's turns, or
+        a trace's recorded reuse (shared block hashes, conversations)."""
+        return bool(self.prefix_len) or self.kind in ("chat", "trace")
+
     def max_request_len(self) -> int:
         """The longest prompt + output this spec can ask for (synthetic kinds), for the
         max-model-len check before a run."""
@@ -250,7 +256,8 @@ class ArrivalSpec:
             raise SpecError(src, "burstiness", "must be > 0")
         if self.num_requests < 0 or self.duration_s < 0 or self.warmup_requests < 0:
             raise SpecError(src, "num_requests", "counts and durations must be >= 0")
-        if self.num_requests == 0 and self.duration_s == 0:
+        if self.num_requests == 0 and self.duration_s == 0 and self.mode != "trace":
+            # (a trace's own times with neither: all of its requests, once)
             raise SpecError(src, "num_requests", "set num_requests or duration_s (or both)")
         if self.max_in_flight < 0 or self.workers < 0:
             raise SpecError(src, "max_in_flight", "must be >= 0")

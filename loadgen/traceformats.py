@@ -84,8 +84,16 @@ class TraceFile:
     notes: tuple[str, ...] = field(default=())
 
     def describe(self) -> str:
-        """One line for a user: the format and every assumption."""
-        return f"{self.path}: {self.format} trace, {len(self.rows)} requests; " + "; ".join(self.notes)
+        """One line for a user: the format, every assumption, and the conversations it replays."""
+        notes = list(self.notes)
+        chains = [c for c in conversation_chains(self.rows) if len(c) > 1]
+        if chains:
+            later = sum(len(c) - 1 for c in chains)
+            many = "s" * (len(chains) != 1)
+            notes.append(f"{later} requests replayed as later turns of {len(chains)} conversation{many}, each "
+                         "carrying the turns before and the server's answers to them (a turn whose recorded prompt "
+                         "holds the one before and its answer)")
+        return f"{self.path}: {self.format} trace, {len(self.rows)} requests; " + "; ".join(notes)
 
 
 def _pos_int(path: Path, line: int, obj: dict[str, object], key: str, *, zero: bool = False) -> int:
@@ -284,6 +292,31 @@ def _read_jsonl(path: Path, text: str, block_size: int | None, time_unit: str | 
     return TraceFile(str(path), fmt, tuple(out), bs, unit, tuple(notes))
 
 
+def conversation_chains(rows: tuple[TraceRow, ...] | list[TraceRow]) -> list[list[int]]:
+    """The rows as chains of indexes: a conversation's turns, in order, each later one carrying
+    the one before. A row continues its conversation (same ``session``) when it is the next turn
+    (``turn`` one more than the chain's last, or every turn 0: file order) and its prompt can hold
+    that turn's prompt and answer (``input_len`` above the two together): only then was the
+    earlier answer part of it. A row with its own prompt text is replayed as it was, on its own.
+    Every other row is a chain of its own. Chains come in the order of their first rows."""
+    chains: list[list[int]] = []
+    open_: dict[str, list[list[int]]] = {}  # session -> the chains whose last row may yet be continued
+    for k, r in enumerate(rows):
+        if r.session is not None and r.prompt is None:
+            for c in open_.get(r.session, ()):
+                last = rows[c[-1]]
+                if ((r.turn == last.turn + 1 or r.turn == last.turn == 0)
+                        and r.input_len > last.input_len + last.output_len):
+                    c.append(k)
+                    break
+            else:
+                chains.append([k])
+                open_.setdefault(r.session, []).append(chains[-1])
+            continue
+        chains.append([k])
+    return chains
+
+
 _AZURE_TS = re.compile(r"^(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:\.(\d+))?\s*(Z|[+-]\d{2}:?\d{2})?$")
 
 
@@ -377,4 +410,5 @@ def _read_csv(path: Path, text: str, time_unit: str | None, limit: int | None) -
     return TraceFile(str(path), fmt, tuple(rows), None, time_unit or "s", tuple(notes))
 
 
-__all__ = ["FORMATS", "TIME_UNITS", "TraceError", "TraceFile", "TraceRow", "infer_block_size", "read_trace"]
+__all__ = ["FORMATS", "TIME_UNITS", "TraceError", "TraceFile", "TraceRow", "conversation_chains", "infer_block_size",
+           "read_trace"]

@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from multiprocessing.reduction import ForkingPickler
 from typing import IO, TYPE_CHECKING, Literal, TypeAlias
 
+from loadgen.aio import run_fast
 from loadgen.arrivals import iter_offsets
 from loadgen.client import ClientConfig, ClientPool, Pool, build_body, open_client, send
 from loadgen.records import CONNECT_REFUSED, PlannedRequest, RequestResult
@@ -98,6 +99,7 @@ class Worker:
         self._emit = emit
         self._pending: list[RequestResult] = []
         self._in_flight = 0
+        self._base = time.perf_counter()  # the open loop's time zero (trace turns wait on it)
         self._sent = 0
         self._lag = 0.0
         self._own_lag = 0.0
@@ -174,7 +176,7 @@ class Worker:
         self._in_flight += 1
         self._sent += 1
         try:
-            if p.session >= 0 and cfg.endpoint == "chat":
+            if p.session >= 0 and (cfg.endpoint == "chat" or p.next_turns):
                 await self._session(client, p, rid)
             else:
                 await send(client, cfg, p, rid, self._sink, worker=self.plan.worker,
@@ -183,22 +185,40 @@ class Worker:
             self._in_flight -= 1
 
     async def _session(self, client: Pool, p: PlannedRequest, rid: int) -> None:
-        """A multi-turn chat: each turn carries the conversation so far (real replies)."""
+        """A multi-turn conversation: each turn carries the conversation so far (real replies),
+        as chat messages or, on /v1/completions, as one prompt (prompt, reply, next turn, ...).
+        A trace's turn waits for its recorded time (``turn_plan``) when its run keeps the trace's."""
         cfg = self.plan.client
-        messages = [{"role": r, "content": t} for r, t in p.messages]
+        chat = cfg.endpoint == "chat"
+        messages = [{"role": r, "content": t} for r, t in p.messages] or [{"role": "user", "content": p.prompt}]
+        prompt = p.prompt or "".join(t for _, t in p.messages)
         turns = (None, *p.next_turns)
         for turn, user in enumerate(turns):
             if self._stop.is_set() and turn:
                 return
+            q = replace(p, turn=turn)
             if user is not None:
+                if turn <= len(p.turn_plan):
+                    at_s, out_len = p.turn_plan[turn - 1]
+                    delay = self._base + at_s - time.perf_counter() if self.plan.trace else 0.0
+                    if delay > 0:
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(self._stop.wait(), delay)
+                        if self._stop.is_set():
+                            return
+                    # (its prompt's length is the server's to say: the answers it carries are this run's)
+                    q = replace(q, input_len=0, output_len=out_len)
                 messages.append({"role": "user", "content": user})
-            body = build_body(cfg, p, messages)
+                prompt += user
+            q = replace(q, prompt=prompt)
+            body = build_body(cfg, q, messages if chat else None)
             before = len(self._pending)
-            reply = await send(client, cfg, replace(p, turn=turn), rid * 1000 + turn,
+            reply = await send(client, cfg, q, rid * 1000 + turn,
                                self._sink, worker=self.plan.worker, body=body, want_text=True)
             if len(self._pending) > before and not self._pending[-1].ok:
                 return  # a failed turn ends the session
             messages.append({"role": "assistant", "content": reply})
+            prompt += reply
 
     def _spawn(self, coro: Coroutine[object, None, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -287,7 +307,7 @@ class Worker:
 
     async def _open(self, client: Pool) -> None:
         plan = self.plan
-        base = time.perf_counter()
+        base = self._base = time.perf_counter()
         sem = asyncio.Semaphore(plan.slots) if plan.slots else None
         if plan.trace:
             offsets: Iterator[float] = ((p.at_s or 0.0) for p in plan.pool)
@@ -411,14 +431,8 @@ def run_in_process(plan: WorkerPlan, conn: Outbound, ctl: Control) -> None:
         os.setsid()
     env_nice = os.environ.get("VTUI_WORKER_NICE", "")
     raise_priority(int(env_nice) if env_nice.lstrip("-").isdigit() else WORKER_NICE)
-    try:
-        import uvloop  # vLLM depends on it; ~2x the event-loop throughput when present
-
-        runner: Callable[[Coroutine[object, None, None]], None] = uvloop.run
-    except ImportError:
-        runner = asyncio.run
     with contextlib.suppress(KeyboardInterrupt):
-        runner(_process_main(plan, conn, ctl))
+        run_fast(_process_main(plan, conn, ctl))
 
 
 async def _process_main(plan: WorkerPlan, conn: Outbound, ctl: Control) -> None:

@@ -9,6 +9,7 @@ of the same workload with the same tokenizer does not build its prompts again.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -22,12 +23,14 @@ from loadgen.datafile import read_text
 from loadgen.records import PlannedRequest
 from loadgen.spec import WorkloadSpec
 from loadgen.tokens import Codec, codec_key, encode_many, make_prompts
-from loadgen.traceformats import TraceError, TraceFile, TraceRow, read_trace
+from loadgen.traceformats import TraceError, TraceFile, TraceRow, conversation_chains, read_trace
 
 # Distinct prompts built for a run; longer runs recycle them (index modulo pool size).
 DEFAULT_POOL = 2000
 # With only the server's /tokenize to build prompts (2-3 round trips each), fewer.
 REMOTE_POOL = 256
+# A trace run with no count nor duration: every row (a trace is read to this many rows).
+ALL_ROWS = 10**9
 
 
 def sample_lengths(spec: WorkloadSpec, rng: random.Random, n: int) -> list[tuple[int, int]]:
@@ -335,7 +338,10 @@ def _build_trace(spec: WorkloadSpec, codec: Codec | None, n: int, seed: int) -> 
     """A trace's rows as planned requests at their (scaled) times. A row's prompt is its own
     where the trace has one; else built of token blocks, one per hash id, the same ids giving
     the same blocks (so the server's prefix cache sees the trace's reuse); rows without ids get
-    prompts of their own."""
+    prompts of their own. A conversation's later turns (``conversation_chains``) ride on its
+    first as one session: each carries the replayed earlier prompts and the server's answers
+    to them, then tokens of its own (its recorded length less the earlier prompt and answer),
+    and is sent at its recorded time or when the answer before it ends, whichever is later."""
     tf = read_spec_trace(spec, limit=n)
     rows = tf.rows[:n]
     if codec is None:
@@ -343,22 +349,37 @@ def _build_trace(spec: WorkloadSpec, codec: Codec | None, n: int, seed: int) -> 
             raise ValueError("trace lines without a prompt need the model's tokenizer")
         return [PlannedRequest(index=k, prompt=r.prompt or "", input_len=r.input_len, output_len=r.output_len,
                                at_s=r.at_s * spec.time_scale) for k, r in enumerate(rows)]
+    chains = conversation_chains(rows)
     off = codec.special_offset
     texts: dict[int, tuple[str, int]] = {}
     given = [k for k, r in enumerate(rows) if r.prompt]
     for k, ids in zip(given, encode_many(codec, [rows[k].prompt or "" for k in given]), strict=True):
         texts[k] = (rows[k].prompt or "", len(ids) + off)
     prompt_rng = random.Random(f"vtui-trace-prompts/{seed}")
-    hashed = [k for k, r in enumerate(rows) if k not in texts and r.hash_ids and tf.block_size]
+    firsts = [c[0] for c in chains]
+    hashed = [k for k in firsts if k not in texts and rows[k].hash_ids and tf.block_size]
     if hashed:
         assert tf.block_size is not None
         texts.update(_block_prompts(codec, [(k, rows[k]) for k in hashed], tf.block_size, seed))
-    plain = [k for k, r in enumerate(rows) if k not in texts]
+    plain = [k for k in firsts if k not in texts]
     made = make_prompts(codec, prompt_rng, [rows[k].input_len - off for k in plain])
     for k, (text, got) in zip(plain, made, strict=True):
         texts[k] = (text, got + off)
-    return [PlannedRequest(index=k, prompt=texts[k][0], input_len=texts[k][1], output_len=r.output_len,
-                           at_s=r.at_s * spec.time_scale) for k, r in enumerate(rows)]
+    # A later turn's own tokens: what its prompt holds past the turn before and its answer.
+    later = [(a, b) for c in chains for a, b in itertools.pairwise(c)]
+    turn_rng = random.Random(f"vtui-trace-turns/{seed}")
+    tails = make_prompts(codec, turn_rng, [rows[b].input_len - rows[a].input_len - rows[a].output_len
+                                           for a, b in later])
+    tail = {b: text for (_, b), (text, _) in zip(later, tails, strict=True)}
+    out: list[PlannedRequest] = []
+    for c in chains:
+        k, r = c[0], rows[c[0]]
+        out.append(PlannedRequest(
+            index=len(out), prompt=texts[k][0], input_len=texts[k][1], output_len=r.output_len,
+            at_s=r.at_s * spec.time_scale, session=len(out) if len(c) > 1 else -1,
+            next_turns=tuple(tail[b] for b in c[1:]),
+            turn_plan=tuple((rows[b].at_s * spec.time_scale, rows[b].output_len) for b in c[1:])))
+    return out
 
 
 def _block_prompts(codec: Codec, rows: list[tuple[int, TraceRow]], bs: int, seed: int

@@ -13,7 +13,7 @@ import pytest
 from loadgen.spec import WorkloadSpec
 from loadgen.testserver import ServerConfig, serve_in_thread
 from loadgen.tokens import LocalTokenizer
-from loadgen.traceformats import TraceError, infer_block_size, read_trace
+from loadgen.traceformats import TraceError, TraceRow, conversation_chains, infer_block_size, read_trace
 from loadgen.workload import DatasetError, build_requests
 from tui.cli import main
 
@@ -49,6 +49,37 @@ def test_formats_are_detected_with_their_units(name: str, fmt: str, block: int |
 def test_bailian_turns_belong_to_their_first_turn() -> None:
     rows = read_trace(DATA / "bailian.jsonl").rows
     assert [(r.session, r.turn) for r in rows] == [("159", 1), ("159", 2), ("161", 1), ("159", 3)]
+
+
+def test_a_conversations_later_turns_ride_on_its_first() -> None:
+    rows = read_trace(DATA / "bailian.jsonl").rows
+    assert conversation_chains(rows) == [[0, 1, 3], [2]]  # 40 + 6 < 70, 70 + 5 < 90: each holds the one before
+
+    def row(line: int, session: str | None, turn: int, i: int, o: int = 4, prompt: str | None = None) -> TraceRow:
+        return TraceRow(line=line, at_s=line / 10, input_len=i, output_len=o, session=session, turn=turn,
+                        prompt=prompt)
+
+    assert conversation_chains([
+        row(1, "a", 1, 20), row(2, "a", 1, 20),  # the same opening twice: two conversations
+        row(3, "a", 2, 30), row(4, "a", 2, 30),  # each continues one of them
+        row(5, "b", 1, 50), row(6, "b", 2, 40),  # too short to hold turn 1 and its answer: on its own
+        row(7, "c", 0, 10), row(8, "c", 0, 20), row(9, "c", 0, 30),  # no turn numbers: file order
+        row(10, "d", 1, 10), row(11, "d", 2, 30, prompt="kept"),  # a kept prompt is replayed as it was
+        row(12, None, 0, 10),
+    ]) == [[0, 2], [1, 3], [4], [5], [6, 7, 8], [9], [10], [11]]
+
+
+def test_a_later_turn_is_planned_on_its_first(tiny_model: Path) -> None:
+    codec = LocalTokenizer(tiny_model)
+    plan = build_requests(WorkloadSpec(kind="trace", dataset=str(DATA / "bailian.jsonl"), seed=5, time_scale=2.0),
+                          codec, 100)
+    assert [(p.input_len, p.output_len, p.session, len(p.next_turns)) for p in plan] == [(40, 6, 0, 2),
+                                                                                          (20, 4, -1, 0)]
+    off = codec.special_offset
+    # Each later turn's own tokens: its length less the turn before and that turn's answer.
+    assert [len(codec.encode(t)) for t in plan[0].next_turns] == [70 - 40 - 6 - off, 90 - 70 - 5 - off]
+    assert [t[1] for t in plan[0].turn_plan] == [5, 3]
+    assert [t[0] for t in plan[0].turn_plan] == pytest.approx([0.172, 0.372])  # the recorded times, scaled
 
 
 def test_overrides_and_the_block_size_rule(tmp_path: Path) -> None:

@@ -565,7 +565,7 @@ async def measure(
         edges = ServerWindow.from_json(server, "the server's window")  # empty ({}) without exact scrapes
         measured = RunSummary(
             load=result.summary, telemetry=figures, energy=energy, server=edges,
-            cross_check=cross_check(load, edges.figures(), shared_prefix=bool(plan.workload.prefix_len),
+            cross_check=cross_check(load, edges.figures(), shared_prefix=plan.workload.shares_prefixes,
                                     client_delay_ms=result.client_delay_ms),
             stream=StreamShape.from_json({k: result.extra.get(k) for k in STREAM_KEYS}, "the run's stream"),
             client_bound=result.client_bound, client_cpus=tuple(result.client_cpus),
