@@ -37,7 +37,7 @@ from typing import IO, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from loadgen.stats import percentile
-from loadgen.traceformats import TraceFile, read_trace
+from loadgen.traceformats import TraceFile, conversation_chains, read_trace
 
 RECORDED_PATHS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 DEFAULT_BLOCK = 16  # vLLM's KV-cache block: reuse is measured in the prefix cache's own unit
@@ -107,6 +107,53 @@ class _Pending:
     payload: bytearray = field(default_factory=bytearray)
     e2el_s: float = 0.0
     ttft_s: float | None = None
+
+
+class _Chunked:
+    """HTTP/1.1 chunked framing followed incrementally: ``feed`` takes the bytes as they arrive and
+    returns the content among them; ``done`` once the last chunk and its trailer have passed."""
+
+    __slots__ = ("_buf", "_left", "_state", "done")
+
+    def __init__(self) -> None:
+        self._buf = b""  # an unfinished size or trailer line
+        self._left = 0  # content bytes (then its CRLF) still to come in the current chunk
+        self._state = "size"  # size | data | crlf | trailer
+        self.done = False
+
+    def feed(self, data: bytes) -> bytes:
+        out = bytearray()
+        i, n = 0, len(data)
+        while i < n and not self.done:
+            if self._state == "data":
+                take = min(self._left, n - i)
+                out += data[i:i + take]
+                i += take
+                self._left -= take
+                if not self._left:
+                    self._state, self._left = "crlf", 2
+            elif self._state == "crlf":
+                take = min(self._left, n - i)
+                i += take
+                self._left -= take
+                if not self._left:
+                    self._state = "size"
+            else:
+                j = data.find(b"\n", i)
+                if j < 0:
+                    self._buf += data[i:]
+                    if len(self._buf) > 4096:
+                        raise ValueError("chunk size line too long")
+                    break
+                line = (self._buf + data[i:j]).rstrip(b"\r")
+                self._buf = b""
+                i = j + 1
+                if self._state == "trailer":
+                    self.done = not line
+                else:
+                    size = int(line.split(b";")[0].strip() or b"0", 16)
+                    self._state, self._left = ("data", size) if size else ("trailer", 0)
+        return bytes(out)
 
 
 class Recorder:
@@ -325,25 +372,20 @@ class Recorder:
             if head_only or status in (204, 304) or 100 <= status < 200:
                 pass
             elif te is not None and b"chunked" in te.lower():
-                while True:
-                    size_line = await ureader.readuntil(b"\r\n")
-                    size = int(size_line.split(b";")[0].strip() or b"0", 16)
-                    if size == 0:
-                        tail = size_line
-                        while True:
-                            t = await ureader.readuntil(b"\r\n")
-                            tail += t
-                            if t == b"\r\n":
-                                break
-                        cwriter.write(tail)
-                        break
-                    data = await ureader.readexactly(size + 2)
-                    cwriter.write(size_line + data)
-                    if payload is not None:
+                # Bytes go on to the client as they come (one read, one write, however the chunks fall);
+                # the framing is followed beside them, for the end of the response and its content.
+                chunks = _Chunked()
+                while not chunks.done:
+                    data = await ureader.read(1 << 16)
+                    if not data:
+                        raise asyncio.IncompleteReadError(b"", None)
+                    cwriter.write(data)
+                    content = chunks.feed(data)
+                    if payload is not None and content:
                         if first and rec is not None:
                             rec.ttft_s = time.perf_counter() - t_sent
                             first = False
-                        payload += data[:-2]
+                        payload += content
                     if cwriter.transport.is_closing():
                         raise ConnectionResetError
             elif cl is not None:
@@ -557,21 +599,29 @@ class RecordingSummary:
     outcomes: dict[str, int]
     nearest: tuple[str, float] | None = None  # preset, distance
     notes: tuple[str, ...] = ()
+    conversations: int = 0  # conversations of more than one turn (traceformats.conversation_chains)
+    later_turns: int = 0
 
-    def lines(self) -> list[str]:
+    def lines(self, *, brief: bool = False) -> list[str]:
+        """The summary, a line each; ``brief``: without the notes and the rate histogram (the TUI's
+        Presets tab)."""
         def q(d: dict[str, float]) -> str:
             return ", ".join(f"{k} {v:.0f}" for k, v in d.items())
 
         out = [f"{self.requests} requests over {self.duration_s:.1f} s ({self.format} trace; "
                + ", ".join(f"{v} {k}" for k, v in sorted(self.outcomes.items())) + ")"]
-        out += [f"  note: {n}" for n in self.notes]
+        if not brief:
+            out += [f"  note: {n}" for n in self.notes]
         peak = max((r for _, r in self.rate_buckets), default=0.0)
         mean = self.requests / self.duration_s if self.duration_s > 0 else float("inf")
         out.append(f"arrival rate: mean {mean:.2f} req/s, peak {peak:.2f} req/s a bucket")
         width = self.rate_buckets[1][0] - self.rate_buckets[0][0] if len(self.rate_buckets) > 1 else 0.0
-        for t, r in self.rate_buckets:
+        for t, r in () if brief else self.rate_buckets:
             bar = "#" * (round(30 * r / peak) if peak else 0)
             out.append(f"  {t:9.2f} s +{width:.2f}  {r:8.2f} req/s  {bar}")
+        if self.later_turns:
+            out.append(f"conversations: {self.conversations}, with {self.later_turns} later turns that carry the "
+                       "turns before (replayed with the server's answers)")
         out.append(f"input tokens:  {q(self.input_q)}")
         out.append(f"output tokens: {q(self.output_q)}")
         out.append("prefix reuse: " + (f"{100 * self.reuse:.1f}% of prompt tokens are in blocks seen before"
@@ -642,8 +692,9 @@ def summarize(path: str | Path, presets: Sequence[PresetShape] = (), buckets: in
 
         best = min(presets, key=dist)
         nearest = (best.name, dist(best))
+    chains = [c for c in conversation_chains(tf.rows) if len(c) > 1]
     return RecordingSummary(tf.format, len(rows), dur, rate, _quantiles(ins), _quantiles(outs), reuse, conc,
-                            outcomes, nearest, tf.notes)
+                            outcomes, nearest, tf.notes, len(chains), sum(len(c) - 1 for c in chains))
 
 
 def _latencies(path: Path) -> list[float]:

@@ -30,9 +30,11 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from loadgen.aio import run_fast
 
 if TYPE_CHECKING:
     from multiprocessing.sharedctypes import SynchronizedArray
@@ -271,14 +273,8 @@ def _proc_main(cfg: ServerConfig, host: str, port: int, cpu: int | None,
                stats: SynchronizedArray[float] | None = None) -> None:
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
-    try:
-        import uvloop
-
-        runner: Callable[[Coroutine[object, None, None]], None] = uvloop.run
-    except ImportError:
-        runner = asyncio.run
     with contextlib.suppress(KeyboardInterrupt):
-        runner(serve(cfg, _bind(host, port), stats))
+        run_fast(serve(cfg, _bind(host, port), stats))
 
 
 def free_port() -> int:

@@ -8,6 +8,7 @@ rounds. CPU per request is the proxy process's user+system CPU time over the req
 tokenize calls it makes off the path included).
 
     .venv/bin/python tests/perf/record_cost.py [--requests 400] [--rounds 3] [--out tests/perf/results/...]
+    .venv/bin/python tests/perf/record_cost.py --url http://127.0.0.1:8000   # a real server, e.g. `vtui serve`'s
 
 Target (issue 42): p99 added under 1 ms on the test server.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as _dt
 import os
 import signal
@@ -27,6 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
 
 from loadgen import ArrivalSpec, LoadRun, WorkloadSpec  # noqa: E402
 from loadgen.testserver import ServerConfig, free_port, serve_in_processes  # noqa: E402
@@ -56,7 +60,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", help="also write the table here (default: tests/perf/results/record_cost.DATE.out.txt)")
+    ap.add_argument("--url", help="a running server (a real vLLM) instead of loadgen's test server")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[8, 64])
+    ap.add_argument("--out", help="also write the table here (default: tests/perf/results/record_cost.DATE.out.txt; the current page is record_cost.md)")
     args = ap.parse_args()
     lines: list[str] = []
 
@@ -64,24 +70,31 @@ def main() -> None:
         print(text, flush=True)
         lines.append(text)
 
-    with serve_in_processes(ServerConfig(first_delay_s=0.020, gap_s=0.002), processes=1) as srv, \
-            tempfile.TemporaryDirectory() as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory())
+        if args.url:
+            upstream, what = args.url.rstrip("/"), f"server {args.url}"
+        else:
+            upstream = stack.enter_context(serve_in_processes(ServerConfig(first_delay_s=0.020, gap_s=0.002),
+                                                              processes=1)).url
+            what = "test server first chunk 20 ms, 16 tokens 2 ms apart"
         port = free_port()
-        proc = subprocess.Popen([sys.executable, "-m", "tui.cli", "record", "--upstream", srv.url, "--port", str(port),
+        proc = subprocess.Popen([sys.executable, "-m", "tui.cli", "record", "--upstream", upstream, "--port", str(port),
                                  "--out", str(Path(tmp) / "rec.jsonl"), "-q"],
                                 stderr=subprocess.PIPE, text=True, cwd=ROOT)
         assert proc.stderr is not None
         assert "proxy at" in proc.stderr.readline()
         proxy = f"http://127.0.0.1:{port}"
-        codec = RemoteTokenizer(srv.url, "test-model")
-        say(f"record_cost: {os.cpu_count()} cores, test server first chunk 20 ms, 16 tokens 2 ms apart, "
+        model = httpx.get(upstream + "/v1/models", timeout=10).json()["data"][0]["id"]
+        codec = RemoteTokenizer(upstream, model)
+        say(f"record_cost: {os.cpu_count()} cores, {what}, "
             f"{args.requests} requests a run, {args.rounds} rounds, {_dt.date.today()}")
         say(f"{'c':>4} {'direct p50':>11} {'direct p99':>11} {'added p50':>10} {'added p99':>10} {'CPU/req':>9}")
         try:
-            for conc in (8, 64):
+            for conc in args.concurrency:
                 d50, d99, a50, a99, cpu = [], [], [], [], []
                 for _ in range(args.rounds):
-                    p50d, p99d = asyncio.run(one(srv.url, conc, args.requests, codec))
+                    p50d, p99d = asyncio.run(one(upstream, conc, args.requests, codec))
                     before = cpu_s(proc.pid)
                     p50p, p99p = asyncio.run(one(proxy, conc, args.requests, codec))
                     # the proxy carried the run's warm-up and /v1/models too: counted against the measured requests

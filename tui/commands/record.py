@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 from tui.errors import UserError
 
 if TYPE_CHECKING:
-    from loadgen.record import PresetShape
     from tui.commands import Subparsers
 
 
@@ -56,39 +55,18 @@ def run(args: argparse.Namespace) -> int:
     if not args.upstream or not args.out:
         raise UserError("vtui record needs --upstream URL and --out FILE (or --summary FILE)",
                         "e.g. vtui record --upstream http://127.0.0.1:8000 --port 8100 --out traffic.jsonl")
-    return asyncio.run(_record(args))
+    from loadgen.aio import run_fast
 
-
-def _preset_shapes() -> list[PresetShape]:
-    from engine.presets import list_presets
-    from loadgen.record import PresetShape
-    from loadgen.spec import SpecError
-
-    out: list[PresetShape] = []
-    for p in list_presets(include_user=False):
-        try:
-            w = p.workload_spec()
-        except SpecError:
-            continue
-        if w.kind not in ("random", "chat"):
-            continue
-        if w.kind == "chat":
-            # Each turn resends the conversation: the mean prompt is the prefix and half the turns before.
-            t = w.num_turns
-            ctx = w.prefix_len + (t + 1) / 2 * w.input_len + (t - 1) / 2 * w.output_len
-        else:
-            ctx = w.prefix_len + w.input_len
-        reuse = 1 - w.input_len / ctx if ctx > w.input_len else 0.0
-        out.append(PresetShape(p.name, ctx, w.output_len, reuse))
-    return out
+    return run_fast(_record(args))
 
 
 def _summary(path: str) -> int:
+    from engine.presets import preset_shapes
     from loadgen.record import summarize
     from loadgen.traceformats import TraceError
 
     try:
-        s = summarize(path, _preset_shapes())
+        s = summarize(path, preset_shapes())
     except TraceError as exc:
         raise UserError(str(exc), "vtui record --summary reads vtui's recordings and traces and the published "
                         "Mooncake, Bailian, Azure and BurstGPT formats") from None
