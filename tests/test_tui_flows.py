@@ -112,6 +112,32 @@ async def test_preset_load_without_edits_does_not_ask() -> None:
         assert app.session.flags.get("max-num-batched-tokens") == 256
 
 
+async def test_a_trace_preset_shows_its_traffic_and_loads_its_recording() -> None:
+    """The shipped recorded-agent-sessions preset: highlighted, the Presets tab says what its
+    recording holds (read off the UI thread); loaded, the session's workload replays the file."""
+    from textual.widgets import OptionList, Static
+
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.action_show("tab-presets")
+        await pilot.pause()
+        options = app.screen.query_one("#preset-options", OptionList)
+        options.highlighted = next(k for k in range(options.option_count)
+                                   if options.get_option_at_index(k).id == "recorded-agent-sessions")
+        about = app.screen.query_one("#preset-about", Static)
+        for _ in range(100):
+            await pilot.pause(0.05)
+            if "traffic:" in str(about.render()):
+                break
+        text = str(about.render())
+        assert "traffic: 256 requests over" in text and "conversations: 64, with 192 later turns" in text
+        assert "prefix reuse: 8" in text and "nearest shipped preset:" in text
+        await pilot.press("enter")
+        await pilot.pause()
+        wl = app.session._workload  # (no public reader of the workload: the run takes it)
+        assert wl is not None and wl.kind == "trace" and wl.dataset.endswith("presets/traces/agent-sessions.jsonl")
+
+
 async def test_export_gives_the_exact_docker_line_and_copies_it() -> None:
     app = make_app()
     async with app.run_test(size=(120, 40)) as pilot:

@@ -62,7 +62,26 @@ class PresetList(Vertical):
         flags = " ".join(preset.argv()) if hasattr(preset, "argv") else ""
         if flags:
             lines.append(flags)
-        self.query_one("#preset-about", Static).update("\n".join(line for line in lines if line))
+        about = "\n".join(line for line in lines if line)
+        self.query_one("#preset-about", Static).update(about)
+        if preset.workload.get("kind") == "trace":
+            # A trace file may be long: its shape is read off the UI thread, then shown if still highlighted.
+            self.run_worker(lambda: self._trace_shape(preset, about), thread=True, exclusive=True,
+                            group="trace-shape")
+
+    def _trace_shape(self, preset: Preset, about: str) -> None:
+        from engine.presets import trace_summary
+
+        shape = trace_summary(preset)
+
+        def show() -> None:
+            options = self.query_one(OptionList)
+            highlighted = options.get_option_at_index(options.highlighted) if options.highlighted is not None else None
+            if highlighted is not None and highlighted.id == preset.name:
+                self.query_one("#preset-about", Static).update("\n".join([about, "traffic: " + shape[0], *shape[1:]]))
+
+        if shape:
+            self.app.call_from_thread(show)
 
     @on(OptionList.OptionSelected)
     def _selected(self, event: OptionList.OptionSelected) -> None:
