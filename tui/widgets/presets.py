@@ -78,7 +78,8 @@ class PresetList(Vertical):
             options = self.query_one(OptionList)
             highlighted = options.get_option_at_index(options.highlighted) if options.highlighted is not None else None
             if highlighted is not None and highlighted.id == preset.name:
-                self.query_one("#preset-about", Static).update("\n".join([about, "traffic: " + shape[0], *shape[1:]]))
+                # The traffic first: the description may run past the panel's height.
+                self.query_one("#preset-about", Static).update("\n".join(["traffic: " + shape[0], *shape[1:], about]))
 
         if shape:
             self.app.call_from_thread(show)
