@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -968,6 +969,24 @@ async def test_measurer_warms_up_with_a_burst_after_every_start_only() -> None:
         assert len(stand_ins) == 1 and stand_ins[0].starts == 2
         await m.close()
         assert stand_ins[0].state.name == "STOPPED"
+
+
+async def test_a_trace_is_searched_as_its_request_mix_under_each_steps_load() -> None:
+    """BurstGPT's sample spans 180 s at its recorded times: a tune step sends its requests at the
+    step's rate instead (the trace's own times would send the same load at every step)."""
+    from engine.tune.search import ServerMeasurer
+    from loadgen.spec import WorkloadSpec
+    from loadgen.testserver import ServerConfig, serve_in_processes
+
+    trace = Path(__file__).parent / "data" / "traces" / "burstgpt.csv"
+    with serve_in_processes(ServerConfig(max_model_len=4096)) as srv:
+        m = ServerMeasurer(WorkloadSpec(kind="trace", dataset=str(trace)), SLO(e2el_ms=5000.0),
+                           supervisor_factory=lambda f: ReadyStandIn(f, srv.url), warmup_burst=0)
+        assert (await m.start(BASE, timeout=60)).ok
+        t0 = time.monotonic()
+        step = await m.measure(50.0, requests=4, timeout=60, warmup=0)
+        assert step.ok and step.completed == 4 and time.monotonic() - t0 < 30
+        await m.close()
 
 
 async def test_capacity_probe_runs_to_the_end_while_rate_steps_stop_early() -> None:

@@ -70,7 +70,9 @@ class ServerMeasurer:
         live: bool = False,
         launch_flags: Callable[[FlagSet], FlagSet] | None = None,
     ) -> None:
-        self.workload = workload
+        # A trace is searched as its recorded request mix under the step's rate or concurrency, not
+        # at its recorded times (which would send the same load at every step).
+        self.workload = dataclasses.replace(workload, trace_timing=False) if workload.kind == "trace" else workload
         self.slo = slo
         self.mode = mode
         self.arrivals = arrivals
