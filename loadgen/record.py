@@ -33,11 +33,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from loadgen.stats import percentile
 from loadgen.traceformats import TraceFile, conversation_chains, read_trace
+
+if TYPE_CHECKING:
+    from loadgen.tokens import Codec
 
 RECORDED_PATHS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 DEFAULT_BLOCK = 16  # vLLM's KV-cache block: reuse is measured in the prefix cache's own unit
@@ -161,7 +164,7 @@ class Recorder:
 
     def __init__(self, upstream: str, out: str | Path, *, host: str = "127.0.0.1", port: int = 0,
                  block_size: int = DEFAULT_BLOCK, keep_prompts: bool = False,
-                 on_error: Callable[[str], None] | None = None) -> None:
+                 on_error: Callable[[str], None] | None = None, codec: Codec | None = None) -> None:
         u = urlsplit(upstream)
         if u.scheme != "http" or not u.hostname:
             raise RecordError(f"--upstream {_strip_userinfo(upstream)}: needs an http://HOST:PORT URL "
@@ -185,6 +188,9 @@ class Recorder:
         self._conns: set[asyncio.Task[None]] = set()
         self._tok: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
         self._on_error = on_error or (lambda _m: None)
+        # A tokenizer of the proxy's own: the server is asked nothing (its /tokenize shares the API
+        # server's loop with the traffic); a chat request is then its messages' contents, no template.
+        self._codec = codec
 
     # -- life -------------------------------------------------------------------------------
 
@@ -201,7 +207,9 @@ class Recorder:
         self._file = self.out.open("w", encoding="utf-8")
         header = {"vtui_recording": 1, "block_size": self.block_size,
                   "started": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-                  "upstream": _strip_userinfo(self.upstream), "tokens_from": "the upstream's /tokenize",
+                  "upstream": _strip_userinfo(self.upstream),
+                  "tokens_from": ("the upstream's /tokenize" if self._codec is None
+                                  else "the proxy's tokenizer (chat: the messages' contents, no template)"),
                   "keep_prompts": self.keep_prompts}
         self._write(header)
         self._worker = asyncio.get_running_loop().create_task(self._tokenize_loop())
@@ -425,8 +433,14 @@ class Recorder:
     # -- off the path: tokens, hashes, the line ----------------------------------------------
 
     async def _tokenize(self, body: Mapping[str, object], auth: bytes | None, model: str) -> list[int] | None:
-        """The upstream's /tokenize of ``body``, over one kept-alive connection of its own (httpx cost
+        """``body``'s tokens: by the proxy's own tokenizer when it has one (in a thread: the relay's loop
+        goes on), else by the upstream's /tokenize, over one kept-alive connection of its own (httpx cost
         1.1 ms of CPU a request here, as much as relaying the whole response: tests/perf/record_cost.py)."""
+        if self._codec is not None:
+            messages = body.get("messages")
+            text = ("".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+                    if isinstance(messages, list) else str(body.get("prompt", "")))
+            return await asyncio.to_thread(self._codec.encode, text)
         data = json.dumps({"model": model, **body}).encode()
         req = (b"POST /tokenize HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
                % (self._up_host.encode(), len(data)))

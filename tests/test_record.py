@@ -153,6 +153,29 @@ def test_a_conversations_later_turns_carry_the_replayed_answers(server: str, tmp
         assert len({r["conversation"] for r in conv}) == 1 and [r["turn"] for r in conv] == [1, 2, 3]
 
 
+def test_a_tokenizer_of_its_own_asks_the_server_nothing(server: str, tmp_path: Path, tiny_model: Path) -> None:
+    """--tokenizer: token counts come from the proxy's tokenizer (the tiny model's), not the test
+    server's /tokenize (which counts bytes); a bad path is refused with the reason."""
+    from loadgen.tokens import LocalTokenizer
+
+    out = tmp_path / "tok.jsonl"
+    proc, proxy = _start(server, out, "--tokenizer", str(tiny_model))
+    prompt = "The quick brown fox jumps over the lazy dog. " * 4
+    try:
+        with httpx.Client(base_url=proxy) as c:
+            assert c.post("/v1/completions", json={"model": "test-model", "prompt": prompt, "max_tokens": 3,
+                                                   "stream": True}).status_code == 200
+    finally:
+        _stop(proc)
+    head, row = (json.loads(x) for x in out.read_text().splitlines())
+    assert "the proxy's tokenizer" in head["tokens_from"]
+    assert row["input_len"] == len(LocalTokenizer(tiny_model).encode(prompt)) != len(prompt)
+    r = subprocess.run([sys.executable, "-m", "tui.cli", "record", "--upstream", server, "--out",
+                        str(tmp_path / "x.jsonl"), "--tokenizer", str(tmp_path / "nothing-here")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "--tokenizer" in r.stderr and "no tokenizer found" in r.stderr
+
+
 def test_summary_says_the_shape(recording: Path, capsys: pytest.CaptureFixture[str]) -> None:
     s = summarize(recording)
     assert s.requests == 13 and s.outcomes == {"ok": 11, "error": 1, "cancelled": 1}

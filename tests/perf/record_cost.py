@@ -62,7 +62,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--url", help="a running server (a real vLLM) instead of loadgen's test server")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[8, 64])
-    ap.add_argument("--out", help="also write the table here (default: tests/perf/results/record_cost.DATE.out.txt; the current page is record_cost.md)")
+    ap.add_argument("--tokenizer", help="passed to vtui record (its own tokenizer, no /tokenize calls to the server)")
+    ap.add_argument("--out", help="also write the table here (default: tests/perf/results/record_cost.DATE.out.txt; "
+                    "the current page is record_cost.md)")
     args = ap.parse_args()
     lines: list[str] = []
 
@@ -80,14 +82,16 @@ def main() -> None:
             what = "test server first chunk 20 ms, 16 tokens 2 ms apart"
         port = free_port()
         proc = subprocess.Popen([sys.executable, "-m", "tui.cli", "record", "--upstream", upstream, "--port", str(port),
-                                 "--out", str(Path(tmp) / "rec.jsonl"), "-q"],
+                                 "--out", str(Path(tmp) / "rec.jsonl"), "-q",
+                                 *(("--tokenizer", args.tokenizer) if args.tokenizer else ())],
                                 stderr=subprocess.PIPE, text=True, cwd=ROOT)
         assert proc.stderr is not None
         assert "proxy at" in proc.stderr.readline()
         proxy = f"http://127.0.0.1:{port}"
         model = httpx.get(upstream + "/v1/models", timeout=10).json()["data"][0]["id"]
         codec = RemoteTokenizer(upstream, model)
-        say(f"record_cost: {os.cpu_count()} cores, {what}, "
+        how = f"vtui record --tokenizer {args.tokenizer}" if args.tokenizer else "vtui record (the server's /tokenize)"
+        say(f"record_cost: {os.cpu_count()} cores, {what}, {how}, "
             f"{args.requests} requests a run, {args.rounds} rounds, {_dt.date.today()}")
         say(f"{'c':>4} {'direct p50':>11} {'direct p99':>11} {'added p50':>10} {'added p99':>10} {'CPU/req':>9}")
         try:
@@ -105,7 +109,8 @@ def main() -> None:
                     a99.append(p99p - p99d)
                 say(f"{conc:>4} {statistics.median(d50):>8.2f} ms {statistics.median(d99):>8.2f} ms "
                     f"{statistics.median(a50):>7.2f} ms {statistics.median(a99):>7.2f} ms {statistics.median(cpu):>6.2f} ms"
-                    f"   (added p99 by round: {', '.join(f'{x:.2f}' for x in a99)})")
+                    f"   (added p50 by round: {', '.join(f'{x:.2f}' for x in a50)}; "
+                    f"p99: {', '.join(f'{x:.2f}' for x in a99)})")
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.communicate(timeout=30)

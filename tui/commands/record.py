@@ -39,6 +39,9 @@ def add_parser(subparsers: Subparsers) -> None:
     p.add_argument("--out", metavar="FILE", help="the recording (JSONL; never written over)")
     p.add_argument("--block-size", type=int, default=16,
                    help="prompt tokens per block hash (default 16, vLLM's KV-cache block)")
+    p.add_argument("--tokenizer", metavar="PATH",
+                   help="count tokens with this tokenizer (a model folder or tokenizer.json) in the proxy, "
+                        "instead of the server's /tokenize (chat: the messages' contents, without the template)")
     p.add_argument("--keep-prompts", action="store_true",
                    help="also write the prompts' text (default: token counts and salted hashes only)")
     p.add_argument("--grace", type=float, default=10.0,
@@ -80,9 +83,17 @@ async def _record(args: argparse.Namespace) -> int:
     def warn(msg: str) -> None:
         print(f"\nvtui record: {msg}", file=sys.stderr)
 
+    codec = None
+    if args.tokenizer:
+        from loadgen.tokens import TokenizerError, shared_local_tokenizer
+
+        try:
+            codec = await asyncio.to_thread(shared_local_tokenizer, args.tokenizer)
+        except (TokenizerError, OSError, ValueError) as exc:
+            raise UserError(f"--tokenizer {args.tokenizer}: {exc}", "give a model folder or a tokenizer.json") from None
     try:
         rec = Recorder(args.upstream, args.out, host=args.host, port=args.port, block_size=args.block_size,
-                       keep_prompts=args.keep_prompts, on_error=warn)
+                       keep_prompts=args.keep_prompts, on_error=warn, codec=codec)
         await rec.start()
     except RecordError as exc:
         raise UserError(str(exc), "") from None
