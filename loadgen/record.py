@@ -510,7 +510,9 @@ class Recorder:
         elif isinstance(req.get("prompt"), list) and all(isinstance(t, int) for t in req["prompt"]):
             ids = list(req["prompt"])  # a prompt already in token ids
         max_tokens = req.get("max_completion_tokens", req.get("max_tokens"))
-        produced = await self._output_tokens(rec, model)
+        # A chat answer is resent as text in the conversation's next turn: its re-tokenized length is what
+        # that turn's prompt grew by (a model's tokens do not always come back as the same tokens).
+        produced, answer = await self._output_tokens(rec, model, answer=isinstance(messages, list))
         out_len = produced if produced else (max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else 16)
         row: dict[str, object] = {
             "timestamp": round(rec.t, 6), "endpoint": rec.endpoint, "stream": bool(req.get("stream")),
@@ -528,6 +530,8 @@ class Recorder:
             opening = json.dumps(messages[: first_user + 1], sort_keys=True).encode()
             row["conversation"] = hashlib.blake2b(self._salt + opening, digest_size=8).hexdigest()
             row["turn"] = len(users)
+            if answer is not None:
+                row["answer_tokens"] = answer
         if self.keep_prompts:
             if isinstance(req.get("prompt"), str):
                 row["prompt"] = req["prompt"]
@@ -535,8 +539,10 @@ class Recorder:
                 row["messages"] = messages
         return row
 
-    async def _output_tokens(self, rec: _Pending, model: str) -> int | None:
-        """The response's usage.completion_tokens; else its text's tokens; None for none."""
+    async def _output_tokens(self, rec: _Pending, model: str, *, answer: bool = False) -> tuple[int | None, int | None]:
+        """(output tokens: the response's usage.completion_tokens, else its text's tokens; the answer's
+        text tokenized again, as a client resending it in the next turn makes the server count it, when
+        ``answer`` or no usage came). None for none."""
         texts: list[str] = []
         usage: object = None
         if rec.stream:
@@ -563,12 +569,13 @@ class Recorder:
             if isinstance(doc, dict):
                 usage = doc.get("usage")
                 texts += _choice_texts(doc, "message")
-        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
-            return int(usage["completion_tokens"])
-        if not texts:
-            return None
-        ids = await self._tokenize({"prompt": "".join(texts), "add_special_tokens": False}, rec.auth, model)
-        return len(ids) if ids is not None else None
+        produced = (int(usage["completion_tokens"])
+                    if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int) else None)
+        again = None
+        if texts and (produced is None or answer):
+            ids = await self._tokenize({"prompt": "".join(texts), "add_special_tokens": False}, rec.auth, model)
+            again = len(ids) if ids is not None else None
+        return (produced if produced is not None else again), again
 
 
 def _choice_texts(doc: dict[str, Any], part: str) -> list[str]:

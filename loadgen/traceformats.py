@@ -69,6 +69,13 @@ class TraceRow:
     turn: int = 0
     endpoint: str | None = None
     outcome: str = "ok"
+    # the answer's text tokenized again (a recording's chat rows): what the next turn's prompt grew by
+    answer_len: int | None = None
+
+    @property
+    def carried_len(self) -> int:
+        """The tokens this request's prompt and answer add to its conversation's next turn."""
+        return self.input_len + (self.answer_len if self.answer_len is not None else self.output_len)
 
 
 @dataclass(frozen=True)
@@ -283,12 +290,15 @@ def _read_jsonl(path: Path, text: str, block_size: int | None, time_unit: str | 
             turn = int(tv) if isinstance(tv, int) and not isinstance(tv, bool) else 0
         ep = obj.get("endpoint")
         outcome = obj.get("outcome", "ok")
+        ans = obj.get("answer_tokens")
         prompt = obj.get("prompt")
         out.append(TraceRow(line=lineno, at_s=(t - t0) * scale, input_len=i, output_len=o, hash_ids=h,
                             prompt=prompt if isinstance(prompt, str) and prompt else None,
                             session=session, turn=turn,
                             endpoint=ep if isinstance(ep, str) else None,
-                            outcome=outcome if isinstance(outcome, str) else "ok"))
+                            outcome=outcome if isinstance(outcome, str) else "ok",
+                            answer_len=ans if isinstance(ans, int) and not isinstance(ans, bool) and ans >= 0
+                            else None))
     return TraceFile(str(path), fmt, tuple(out), bs, unit, tuple(notes))
 
 
@@ -305,8 +315,7 @@ def conversation_chains(rows: tuple[TraceRow, ...] | list[TraceRow]) -> list[lis
         if r.session is not None and r.prompt is None:
             for c in open_.get(r.session, ()):
                 last = rows[c[-1]]
-                if ((r.turn == last.turn + 1 or r.turn == last.turn == 0)
-                        and r.input_len > last.input_len + last.output_len):
+                if (r.turn == last.turn + 1 or r.turn == last.turn == 0) and r.input_len > last.carried_len:
                     c.append(k)
                     break
             else:

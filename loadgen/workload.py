@@ -368,8 +368,7 @@ def _build_trace(spec: WorkloadSpec, codec: Codec | None, n: int, seed: int) -> 
     # A later turn's own tokens: what its prompt holds past the turn before and its answer.
     later = [(a, b) for c in chains for a, b in itertools.pairwise(c)]
     turn_rng = random.Random(f"vtui-trace-turns/{seed}")
-    tails = make_prompts(codec, turn_rng, [rows[b].input_len - rows[a].input_len - rows[a].output_len
-                                           for a, b in later])
+    tails = make_prompts(codec, turn_rng, [rows[b].input_len - rows[a].carried_len for a, b in later])
     tail = {b: text for (_, b), (text, _) in zip(later, tails, strict=True)}
     out: list[PlannedRequest] = []
     for c in chains:

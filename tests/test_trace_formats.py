@@ -67,6 +67,10 @@ def test_a_conversations_later_turns_ride_on_its_first() -> None:
         row(10, "d", 1, 10), row(11, "d", 2, 30, prompt="kept"),  # a kept prompt is replayed as it was
         row(12, None, 0, 10),
     ]) == [[0, 2], [1, 3], [4], [5], [6, 7, 8], [9], [10], [11]]
+    # A recorded answer that came back longer as text (answer_len): the next turn must hold that.
+    long_answer = TraceRow(line=1, at_s=0, input_len=20, output_len=4, session="e", turn=1, answer_len=12)
+    assert conversation_chains([long_answer, row(2, "e", 2, 30)]) == [[0], [1]]  # 30 < 20 + 12
+    assert conversation_chains([long_answer, row(2, "e", 2, 40)]) == [[0, 1]]
 
 
 def test_a_later_turn_is_planned_on_its_first(tiny_model: Path) -> None:
