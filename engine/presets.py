@@ -532,9 +532,9 @@ def list_presets(*, include_user: bool = True) -> list[Preset]:
 def preset_shapes() -> list[PresetShape]:
     """The shipped synthetic presets' traffic shapes (mean prompt and output tokens, prefix reuse),
     for saying which one a recording is nearest to (``loadgen.record.summarize``)."""
-    out: list[PresetShape] = []
     from loadgen.record import PresetShape
 
+    out: list[PresetShape] = []
     for p in list_presets(include_user=False):
         try:
             w = p.workload_spec()

@@ -37,7 +37,7 @@ from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from loadgen.stats import percentile
-from loadgen.traceformats import TraceFile, conversation_chains, read_trace
+from loadgen.traceformats import TraceFile, read_trace
 
 if TYPE_CHECKING:
     from loadgen.tokens import Codec
@@ -436,11 +436,9 @@ class Recorder:
         """``body``'s tokens: by the proxy's own tokenizer when it has one (in a thread: the relay's loop
         goes on), else by the upstream's /tokenize, over one kept-alive connection of its own (httpx cost
         1.1 ms of CPU a request here, as much as relaying the whole response: tests/perf/record_cost.py)."""
-        if self._codec is not None:
-            messages = body.get("messages")
-            text = ("".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
-                    if isinstance(messages, list) else str(body.get("prompt", "")))
-            return await asyncio.to_thread(self._codec.encode, text)
+        if self._codec is not None:  # (no chat template here: _row then counts a chat's contents)
+            prompt = body.get("prompt")
+            return await asyncio.to_thread(self._codec.encode, prompt) if isinstance(prompt, str) else None
         data = json.dumps({"model": model, **body}).encode()
         req = (b"POST /tokenize HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
                % (self._up_host.encode(), len(data)))
@@ -502,7 +500,7 @@ class Recorder:
         ids: list[int] | None = None
         if rec.endpoint == "chat" and isinstance(messages, list):
             ids = await self._tokenize({"messages": messages}, rec.auth, model)
-            if not ids:  # a server without chat-template tokenizing: the contents' tokens
+            if not ids:  # a server without chat-template tokenizing, or the proxy's tokenizer: the contents' tokens
                 text = "".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
                 ids = await self._tokenize({"prompt": text}, rec.auth, model)
         elif isinstance(req.get("prompt"), str):
@@ -713,9 +711,8 @@ def summarize(path: str | Path, presets: Sequence[PresetShape] = (), buckets: in
 
         best = min(presets, key=dist)
         nearest = (best.name, dist(best))
-    chains = [c for c in conversation_chains(tf.rows) if len(c) > 1]
     return RecordingSummary(tf.format, len(rows), dur, rate, _quantiles(ins), _quantiles(outs), reuse, conc,
-                            outcomes, nearest, tf.notes, len(chains), sum(len(c) - 1 for c in chains))
+                            outcomes, nearest, tf.notes, *tf.conversations())
 
 
 def _latencies(path: Path) -> list[float]:

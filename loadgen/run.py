@@ -310,11 +310,13 @@ class LoadRun:
         self.phase = "preparing"
         model, plan, max_model_len = await self._prepare()
         a = self.arrivals
-        rows = sum(1 + len(p.next_turns) for p in plan[a.warmup_requests:])  # a conversation's turns count
-        if self.workload.kind == "trace" and (a.num_requests > rows or not (a.num_requests or a.duration_s)):
-            # A trace has as many requests as rows: under an arrival model too (a rate or concurrency
-            # over its mix), it is sent once, not recycled up to a default count (--duration loops it).
-            a = self.arrivals = dataclasses.replace(a, num_requests=max(1, rows))
+        if self.workload.kind == "trace":
+            # A trace has as many requests as rows (a conversation's turns count): under an arrival model
+            # too (a rate or concurrency over its mix), it is sent once, not recycled up to a default count
+            # (--duration loops it).
+            rows = sum(1 + len(p.next_turns) for p in plan[a.warmup_requests:])
+            if a.num_requests > rows or not (a.num_requests or a.duration_s):
+                a = self.arrivals = dataclasses.replace(a, num_requests=max(1, rows))
         nw = self.num_workers()
         # A trace's own times, unless it asks for its requests under the arrival model instead.
         trace = a.mode == "trace" or (self.workload.kind == "trace" and self.workload.trace_timing)

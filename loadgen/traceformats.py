@@ -90,14 +90,18 @@ class TraceFile:
     time_unit: str
     notes: tuple[str, ...] = field(default=())
 
+    def conversations(self) -> tuple[int, int]:
+        """(conversations of more than one turn, their later turns), by ``conversation_chains``."""
+        chains = [c for c in conversation_chains(self.rows) if len(c) > 1]
+        return len(chains), sum(len(c) - 1 for c in chains)
+
     def describe(self) -> str:
         """One line for a user: the format, every assumption, and the conversations it replays."""
         notes = list(self.notes)
-        chains = [c for c in conversation_chains(self.rows) if len(c) > 1]
-        if chains:
-            later = sum(len(c) - 1 for c in chains)
-            many = "s" * (len(chains) != 1)
-            notes.append(f"{later} requests replayed as later turns of {len(chains)} conversation{many}, each "
+        convs, later = self.conversations()
+        if convs:
+            many = "s" * (convs != 1)
+            notes.append(f"{later} requests replayed as later turns of {convs} conversation{many}, each "
                          "carrying the turns before and the server's answers to them (a turn whose recorded prompt "
                          "holds the one before and its answer)")
         return f"{self.path}: {self.format} trace, {len(self.rows)} requests; " + "; ".join(notes)

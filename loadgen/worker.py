@@ -189,9 +189,9 @@ class Worker:
         as chat messages or, on /v1/completions, as one prompt (prompt, reply, next turn, ...).
         A trace's turn waits for its recorded time (``turn_plan``) when its run keeps the trace's."""
         cfg = self.plan.client
-        chat = cfg.endpoint == "chat"
+        chat = cfg.endpoint == "chat"  # the conversation as messages; else as one prompt
         messages = [{"role": r, "content": t} for r, t in p.messages] or [{"role": "user", "content": p.prompt}]
-        prompt = p.prompt or "".join(t for _, t in p.messages)
+        prompt = "" if chat else p.prompt or "".join(t for _, t in p.messages)
         turns = (None, *p.next_turns)
         for turn, user in enumerate(turns):
             if self._stop.is_set() and turn:
@@ -208,17 +208,22 @@ class Worker:
                             return
                     # (its prompt's length is the server's to say: the answers it carries are this run's)
                     q = replace(q, input_len=0, output_len=out_len)
-                messages.append({"role": "user", "content": user})
-                prompt += user
-            q = replace(q, prompt=prompt)
+                if chat:
+                    messages.append({"role": "user", "content": user})
+                else:
+                    prompt += user
+            if not chat:
+                q = replace(q, prompt=prompt)
             body = build_body(cfg, q, messages if chat else None)
             before = len(self._pending)
             reply = await send(client, cfg, q, rid * 1000 + turn,
                                self._sink, worker=self.plan.worker, body=body, want_text=True)
             if len(self._pending) > before and not self._pending[-1].ok:
                 return  # a failed turn ends the session
-            messages.append({"role": "assistant", "content": reply})
-            prompt += reply
+            if chat:
+                messages.append({"role": "assistant", "content": reply})
+            else:
+                prompt += reply
 
     def _spawn(self, coro: Coroutine[object, None, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
