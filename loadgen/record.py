@@ -1,12 +1,15 @@
 """``Recorder``: an OpenAI-compatible recording proxy, and what a recording says (``summarize``).
 
-A user puts the proxy between their clients and their server for a while. Every request and
-response passes through unchanged, bytes as they come (SSE included, error statuses included;
-a client that goes away closes the upstream connection, so the server aborts the request as it
-would without the proxy). The generation requests (``/v1/completions``,
-``/v1/chat/completions``) are recorded, one JSON line each, time zero at the first of them:
-arrival time, endpoint, prompt tokens and their block hashes, output tokens asked and made, the
-sampling parameters that change the work, the conversation when one can tell, and the outcome.
+A user puts the proxy between their clients and their server for a while. Every request to the
+OpenAI API (``RELAYED_PATHS``) and its response pass through unchanged, bytes as they come (SSE
+included, error statuses included; a client that goes away closes the upstream connection, so the
+server aborts the request as it would without the proxy). Any other path (vLLM's dev routes,
+vtui's ``/vtui/live``: --api-key guards neither, and every relayed client reaches the server from
+loopback) is answered 404 by the proxy, the server never asked (issue 48). The generation
+requests (``/v1/completions``, ``/v1/chat/completions``) are recorded, one JSON line each, time
+zero at the first of them: arrival time, endpoint, prompt tokens and their block hashes, output
+tokens asked and made, the sampling parameters that change the work, the conversation when one
+can tell, and the outcome.
 
 Kept out of the request's path: the prompt's token ids come from the server's own ``/tokenize``
 (chat: with the messages, so the chat template's tokens count) after the response has ended;
@@ -28,13 +31,15 @@ import datetime as _dt
 import hashlib
 import json
 import math
+import re
 import secrets
+import string
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from loadgen.stats import percentile
 from loadgen.traceformats import TraceFile, read_trace
@@ -43,6 +48,14 @@ if TYPE_CHECKING:
     from loadgen.tokens import Codec
 
 RECORDED_PATHS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+# What an OpenAI API client asks of vLLM (a trailing "/": every path under it); any other path is refused here.
+RELAYED_PATHS = ("/v1/", "/health", "/ping", "/version", "/metrics", "/load", "/tokenize", "/detokenize")
+# Under /v1/ but an operator's, not a client's: loading a LoRA adapter from the server's disk or the Hub.
+_ADMIN_V1 = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")
+# A path's characters once decoded (RFC 3986's unreserved, sub-delims, ":" and "@", and "/"): anything else
+# (a "%" left after one decoding, a backslash, a space, a control or non-ASCII character) is refused.
+_PATH_CHARS = frozenset(string.ascii_letters + string.digits + "-._~!$&'()*+,;=:@/")
+_TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110's token: a method, a header name
 DEFAULT_BLOCK = 16  # vLLM's KV-cache block: reuse is measured in the prefix cache's own unit
 _HEAD_LIMIT = 1 << 20
 
@@ -59,13 +72,14 @@ class RecorderState:
     in_flight: int = 0
     errors: int = 0
     cancelled: int = 0
-    passed: int = 0  # requests on other paths, passed through unrecorded
+    passed: int = 0  # requests on other relayed paths, passed through unrecorded
+    refused: int = 0  # requests answered by the proxy (a path not relayed, a head it cannot frame)
     started: float = field(default_factory=time.monotonic)
 
     def line(self) -> str:
         up = time.monotonic() - self.started
         return (f"recorded {self.recorded} requests ({self.errors} errors, {self.cancelled} cancelled), "
-                f"{self.in_flight} in flight, {self.passed} others passed through, {up:.0f} s")
+                f"{self.in_flight} in flight, {self.passed} others passed through, {self.refused} refused, {up:.0f} s")
 
 
 def chained_hashes(ids: Sequence[int], block: int, salt: bytes) -> list[str]:
@@ -88,12 +102,99 @@ def _strip_userinfo(url: str) -> str:
     return urlunsplit((u.scheme, netloc, u.path, "", ""))
 
 
+def _chunk_size(line: bytes) -> int:
+    """A request chunk's size line, strictly (hex digits, then extensions): Python's int() would also
+    take "0x10", "+10" and "1_0", which the server's parser refuses or reads otherwise."""
+    digits = line.split(b";")[0].strip()
+    if not re.fullmatch(rb"[0-9A-Fa-f]{1,15}", digits):
+        raise ValueError(f"chunk size {digits[:20]!r}")
+    return int(digits, 16)
+
+
 def _header(head: bytes, name: bytes) -> bytes | None:
     for line in head.split(b"\r\n")[1:]:
         k, _, v = line.partition(b":")
         if k.strip().lower() == name:
             return v.strip()
     return None
+
+
+def relayed(target: str) -> bool:
+    """Whether the proxy relays a request for ``target`` (the request line's): an origin-form target
+    whose path, percent-decoded once, is already normal (no empty, "." or ".." segment, nothing left
+    to decode) and is in ``RELAYED_PATHS``. The server decodes the path once too before it routes
+    (uvicorn's scope["path"]), so /%76tui/live is /vtui/live to it; what is refused here is what could
+    name another route there. Absolute-form (``http://host/...``), authority-form and "*" are refused."""
+    if not target.startswith("/") or "#" in target:
+        return False
+    try:
+        path = unquote(target.split("?", 1)[0], errors="strict")
+    except UnicodeDecodeError:
+        return False
+    if not set(path) <= _PATH_CHARS:
+        return False
+    segments = path.split("/")[1:]
+    if any(s in (".", "..") for s in segments) or "" in segments[:-1]:
+        return False
+    if path.startswith("/v1/"):
+        return path.rstrip("/") not in _ADMIN_V1
+    return path in RELAYED_PATHS
+
+
+def _head_error(head: bytes) -> str | None:
+    """Why a request's head cannot be relayed as it is, else None. The server reads the same bytes
+    over the proxy's connection, so the proxy and the server must find the same requests in them: a
+    head whose framing two parsers could read differently (both Content-Length and
+    Transfer-Encoding, two lengths, a folded or bare-LF line) could hide a second request in a body."""
+    lines = head[:-4].split(b"\r\n")
+    parts = lines[0].split(b" ")
+    if len(parts) != 3 or not _TOKEN.fullmatch(parts[0]) or parts[2] not in (b"HTTP/1.1", b"HTTP/1.0"):
+        return "not an HTTP/1.x request line"
+    if any(b < 0x21 or b > 0x7E for b in parts[1]):
+        return "a request target with a control, space or non-ASCII byte"
+    lengths: list[bytes] = []
+    codings: list[bytes] = []
+    for line in lines[1:]:
+        name, colon, value = line.partition(b":")
+        if not colon or not _TOKEN.fullmatch(name) or b"\n" in line or b"\r" in line or b"\0" in line:
+            return "a header line that is not NAME: VALUE on a line of its own"
+        if name.lower() == b"content-length":
+            lengths.append(value.strip())
+        elif name.lower() == b"transfer-encoding":
+            codings.append(value.strip().lower())
+    if codings and (lengths or codings != [b"chunked"] or parts[2] == b"HTTP/1.0"):
+        return "Transfer-Encoding other than one \"chunked\" in HTTP/1.1, or beside Content-Length"
+    if len(lengths) > 1 or (lengths and not lengths[0].isdigit()):
+        return "more than one Content-Length, or one that is not a number"
+    return None
+
+
+def _reply(status: int, reason: str, message: str, *, head_only: bool = False, close: bool = False) -> bytes:
+    """A JSON error answered by the proxy itself (the shape of the OpenAI API's errors)."""
+    body = json.dumps({"error": {"message": message, "type": "vtui_record", "code": status}}).encode()
+    head = (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n"
+            % (status, reason.encode(), len(body), b"connection: close\r\n" if close else b""))
+    return head if head_only else head + body
+
+
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, wait_s: float = 1.0) -> None:
+    """Close after an answer sent before the request's body was read: the body is read and dropped
+    first (up to ``wait_s``), as a socket closed with unread bytes resets the connection, and a
+    reset can discard the answer before the client reads it."""
+    with contextlib.suppress(OSError, RuntimeError):
+        await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+    with contextlib.suppress(TimeoutError, ConnectionError, asyncio.LimitOverrunError):
+        async with asyncio.timeout(wait_s):
+            while await reader.read(1 << 16):
+                pass
+
+
+def _not_relayed(target: str) -> str:
+    shown = target if len(target) <= 200 else target[:200] + "..."
+    return (f"vtui record relays only the OpenAI API (/v1/...) and {', '.join(RELAYED_PATHS[1:])}: "
+            f"{shown} is not relayed")
 
 
 @dataclass
@@ -260,9 +361,20 @@ class Recorder:
                 except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
                     return
                 pending = b""
+                bad = _head_error(head)
+                if bad is not None:  # its body cannot be told from a next request: answer, then close
+                    self.state.refused += 1
+                    writer.write(_reply(400, "Bad Request", f"vtui record: {bad}", close=True))
+                    await _linger(reader, writer)
+                    return
                 body_raw, body = await self._read_body(reader, head)
-                line = head.split(b"\r\n", 1)[0].split(b" ")
-                method, target = line[0], line[1].decode("latin-1") if len(line) > 1 else "/"
+                method, target_raw, _ = head.split(b"\r\n", 1)[0].split(b" ")
+                target = target_raw.decode("ascii")
+                if not relayed(target):  # (the body was read: the connection goes on with the next request)
+                    self.state.refused += 1
+                    writer.write(_reply(404, "Not Found", _not_relayed(target.split("?", 1)[0]),
+                                        head_only=method == b"HEAD"))
+                    continue
                 path = target.split("?", 1)[0]
                 endpoint = RECORDED_PATHS.get(path) if method == b"POST" else None
                 rec: _Pending | None = None
@@ -282,9 +394,8 @@ class Recorder:
                         up = await asyncio.open_connection(self._up_host, self._up_port, limit=_HEAD_LIMIT)
                     except OSError as exc:
                         up = None
-                        msg = json.dumps({"error": {"message": f"vtui record: upstream unreachable: {exc}"}}).encode()
-                        writer.write(b"HTTP/1.1 502 Bad Gateway\r\ncontent-type: application/json\r\n"
-                                     b"content-length: %d\r\n\r\n%s" % (len(msg), msg))
+                        writer.write(_reply(502, "Bad Gateway", f"vtui record: upstream unreachable: {exc}",
+                                            head_only=method == b"HEAD"))
                         if rec is not None:
                             rec.status, rec.outcome = 502, "upstream_unreachable"
                             self._finish(rec)
@@ -316,7 +427,7 @@ class Recorder:
             while True:
                 size_line = await reader.readuntil(b"\r\n")
                 raw += size_line
-                size = int(size_line.split(b";")[0].strip() or b"0", 16)
+                size = _chunk_size(size_line)
                 if size == 0:
                     while True:
                         t = await reader.readuntil(b"\r\n")
@@ -729,5 +840,5 @@ def _latencies(path: Path) -> list[float]:
     return out
 
 
-__all__ = ["DEFAULT_BLOCK", "PresetShape", "RecordError", "Recorder", "RecorderState", "RecordingSummary",
-           "chained_hashes", "reuse_share", "summarize"]
+__all__ = ["DEFAULT_BLOCK", "RELAYED_PATHS", "PresetShape", "RecordError", "Recorder", "RecorderState",
+           "RecordingSummary", "chained_hashes", "relayed", "reuse_share", "summarize"]
