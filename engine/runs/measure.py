@@ -30,18 +30,25 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, SupportsFloat, SupportsIndex
-from urllib.parse import urlsplit
 
 import httpx
-
 from engine.errors import EngineDied, StartupError
 from engine.flags import FlagSet, recordable_values
 from engine.runs.crosscheck import cross_check
 from engine.runs.history import History, Recording, RunInfo, to_jsonable
 from engine.runs.status import RunStatus, decide
-from engine.runs.summary import STREAM_KEYS, EnergyFigures, RunSummary, ServerWindow, SloVerdict, StreamShape, TelemetryFigures
+from engine.runs.summary import (
+    STREAM_KEYS,
+    EnergyFigures,
+    RunSummary,
+    ServerWindow,
+    SloVerdict,
+    StreamShape,
+    TelemetryFigures,
+)
+from engine.server.launch import server_api_key
 from engine.server.speedoflight import for_run
-from engine.server.supervisor import ServerState, dev_mode_refusal
+from engine.server.supervisor import ServerState
 from engine.telemetry.host import BoxLedger, BoxShare
 from engine.telemetry.metrics import MetricsScraper
 from engine.values import JSONValue
@@ -124,10 +131,11 @@ class Target:
     @classmethod
     def of(cls, sup: MeasuredServer, *, api_key: str | None = None, tokenizer: str | os.PathLike[str] | None = None) -> Target:
         """The server a supervisor runs: its URL, served name, process tree and flags.
-        ``api_key``: None takes the server's own --api-key (where its flags are a FlagSet)."""
+        ``api_key``: None takes the server's own (``launch.server_api_key``: its --api-key, else
+        VLLM_API_KEY in its environment)."""
         flags = sup.flags
         if api_key is None:
-            api_key = flags.secret_env().get("VLLM_API_KEY") if isinstance(flags, FlagSet) else None
+            api_key = server_api_key(flags, getattr(sup, "extra_env", None) or {})
         return cls(
             base_url=sup.base_url, model=sup.model, api_key=api_key, supervisor=sup,
             tokenizer=str(tokenizer) if tokenizer else local_tokenizer(flags.model),
@@ -357,39 +365,47 @@ def box_bound_why(run: MeasuredRun) -> str:
 
 
 async def reset_prefix_cache(target: Target, *, tries: int = 10, wait_s: float = 0.2) -> PrefixReset:
-    """Empty the prefix cache of a server vtui started (``POST /reset_prefix_cache``, which vLLM
-    serves with ``VLLM_SERVER_DEV_MODE=1``: the supervisor sets it on loopback binds), so that a
-    run repeated on the same server is served from the same (empty) cache as the first and not
-    from what the first left. A server vtui did not start is left alone: its cache may be serving
-    others. vLLM answers ``success: false`` while blocks are held (requests still running): tried
-    ``tries`` times ``wait_s`` apart. Never raises: a failure is the reason it was not reset."""
+    """Empty the prefix cache of a server vtui started, through vtui's guarded door
+    (``engine.server.livelimits.reset_prefix_cache``), so that a run repeated on the same server is
+    served from the same (empty) cache as the first and not from what the first left. Where the
+    server has no door, vLLM's own dev route (``/reset_prefix_cache``, open only where the user set
+    ``VLLM_SERVER_DEV_MODE=1`` themselves) is tried. A server vtui did not start is left alone: its
+    cache may be serving others. vLLM does not reset while blocks are held (requests still
+    running): tried ``tries`` times ``wait_s`` apart. Never raises: a failure is the reason."""
+    from engine.server.livelimits import LiveUnavailable
+    from engine.server.livelimits import reset_prefix_cache as reset_through_door
+
     if target.supervisor is None:
         return PrefixReset(False, "a server vtui did not start: its prefix cache is left as it is "
                                   "(a repeated prompt may be served from it)")
+    for _ in range(max(1, tries)):
+        try:
+            if await reset_through_door(target.base_url, target.api_key):
+                return PrefixReset(True)
+        except LiveUnavailable as exc:
+            return await _reset_through_dev_route(target, str(exc))
+        await asyncio.sleep(wait_s)
+    return PrefixReset(False, f"vLLM kept declining the reset for {tries * wait_s:.0f} s "
+                              "(blocks still held by running requests)")
+
+
+async def _reset_through_dev_route(target: Target, why_no_door: str) -> PrefixReset:
     headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
-    url = target.base_url.rstrip("/") + "/reset_prefix_cache"
     try:
         async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
-            for _ in range(max(1, tries)):
-                response = await client.post(url, headers=headers)
-                if response.status_code == 404:
-                    host = urlsplit(target.base_url).hostname or ""
-                    return PrefixReset(False, dev_mode_refusal(host, api_key=bool(target.api_key)) or (
-                        "the server does not serve /reset_prefix_cache (HTTP 404): it runs without "
-                        "VLLM_SERVER_DEV_MODE=1"))
-                if response.status_code != 200:
-                    return PrefixReset(False, f"/reset_prefix_cache answered HTTP {response.status_code}")
-                try:
-                    answer = response.json()
-                except ValueError:
-                    answer = None
-                if not isinstance(answer, dict) or answer.get("success") is not False:
-                    return PrefixReset(True)  # {"success": true}; older vLLM answered 200 with no body
-                await asyncio.sleep(wait_s)
+            response = await client.post(target.base_url.rstrip("/") + "/reset_prefix_cache", headers=headers)
     except httpx.HTTPError as exc:
-        return PrefixReset(False, f"/reset_prefix_cache failed: {exc or type(exc).__name__}")
-    return PrefixReset(False, f"the server kept answering success=false for {tries * wait_s:.0f} s "
-                              "(blocks still held by running requests)")
+        return PrefixReset(False, f"{why_no_door}; /reset_prefix_cache failed: {exc or type(exc).__name__}")
+    if response.status_code != 200:
+        return PrefixReset(False, f"{why_no_door}; and vLLM's own /reset_prefix_cache answered HTTP "
+                                  f"{response.status_code} (it is open only with VLLM_SERVER_DEV_MODE=1)")
+    try:
+        answer = response.json()
+    except ValueError:
+        answer = None
+    if isinstance(answer, dict) and answer.get("success") is False:
+        return PrefixReset(False, "vLLM declined the reset (blocks held by running requests)")
+    return PrefixReset(True)
 
 
 # The requests a run keeps in memory while the history stores each as it completes (engine.runs

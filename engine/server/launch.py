@@ -107,28 +107,60 @@ def bind_needs_confirmation(host: str, *, has_api_key: bool) -> bool:
     return not is_loopback(host) and not has_api_key
 
 
-DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
-"""vLLM serves ``POST /reset_prefix_cache`` (engine.runs.measure resets the cache before each run,
-so a repeat measures the same work as the first) only with this set to 1."""
+def live_hook_refusal(program: Sequence[str], environ: Mapping[str, str]) -> str | None:
+    """Why a server run by ``program`` with ``environ`` gets no live hook (no ``--middleware``, no
+    key: every change restarts it), or None where the hook will load. The middleware must import in
+    the server's Python, or vLLM would not start at all."""
+    if environ.get(livehook.ENV) == "0":
+        return "VTUI_LIVE=0 in the environment turns live changes off"
+    if environ.get("VLLM_USE_RUST_FRONTEND", "0").strip().lower() not in ("", "0", "false"):
+        return "vLLM's Rust frontend (VLLM_USE_RUST_FRONTEND) takes no ASGI middleware, so it serves no /vtui/live"
+    python = program_python(program)
+    if python is None:
+        return f"vtui cannot tell which Python runs {program[0]!r}, so it cannot check that vLLM there imports vtui's hook"
+    if not _imports_hook(python):
+        return (f"vtui is not installed in the server's Python ({python}): vLLM there cannot load vtui's hook "
+                "(install vtui into that environment)")
+    return None
 
 
-def dev_mode_refusal(host: str, *, api_key: bool = False) -> str | None:
-    """Why a server on ``host`` is started without vLLM's dev mode, or None (it gets it).
-
-    Dev mode also opens ``/collective_rpc`` (a method called on every worker), ``/pause``,
-    ``/sleep``, ``/update_weights``, ``/server_info`` (the config and VLLM_* environment, names
-    with KEY left out) and more, and vLLM's ``--api-key`` guards only ``/v1``-like paths: on a
-    loopback bind only this machine reaches them (as it reaches the process itself); on any other
-    they would be open to the network, so they stay closed there. A server given an API key
-    stays without them too: its owner asked for requests to be guarded, and on a shared machine
-    other local users reach loopback."""
-    if api_key:
-        return (f"the server has an API key, which vLLM's dev routes ({DEV_MODE_ENV}, serving "
-                "/reset_prefix_cache) ignore: vtui leaves them closed so the key guards the whole server")
-    if is_loopback(host):
+def program_python(program: Sequence[str]) -> str | None:
+    """The Python that runs ``program`` (a ``python`` executable, or a script's ``#!`` line), or None."""
+    if not program:
         return None
-    return (f"the server listens on {host}, beyond this machine: vtui opens vLLM's dev routes "
-            f"({DEV_MODE_ENV}, which serves /reset_prefix_cache; --api-key does not guard them) only on loopback")
+    head = Path(program[0])
+    if head.name.startswith("python"):
+        return str(head)
+    try:
+        with open(head, "rb") as script:
+            first = script.readline(512)
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    words = first[2:].decode(errors="replace").split()
+    if words and Path(words[0]).name == "env" and len(words) > 1:
+        words = words[1:]
+    return words[0] if words and Path(words[0]).name.startswith("python") else None
+
+
+_HOOK_IMPORTS: dict[str, bool] = {}
+
+
+def _imports_hook(python: str) -> bool:
+    """Whether ``python`` imports vtui's middleware (this interpreter does; another is asked once)."""
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        return True
+    if python not in _HOOK_IMPORTS:
+        import subprocess
+
+        try:
+            done = subprocess.run([python, "-c", f"import {livehook.MIDDLEWARE.rpartition('.')[0]}"],
+                                  capture_output=True, timeout=60, check=False)
+            _HOOK_IMPORTS[python] = done.returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            _HOOK_IMPORTS[python] = False
+    return _HOOK_IMPORTS[python]
 
 
 def vllm_program(python: str | None = None) -> list[str]:
@@ -161,28 +193,35 @@ def looks_like_path(model: str) -> bool:
     return model.startswith(("/", "./", "../", "~")) or model in (".", "..")
 
 
-def server_argv(flags: FlagsLike, *, program: Sequence[str], launcher: Sequence[str], host: str, port: int) -> list[str]:
+def server_argv(flags: FlagsLike, *, program: Sequence[str], launcher: Sequence[str], host: str, port: int,
+                live_hook: bool = True) -> list[str]:
     """The exact argv that will run (never a shell string): ``launcher``, ``program`` (what runs
-    vLLM: ``vllm_program()`` by default), the model, the flags without secrets and without the
-    ``--host``/``--port`` given here."""
+    vLLM: ``vllm_program()`` by default), the model, the flags without secrets, the live hook's
+    middleware where ``live_hook``, and the ``--host``/``--port`` given here."""
     flag_argv = drop_options(argv_without_secrets(flags), ("--host", "--port"))
     program = list(program)
     if program[-1:] == ["serve"]:
         head = [*program, flags.model]
     else:
         head = [*program, "--model", flags.model]
-    return [*launcher, *head, *flag_argv, *livehook.LAUNCH_ARGS, "--host", host, "--port", str(port)]
+    hook = list(livehook.LAUNCH_ARGS) if live_hook else []
+    return [*launcher, *head, *flag_argv, *hook, "--host", host, "--port", str(port)]
 
 
-def server_env(flags: FlagsLike, host: str, extra_env: Mapping[str, str]) -> dict[str, str]:
-    """The server's environment: this process's, unbuffered and uncoloured output, vLLM's dev mode
-    where ``dev_mode_refusal`` allows it, the secrets (API key, HF token: they travel here, never in
-    argv, ps, logs or the registry), then ``extra_env``, which decides last."""
-    secrets = secret_env(flags)
-    keyed = bool(secrets.get("VLLM_API_KEY") or os.environ.get("VLLM_API_KEY"))
-    dev = {DEV_MODE_ENV: "1"} if dev_mode_refusal(host, api_key=keyed) is None else {}
-    live = livehook.launch_env({**os.environ, **extra_env})
-    return {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", **dev, **live, **secrets, **extra_env}
+def server_env(flags: FlagsLike, extra_env: Mapping[str, str], live_key: str | None = None) -> dict[str, str]:
+    """The server's environment: this process's, unbuffered and uncoloured output, the live hook's
+    (``livehook.launch_env``) where ``live_key`` is given, the secrets (API key, HF token: they
+    travel here, never in argv, ps, logs or the registry), then ``extra_env``, which decides last."""
+    off_by_user = flags.get(livehook.CHUNKED_PREFILL) is False
+    live = livehook.launch_env({**os.environ, **extra_env}, live_key, chunked_off_by_user=off_by_user) if live_key else {}
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", **live, **secret_env(flags), **extra_env}
+
+
+def server_api_key(flags: FlagsLike, extra_env: Mapping[str, str] = {}) -> str | None:  # noqa: B006 - read only
+    """The API key the server started with ``flags`` and ``extra_env`` holds (its --api-key, else
+    VLLM_API_KEY from ``extra_env`` or this process's environment, as ``server_env`` passes them):
+    the one place every caller of that server (probes, load, live changes, the prefix reset) reads it."""
+    return server_env(flags, extra_env).get("VLLM_API_KEY") or None
 
 
 def start_key(flags: FlagsLike) -> str:

@@ -1,8 +1,10 @@
 """vtui's side of live limits (issue 41): which flag edits a running server can take without a
 restart, asking it, and the reason when it cannot.
 
-The server side is ``engine.server.livehook`` (loaded into vLLM). A server vtui did not start has
-no ``/vtui/live``: every change there is a restart, and ``LiveUnavailable`` says why.
+The server side is ``engine.server.livehook`` (loaded into vLLM). Every request carries the
+server's per-launch key, read from this user's registry of the servers vtui started
+(``engine.server.registry.find_by_url``), and its API key where it has one. A server vtui did
+not start has no ``/vtui/live``: every change there is a restart, and ``LiveUnavailable`` says why.
 """
 
 from __future__ import annotations
@@ -16,7 +18,16 @@ from typing import Any
 import httpx
 
 from engine.flags import FlagSet
-from engine.server.livehook import CHUNKED_PREFILL, LIVE_FLAGS, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, ROUTE
+from engine.server.livehook import (
+    CHUNKED_PREFILL,
+    HEADER,
+    LIVE_FLAGS,
+    MAX_NUM_BATCHED_TOKENS,
+    MAX_NUM_SEQS,
+    RESET_ROUTE,
+    ROUTE,
+)
+from engine.server.registry import find_by_url
 
 __all__ = [
     "LIVE_FLAGS",
@@ -30,6 +41,7 @@ __all__ = [
     "parse_value",
     "plan_change",
     "read_live",
+    "reset_prefix_cache",
     "try_live",
     "wait_drained",
     "with_headroom",
@@ -55,8 +67,10 @@ class LiveState:
     started: dict[str, Any]
     live: dict[str, Any]
     engines: int = 1
-    running: int = 0
-    waiting: int = 0
+    running: int = 0  # summed over every engine
+    waiting: int = 0  # every queue the scheduler keeps, summed over every engine
+    steps: int = 0  # engine 0's steps that scheduled work since the last change
+    max_step_tokens: int = 0  # the most tokens one of those steps scheduled
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LiveState:
@@ -65,7 +79,8 @@ class LiveState:
             live = {k: data["live"][k] for k in LIVE_FLAGS}
             return cls(vllm=str(data.get("vllm", "?")), admission=str(data.get("admission", "?")),
                        started=started, live=live, engines=int(data.get("engines", 1)),
-                       running=int(data.get("running", 0)), waiting=int(data.get("waiting", 0)))
+                       running=int(data.get("running", 0)), waiting=int(data.get("waiting", 0)),
+                       steps=int(data.get("steps", 0)), max_step_tokens=int(data.get("max_step_tokens", 0)))
         except (KeyError, TypeError, ValueError) as exc:
             raise LiveUnavailable(f"the server's live-limits answer is not understood ({exc!r}): {dict(data)!r:.200}") from exc
 
@@ -166,38 +181,72 @@ def _as_bool(value: object) -> bool:
     return bool(value)
 
 
-def _headers(api_key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+def _headers(url: str, api_key: str | None) -> dict[str, str]:
+    """The door's headers: the API key, and the per-launch key from this user's registry."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    entry = find_by_url(url)
+    if entry is not None and entry.live_key:
+        headers[HEADER] = entry.live_key
+    return headers
 
 
-def _answer(resp: httpx.Response, url: str) -> dict[str, Any]:
+def _answer(resp: httpx.Response, url: str, route: str = ROUTE) -> dict[str, Any]:
+    """The door's JSON answer; LiveRefused for a 409 (nothing changed), LiveUnavailable otherwise."""
     try:
         data = resp.json()
     except ValueError:
         data = None
+    error = str(data.get("error", resp.text)) if isinstance(data, dict) else resp.text[:200]
     if resp.status_code == 404:
-        raise LiveUnavailable(f"{url} has no live limits (vtui did not start this server, or started it without "
-                              "its live hook): every change needs a restart")
+        entry = find_by_url(url)
+        if entry is not None and entry.live_off:
+            raise LiveUnavailable(f"vtui started {url} without its live hook ({entry.live_off}): every change needs a restart")
+        if entry is None:
+            raise LiveUnavailable(f"{url} has no live limits (vtui did not start this server): every change needs a restart")
+        raise LiveUnavailable(f"{url} serves no {route} although vtui started it with its live hook (a vLLM that "
+                              "ignores --middleware?): every change needs a restart")
+    if resp.status_code == 401 and HEADER not in resp.request.headers:
+        raise LiveUnavailable(f"{url}'s live limits answer only the vtui that started the server and its user, and "
+                              "this user's vtui records hold no key for it (another user's server, or an older vtui's)")
     if resp.status_code == 409 and isinstance(data, dict):
-        raise LiveRefused(str(data.get("error", resp.text)))
-    if resp.status_code in (401, 403) and isinstance(data, dict):
-        raise LiveUnavailable(str(data.get("error", resp.text)))
+        raise LiveRefused(error)
     if resp.status_code != 200 or not isinstance(data, dict):
-        raise LiveUnavailable(f"{url}{ROUTE} answered HTTP {resp.status_code}: {resp.text[:200]!r}")
+        raise LiveUnavailable(f"{url}{route} answered HTTP {resp.status_code}: {error}")
     return data
 
 
-async def read_live(url: str, api_key: str | None = None, *, timeout: float = 10.0) -> LiveState:
-    """The server's started and live limits; LiveUnavailable when it has none."""
+async def _request(url: str, route: str, api_key: str | None, timeout: float,
+                   body: Mapping[str, Any] | None = None) -> httpx.Response:
     async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
         try:
-            resp = await client.get(url.rstrip("/") + ROUTE, headers=_headers(api_key))
+            if body is None:
+                return await client.get(url.rstrip("/") + route, headers=_headers(url, api_key))
+            return await client.post(url.rstrip("/") + route, json=dict(body), headers=_headers(url, api_key))
         except httpx.HTTPError as exc:
-            raise LiveUnavailable(f"cannot reach {url}: {exc}") from exc
-    data = _answer(resp, url)
+            raise LiveUnavailable(f"cannot reach {url}: {exc or type(exc).__name__}") from exc
+
+
+async def read_live(url: str, api_key: str | None = None, *, timeout: float = 10.0) -> LiveState:
+    """The server's started and live limits; LiveUnavailable when they cannot be read (no hook, not
+    every engine reachable, a refusal: a read changes nothing, so it never raises LiveRefused)."""
+    resp = await _request(url, ROUTE, api_key, timeout)
+    try:
+        data = _answer(resp, url)
+    except LiveRefused as exc:
+        raise LiveUnavailable(str(exc)) from None
     if "error" in data:
         raise LiveUnavailable(str(data["error"]))
     return LiveState.from_json(data)
+
+
+async def reset_prefix_cache(url: str, api_key: str | None = None, *, timeout: float = 10.0) -> bool:
+    """Empty every engine's prefix cache through vtui's door; False when vLLM did not (requests
+    running). LiveUnavailable where the server has no door (not started by vtui, no hook)."""
+    resp = await _request(url, RESET_ROUTE, api_key, timeout, body={})
+    try:
+        return bool(_answer(resp, url, RESET_ROUTE).get("reset"))
+    except LiveRefused as exc:
+        raise LiveUnavailable(str(exc)) from None
 
 
 async def change_live(url: str, changes: Mapping[str, Any], api_key: str | None = None,
@@ -205,13 +254,9 @@ async def change_live(url: str, changes: Mapping[str, Any], api_key: str | None 
     """Change live limits on the server at ``url``; returns once its engines took the change.
     LiveRefused carries vLLM's or vtui's reason; nothing is changed then."""
     before = await read_live(url, api_key, timeout=timeout)
-    async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
-        t0 = time.perf_counter()
-        try:
-            resp = await client.post(url.rstrip("/") + ROUTE, json=dict(changes), headers=_headers(api_key))
-        except httpx.HTTPError as exc:
-            raise LiveUnavailable(f"cannot reach {url}: {exc}") from exc
-        seconds = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    resp = await _request(url, ROUTE, api_key, timeout, body=changes)
+    seconds = time.perf_counter() - t0
     after = LiveState.from_json(_answer(resp, url))
     return LiveResult(before=before, after=after, seconds=seconds)
 

@@ -48,6 +48,8 @@ class RegisteredServer:
     port: int | None = None
     devices: str | None = None  # CUDA_VISIBLE_DEVICES as the server saw it; None: all of them
     owner_create_time: float | None = None  # None in records written before it was kept
+    live_key: str | None = None  # the door's per-launch key (engine.server.livehook); None: no hook
+    live_off: str | None = None  # why the server has no live hook, where it has none
 
     def alive(self) -> bool:
         return procs.ProcRef(self.pid, self.create_time).alive()
@@ -126,9 +128,26 @@ def own_create_time() -> float | None:
 
 
 def registry_dir() -> Path:
+    """The registry's folder, this user's alone (its files hold each server's live key)."""
     path = paths.data_dir() / "servers"
-    path.mkdir(parents=True, exist_ok=True)
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with contextlib.suppress(OSError):
+        os.chmod(path, 0o700)
     return path
+
+
+def find_by_url(url: str) -> RegisteredServer | None:
+    """The live server some vtui of this user started at ``url`` (the same port, and hosts that
+    reach one another: ``localhost`` and ``127.0.0.1`` alike), or None."""
+    host, port = _url_host(url), _url_port(url)
+    for entry in list_registered(prune=False):
+        if port is not None and entry.port == port and _hosts_overlap(_loopback_name(host), _loopback_name(entry.host)):
+            return entry
+    return None
+
+
+def _loopback_name(host: str) -> str:
+    return "127.0.0.1" if host.strip("[]") in ("localhost", "::1") else host
 
 
 def list_registered(*, prune: bool = True) -> list[RegisteredServer]:
@@ -157,6 +176,8 @@ def list_registered(*, prune: bool = True) -> list[RegisteredServer]:
                 port=int(port) if port is not None else _url_port(str(d["url"])),
                 devices=str(devices) if devices is not None else None,
                 owner_create_time=float(owner_ct) if owner_ct is not None else None,
+                live_key=str(d["live_key"]) if d.get("live_key") else None,
+                live_off=str(d["live_off"]) if d.get("live_off") else None,
             )
         except (OSError, ValueError, KeyError, TypeError):
             if prune:
@@ -296,6 +317,10 @@ def write_record(record: Mapping[str, object]) -> Path:
     of it); ``list_registered`` reads it back. Returns its path."""
     path = registry_dir() / f"{record['pid']}.json"
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # readable by this user alone
+    with os.fdopen(fd, "w") as out:
+        out.write(json.dumps(record, indent=2) + "\n")
     os.replace(tmp, path)
     return path

@@ -29,6 +29,7 @@ import contextlib
 import enum
 import json
 import os
+import secrets
 import shlex
 import signal
 import subprocess
@@ -48,21 +49,20 @@ from engine.flags import FlagsLike, background_held
 from engine.server import procs
 from engine.server.launch import (
     CLI_ENTRY,
-    DEV_MODE_ENV,
     MODULE_ENTRY,
     STARTS_FILE,
     argv_without_secrets,
     bind_needs_confirmation,
-    dev_mode_refusal,
     find_free_port,
     int_or_none,
     is_loopback,
     last_start_seconds,
+    live_hook_refusal,
     looks_like_path,
     port_is_free,
     remember_start_seconds,
     runs_module_entry,
-    secret_env,
+    server_api_key,
     server_argv,
     server_env,
     start_key,
@@ -212,6 +212,10 @@ class Supervisor:
         self._ctl: int | None = None  # write end of the reaper's control pipe while a server runs
         self._registry_path: Path | None = None
         self._leave_running = leave_running
+        # The live hook: why this server has none (None: it has one), and the per-launch key its
+        # door asks for (in the server's environment and this user's registry file, never argv).
+        self.live_refusal: str | None = None
+        self.live_key: str | None = None
 
         self.state = ServerState.STOPPED
         self.phase: Phase | None = None
@@ -286,10 +290,17 @@ class Supervisor:
 
         return unsubscribe
 
+    @property
+    def api_key(self) -> str | None:
+        """The server's API key, wherever it was given (``launch.server_api_key``)."""
+        return server_api_key(self.flags, self.extra_env)
+
     def build_command(self, port: int) -> list[str]:
-        """The exact argv that will run (never a shell string)."""
+        """The exact argv that will run (never a shell string); decides ``live_refusal``."""
         program = list(self.program) if self.program is not None else vllm_program()
-        return server_argv(self.flags, program=program, launcher=self.launcher, host=self.host, port=port)
+        self.live_refusal = live_hook_refusal(program, {**os.environ, **self.extra_env})
+        return server_argv(self.flags, program=program, launcher=self.launcher, host=self.host, port=port,
+                           live_hook=self.live_refusal is None)
 
     async def start(self, timeout: float = 300.0) -> StartupFacts:
         """Launch and wait for ready. Raises a ``StartupError`` subclass when it does not start."""
@@ -419,9 +430,9 @@ class Supervisor:
         self.log_path = unique_path(log_dir / f"vllm-{stamp}-port{self.port}.log")
         with open(self.log_path, "w", encoding="utf-8") as header:
             header.write(f"# vtui launched: {shlex.join(self.command)}\n")
-        # Secrets (API key, HF token) travel in the environment, never in argv (ps, logs, registry).
-        # Dev mode on loopback only (dev_mode_refusal says why); the caller's env still decides last.
-        env = server_env(self.flags, self.host, self.extra_env)
+        # Secrets (API key, HF token, the live key) travel in the environment, never in argv (ps, logs).
+        self.live_key = secrets.token_urlsafe(32) if self.live_refusal is None else None
+        env = server_env(self.flags, self.extra_env, self.live_key)
         install_cleanup_hooks()
         self.started_at = time.time()
         self._set_phase(Phase.LAUNCHING)
@@ -597,7 +608,7 @@ class Supervisor:
             return False
 
     def _auth_headers(self) -> dict[str, str]:
-        key = {**secret_env(self.flags), **self.extra_env}.get("VLLM_API_KEY")
+        key = self.api_key
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     async def _watch(self) -> None:
@@ -768,6 +779,8 @@ class Supervisor:
             "leave_running": self.leave_running,
             "reaper_pid": self._reaper.pid if self._reaper is not None else None,
             "reaper_create_time": self._reaper.create_time if self._reaper is not None else None,
+            "live_key": self.live_key,  # the file is this user's alone (write_record)
+            "live_off": self.live_refusal,
         }
         self._registry_path = write_record(record)
 
@@ -830,7 +843,6 @@ def _client() -> httpx.AsyncClient:
 # (and FlagsLike, which engine.flags defines).
 __all__ = [
     "CLI_ENTRY",
-    "DEV_MODE_ENV",
     "MODULE_ENTRY",
     "STARTS_FILE",
     "FlagsLike",
@@ -843,7 +855,6 @@ __all__ = [
     "bind_needs_confirmation",
     "cleanup_all",
     "conflicting_servers",
-    "dev_mode_refusal",
     "devices_label",
     "devices_overlap",
     "find_free_port",

@@ -18,7 +18,6 @@ from engine.runs.measure import RunHandle, RunPlan, Target, wait_for
 from engine.runs.measure import measure as measure_run
 from engine.runs.series import measure_sound
 from engine.runs.status import RunStatus
-from engine.server.launch import secret_env
 from engine.server.livelimits import LiveUnavailable, try_live, wait_drained
 from engine.server.ready import ensure_server
 from engine.server.supervisor import ServerState, Supervisor
@@ -125,7 +124,7 @@ class ServerMeasurer:
         sup = self.sup
         if sup is None or sup.state is not ServerState.READY or not isinstance(sup.flags, FlagSet):
             return None
-        key = secret_env(sup.flags).get("VLLM_API_KEY")
+        key = sup.api_key
         t0 = time.monotonic()
         attempt = await try_live(sup.base_url, sup.flags, self._live_flags or sup.flags, flags, key)
         if attempt.result is None:

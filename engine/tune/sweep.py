@@ -31,8 +31,7 @@ from engine.runs.history import History, Recording, RunInfo
 from engine.runs.measure import RunPlan, Target, box_bound_why, local_tokenizer, measure
 from engine.runs.series import Slot, run_series
 from engine.runs.status import RunStatus
-from engine.server.launch import secret_env
-from engine.server.livelimits import try_live, wait_drained
+from engine.server.livelimits import LiveUnavailable, try_live, wait_drained
 from engine.server.ready import ensure_server
 from engine.server.supervisor import ServerState, Supervisor
 
@@ -102,12 +101,16 @@ async def run_sweep(
         nonlocal current
         if not live or sup is None or sup.state is not ServerState.READY or not isinstance(sup.flags, FlagSet):
             return False
-        key = secret_env(sup.flags).get("VLLM_API_KEY")
+        key = sup.api_key
         attempt = await try_live(sup.base_url, sup.flags, current or sup.flags, flags, key)
         if attempt.result is None:
             say(f"{label}: restart ({attempt.refusal})")
             return False
-        await wait_drained(sup.base_url, key)
+        try:
+            await wait_drained(sup.base_url, key)
+        except LiveUnavailable as exc:
+            say(f"{label}: restart (the limits were set, but the server's queue could not be read: {exc})")
+            return False
         current = flags
         changed = ", ".join(f"{n} {a}->{b}" for n, (a, b) in attempt.result.changed.items()) or "no limit moved"
         say(f"{label}: set live in {attempt.result.seconds * 1000:.0f} ms, no restart ({changed})")

