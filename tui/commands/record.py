@@ -5,7 +5,9 @@
     vtui record --summary my-traffic.jsonl      # what the recording says about the traffic
     vtui bench --url http://127.0.0.1:8000 --dataset-name trace --dataset my-traffic.jsonl
 
-Every request and response passes through unchanged; /v1/completions and /v1/chat/completions
+Only what a client of an OpenAI-compatible server needs is relayed (loadgen.record.RELAYED_PATHS:
+/v1/..., /health, /metrics, /tokenize and the like), unchanged; any other path (vtui's /vtui/live,
+vLLM's dev routes) gets a 404 that names the proxy. /v1/completions and /v1/chat/completions
 are recorded (arrival time, prompt tokens and salted block hashes from the server's /tokenize,
 output tokens, sampling parameters, outcome). No prompt text unless --keep-prompts; no header
 value ever. Each request's line is flushed as it ends.
