@@ -25,7 +25,6 @@ from engine.errors import EngineDied, SessionError, StartupError
 from engine.events import CHANGED, Emit, FlagsRecovered, LimitsSetLive, Notice, ServerTookFlags
 from engine.flags import FlagSet
 from engine.server.attach import AttachedServer, attach
-from engine.server.launch import secret_env
 from engine.server.livelimits import LiveResult, try_live, with_headroom
 from engine.server.logparse import LineKind, StartupFacts, classify_line
 from engine.server.planner import numa_node_memory, plan_for_flags, refusal_for
@@ -263,8 +262,7 @@ class LiveServer:
         """Started with headroom: the edited values set live. What the server runs, and the notice's words."""
         if launch is flags or self.supervisor is None:
             return flags, ""
-        attempt = await try_live(self.supervisor.base_url, launch, launch, flags,
-                                 secret_env(launch).get("VLLM_API_KEY"))
+        attempt = await try_live(self.supervisor.base_url, launch, launch, flags, self.supervisor.api_key)
         if attempt.result is None:  # it runs the headroom's values: said, and what "dirty" compares against
             return launch, f"; headroom not set down ({attempt.refusal})"
         return flags, f" with headroom ({' '.join(f'--{n} {launch.get(n)}' for n in launch.diff(flags))} started)"
@@ -370,7 +368,7 @@ class LiveServer:
             return None
         if not running.diff(flags):
             return None  # the user asked for a restart with the same flags
-        attempt = await try_live(sup.base_url, sup.flags, running, flags, secret_env(sup.flags).get("VLLM_API_KEY"))
+        attempt = await try_live(sup.base_url, sup.flags, running, flags, sup.api_key)
         if attempt.result is None:
             self.live_refusal = attempt.refusal
             return None
