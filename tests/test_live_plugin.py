@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from engine.server.livehook import CHUNKED_OFF_BY_USER_ENV, CHUNKED_PREFILL, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
+from engine.server.livehook import CHUNKED_OFF_BY_USER_ENV, CHUNKED_PREFILL, LIVE, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, LiveFlag
 from engine.server.livehook.plugin import SchedulerLimits, _vtui_live
 
 vllm_config = pytest.importorskip("vllm.config")
@@ -138,3 +138,18 @@ def test_steps_and_the_most_tokens_one_step_scheduled_are_counted_since_the_last
     s.schedule()
     s.schedule()
     assert (limits.state()["steps"], limits.state()["max_step_tokens"]) == (2, 16)
+
+
+@pytest.mark.parametrize("flag", LIVE, ids=lambda f: f.name)
+def test_every_live_flag_is_read_checked_by_vllm_and_set_between_steps(flag: LiveFlag, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new entry in engine.server.livehook.flags.LIVE is read as started, goes through vLLM's
+    start-time check (its ``config_field``), and is set and read back live."""
+    monkeypatch.setenv(CHUNKED_OFF_BY_USER_ENV, "1")
+    s = Scheduler(seqs=8, batched=512, chunked=not flag.switch)
+    limits = SchedulerLimits(s)
+    started = limits.started[flag.name]
+    assert started == flag.read(s) and hasattr(s.scheduler_config, flag.config_field)
+    value = (not started) if flag.switch else started // 2
+    state = _vtui_live(engine(s), {flag.name: value})
+    assert "refused" not in state and flag.read(s) == value and state["live"][flag.name] == value
+    assert "refused" not in _vtui_live(engine(s), {flag.name: started}) and flag.read(s) == started

@@ -18,15 +18,7 @@ from typing import Any
 import httpx
 
 from engine.flags import FlagSet
-from engine.server.livehook import (
-    CHUNKED_PREFILL,
-    HEADER,
-    LIVE_FLAGS,
-    MAX_NUM_BATCHED_TOKENS,
-    MAX_NUM_SEQS,
-    RESET_ROUTE,
-    ROUTE,
-)
+from engine.server.livehook import BY_NAME, HEADER, LIVE, LIVE_FLAGS, RESET_ROUTE, ROUTE
 from engine.server.registry import find_by_url
 
 __all__ = [
@@ -111,7 +103,7 @@ class ChangePlan:
 
 def parse_value(name: str, text: str) -> Any:
     """A live flag's value from text (``vtui set``'s ``FLAG=VALUE``); ValueError naming the flag."""
-    if name == CHUNKED_PREFILL:
+    if BY_NAME[name].switch:
         low = text.strip().lower()
         if low in _TRUE:
             return True
@@ -160,7 +152,7 @@ def plan_change(edited: Mapping[str, tuple[object, object]], state: LiveState | 
             reasons.append(f"--{name}: {why_not_live or 'the server takes no live changes'}")
             continue
         value = state.started[name] if new is None else new
-        if name == CHUNKED_PREFILL:
+        if BY_NAME[name].switch:
             value = _as_bool(value)
         else:
             try:
@@ -289,19 +281,21 @@ async def try_live(base_url: str, started: FlagSet, current: FlagSet, target: Fl
 
 
 def with_headroom(flags: FlagSet, factor: float) -> FlagSet:
-    """``flags`` to start a server with so that later edits stay live (issue 41's headroom): the
-    numeric live flags set in ``flags`` times ``factor`` (unset ones stay vLLM's default), chunked
-    prefill on. Off by default: a larger max-num-batched-tokens changes the KV cache the start
-    profiles, and so every measurement on that server (each run stores the started flags)."""
+    """``flags`` to start a server with so that later edits stay live: the numeric live flags set in
+    ``flags`` times ``factor`` (unset ones stay vLLM's default), the switches on. Off by default: a
+    larger max-num-batched-tokens changes the KV cache the start profiles, and so every measurement
+    on that server (each run stores the started flags)."""
     if factor <= 1:
         return flags
     out = flags
-    for name in (MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS):
-        value = flags.get(name)
-        if isinstance(value, int) and not isinstance(value, bool):
-            out = out.set(name, int(value * factor))
-    if out is not flags and flags.get(CHUNKED_PREFILL) is False:
-        out = out.set(CHUNKED_PREFILL, True)
+    for flag in LIVE:
+        value = flags.get(flag.name)
+        if not flag.switch and isinstance(value, int) and not isinstance(value, bool):
+            out = out.set(flag.name, int(value * factor))
+    if out is not flags:
+        for flag in LIVE:
+            if flag.switch and flags.get(flag.name) is False:
+                out = out.set(flag.name, True)
     return out
 
 

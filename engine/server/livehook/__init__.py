@@ -34,11 +34,19 @@ RESET_ROUTE = "/vtui/reset-prefix-cache"
 MIDDLEWARE = "engine.server.livehook.asgi.LiveLimitsMiddleware"
 UTILITY = "vtui_live"  # the engine core's method
 
-# The flags that can change live, as the Flags tab names them.
-MAX_NUM_SEQS = "max-num-seqs"
-MAX_NUM_BATCHED_TOKENS = "max-num-batched-tokens"
-CHUNKED_PREFILL = "enable-chunked-prefill"
-LIVE_FLAGS = (MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, CHUNKED_PREFILL)
+# The flags that can change live: one description each, in ``flags.LIVE``.
+from engine.server.livehook.flags import (  # noqa: E402
+    BY_NAME,
+    CHUNKED_PREFILL,
+    LIVE,
+    LIVE_FLAGS,
+    MAX_NUM_BATCHED_TOKENS,
+    MAX_NUM_SEQS,
+    LiveFlag,
+)
+
+__all__ = ["BY_NAME", "CHUNKED_PREFILL", "LIVE", "LIVE_FLAGS", "MAX_NUM_BATCHED_TOKENS", "MAX_NUM_SEQS", "LiveFlag",
+           "launch_env", "strip_launch_args"]
 
 # What vtui's launcher adds to a server's argv: vLLM's public middleware option, naming ours. Never
 # part of the user's flags (exports, history): ``strip_launch_args`` takes it out of a read command line.

@@ -37,14 +37,7 @@ import sys
 import types
 from typing import Any
 
-from engine.server.livehook import (
-    CHUNKED_OFF_BY_USER_ENV,
-    CHUNKED_PREFILL,
-    ENV,
-    MAX_NUM_BATCHED_TOKENS,
-    MAX_NUM_SEQS,
-    UTILITY,
-)
+from engine.server.livehook import BY_NAME, CHUNKED_OFF_BY_USER_ENV, CHUNKED_PREFILL, ENV, LIVE, MAX_NUM_BATCHED_TOKENS, UTILITY
 
 
 def register() -> None:
@@ -103,11 +96,7 @@ class SchedulerLimits:
                                "live limits cannot be set on it")
         self.scheduler = scheduler
         if getattr(scheduler, "_vtui_started", None) is None:
-            scheduler._vtui_started = {
-                MAX_NUM_SEQS: int(getattr(scheduler, "max_num_active_reqs", scheduler.max_num_running_reqs)),
-                MAX_NUM_BATCHED_TOKENS: int(scheduler.max_num_scheduled_tokens),
-                CHUNKED_PREFILL: bool(config.enable_chunked_prefill),
-            }
+            scheduler._vtui_started = {flag.name: flag.started(scheduler) for flag in LIVE}
             scheduler._vtui_input_budget = int(config.max_num_batched_tokens)
             # The scheduler's own copy: the model runner (same process on one GPU) keeps reading
             # the config it was started with.
@@ -120,16 +109,7 @@ class SchedulerLimits:
         return "max_num_active_reqs" if hasattr(self.scheduler, "max_num_active_reqs") else "running-bound guard"
 
     def live(self) -> dict[str, Any]:
-        s = self.scheduler
-        if hasattr(s, "max_num_active_reqs"):
-            seqs = int(s.max_num_active_reqs)
-        else:
-            seqs = int(getattr(s, "_vtui_cap", None) or self.started[MAX_NUM_SEQS])
-        return {
-            MAX_NUM_SEQS: seqs,
-            MAX_NUM_BATCHED_TOKENS: int(s.max_num_scheduled_tokens),
-            CHUNKED_PREFILL: bool(s.scheduler_config.enable_chunked_prefill),
-        }
+        return {flag.name: flag.read(self.scheduler) for flag in LIVE}
 
     def state(self) -> dict[str, Any]:
         try:
@@ -157,13 +137,16 @@ class SchedulerLimits:
         """The live values after ``changes``; ValueError naming what is refused."""
         new = self.live()
         for name, value in changes.items():
-            if name not in new:
+            flag = BY_NAME.get(name)
+            if flag is None:
                 raise ValueError(f"--{name} cannot change on a running server")
-            if name == CHUNKED_PREFILL:
+            if flag.switch:
                 if not isinstance(value, bool):
                     raise ValueError(f"--{name} takes true or false, not {value!r}")
-                if value and not self.started[name]:
+                if value and not self.started[name] and name == CHUNKED_PREFILL:
                     _chunked_prefill_may_go_on(self.scheduler)
+                elif value and not self.started[name]:
+                    raise ValueError(f"--{name} was off at start: it stays off; restart to turn it on")
             else:
                 if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                     raise ValueError(f"--{name} takes a whole number of at least 1, not {value!r}")
@@ -172,9 +155,8 @@ class SchedulerLimits:
                                      "with (its buffers, CUDA graphs and KV cache were sized for that): it needs a restart")
             new[name] = value
         trial = copy.copy(self.scheduler.scheduler_config)
-        trial.max_num_batched_tokens = new[MAX_NUM_BATCHED_TOKENS]
-        trial.enable_chunked_prefill = new[CHUNKED_PREFILL]
-        trial.max_num_seqs = new[MAX_NUM_SEQS]
+        for flag in LIVE:
+            setattr(trial, flag.config_field, new[flag.name])
         if hasattr(trial, "max_num_active_seqs"):
             trial.max_num_active_seqs = None
         max_model_len = _max_model_len(self.scheduler)
@@ -189,16 +171,8 @@ class SchedulerLimits:
         if dry_run:
             return
         s = self.scheduler
-        tokens = new[MAX_NUM_BATCHED_TOKENS]
-        s.max_num_scheduled_tokens = tokens
-        # At the started budget the input budget is as started too; below it, both are the new one.
-        started_tokens = self.started[MAX_NUM_BATCHED_TOKENS]
-        s.scheduler_config.max_num_batched_tokens = s._vtui_input_budget if tokens == started_tokens else tokens
-        s.scheduler_config.enable_chunked_prefill = new[CHUNKED_PREFILL]
-        if hasattr(s, "max_num_active_reqs"):
-            s.max_num_active_reqs = new[MAX_NUM_SEQS]
-        else:
-            s._vtui_cap = new[MAX_NUM_SEQS]
+        for flag in LIVE:
+            flag.write(s, new[flag.name], self.started)
         s._vtui_steps = 0
         s._vtui_max_step_tokens = 0
 
