@@ -1,23 +1,51 @@
 """Published trace formats (Mooncake, Bailian, Azure, BurstGPT) and vtui's own: detected, read in
 their own units, replayed through `vtui bench --dataset-name trace` against loadgen's test server;
-shared hash ids give shared prompt blocks; bad lines are named."""
+shared hash ids give shared prompt blocks; bad lines are named. Every format module in
+loadgen/traceformats/ is in its registry, and each one's sample is claimed by it first."""
 
 from __future__ import annotations
 
 import json
+import pkgutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from loadgen import traceformats
 from loadgen.spec import WorkloadSpec
 from loadgen.testserver import ServerConfig, serve_in_thread
 from loadgen.tokens import LocalTokenizer
-from loadgen.traceformats import TraceError, TraceRow, conversation_chains, infer_block_size, read_trace
+from loadgen.traceformats import (
+    FORMATS,
+    READERS,
+    Source,
+    TraceError,
+    TraceRow,
+    conversation_chains,
+    infer_block_size,
+    read_trace,
+)
 from loadgen.workload import DatasetError, build_requests
 from tui.cli import main
 
 DATA = Path(__file__).parent / "data" / "traces"
+RECORDING = ('{"vtui_recording": 1, "block_size": 16}\n'
+             '{"timestamp": 0.4, "input_len": 40, "output_len": 3, "hash_ids": [1, 2, 3], "conversation": "c", "turn": 1}\n'
+             '{"timestamp": 0.2, "input_len": 0, "output_len": 3, "outcome": "error"}\n'
+             '{"timestamp": 0.1, "input_len": 20, "output_len": 2, "hash_ids": [1, 4]}\n')
+# A sample per format: a new format module needs one here (and its line in READERS).
+SAMPLES = {"mooncake": "mooncake.jsonl", "bailian": "bailian.jsonl", "azure": "azure.csv", "burstgpt": "burstgpt.csv",
+           "vtui": "vtui.jsonl", "vtui-recording": RECORDING}
+
+
+def _sample(fmt: str, tmp_path: Path) -> Path:
+    name = SAMPLES[fmt]
+    if "\n" not in name:
+        return DATA / name
+    f = tmp_path / "sample.jsonl"
+    f.write_text(name)
+    return f
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +72,36 @@ def test_formats_are_detected_with_their_units(name: str, fmt: str, block: int |
     assert note in tf.describe()
     if block:
         assert f"block size {block} tokens per hash id (inferred" in tf.describe()
+
+
+def test_every_format_module_is_in_the_registry() -> None:
+    # Every module of the folder but the shared ones (base, _jsonl, _csv) is a format.
+    folder = {m.name for m in pkgutil.iter_modules(traceformats.__path__) if m.name != "base" and not m.name.startswith("_")}
+    registered = {f.__name__.rpartition(".")[2] for f in READERS}
+    assert folder == registered, f"format modules not in READERS: {sorted(folder - registered)}"
+    assert len(set(FORMATS)) == len(FORMATS) == len(READERS)
+    for f in READERS:
+        assert f.KIND in ("jsonl", "csv") and f.EXPECTS and callable(f.detect) and callable(f.read), f.NAME
+
+
+def test_each_sample_is_claimed_by_its_own_format_first(tmp_path: Path) -> None:
+    assert set(SAMPLES) == set(FORMATS), "each format needs a sample in SAMPLES"
+    for fmt in FORMATS:
+        path = _sample(fmt, tmp_path)
+        source = Source.open(path, path.read_text(encoding="utf-8"))
+        claims = [f.NAME for f in READERS if source.kind == f.KIND and f.detect(source) is not None]
+        assert claims[:1] == [fmt], (fmt, claims)
+        tf = read_trace(path)
+        assert tf.format == fmt and tf.rows, fmt
+
+
+def test_a_recording_is_read_in_arrival_order_with_its_header_block(tmp_path: Path) -> None:
+    tf = read_trace(_sample("vtui-recording", tmp_path))
+    assert [(r.line, r.at_s, r.session) for r in tf.rows] == [(4, 0.0, None), (2, pytest.approx(0.3), "c")]
+    assert tf.block_size == 16 and tf.time_unit == "s"
+    assert tf.notes == ("vtui's own format: timestamp in s (its definition)",
+                        "1 recorded requests without prompt tokens skipped",
+                        "block size 16 tokens per hash id (the recording's header)")
 
 
 def test_bailian_turns_belong_to_their_first_turn() -> None:
