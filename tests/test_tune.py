@@ -683,7 +683,7 @@ def test_saved_measurement_and_settings_come_back_field_for_field() -> None:
         TuneSettings, mode="concurrency", budget_s=60.0, tolerance=0.1, growth=3.0, start_load=4.0, min_load=1.0,
         max_load=500.0, start_timeout_s=30.0, step_timeout_s=20.0, prune=False, exhaustive=True, confirm=False,
         confirm_margin=0.2, step=StepRule(min_requests=5, min_step_s=2.0, max_requests=50, warmup=1),
-        objective="tokens-per-joule")
+        window_s=3.0, objective="tokens-per-joule")
     assert isinstance(s, TuneSettings)
     assert TuneSettings.from_dict(json.loads(json.dumps(s.to_dict()))) == s
     assert TuneSettings.from_dict({"mode": "concurrency"}) == TuneSettings(mode="concurrency")  # an older file

@@ -331,6 +331,8 @@ class ConfigServer(ServerStandIn):
     the flags it is (re)started with (``urls`` by max-num-seqs), so each configuration is
     measured against its own server's latencies."""
 
+    api_key: str | None = None  # the test server takes any request (ServerMeasurer reads sup.api_key)
+
     def __init__(self, flags: FlagSet, urls: dict[int, str]) -> None:
         super().__init__(flags, urls[int(str(flags.get("max-num-seqs")))], "test-model", state=ServerState.STOPPED)
         self.urls = urls

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,12 +19,14 @@ from engine.runs.measure import RunHandle, RunPlan, Target, wait_for
 from engine.runs.measure import measure as measure_run
 from engine.runs.series import measure_sound
 from engine.runs.status import RunStatus
+from engine.server.livehook import MAX_NUM_SEQS
 from engine.server.livelimits import LiveUnavailable, try_live, wait_drained
 from engine.server.ready import ensure_server
 from engine.server.supervisor import ServerState, Supervisor
 from engine.tune.trial import EarlyStop, Measurement, StartOutcome
+from engine.tune.windows import WindowBook, WindowResult, window_measurement
 from loadgen import LoadRun, ServerError
-from loadgen.spec import ArrivalSpec, judge
+from loadgen.spec import ArrivalSpec
 
 if TYPE_CHECKING:
     from loadgen.records import RequestResult
@@ -227,30 +230,99 @@ class ServerMeasurer:
         if result is None:
             return Measurement(load, False, f"step did not end within {timeout:.0f} s", requests=requests,
                                duration_s=dur, fatal=fatal)
-        s = result.summary
-        ok, reason = judge(self.slo, s)
+        m = Measurement.of_summary(load, result.summary, self.slo, requests=requests, duration_s=dur)
+        ok, reason = m.ok, m.reason
         if stop.reason:
             ok, reason = False, stop.reason
         elif timed_out:
             ok, reason = False, f"step timed out after {timeout:.0f} s"
         elif result.cancelled:
             ok, reason = False, "cancelled"
-        completed = s.completed
-        mean_e2el_s = (s.get("mean_e2el_ms") or 0.0) / 1000
-        per_user = (s.total_output_tokens / completed / mean_e2el_s) if completed and mean_e2el_s else 0.0
-        return Measurement(
-            load=load, ok=ok and not fatal, reason=reason or fatal, requests=requests, completed=completed,
-            failed=s.failed, goodput=s.request_goodput or 0.0,
-            request_throughput=s.request_throughput,
-            output_throughput=s.output_throughput,
-            ttft_ms=s.at_percentile("ttft", p), tpot_ms=s.at_percentile("tpot", p), e2el_ms=s.at_percentile("e2el", p),
-            tokens_per_user=per_user, duration_s=dur, stopped_early=bool(stop.reason), fatal=fatal,
+        return dataclasses.replace(
+            m, ok=ok and not fatal, reason=reason or fatal, stopped_early=bool(stop.reason), fatal=fatal,
             e2el_min_ms=fastest[0] * 1000 if fastest else None,
             mean_power_w=run.summary.mean_power_w if run is not None else None,
             client_bound=bool(result.client_bound), client_cpus=result.client_cpus,
             # the client's loop held up, or other processes crowded the box (engine.runs.measure)
             box_bound=bool(result.box_bound) or (run is not None and run.status is RunStatus.BOX_BOUND),
         )
+
+    async def measure_windows(self, load: float, plan: Sequence[tuple[str, FlagSet]], *, window_s: float,
+                              timeout: float) -> list[WindowResult]:
+        """Configurations measured under one steady load (issue 49): one run at ``load`` goes on while
+        each ``(key, flags)`` of ``plan`` in turn is set live and measured for ``window_s`` seconds, as
+        engine.tune.windows says (settle until the requests sent before the change came back, measure
+        the requests sent in the window, keep its limits until they came back). Every window's result,
+        in ``plan``'s order; a window the server refused to set, or one the run ended before, is a
+        miss with the reason. ``timeout``: the whole run's."""
+        sup = self.sup
+        if sup is None or sup.state is not ServerState.READY or not isinstance(sup.flags, FlagSet):
+            return [WindowResult(k, Measurement(load, False, "no server", fatal="no server running")) for k, _ in plan]
+        key = sup.api_key
+        p = self.slo.percentile
+        # Waits bounded so an overloaded configuration costs seconds, not minutes: its backlog then
+        # counts as unfinished (a miss) and the next window settles after it.
+        cap_s = max(10.0, 3.0 * window_s)
+        per_window = window_s + 2 * cap_s
+        # Enough arrivals for every window at their longest (a closed loop's pace is the server's:
+        # the most the run may send); the run is cancelled once the last window is judged.
+        n = min(100_000, math.ceil(load * per_window * len(plan))) if self.mode == "rate" else 100_000
+        run_plan = RunPlan(f"tune windows {load:g}", self.workload, self._arrivals(load, n, 0), self.slo,
+                           percentiles=tuple(sorted({50.0, 90.0, 95.0, 99.0, float(p)})), tags=("tune",),
+                           client_cpus=self.client_cpus)
+        handle = RunHandle()
+        book = WindowBook()
+        target = Target.of(sup, tokenizer=self.tokenizer)
+        task = asyncio.ensure_future(wait_for(measure_run(target, run_plan, handle=handle, on_request=book.add),
+                                              handle, timeout))
+
+        async def until(done: Callable[[], bool], limit: float) -> bool:
+            end = time.monotonic() + limit
+            while not done():
+                if task.done() or time.monotonic() >= end:
+                    return done()
+                await asyncio.sleep(0.05)
+            return True
+
+        out: list[WindowResult] = []
+        current = self._live_flags or sup.flags
+        try:
+            for k, flags in plan:
+                if task.done():
+                    out.append(WindowResult(k, Measurement(load, False, "the load run ended before this window")))
+                    continue
+                t_change, m0 = time.time(), time.monotonic()
+                attempt = await try_live(sup.base_url, sup.flags, current, flags, key)
+                if attempt.result is None:
+                    self.live_refusal = attempt.refusal
+                    out.append(WindowResult(k, Measurement(load, False, f"not set live: {attempt.refusal}")))
+                    continue
+                old, current = current, flags
+                self._live_flags = flags
+                self.live_changes += 1
+                for name, (was, now) in old.diff(flags).items():
+                    handle.note_change(name, was, now)
+                await until(functools.partial(book.settled, t_change), cap_s)
+                t0, m1 = time.time(), time.monotonic()
+                await until(lambda: False, window_s)
+                t1 = time.time()
+                await until(functools.partial(book.settled, t1), cap_s)
+                results, missing = book.between(t0, t1)
+                m = window_measurement(load, results, t1 - t0, self.slo, unfinished=missing)
+                seqs = flags.get(MAX_NUM_SEQS)
+                out.append(WindowResult(k, m, settle_s=m1 - m0, measure_s=time.monotonic() - m1,
+                                        max_num_seqs=seqs if isinstance(seqs, int) else None))
+        finally:
+            handle.cancel("windows done")
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(task, 60.0)
+        if sup.state is not ServerState.READY:
+            err = sup.error
+            line = err.vllm_line if isinstance(err, (StartupError, EngineDied)) else ""
+            fatal = f"server died under load: {line or err or sup.state.value}"
+            out = [dataclasses.replace(w, measurement=dataclasses.replace(w.measurement, ok=False, fatal=fatal,
+                                                                          reason=fatal)) for w in out]
+        return out
 
     async def close(self) -> None:
         if self.sup is not None and self._owned:

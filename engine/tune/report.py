@@ -11,8 +11,9 @@ from pathlib import Path
 
 from engine.flags import FlagSet
 from engine.runs.compare import pareto_frontier
+from engine.runs.status import SPOILED_TRIES
 from engine.tune.ranking import TIE_RULE, Decision, Rival
-from engine.tune.trial import OBJECTIVE_UNITS, ConfigResult, LiveTrial, Measurement, config_score
+from engine.tune.trial import CUT_SHORT, DONE, OBJECTIVE_UNITS, ConfigResult, LiveTrial, Measurement, config_score
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,14 @@ class TuneResult:
     """Why the best is the best (engine.tune.ranking): the configurations tied with it within the
     noise and the rule that chose among them, or the runner-up beyond the noise; the runs each
     limit rests on."""
+    time_split: Mapping[str, object] | None = None
+    """Where the wall time went (engine.tune.halving.TimeSplit.to_dict): starts, settling, measuring,
+    checks, the rest; windows and the rounds under one load, with who dropped out of each."""
+    time_words: str = ""
+    round_words: tuple[str, ...] = ()
+    """Each round under one load in a line: the group, the load, configurations, windows, who dropped out."""
+    estimate: Mapping[str, object] | None = None
+    """What the tune was expected to cost at its start (engine.tune.halving.Estimate.to_dict)."""
 
     def score(self, c: ConfigResult) -> float | None:
         """``c``'s figure for this search's objective at its limit."""
@@ -88,7 +97,37 @@ class TuneResult:
             "pareto": [dataclasses.asdict(p) | {"load": _jsonable_load(p.load)} for p in self.pareto],
             "elapsed_s": self.elapsed_s, "budget_s": self.budget_s, "starts": self.starts,
             "steps": self.steps, "state_path": str(self.state_path) if self.state_path else None,
+            "time": dict(self.time_split) if self.time_split is not None else None,
+            "estimate": dict(self.estimate) if self.estimate is not None else None,
         }
+
+
+def config_words(c: ConfigResult, mode: str, objective: str) -> str:
+    """A configuration's line as the search says it when it is done with it."""
+    unit = "req/s" if mode == "rate" else "concurrent"
+    if c.status in (DONE, CUT_SHORT) and c.limit_load is not None:
+        lim = "any load" if math.isinf(c.limit_load) else f"{c.limit_load:.3g} {unit}"
+        score = config_score(c, objective)
+        extra = "" if objective == "goodput" else (
+            f", {objective} {score:.3g} {OBJECTIVE_UNITS[objective]}" if score is not None
+            else f", {objective} n/a (no power reading)")
+        return (f"{c.key}: limit {lim}, goodput {c.goodput or 0:.3g} req/s{extra} ({c.steps} steps)"
+                + (" [cut short]" if c.status == CUT_SHORT else "") + (" [limit measured twice]" if c.confirmed else ""))
+    return f"{c.key}: {c.status}: {c.reason}"
+
+
+def step_words(key: str, m: Measurement, mode: str, n: int, seconds: float, *, again: bool = False) -> str:
+    """One step's line as the search says it."""
+    unit = "req/s" if mode == "rate" else "concurrent"
+    shown = "all at once" if math.isinf(m.load) else f"{m.load:.3g} {unit}"
+    return (f"  {key}: {shown}{' again' if again else ''}: "
+            + ("meets SLO" if m.ok else f"violates ({m.reason})")
+            + f", goodput {m.goodput:.3g} req/s, {m.completed}/{n} done in {seconds:.0f} s"
+            + (" (stopped early)" if m.stopped_early else "")
+            + (" (client- or box-bound at first: measured again)" if m.remeasured else "")
+            + (" (client-bound: the load generator set this pace, not the server)" if m.client_bound else "")
+            + (f" (box-bound after {SPOILED_TRIES} tries: the busy box delayed the load generator)"
+               if m.box_bound else ""))
 
 
 def _decision_json(d: Decision | None) -> dict[str, object] | None:

@@ -72,10 +72,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.flags import FlagError, FlagSet, devices_needed, validate
-from engine.runs.status import SPOILED_TRIES
+from engine.server.launch import last_start_seconds, start_key
 from engine.server.livehook import CHUNKED_PREFILL, LIVE_FLAGS, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
+from engine.tune import report
 from engine.tune.bracket import ConfigBudget, Fatal, bracket, confirm
 from engine.tune.errors import BudgetExhausted, TuneError
+from engine.tune.halving import FIRST_SHARE, Estimate, TimeSplit, estimate, halve, restart_groups
 from engine.tune.measurer import ServerMeasurer
 from engine.tune.ranking import TIE_RULE, Cost, Decision, cost, decide, limit_runs, tie_floor_pct, tie_load
 from engine.tune.report import ParetoPoint, StepPoint, TuneResult, format_pareto, format_table, pareto_points, step_series
@@ -194,6 +196,8 @@ class Tuner:
         self._elapsed0 = self.state.elapsed_s
         self._costs = Costs()  # what starts and steps cost here: the estimates for the next ones
         self._last_group: tuple[object, ...] | None = None  # restart group of the server last started (slot 0)
+        self._split = TimeSplit()  # where this run's wall time went (issue 49; a resumed search counts anew)
+        self.estimate: Estimate | None = None
         for m in self.measurers:
             # Live measurers (issue 41) start each restart group's server at the group's maxima.
             if isinstance(m, ServerMeasurer) and m.live and m.launch_flags is None:
@@ -255,9 +259,20 @@ class Tuner:
                     self.say(f"{key}: not started: {problems}")
             self._persist()
             seed = self.space.seed(self.base.values)
+            groups = self._groups(by_key, seed)
+            self.estimate = self._estimate(groups, by_key)
+            self.say(self.estimate.words(self.remaining()))
+            if self._one_load():
+                for i, keys in enumerate(groups):
+                    if len(keys) > 1:
+                        order = await self._halve_group(keys, by_key, order, [len(g) for g in groups[i + 1:]])
             s_exhaustive = self.settings.exhaustive or not self.settings.prune
             await self._run_slots(by_key, seed, s_exhaustive, order)
-            await self._check_live_winners()
+            t = self.clock()
+            try:
+                await self._check_live_winners()
+            finally:
+                self._split.checks_s += self.clock() - t
         except BudgetExhausted:
             status = "budget"
             self.say(f"budget of {self.settings.budget_s / 60:.1f} min reached after {self.elapsed() / 60:.1f} min")
@@ -388,7 +403,96 @@ class Tuner:
         if out_of_budget:
             raise BudgetExhausted
         if side_by_side:
-            await self._measure_alone()
+            t = self.clock()
+            try:
+                await self._measure_alone()
+            finally:
+                self._split.checks_s += self.clock() - t
+
+    # -- one load (issue 49) -------------------------------------------------------------
+
+    def _one_load(self) -> bool:
+        """A restart group's configurations measured under one load (engine.tune.halving): one trial
+        at a time, live, pruning (--no-prune measures every one to its limit), by goodput (the energy
+        objectives need a power reading per step, which a window has not)."""
+        s = self.settings
+        return (self._live_measuring() and s.prune and s.objective == "goodput"
+                and callable(getattr(self.measurer, "measure_windows", None)))
+
+    def _groups(self, by_key: Mapping[str, Mapping[str, SpaceValue]], seed: Mapping[str, SpaceValue]) -> list[list[str]]:
+        """The configurations still to measure by restart group, the seed's group first."""
+        todo = [k for k in by_key if k not in self.state.configs or self.state.configs[k].status in (NOT_TRIED, CUT_SHORT)]
+        return restart_groups(todo, lambda k: self._restart_group(by_key[k]), self._restart_group(seed))
+
+    def _estimate(self, groups: Sequence[Sequence[str]], by_key: Mapping[str, Mapping[str, SpaceValue]]) -> Estimate:
+        """engine.tune.halving.estimate with this box's last start of each group's flags (else a minute)."""
+        seen = [last_start_seconds(start_key(self._group_launch(self._flags(by_key[g[0]])))) for g in groups]
+        return estimate([len(g) for g in groups], start_s=max((x for x in seen if x), default=self._costs.start()),
+                        step_s=self._costs.step(1.0, math.ceil(self.settings.step.min_step_s)),
+                        window_s=self.settings.window_s, one_load=self._one_load())
+
+    def _count_start(self, outcome: StartOutcome, seconds: float) -> None:
+        """A start counted (a restart, or one that was not set live) and its time split."""
+        if outcome.restarted or not outcome.live:
+            self.state.starts += 1
+        if outcome.restarted:
+            self._costs.starts.append(seconds)
+            self._split.starts_s += seconds
+        else:
+            self._split.settling_s += seconds  # set live once the step before drained
+
+    async def _halve_group(self, keys: Sequence[str], by_key: Mapping[str, Mapping[str, SpaceValue]], order: int,
+                           later: Sequence[int]) -> int:
+        """One restart group under one load: its server started once (at the group's maxima), rounds of
+        interleaved windows (engine.tune.halving.halve) from half the burst's throughput (or
+        --start-load), those beyond the noise below the best dropped, the last ones' limits found by
+        bisection from the load they met. ``later``: the sizes of the groups after it. Returns ``order``."""
+        st, s, first = self.state, self.settings, keys[0]
+        name = ", ".join(f"{n}={by_key[first][n]}" for n, _ in self.space.dims if n not in LIVE_FLAGS) or "live flags"
+        self._set_live(self.measurer, first, "starting", notify=True)
+        t = self.clock()
+        outcome = await self.measurer.start(self._flags(by_key[first]), timeout=min(s.start_timeout_s,
+                                                                                    max(1.0, self.remaining())))
+        self._count_start(outcome, self.clock() - t)
+        self._end_live(self.measurer)
+        self._last_group = self._restart_group(by_key[first])
+        if not outcome.ok or not outcome.live:
+            return order  # one at a time instead: the per-configuration path records what happened
+        load = s.start_load or (8.0 if s.mode == "concurrency" else None)
+        if load is None:
+            t = self.clock()
+            m = await self._one_step(first, "measuring", math.inf, s.step.min_requests)
+            self._split.measuring_s += self.clock() - t
+            load = max(s.min_load, FIRST_SHARE * m.request_throughput) if m.request_throughput > 0 else 1.0
+        self.say(f"{name}: {len(keys)} configurations under one load, set live between windows")
+
+        def progress(left: int, round_s: float) -> str:
+            eta = estimate([left, *later], start_s=self._costs.start(), step_s=self._costs.step(1.0, 1),
+                           window_s=s.window_s, one_load=True).seconds - self._costs.start()
+            return (f"{left + sum(later)} configurations left, about {max(0.0, eta) / 60:.1f} min"
+                    f" ({self.remaining() / 60:.1f} min of budget left)")
+
+        h = await halve(self.measurer, {k: self._flags(by_key[k]) for k in keys}, load,  # type: ignore[arg-type]
+                        settings=s, group=name, split=self._split, remaining=self.remaining, say=self.say,
+                        progress=progress)
+        for k, ms in h.steps.items():
+            st.measurements.setdefault(k, []).extend(ms)
+        for k, reason in h.dropped.items():
+            order += 1
+            st.configs[k] = ConfigResult(k, by_key[k], DOMINATED, reason=reason, order=order, live=True,
+                                         started_with=outcome.started_with, steps=len(st.measurements.get(k, ())))
+            self._report(st.configs[k])
+        self._persist()
+        for k in sorted(h.left, key=lambda k: -(h.steps[k][-1].goodput if h.steps.get(k) else 0.0)):
+            order += 1
+            result = await self._tune_config(k, by_key[k], self.best(exclude=k), order, start_load=h.left[k])
+            self._end_live(self.measurer)
+            st.configs[k] = result
+            self._persist()
+            self._report(result)
+            if result.status == CUT_SHORT:
+                raise BudgetExhausted
+        return order
 
     # -- live limits (issue 41) ----------------------------------------------------------
 
@@ -640,25 +744,16 @@ class Tuner:
         return cost({**self.base.values, **c.values})
 
     def _report(self, c: ConfigResult) -> None:
-        unit = "req/s" if self.settings.mode == "rate" else "concurrent"
-        if c.status in (DONE, CUT_SHORT) and c.limit_load is not None:
-            lim = "any load" if math.isinf(c.limit_load) else f"{c.limit_load:.3g} {unit}"
-            obj = self.settings.objective
-            extra = "" if obj == "goodput" else (
-                f", {obj} {self.score(c):.3g} {OBJECTIVE_UNITS[obj]}" if self.score(c) is not None
-                else f", {obj} n/a (no power reading)")
-            self.say(f"{c.key}: limit {lim}, goodput {c.goodput or 0:.3g} req/s{extra} ({c.steps} steps)"
-                     + (" [cut short]" if c.status == CUT_SHORT else "")
-                     + (" [limit measured twice]" if c.confirmed else ""))
-        else:
-            self.say(f"{c.key}: {c.status}: {c.reason}")
+        self.say(report.config_words(c, self.settings.mode, self.settings.objective))
 
     # -- one configuration -------------------------------------------------------------
 
     async def _tune_config(self, key: str, values: Mapping[str, SpaceValue], best: ConfigResult | None,
-                           order: int, measurer: Measurer | None = None) -> ConfigResult:
+                           order: int, measurer: Measurer | None = None, start_load: float | None = None) -> ConfigResult:
+        """One configuration's limit (engine.tune.bracket); ``start_load``: a load it met under one
+        load with others (issue 49), where its bracket starts (that step is reused, not measured again)."""
         st = self.state
-        s = self.settings
+        s = self.settings if start_load is None else dataclasses.replace(self.settings, start_load=start_load)
         measurer = measurer or self.measurer
         flags = self._flags(values)
         self.say(f"{key}: starting ({order}; {self.remaining() / 60:.1f} min left)")
@@ -667,10 +762,7 @@ class Tuner:
         t = self.clock()
         outcome = await measurer.start(flags, timeout=timeout)
         start_s = self.clock() - t
-        if outcome.restarted or not outcome.live:
-            st.starts += 1
-        if outcome.restarted:
-            self._costs.starts.append(start_s)
+        self._count_start(outcome, start_s)
         if measurer is self.measurer:
             self._last_group = self._restart_group(values)
         if outcome.live:
@@ -699,21 +791,13 @@ class Tuner:
             m = await measurer.measure(load, requests=n, timeout=tmo, warmup=warm)
             self._set_live(measurer, key, "measuring", load, last=m)
             actual = self.clock() - t0
+            self._split.measuring_s += actual
             first_step[0] = False
             self._costs.steps.append((n / load if math.isfinite(load) and load > 0 else actual, actual))
             st.steps += 1
             ms.append(m)
             self._persist()
-            unit = "req/s" if s.mode == "rate" else "concurrent"
-            shown = "all at once" if math.isinf(load) else f"{load:.3g} {unit}"
-            self.say(f"  {key}: {shown}{' again' if fresh else ''}: "
-                     + ("meets SLO" if m.ok else f"violates ({m.reason})")
-                     + f", goodput {m.goodput:.3g} req/s, {m.completed}/{n} done in {actual:.0f} s"
-                     + (" (stopped early)" if m.stopped_early else "")
-                     + (" (client- or box-bound at first: measured again)" if m.remeasured else "")
-                     + (" (client-bound: the load generator set this pace, not the server)" if m.client_bound else "")
-                     + (f" (box-bound after {SPOILED_TRIES} tries: the busy box delayed the load generator)"
-                        if m.box_bound else ""))
+            self.say(report.step_words(key, m, s.mode, n, actual, again=fresh))
             return m
 
         def finish(status: str, reason: str = "") -> ConfigResult:
@@ -750,7 +834,6 @@ class Tuner:
             return rival.limit_load
         return tie_load(rival.limit_load, self.settings.tolerance, integer=self.settings.mode == "concurrency")
 
-
     # -- results ------------------------------------------------------------------------
 
     def result(self) -> TuneResult:
@@ -777,6 +860,10 @@ class Tuner:
             state_path=self.state_file, objective=self.settings.objective,
             measurements={k: tuple(ms) for k, ms in st.measurements.items()},
             running=tuple(self._live[i] for i in sorted(self._live)), decision=decision,
+            time_split=self._split.to_dict(self.clock() - self._t0 if self._t0 else 0.0),
+            time_words=self._split.words(self.clock() - self._t0 if self._t0 else 0.0),
+            round_words=tuple(r.words("req/s" if self.settings.mode == "rate" else "concurrent") for r in self._split.rounds),
+            estimate=self.estimate.to_dict() if self.estimate is not None else None,
         )
 
     def _set_live(self, measurer: Measurer, key: str, phase: str, load: float | None = None,
@@ -800,59 +887,14 @@ class Tuner:
         return next((i for i, m in enumerate(self.measurers) if m is measurer), 0)
 
 
-
 # The search's names, each defined in the module of its part (space, trial, state, report,
 # measurer) and named here too: callers import them from engine.tune.search.
 __all__ = [
-    "CUT_SHORT",
-    "DEFAULT_SPACE",
-    "DIED",
-    "DOMINATED",
-    "DONE",
-    "INVALID",
-    "MODES",
-    "NOT_TRIED",
-    "NO_LOAD",
-    "OBJECTIVES",
-    "OBJECTIVE_UNITS",
-    "SKIPPED",
-    "START_FAILED",
-    "TIE_RULE",
-    "UNSTABLE",
-    "BudgetExhausted",
-    "ConfigResult",
-    "Decision",
-    "EarlyStop",
-    "FileStore",
-    "HistoryStore",
-    "LiveTrial",
-    "Measurement",
-    "Measurer",
-    "ParetoPoint",
-    "SearchSpace",
-    "ServerMeasurer",
-    "StartOutcome",
-    "StepPoint",
-    "StepRule",
-    "TuneError",
-    "TuneResult",
-    "TuneSettings",
-    "TuneState",
-    "TuneStore",
-    "Tuner",
-    "allowed_failures",
-    "best_config",
-    "config_score",
-    "format_pareto",
-    "format_table",
-    "judge",
-    "list_states",
-    "load_state",
-    "new_id",
-    "objective_value",
-    "pareto_points",
-    "state_path",
-    "step_series",
-    "tune_dir",
-    "violation_count",
+    "CUT_SHORT", "DEFAULT_SPACE", "DIED", "DOMINATED", "DONE", "INVALID", "MODES", "NOT_TRIED", "NO_LOAD",
+    "OBJECTIVES", "OBJECTIVE_UNITS", "SKIPPED", "START_FAILED", "TIE_RULE", "UNSTABLE", "BudgetExhausted",
+    "ConfigResult", "Decision", "EarlyStop", "FileStore", "HistoryStore", "LiveTrial", "Measurement", "Measurer",
+    "ParetoPoint", "SearchSpace", "ServerMeasurer", "StartOutcome", "StepPoint", "StepRule", "TuneError",
+    "TuneResult", "TuneSettings", "TuneState", "TuneStore", "Tuner", "allowed_failures", "best_config",
+    "config_score", "format_pareto", "format_table", "judge", "list_states", "load_state", "new_id",
+    "objective_value", "pareto_points", "state_path", "step_series", "tune_dir", "violation_count",
 ]

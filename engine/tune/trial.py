@@ -14,11 +14,12 @@ from engine.flags import FlagSet
 from engine.tune.errors import TuneError
 from engine.tune.space import _opt_number, _space_values
 from engine.values import StoredFields, as_float, as_int
-from loadgen.spec import allowed_failures, percentile_word
+from loadgen.spec import allowed_failures, judge, percentile_word
 
 if TYPE_CHECKING:
     from engine.tune.space import SpaceValue
     from loadgen.spec import SLO
+    from loadgen.stats import LoadSummary
 
 
 MODES = ("rate", "concurrency")
@@ -147,6 +148,26 @@ class Measurement:
     client_cpus: tuple[int, ...] = ()
     """The host cores the load generator ran on (read back in its workers; pinned to the
     slot's own with trials side by side, engine.tune.slots)."""
+
+    @classmethod
+    def of_summary(cls, load: float, s: LoadSummary, slo: SLO, *, requests: int, duration_s: float = 0.0,
+                   unfinished: int = 0) -> Measurement:
+        """A step's figures from its run's summary, judged against ``slo`` (loadgen.spec.judge): the
+        latencies at the SLO's percentile, goodput, throughputs and tokens per user (mean output
+        tokens per request / mean E2EL). ``unfinished``: requests of the step that had not come back
+        when it was judged (a window whose tail ran out of time): counted as failed."""
+        p = slo.percentile
+        ok, reason = judge(slo, s)
+        if unfinished and ok and s.failed + unfinished > allowed_failures(s.completed + s.failed + unfinished, p):
+            ok, reason = False, f"{unfinished} of {requests} requests still running when it was judged"
+        completed = s.completed
+        mean_e2el_s = (s.get("mean_e2el_ms") or 0.0) / 1000
+        per_user = (s.total_output_tokens / completed / mean_e2el_s) if completed and mean_e2el_s else 0.0
+        return cls(load=load, ok=ok, reason=reason, requests=requests, completed=completed,
+                   failed=s.failed + unfinished, goodput=s.request_goodput or 0.0,
+                   request_throughput=s.request_throughput, output_throughput=s.output_throughput,
+                   ttft_ms=s.at_percentile("ttft", p), tpot_ms=s.at_percentile("tpot", p),
+                   e2el_ms=s.at_percentile("e2el", p), tokens_per_user=per_user, duration_s=duration_s)
 
     def to_dict(self) -> dict[str, object]:
         d: dict[str, object] = dataclasses.asdict(self)
@@ -281,6 +302,9 @@ class TuneSettings:
     """A config whose goodput is within this fraction of the best (or above it) has its
     limit measured a second time before it becomes the best; the lower goodput counts."""
     step: StepRule = StepRule()
+    window_s: float = 5.0
+    """Seconds of each window when a restart group's configurations are measured under one load
+    (engine.tune.windows; issue 49)."""
     objective: str = "goodput"
     """What the best maximises (OBJECTIVES). The energy ones measure every config fully: a
     config with a lower limit can still draw less per request, so no step at the best's
@@ -303,6 +327,8 @@ class TuneSettings:
             raise TuneError("requests", "need 1 <= min_requests <= max_requests")
         if not 0 <= self.confirm_margin < 1:
             raise TuneError("confirm_margin", "must be in [0, 1)")
+        if not self.window_s > 0:
+            raise TuneError("window", "must be > 0")
 
     def to_dict(self) -> dict[str, object]:
         d: dict[str, object] = dataclasses.asdict(self)
@@ -333,6 +359,7 @@ class TuneSettings:
             step_timeout_s=f.number("step_timeout_s", base.step_timeout_s), prune=f.flag("prune", base.prune),
             exhaustive=f.flag("exhaustive", base.exhaustive), confirm=f.flag("confirm", base.confirm),
             confirm_margin=f.number("confirm_margin", base.confirm_margin), step=step,
+            window_s=f.number("window_s", base.window_s),
             objective=f.text("objective", base.objective),
         )
 

