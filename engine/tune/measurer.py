@@ -311,7 +311,7 @@ class ServerMeasurer:
                 m = window_measurement(load, results, t1 - t0, self.slo, unfinished=missing)
                 seqs = flags.get(MAX_NUM_SEQS)
                 out.append(WindowResult(k, m, settle_s=m1 - m0, measure_s=time.monotonic() - m1,
-                                        max_num_seqs=seqs if isinstance(seqs, int) else None))
+                                        max_num_seqs=seqs if isinstance(seqs, int) else None, span=(t0, t1)))
         finally:
             handle.cancel("windows done")
             with contextlib.suppress(BaseException):

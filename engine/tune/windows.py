@@ -52,6 +52,8 @@ class WindowResult:
     """The measured span and its tail (the window's requests coming back)."""
     max_num_seqs: int | None = None
     """The live max-num-seqs during the window (None: not set by the space)."""
+    span: tuple[float, float] = (0.0, 0.0)
+    """The measured span's start and end (epoch seconds): its requests were sent between them."""
 
 
 class WindowBook:
