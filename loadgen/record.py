@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as _dt
-import hashlib
 import json
 import math
 import re
@@ -42,7 +41,8 @@ from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from loadgen.stats import percentile
-from loadgen.traceformats import TraceFile, read_trace
+from loadgen.traceformats import TraceFile, read_trace, recording
+from loadgen.traceformats.recording import chained_hashes
 
 if TYPE_CHECKING:
     from loadgen.tokens import Codec
@@ -80,19 +80,6 @@ class RecorderState:
         up = time.monotonic() - self.started
         return (f"recorded {self.recorded} requests ({self.errors} errors, {self.cancelled} cancelled), "
                 f"{self.in_flight} in flight, {self.passed} others passed through, {self.refused} refused, {up:.0f} s")
-
-
-def chained_hashes(ids: Sequence[int], block: int, salt: bytes) -> list[str]:
-    """One hash a ``block`` tokens (the last block may be partial), each covering every token
-    before it: equal prefixes give equal leading hashes. 16 hex digits each (64 bits)."""
-    out: list[str] = []
-    prev = b""
-    for k in range(0, len(ids), block):
-        h = hashlib.blake2b(salt + prev + b"|" + ",".join(map(str, ids[k : k + block])).encode(),
-                            digest_size=8)
-        prev = h.digest()
-        out.append(h.hexdigest())
-    return out
 
 
 def _strip_userinfo(url: str) -> str:
@@ -306,13 +293,12 @@ class Recorder:
             raise RecordError(f"cannot listen on {self.host}:{self.port}: {exc.strerror or exc}") from None
         self.port = self._server.sockets[0].getsockname()[1]
         self._file = self.out.open("w", encoding="utf-8")
-        header = {"vtui_recording": 1, "block_size": self.block_size,
-                  "started": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-                  "upstream": _strip_userinfo(self.upstream),
-                  "tokens_from": ("the upstream's /tokenize" if self._codec is None
-                                  else "the proxy's tokenizer (chat: the messages' contents, no template)"),
-                  "keep_prompts": self.keep_prompts}
-        self._write(header)
+        self._write(recording.header(
+            self.block_size, started=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            upstream=_strip_userinfo(self.upstream),
+            tokens_from=("the upstream's /tokenize" if self._codec is None
+                         else "the proxy's tokenizer (chat: the messages' contents, no template)"),
+            keep_prompts=self.keep_prompts))
         self._worker = asyncio.get_running_loop().create_task(self._tokenize_loop())
 
     @property
@@ -618,35 +604,12 @@ class Recorder:
             ids = await self._tokenize({"prompt": req["prompt"]}, rec.auth, model)
         elif isinstance(req.get("prompt"), list) and all(isinstance(t, int) for t in req["prompt"]):
             ids = list(req["prompt"])  # a prompt already in token ids
-        max_tokens = req.get("max_completion_tokens", req.get("max_tokens"))
         # A chat answer is resent as text in the conversation's next turn: its re-tokenized length is what
         # that turn's prompt grew by (a model's tokens do not always come back as the same tokens).
         produced, answer = await self._output_tokens(rec, model, answer=isinstance(messages, list))
-        out_len = produced if produced else (max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else 16)
-        row: dict[str, object] = {
-            "timestamp": round(rec.t, 6), "endpoint": rec.endpoint, "stream": bool(req.get("stream")),
-            "input_len": len(ids) if ids else 0, "output_len": out_len, "output_tokens": produced,
-            "max_tokens": max_tokens, "n": req.get("n", 1), "ignore_eos": bool(req.get("ignore_eos", False)),
-            "temperature": req.get("temperature"),
-            "hash_ids": chained_hashes(ids, self.block_size, self._salt) if ids else [],
-            "status": rec.status, "outcome": rec.outcome,
-            "ttft_s": round(rec.ttft_s, 6) if rec.ttft_s is not None else None, "e2el_s": round(rec.e2el_s, 6),
-        }
-        if isinstance(messages, list):
-            users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
-            first_user = next((k for k, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"),
-                              len(messages) - 1)
-            opening = json.dumps(messages[: first_user + 1], sort_keys=True).encode()
-            row["conversation"] = hashlib.blake2b(self._salt + opening, digest_size=8).hexdigest()
-            row["turn"] = len(users)
-            if answer is not None:
-                row["answer_tokens"] = answer
-        if self.keep_prompts:
-            if isinstance(req.get("prompt"), str):
-                row["prompt"] = req["prompt"]
-            elif isinstance(messages, list):
-                row["messages"] = messages
-        return row
+        return recording.row(req, endpoint=rec.endpoint, t=rec.t, ids=ids, produced=produced, answer=answer,
+                             status=rec.status, outcome=rec.outcome, ttft_s=rec.ttft_s, e2el_s=rec.e2el_s,
+                             block_size=self.block_size, salt=self._salt, keep_prompts=self.keep_prompts)
 
     async def _output_tokens(self, rec: _Pending, model: str, *, answer: bool = False) -> tuple[int | None, int | None]:
         """(output tokens: the response's usage.completion_tokens, else its text's tokens; the answer's

@@ -1,9 +1,15 @@
 """A ``vtui record`` recording: a header line ``{"vtui_recording": 1, "block_size": B, ...}``, then
 one vtui trace row per request, written as it ends (``hash_ids`` salted, chained block hashes;
-``input_len`` 0 where the server could not tokenize the prompt). ``loadgen.record`` writes it.
+``input_len`` 0 where the server could not tokenize the prompt). Both halves are here: ``header``
+and ``row`` write it (``loadgen.record`` calls them as requests end), ``detect`` and ``read`` read it.
 """
 
 from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from loadgen.traceformats._jsonl import Layout, read_lines, requests
 from loadgen.traceformats.base import JSONObject, Kind, Source, TraceFile
@@ -14,6 +20,61 @@ KIND: Kind = "jsonl"
 EXPECTS = "a vtui recording's header"
 HEADER_KEY = "vtui_recording"
 LAYOUT = Layout(NAME, "input_len", "output_len", "s", prompt_input=True)
+
+
+def header(block_size: int, **about: object) -> dict[str, object]:
+    """The recording's first line: the format's mark, its block size, then ``about`` (when it was
+    started, the upstream, where token counts come from, whether prompts are kept)."""
+    return {HEADER_KEY: 1, "block_size": block_size, **about}
+
+
+def chained_hashes(ids: Sequence[int], block: int, salt: bytes) -> list[str]:
+    """One hash a ``block`` tokens (the last block may be partial), each covering every token
+    before it: equal prefixes give equal leading hashes. 16 hex digits each (64 bits)."""
+    out: list[str] = []
+    prev = b""
+    for k in range(0, len(ids), block):
+        h = hashlib.blake2b(salt + prev + b"|" + ",".join(map(str, ids[k : k + block])).encode(),
+                            digest_size=8)
+        prev = h.digest()
+        out.append(h.hexdigest())
+    return out
+
+
+def row(request: Mapping[str, Any], *, endpoint: str, t: float, ids: list[int] | None, produced: int | None,
+        answer: int | None, status: int | None, outcome: str, ttft_s: float | None, e2el_s: float,
+        block_size: int, salt: bytes, keep_prompts: bool) -> dict[str, object]:
+    """One request's line: ``request`` is the client's JSON body, ``ids`` its prompt's token ids
+    (None: not tokenized), ``produced`` the output tokens the response said or had, ``answer`` a
+    chat answer's re-tokenized length (what the conversation's next prompt grew by). No text
+    unless ``keep_prompts``; a chat's conversation is a salted hash of its opening messages."""
+    max_tokens = request.get("max_completion_tokens", request.get("max_tokens"))
+    out_len = produced if produced else (max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else 16)
+    line: dict[str, object] = {
+        "timestamp": round(t, 6), "endpoint": endpoint, "stream": bool(request.get("stream")),
+        "input_len": len(ids) if ids else 0, "output_len": out_len, "output_tokens": produced,
+        "max_tokens": max_tokens, "n": request.get("n", 1), "ignore_eos": bool(request.get("ignore_eos", False)),
+        "temperature": request.get("temperature"),
+        "hash_ids": chained_hashes(ids, block_size, salt) if ids else [],
+        "status": status, "outcome": outcome,
+        "ttft_s": round(ttft_s, 6) if ttft_s is not None else None, "e2el_s": round(e2el_s, 6),
+    }
+    messages = request.get("messages") if endpoint == "chat" else None
+    if isinstance(messages, list):
+        users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+        first_user = next((k for k, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"),
+                          len(messages) - 1)
+        opening = json.dumps(messages[: first_user + 1], sort_keys=True).encode()
+        line["conversation"] = hashlib.blake2b(salt + opening, digest_size=8).hexdigest()
+        line["turn"] = len(users)
+        if answer is not None:
+            line["answer_tokens"] = answer
+    if keep_prompts:
+        if isinstance(request.get("prompt"), str):
+            line["prompt"] = request["prompt"]
+        elif isinstance(messages, list):
+            line["messages"] = messages
+    return line
 
 
 def detect(source: Source) -> str | None:
