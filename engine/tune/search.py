@@ -73,7 +73,7 @@ from typing import TYPE_CHECKING
 
 from engine.flags import FlagError, FlagSet, devices_needed, validate
 from engine.server.launch import last_start_seconds, start_key
-from engine.server.livehook import CHUNKED_PREFILL, LIVE_FLAGS, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
+from engine.server.livehook import LIVE, LIVE_FLAGS
 from engine.tune import report
 from engine.tune.bracket import ConfigBudget, Fatal, bracket, confirm
 from engine.tune.errors import BudgetExhausted, TuneError
@@ -512,12 +512,11 @@ class Tuner:
         group = self._restart_group(values)
         members = [c for c in self.space.configs() if self._restart_group(c) == group]
         launch = flags
-        for name in (MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS):
-            seen = [int(str(c[name])) for c in members if c.get(name) is not None]
-            if seen:
-                launch = launch.set(name, max(seen))
-        if any(c.get(CHUNKED_PREFILL) is True for c in members):
-            launch = launch.set(CHUNKED_PREFILL, True)
+        for flag in LIVE:  # counts at the group's largest, switches on where any member has them on
+            seen = [c[flag.name] is True if flag.switch else int(str(c[flag.name])) for c in members
+                    if c.get(flag.name) is not None]
+            if seen and (not flag.switch or any(seen)):
+                launch = launch.set(flag.name, max(seen))
         if launch is not flags and self._static_problems({n: launch.get(n) for n, _ in self.space.dims}):
             return flags
         return launch
