@@ -82,6 +82,7 @@ from engine.advise.rundata import (
     failure_from_error,
     failure_from_line,
 )
+from engine.runs.flagchange import TWO_CONFIGURATIONS, FlagChange, changes_text
 from engine.values import as_int
 
 # The advisor's names, each defined in the module of its part (rundata, finding, rules/) and
@@ -114,6 +115,7 @@ __all__ = [
     "failure_from_error",
     "failure_from_line",
     "measure",
+    "not_advised",
     "rule_client_bound",
     "rule_cudagraph_capture",
     "rule_frontend_bound",
@@ -164,6 +166,8 @@ def advise(run: RunData, rules: Iterable[Callable[[RunData], list[Finding]]] = R
     """
     if draft_model:
         run = dataclasses.replace(run, draft_model=draft_model)
+    if not_advised(run) is not None:
+        return []  # two configurations measured: no rule's evidence speaks for the flags it names
     if run.failure:
         return rule_startup_failure(run)  # nothing else was measured
     out: list[Finding] = []
@@ -172,6 +176,16 @@ def advise(run: RunData, rules: Iterable[Callable[[RunData], list[Finding]]] = R
             continue
         out.extend(rule(run))
     return sorted(out, key=lambda f: SEVERITIES.index(f.severity))
+
+
+def not_advised(run: RunData) -> str | None:
+    """Why no advice comes from ``run`` (None: it is advised on): flags changed live while it
+    measured (issue 48), so its figures are of two configurations and a finding would name the
+    flags it began with as the cause of what the other one did."""
+    changes = tuple(c for c in (FlagChange.from_json(d) for d in run.flag_changes) if c is not None)
+    if not changes:
+        return None
+    return f"no advice: {changes_text(changes)}; {TWO_CONFIGURATIONS}. Run it again without changing flags"
 
 
 def measure(run: RunData) -> dict[str, float | None]:
@@ -233,7 +247,7 @@ class Verdict:
     """Whether a finding's expected effect happened in the run made after applying it."""
 
     rule: str
-    status: str  # "met" | "partly" | "not_met" | "not_applied" | "unknown"
+    status: str  # "met" | "partly" | "not_met" | "not_applied" | "unknown" | "changed_live"
     applied: bool
     """The after run's flags carry the suggested change (or one of the alternatives)."""
     checks: tuple[Check, ...]
@@ -243,7 +257,9 @@ class Verdict:
     def describe(self) -> str:
         head = {"met": "the expected effect happened", "partly": "part of the expected effect happened",
                 "not_met": "the expected effect did NOT happen", "not_applied": "the suggestion was not applied",
-                "unknown": "cannot tell (not measured in both runs)"}[self.status]
+                "unknown": "cannot tell (not measured in both runs)",
+                "changed_live": f"cannot tell: flags changed live during the later run ({TWO_CONFIGURATIONS})",
+                }[self.status]
         lines = [f"{self.rule}: {head}"] + [f"  {c.describe()}" for c in self.checks]
         if self.still_firing:
             lines.append("  the symptom is still there in the new run")
@@ -274,6 +290,8 @@ def _applied(finding: Finding, after: RunData) -> bool:
 
 def check_expected(finding: Finding, before: RunData, after: RunData) -> Verdict:
     """Compare ``before`` (where ``finding`` came from) with ``after`` (the suggestion applied)."""
+    if not_advised(after) is not None:  # flags changed live during it: it checks nothing
+        return Verdict(finding.rule, "changed_live", _applied(finding, after), (), False)
     mb, ma = measure(before), measure(after)
     checks = []
     for e in finding.expect:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.errors import EngineDied, MaxModelLenTooLarge, SessionError, StartupError
+from engine.runs.flagchange import flag_changes_of
 from engine.runs.status import RunStatus
 from engine.runs.summary import TelemetryFigures
 from engine.server.logparse import StartupFacts, classify_failure
@@ -125,6 +126,9 @@ class RunData:
     model_config: Mapping[str, object] | None = None
     startup: Mapping[str, object] = field(default_factory=dict)
     draft_model: str | None = None
+    # Flags changed live while the run measured (engine.runs.flagchange.FlagChange.to_json each): it
+    # measured two configurations, so the advisor reads nothing from it (issue 48)
+    flag_changes: tuple[Mapping[str, object], ...] = ()
     note: str = ""
     """Where the data came from (recorded how, or changed how), for test data."""
     telemetry_figures: TelemetryFigures = field(init=False, repr=False, compare=False)
@@ -229,6 +233,7 @@ class RunData:
             "windows": [dict(w) for w in self.windows], "server": [dict(s) for s in self.server],
             "gpus": [dict(g) for g in self.gpus], "host": [dict(h) for h in self.host],
             "requests": [list(r) for r in self.requests], "startup": dict(self.startup),
+            **({"flag_changes": [dict(c) for c in self.flag_changes]} if self.flag_changes else {}),
         }
 
     @classmethod
@@ -271,7 +276,7 @@ class RunData:
                 load=mapping("load"), telemetry=mapping("telemetry"), workload=mapping("workload"),
                 windows=rows("windows"), server=rows("server"), gpus=rows("gpus"), host=rows("host"),
                 requests=tuple(tuple(r) for r in reqs), failure=failure, model_config=mc,
-                startup=mapping("startup"),
+                startup=mapping("startup"), flag_changes=rows("flag_changes"),
             )
         except ValueError as exc:  # a telemetry figure or a startup fact (read in __post_init__, named)
             part = "startup" if str(exc).startswith(f"{name}: startup: ") else "telemetry"
@@ -371,6 +376,7 @@ class RunData:
             requests=tuple(requests), workload=dict(info.workload), failure=failure,
             model_config=_read_model_config(info.model),
             startup=dict(startup) if isinstance(startup, Mapping) else {},
+            flag_changes=tuple(c.to_json() for c in flag_changes_of(summary)),
         )
 
 

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from engine.flags import devices_needed
+from engine.runs.flagchange import TWO_CONFIGURATIONS, changed_during, changes_text, flag_changes_of, when_text
 from engine.runs.history import NoiseFloor, RunInfo, StoredRequest
 from engine.runs.noise import (
     BOX_FLOOR,
@@ -173,6 +174,9 @@ class Comparison:
     columns: tuple[tuple[RunInfo, ...], ...] = ()  # each column's runs: the repeats of one configuration
     floor: NoiseFloor | None = None  # the box's noise floor (measured or learned), which single-run verdicts read
     statuses: tuple[str, ...] = ()  # how each column's runs ended (status_text: "ok", "ok x2, box-bound")
+    # Columns holding a run during which flags changed live (issue 48): two configurations measured,
+    # so no verdict involves them (no "within noise" against the baseline, no best mark)
+    straddled: frozenset[int] = frozenset()
 
     def count(self, i: int) -> int:
         """How many runs column ``i`` holds."""
@@ -188,9 +192,12 @@ class Comparison:
         """Whether some metric row's columns differ with no interval to judge them by: it marks no
         best (no verdict from noise); a row whose values are all equal, as a failure rate of 0
         everywhere, says nothing either way."""
-        return any(row.kind == "metric" and row.better is not None and len(self.runs) > 1
-                   and len({v for v in row.values if v is not None}) > 1
-                   and all(d is None for d in row.noise) for row in self.rows)
+        if self.baseline in self.straddled:
+            return False  # no verdict against such a baseline at all, and the legend says why
+        judged = [i for i in range(len(self.runs)) if i not in self.straddled]
+        return any(row.kind == "metric" and row.better is not None and len(judged) > 1
+                   and len({row.values[i] for i in judged if row.values[i] is not None}) > 1
+                   and all(row.noise[i] is None for i in judged if i < len(row.noise)) for row in self.rows)
 
     def row(self, key: str) -> Row:
         for row in self.rows:
@@ -224,9 +231,12 @@ class RunPoint:
 
 
 def run_points(runs: Sequence[RunInfo]) -> list[RunPoint]:
-    """The runs that completed requests, with the frontier marked among those not missing an SLO."""
+    """The runs that completed requests, with the frontier marked among those not missing an SLO.
+    A run during which flags changed live is left out: its point would speak for one configuration."""
     found: list[tuple[RunInfo, float, float, bool | None]] = []
     for run in runs:
+        if changed_during(run.summary):
+            continue
         figure = run.summary.figure
         done, out = _number(figure("completed")), _number(figure("total_output_tokens"))
         e2el, thr = _number(figure("mean_e2el_ms")), _number(figure("output_throughput"))
@@ -253,9 +263,12 @@ class LoadPoint:
 
 
 def load_points(runs: Sequence[RunInfo]) -> list[LoadPoint]:
-    """The runs that completed requests, by achieved load (lowest first)."""
+    """The runs that completed requests, by achieved load (lowest first); not one during which
+    flags changed live (a point of a curve speaks for one configuration)."""
     found: list[LoadPoint] = []
     for run in runs:
+        if changed_during(run.summary):
+            continue
         figure = run.summary.figure
         rps = _number(figure("request_throughput"))
         if not rps or not _number(figure("completed")):
@@ -352,6 +365,13 @@ def compare(columns: Sequence[Column], baseline: int | None = None, *, all_flags
         rows.append(Row("flag", "status", "status", "", None, statuses, frozenset(), none))
     spoiled = frozenset(i for i, g in enumerate(groups)
                         if 2 * sum(_parsed_status(r.status).spoiled for r in g) > len(g))
+    # A column holding a run during which flags changed live measured two configurations: it is
+    # shown (its figures, its change against the baseline) but takes part in no verdict (issue 48).
+    changed = tuple(_changes_cell(g) for g in groups)
+    straddled = frozenset(i for i, text in enumerate(changed) if text)
+    if straddled:
+        rows.append(Row("flag", "changed_live", "changed live", "", None, tuple(t or "-" for t in changed),
+                        frozenset(), none))
 
     given, stored = noises or {}, requests or {}
     noise_of = {run.id: given[run.id] if run.id in given else run_noise(stored[run.id], run.workload, key=run.id)
@@ -364,12 +384,36 @@ def compare(columns: Sequence[Column], baseline: int | None = None, *, all_flags
         deltas = tuple(None if i == baseline else delta_pct(v, base) for i, v in enumerate(values_m))
 
         def diff(i: int, j: int, metric: Metric = metric) -> Difference | None:
+            if i in straddled or j in straddled:
+                return None  # two configurations on one side: no verdict
             return _difference(metric, groups[i], groups[j], noise_of, floor)
 
         noise = tuple(None if i == baseline else diff(baseline, i) for i in range(len(groups)))
-        best = _beyond_noise(best_indexes(values_m, metric.better), values_m, diff) - spoiled
+        judged = tuple(None if i in straddled else v for i, v in enumerate(values_m))
+        best = _beyond_noise(best_indexes(judged, metric.better), judged, diff) - spoiled
         rows.append(Row("metric", metric.key, metric.label, metric.unit, metric.better, values_m, best, deltas, noise))
-    return Comparison(runs, baseline, tuple(rows), groups, floor, statuses)
+    return Comparison(runs, baseline, tuple(rows), groups, floor, statuses, straddled)
+
+
+def _changes_cell(group: Sequence[RunInfo]) -> str:
+    """A column's flags changed live during its runs (its repeats: each named by id), "" for none."""
+    found = [(run, changes) for run in group if (changes := flag_changes_of(run.summary))]
+    if len(group) == 1:
+        return when_text(found[0][1]) if found else ""
+    return "; ".join(f"#{run.id} {when_text(changes)}" for run, changes in found)
+
+
+def straddle_notes(cmp: Comparison) -> list[str]:
+    """A line for each run of the comparison during which flags changed live, and why it has no verdict."""
+    out = []
+    for i in sorted(cmp.straddled):
+        for run in cmp.columns[i] if cmp.columns else (cmp.runs[i],):
+            changes = flag_changes_of(run.summary)
+            if changes:
+                out.append(f"#{run.id} {run.name}: {changes_text(changes)}; {TWO_CONFIGURATIONS}, so no verdict "
+                           "(within noise, beyond it, best) involves "
+                           + ("it." if cmp.count(i) == 1 else "its column."))
+    return out
 
 
 def _parsed_status(text: str) -> RunStatus:
@@ -529,7 +573,7 @@ def _single_runs(cmp: Comparison) -> bool:
 def noise_legend(cmp: Comparison) -> list[str]:
     """What the verdicts rest on, in words (a line each)."""
     kinds = cmp.noise_kinds
-    out = []
+    out = straddle_notes(cmp)
     if REPEATS in kinds:
         out.append("within noise: the 95% interval of the difference to the baseline, over the repeats (Welch's t), "
                    "holds zero.")
@@ -651,7 +695,10 @@ def to_json(cmp: Comparison) -> dict[str, object]:
         "runs": [
             {"id": r.id, "name": r.name, "preset": r.preset, "model": r.model, "status": r.status,
              "started": r.started, "baseline": i == cmp.baseline, "runs": cmp.count(i),
-             "run_ids": [x.id for x in cmp.columns[i]] if cmp.columns else [r.id]}
+             "run_ids": [x.id for x in cmp.columns[i]] if cmp.columns else [r.id],
+             "changed_live": i in cmp.straddled,
+             "flag_changes": [c.to_json() for x in (cmp.columns[i] if cmp.columns else (r,))
+                              for c in flag_changes_of(x.summary)]}
             for i, r in enumerate(cmp.runs)
         ],
         "baseline_run": cmp.runs[cmp.baseline].id,

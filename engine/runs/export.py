@@ -18,6 +18,7 @@ from engine import paths
 from engine.errors import SessionError
 from engine.flags import FlagSet, recordable_values
 from engine.runs import deploy
+from engine.runs.flagchange import FLAG_CHANGES_KEY
 from engine.runs.trace import build_trace
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ def export_text(kind: str, flags: FlagSet, *, name: str, version: str | None, ru
         out["telemetry"] = stored.get("telemetry", {})
         out["label"] = record.label
         out["status"] = record.status.value
-        for key in ("server", "cross_check", "stream", "slo_verdict"):
+        for key in ("server", "cross_check", "stream", "slo_verdict", FLAG_CHANGES_KEY):  # the last: issue 48
             if key in stored:
                 out[key] = stored[key]
         out["flags"] = recordable_values(record.flags)

@@ -16,7 +16,9 @@ step and the advisor's relaunch all call :func:`measure`, and
 4. watches the server: the supervisor's death event (within 2 s) or a refused connection
    stops the run at once, and what completed is kept;
 5. decides the status (:mod:`engine.runs.status`), cross-checks the client against the server
-   (:mod:`engine.runs.crosscheck`), and stores one record whose summary is what every screen shows.
+   (:mod:`engine.runs.crosscheck`), and stores one record whose summary is what every screen shows,
+   with any flag that changed while it measured (:mod:`engine.runs.flagchange`: noted by the
+   caller's handle, or seen in the server's live limits read at the run's start and end).
 """
 
 from __future__ import annotations
@@ -32,20 +34,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, SupportsFloat, SupportsIndex
 
 import httpx
+
 from engine.errors import EngineDied, StartupError
 from engine.flags import FlagSet, recordable_values
 from engine.runs.crosscheck import cross_check
+from engine.runs.flagchange import ChangeLog, FlagChange, read_limits, seen_changes, with_flag_changes
 from engine.runs.history import History, Recording, RunInfo, to_jsonable
 from engine.runs.status import RunStatus, decide
-from engine.runs.summary import (
-    STREAM_KEYS,
-    EnergyFigures,
-    RunSummary,
-    ServerWindow,
-    SloVerdict,
-    StreamShape,
-    TelemetryFigures,
-)
+from engine.runs.summary import STREAM_KEYS, EnergyFigures, RunSummary, ServerWindow, SloVerdict, StreamShape, TelemetryFigures
 from engine.server.launch import server_api_key
 from engine.server.speedoflight import for_run
 from engine.server.supervisor import ServerState
@@ -190,6 +186,18 @@ class RunHandle:
         self.loadrun: LoadRun | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
+        # Flags changed live while the run goes (issue 48: the session notes its own applies); set
+        # by measure when the run begins (wall clock), so a change is stored seconds into the run
+        self.changes = ChangeLog()
+        self.started: float | None = None
+
+    def note_change(self, flag: str, old: object, new: object) -> None:
+        """A flag changed on the measured server now (from any thread): stored with the run."""
+        self.changes.note(flag, old, new)
+
+    def flag_changes(self) -> tuple[FlagChange, ...]:
+        """The changes noted so far, seconds into the run."""
+        return self.changes.since(self.started)
 
     def _attach(self, lr: LoadRun) -> None:
         with self._lock:
@@ -501,6 +509,10 @@ async def measure(
             on_request(r)
 
     t0 = time.time()
+    handle.started = t0
+    # the server's live limits at the run's start and end (None: it has none, or not read)
+    start_limits: dict[str, JSONValue] | None = None
+    end_limits: dict[str, JSONValue] | None = None
     result: RunResult | None = None
     prefix: PrefixReset | None = None
     box_share: BoxShare | None = None
@@ -510,6 +522,8 @@ async def measure(
         if recorder is not None:
             await recorder.start()
         prefix = await reset_prefix_cache(target)
+        # A flag changed by anyone (vtui set from another terminal) shows as limits that moved (issue 48)
+        start_limits = await read_limits(target.base_url, target.api_key)
         try:
             result = await lr.run(on_window=window, on_request=request, on_measured=on_measured)
             box_share = ledger.share()
@@ -519,6 +533,8 @@ async def measure(
             error = str(exc)
         if result is not None and marks and not died and not result.server_gone:
             marks.append(await scraper.scrape())
+        if start_limits is not None and not died and not (result is not None and result.server_gone):
+            end_limits = await read_limits(target.base_url, target.api_key)
     except BaseException:
         lr.cancel()
         rec.finish(history, RunStatus.CANCELLED, RunSummary(error="interrupted"))
@@ -614,6 +630,9 @@ async def measure(
     started_flags = _started_flags(target)
     if started_flags is not None:
         summary = dataclasses.replace(summary, extra={**summary.extra, STARTED_FLAGS_KEY: started_flags})
+    # Flags changed during the run: it measured two configurations (engine.runs.flagchange)
+    noted = handle.changes.since(t0)
+    summary = with_flag_changes(summary, noted + seen_changes(start_limits, end_limits, noted))
     if recorder is None:  # the caller's store: the GPUs it saw
         gpus.update(store.gpu_names)
     gpu_list = [{"index": i, "name": name} for i, name in sorted(gpus.items())]

@@ -42,6 +42,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
 
+from engine.runs.flagchange import changed_during
 from engine.runs.history import History, StoredRequest
 from engine.runs.rows import LEARNED_LABEL, NoiseFloor, RequestColumns, RunInfo, this_box
 from loadgen.spec import SLO
@@ -596,7 +597,9 @@ def learned_floor(groups: Sequence[Sequence[RunInfo]], box: str) -> NoiseFloor |
     (:func:`pooled_spread`). None under MIN_FLOOR_RUNS - 1 degrees of freedom on every figure.
     Unlike a floor measured with ``vtui bench --noise-floor`` its runs came hours apart as much
     as minutes, so it holds what drifts between runs; it is never stored, only read."""
-    kept = [m for g in groups if len(m := [run for run in g if run.summary.load is not None]) >= 2]
+    # a run during which flags changed live measured two configurations: no repeat of either (issue 48)
+    kept = [m for g in groups
+            if len(m := [run for run in g if run.summary.load is not None and not changed_during(run.summary)]) >= 2]
     runs = [[load.to_dict() for run in g if (load := run.summary.load) is not None] for g in kept]
     pooled = _pooled(runs, FIGURES, LEVEL)
     if not pooled:

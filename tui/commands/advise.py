@@ -78,11 +78,12 @@ def _draft(value: str | None) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.advise.advisor import advise, check_expected
+    from engine.advise.advisor import advise, check_expected, not_advised
 
     history = None
     draft = _draft(args.draft_model)
     before = _load(args.run, history)
+    skipped = not_advised(before)  # flags changed live during it: two configurations (issue 48)
     findings = advise(before, draft_model=draft)
     verdicts = []
     after = None
@@ -91,12 +92,17 @@ def run(args: argparse.Namespace) -> int:
         verdicts = [check_expected(f, before, after) for f in findings]
     if args.format == "json":
         out: dict[str, object] = {"run": before.name, "findings": [f.to_dict() for f in findings]}
+        if skipped is not None:
+            out["skipped"] = skipped
         if draft:
             out["draft_model"] = draft
         if after is not None:
             out["after"] = after.name
             out["verdicts"] = [v.to_dict() for v in verdicts]
         print(json.dumps(out, indent=2))
+        return 0
+    if skipped is not None:
+        print(f"{before.name}: {skipped}")
         return 0
     if not findings:
         print(f"{before.name}: nothing to advise: no rule found evidence of a problem in this run")

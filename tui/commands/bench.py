@@ -365,6 +365,7 @@ def _write_result(name: str, doc: dict[str, object]) -> None:
 def _report(args: argparse.Namespace, run: MeasuredRun) -> int:
     """Print one measured run (the table, telemetry, the server check) and give its exit code."""
     from engine.runs.crosscheck import CrossCheck
+    from engine.runs.flagchange import TWO_CONFIGURATIONS, changes_text, flag_changes_of
     from engine.runs.measure import box_share_of
     from engine.runs.status import RunStatus
 
@@ -381,6 +382,9 @@ def _report(args: argparse.Namespace, run: MeasuredRun) -> int:
     print(cross_check_line(check))
     for warning in check.warnings:
         print(f"WARNING: {warning}")
+    changes = flag_changes_of(run.summary)
+    if changes:  # issue 48: the figures above are of two configurations
+        print(f"WARNING: {changes_text(changes)}: {TWO_CONFIGURATIONS}; compare and the advisor give it no verdict")
     if run.history_id is not None:
         _err(f"vtui: stored as run {run.history_id} ({run.status}; `vtui history show {run.history_id}`, "
              f"`vtui compare {run.history_id} ...`)")
@@ -426,9 +430,11 @@ def figure_label(name: str) -> str:
 def print_repeats(runs: list[MeasuredRun]) -> list[dict[str, object]]:
     """Each figure over the measured repeats: the median, the 95% interval of the repeats' mean
     (engine.runs.noise), the range and the coefficient of variation; returned for the result file."""
+    from engine.runs.flagchange import changed_during
     from engine.runs.noise import spreads
 
-    measured = [r for r in runs if r.status.measured and r.summary.load is not None]
+    # a run during which flags changed live measured two configurations: not a repeat of one (issue 48)
+    measured = [r for r in runs if r.status.measured and r.summary.load is not None and not changed_during(r.summary)]
     ids = ",".join(str(r.history_id) for r in measured if r.history_id is not None)
     print("{s:{c}^{n}}".format(s=f" Repeats: {len(measured)} of {len(runs)} runs measured ", n=86, c="="))
     print(f"{'':<34} {'median':>10} {'95% interval (repeats)':>24} {'min .. max':>20} {'CV':>6}")
@@ -454,10 +460,12 @@ def print_floor(runs: list[MeasuredRun], history: History | None, label: str) ->
     """The box's noise floor from the measured runs (engine.runs.noise.floor_spread): each
     figure's median, range, CV and spread printed; stored in ``history`` (None: --no-history, or
     none could be opened: said). Returned for the result file."""
+    from engine.runs.flagchange import changed_during
     from engine.runs.history import HistoryError, NoiseFloor, server_fingerprint, this_box
     from engine.runs.noise import MIN_FLOOR_RUNS, floor_spread, spreads
 
-    measured = [r for r in runs if r.status.measured and r.summary.load is not None]
+    # a run during which flags changed live measured two configurations: not a repeat of one (issue 48)
+    measured = [r for r in runs if r.status.measured and r.summary.load is not None and not changed_during(r.summary)]
     if len(measured) < MIN_FLOOR_RUNS:
         raise UserError(f"only {len(measured)} of {len(runs)} runs were measured: a noise floor needs "
                         f"{MIN_FLOOR_RUNS}", "see the runs' errors above; measure again on a quieter box")
@@ -526,7 +534,8 @@ def cross_check_line(check: CrossCheck) -> str:
 
 # The parts of the run's stored document the result file carries beside the load figures.
 # box_cpu: who had the box's cores over the run (engine.runs.measure.BOX_SHARE_KEY)
-RESULT_PARTS = ("server", "cross_check", "stream", "slo_verdict", "energy", "box_cpu", "prefix_cache_reset")
+RESULT_PARTS = ("server", "cross_check", "stream", "slo_verdict", "energy", "box_cpu", "prefix_cache_reset",
+                "flag_changes")
 
 
 def stored_parts(summary: RunSummary) -> dict[str, object]:

@@ -105,6 +105,7 @@ def _when(t: float | None) -> str:
 
 def _list(store: History, limit: int, *, as_json: bool = False) -> int:
     from engine.runs.compare import fmt_number
+    from engine.runs.flagchange import changed_during
 
     runs = store.list_runs(limit=limit)
     if as_json:
@@ -112,7 +113,7 @@ def _list(store: History, limit: int, *, as_json: bool = False) -> int:
             "id": r.id, "name": r.name, "preset": r.preset, "status": r.status, "started": r.started,
             "duration_s": r.duration_s, "requests": r.requests,
             "request_throughput": r.summary.figure("request_throughput"),
-            "baseline": bool(r.baseline), "tags": list(r.tags),
+            "baseline": bool(r.baseline), "tags": list(r.tags), "changed_live": changed_during(r.summary),
         } for r in runs], indent=2))
         return 0
     if not runs:
@@ -125,7 +126,9 @@ def _list(store: History, limit: int, *, as_json: bool = False) -> int:
             str(r.id), r.name, r.preset or "-", _when(r.started),
             "-" if r.duration_s is None else f"{r.duration_s:.0f}", r.status, str(r.requests),
             fmt_number(rps) if isinstance(rps, (int, float)) else "-",
-            " ".join((["baseline"] if r.baseline else []) + list(r.tags)),
+            # a run during which flags changed live measured two configurations (issue 48)
+            " ".join((["baseline"] if r.baseline else []) + (["changed-live"] if changed_during(r.summary) else [])
+                     + list(r.tags)),
         ))
     widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
     for row in rows:
@@ -171,6 +174,7 @@ def _floor(store: History, *, as_json: bool = False) -> int:
 
 def _show(store: History, info: RunInfo) -> int:
     from engine.runs.compare import compare, render
+    from engine.runs.flagchange import TWO_CONFIGURATIONS, changes_text, flag_changes_of
     from engine.runs.measure import PrefixReset, box_share_of, started_flags_of
 
     print(f"run #{info.id} {info.name}" + ("  [baseline]" if info.baseline else ""))
@@ -187,6 +191,10 @@ def _show(store: History, info: RunInfo) -> int:
     started = started_flags_of(info.summary)
     if started is not None:
         print(f"  launched  {' '.join(_argv(started)) or '(defaults)'}  (the flags above were set live on it)")
+    changes = flag_changes_of(info.summary)
+    if changes:  # issue 48: the flags above are what it began with, not all it measured
+        print(f"  changed   {changes_text(changes)}")
+        print(f"            {TWO_CONFIGURATIONS}: compare gives it no verdict, the advisor no advice")
     if info.workload:
         print(f"  workload  {json.dumps(dict(info.workload), sort_keys=True)}")
     error = info.summary.error
