@@ -57,9 +57,12 @@ class TuneEnded:
 
 @dataclass(frozen=True)
 class LimitsSetLive:
-    """Live limits changed on the running server (issue 41): the Live tab's charts mark the moment."""
+    """Live limits changed on the running server (issue 41): the Live tab's charts mark the moment,
+    and a run going on stores the change (it measured two configurations)."""
 
     words: str  # "max-num-seqs 128->4"
+    # each limit that moved, (flag, old, new): the run in progress stores them (issue 48)
+    moved: tuple[tuple[str, object, object], ...] = ()
 
 
 SessionEvent: TypeAlias = Changed | Notice | ServerTookFlags | FlagsRecovered | TuneTookFlags | TuneEnded | LimitsSetLive

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.advise.advisor import RunData, advise
+from engine.advise.advisor import RunData, advise, not_advised
 from engine.errors import SessionError
 from engine.flags import FlagError, FlagSet, FlagValue, load_schema, schema_pending, validate, validation_warnings
 from engine.presets import Preset, PresetError, check_repeats, find_preset, list_presets, load_for_session, save_from_session
@@ -451,8 +451,9 @@ class Session:
                 self._flags = flags
                 self._flag_text_errors.clear()
                 self._revalidate()
-            case LimitsSetLive(words):
+            case LimitsSetLive(words, moved):
                 self._live_telemetry.mark(words)
+                self._live_runs.limits_moved(moved)  # a run going on measured two configurations
             case TuneEnded():
                 # the server runs the last configuration tried (or nothing): the view says so
                 self._live_server.tune_ended()
@@ -686,6 +687,9 @@ class Session:
             data = RunData.from_history(history, int(record.history_id))
         except (HistoryError, ValueError) as exc:  # ValueError covers advisor.RunDataError
             raise SessionError(f"cannot read run {record.label} back: {exc}") from exc
+        skipped = not_advised(data)  # flags changed live during it: two configurations (issue 48)
+        if skipped is not None:
+            raise SessionError(f"run {record.label}: {skipped}", "r runs the workload again on the flags set now")
         return list(advise(data))
 
     # ------------------------------------------------------------------ export

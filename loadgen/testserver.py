@@ -14,6 +14,10 @@ It also misbehaves on purpose. ``mode`` (server-wide, or per request with a mode
 ``hang`` (headers, then silence); ``short`` (fewer tokens than asked); ``nodone``
 (clean end without ``[DONE]``); ``reset`` (closes before answering).
 
+With ``live_limits`` it answers ``/vtui/live`` as a server vtui started does (engine.server.livehook:
+GET the started and live limits and how many requests run, POST ``{flag: value}`` to change them,
+never above the started value): the limits are only kept and reported, nothing here obeys them.
+
 Run standalone: ``python -m loadgen.testserver --port 8001 --processes 2 --first-delay-ms
 100 --gap-ms 5``.
 """
@@ -48,6 +52,34 @@ class ServerConfig:
     model: str = "test-model"
     max_model_len: int = 4096
     api_key: str | None = None  # when set, requests without "Bearer <key>" get 401
+    # (flag, started value) of the live limits served at /vtui/live; None: no such route (404)
+    live_limits: tuple[tuple[str, int | bool], ...] | None = None
+
+
+LIVE_ROUTE = "/vtui/live"  # engine.server.livehook.ROUTE (loadgen imports nothing of the engine)
+
+
+class _LiveLimits:
+    """The limits one server process reports at /vtui/live, and the requests it is streaming."""
+
+    def __init__(self, started: tuple[tuple[str, int | bool], ...]) -> None:
+        self.started: dict[str, int | bool] = dict(started)
+        self.live: dict[str, int | bool] = dict(started)
+        self.running = 0
+
+    def answer(self, method: str, changes: object) -> tuple[int, dict[str, object]]:
+        if method == "POST":
+            if not isinstance(changes, dict):
+                return 400, {"error": "send {flag: value}"}
+            for name, value in changes.items():
+                if name not in self.live:
+                    return 409, {"error": f"--{name} cannot change live"}
+                started = self.started[name]
+                if not isinstance(started, bool) and (not isinstance(value, int) or value > started or value < 1):
+                    return 409, {"error": f"--{name} {value!r}: a whole number from 1 to the started {started}"}
+            self.live.update(changes)
+        return 200, {"vllm": "testserver", "admission": "none (reported only)", "started": self.started,
+                     "live": self.live, "engines": 1, "running": self.running, "waiting": 0}
 
 
 def _chunk(data: bytes) -> bytes:
@@ -66,8 +98,10 @@ def _json_response(status: int, obj: object) -> bytes:
 
 
 class _Proto(asyncio.Protocol):
-    def __init__(self, cfg: ServerConfig, stats: SynchronizedArray[float] | None = None) -> None:
+    def __init__(self, cfg: ServerConfig, stats: SynchronizedArray[float] | None = None,
+                 live: _LiveLimits | None = None) -> None:
         self.cfg = cfg
+        self.live = live  # the server's, shared by its connections
         self.stats = stats  # shared [count, sum_s, max_s] of real first-chunk delays
         self.buf = b""
         self.transport: asyncio.Transport | None = None
@@ -152,6 +186,10 @@ class _Proto(asyncio.Protocol):
                                           "max_model_len": cfg.max_model_len}))
             self._done()
             return
+        if path == LIVE_ROUTE and self.live is not None:
+            tr.write(_json_response(*self.live.answer(method, req)))
+            self._done()
+            return
         if path == "/detokenize":
             text = bytes(t for t in req.get("tokens", []) if 0 <= t < 256)
             tr.write(_json_response(200, {"prompt": text.decode("utf-8", "ignore")}))
@@ -166,7 +204,14 @@ class _Proto(asyncio.Protocol):
         model = str(req.get("model", ""))
         if model.startswith("mode="):
             mode = model[5:]
-        await self._stream(tr, req, chat, mode)
+        if self.live is None:
+            await self._stream(tr, req, chat, mode)
+            return
+        self.live.running += 1
+        try:
+            await self._stream(tr, req, chat, mode)
+        finally:
+            self.live.running -= 1
 
     async def _stream(self, tr: asyncio.Transport, req: dict[str, Any], chat: bool,
                       mode: str) -> None:
@@ -240,9 +285,10 @@ async def serve(cfg: ServerConfig, sock: socket.socket, stats: SynchronizedArray
     once instead of waiting out their read timeout on a socket nobody serves."""
     loop = asyncio.get_running_loop()
     conns: weakref.WeakSet[_Proto] = weakref.WeakSet()
+    live = _LiveLimits(cfg.live_limits) if cfg.live_limits is not None else None
 
     def accept() -> _Proto:
-        proto = _Proto(cfg, stats)
+        proto = _Proto(cfg, stats, live)
         conns.add(proto)
         return proto
 

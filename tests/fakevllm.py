@@ -27,6 +27,20 @@ def command() -> list[str]:
     return [sys.executable, str(SCRIPT)]
 
 
+# Set to "1" (a test's environment, which the supervisor passes on), the stand-in answers /vtui/live as a
+# server vtui started with its live hook does, its limits those of its command line (vLLM's defaults else)
+LIVE_ENV = "FAKEVLLM_LIVE"
+
+
+def _live_limits(argv: list[str]) -> tuple[tuple[str, int | bool], ...]:
+    def value(flag: str, default: int) -> int:
+        return int(argv[argv.index(flag) + 1]) if flag in argv else default
+
+    return (("max-num-seqs", value("--max-num-seqs", 256)),
+            ("max-num-batched-tokens", value("--max-num-batched-tokens", 2048)),
+            ("enable-chunked-prefill", "--no-enable-chunked-prefill" not in argv))
+
+
 def main() -> None:
     sys.path.insert(0, str(ROOT))
     from loadgen.testserver import ServerConfig, _bind, serve
@@ -41,7 +55,8 @@ def main() -> None:
     import os
 
     # As vLLM, the key comes in VLLM_API_KEY (the supervisor never puts it in argv).
-    cfg = ServerConfig(first_delay_s=0.01, gap_s=0.02, model="fake-model", api_key=os.environ.get("VLLM_API_KEY"))
+    cfg = ServerConfig(first_delay_s=0.01, gap_s=0.02, model="fake-model", api_key=os.environ.get("VLLM_API_KEY"),
+                       live_limits=_live_limits(argv) if os.environ.get(LIVE_ENV) == "1" else None)
     asyncio.run(serve(cfg, _bind("127.0.0.1", port)))
 
 

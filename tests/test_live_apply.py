@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from engine.flags import FlagSet
+from engine.runs.flagchange import flag_changes_of
 from engine.server.livelimits import LiveResult, read_live
 from engine.session import Session
 from tests.conftest import make_flags
@@ -66,11 +67,15 @@ async def test_apply_is_live_under_load_and_tune_sets_configurations_live(tiny_m
         session.stop_workload()
         await asyncio.wait_for(run, 120)
         assert session.runs[-1].flags.get("max-num-seqs") == 16  # the run that spanned it started at 16
+        # ... and stores the change, seconds into it: it measured two configurations (issue 48)
+        (change,) = flag_changes_of(session.runs[-1].summary)
+        assert (change.flag, change.old, change.new) == ("max-num-seqs", 16, 4) and change.at_s is not None
         run = asyncio.ensure_future(session.run_workload())
         await asyncio.sleep(2.0)
         session.stop_workload()
         await asyncio.wait_for(run, 120)
         assert session.runs[-1].flags.get("max-num-seqs") == 4  # the next run's flags are the live ones
+        assert flag_changes_of(session.runs[-1].summary) == ()
         # A flag that needs a restart: the apply says which one (checked before restarting).
         session.set_flag_text("max-model-len", "1024")
         live = await session._live_server._apply_live(session.flags)

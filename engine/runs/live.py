@@ -27,6 +27,7 @@ from engine.events import CHANGED, Emit, Notice
 from engine.flags import SECRET_FLAGS, FlagSet, recordable_values
 from engine.presets import Preset
 from engine.runs.compare import LoadPoint, RunPoint, load_points, run_points
+from engine.runs.flagchange import changes_text, flag_changes_of, when_text
 from engine.runs.history import History, NoiseFloor, Recording, RunInfo
 from engine.runs.measure import MeasuredRun, RunHandle, RunPlan, Target, box_bound_why, local_tokenizer, measure
 from engine.runs.noise import FloorReader, RunNoise, run_noise
@@ -240,6 +241,16 @@ class LiveRuns:
     def on_request(self, result: RequestResult) -> None:
         """Load-run thread callback, once per finished request: count and record it."""
         self.completed += 1
+
+    def limits_moved(self, moved: Sequence[tuple[str, object, object]]) -> None:
+        """Live limits moved on the server (engine.events.LimitsSetLive's (flag, old, new)): the run
+        going on measured two configurations, and stores each change (engine.runs.flagchange)."""
+        handle = self._handle
+        if handle is None or not moved:
+            return
+        for flag, old, new in moved:
+            handle.note_change(flag, old, new)
+        self._changed()
 
     def next_label(self, ground: RunGround) -> str:
         """The next run's name: the preset and the flags changed since it (see run_name)."""
@@ -456,6 +467,8 @@ class LiveRuns:
             fraction = min(1.0, self.completed / planned)
         elif duration:
             fraction = min(1.0, elapsed / duration)
+        handle = self._handle
+        changes = handle.flag_changes() if handle is not None else ()
         return RunProgress(
             label=self.label,
             started_t=self.started,
@@ -464,6 +477,7 @@ class LiveRuns:
             planned=int(planned) if planned else None,
             duration_s=duration,
             fraction=fraction,
+            changes=changes_text(changes) or None,
         )
 
     def comparison(self) -> ComparisonView | None:
@@ -582,7 +596,8 @@ class LiveRuns:
             # a flat (trace) summary has no "load" key: no figures listed, as before
             figure = (lambda name: None) if info.summary.flat else info.summary.figure
             out.append(StoredRun(info.id, info.name, info.preset, info.model, info.started, info.status,
-                                 figure("request_throughput"), figure("median_ttft_ms"), info.id in compared))
+                                 figure("request_throughput"), figure("median_ttft_ms"), info.id in compared,
+                                 changed=when_text(flag_changes_of(info.summary)) or None))
         return tuple(out)
 
     def load_points(self) -> tuple[LoadPoint, ...]:

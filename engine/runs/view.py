@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from engine.flags import recordable_values
 from engine.runs.compare import cell_text, compare, fmt_runs, noise_legend
+from engine.runs.flagchange import changes_text, flag_changes_of
 from engine.runs.history import NoiseFloor, RunInfo, StoredRequest
 from engine.runs.noise import RunNoise
 from engine.runs.status import RunStatus
@@ -37,6 +38,9 @@ class RunProgress:
     planned: int | None  # planned request count, when the workload stops on a count
     duration_s: float | None  # planned duration, when it stops on time
     fraction: float | None  # 0..1, None when open-ended
+    # Flags changed live while it goes (engine.runs.flagchange.changes_text; None: none): the run
+    # measures two configurations from then on (issue 48)
+    changes: str | None = None
 
 
 # Live's latency rows: (label, metric) as LoadSummary and StatsWindow name them.
@@ -76,6 +80,7 @@ class LiveFigures:
     beside: str | None = None
     warnings: tuple[str, ...] = ()
     status: str | None = None  # the run's status where it is not plainly ok (box-bound, ...)
+    changes: str | None = None  # flags changed live during the whole run (engine.runs.flagchange), None: none
 
 
 def window_figures(w: StatsWindow) -> LiveFigures:
@@ -128,7 +133,8 @@ def run_figures(record: RunRecord) -> LiveFigures | None:
         server_latency=server_latency if any(h is not None for h in hists.values()) else (),
         beside=beside_line(check) if check is not None else None,
         warnings=check.warnings if check is not None else (),
-        status=None if record.status == RunStatus.OK else str(record.status))
+        status=None if record.status == RunStatus.OK else str(record.status),
+        changes=changes_text(flag_changes_of(summary)) or None)
 
 
 def beside_line(check: CrossCheck) -> str | None:
@@ -194,6 +200,7 @@ class StoredRun:
     req_s: float | None
     ttft_p50_ms: float | None
     compared: bool  # shown in the comparison beside this session's runs
+    changed: str | None = None  # flags changed live during it ("at 12.3 s: max-num-seqs 128 -> 2"), None: none
 
 
 @dataclass(frozen=True)
@@ -272,8 +279,10 @@ def compare_view(records: Sequence[RunRecord], baseline: int | None, stored: Seq
         unit = f" {row.unit}" if row.unit and row.unit not in row.label else ""
         cells = tuple(cell_text(row, i) for i in range(len(row.values)))  # "within noise" where it is
         rows.append((f"{row.label}{unit}{arrow}", cells, row.best))
+    labels = [_column_label(g) for g in columns] + [f"stored #{s.id} {s.name}" for s in extra]
     return ComparisonView(
-        columns=tuple(_column_label(g) for g in columns) + tuple(f"stored #{s.id} {s.name}" for s in extra),
+        # a run during which flags changed live measured two configurations: its column says so (issue 48)
+        columns=tuple(f"{label} (changed live)" if i in cmp.straddled else label for i, label in enumerate(labels)),
         rows=tuple(rows), baseline=base_col, flag_rows=flag_rows,
         counts=tuple(cmp.count(i) for i in range(len(infos))),
         statuses=cmp.statuses,

@@ -375,7 +375,7 @@ class LiveServer:
         result = attempt.result
         words = ", ".join(f"{n} {_word(a)}->{_word(b)}" for n, (a, b) in result.changed.items()) or "no limit moved"
         self.live_changes.append((self._clock(), words))
-        self._emit(LimitsSetLive(words))
+        self._emit(LimitsSetLive(words, tuple((n, a, b) for n, (a, b) in result.changed.items())))
         self.running_flags = flags
         self._loaded(flags)
         self._notify(f"changed live in {result.seconds * 1000:.0f} ms, no restart: {words}")

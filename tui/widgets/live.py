@@ -202,12 +202,17 @@ class LivePanel(VerticalScroll):
         return text
 
     def _check(self, snap: SessionSnapshot) -> Text:
-        """A finished run's client beside the server, and the cross-check's warnings."""
+        """A finished run's client beside the server, and the cross-check's warnings; flags changed
+        live during the run going on, or during the finished one (issue 48: two configurations)."""
         f = snap.figures
         text = Text()
+        changes = snap.run.changes if snap.run is not None else f.changes if f is not None else None
+        if changes:
+            text.append(f"{changes}: two configurations, kept out of verdicts", style="bold")
         if f is None:
             return text
         if f.beside:
+            text.append("\n" if text.plain else "")
             text.append(f.beside)
         for warning in f.warnings:
             text.append(("\n" if text.plain else "") + f"WARNING: {warning}", style="bold")

@@ -85,7 +85,9 @@ class RunsPanel(Vertical):
             table.clear()
             for r in snap.stored:
                 table.add_row(str(r.id), r.name, r.preset or "-", (r.model or "-").rsplit("/", 1)[-1],
-                              time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started)), r.status,
+                              time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started)),
+                              # flags changed live during it: two configurations (issue 48)
+                              r.status + (" changed live" if r.changed else ""),
                               _n(r.req_s, "{:.2f}"), _n(r.ttft_p50_ms, "{:.1f}"), "yes" if r.compared else "",
                               key=str(r.id))
         if snap.run_points is not self._pareto_shown:
