@@ -25,6 +25,7 @@ class ServerStandIn:
         self.facts = facts if facts is not None else StartupFacts()
         self.tail: list[str] = []
         self.error: Exception | None = None
+        self.api_key: str | None = None  # the test server takes any request
 
     def subscribe(self, callback: Callable[[ServerEvent], object]) -> Callable[[], None]:
         return lambda: None

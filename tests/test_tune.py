@@ -1175,3 +1175,34 @@ async def test_a_live_tune_stopped_by_its_budget_says_its_winner_was_not_checked
     assert res.status == "budget" and m.exact_starts == []
     assert res.best is not None and res.best.live and not res.best.start_check
     assert any("measured live only, not checked" in line for line in lines), "\n".join(lines)
+
+
+async def test_a_step_during_which_another_vtui_set_changed_a_flag_is_measured_again() -> None:
+    """`vtui set max-num-seqs=2` from another terminal while a tune step runs: the step measured two
+    configurations (engine.runs.flagchange sees it at the step's end), so it is measured again and
+    the kept try is the one without a change."""
+    import threading
+
+    from engine.server.livelimits import change_live, read_live
+    from engine.tune.search import ServerMeasurer
+    from loadgen.spec import WorkloadSpec
+    from loadgen.testserver import ServerConfig, serve_in_processes
+
+    live = (("max-num-seqs", 16), ("max-num-batched-tokens", 2048), ("enable-chunked-prefill", True))
+    with serve_in_processes(ServerConfig(first_delay_s=0.01, gap_s=0.01, live_limits=live)) as srv:
+        def other_terminal() -> None:
+            end = time.monotonic() + 30
+            while asyncio.run(read_live(srv.url)).running == 0 and time.monotonic() < end:
+                time.sleep(0.02)
+            asyncio.run(change_live(srv.url, {"max-num-seqs": 2}))
+
+        m = ServerMeasurer(WorkloadSpec(input_len=8, output_len=16), SLO(e2el_ms=60_000.0),
+                           supervisor_factory=lambda flags: ReadyStandIn(flags, srv.url), warmup_burst=0)
+        assert (await m.start(BASE.set("max-num-seqs", 16), timeout=60)).ok
+        setter = threading.Thread(target=other_terminal)
+        setter.start()
+        meas = await m.measure(50.0, requests=30, timeout=60, warmup=0)
+        setter.join(30)
+        await m.close()
+        assert (await read_live(srv.url)).live["max-num-seqs"] == 2  # the other terminal's change landed
+    assert meas.remeasured and not meas.changed_live and meas.ok, meas

@@ -68,7 +68,9 @@ def rounds(configs: Sequence[C], repeats: int = 1) -> list[Slot[C]]:
 
 
 def is_spoiled(run: HasStatus) -> bool:
-    return run.status.spoiled
+    """The box spoiled it (its status says), or a flag changed on the server while it ran
+    (``changed_live``, where the run keeps it: it measured two configurations)."""
+    return run.status.spoiled or getattr(run, "changed_live", False) is True
 
 
 async def measure_sound(once: Callable[[], Awaitable[R]], *, spoiled: Callable[[R], bool],

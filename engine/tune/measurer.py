@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from engine import paths
 from engine.errors import EngineDied, StartupError
 from engine.flags import FlagSet, recordable_values
+from engine.runs.flagchange import changed_during
 from engine.runs.measure import RunHandle, RunPlan, Target, wait_for
 from engine.runs.measure import measure as measure_run
 from engine.runs.series import measure_sound
@@ -183,7 +184,7 @@ class ServerMeasurer:
         ``remeasured`` (and client- or box-bound again if it still was: the report says so)."""
         return await measure_sound(
             lambda: self._measure_once(load, requests=requests, timeout=timeout, warmup=warmup),
-            spoiled=lambda m: (m.client_bound or m.box_bound) and not m.fatal,
+            spoiled=lambda m: (m.client_bound or m.box_bound or m.changed_live) and not m.fatal,
             again=lambda m: dataclasses.replace(m, remeasured=True))
 
     async def _measure_once(self, load: float, *, requests: int, timeout: float, warmup: int) -> Measurement:
@@ -238,6 +239,9 @@ class ServerMeasurer:
             ok, reason = False, f"step timed out after {timeout:.0f} s"
         elif result.cancelled:
             ok, reason = False, "cancelled"
+        changed = run is not None and changed_during(run.summary)
+        if changed:
+            ok, reason = False, "a flag changed on the server during the step (another vtui set?): two configurations"
         return dataclasses.replace(
             m, ok=ok and not fatal, reason=reason or fatal, stopped_early=bool(stop.reason), fatal=fatal,
             e2el_min_ms=fastest[0] * 1000 if fastest else None,
@@ -245,6 +249,7 @@ class ServerMeasurer:
             client_bound=bool(result.client_bound), client_cpus=result.client_cpus,
             # the client's loop held up, or other processes crowded the box (engine.runs.measure)
             box_bound=bool(result.box_bound) or (run is not None and run.status is RunStatus.BOX_BOUND),
+            changed_live=changed,
         )
 
     async def measure_windows(self, load: float, plan: Sequence[tuple[str, FlagSet]], *, window_s: float,

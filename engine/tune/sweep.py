@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from engine import paths
 from engine.flags import FlagSet, installed_vllm_version, recordable_values
 from engine.presets import FlagValue, Preset
+from engine.runs.flagchange import changed_during
 from engine.runs.history import History, Recording, RunInfo
 from engine.runs.measure import RunPlan, Target, box_bound_why, local_tokenizer, measure
 from engine.runs.series import Slot, run_series
@@ -49,6 +50,7 @@ class SweepStep:
     error: str | None = None
     hint: str | None = None
     repeat: int = 1  # which round of the sweep (1 without repeats)
+    changed_live: bool = False  # a flag changed on the server while it ran (measured again: engine.runs.series)
 
 
 def by_preset(steps: Sequence[SweepStep]) -> list[list[RunInfo]]:
@@ -174,7 +176,8 @@ async def run_sweep(
                 f"{load.get('request_throughput', 0):.2f} req/s, TTFT p50 {load.get('median_ttft_ms', 0):.0f} ms")
         assert run.info is not None
         error = f"server died: {run.error}" if run.status is RunStatus.SERVER_DIED else run.error
-        return SweepStep(preset.name, run.status, run.info, restarted, downtime, error, run.hint, repeat)
+        return SweepStep(preset.name, run.status, run.info, restarted, downtime, error, run.hint, repeat,
+                         changed_live=changed_during(run.summary))
 
     try:
         # A step the box spoiled carries the client's delay, not the preset's: stored as such,

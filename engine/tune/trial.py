@@ -145,6 +145,9 @@ class Measurement:
     box_bound: bool = False
     """The busy box held the load generator's loop up long enough to move its latencies
     (loadgen.run.BOX_DELAY_LIMIT_MS): still so after the tries ServerMeasurer.measure allows."""
+    changed_live: bool = False
+    """A flag changed on the server while the step ran (engine.runs.flagchange: another ``vtui set``):
+    it measured two configurations, so it is measured again and, still so, not met."""
     client_cpus: tuple[int, ...] = ()
     """The host cores the load generator ran on (read back in its workers; pinned to the
     slot's own with trials side by side, engine.tune.slots)."""
