@@ -107,3 +107,17 @@ def test_every_link_in_the_readme_and_docs_leads_somewhere() -> None:
             if not (page.parent / target).exists():
                 missing.append(f"{page.relative_to(ROOT)} -> {target}")
     assert not missing, missing
+
+
+def test_every_file_the_architecture_page_names_exists() -> None:
+    """docs/ARCHITECTURE.md names files and folders in backticks (`engine/runs/measure.py`,
+    `loadgen/traceformats/`): each must exist, so the page cannot drift from the tree."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    named = {m for m in re.findall(r"`([A-Za-z0-9_./-]+)`", text)
+             if "/" in m and not m.startswith(("/", "http")) and re.search(r"(\.[a-z]+|/)$", m)}
+    assert len(named) > 40, named
+    missing = sorted(m for m in named if not (root / m).exists())
+    assert not missing, f"docs/ARCHITECTURE.md names files that do not exist: {missing}"
