@@ -57,11 +57,11 @@ class TuneEnded:
 
 @dataclass(frozen=True)
 class LimitsSetLive:
-    """Live limits changed on the running server (issue 41): the Live tab's charts mark the moment,
+    """Live limits changed on the running server: the Live tab's charts mark the moment,
     and a run going on stores the change (it measured two configurations)."""
 
     words: str  # "max-num-seqs 128->4"
-    # each limit that moved, (flag, old, new): the run in progress stores them (issue 48)
+    # each limit that moved, (flag, old, new): the run in progress stores them
     moved: tuple[tuple[str, object, object], ...] = ()
 
 

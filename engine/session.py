@@ -407,8 +407,8 @@ class Session:
 
     def set_live_headroom(self, factor: float) -> None:
         """Start the server with max-num-seqs and max-num-batched-tokens ``factor`` times the edited
-        ones (those set), then set the edited ones live, so that later raises up to them stay live
-        (issue 41). 1 turns it off (the default: headroom changes the KV cache, so every measurement)."""
+        ones (those set), then set the edited ones live, so that later raises up to them stay live.
+        1 turns it off (the default: headroom changes the KV cache, so every measurement)."""
         if not 1.0 <= factor <= 16.0:
             raise SessionError(f"live headroom {factor:g}: must be from 1 (off) to 16",
                                "e.g. --live-headroom 2 starts at twice the edited limits")
@@ -416,7 +416,7 @@ class Session:
 
     async def apply_flags(self, timeout: float = 600.0, *,
                           force: bool = False) -> StartupFacts | RestartResult | LiveResult:
-        """Change the edited flags live where every one can (issue 41: engine.server.live.LiveServer.apply),
+        """Change the edited flags live where every one can (engine.server.live.LiveServer.apply),
         else restart the server with them (see :meth:`flags_diff` first).
 
         With no server running this is a start. The server keeps its port, so the URL and
@@ -687,7 +687,7 @@ class Session:
             data = RunData.from_history(history, int(record.history_id))
         except (HistoryError, ValueError) as exc:  # ValueError covers advisor.RunDataError
             raise SessionError(f"cannot read run {record.label} back: {exc}") from exc
-        skipped = not_advised(data)  # flags changed live during it: two configurations (issue 48)
+        skipped = not_advised(data)  # flags changed live during it: two configurations
         if skipped is not None:
             raise SessionError(f"run {record.label}: {skipped}", "r runs the workload again on the flags set now")
         return list(advise(data))

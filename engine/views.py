@@ -135,7 +135,7 @@ class SessionSnapshot:
     stored_filter: str = ""
     load_points: tuple[LoadPoint, ...] = ()
     run_points: tuple[RunPoint, ...] = ()
-    # Per sparkline, the live limit changes within its points (issue 41): (points since, words).
+    # Per sparkline, the live limit changes within its points: (points since, words).
     series_marks: Mapping[str, tuple[tuple[int, str], ...]] = field(default_factory=dict)
 
     @property

@@ -5,7 +5,7 @@ OpenAI API (``RELAYED_PATHS``) and its response pass through unchanged, bytes as
 included, error statuses included; a client that goes away closes the upstream connection, so the
 server aborts the request as it would without the proxy). Any other path (vLLM's dev routes,
 vtui's ``/vtui/live``: --api-key guards neither, and every relayed client reaches the server from
-loopback) is answered 404 by the proxy, the server never asked (issue 48). The generation
+loopback) is answered 404 by the proxy, the server never asked. The generation
 requests (``/v1/completions``, ``/v1/chat/completions``) are recorded, one JSON line each, time
 zero at the first of them: arrival time, endpoint, prompt tokens and their block hashes, output
 tokens asked and made, the sampling parameters that change the work, the conversation when one

@@ -190,7 +190,7 @@ class WorkloadSpec:
     @property
     def seed_drawn(self) -> bool:
         """True when :meth:`with_run_seed` drew ``seed`` for one run: no later run asks for these
-        prompts again, so a plan cache has no reason to keep them (issue 35: every run of a
+        prompts again, so a plan cache has no reason to keep them (every run of a
         session drew one, and loadgen.workload kept each run's plan, up to 32M characters)."""
         return bool(self.__dict__.get("_seed_drawn", False))
 

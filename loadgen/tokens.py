@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 # The tokenizers package spreads a batch over a thread pool of its own (rayon) unless told not to,
 # and each of its threads keeps a C heap that grows with what it tokenized: building 2,000 prompts
 # three times held 10 MB more of live heap (RSS 64 -> 74 MB, against 47 MB flat without the pool),
-# and the pool saved 0.13 s of 2 s on 1,500 prompts of 1,024 tokens on 2 cores (issue 35). A value
+# and the pool saved 0.13 s of 2 s on 1,500 prompts of 1,024 tokens on 2 cores. A value
 # the user set stands.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -391,7 +391,7 @@ _SHARED_MAX = 4
 def shared_local_tokenizer(path: str | Path) -> LocalTokenizer:
     """One ``LocalTokenizer`` per tokenizer (its path and its files' names, mtimes and sizes) for
     the whole process: a session's runs reuse it instead of building it again each run (each
-    build left ~7 MB resident behind in the TUI process, issue 35). Thread-safe; the newest few
+    build left ~7 MB resident behind in the TUI process). Thread-safe; the newest few
     are kept."""
     p = Path(path).expanduser().resolve()
     key = (str(p), _file_stamps(p))

@@ -180,7 +180,7 @@ def advise(run: RunData, rules: Iterable[Callable[[RunData], list[Finding]]] = R
 
 def not_advised(run: RunData) -> str | None:
     """Why no advice comes from ``run`` (None: it is advised on): flags changed live while it
-    measured (issue 48), so its figures are of two configurations and a finding would name the
+    measured, so its figures are of two configurations and a finding would name the
     flags it began with as the cause of what the other one did."""
     changes = tuple(c for c in (FlagChange.from_json(d) for d in run.flag_changes) if c is not None)
     if not changes:

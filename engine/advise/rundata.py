@@ -127,7 +127,7 @@ class RunData:
     startup: Mapping[str, object] = field(default_factory=dict)
     draft_model: str | None = None
     # Flags changed live while the run measured (engine.runs.flagchange.FlagChange.to_json each): it
-    # measured two configurations, so the advisor reads nothing from it (issue 48)
+    # measured two configurations, so the advisor reads nothing from it
     flag_changes: tuple[Mapping[str, object], ...] = ()
     note: str = ""
     """Where the data came from (recorded how, or changed how), for test data."""

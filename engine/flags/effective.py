@@ -7,7 +7,7 @@ says None (``Schema.resolved_default``: prefix caching on, block size 128 on the
 a server running or attached, what that server reports it resolved
 (``engine.telemetry.configinfo``). The switch, the words beside it and an empty field's hint
 all come from the one FlagSet value given here, so a row cannot read otherwise than the flags
-an apply would launch (issue 33: a toggle read "on" while the apply dialog said "on -> off").
+an apply would launch (a toggle read "on" while the apply dialog said "on -> off").
 """
 
 from __future__ import annotations

@@ -346,7 +346,7 @@ def _platform_of(version: str) -> str | None:
 # Runs in a child interpreter: importing vLLM costs seconds and pulls torch, so the
 # parent (vtui) never does it. "--help" in argv makes vLLM fill in the help texts
 # (it skips them otherwise to start faster); without "serve" it keeps --model.
-# It ends with vtui, kill -9 included (issue 44: it outlived a killed `vtui serve` by 20-30 s,
+# It ends with vtui, kill -9 included (it outlived a killed `vtui serve` by 20-30 s,
 # importing vLLM): the parent-death signal the server's reaper takes (engine.server.procs's
 # _set_parent_death_signal, not imported: the server room stands above flags), here SIGKILL, as the
 # child holds nothing to clean up. It fires when the thread that started the child ends; that

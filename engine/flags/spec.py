@@ -32,7 +32,7 @@ TUNING_FLAGS: tuple[str, ...] = (
     "enforce-eager",
     "swap-space",
     "kv-offloading-size",
-    # Beyond the seed articles (issue 20, item 5); shown only where the installed vLLM has them.
+    # Beyond the seed articles; shown only where the installed vLLM has them.
     "async-scheduling",
     "speculative-config",
     "max-num-partial-prefills",

@@ -117,7 +117,7 @@ METRICS: tuple[Metric, ...] = (
         for name in ("ttft", "tpot", "itl", "e2el")
         for p in ("p50", "p99")
     ),
-    # The client's means beside the server's own over the same window (issue 32): TTFT, TPOT
+    # The client's means beside the server's own over the same window: TTFT, TPOT
     # against the server's (E2E - TTFT)/(n - 1), the time requests queued, the prefix cache's hits.
     Metric("ttft_mean", "TTFT mean", "ms", "lower", _load("mean_ttft_ms"), "mean_ttft_ms"),
     Metric("server_ttft_mean", "server TTFT mean", "ms", "lower", _server(lambda c: c.server_mean_ttft_ms)),
@@ -174,7 +174,7 @@ class Comparison:
     columns: tuple[tuple[RunInfo, ...], ...] = ()  # each column's runs: the repeats of one configuration
     floor: NoiseFloor | None = None  # the box's noise floor (measured or learned), which single-run verdicts read
     statuses: tuple[str, ...] = ()  # how each column's runs ended (status_text: "ok", "ok x2, box-bound")
-    # Columns holding a run during which flags changed live (issue 48): two configurations measured,
+    # Columns holding a run during which flags changed live: two configurations measured,
     # so no verdict involves them (no "within noise" against the baseline, no best mark)
     straddled: frozenset[int] = frozenset()
 
@@ -366,7 +366,7 @@ def compare(columns: Sequence[Column], baseline: int | None = None, *, all_flags
     spoiled = frozenset(i for i, g in enumerate(groups)
                         if 2 * sum(_parsed_status(r.status).spoiled for r in g) > len(g))
     # A column holding a run during which flags changed live measured two configurations: it is
-    # shown (its figures, its change against the baseline) but takes part in no verdict (issue 48).
+    # shown (its figures, its change against the baseline) but takes part in no verdict.
     changed = tuple(_changes_cell(g) for g in groups)
     straddled = frozenset(i for i, text in enumerate(changed) if text)
     if straddled:
@@ -464,7 +464,7 @@ def _beyond_noise(best: frozenset[int], values: Sequence[float | None],
     """The best columns, kept only where beyond the noise of every other column that has a value.
     A pair without an interval (single runs of a row with no within-run model, such as the
     server's means, and no repeats) takes the mark away too: a best resting on nothing that says
-    the difference is more than noise is no verdict (issue 34)."""
+    the difference is more than noise is no verdict."""
     if not best:
         return best
     others = [j for j, v in enumerate(values) if v is not None and j not in best]

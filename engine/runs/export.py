@@ -56,7 +56,7 @@ def export_text(kind: str, flags: FlagSet, *, name: str, version: str | None, ru
         out["telemetry"] = stored.get("telemetry", {})
         out["label"] = record.label
         out["status"] = record.status.value
-        for key in ("server", "cross_check", "stream", "slo_verdict", FLAG_CHANGES_KEY):  # the last: issue 48
+        for key in ("server", "cross_check", "stream", "slo_verdict", FLAG_CHANGES_KEY):
             if key in stored:
                 out[key] = stored[key]
         out["flags"] = recordable_values(record.flags)

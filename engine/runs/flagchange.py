@@ -1,7 +1,7 @@
-"""Flags that changed on the server while a run measured it (issue 48): when, which, from what, to what.
+"""Flags that changed on the server while a run measured it: when, which, from what, to what.
 
 A run is stored with the flags its server ran when the run began. Where a live limit moved during
-it (the TUI's apply, issue 41, or ``vtui set`` from another terminal), the run measured two
+it (the TUI's apply, or ``vtui set`` from another terminal), the run measured two
 configurations and its figures speak for neither. :func:`engine.runs.measure.measure` stores each
 change in the run's summary (``RunSummary.extra[FLAG_CHANGES_KEY]``; a run stored before reads as
 none), every screen says so, and every figure that speaks for one configuration leaves the run out

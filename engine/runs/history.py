@@ -289,7 +289,7 @@ class History:
         """A run's completed requests as columns (engine.runs.rows.RequestColumns: what a within-run
         interval reads, the figures :meth:`requests` gives it to the bit), read row by row from a
         cursor: no Python object per request is kept, so reading a finished run back leaves the
-        session's memory as it was (issue 44). HistoryError, naming the run and the request, for a
+        session's memory as it was. HistoryError, naming the run and the request, for a
         row whose columns do not parse."""
         out = RequestColumns()
         try:

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 RUN_SERIES = ("req_s", "tok_s", "ttft_p50", "tpot_p50")  # a new run starts these afresh
 FLOOR_READ_S = 10.0  # the box's noise floor is read again this often (one measured elsewhere shows up)
 KEPT_NOISES = 32  # bootstrapped runs kept after they left the comparison
-# What a finished run keeps of its load result (issue 35): a session of twenty long runs held
+# What a finished run keeps of its load result: a session of twenty long runs held
 # 2 GB when each kept its per-request records (50,000 of them, ~1.3 kB each with their gaps).
 # A run stored in the history keeps none (the trace export and the advisor read them back from
 # there); a run not stored keeps its first UNSTORED_REQUESTS for its trace. Its windows (the
@@ -539,7 +539,7 @@ class LiveRuns:
             try:
                 for run_id, workload in missing.items():
                     # Read back as machine-number columns, not an object per request: 18,000 of those
-                    # per run fragmented the allocator, +5-8 MB of RSS a run (issue 44 item 5)
+                    # per run fragmented the allocator, +5-8 MB of RSS a run
                     requests: Sequence[StoredRequest] | RequestColumns
                     try:
                         requests = store.request_columns(run_id) if store is not None else []

@@ -121,7 +121,7 @@ class Target:
     model_label: str | None = None  # what the history calls the model
     vllm_version: str | None = None
     # A server vtui started elsewhere (vtui serve) and measured by URL: the values it was started
-    # with, read from its live limits (issue 41), where ``flags`` holds the live ones
+    # with, read from its live limits, where ``flags`` holds the live ones
     started_flags: Mapping[str, object] | None = None
 
     @classmethod
@@ -186,7 +186,7 @@ class RunHandle:
         self.loadrun: LoadRun | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
-        # Flags changed live while the run goes (issue 48: the session notes its own applies); set
+        # Flags changed live while the run goes (the session notes its own applies); set
         # by measure when the run begins (wall clock), so a change is stored seconds into the run
         self.changes = ChangeLog()
         self.started: float | None = None
@@ -319,7 +319,7 @@ PREFIX_RESET_KEY = "prefix_cache_reset"
 """The run summary's key (kept in ``RunSummary.extra``) saying whether the prefix cache was reset."""
 BOX_SHARE_KEY = "box_cpu"
 STARTED_FLAGS_KEY = "started_flags"
-"""Where the server ran flags set live (issue 41): the values it was started with, beside the
+"""Where the server ran flags set live: the values it was started with, beside the
 run's own flags (the live ones, which export, compare and names read)."""
 """The run summary's key (kept in ``RunSummary.extra``) of the run's BoxShare: its window's cores, ours, the rest's, idle."""
 
@@ -522,7 +522,7 @@ async def measure(
         if recorder is not None:
             await recorder.start()
         prefix = await reset_prefix_cache(target)
-        # A flag changed by anyone (vtui set from another terminal) shows as limits that moved (issue 48)
+        # A flag changed by anyone (vtui set from another terminal) shows as limits that moved
         start_limits = await read_limits(target.base_url, target.api_key)
         try:
             result = await lr.run(on_window=window, on_request=request, on_measured=on_measured)

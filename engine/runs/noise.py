@@ -250,7 +250,7 @@ class RunNoise:
     times each block is taken: its percentiles are found in the blocks by a counting search,
     never by sorting the values of 400 resamples (a 22,500-request run took 60 s of CPU and 34 MB
     that way under tracemalloc, on the TUI's noise thread beside the next run: now 0.6 s and 9 MB,
-    a 90,000-request run 0.5 s; issue 35). The percentiles are those of the sorted values, to
+    a 90,000-request run 0.5 s). The percentiles are those of the sorted values, to
     the bit; a mean sums the blocks' sums (math.fsum), within 1e-15 of summing the values.
     """
 
@@ -260,13 +260,13 @@ class RunNoise:
         self.resamples = resamples
         self._has_slo = slo is not None and not slo.empty
         # The completed requests as columns (History.request_columns reads a stored run so, with no
-        # Python object per request: issue 44); the same figures either way, to the bit.
+        # Python object per request); the same figures either way, to the bit.
         done = requests if isinstance(requests, RequestColumns) else RequestColumns.of(requests)
         self.completed = len(done)
         self._blocks: tuple[_Block, ...] = ()
         self.block_s = 0.0
         # Each figure's resamples, 8 bytes a value (as tuples of Python floats, 32 bytes a value, they
-        # were the most a finished run left in a session: ~0.25 MB a compared run, issue 44); a
+        # were the most a finished run left in a session: ~0.25 MB a compared run); a
         # figure missing from some resample (goodput without an SLO) is not kept.
         self._replicates: dict[str, array[float]] | None = None
         self._settled: dict[str, float] | None = None  # the figures, once settle() let the blocks go
@@ -344,7 +344,7 @@ class RunNoise:
         """Resample every figure now and let go of the requests' values, keeping only the figures
         and their resamples: a run of 22,500 requests holds ~6 MB of latencies (as Python floats
         they took ~25 MB), its resamples ~70 kB, and a session keeps a RunNoise for each compared
-        run (issue 35)."""
+        run."""
         if self._blocks:
             for figure in FIGURES:
                 self.replicates(figure)
@@ -521,7 +521,7 @@ def difference(figure: str, a: Configuration, b: Configuration, level: float = L
     if box_floor_pct is None:
         # No floor: what moves between runs is unknown, so "beyond noise" cannot be said. But any
         # floor only widens the within-run interval (the wider of the two is taken below), so where
-        # that interval alone holds zero the difference is within noise whatever the floor (issue 44).
+        # that interval alone holds zero the difference is within noise whatever the floor.
         if ra is None or rb is None:
             return None
         low, high = _percentile_interval([y - x for x, y in zip(ra, rb, strict=True)], level)
@@ -597,7 +597,7 @@ def learned_floor(groups: Sequence[Sequence[RunInfo]], box: str) -> NoiseFloor |
     (:func:`pooled_spread`). None under MIN_FLOOR_RUNS - 1 degrees of freedom on every figure.
     Unlike a floor measured with ``vtui bench --noise-floor`` its runs came hours apart as much
     as minutes, so it holds what drifts between runs; it is never stored, only read."""
-    # a run during which flags changed live measured two configurations: no repeat of either (issue 48)
+    # a run during which flags changed live measured two configurations: no repeat of either
     kept = [m for g in groups
             if len(m := [run for run in g if run.summary.load is not None and not changed_during(run.summary)]) >= 2]
     runs = [[load.to_dict() for run in g if (load := run.summary.load) is not None] for g in kept]

@@ -309,7 +309,7 @@ class RequestColumns:
     (:meth:`History.request_columns`) a run of 18,000 requests takes ~5 MB here, where as
     StoredRequests (each a tuple of ~31 float objects and its ``extra`` dict) it took ~18 MB of
     small objects alive at once, whose churn left pymalloc's arenas fragmented after every
-    finished run the Runs tab bootstrapped (issue 44: +5-8 MB of RSS a run).
+    finished run the Runs tab bootstrapped (+5-8 MB of RSS a run).
 
     ``itl_s`` holds every request's gaps one after another (gaps stored as None left out);
     request ``i``'s are ``itl_s[itl_ends[i - 1]:itl_ends[i]]``. ``output_tokens`` reads None as 0.

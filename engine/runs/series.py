@@ -4,7 +4,7 @@ Every path that measures more than one run of a configuration goes through here,
 keeps the same order and the same rule for a spoiled run:
 
 - :func:`rounds` is the order: with repeats, rounds that alternate between the configurations
-  (A B C A B C, not A A B B C C), so the box's drift falls on all of them (issue 34);
+  (A B C A B C, not A A B B C C), so the box's drift falls on all of them;
 - :func:`measure_sound` measures a run again while the box spoiled it (``RunStatus.spoiled``:
   the client was held up, its figures are the box's), at most ``SPOILED_TRIES`` tries, each
   stored as what it was, the last kept;

@@ -39,7 +39,7 @@ class RunProgress:
     duration_s: float | None  # planned duration, when it stops on time
     fraction: float | None  # 0..1, None when open-ended
     # Flags changed live while it goes (engine.runs.flagchange.changes_text; None: none): the run
-    # measures two configurations from then on (issue 48)
+    # measures two configurations from then on
     changes: str | None = None
 
 
@@ -54,7 +54,7 @@ class LiveFigures:
     While a run goes they are its rolling window (``last 10 s``, loadgen's StatsWindow); once it
     ended they are the run's own figures, the stored summary that Runs, the history, compare,
     ``vtui bench`` and the result file show (``whole run``), so one run reads the same
-    everywhere (issue 32, item 3)."""
+    everywhere."""
 
     scope: str  # "last 10 s" (the rolling window) or "whole run"
     whole_run: bool
@@ -281,7 +281,7 @@ def compare_view(records: Sequence[RunRecord], baseline: int | None, stored: Seq
         rows.append((f"{row.label}{unit}{arrow}", cells, row.best))
     labels = [_column_label(g) for g in columns] + [f"stored #{s.id} {s.name}" for s in extra]
     return ComparisonView(
-        # a run during which flags changed live measured two configurations: its column says so (issue 48)
+        # a run during which flags changed live measured two configurations: its column says so
         columns=tuple(f"{label} (changed live)" if i in cmp.straddled else label for i, label in enumerate(labels)),
         rows=tuple(rows), baseline=base_col, flag_rows=flag_rows,
         counts=tuple(cmp.count(i) for i in range(len(infos))),

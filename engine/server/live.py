@@ -99,7 +99,7 @@ class LiveServer:
         self.busy: str | None = None  # "starting", "stopping", "restarting", "attaching"
         self._server_error: tuple[str, str] | None = None  # vLLM's line and a hint
         self._downtime: float | None = None  # the last restart's
-        # Live changes (issue 41): (session clock, "max-num-seqs 128->4") per change, for the charts' marks
+        # Live changes: (session clock, "max-num-seqs 128->4") per change, for the charts' marks
         self.live_changes: list[tuple[float, str]] = []
         self.live_refusal: str | None = None  # why the last apply restarted instead of changing live
         # Start (and restart) with the numeric live flags this many times the edited ones, then set the
@@ -317,7 +317,7 @@ class LiveServer:
     async def apply(self, timeout: float = 600.0, *,
                     force: bool = False) -> StartupFacts | RestartResult | LiveResult:
         """Change the edited flags live on the server started here where every edited flag can
-        (issue 41: the load run goes on), else restart the server with them (``live_refusal``
+        (the load run goes on), else restart the server with them (``live_refusal``
         says which flag forced it), or start one when none runs (see
         ``engine.session.Session.apply_flags``; the session has checked the tune and the flags)."""
         if self.supervisor is None or self.state_name() in ("STOPPED", "FAILED", "DEAD"):
@@ -445,7 +445,7 @@ class LiveServer:
         """On a GPU (the planner was within 0.5% of vLLM there), refuse at once a launch whose
         weights, activations and one request of max-model-len cannot fit the memory budget,
         instead of waiting a minute and more for vLLM to fail. On the CPU backend the planner
-        is not calibrated yet (issue 18, item 3), so vLLM decides there."""
+        is not calibrated yet, so vLLM decides there."""
         snap = self._telemetry()
         totals = [m for g in (snap.gpus if snap is not None else ()) if g.available and (m := g.mem_total_bytes)]
         if not totals:

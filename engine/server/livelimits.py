@@ -1,4 +1,4 @@
-"""vtui's side of live limits (issue 41): which flag edits a running server can take without a
+"""vtui's side of live limits: which flag edits a running server can take without a
 restart, asking it, and the reason when it cannot.
 
 The server side is ``engine.server.livehook`` (loaded into vLLM). Every request carries the

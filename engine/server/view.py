@@ -35,7 +35,7 @@ class ServerView:
     predicted_kv_tokens: int | None = None
     predicted_concurrency: float | None = None
     restart_downtime_s: float | None = None
-    live_changes: tuple[tuple[float, str], ...] = ()  # (session clock, what changed) per live change (issue 41)
+    live_changes: tuple[tuple[float, str], ...] = ()  # (session clock, what changed) per live change
     error_line: str | None = None
     error_hint: str | None = None
     log_path: str | None = None

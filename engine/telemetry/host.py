@@ -81,7 +81,7 @@ def release_free_memory() -> bool:
     there is no such call. Python frees an object's memory to the C heap, which keeps it resident:
     a run's requests read back from the history (the noise bootstrap) and the run's own per-request
     records come and go on several threads' heaps, and a session held ~40 MB of such free pages
-    after three 1-minute runs at 150 req/s (issue 35; /proc VmRSS against malloc_trim). A few ms."""
+    after three 1-minute runs at 150 req/s (/proc VmRSS against malloc_trim). A few ms."""
     trim = _malloc_trim()
     if trim is None:
         return False
@@ -267,8 +267,8 @@ class BoxShare:
     """Who had the box's cores over a run's window: vtui and the server it measured (``ours``:
     vtui's process tree, its load worker and the server's tree), and everything else (``other``:
     other processes, the kernel's threads, a hypervisor's steal). In cores, the mean over the
-    window. On a small box a server's figures move with what other processes take (issue 34:
-    identical runs 1.4x apart while a test suite ran beside them); this says when that was so."""
+    window. On a small box a server's figures move with what other processes take (identical
+    runs 1.4x apart while a test suite ran beside them); this says when that was so."""
 
     seconds: float
     cpus: int

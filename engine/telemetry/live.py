@@ -172,7 +172,7 @@ class LiveTelemetry:
             return {k: tuple(v) for k, v in self._series.items()}
 
     def mark(self, words: str) -> None:
-        """A moment to mark on the series (a live limit change, issue 41), from any thread."""
+        """A moment to mark on the series (a live limit change), from any thread."""
         with self._series_lock:
             self._marks.append((dict(self._pushed), words))
 

@@ -130,8 +130,8 @@ async def bracket(probe: Probe, finish: Finish, *, settings: TuneSettings, best:
     checked: set[str] = set()  # running neighbours whose pass this one was measured against
     for _ in range(64):
         # Side by side, a neighbour can finish better while this one brackets: it is pruned
-        # against that one now, as one at a time would have been from its start (issue 19,
-        # item 2). One at a time, the best does not change meanwhile.
+        # against that one now, as one at a time would have been from its start.
+        # One at a time, the best does not change meanwhile.
         rival = best_now()
         if (prunes and rival is not None and rival.limit_load is not None
                 and (best is None or (rival.key, rival.limit_load) != (best.key, best.limit_load))):
@@ -143,7 +143,7 @@ async def bracket(probe: Probe, finish: Finish, *, settings: TuneSettings, best:
         # one step there (checked once more on a miss), as at a best's limit. A pass moves the
         # bracket up at once; a miss (or one already at or below it) ends this trial, held by
         # _run_slots until that load is confirmed (a single pass may be luck): then it is
-        # dropped, else measured again (issue 19, item 2). Once per neighbour: its finished
+        # dropped, else measured again. Once per neighbour: its finished
         # limit, if better, is checked above as any new best is.
         near = neighbour_pass(checked) if prunes else None
         if near is not None and (lo is None or near[0] > lo):

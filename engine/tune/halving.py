@@ -1,4 +1,4 @@
-"""Successive halving under one load (issue 49): the configurations of one restart group measured in
+"""Successive halving under one load: the configurations of one restart group measured in
 interleaved windows of one steady load (engine.tune.windows), those beyond the noise below the best
 dropped after each round, the survivors measured again with more windows at a higher load; what a
 tune will cost (:func:`estimate`) and where its time went (:class:`TimeSplit`, :class:`RoundRecord`).

@@ -50,7 +50,7 @@ class ServerMeasurer:
     side by side); None leaves it on every core, as one trial at a time runs.
     ``live``: a configuration that differs from the running server only in live flags
     (engine.server.livehook.LIVE_FLAGS, at most their started values) is set on it without a
-    restart (issue 41), once the requests of the step before have drained; ``launch_flags``
+    restart, once the requests of the step before have drained; ``launch_flags``
     gives the flags a restart starts with instead of the configuration's own (its restart
     group's maxima, so that later configurations of the group stay live). ``start(exact=True)``
     starts a server with exactly the configuration's flags (the confirmation of a live winner).
@@ -254,7 +254,7 @@ class ServerMeasurer:
 
     async def measure_windows(self, load: float, plan: Sequence[tuple[str, FlagSet]], *, window_s: float,
                               timeout: float) -> list[WindowResult]:
-        """Configurations measured under one steady load (issue 49): one run at ``load`` goes on while
+        """Configurations measured under one steady load: one run at ``load`` goes on while
         each ``(key, flags)`` of ``plan`` in turn is set live and measured for ``window_s`` seconds, as
         engine.tune.windows says (settle until the requests sent before the change came back, measure
         the requests sent in the window, keep its limits until they came back). Every window's result,

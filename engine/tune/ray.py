@@ -1,4 +1,4 @@
-"""A search's trials on a Ray cluster (issue 19, item 4): one actor per slot, with the trial's GPUs.
+"""A search's trials on a Ray cluster: one actor per slot, with the trial's GPUs.
 
 ``RayMeasurer`` is a :class:`engine.tune.search.Measurer` for the search's slots: each one asks
 Ray for an actor with ``num_gpus`` GPUs (the trial's size), and that actor runs the search's

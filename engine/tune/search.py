@@ -196,10 +196,10 @@ class Tuner:
         self._elapsed0 = self.state.elapsed_s
         self._costs = Costs()  # what starts and steps cost here: the estimates for the next ones
         self._last_group: tuple[object, ...] | None = None  # restart group of the server last started (slot 0)
-        self._split = TimeSplit()  # where this run's wall time went (issue 49; a resumed search counts anew)
+        self._split = TimeSplit()  # where this run's wall time went (a resumed search counts anew)
         self.estimate: Estimate | None = None
         for m in self.measurers:
-            # Live measurers (issue 41) start each restart group's server at the group's maxima.
+            # Live measurers start each restart group's server at the group's maxima.
             if isinstance(m, ServerMeasurer) and m.live and m.launch_flags is None:
                 m.launch_flags = self._group_launch
 
@@ -409,7 +409,7 @@ class Tuner:
             finally:
                 self._split.checks_s += self.clock() - t
 
-    # -- one load (issue 49) -------------------------------------------------------------
+    # -- one load -------------------------------------------------------------
 
     def _one_load(self) -> bool:
         """A restart group's configurations measured under one load (engine.tune.halving): one trial
@@ -494,7 +494,7 @@ class Tuner:
                 raise BudgetExhausted
         return order
 
-    # -- live limits (issue 41) ----------------------------------------------------------
+    # -- live limits ----------------------------------------------------------
 
     def _live_measuring(self) -> bool:
         """One trial at a time, by a measurer that sets flags live (ServerMeasurer(live=True))."""
@@ -643,7 +643,7 @@ class Tuner:
 
     def _settle(self, held: dict[str, ConfigResult], tried: set[str], again: set[str], out_of_budget: bool) -> None:
         """Decide what became of the trials in ``held``, each of which violated the SLO (twice) at a
-        load a running neighbour had met once (issue 19, item 2).
+        load a running neighbour had met once.
 
         One at a time, a configuration is dropped only against a finished best whose limit was
         measured twice (a single pass may be luck). So a held trial is dropped (DOMINATED) once
@@ -750,7 +750,7 @@ class Tuner:
     async def _tune_config(self, key: str, values: Mapping[str, SpaceValue], best: ConfigResult | None,
                            order: int, measurer: Measurer | None = None, start_load: float | None = None) -> ConfigResult:
         """One configuration's limit (engine.tune.bracket); ``start_load``: a load it met under one
-        load with others (issue 49), where its bracket starts (that step is reused, not measured again)."""
+        load with others, where its bracket starts (that step is reused, not measured again)."""
         st = self.state
         s = self.settings if start_load is None else dataclasses.replace(self.settings, start_load=start_load)
         measurer = measurer or self.measurer

@@ -38,7 +38,7 @@ def new_tuner(measurers: Sequence[Measurer], *, base: FlagSet, space: SearchSpac
     """The search over ``measurers`` (the first the Tuner's own, the rest its slots, with the
     GPUs each holds); ``state`` resumes a saved search. Raises TuneError for what cannot start.
     ``live``: one trial at a time on a server vtui starts sets the live flags without a restart
-    where it can (issue 41: ServerMeasurer.live); False restarts for every configuration."""
+    where it can (ServerMeasurer.live); False restarts for every configuration."""
     if live and len(measurers) == 1 and isinstance(measurers[0], ServerMeasurer):
         measurers[0].live = True
     return Tuner(

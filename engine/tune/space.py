@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     SpaceValue: TypeAlias = FlagValue | None
 
 
-# The seed articles' tuning flags over the values they use (issue 7).
+# The seed articles' tuning flags over the values they use.
 DEFAULT_SPACE: tuple[tuple[str, tuple[SpaceValue, ...]], ...] = (
     ("enable-chunked-prefill", (True, False)),
     ("max-num-batched-tokens", (512, 2048, 8192)),

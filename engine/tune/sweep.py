@@ -9,8 +9,8 @@ not start, or whose load the server refuses, is stored as ``failed`` with vLLM's
 and the sweep goes on.
 
 With ``repeats`` above 1 each preset is measured that many times, in rounds that alternate
-between the presets (A B C A B C, not A A B B C C), so the box's drift falls on all of them
-(issue 34); the comparison then reads each preset's noise from its repeats. Where presets'
+between the presets (A B C A B C, not A A B B C C), so the box's drift falls on all of them; the
+comparison then reads each preset's noise from its repeats. Where presets'
 flags differ, every run of a round restarts the server: the price of alternating.
 
 The history is optional: if it cannot be written (disk full, read-only) the sweep keeps its
@@ -82,8 +82,8 @@ async def run_sweep(
     where the flags cannot be applied and the attached server is used as it is).
     ``extra_flags`` go under every preset's flags (e.g. ``load-format = dummy`` for a
     shipped architecture); a preset's own value wins. ``repeats``: rounds over the presets.
-    ``live``: a preset that differs from the running server only in live flags (issue 41:
-    max-num-seqs, max-num-batched-tokens, chunked prefill, within the started values) is set on it
+    ``live``: a preset that differs from the running server only in live flags
+    (max-num-seqs, max-num-batched-tokens, chunked prefill, within the started values) is set on it
     without a restart; its stored run keeps the started flags beside its own.
     """
     if repeats < 1:

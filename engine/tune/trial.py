@@ -103,7 +103,7 @@ class StartOutcome:
     restarted: bool = True
     """False when the running server already had these flags (no restart spent)."""
     live: bool = False
-    """Its flags were set on a running server without a restart (issue 41): ``started_with``
+    """Its flags were set on a running server without a restart: ``started_with``
     holds the flag values that server was started with."""
     started_with: Mapping[str, object] | None = None
 
@@ -307,7 +307,7 @@ class TuneSettings:
     step: StepRule = StepRule()
     window_s: float = 5.0
     """Seconds of each window when a restart group's configurations are measured under one load
-    (engine.tune.windows; issue 49)."""
+    (engine.tune.windows)."""
     objective: str = "goodput"
     """What the best maximises (OBJECTIVES). The energy ones measure every config fully: a
     config with a lower limit can still draw less per request, so no step at the best's
@@ -400,7 +400,7 @@ class ConfigResult:
     """Where it is the best and tied with others, or tied with the best, what the search decided
     and why (engine.tune.ranking.Decision); set in the search's result."""
     live: bool = False
-    """Measured with its flags set live on a server started with ``started_with`` (issue 41)."""
+    """Measured with its flags set live on a server started with ``started_with``."""
     started_with: Mapping[str, object] | None = None
     start_check: str = ""
     """A live winner measured again on a server started with exactly its flags: what that found."""

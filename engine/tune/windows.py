@@ -1,4 +1,4 @@
-"""Several configurations measured under one steady load (issue 49): which requests of the stream
+"""Several configurations measured under one steady load: which requests of the stream
 belong to which configuration's window, and a window's figures.
 
 One load run sends the workload at a steady rate (or concurrency) while the tuner switches the

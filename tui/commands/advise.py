@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     history = None
     draft = _draft(args.draft_model)
     before = _load(args.run, history)
-    skipped = not_advised(before)  # flags changed live during it: two configurations (issue 48)
+    skipped = not_advised(before)  # flags changed live during it: two configurations
     findings = advise(before, draft_model=draft)
     verdicts = []
     after = None

@@ -262,7 +262,7 @@ async def _start_server(args: argparse.Namespace) -> Supervisor:
 
 async def _with_live_limits(target: Target) -> Target:
     """A server vtui started (``vtui serve``), measured by URL: its live limits are what the run
-    records as its flags, and the values it was started with beside them (issue 41), so a run after
+    records as its flags, and the values it was started with beside them, so a run after
     ``vtui set`` is told from one before it. Other servers: unchanged (their flags are not known)."""
     from engine.server.livelimits import LiveUnavailable, read_live
 
@@ -383,7 +383,7 @@ def _report(args: argparse.Namespace, run: MeasuredRun) -> int:
     for warning in check.warnings:
         print(f"WARNING: {warning}")
     changes = flag_changes_of(run.summary)
-    if changes:  # issue 48: the figures above are of two configurations
+    if changes:  # the figures above are of two configurations
         print(f"WARNING: {changes_text(changes)}: {TWO_CONFIGURATIONS}; compare and the advisor give it no verdict")
     if run.history_id is not None:
         _err(f"vtui: stored as run {run.history_id} ({run.status}; `vtui history show {run.history_id}`, "
@@ -433,7 +433,7 @@ def print_repeats(runs: list[MeasuredRun]) -> list[dict[str, object]]:
     from engine.runs.flagchange import changed_during
     from engine.runs.noise import spreads
 
-    # a run during which flags changed live measured two configurations: not a repeat of one (issue 48)
+    # a run during which flags changed live measured two configurations: not a repeat of one
     measured = [r for r in runs if r.status.measured and r.summary.load is not None and not changed_during(r.summary)]
     ids = ",".join(str(r.history_id) for r in measured if r.history_id is not None)
     print("{s:{c}^{n}}".format(s=f" Repeats: {len(measured)} of {len(runs)} runs measured ", n=86, c="="))
@@ -464,7 +464,7 @@ def print_floor(runs: list[MeasuredRun], history: History | None, label: str) ->
     from engine.runs.history import HistoryError, NoiseFloor, server_fingerprint, this_box
     from engine.runs.noise import MIN_FLOOR_RUNS, floor_spread, spreads
 
-    # a run during which flags changed live measured two configurations: not a repeat of one (issue 48)
+    # a run during which flags changed live measured two configurations: not a repeat of one
     measured = [r for r in runs if r.status.measured and r.summary.load is not None and not changed_during(r.summary)]
     if len(measured) < MIN_FLOOR_RUNS:
         raise UserError(f"only {len(measured)} of {len(runs)} runs were measured: a noise floor needs "

@@ -126,7 +126,7 @@ def _list(store: History, limit: int, *, as_json: bool = False) -> int:
             str(r.id), r.name, r.preset or "-", _when(r.started),
             "-" if r.duration_s is None else f"{r.duration_s:.0f}", r.status, str(r.requests),
             fmt_number(rps) if isinstance(rps, (int, float)) else "-",
-            # a run during which flags changed live measured two configurations (issue 48)
+            # a run during which flags changed live measured two configurations
             " ".join((["baseline"] if r.baseline else []) + (["changed-live"] if changed_during(r.summary) else [])
                      + list(r.tags)),
         ))
@@ -192,7 +192,7 @@ def _show(store: History, info: RunInfo) -> int:
     if started is not None:
         print(f"  launched  {' '.join(_argv(started)) or '(defaults)'}  (the flags above were set live on it)")
     changes = flag_changes_of(info.summary)
-    if changes:  # issue 48: the flags above are what it began with, not all it measured
+    if changes:  # the flags above are what it began with, not all it measured
         print(f"  changed   {changes_text(changes)}")
         print(f"            {TWO_CONFIGURATIONS}: compare gives it no verdict, the advisor no advice")
     if info.workload:

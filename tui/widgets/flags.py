@@ -146,7 +146,7 @@ class FlagRow(Vertical):
     def compose(self) -> ComposeResult:
         spec = self.spec
         with Horizontal(classes="flag-line"):
-            # "~": the flag changes on a running server vtui started, without a restart (issue 41)
+            # "~": the flag changes on a running server vtui started, without a restart
             yield Label(f"{spec.name} ~" if spec.name in LIVE_FLAGS else spec.name, classes="flag-name")
             if spec.kind == "bool":
                 yield Switch(value=self._reads.on, classes="flag-editor")
@@ -160,7 +160,7 @@ class FlagRow(Vertical):
                 )
             else:
                 # Its text is selected on entering it (Tab, the arrows), so typed digits replace
-                # the value rather than landing in front of it (issue 33: 128, typed 427 -> 427128).
+                # the value rather than landing in front of it (128, typed 427 -> 427128).
                 editor = FlagInput(
                     placeholder=self._reads.placeholder,
                     type="text",
@@ -206,7 +206,7 @@ class FlagRow(Vertical):
         if isinstance(editor, Switch):
             # A switch and the words beside it say the edited value, also while the switch has
             # the focus (it holds no half-typed text): both used to be left as they were then,
-            # and a toggled switch read "on" beside a flag an apply would turn off (issue 33).
+            # and a toggled switch read "on" beside a flag an apply would turn off.
             with editor.prevent(Switch.Changed):
                 editor.value = shown.on
             self.query_one(".flag-state", Label).update(shown.state)

@@ -52,7 +52,7 @@ class LivePanel(VerticalScroll):
                     yield Label(label, classes="spark-label")
                     yield Sparkline([], id=f"spark-{name}", classes="spark")
                     yield Label("", id=f"spark-last-{name}", classes="spark-last")
-        # Under the charts: where a live limit change (issue 41) falls on TTFT's, and what it was.
+        # Under the charts: where a live limit change falls on TTFT's, and what it was.
         yield Static("", id="live-marks")
 
     def watch_snapshot(self, snap: SessionSnapshot | None) -> None:
@@ -203,7 +203,7 @@ class LivePanel(VerticalScroll):
 
     def _check(self, snap: SessionSnapshot) -> Text:
         """A finished run's client beside the server, and the cross-check's warnings; flags changed
-        live during the run going on, or during the finished one (issue 48: two configurations)."""
+        live during the run going on, or during the finished one (two configurations)."""
         f = snap.figures
         text = Text()
         changes = snap.run.changes if snap.run is not None else f.changes if f is not None else None

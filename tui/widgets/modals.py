@@ -65,7 +65,7 @@ class DiffScreen(ModalScreen[bool]):
         table.add_column("→ new")
         for name, old, new in self.rows:
             table.add_row(f"--{name}", _show(old), _show(new))
-        # Every changed flag live (issue 41): set on the running server, no restart, the run goes on
+        # Every changed flag live: set on the running server, no restart, the run goes on
         # (the server refuses a value above its started one, and then the apply restarts).
         live = bool(self.rows) and all(name in LIVE_FLAGS for name, _, _ in self.rows)
         with Vertical(classes="dialog"):

@@ -86,7 +86,7 @@ class RunsPanel(Vertical):
             for r in snap.stored:
                 table.add_row(str(r.id), r.name, r.preset or "-", (r.model or "-").rsplit("/", 1)[-1],
                               time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started)),
-                              # flags changed live during it: two configurations (issue 48)
+                              # flags changed live during it: two configurations
                               r.status + (" changed live" if r.changed else ""),
                               _n(r.req_s, "{:.2f}"), _n(r.ttft_p50_ms, "{:.1f}"), "yes" if r.compared else "",
                               key=str(r.id))

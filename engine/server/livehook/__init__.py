@@ -1,4 +1,4 @@
-"""Live scheduler limits (issue 41): change max-num-seqs, max-num-batched-tokens and chunked
+"""Live scheduler limits: change max-num-seqs, max-num-batched-tokens and chunked
 prefill on a running vLLM server that vtui started, between two engine steps, without a restart.
 
 Three parts, each in the process it runs in:
