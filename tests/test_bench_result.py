@@ -13,7 +13,8 @@ from test_telemetry_summary import build_store
 
 from engine.runs.summary import RunSummary
 from engine.telemetry.summary import summarize
-from tui.commands.bench import RESULT_PARTS, stored_parts, summary_lines
+from tui.commands.bench import RESULT_PARTS, stored_parts
+from tui.commands.output import summary_lines
 
 GIB = 1024**3
 LOAD = {"completed": 96, "failed": 0, "total_output_tokens": 6144, "request_throughput": 9.6,

@@ -25,7 +25,7 @@ from engine.telemetry.store import SeriesStore
 from engine.telemetry.summary import energy, summarize
 from engine.tune.search import Measurement, format_table, objective_value
 from tests.test_tune import SLO_TTFT, TableMeasurer, keys, make_tuner, space_of
-from tui.commands.bench import energy_line
+from tui.commands.output import energy_line
 
 ROWS = load_capture()
 

@@ -25,7 +25,7 @@ from engine.runs.summary import RunSummary, TelemetryFigures
 from engine.server.logparse import classify_line, classify_lines
 from engine.views import LogLine
 from tui.app import VtuiApp
-from tui.commands.bench import telemetry_line
+from tui.commands.output import telemetry_line
 from tui.widgets.flags import FlagRow
 from tui.widgets.modals import ConfirmScreen, ExportScreen
 from tui.widgets.presets import PresetList

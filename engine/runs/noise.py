@@ -37,6 +37,7 @@ import functools
 import math
 import random
 import statistics
+import time
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -44,7 +45,7 @@ from typing import TYPE_CHECKING, TypeAlias
 
 from engine.runs.flagchange import changed_during
 from engine.runs.history import History, StoredRequest
-from engine.runs.rows import LEARNED_LABEL, NoiseFloor, RequestColumns, RunInfo, this_box
+from engine.runs.rows import LEARNED_LABEL, NoiseFloor, RequestColumns, RunInfo, server_fingerprint, this_box
 from loadgen.spec import SLO
 from loadgen.stats import LOAD_METRICS, percentile
 
@@ -54,6 +55,8 @@ if TYPE_CHECKING:
 
     F64: TypeAlias = npt.NDArray[np.float64]
     I64: TypeAlias = npt.NDArray[np.int64]
+
+    from engine.runs.summary import RunSummary
 
 LEVEL = 0.95
 RESAMPLES = 400  # 400 resamples: a 95% interval's ends move < 5% between seeds, 0.1-0.5 s a run here
@@ -663,6 +666,24 @@ class Spread:
             return None
         mean = (self.interval.low + self.interval.high) / 2
         return None if mean == 0 else 100 * self.std / abs(mean)
+
+
+def noise_floor_of(summaries: Sequence[RunSummary], infos: Sequence[RunInfo | None], *, label: str,
+                   box: str | None = None) -> tuple[NoiseFloor, list[dict[str, float | None]]] | None:
+    """This box's noise floor from measured runs of one configuration (``summaries``, with their
+    stored ``infos``): runs during which a flag changed live measured two and are left out. The
+    floor (``floor_spread`` of their load figures; not stored) and the figures it read, or None
+    with fewer than ``MIN_FLOOR_RUNS`` such runs."""
+    kept = [(s, i) for s, i in zip(summaries, infos, strict=True) if s.load is not None and not changed_during(s)]
+    if len(kept) < MIN_FLOOR_RUNS:
+        return None
+    figures = [load.to_dict() for s, _ in kept if (load := s.load) is not None]
+    first = kept[0][1]
+    floor = NoiseFloor(box=box or this_box(), measured=time.time(), runs=len(kept), spread_pct=floor_spread(figures),
+                       label=label, model=first.model if first is not None else None,
+                       fingerprint=server_fingerprint(first.model, first.flags) if first is not None else None,
+                       run_ids=tuple(i.id for _, i in kept if i is not None and i.id >= 0))
+    return floor, figures
 
 
 def spreads(figures: Sequence[Mapping[str, float | None]], names: Sequence[str] = FIGURES,

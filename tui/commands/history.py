@@ -142,7 +142,7 @@ def _floor(store: History, *, as_json: bool = False) -> int:
     from engine.runs.compare import floor_note
     from engine.runs.noise import FIGURES, SINGLE_RUN_LEVEL, box_floor, verdict_floor
     from engine.runs.rows import this_box
-    from tui.commands.bench import figure_label
+    from tui.commands.output import figure_label
 
     floor = box_floor(store)
     if floor is None:
