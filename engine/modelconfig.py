@@ -12,10 +12,11 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from engine.values import as_int
 
-__all__ = ["DTYPE_BYTES", "ModelConfig", "ModelConfigError"]
+__all__ = ["DTYPE_BYTES", "ModelConfig", "ModelConfigError", "config_json_or_none", "read_config_json"]
 
 # Bytes per element of the dtypes a config.json or a --dtype/--kv-cache-dtype names.
 DTYPE_BYTES: Mapping[str, float] = {
@@ -101,24 +102,7 @@ class ModelConfig:
 
         Raises ModelConfigError naming the file and key for anything missing or invalid.
         """
-        p = Path(os.path.expanduser(str(path)))
-        file = p / "config.json" if p.is_dir() else p
-        if not file.exists():
-            if p.is_dir():
-                raise ModelConfigError(file, "no config.json in this model folder")
-            raise ModelConfigError(file, "no such file or folder")
-        try:
-            text = file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ModelConfigError(file, f"cannot read: {exc}") from exc
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ModelConfigError(
-                file, f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
-            ) from exc
-        if not isinstance(data, dict):
-            raise ModelConfigError(file, "expected a JSON object at the top level")
+        file, data = read_config_json(path)
         return cls.from_dict(data, path=file)
 
     @classmethod
@@ -258,3 +242,36 @@ def _estimate_params(
     head = 0 if tie else vocab * hidden
     return layers * per_layer + embed + head + hidden
 
+
+def read_config_json(path: str | Path) -> tuple[Path, dict[str, Any]]:
+    """The one reader of a model's ``config.json``: ``path`` is a model folder holding it, or the
+    file itself. Returns the file and its JSON object; ModelConfigError naming the file for a
+    missing or unreadable file, bad JSON, or a top level that is not an object."""
+    p = Path(os.path.expanduser(str(path)))
+    file = p / "config.json" if p.is_dir() else p
+    if not file.exists():
+        if p.is_dir():
+            raise ModelConfigError(file, "no config.json in this model folder")
+        raise ModelConfigError(file, "no such file or folder")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelConfigError(file, f"cannot read: {exc}") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ModelConfigError(file, f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from exc
+    if not isinstance(data, dict):
+        raise ModelConfigError(file, "expected a JSON object at the top level")
+    return file, data
+
+
+def config_json_or_none(model_dir: str | Path | None) -> dict[str, Any] | None:
+    """A local model folder's ``config.json`` as a JSON object, or None where there is none or it
+    cannot be read (a hub name, a folder without one): for callers to whom it is optional."""
+    if not model_dir or not Path(os.path.expanduser(str(model_dir))).is_dir():
+        return None
+    try:
+        return read_config_json(model_dir)[1]
+    except ModelConfigError:
+        return None

@@ -39,7 +39,6 @@ in each file but the engine's one rule (``engine.server.tinymodel.tiny_memory_fo
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import tomllib
@@ -54,6 +53,7 @@ from engine import flags as flagmod
 from engine import paths
 from engine.errors import SessionError
 from engine.flags import FlagSet, Schema, recordable_values
+from engine.modelconfig import config_json_or_none
 from engine.server.tinymodel import TINY_MEMORY_FLAG, TINY_MEMORY_WHY, tiny_memory_for
 from engine.telemetry.nvml import visible_gpus
 from loadgen.spec import SLO, ArrivalSpec, SpecError, WorkloadSpec
@@ -815,13 +815,8 @@ def detect_box(model_dir: str | Path | None) -> tuple[int, str, dict[str, object
 
 
 def read_model_config(model_dir: str | Path) -> dict[str, object] | None:
-    """``config.json`` of a local model folder, or None when there is none."""
-    path = Path(model_dir) / "config.json"
-    try:
-        loaded = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return loaded if isinstance(loaded, dict) else None
+    """``config.json`` of a local model folder, or None when there is none (engine.modelconfig reads it)."""
+    return config_json_or_none(model_dir)
 
 
 # --------------------------------------------------------------------------- TOML writing

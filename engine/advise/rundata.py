@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.errors import EngineDied, MaxModelLenTooLarge, SessionError, StartupError
+from engine.modelconfig import config_json_or_none
 from engine.runs.flagchange import flag_changes_of
 from engine.runs.status import RunStatus
 from engine.runs.summary import TelemetryFigures
@@ -414,14 +415,7 @@ def _server_row(t: float, d: Mapping[str, object]) -> dict[str, object]:
 
 
 def _read_model_config(model: str | None) -> dict[str, object] | None:
-    if not model:
-        return None
-    path = Path(model).expanduser() / "config.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return config_json_or_none(model)
 
 
 def failure_from_line(line: str, hint: str = "") -> dict[str, object]:
