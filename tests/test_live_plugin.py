@@ -41,7 +41,10 @@ class Scheduler:
         self.steps: list[int] = []
 
     def schedule(self) -> Any:
-        return types.SimpleNamespace(total_num_scheduled_tokens=self.steps.pop(0) if self.steps else 0)
+        tokens = self.steps.pop(0) if self.steps else 0
+        # one request a token up to 4 (decodes), the rest one prefill
+        requests = {f"r{k}": 1 for k in range(min(tokens, 4))}
+        return types.SimpleNamespace(total_num_scheduled_tokens=tokens, num_scheduled_tokens=requests)
 
 
 class _VllmConfig:
@@ -132,12 +135,12 @@ def test_steps_and_the_most_tokens_one_step_scheduled_are_counted_since_the_last
     s.steps = [512, 100, 0]
     for _ in range(3):
         s.schedule()
-    assert (limits.state()["steps"], limits.state()["max_step_tokens"]) == (2, 512)
+    assert (limits.state()["steps"], limits.state()["max_step_tokens"], limits.state()["max_step_requests"]) == (2, 512, 4)
     limits.apply({MAX_NUM_BATCHED_TOKENS: 16, MAX_NUM_SEQS: 8})
-    s.steps = [16, 16]
+    s.steps = [16, 2]
     s.schedule()
     s.schedule()
-    assert (limits.state()["steps"], limits.state()["max_step_tokens"]) == (2, 16)
+    assert (limits.state()["steps"], limits.state()["max_step_tokens"], limits.state()["max_step_requests"]) == (2, 16, 4)
 
 
 @pytest.mark.parametrize("flag", LIVE, ids=lambda f: f.name)

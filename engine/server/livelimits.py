@@ -63,6 +63,7 @@ class LiveState:
     waiting: int = 0  # every queue the scheduler keeps, summed over every engine
     steps: int = 0  # engine 0's steps that scheduled work since the last change
     max_step_tokens: int = 0  # the most tokens one of those steps scheduled
+    max_step_requests: int = 0  # the most requests one of those steps ran
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LiveState:
@@ -72,7 +73,8 @@ class LiveState:
             return cls(vllm=str(data.get("vllm", "?")), admission=str(data.get("admission", "?")),
                        started=started, live=live, engines=int(data.get("engines", 1)),
                        running=int(data.get("running", 0)), waiting=int(data.get("waiting", 0)),
-                       steps=int(data.get("steps", 0)), max_step_tokens=int(data.get("max_step_tokens", 0)))
+                       steps=int(data.get("steps", 0)), max_step_tokens=int(data.get("max_step_tokens", 0)),
+                       max_step_requests=int(data.get("max_step_requests", 0)))
         except (KeyError, TypeError, ValueError) as exc:
             raise LiveUnavailable(f"the server's live-limits answer is not understood ({exc!r}): {dict(data)!r:.200}") from exc
 

@@ -131,6 +131,7 @@ class SchedulerLimits:
             # since the last change: engine steps that scheduled work, and the most tokens one scheduled
             "steps": int(getattr(s, "_vtui_steps", 0)),
             "max_step_tokens": int(getattr(s, "_vtui_max_step_tokens", 0)),
+            "max_step_requests": int(getattr(s, "_vtui_max_step_requests", 0)),  # the most requests one step ran
         }
 
     def check(self, changes: dict[str, Any]) -> dict[str, Any]:
@@ -175,6 +176,7 @@ class SchedulerLimits:
             flag.write(s, new[flag.name], self.started)
         s._vtui_steps = 0
         s._vtui_max_step_tokens = 0
+        s._vtui_max_step_requests = 0
 
 
 def _chunked_prefill_may_go_on(scheduler: Any) -> None:
@@ -240,14 +242,15 @@ def _max_model_len(scheduler: Any) -> int | None:
 
 
 def _instrument(scheduler: Any) -> None:
-    """Wrap ``schedule`` once: count the steps that scheduled work and the most tokens one
-    scheduled since the last change (the proof a budget holds), and, where the scheduler has no
+    """Wrap ``schedule`` once: count the steps that scheduled work, the most tokens and the most
+    requests one scheduled since the last change (the proof a budget and a cap hold), and, where the scheduler has no
     admission cap of its own (0.24), make its running bound the cap, or the number already
     running where more run (admission stops at equality), before each step."""
     original = scheduler.schedule
     started = int(scheduler.max_num_running_reqs)
     scheduler._vtui_steps = 0
     scheduler._vtui_max_step_tokens = 0
+    scheduler._vtui_max_step_requests = 0
     guard = not hasattr(scheduler, "max_num_active_reqs")
 
     def schedule(*args: Any, **kwargs: Any) -> Any:
@@ -259,6 +262,8 @@ def _instrument(scheduler: Any) -> None:
         if tokens:
             scheduler._vtui_steps += 1
             scheduler._vtui_max_step_tokens = max(scheduler._vtui_max_step_tokens, tokens)
+            requests = len(getattr(output, "num_scheduled_tokens", None) or ())
+            scheduler._vtui_max_step_requests = max(scheduler._vtui_max_step_requests, requests)
         return output
 
     scheduler.schedule = schedule
