@@ -71,7 +71,8 @@ class LiveLimitsMiddleware:
         await send({"type": "http.response.body", "body": payload})
 
     async def _serve(self, scope: Scope, receive: Receive) -> dict[str, Any]:
-        refusal = _refusal(scope)
+        headers = _headers(scope)
+        refusal = _refusal(scope, headers)
         if refusal is not None:
             raise refusal
         method = scope.get("method", "GET")
@@ -79,7 +80,7 @@ class LiveLimitsMiddleware:
         if method not in ("GET", "POST") or (path == RESET_ROUTE and method != "POST"):
             allowed = "POST empties the prefix cache" if path == RESET_ROUTE else "GET reads the limits, POST changes them"
             raise _Answer(405, f"{method} is not served here: {allowed}")
-        changes = await _json_body(scope, receive) if method == "POST" else {}
+        changes = await _json_body(headers, receive) if method == "POST" else {}
         engine_client: Any = getattr(getattr(scope.get("app"), "state", None), "engine_client", None)
         client = getattr(engine_client, "engine_core", None)
         if client is None:
@@ -192,9 +193,8 @@ def _engine_failure(text: str) -> _Answer:
     return _Answer(409, inner)
 
 
-def _refusal(scope: Scope) -> _Answer | None:
-    """Why this request may not use the door, or None."""
-    headers = _headers(scope)
+def _refusal(scope: Scope, headers: dict[str, str]) -> _Answer | None:
+    """Why this request (``headers``: its headers, names lower-cased) may not use the door, or None."""
     proxied = [name for name in _PROXIED if name in headers]
     if proxied:
         return _Answer(403, f"requests carrying {proxied[0]} (a proxy or a web page) are refused here")
@@ -243,8 +243,8 @@ def _api_keys(scope: Scope) -> list[str]:
     return keys
 
 
-async def _json_body(scope: Scope, receive: Receive) -> dict[str, Any]:
-    media = _headers(scope).get("content-type", "").split(";", 1)[0].strip().lower()
+async def _json_body(headers: dict[str, str], receive: Receive) -> dict[str, Any]:
+    media = headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if media != "application/json":
         raise _Answer(415, f"send a JSON body as Content-Type: application/json (not {media or 'none'})")
     chunks: list[bytes] = []

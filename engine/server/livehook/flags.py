@@ -48,9 +48,8 @@ def _admission_cap(scheduler: Any) -> int:
 
 
 def _live_cap(scheduler: Any) -> int:
-    if hasattr(scheduler, "max_num_active_reqs"):
-        return int(scheduler.max_num_active_reqs)
-    return int(getattr(scheduler, "_vtui_cap", None) or scheduler._vtui_started[MAX_NUM_SEQS])
+    """The cap set live where the scheduler has none of its own (0.24), else its admission cap."""
+    return int(getattr(scheduler, "_vtui_cap", None) or _admission_cap(scheduler))
 
 
 def _set_cap(scheduler: Any, value: int, started: dict[str, Any]) -> None:
