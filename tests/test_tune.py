@@ -676,7 +676,7 @@ def test_saved_measurement_and_settings_come_back_field_for_field() -> None:
         Measurement, load=math.inf, ok=True, reason="r", requests=7, completed=6, failed=1, goodput=1.5,
         request_throughput=2.5, output_throughput=30.0, ttft_ms=11.0, tpot_ms=2.0, e2el_ms=99.0,
         tokens_per_user=9.5, duration_s=3.0, stopped_early=True, fatal="died", e2el_min_ms=40.0,
-        mean_power_w=300.0, client_bound=True, remeasured=True, client_cpus=(0, 3), box_bound=True)
+        mean_power_w=300.0, client_bound=True, remeasured=True, client_cpus=(0, 3), box_bound=True, changed_live=True)
     assert isinstance(m, Measurement)
     assert Measurement.from_dict(json.loads(json.dumps(m.to_dict()))) == m
     s = _all_fields_set(

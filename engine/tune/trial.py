@@ -200,7 +200,8 @@ class Measurement:
             stopped_early=f.flag("stopped_early", False), fatal=f.text("fatal", ""),
             e2el_min_ms=f.maybe_number("e2el_min_ms"), mean_power_w=f.maybe_number("mean_power_w"),
             client_bound=f.flag("client_bound", False), remeasured=f.flag("remeasured", False),
-            box_bound=f.flag("box_bound", False), client_cpus=tuple(as_int(c) for c in cpus),
+            box_bound=f.flag("box_bound", False), changed_live=f.flag("changed_live", False),
+            client_cpus=tuple(as_int(c) for c in cpus),
         )
 
 
