@@ -1,10 +1,15 @@
 """``vtui tune``: find the flags that give the most goodput under an SLO, within a budget.
 
-Starts vLLM for each configuration of the search space (restarting only when the flags
-change), finds the highest request rate (or concurrency) meeting every SLO limit by
-bracketing and bisection, drops configurations that cannot beat the best so far after
-one step, and stops at the budget with the best so far. Progress and every step go to
-stderr; the table, the winning flags (serve and docker lines) and the Pareto frontier to
+Starts vLLM once per restart group (configurations that differ only in flags set live on a
+running server: max-num-seqs, max-num-batched-tokens, chunked prefill). A group's
+configurations are measured under one steady load, its limits switched between short windows
+in turn; those beyond noise below the best drop out after each round, the survivors meet a
+higher load, and the last two get their SLO limit (the highest request rate or concurrency
+meeting every limit) by bracketing and bisection; the winner is checked on a server started
+with exactly its flags. ``--no-live`` restarts for each configuration and searches each alone.
+It says at its start how long it expects to take, stops at the budget with the best so far,
+and splits its time into starts, settling, measuring and checks. Progress and every step go
+to stderr; the table, the winning flags (serve and docker lines) and the Pareto frontier to
 stdout. The search is saved after every step: ``--resume ID`` carries on where it stopped.
 
   vtui tune --slo-ttft-p99-ms 500 --slo-tpot-p99-ms 50 --budget-min 30 \\
