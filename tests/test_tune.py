@@ -689,6 +689,28 @@ def test_saved_measurement_and_settings_come_back_field_for_field() -> None:
     assert TuneSettings.from_dict({"mode": "concurrency"}) == TuneSettings(mode="concurrency")  # an older file
 
 
+def test_saved_inputs_come_back_with_the_budget_given_now() -> None:
+    from engine.tune.state import SavedInputs
+    from loadgen.spec import ArrivalSpec, WorkloadSpec
+
+    space = space_of(max_num_seqs=(16, 64))
+    workload = WorkloadSpec.from_dict({"input_len": 256, "output_len": 32}, source="workload")
+    arrivals = ArrivalSpec.from_dict({"mode": "trace"})
+    saved = TuneSettings(budget_s=60.0, tolerance=0.1)
+    inputs: dict[str, object] = {
+        "base_flags": BASE.to_dict(), "space": space.to_dict(), "slo": SLO_TTFT.to_dict(),
+        "settings": saved.to_dict(), "workload": {"workload": workload.to_dict(), "arrivals": arrivals.to_dict()}}
+    back = SavedInputs.of(TuneState(id="t1", inputs=inputs), TuneSettings(budget_s=900.0, step_timeout_s=7.0))
+    assert (back.base, back.space, back.slo, back.workload, back.arrivals) == (BASE, space, SLO_TTFT, workload, arrivals)
+    assert back.settings.tolerance == 0.1 and back.settings.budget_s == 900.0 and back.settings.step_timeout_s == 7.0
+    with pytest.raises(TuneError, match="saved slo: missing"):
+        SavedInputs.of(TuneState(id="t1", inputs={k: v for k, v in inputs.items() if k != "slo"}), saved)
+    with pytest.raises(TuneError, match="saved space: list, not an object"):
+        SavedInputs.of(TuneState(id="t1", inputs={**inputs, "space": []}), saved)
+    with pytest.raises(TuneError, match="saved search t1: .*ttft"):
+        SavedInputs.of(TuneState(id="t1", inputs={**inputs, "slo": {"ttft_ms": "fast"}}), saved)
+
+
 def test_saved_values_of_the_wrong_type_are_named() -> None:
     with pytest.raises(ValueError, match="measurement: ttft_ms is 'fast', not a number"):
         Measurement.from_dict({"load": 1.0, "ok": True, "ttft_ms": "fast"})

@@ -1,5 +1,6 @@
-"""A search's state, kept to resume it (:class:`TuneState`), and where it is kept: a JSON file per
-search under the data folder (:class:`FileStore`) or the run history (:class:`HistoryStore`)."""
+"""A search's state, kept to resume it (:class:`TuneState`), what it was asked (:class:`SavedInputs`),
+and where it is kept: a JSON file per search under the data folder (:class:`FileStore`) or the run
+history (:class:`HistoryStore`)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,14 @@ from pathlib import Path
 from typing import Protocol
 
 from engine import paths
+from engine.flags import FlagError, FlagSet
 from engine.runs.history import History, HistoryError
 from engine.tune.errors import TuneError
 from engine.tune.ranking import cost, decide, limit_runs
-from engine.tune.trial import CUT_SHORT, NOT_TRIED, OBJECTIVES, ConfigResult, Measurement, config_score
+from engine.tune.space import SearchSpace
+from engine.tune.trial import CUT_SHORT, NOT_TRIED, OBJECTIVES, ConfigResult, Measurement, TuneSettings, config_score
 from engine.values import StoredFields, json_object
+from loadgen.spec import SLO, ArrivalSpec, SpecError, WorkloadSpec
 
 
 def tune_dir() -> Path:
@@ -130,6 +134,49 @@ class TuneState:
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise TuneError(where, f"not a vtui tune state: {type(exc).__name__}: {exc}") from None
+
+
+def _part(inputs: Mapping[str, object], key: str) -> Mapping[str, object]:
+    value = inputs.get(key)
+    if value is None:
+        raise TuneError(f"saved {key}", "missing")
+    if not isinstance(value, Mapping):
+        raise TuneError(f"saved {key}", f"{type(value).__name__}, not an object")
+    return value
+
+
+@dataclass(frozen=True)
+class SavedInputs:
+    """What a saved search was asked: its base flags, space, SLO, workload (and arrivals) and
+    settings, decoded from :attr:`TuneState.inputs`."""
+
+    base: FlagSet
+    space: SearchSpace
+    slo: SLO
+    workload: WorkloadSpec
+    arrivals: ArrivalSpec | None
+    settings: TuneSettings
+
+    @classmethod
+    def of(cls, state: TuneState, now: TuneSettings) -> SavedInputs:
+        """``state``'s inputs, its settings with the budget and timeouts of ``now`` (what the user
+        gives when resuming). Raises TuneError naming the part that is missing or unreadable."""
+        inputs = state.inputs
+        try:
+            saved_load = _part(inputs, "workload")
+            saved = TuneSettings.from_dict(_part(inputs, "settings"))
+            return cls(
+                base=FlagSet.from_dict(_part(inputs, "base_flags")),
+                space=SearchSpace.from_dict(_part(inputs, "space")),
+                slo=SLO.from_dict(_part(inputs, "slo")),
+                workload=WorkloadSpec.from_dict(json_object(saved_load.get("workload"))),
+                arrivals=ArrivalSpec.from_dict(_part(saved_load, "arrivals")) if saved_load.get("arrivals") else None,
+                settings=TuneSettings.from_dict({**saved.to_dict(), "budget_s": now.budget_s,
+                                                 "start_timeout_s": now.start_timeout_s,
+                                                 "step_timeout_s": now.step_timeout_s}),
+            )
+        except (FlagError, SpecError, KeyError, TypeError, ValueError) as exc:
+            raise TuneError(f"saved search {state.id}", str(exc)) from None
 
 
 class TuneStore(Protocol):

@@ -23,11 +23,11 @@ import asyncio
 import json
 import math
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.values import as_float, json_object
+from engine.values import as_float
 from tui.commands.compare import add_plot_argument, draw, plot_target
 
 if TYPE_CHECKING:
@@ -40,15 +40,6 @@ if TYPE_CHECKING:
     from tui.commands import Subparsers
 
 SLO_METRICS = ("ttft", "tpot", "e2el")
-
-
-def _saved(inputs: Mapping[str, object], key: str) -> Mapping[str, object]:
-    """A saved search's part ``key``: a KeyError where it is missing, a TypeError where it is not
-    an object (both said as 'cannot resume')."""
-    value = inputs[key]
-    if not isinstance(value, Mapping):
-        raise TypeError(f"the saved {key} is {type(value).__name__}, not an object")
-    return value
 
 
 def add_parser(subparsers: Subparsers) -> None:
@@ -201,7 +192,8 @@ def run(args: argparse.Namespace) -> int:
     )
     from engine.tune.setup import measurer_factory, new_tuner
     from engine.tune.slots import slot_measurers
-    from loadgen.spec import SLO, ArrivalSpec, SpecError, WorkloadSpec
+    from engine.tune.state import SavedInputs
+    from loadgen.spec import ArrivalSpec, SpecError, WorkloadSpec
     from tui.errors import UserError
 
     if args.list:
@@ -232,21 +224,11 @@ def run(args: argparse.Namespace) -> int:
     if args.resume:
         try:
             state = load_state(args.resume)
-            inputs = state.inputs
-            base = FlagSet.from_dict(_saved(inputs, "base_flags"))
-            space = SearchSpace.from_dict(_saved(inputs, "space"))
-            slo = SLO.from_dict(_saved(inputs, "slo"))
-            saved_load = _saved(inputs, "workload")
-            workload = WorkloadSpec.from_dict(json_object(saved_load.get("workload")))
-            if saved_load.get("arrivals"):
-                arrivals = ArrivalSpec.from_dict(_saved(saved_load, "arrivals"))
-            saved = TuneSettings.from_dict(_saved(inputs, "settings"))
-            # The saved search's method, with the budget (and timeouts) given now.
-            settings = TuneSettings.from_dict({**saved.to_dict(), "budget_s": settings.budget_s,
-                                               "start_timeout_s": settings.start_timeout_s,
-                                               "step_timeout_s": settings.step_timeout_s})
-        except (TuneError, FlagError, SpecError, KeyError, TypeError) as exc:
+            saved = SavedInputs.of(state, settings)
+        except TuneError as exc:
             raise UserError(f"cannot resume {args.resume}: {exc}", "see `vtui tune --list`") from None
+        base, space, slo, workload, arrivals, settings = (
+            saved.base, saved.space, saved.slo, saved.workload, saved.arrivals, saved.settings)
         say(f"resuming {state.id}: {sum(1 for c in state.configs.values() if c.status not in ('not_tried', 'cut_short'))}"
             f" configs done, {state.elapsed_s / 60:.1f} of {settings.budget_s / 60:.1f} min spent")
     else:
