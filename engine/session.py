@@ -38,6 +38,7 @@ from engine.runs.export import EXPORT_KINDS, export_text, write_export
 from engine.runs.history import HistoryError
 from engine.runs.live import RUN_SERIES, LiveRuns, RunGround, run_name
 from engine.server.live import LOG_LINES, POLL_LINES, LiveServer
+from engine.server.livehook import LIVE
 from engine.server.tinymodel import resolve_model
 from engine.telemetry.configinfo import server_values
 from engine.telemetry.live import LiveTelemetry
@@ -91,6 +92,9 @@ if TYPE_CHECKING:
 # (engine.server.live); the TUI and the tests import them from here.
 __all__ = ["EXPORT_KINDS", "LOG_LINES", "POLL_LINES", "RUN_SERIES", "TUNE_FIELDS", "TUNE_PERCENTILES",
            "Session", "SessionError", "TuneFormError", "parse_tune_form", "run_name"]
+
+# The flags a server vtui started takes live, and how: what the Flags tab marks with "~".
+LIVE_NOTES = {flag.name: flag.note for flag in LIVE}
 
 
 # --------------------------------------------------------------------------- session
@@ -796,6 +800,7 @@ class Session:
             server_metrics=server_metrics_view(self._live_telemetry.server_sample, self._live_telemetry.latest),
             series=self._live_telemetry.series(),
             series_marks=self._live_telemetry.marks(),
+            live_flags=LIVE_NOTES,
             logs=self._live_server.logs(),
             run=self._live_runs.progress(self._arrivals),
             runs=tuple(self._live_runs.runs),

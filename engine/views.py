@@ -137,6 +137,9 @@ class SessionSnapshot:
     run_points: tuple[RunPoint, ...] = ()
     # Per sparkline, the live limit changes within its points: (points since, words).
     series_marks: Mapping[str, tuple[tuple[int, str], ...]] = field(default_factory=dict)
+    # Flags a server vtui started takes without a restart (engine.server.livehook.LIVE): flag
+    # name -> how it changes there.
+    live_flags: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def figures(self) -> LiveFigures | None:

@@ -32,7 +32,7 @@ from engine.presets import list_presets
 from engine.server.attach import AttachedServer
 from engine.telemetry.metrics import CACHE_CONFIG, parse_metrics
 from tui.app import VtuiApp
-from tui.widgets.flags import FlagRow
+from tui.widgets.flags import FlagEditor, FlagRow
 from tui.widgets.modals import DiffScreen
 
 CAPTURES = Path(__file__).parent / "data" / "captures"
@@ -275,3 +275,30 @@ async def test_a_fraction_beside_an_explicit_kv_size_is_noted_under_the_editor()
         app.show_snapshot(session.snapshot())
         await pilot.pause()
         assert "note:" not in str(app.screen.query_one("#flag-summary").render())
+
+
+# --------------------------------------------------------------------------- live flags from the snapshot
+
+
+async def test_the_live_flags_are_those_the_snapshot_names() -> None:
+    """The "~" beside a flag and its tooltip come from SessionSnapshot.live_flags, not a list of
+    the widget's own: a flag the snapshot stops naming loses its mark."""
+    import dataclasses
+
+    from engine.server.livehook import LIVE
+
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        app.refresh_now()
+        app.action_show("tab-flags")
+        await pilot.pause()
+        names = {str(r.query_one(".flag-name").render()) for r in app.screen.query(FlagRow)}
+        for flag in LIVE:
+            assert f"{flag.name} ~" in names
+        row = app.screen.query_one("#flag-max-num-seqs", FlagRow)
+        assert row.tooltip is not None and LIVE[0].note in str(row.tooltip)
+        snap = app.session.snapshot()
+        editor = app.screen.query_one(FlagEditor)
+        editor.snapshot = dataclasses.replace(snap, seq=snap.seq + 1, live_flags={})
+        await pilot.pause()
+        assert str(row.query_one(".flag-name").render()) == "max-num-seqs"

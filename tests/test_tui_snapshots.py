@@ -124,7 +124,7 @@ async def export(app: VtuiApp, session: Session, pilot: Any) -> None:
 async def diff(app: VtuiApp, session: Session, pilot: Any) -> None:
     await _show(app, pilot, tui_data.ready_running(session))
     rows = [("max-num-batched-tokens", 512, 2048), ("max-num-seqs", 128, None)]
-    app.push_screen(DiffScreen(rows, session.launch_argv()))
+    app.push_screen(DiffScreen(rows, session.launch_argv(), session.snapshot().live_flags))
     await pilot.pause()
 
 

@@ -26,7 +26,6 @@ from textual.widget import Widget
 from textual.widgets import Input, Label, Select, Static, Switch
 
 from engine.flags.effective import FlagShown, flag_shown
-from engine.server.livehook import LIVE_FLAGS
 from engine.views import SessionSnapshot
 
 if TYPE_CHECKING:
@@ -136,10 +135,14 @@ class FlagRow(Vertical):
         Binding("up", "move(-1)", "Previous", tooltip="Previous flag (shift+Tab too)"),
     ]
 
-    def __init__(self, spec: FlagSpec, cursor_blink: bool = True, shown: FlagShown | None = None) -> None:
-        """``shown``: how the flag reads before the first snapshot (engine.flags.effective)."""
+    def __init__(self, spec: FlagSpec, cursor_blink: bool = True, shown: FlagShown | None = None,
+                 live: str | None = None) -> None:
+        """``shown``: how the flag reads before the first snapshot (engine.flags.effective).
+        ``live``: how the flag changes on a running server vtui started (SessionSnapshot.live_flags),
+        None where it needs a restart."""
         super().__init__(id=_wid(spec.name), classes="flag-row")
         self.spec = spec
+        self._live = live
         self._cursor_blink = cursor_blink
         self._reads = shown or flag_shown(spec, None)
 
@@ -147,7 +150,7 @@ class FlagRow(Vertical):
         spec = self.spec
         with Horizontal(classes="flag-line"):
             # "~": the flag changes on a running server vtui started, without a restart
-            yield Label(f"{spec.name} ~" if spec.name in LIVE_FLAGS else spec.name, classes="flag-name")
+            yield Label(self._name_text(), classes="flag-name")
             if spec.kind == "bool":
                 yield Switch(value=self._reads.on, classes="flag-editor")
             elif spec.kind == "choice" and spec.choices:
@@ -186,6 +189,16 @@ class FlagRow(Vertical):
         if 0 <= i < len(rows):
             rows[i].editor.focus()
             rows[i].scroll_visible()
+
+    def _name_text(self) -> str:
+        return f"{self.spec.name} ~" if self._live else self.spec.name
+
+    def mark_live(self, live: str | None) -> None:
+        """How this flag changes live (None: it needs a restart), from a snapshot."""
+        if live != self._live:
+            self._live = live
+            for label in self.query(".flag-name"):
+                cast("Label", label).update(self._name_text())
 
     def show(
         self, value: object, error: str | None, running: object, has_server: bool, typed: str | None = None,
@@ -227,8 +240,8 @@ class FlagRow(Vertical):
         changed = has_server and value != running
         self.set_class(changed, "-changed")
         self.set_class(value is not None, "-set")
-        live = "~ changes live on a server vtui started (up to its started value): no restart" \
-            if self.spec.name in LIVE_FLAGS else None
+        live = (f"~ changes live on a server vtui started (up to its started value), no restart: {self._live}"
+                if self._live else None)
         self.tooltip = "\n".join(t for t in (self.spec.help, shown.note, live) if t) or None
 
 
@@ -301,7 +314,9 @@ class FlagEditor(Vertical):
             self._shown = names
             rows = self.query_one("#flag-rows", VerticalScroll)
             await rows.remove_children()
-            await rows.mount_all([FlagRow(s, self._cursor_blink, self._shown_of(s, self.snapshot)) for s in specs])
+            await rows.mount_all([FlagRow(s, self._cursor_blink, self._shown_of(s, self.snapshot),
+                                         self.snapshot.live_flags.get(s.name) if self.snapshot is not None else None)
+                                 for s in specs])
         self._refresh_rows()
 
     def _refresh_rows(self) -> None:
@@ -404,7 +419,7 @@ class FlagEditor(Vertical):
         # Most ticks carry new figures but the same flags: skip the rows then (the
         # editor is the largest panel, 16+ rows, and this runs 4 times a second).
         key = (snap.flags, snap.running_flags, tuple(snap.flag_errors.items()), snap.dirty, self._shown,
-               snap.server_config, tuple(snap.flag_warnings.items()))
+               snap.server_config, tuple(snap.flag_warnings.items()), snap.live_flags)
         if self._last_key is not None and all(a is b or a == b for a, b in zip(key, self._last_key, strict=True)):
             return
         self._last_key = key
@@ -415,6 +430,7 @@ class FlagEditor(Vertical):
             error = snap.flag_errors.get(name)
             if error is None:
                 self._typed.pop(name, None)  # accepted: the field shows the value as read
+            row.mark_live(snap.live_flags.get(name))
             row.show(
                 flags.get(name),
                 error,
@@ -431,7 +447,7 @@ class FlagEditor(Vertical):
             if not diff:
                 parts.append("same as running")
             else:
-                restart = [n for n in diff if n not in LIVE_FLAGS]
+                restart = [n for n in diff if n not in snap.live_flags]
                 how = f"restarts for --{restart[0]}" if restart else "live, no restart"
                 parts.append(f"{len(diff)} changed vs running (a: apply, {how})")
         elif snap.dirty:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 from rich.table import Table
@@ -12,8 +12,6 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static, TextArea
-
-from engine.server.livehook import LIVE_FLAGS
 
 if TYPE_CHECKING:
     from engine.advise.finding import Finding
@@ -53,10 +51,13 @@ class DiffScreen(ModalScreen[bool]):
 
     BINDINGS = [Binding("escape", "dismiss(False)", "Cancel"), Binding("enter", "dismiss(True)", "Apply")]
 
-    def __init__(self, rows: Sequence[tuple[str, object, object]], argv: Sequence[str]) -> None:
+    def __init__(self, rows: Sequence[tuple[str, object, object]], argv: Sequence[str],
+                 live: Collection[str] = ()) -> None:
+        """``live``: the flags the running server takes without a restart (SessionSnapshot.live_flags)."""
         super().__init__(classes="modal")
         self.rows = list(rows)
         self.argv = list(argv)
+        self.live = frozenset(live)
 
     def compose(self) -> ComposeResult:
         table = Table(box=None, padding=(0, 1), show_edge=False)
@@ -67,7 +68,7 @@ class DiffScreen(ModalScreen[bool]):
             table.add_row(f"--{name}", _show(old), _show(new))
         # Every changed flag live: set on the running server, no restart, the run goes on
         # (the server refuses a value above its started one, and then the apply restarts).
-        live = bool(self.rows) and all(name in LIVE_FLAGS for name, _, _ in self.rows)
+        live = bool(self.rows) and all(name in self.live for name, _, _ in self.rows)
         with Vertical(classes="dialog"):
             yield Label("Apply these flags live (no restart)?" if live else "Apply these flags and restart the server?",
                         classes="title")
