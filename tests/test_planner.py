@@ -473,6 +473,7 @@ async def test_the_server_panels_plan_for_the_tiny_default_is_vllms_kv_tokens(
     session = Session.open(str(tiny_model))
     assert session.flags.get("kv-cache-memory-bytes") == TINY_KV_CACHE_BYTES
     assert session.flags.get("gpu-memory-utilization") is None
+    session.set_flag("enforce-eager", True)  # tests/vllm_args.py: no torch.compile; the KV size is the same
     session.start_sampling()  # the panel's plan needs the sampler's device row (the host here)
     try:
         await session.start_server(timeout=300)

