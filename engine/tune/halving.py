@@ -162,11 +162,13 @@ class Estimate:
     start_s: float
     step_s: float
     window_s: float
+    lifetime_s: float | None = None
+    """A request's lifetime measured on this server (the burst's p99 E2EL), None before one."""
 
     def to_dict(self) -> dict[str, object]:
         return {"seconds": self.seconds, "configs": self.configs, "groups": self.groups,
                 "one_load_groups": self.one_load_groups, "starts": self.starts, "start_s": self.start_s,
-                "step_s": self.step_s, "window_s": self.window_s}
+                "step_s": self.step_s, "window_s": self.window_s, "lifetime_s": self.lifetime_s}
 
     def words(self, budget_s: float) -> str:
         over = "" if self.seconds <= budget_s else (
@@ -174,7 +176,13 @@ class Estimate:
             " (cut the space or raise --budget-min)")
         return (f"estimate: about {self.seconds / 60:.1f} min for {self.configs} configurations in {self.groups}"
                 f" restart groups ({self.one_load_groups} under one load), {self.starts} starts of ~{self.start_s:.0f} s,"
-                f" steps of ~{self.step_s:.0f} s, windows of {self.window_s:g} s{over}")
+                f" steps of ~{self.step_s:.0f} s, {self.window_words()}{over}")
+
+    def window_words(self) -> str:
+        if self.lifetime_s is None:
+            return f"windows of {self.window_s:g} s"
+        return (f"windows of {self.window_s:g} s taking ~{window_cost(self.window_s, self.lifetime_s):.0f} s each"
+                f" (a request lives ~{self.lifetime_s:.1f} s here: each window waits for two lifetimes)")
 
 
 # Steps a bisection takes from a known load (bracket up, then halve to the tolerance), and from none.
@@ -182,12 +190,19 @@ STEPS_FROM_KNOWN = 4
 STEPS_FROM_NONE = 7
 
 
-def rounds_cost(n: int, window_s: float) -> tuple[float, int]:
-    """Seconds and rounds of halving over ``n`` configurations, if half drop out each round: a
-    window costs its span plus about as much again settling and in its tail."""
+def window_cost(window_s: float, lifetime_s: float | None = None) -> float:
+    """Seconds one window takes: its span, the settle (the requests sent before the change coming
+    back) and its tail (its own requests coming back): two request lifetimes beside the span where
+    the lifetime is known (``lifetime_s``), else the span again."""
+    return window_s + (2 * lifetime_s if lifetime_s is not None else window_s)
+
+
+def rounds_cost(n: int, window_s: float, lifetime_s: float | None = None) -> tuple[float, int]:
+    """Seconds and rounds of halving over ``n`` configurations, if half drop out each round (a
+    window costs :func:`window_cost`)."""
     seconds, rounds, windows, left = 0.0, 0, FIRST_WINDOWS, n
     while left > FINALISTS and rounds < MAX_ROUNDS:
-        seconds += left * windows * 2 * window_s
+        seconds += left * windows * window_cost(window_s, lifetime_s)
         rounds += 1
         windows += 1
         left = max(FINALISTS, math.ceil(left / 2))
@@ -195,7 +210,7 @@ def rounds_cost(n: int, window_s: float) -> tuple[float, int]:
 
 
 def estimate(groups: Sequence[int], *, start_s: float, step_s: float, window_s: float, one_load: bool,
-             checks: int = 1) -> Estimate:
+             checks: int = 1, lifetime_s: float | None = None) -> Estimate:
     """The cost of a tune over restart groups of the given sizes: one start each; a group of two or
     more under one load (``one_load``) costs its rounds and :data:`FINALISTS` bisections from a known
     load, else a bisection per configuration; ``checks`` winners checked on their own start."""
@@ -209,7 +224,7 @@ def estimate(groups: Sequence[int], *, start_s: float, step_s: float, window_s: 
         seconds += start_s * (1 if one_load or n == 1 else n)
         if one_load and n >= 2:
             shared += 1
-            r_s, _ = rounds_cost(n, window_s)
+            r_s, _ = rounds_cost(n, window_s, lifetime_s)
             seconds += r_s + min(n, FINALISTS) * STEPS_FROM_KNOWN * step_s
         else:
             seconds += n * STEPS_FROM_NONE * step_s
@@ -217,7 +232,8 @@ def estimate(groups: Sequence[int], *, start_s: float, step_s: float, window_s: 
         seconds += checks * (start_s + step_s)
         starts += checks
     return Estimate(seconds=seconds, configs=sum(groups), groups=len([n for n in groups if n > 0]),
-                    one_load_groups=shared, starts=starts, start_s=start_s, step_s=step_s, window_s=window_s)
+                    one_load_groups=shared, starts=starts, start_s=start_s, step_s=step_s, window_s=window_s,
+                    lifetime_s=lifetime_s)
 
 
 
@@ -243,10 +259,11 @@ class Halving:
 
 async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: float, *, settings: TuneSettings,
                 group: str, split: TimeSplit, remaining: Callable[[], float], say: Callable[[str], None],
-                progress: Callable[[int, float], str]) -> Halving:
+                progress: Callable[[int, float], str], lifetime_s: float | None = None) -> Halving:
     """Rounds of interleaved windows over ``members`` (key -> flags) from ``load`` (see the module's
     text). ``remaining()``: budget seconds left (a round that does not fit is not begun);
-    ``progress(left, round_s)``: the words on configurations and time left, said after each round."""
+    ``progress(left, round_s)``: the words on configurations and time left, said after each round.
+    ``lifetime_s``: a request's lifetime on this server, what a window costs beside its span."""
     s = settings
     window_s = s.window_s
     integer = s.mode == "concurrency"
@@ -258,7 +275,7 @@ async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: 
         if len(keys) <= FINALISTS and r > 0:
             break
         plan = [(k, members[k]) for k in interleave(keys, windows)]
-        cost = len(plan) * 2 * window_s
+        cost = len(plan) * window_cost(window_s, lifetime_s)
         if remaining() < cost + window_s:
             say(f"  {group}: no budget for another round of {len(plan)} windows; {len(keys)} left for bisection")
             break
@@ -308,5 +325,5 @@ async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: 
 __all__ = [
     "FINALISTS", "MAX_ROUNDS", "ROUND_GROWTH", "Dropped", "Estimate", "Halving", "RoundRecord", "TimeSplit",
     "WindowMeasurer", "drop_beyond_noise", "estimate", "figures_of", "halve", "interleave", "restart_groups",
-    "rounds_cost",
+    "rounds_cost", "window_cost",
 ]

@@ -1,15 +1,11 @@
 """Find the flags that give the most goodput under an SLO, within a time budget.
 
-The question: which ``max-num-batched-tokens``, ``max-num-seqs``, chunked prefill (and
-``gpu-memory-utilization``) give the most goodput on this model, box and traffic while the
-p99 (or p90) TTFT/TPOT/E2EL stay under their limits?
+Which ``max-num-batched-tokens``, ``max-num-seqs``, chunked prefill (...) give the most goodput on
+this model, box and traffic while the p99 (or p90) TTFT/TPOT/E2EL stay under their limits?
 
-The search logic (:class:`Tuner`) is separate from measurement (:class:`Measurer`): it is
-tested on recorded measurement tables with no server, and :class:`ServerMeasurer` does the
-real thing with :class:`engine.server.supervisor.Supervisor` and :class:`loadgen.LoadRun`.
-
-How the budget is spent (vLLM's ``auto_tune.sh`` runs the whole grid and steps the rate
-down 1 req/s at a time from the saturated throughput):
+The search (:class:`Tuner`) is tested on recorded measurement tables with no server;
+:class:`ServerMeasurer` measures a real one. How the budget is spent (vLLM's ``auto_tune.sh``
+runs the whole grid and steps the rate down 1 req/s at a time from the saturated throughput):
 
 - Configurations that ``engine.flags.validate`` rejects are never started (recorded with
   the reason). A start that fails (vLLM refuses the combination, out of memory) is
@@ -22,6 +18,9 @@ down 1 req/s at a time from the saturated throughput):
   that flag). Once all of them lost to it, the configurations off those lines are skipped:
   exact when each flag's effect does not depend on the others, a guess when they interact
   (``TuneSettings.exhaustive`` measures them too; the table says which were skipped).
+- A restart group of several configurations that differ only in live flags is measured under one
+  load (engine.tune.halving: rounds of interleaved windows, the beyond-noise losers dropped); its
+  last two, and every configuration otherwise, get their limit one at a time:
 - Per configuration, the highest load meeting the SLO is found by bracketing (multiply by
   ``growth`` until violated) and bisection until the bracket is within ``tolerance``.
   The very first configuration starts from a capacity probe (all requests at once, run to
@@ -46,17 +45,12 @@ down 1 req/s at a time from the saturated throughput):
   configuration and load and persisted after every step, so ``--resume`` redoes nothing.
 - Every start and step has a timeout; the search stops at the budget with the best so far.
 
-Requests per step (stable enough p99): ``max(min_requests, ceil(load x min_step_s))``,
-capped at ``max_requests`` (defaults 100, 10 s, 2000): a p99 from 100 samples rests on the
-two largest values, so 100 is the least that means anything.
+Requests per step: ``max(min_requests, ceil(load x min_step_s))`` up to ``max_requests`` (defaults
+100, 10 s, 2000): a p99 from 100 samples rests on the two largest, the least that means anything.
 
-This module is the loop (:class:`Tuner`); its parts live beside it: the search space in
-``engine.tune.space``, the budget's costs and which configuration comes next in
-``engine.tune.schedule``, one configuration's limit (bracketing, bisection, the second
-measurement) in ``engine.tune.bracket``, a trial's settings, steps and result in
-``engine.tune.trial``, the saved state in ``engine.tune.state``, the report (``TuneResult``, the
-table) in ``engine.tune.report`` and the real measurer in ``engine.tune.measurer``. Every name is
-importable from here as before.
+This module is the loop; its parts live beside it in ``engine.tune``: ``space``, ``schedule``
+(costs, what comes next), ``bracket`` (one limit), ``halving`` (one load), ``trial``, ``state``,
+``report``, ``measurer``. Every name is importable from here as before.
 """
 
 from __future__ import annotations
@@ -77,7 +71,7 @@ from engine.server.livehook import LIVE, LIVE_FLAGS
 from engine.tune import report
 from engine.tune.bracket import ConfigBudget, Fatal, bracket, confirm
 from engine.tune.errors import BudgetExhausted, TuneError
-from engine.tune.halving import FIRST_SHARE, Estimate, TimeSplit, estimate, halve, restart_groups
+from engine.tune.halving import FIRST_SHARE, Estimate, TimeSplit, estimate, halve, restart_groups, window_cost
 from engine.tune.measurer import ServerMeasurer
 from engine.tune.ranking import TIE_RULE, Cost, Decision, cost, decide, limit_runs, tie_floor_pct, tie_load
 from engine.tune.report import ParetoPoint, StepPoint, TuneResult, format_pareto, format_table, pareto_points, step_series
@@ -459,22 +453,28 @@ class Tuner:
         if not outcome.ok or not outcome.live:
             return order  # one at a time instead: the per-configuration path records what happened
         load = s.start_load or (8.0 if s.mode == "concurrency" else None)
+        lifetime: float | None = None
         if load is None:
             t = self.clock()
             m = await self._one_step(first, "measuring", math.inf, s.step.min_requests)
             self._split.measuring_s += self.clock() - t
             load = max(s.min_load, FIRST_SHARE * m.request_throughput) if m.request_throughput > 0 else 1.0
+            lifetime = m.e2el_ms / 1000 if m.e2el_ms else None
         self.say(f"{name}: {len(keys)} configurations under one load, set live between windows")
 
-        def progress(left: int, round_s: float) -> str:
+        def progress(left: int, round_s: float = 0.0) -> str:
             eta = estimate([left, *later], start_s=self._costs.start(), step_s=self._costs.step(1.0, 1),
-                           window_s=s.window_s, one_load=True).seconds - self._costs.start()
+                           window_s=s.window_s, one_load=True, lifetime_s=lifetime).seconds - self._costs.start()
             return (f"{left + sum(later)} configurations left, about {max(0.0, eta) / 60:.1f} min"
                     f" ({self.remaining() / 60:.1f} min of budget left)")
 
+        if lifetime is not None:  # what a window costs on this server, now that a request's life is known
+            self.say(f"  {name}: a request lives ~{lifetime:.1f} s here, so a {s.window_s:g} s window takes"
+                     f" ~{window_cost(s.window_s, lifetime):.0f} s; {progress(len(keys))}")
+
         h = await halve(self.measurer, {k: self._flags(by_key[k]) for k in keys}, load,  # type: ignore[arg-type]
                         settings=s, group=name, split=self._split, remaining=self.remaining, say=self.say,
-                        progress=progress)
+                        progress=progress, lifetime_s=lifetime)
         for k, ms in h.steps.items():
             st.measurements.setdefault(k, []).extend(ms)
         for k, reason in h.dropped.items():
