@@ -927,18 +927,20 @@ def test_vtui_tune_end_to_end_on_vllm_cpu(tiny_model: Path, tmp_path: Path, caps
     assert {c["key"] for c in data["configs"]} == {"max-num-seqs=4", "max-num-seqs=16"}
     assert data["starts"] >= 1 and data["steps"] >= 1
     first = min(data["configs"], key=lambda c: c["order"] or 99)
-    assert first["status"] in (DONE, CUT_SHORT, NO_LOAD), first
+    assert first["status"] in (DONE, CUT_SHORT, NO_LOAD, DOMINATED), first  # dropped under one load: ordered first
     if rc == 0:
         assert "docker run" in captured.out and "--max-num-seqs" in captured.out
     measured = [c for c in data["configs"] if c["steps"]]
     assert measured and all(c["live"] for c in measured), captured.err
     assert all((c["started_with"] or {}).get("max-num-seqs") == 16 for c in measured), measured
     assert "set live in" in captured.err and "no restart" in captured.err
-    if data["status"] == "done" and data["best"]:
-        # Every configuration set live: the only other starts are the checks of the winner (and of
-        # one tied with it, on this busy box often within noise).
-        checked = [c for c in data["configs"] if c["start_check"]]
-        assert len(checked) >= 1 and data["starts"] == 1 + len(checked) <= 3, captured.err
+    # Every configuration set live: the only other starts are the checks of the winner (and of one
+    # tied with it, on this busy box often within noise), where the budget left room for them.
+    checked = [c for c in data["configs"] if c["start_check"]]
+    assert data["starts"] <= 3, captured.err
+    if data["status"] == "done" and data["best"] and data["best"]["limit_load"] not in (None, "inf") \
+            and "no budget left to check" not in captured.err:
+        assert checked, captured.err
     state = load_state(data["id"])  # from the run history
     assert state.status in ("done", "budget") and state.steps == data["steps"]
     assert any(row["id"] == data["id"] for row in list_states())

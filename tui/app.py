@@ -359,7 +359,7 @@ class VtuiApp(App[int]):
             self.action_start_server()
             return
         self.push_screen(
-            DiffScreen(self.session.flags_diff(), self.session.launch_argv(), self.session.snapshot().live_flags),
+            DiffScreen(self.session.flags_diff(), self.session.launch_argv(), snap.live_flags),
             self._apply_if_confirmed,
         )
 

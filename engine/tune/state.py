@@ -175,6 +175,8 @@ class SavedInputs:
                                                  "start_timeout_s": now.start_timeout_s,
                                                  "step_timeout_s": now.step_timeout_s}),
             )
+        except TuneError:
+            raise
         except (FlagError, SpecError, KeyError, TypeError, ValueError) as exc:
             raise TuneError(f"saved search {state.id}", str(exc)) from None
 
