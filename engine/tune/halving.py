@@ -272,8 +272,8 @@ async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: 
     windows = FIRST_WINDOWS
     for r in range(MAX_ROUNDS):
         keys = list(out.left)
-        if len(keys) <= FINALISTS and r > 0:
-            break
+        if len(keys) <= FINALISTS:
+            break  # each of these gets its limit by bisection anyway: a round would tell nothing more
         plan = [(k, members[k]) for k in interleave(keys, windows)]
         cost = len(plan) * window_cost(window_s, lifetime_s)
         if remaining() < cost + window_s:

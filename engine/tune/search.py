@@ -71,7 +71,7 @@ from engine.server.livehook import LIVE, LIVE_FLAGS
 from engine.tune import report
 from engine.tune.bracket import ConfigBudget, Fatal, bracket, confirm
 from engine.tune.errors import BudgetExhausted, TuneError
-from engine.tune.halving import FIRST_SHARE, Estimate, TimeSplit, estimate, halve, restart_groups, window_cost
+from engine.tune.halving import FINALISTS, FIRST_SHARE, Estimate, TimeSplit, estimate, halve, restart_groups, window_cost
 from engine.tune.measurer import ServerMeasurer
 from engine.tune.ranking import TIE_RULE, Cost, Decision, cost, decide, limit_runs, tie_floor_pct, tie_load
 from engine.tune.report import ParetoPoint, StepPoint, TuneResult, format_pareto, format_table, pareto_points, step_series
@@ -460,7 +460,8 @@ class Tuner:
             self._split.measuring_s += self.clock() - t
             load = max(s.min_load, FIRST_SHARE * m.request_throughput) if m.request_throughput > 0 else 1.0
             lifetime = m.e2el_ms / 1000 if m.e2el_ms else None
-        self.say(f"{name}: {len(keys)} configurations under one load, set live between windows")
+        how = "under one load, set live between windows" if len(keys) > FINALISTS else "set live, each to its limit"
+        self.say(f"{name}: {len(keys)} configurations {how}")
 
         def progress(left: int, round_s: float = 0.0) -> str:
             eta = estimate([left, *later], start_s=self._costs.start(), step_s=self._costs.step(1.0, 1),
@@ -485,7 +486,7 @@ class Tuner:
         self._persist()
         for k in sorted(h.left, key=lambda k: -(h.steps[k][-1].goodput if h.steps.get(k) else 0.0)):
             order += 1
-            result = await self._tune_config(k, by_key[k], self.best(exclude=k), order, start_load=h.left[k])
+            result = await self._tune_config(k, by_key[k], self.best(exclude=k), order, start_load=h.left[k] or load)
             self._end_live(self.measurer)
             st.configs[k] = result
             self._persist()
