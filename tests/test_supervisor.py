@@ -309,7 +309,11 @@ async def test_bad_flags_fail_fast_with_vllm_message(
 
 OWNER = textwrap.dedent(
     """
-    import asyncio, json, sys
+    import asyncio, json, signal, sys
+    # The owner stands for vtui in a terminal, where Ctrl-C is delivered. A test run started in
+    # the background by a non-interactive shell (as CI scripts may be) has SIGINT ignored, and an
+    # ignored disposition is inherited: Python then installs no KeyboardInterrupt handler.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from engine.flags import FlagSet
     from engine.server.logparse import Phase
     from engine.server.supervisor import Supervisor
@@ -336,16 +340,24 @@ OWNER = textwrap.dedent(
 )
 
 
-def _sigint_default() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 @pytest.mark.vllm
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=lambda s: s.name)
-def test_interrupted_owner_leaves_no_server(tiny_model: Path, tmp_path: Path, sig: signal.Signals) -> None:
-    """SIGTERM and SIGINT while starting (vtui's handlers stop it); SIGKILL once ready (the reaper does)."""
+def test_interrupted_owner_leaves_no_server(tiny_model: Path, tmp_path: Path) -> None:
+    """SIGTERM and SIGINT while starting (vtui's handlers stop it); SIGKILL once ready (the reaper
+    does). The three owners run side by side, each in its own thread (three starts at once on two
+    cores take less than three one after another), each signalled when its own server is where
+    its case needs it."""
+    from concurrent.futures import ThreadPoolExecutor
+
     script = tmp_path / "owner.py"
     script.write_text(OWNER)
+    sigs = (signal.SIGTERM, signal.SIGINT, signal.SIGKILL)
+    with ThreadPoolExecutor(len(sigs)) as pool:
+        done = [pool.submit(_interrupt_owner, script, tiny_model, sig) for sig in sigs]
+        failed = [f"{sig.name}: {f.exception()!r}" for sig, f in zip(sigs, done, strict=True) if f.exception()]
+    assert not failed, failed
+
+
+def _interrupt_owner(script: Path, tiny_model: Path, sig: signal.Signals) -> None:
     when = "ready" if sig is signal.SIGKILL else "starting"
     owner = subprocess.Popen(
         [sys.executable, str(script), str(tiny_model), when],
@@ -353,11 +365,6 @@ def test_interrupted_owner_leaves_no_server(tiny_model: Path, tmp_path: Path, si
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
-        # The owner stands for vtui in a terminal, where Ctrl-C is delivered. A test run
-        # started in the background by a non-interactive shell (as CI scripts may be) has
-        # SIGINT ignored, and an ignored disposition is inherited: Python then installs no
-        # KeyboardInterrupt handler and the owner would never see the signal.
-        preexec_fn=_sigint_default,
     )
     refs: list[procs.ProcRef] = []
     try:

@@ -907,7 +907,8 @@ def test_vtui_tune_end_to_end_on_vllm_cpu(tiny_model: Path, tmp_path: Path, caps
     out = tmp_path / "tune.json"
     rc = run_cli(["tune", "--model", str(tiny_model), "--slo-e2el-p99-ms", "1500", "--input-len", "32",
                   "--output-len", "16", "--space", "max-num-seqs=4,16", "--budget-min", "6",
-                  "--min-requests", "20", "--min-step-s", "2", "--flag",
+                  # a coarse bisection (30%) of short steps: what is tested is the path, not the limit
+                  "--min-requests", "20", "--min-step-s", "1", "--tolerance", "0.3", "--flag",
                   f"kv-cache-memory-bytes={SERVER_ARGS['kv-cache-memory-bytes']}",
                   "--flag", "max-model-len=512", "--flag", "enforce-eager=true",  # tests/vllm_args.py
                   "--json", str(out), "--plot"])

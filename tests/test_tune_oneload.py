@@ -202,7 +202,7 @@ def test_a_live_only_space_runs_on_one_vllm_server_under_one_load(vllm_server: V
 
     async def tune() -> Any:
         m = Watched(WorkloadSpec(input_len=64, output_len=16), slo, live=True, warmup_burst=4, supervisor=sup)
-        settings = TuneSettings(budget_s=60, step=StepRule(min_requests=20, min_step_s=3.0), window_s=3.0,
+        settings = TuneSettings(budget_s=45, step=StepRule(min_requests=20, min_step_s=3.0), window_s=3.0,
                                 start_load=2.0, confirm=False)
         tuner = Tuner(m, base_flags=base, space=space, slo=slo, settings=settings, schema=SCHEMA,
                       max_request_len=80, say=lines.append)
