@@ -56,12 +56,18 @@ def metrics(url: str) -> Any:
 
 
 class Streams:
-    """``n`` clients each sending one long streaming completion after another, until stopped."""
+    """``n`` clients each sending one long streaming completion after another, until stopped.
+
+    ``errors``: a status other than 200, or a stream cut after its answer began (what a live
+    change must never do to a running request). A connection closed before any answer (a pooled
+    connection the server was closing as it was reused: no request reached the engine) is counted
+    in ``resets`` and sent again."""
 
     def __init__(self, server: VllmServer, n: int, *, prompt: str = "hello " * 16, max_tokens: int = 160) -> None:
         self.server, self.n, self.prompt, self.max_tokens = server, n, prompt, max_tokens
         self.stop = threading.Event()
         self.done = 0
+        self.resets = 0
         self.errors: list[str] = []
         self.thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
 
@@ -69,14 +75,23 @@ class Streams:
         while not self.stop.is_set():
             body = {"model": self.server.model, "prompt": self.prompt, "max_tokens": self.max_tokens,
                     "ignore_eos": True, "stream": True}
+            answered = False
             try:
                 async with client.stream("POST", self.server.base_url + "/v1/completions", json=body) as resp:
+                    answered = True
+                    if resp.status_code != 200:
+                        self.errors.append(f"status {resp.status_code}: {(await resp.aread())[:200]!r}")
+                        await asyncio.sleep(0.2)
+                        continue
                     async for _ in resp.aiter_lines():
                         if self.stop.is_set():
                             break
                 self.done += 1
             except httpx.HTTPError as exc:
-                self.errors.append(repr(exc))
+                if answered:
+                    self.errors.append(repr(exc))
+                else:
+                    self.resets += 1
                 await asyncio.sleep(0.2)
 
     async def _main(self) -> None:
@@ -142,7 +157,7 @@ def test_max_num_seqs_caps_running_requests_live_on_the_same_process(vllm_server
         running = wait_running(url, lambda v: v >= 8, 60)
         assert running >= 8, (running, metrics(url).value(WAITING), asyncio.run(read_live(url)).live,
                               streams.done, streams.errors[:3], out.stdout)
-    assert not streams.errors, streams.errors[:3]
+    assert not streams.errors and streams.resets <= 2, (streams.errors[:3], streams.resets)
     assert metrics(url).value(START_TIME) == pid_start  # the same server process: no restart
 
 
