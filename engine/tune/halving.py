@@ -179,10 +179,7 @@ class Estimate:
                 f" steps of ~{self.step_s:.0f} s, {self.window_words()}{over}")
 
     def window_words(self) -> str:
-        if self.lifetime_s is None:
-            return f"windows of {self.window_s:g} s"
-        return (f"windows of {self.window_s:g} s taking ~{window_cost(self.window_s, self.lifetime_s):.0f} s each"
-                f" (a request lives ~{self.lifetime_s:.1f} s here: each window waits for two lifetimes)")
+        return window_words(self.window_s, self.lifetime_s)
 
 
 # Steps a bisection takes from a known load (bracket up, then halve to the tolerance), and from none.
@@ -195,6 +192,14 @@ def window_cost(window_s: float, lifetime_s: float | None = None) -> float:
     back) and its tail (its own requests coming back): two request lifetimes beside the span where
     the lifetime is known (``lifetime_s``), else the span again."""
     return window_s + (2 * lifetime_s if lifetime_s is not None else window_s)
+
+
+def window_words(window_s: float, lifetime_s: float | None = None) -> str:
+    """What a window costs, in words (with the lifetime where it is known)."""
+    if lifetime_s is None:
+        return f"windows of {window_s:g} s"
+    return (f"windows of {window_s:g} s taking ~{window_cost(window_s, lifetime_s):.0f} s each"
+            f" (a request lives ~{lifetime_s:.1f} s here: each window waits for two lifetimes)")
 
 
 def rounds_cost(n: int, window_s: float, lifetime_s: float | None = None) -> tuple[float, int]:
@@ -325,5 +330,5 @@ async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: 
 __all__ = [
     "FINALISTS", "MAX_ROUNDS", "ROUND_GROWTH", "Dropped", "Estimate", "Halving", "RoundRecord", "TimeSplit",
     "WindowMeasurer", "drop_beyond_noise", "estimate", "figures_of", "halve", "interleave", "restart_groups",
-    "rounds_cost", "window_cost",
+    "rounds_cost", "window_cost", "window_words",
 ]

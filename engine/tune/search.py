@@ -71,7 +71,7 @@ from engine.server.livehook import LIVE, LIVE_FLAGS
 from engine.tune import report
 from engine.tune.bracket import ConfigBudget, Fatal, bracket, confirm
 from engine.tune.errors import BudgetExhausted, TuneError
-from engine.tune.halving import FINALISTS, FIRST_SHARE, Estimate, TimeSplit, estimate, halve, restart_groups, window_cost
+from engine.tune.halving import FINALISTS, FIRST_SHARE, Estimate, TimeSplit, estimate, halve, restart_groups, window_words
 from engine.tune.measurer import ServerMeasurer
 from engine.tune.ranking import TIE_RULE, Cost, Decision, cost, decide, limit_runs, tie_floor_pct, tie_load
 from engine.tune.report import ParetoPoint, StepPoint, TuneResult, format_pareto, format_table, pareto_points, step_series
@@ -470,8 +470,7 @@ class Tuner:
                     f" ({self.remaining() / 60:.1f} min of budget left)")
 
         if lifetime is not None:  # what a window costs on this server, now that a request's life is known
-            self.say(f"  {name}: a request lives ~{lifetime:.1f} s here, so a {s.window_s:g} s window takes"
-                     f" ~{window_cost(s.window_s, lifetime):.0f} s; {progress(len(keys))}")
+            self.say(f"  {name}: {window_words(s.window_s, lifetime)}; {progress(len(keys))}")
 
         h = await halve(self.measurer, {k: self._flags(by_key[k]) for k in keys}, load,  # type: ignore[arg-type]
                         settings=s, group=name, split=self._split, remaining=self.remaining, say=self.say,
