@@ -53,9 +53,11 @@ MAX_ROUNDS = 6
 ROUND_GROWTH = 1.25
 # After a round in which every configuration met the SLO (goodput = the offered load for all).
 BLIND_GROWTH = 2.0
-# Windows per configuration in the first round (two: the least a repeats interval rests on), one
-# more each round after.
-FIRST_WINDOWS = 2
+# Windows per configuration in the first round: one (a round every configuration meets tells only
+# that; a drop after one window needs a difference beyond the run-to-run floor, 10%). Two after the
+# first round in which one missed (the least a repeats interval rests on), one more each round after.
+FIRST_WINDOWS = 1
+REPEAT_WINDOWS = 2
 # The first round's load, as a share of the group's burst throughput (where no --start-load is given):
 # a burst of 100 requests at once is mostly ramp and tail, so its throughput is below the steady
 # limit (an H100, 1024/256 tokens: 9.9 req/s against a limit of 17.4).
@@ -295,7 +297,7 @@ def rounds_cost(n: int, window_s: float, lifetime_s: float | None = None) -> tup
     while left > FINALISTS and rounds < MAX_ROUNDS:
         seconds += left * windows * window_cost(window_s, lifetime_s)
         rounds += 1
-        windows += 1
+        windows = max(REPEAT_WINDOWS, windows + 1)
         left = max(FINALISTS, math.ceil(left / 2))
     return seconds, rounds
 
@@ -416,7 +418,7 @@ async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: 
         out.rounds.append(dataclasses.replace(record, dropped=tuple(d.key for d in dropped), seconds=spent))
         split.rounds.append(out.rounds[-1])
         blind = not dropped and met == set(keys)
-        windows += 0 if blind else 1
+        windows = windows if blind else max(REPEAT_WINDOWS, windows + 1)
         nxt = steer.after(load, best in met, met == set(keys))
         say(f"  {group}: round {r + 1}: best {best} ({statistics.median(figures[best]):.3g} {unit} goodput);"
             + (f" dropped {', '.join(d.key for d in dropped)}" if dropped else " none beyond the noise")
