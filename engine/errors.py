@@ -10,7 +10,7 @@ from __future__ import annotations
 
 class SessionError(Exception):
     """An action the TUI's session refused or that failed, with a hint for the user
-    (engine.session re-exports it; engine.tune.live's form errors are a kind of it)."""
+    (engine.session re-exports it; engine.tune.part's form errors are a kind of it)."""
 
     def __init__(self, message: str, hint: str = "") -> None:
         super().__init__(message)

@@ -1,6 +1,6 @@
 """What the session's parts report to the session: one typed stream of events.
 
-The session's parts (engine.server.live, engine.runs.live, engine.tune.live, engine.telemetry.live)
+The session's parts (engine.server.part, engine.runs.part, engine.tune.part, engine.telemetry.part)
 are each handed ``emit`` and call it with one of these; engine.session.Session._on_event is the one
 place that acts on them. What a part asks of the session (the edited flags, whether a run goes)
 stays a plain query it is handed. Plain data below every room that reports, so none of them imports

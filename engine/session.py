@@ -8,10 +8,10 @@ a few times a second (:mod:`engine.views` defines it, its parts and the function
 that build them). Nothing here imports Textual, so the same object can be
 driven from a script or a test. The session is a thin facade: what it does is in objects
 of their own that it owns and hands what they need: the server started here or attached
-and its log (:class:`engine.server.live.LiveServer`), the load runs, the comparison and the
-history (:class:`engine.runs.live.LiveRuns`), the live telemetry and its sparklines
-(:class:`engine.telemetry.live.LiveTelemetry`) and the flag search run from the Tune screen
-(:class:`engine.tune.live.LiveTune`); the presets and the exports are functions of
+and its log (:class:`engine.server.part.ServerPart`), the load runs, the comparison and the
+history (:class:`engine.runs.part.RunsPart`), the live telemetry and its sparklines
+(:class:`engine.telemetry.part.TelemetryPart`) and the flag search run from the Tune screen
+(:class:`engine.tune.part.TunePart`); the presets and the exports are functions of
 :mod:`engine.presets` and :mod:`engine.runs.export`. The session keeps the flags being
 edited, the workload and the notice line.
 
@@ -36,20 +36,20 @@ from engine.flags import FlagError, FlagSet, FlagValue, load_schema, schema_pend
 from engine.presets import Preset, PresetError, check_repeats, find_preset, list_presets, load_for_session, save_from_session
 from engine.runs.export import EXPORT_KINDS, export_text, write_export
 from engine.runs.history import HistoryError
-from engine.runs.live import RUN_SERIES, LiveRuns, RunGround, run_name
-from engine.server.live import LOG_LINES, POLL_LINES, LiveServer
+from engine.runs.part import RUN_SERIES, RunGround, RunsPart, run_name
 from engine.server.livehook import LIVE
+from engine.server.part import LOG_LINES, POLL_LINES, ServerPart
 from engine.server.tinymodel import resolve_model
 from engine.telemetry.configinfo import server_values
-from engine.telemetry.live import LiveTelemetry
 from engine.telemetry.metrics import CACHE_CONFIG
 from engine.telemetry.nvml import NvmlReader
-from engine.tune.live import (
+from engine.telemetry.part import TelemetryPart
+from engine.tune.part import (
     TUNE_FIELDS,
     TUNE_PERCENTILES,
-    LiveTune,
     TuneFormError,
     TuneGround,
+    TunePart,
     parse_tune_form,
 )
 from engine.views import (
@@ -87,9 +87,9 @@ if TYPE_CHECKING:
     from loadgen.stats import StatsWindow
 
 # Re-exported: SessionError lives in engine.errors, the Tune form's parser and its constants
-# with the tune (engine.tune.live), run_name and RUN_SERIES with the runs (engine.runs.live),
+# with the tune (engine.tune.part), run_name and RUN_SERIES with the runs (engine.runs.part),
 # EXPORT_KINDS with the exports (engine.runs.export), LOG_LINES and POLL_LINES with the server
-# (engine.server.live); the TUI and the tests import them from here.
+# (engine.server.part); the TUI and the tests import them from here.
 __all__ = ["EXPORT_KINDS", "LOG_LINES", "POLL_LINES", "RUN_SERIES", "TUNE_FIELDS", "TUNE_PERCENTILES",
            "Session", "SessionError", "TuneFormError", "parse_tune_form", "run_name"]
 
@@ -172,25 +172,25 @@ class Session:
         self._notice: str | None = None
 
         self._tiny = tiny
-        # The sampler, the /metrics scrape and the sparkline series (engine.telemetry.live).
-        self._live_telemetry = LiveTelemetry(enabled=telemetry, emit=self._on_event,
-                                             recording=lambda: self._live_runs.recording)
+        # The sampler, the /metrics scrape and the sparkline series (engine.telemetry.part).
+        self._telemetry_part = TelemetryPart(enabled=telemetry, emit=self._on_event,
+                                             recording=lambda: self._runs_part.recording)
 
-        # The load run in progress, the runs measured, the comparison and the history (engine.runs.live).
-        self._live_runs = LiveRuns(emit=self._on_event, clock=clock,
-                                   store=self._live_telemetry.store, push=self._push,
+        # The load run in progress, the runs measured, the comparison and the history (engine.runs.part).
+        self._runs_part = RunsPart(emit=self._on_event, clock=clock,
+                                   store=self._telemetry_part.store, push=self._push,
                                    clear_series=self._clear_series, record_history=record_history)
-        # The server started here or attached, its log lines and its view (engine.server.live).
-        self._live_server = LiveServer(
+        # The server started here or attached, its log lines and its view (engine.server.part).
+        self._server_part = ServerPart(
             emit=self._on_event, clock=clock, launcher=launcher, port=port, edited=lambda: self._flags,
             start_telemetry=self._start_telemetry, halt_telemetry=self._halt_telemetry,
-            telemetry=lambda: self._live_telemetry.latest, tune_active=lambda: self.tune_active,
+            telemetry=lambda: self._telemetry_part.latest, tune_active=lambda: self.tune_active,
             run_active=lambda: self.run_active, stop_run=self.stop_workload)
 
         self._tune_measurer = tune_measurer  # read when a tune starts (tests set it after __init__)
-        # The flag search, its progress and its result (engine.tune.live).
-        self._live_tune = LiveTune(emit=self._on_event, server=self._tune_server,
-                                   telemetry=lambda: self._live_telemetry.latest, release=self._tune_release)
+        # The flag search, its progress and its result (engine.tune.part).
+        self._tune_part = TunePart(emit=self._on_event, server=self._tune_server,
+                                   telemetry=lambda: self._telemetry_part.latest, release=self._tune_release)
         self._revalidate()
 
     # ------------------------------------------------------------------ state access
@@ -203,35 +203,35 @@ class Session:
     @property
     def store(self) -> SeriesStore:
         """Every telemetry and /metrics sample of this session, for the runs' summaries."""
-        return self._live_telemetry.store
+        return self._telemetry_part.store
 
     @property
     def supervisor(self) -> Supervisor | None:
         """The Supervisor of the server started here, or None."""
-        return self._live_server.supervisor
+        return self._server_part.supervisor
 
     @property
     def runs(self) -> tuple[RunRecord, ...]:
-        return tuple(self._live_runs.runs)
+        return tuple(self._runs_part.runs)
 
     @property
     def server_started_here(self) -> bool:
         """True while a server this session launched may still be running."""
-        return self._live_server.started_here
+        return self._server_part.started_here
 
     @property
     def run_active(self) -> bool:
-        return self._live_runs.active
+        return self._runs_part.active
 
     @property
     def tune_active(self) -> bool:
         """True while a flag search runs (it owns the server until it ends)."""
-        return self._live_tune.active
+        return self._tune_part.active
 
     @property
     def _tune_task(self) -> asyncio.Task[TuneResult] | None:
         """The running search's task (the tests wait on it)."""
-        return self._live_tune.task
+        return self._tune_part.task
 
     def _refuse_while_tuning(self, what: str) -> None:
         if self.tune_active:
@@ -333,7 +333,7 @@ class Session:
     def flags_diff(self) -> list[tuple[str, object, object]]:
         """(flag, running value, edited value) for every flag an apply would change (values
         as FlagSet holds them: typed per flag, None when unset)."""
-        running = self._live_server.running_flags
+        running = self._server_part.running_flags
         if running is None:
             return []
         return _diff_rows(running, self._flags)
@@ -341,7 +341,7 @@ class Session:
     def revert_flags(self) -> None:
         """Throw the edits away: back to the running server's flags or the loaded ones."""
         self.changed()
-        self._flags = self._live_server.running_flags or self._loaded_flags
+        self._flags = self._server_part.running_flags or self._loaded_flags
         self._flag_text_errors.clear()
         self._revalidate()
 
@@ -391,8 +391,8 @@ class Session:
     # ------------------------------------------------------------------ server
 
     def _add_log(self, text: str, level: str | None = None) -> None:
-        """One line of the server's output (or a note of vtui's own): see LiveServer.add_log."""
-        self._live_server.add_log(text, level)
+        """One line of the server's output (or a note of vtui's own): see ServerPart.add_log."""
+        self._server_part.add_log(text, level)
 
     async def start_server(self, timeout: float = 600.0, *, force: bool = False) -> StartupFacts:
         """Launch vLLM with the edited flags; refuses when a flag is invalid, or (unless
@@ -402,12 +402,12 @@ class Session:
         """
         self._refuse_while_tuning("start the server")
         self._refuse_flag_errors("fix the flag before starting the server")
-        return await self._live_server.start(timeout, force=force)
+        return await self._server_part.start(timeout, force=force)
 
     async def stop_server(self) -> None:
         """Stop the run (if any) and the server this session started."""
         self._refuse_while_tuning("stop the server")
-        await self._live_server.stop()
+        await self._server_part.stop()
 
     def set_live_headroom(self, factor: float) -> None:
         """Start the server with max-num-seqs and max-num-batched-tokens ``factor`` times the edited
@@ -416,11 +416,11 @@ class Session:
         if not 1.0 <= factor <= 16.0:
             raise SessionError(f"live headroom {factor:g}: must be from 1 (off) to 16",
                                "e.g. --live-headroom 2 starts at twice the edited limits")
-        self._live_server.headroom = float(factor)
+        self._server_part.headroom = float(factor)
 
     async def apply_flags(self, timeout: float = 600.0, *,
                           force: bool = False) -> StartupFacts | RestartResult | LiveResult:
-        """Change the edited flags live where every one can (engine.server.live.LiveServer.apply),
+        """Change the edited flags live where every one can (engine.server.part.ServerPart.apply),
         else restart the server with them (see :meth:`flags_diff` first).
 
         With no server running this is a start. The server keeps its port, so the URL and
@@ -428,7 +428,7 @@ class Session:
         """
         self._refuse_while_tuning("apply flags")
         self._refuse_flag_errors("fix the flag before applying")
-        return await self._live_server.apply(timeout, force=force)
+        return await self._server_part.apply(timeout, force=force)
 
     def _refuse_flag_errors(self, hint: str) -> None:
         if self._flag_errors:
@@ -456,53 +456,53 @@ class Session:
                 self._flag_text_errors.clear()
                 self._revalidate()
             case LimitsSetLive(words, moved):
-                self._live_telemetry.mark(words)
-                self._live_runs.limits_moved(moved)  # a run going on measured two configurations
+                self._telemetry_part.mark(words)
+                self._runs_part.limits_moved(moved)  # a run going on measured two configurations
             case TuneEnded():
                 # the server runs the last configuration tried (or nothing): the view says so
-                self._live_server.tune_ended()
+                self._server_part.tune_ended()
         self.changed()
 
     async def attach(self, url: str) -> AttachedServer:
         """Watch and load a server that is already running (not started here)."""
         self._refuse_while_tuning("attach to another server")
-        return await self._live_server.attach(url)
+        return await self._server_part.attach(url)
 
     def attach_server(self, server: AttachedServer) -> None:
         """Use an ``engine.server.attach.AttachedServer`` (already probed) as this session's server."""
-        self._live_server.attach_server(server)
+        self._server_part.attach_server(server)
 
     # ------------------------------------------------------------------ telemetry
-    # The sampler, the scrape and the series are engine.telemetry.live's; these hand it the server.
+    # The sampler, the scrape and the series are engine.telemetry.part's; these hand it the server.
 
     def start_sampling(self) -> None:
         """Sample GPUs and host before any server runs (the Live panel shows them at once)."""
-        self._live_telemetry.start_sampling()
+        self._telemetry_part.start_sampling()
 
     def _start_telemetry(self) -> None:
         """Start the sampler thread (GPU/host) and the /metrics scrape task for the server."""
-        if self._live_telemetry.enabled:  # else the server's pid and URL are not asked for
-            self._live_telemetry.start(self._live_server.pid(), self._live_server.base_url())
+        if self._telemetry_part.enabled:  # else the server's pid and URL are not asked for
+            self._telemetry_part.start(self._server_part.pid(), self._server_part.base_url())
 
     async def _halt_telemetry(self) -> None:
         """Stop sampling and wait until the scraper's connection is closed."""
-        await self._live_telemetry.halt()
+        await self._telemetry_part.halt()
 
     def inject_telemetry(self, snap: TelemetrySnapshot) -> None:
         """Feed a telemetry snapshot by hand (headless tests, replay)."""
-        self._live_telemetry.on_telemetry(snap)
+        self._telemetry_part.on_telemetry(snap)
 
     def _clear_series(self, names: tuple[str, ...]) -> None:
-        self._live_telemetry.clear(names)
+        self._telemetry_part.clear(names)
 
     def _push(self, name: str, value: float) -> None:
-        self._live_telemetry.push(name, value)
+        self._telemetry_part.push(name, value)
 
     # ------------------------------------------------------------------ load runs
 
     def inject_window(self, window: StatsWindow) -> None:
         """Feed a stats window by hand (headless tests, replay)."""
-        self._live_runs.on_window(window)
+        self._runs_part.on_window(window)
 
     @property
     def repeats(self) -> int:
@@ -529,7 +529,7 @@ class Session:
         """The workload :attr:`repeats` times in a row (engine.runs.series): the TUI's ``r``.
         The repeats are one column of the comparison, each figure with an interval over them."""
         self._refuse_while_tuning("start a load run")
-        return await self._live_runs.repeat(self._run_ground, self._repeats)
+        return await self._runs_part.repeat(self._run_ground, self._repeats)
 
     async def run_workload(self, label: str | None = None, *, group: int | None = None) -> RunRecord:
         """Run the chosen workload against the server; returns the recorded run.
@@ -540,11 +540,11 @@ class Session:
         the run and the measured part is kept (status ``server-died``).
         """
         self._refuse_while_tuning("start a load run")
-        return await self._live_runs.run(self._run_ground(), label, group=group)
+        return await self._runs_part.run(self._run_ground(), label, group=group)
 
     def _run_ground(self) -> RunGround:
         """What a load run starts from: the server and the workload, read now."""
-        server = self._live_server
+        server = self._server_part
         return RunGround(
             base_url=server.base_url(), ready=server.state_name() in ("READY", "ATTACHED"), workload=self._workload,
             arrivals=self._arrivals, slo=self._slo, preset_name=self._preset_name,
@@ -554,15 +554,15 @@ class Session:
 
     def _next_run_label(self) -> str:
         """The next run's name: the preset and the flags changed since it (see run_name)."""
-        return self._live_runs.next_label(self._run_ground())
+        return self._runs_part.next_label(self._run_ground())
 
     def stop_workload(self, reason: str = "cancelled") -> None:
         """Cancel the run in progress; what was measured so far is kept."""
-        self._live_runs.stop(reason)
+        self._runs_part.stop(reason)
 
     def set_baseline(self, index: int | None = None) -> None:
         """Mark a run (default: the last one) as the baseline of the comparison."""
-        self._live_runs.set_baseline(index)
+        self._runs_part.set_baseline(index)
 
     async def sweep(self, presets: Sequence[Preset | str | Path], *, repeats: int | None = None) -> list[RunRecord]:
         """Run several presets in a row, restarting only when the flags differ; ``repeats``
@@ -584,30 +584,30 @@ class Session:
             return await self.run_workload(label, group=group)
 
         needs_apply = self._flags_to_apply
-        if self._live_server.attached_only:
+        if self._server_part.attached_only:
             # As `vtui sweep --url`: an attached server takes no flags, only the workloads run.
             self._notice = "attached server: the presets' flags are not applied; only their workloads run"
             needs_apply = _never
-        return await self._live_runs.sweep(
+        return await self._runs_part.sweep(
             found, load=self.load_preset, apply=self.apply_flags, run=run,
             needs_apply=needs_apply, repeats=repeats)
 
     def _flags_to_apply(self) -> bool:
         """True when the server runs nothing known, or other flags than the edited ones."""
-        running = self._live_server.running_flags
+        running = self._server_part.running_flags
         return running is None or _flags_differ(self._flags, running)
 
     # ------------------------------------------------------------------ flag search (tune)
-    # The search's state, progress and view are engine.tune.live's; these hand it the session.
+    # The search's state, progress and view are engine.tune.part's; these hand it the session.
 
     def tune_form_defaults(self) -> dict[str, str]:
         """The Tune form's starting text: the session's SLO (else TTFT 500 ms and TPOT
         50 ms), 30 minutes, the default space, rate mode."""
-        return self._live_tune.form_defaults(self._slo)
+        return self._tune_part.form_defaults(self._slo)
 
     def tune_percentile(self) -> float:
         """The percentile the SLO is judged at (the session's SLO's, else 99)."""
-        return self._live_tune.percentile(self._slo)
+        return self._tune_part.percentile(self._slo)
 
     async def tune(self, request: TuneRequest, *, settings: TuneSettings | None = None) -> TuneResult:
         """Search the flags with the most goodput under ``request.slo`` on this session's
@@ -626,44 +626,44 @@ class Session:
         ``settings``: an ``engine.tune.search.TuneSettings`` for the knobs the form does not have
         (requests per step, timeouts); the request's mode, budget and start load win.
         """
-        return await self._live_tune.run(request, self._tune_ground(), settings=settings)
+        return await self._tune_part.run(request, self._tune_ground(), settings=settings)
 
     def _tune_ground(self) -> TuneGround:
         """What the tune starts from and what may refuse it, read now."""
-        snap = self._live_telemetry.latest
+        snap = self._telemetry_part.latest
         return TuneGround(
             flags=self._flags, flag_errors=dict(self._flag_errors), workload=self._workload, arrivals=self._arrivals,
-            loading=self.run_active or self._live_runs.sweeping, busy=self._live_server.busy,
-            attached=self._live_server.attached_only,
+            loading=self.run_active or self._runs_part.sweeping, busy=self._server_part.busy,
+            attached=self._server_part.attached_only,
             max_request_len=self._max_request_len(), schema=self.schema(),
             gpus=tuple(g.index for g in snap.gpus) if snap is not None else (), measurer=self._tune_measurer)
 
     def _tune_server(self, base: FlagSet) -> Supervisor:
         """The server the search restarts: the one started here, else a new one on ``base``."""
-        return self._live_server.for_tune(base)
+        return self._server_part.for_tune(base)
 
     async def _tune_release(self) -> None:
         """Before a search on servers of its own (several slots, or GPUs named on the form):
         stop the server started here, which would hold a slot's GPUs and share its cores, and
         keep sampling the GPUs (the running trials' rows show theirs)."""
-        await self._live_server.stop()
-        self._live_telemetry.start(None, None)
+        await self._server_part.stop()
+        self._telemetry_part.start(None, None)
 
     def stop_tune(self) -> bool:
         """Cancel the running search; it is saved as "interrupted" (resumable). False when
         none runs."""
-        return self._live_tune.stop()
+        return self._tune_part.stop()
 
     def load_tuned_flags(self) -> list[tuple[str, object, object]]:
         """Put the search's winning values into the flag editor (the rest of the edits stay);
         nothing restarts until apply. Returns (flag, old, new) for what changed (values as
         FlagSet holds them: typed per flag, None when unset)."""
-        return self._live_tune.load_flags(self._flags)
+        return self._tune_part.load_flags(self._flags)
 
     def export_tune(self, kind: str) -> str:
         """An export of the search's winner: "docker", "serve", or "results" (the whole
         result as JSON: every configuration, the Pareto points)."""
-        return self._live_tune.export(kind)
+        return self._tune_part.export(kind)
 
     def save_tune_export(self, kind: str, path: Path | None = None) -> Path:
         """Write :meth:`export_tune` to ``path`` (default: the data folder's exports)."""
@@ -672,7 +672,7 @@ class Session:
     # ------------------------------------------------------------------ history
 
     def _get_history(self) -> History | None:
-        return self._live_runs.get_history()
+        return self._runs_part.get_history()
 
     def advise_last_run(self) -> list[Finding]:
         """The advisor's findings (``engine.advise.advisor.Finding``) for this session's latest
@@ -680,7 +680,7 @@ class Session:
 
         Raises SessionError when there is no run yet or the run was not stored.
         """
-        runs = self._live_runs.runs
+        runs = self._runs_part.runs
         if not runs:
             raise SessionError("no finished run to advise on", "run a workload first (r)")
         record = runs[-1]
@@ -701,8 +701,8 @@ class Session:
     def export(self, kind: str, run_index: int | None = None) -> str:
         """Text for an export: "docker", "serve", "k8s" (Deployment + Service), "compose",
         "results" (JSON) or "perfetto" (JSON); see engine.runs.export.export_text."""
-        return export_text(kind, self._flags, name=self._workload_label, version=self._live_server.version(),
-                           runs=self._live_runs.runs,
+        return export_text(kind, self._flags, name=self._workload_label, version=self._server_part.version(),
+                           runs=self._runs_part.runs,
                            run_index=run_index, history=self._get_history)
 
     def save_export(self, kind: str, path: Path | None = None) -> Path:
@@ -720,14 +720,14 @@ class Session:
     async def close(self, *, stop_server: bool = True) -> None:
         """Stop the tune and the run, the sampler and (unless told to leave it) the server started here."""
         # A search still joining its Ray cluster has no task yet: stopping it ends the join.
-        task = self._live_tune.task
-        if self._live_tune.active and self.stop_tune() and task is not None:
+        task = self._tune_part.task
+        if self._tune_part.active and self.stop_tune() and task is not None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(asyncio.shield(task), 60)
-        await self._live_runs.close()
+        await self._runs_part.close()
         await self._halt_telemetry()
-        await self._live_server.close(stop_server=stop_server)
-        history = self._live_runs.history
+        await self._server_part.close(stop_server=stop_server)
+        history = self._runs_part.history
         if history is not None:
             history.close()
 
@@ -735,26 +735,26 @@ class Session:
 
     def comparison(self) -> ComparisonView | None:
         """This session's runs and the stored runs picked in the Runs tab, side by side."""
-        return self._live_runs.comparison()
+        return self._runs_part.comparison()
 
     def stored_runs(self, text: str = "", limit: int = 200) -> tuple[StoredRun, ...]:
         """The run history, newest first, for the Runs tab: runs of any path and session
         (vtui bench, sweep, earlier TUIs). ``text`` filters: every word must appear in the
         run's name, preset, model, date (YYYY-MM-DD) or status. Empty without a history."""
-        return self._live_runs.stored_runs(text, limit)
+        return self._runs_part.stored_runs(text, limit)
 
     def load_points(self) -> tuple[LoadPoint, ...]:
         """The compared runs (this session's and the stored ones picked) on the latency-against-
         load plane, by load (engine.runs.compare.load_points): a sweep of loads read as a curve."""
-        return self._live_runs.load_points()
+        return self._runs_part.load_points()
 
     def run_points(self, limit: int = 200) -> tuple[RunPoint, ...]:
         """The stored runs on the throughput-latency plane, frontier marked (engine.runs.compare.run_points)."""
-        return self._live_runs.run_points(limit)
+        return self._runs_part.run_points(limit)
 
     def toggle_stored(self, run_id: int) -> bool:
         """Put a stored run into the comparison, or take it out; True when it is in now."""
-        inside = self._live_runs.toggle_stored(run_id)
+        inside = self._runs_part.toggle_stored(run_id)
         self._stored_epoch += 1
         return inside
 
@@ -771,7 +771,7 @@ class Session:
     def _stored_views(self) -> tuple[tuple[StoredRun, ...], tuple[LoadPoint, ...], tuple[RunPoint, ...]]:
         """The Runs tab's lists for the snapshot, read again only when what they show can have
         changed: a run ended or was set aside, the filter, a stored run compared, or asked."""
-        runs = self._live_runs.runs
+        runs = self._runs_part.runs
         key = (len(runs), sum(r.superseded for r in runs), self._stored_filter, self._stored_epoch)
         if self._stored_cache is None or self._stored_cache[0] != key:
             self._stored_cache = (key, (self.stored_runs(self._stored_filter), self.load_points(), self.run_points()))
@@ -779,36 +779,36 @@ class Session:
 
     def snapshot(self) -> SessionSnapshot:
         """The current state, frozen."""
-        devices, unavailable = devices_view(self._live_telemetry.latest)
+        devices, unavailable = devices_view(self._telemetry_part.latest)
         stored, load_pts, run_pts = self._stored_views()
         return SessionSnapshot(
             t=self._clock(),
             seq=self._seq,
             model=str(self._flags.model),
             flags=self._flags,
-            running_flags=self._live_server.running_flags,
+            running_flags=self._server_part.running_flags,
             flag_errors=dict(self._flag_errors),
             flag_warnings=dict(self._flag_warnings),
             dirty=self.dirty,
             workload_label=self._workload_label,
             repeats=self._repeats,
             preset_name=self._preset_name,
-            server=self._live_server.view(),
-            window=self._live_runs.window,
+            server=self._server_part.view(),
+            window=self._runs_part.window,
             devices=devices,
             gpu_unavailable=unavailable,
-            server_metrics=server_metrics_view(self._live_telemetry.server_sample, self._live_telemetry.latest),
-            series=self._live_telemetry.series(),
-            series_marks=self._live_telemetry.marks(),
+            server_metrics=server_metrics_view(self._telemetry_part.server_sample, self._telemetry_part.latest),
+            series=self._telemetry_part.series(),
+            series_marks=self._telemetry_part.marks(),
             live_flags=LIVE_NOTES,
-            logs=self._live_server.logs(),
-            run=self._live_runs.progress(self._arrivals),
-            runs=tuple(self._live_runs.runs),
-            baseline=self._live_runs.baseline,
+            logs=self._server_part.logs(),
+            run=self._runs_part.progress(self._arrivals),
+            runs=tuple(self._runs_part.runs),
+            baseline=self._runs_part.baseline,
             comparison=self.comparison(),
             notice=self._notice,
-            busy="tuning" if self.tune_active and not self._live_server.busy else self._live_server.busy,
-            tune=self._live_tune.view(),
+            busy="tuning" if self.tune_active and not self._server_part.busy else self._server_part.busy,
+            tune=self._tune_part.view(),
             server_config=self._server_config(),
             stored=stored,
             stored_filter=self._stored_filter,
@@ -818,7 +818,7 @@ class Session:
 
     def _server_config(self) -> dict[str, FlagValue]:
         """What the server reports of its flags (vllm:cache_config_info), while one is there."""
-        sample, live = self._live_telemetry.server_sample, self._live_server
+        sample, live = self._telemetry_part.server_sample, self._server_part
         labels = live.attached.cache_config if live.attached is not None else {}
         if sample is not None and not sample.stale and (live.attached is not None or live.running_flags is not None):
             labels = sample.cache_config or labels

@@ -151,7 +151,7 @@ async def test_server_sigkill_mid_session_run_is_cut_short_and_restartable(tiny_
         await session.start_server(timeout=30)
         sup = session.supervisor
         run = asyncio.create_task(session.run_workload())
-        await wait_until(lambda: session._live_runs.completed >= 8, 30)
+        await wait_until(lambda: session._runs_part.completed >= 8, 30)
         refs = sup.process_refs()
         t_kill = time.monotonic()
         os.kill(sup.pid, signal.SIGKILL)
@@ -314,7 +314,7 @@ SESSION_SCRIPT = textwrap.dedent(
         await session.start_server(timeout=300)
         # Every finished request as the run's thread hands it over (ok or not), so a test can
         # tell 'nothing stored' from 'nothing succeeded'.
-        seen, live = [], session._live_runs
+        seen, live = [], session._runs_part
         count = live.on_request
         def on_request(result):
             seen.append(None if result.ok else result.error)
@@ -576,7 +576,7 @@ async def test_vllm_sigkill_mid_session_run_then_restart_on_the_same_port(tiny_m
         await session.start_server(timeout=300)
         sup = session.supervisor
         run = asyncio.create_task(session.run_workload())
-        await wait_until(lambda: session._live_runs.completed >= 8, 120)
+        await wait_until(lambda: session._runs_part.completed >= 8, 120)
         refs = sup.process_refs()
         assert len(refs) >= 2
         t_kill = time.monotonic()
@@ -714,7 +714,7 @@ async def test_disk_full_while_writing_history_keeps_the_run_and_says_so(tiny_mo
     # SQLite's max_page_count answers SQLITE_FULL past the cap, exactly as a full disk does
     # (a tiny tmpfs would need root). 48 KiB holds the schema (28 KiB) and the run row, not the run.
     session = fake_session(tiny_model)
-    session._live_runs.history = History(tmp_path / "full.sqlite", max_bytes=48 * 1024)
+    session._runs_part.history = History(tmp_path / "full.sqlite", max_bytes=48 * 1024)
     session._arrivals = ArrivalSpec(concurrency=8, num_requests=600)
     session._workload = WorkloadSpec(input_len=16, output_len=2)
     try:

@@ -256,7 +256,7 @@ def test_import_graph_sees_type_only_function_level_and_relative_imports(tmp_pat
 # --------------------------------------------------------------------------- layers
 #
 # The floor plan as docs/ARCHITECTURE.md ("Layers") draws it, lowest floor first. A room is an
-# engine subpackage or top-level module (engine.runs holds engine.runs.live; engine.views is one
+# engine subpackage or top-level module (engine.runs holds engine.runs.part; engine.views is one
 # module), loadgen or tui. A room imports only rooms on lower floors: rooms on one floor stand
 # side by side and import neither each other nor anything above, counting every import the
 # graph above sees (type-only, function-level and importlib ones too). So the rooms form no
@@ -287,7 +287,7 @@ MAX_MODULE_LINES = 900
 
 
 def room_of(module: str) -> str:
-    """``engine.runs.live`` -> ``engine.runs``; ``engine.views`` -> itself; ``tui.app`` -> ``tui``."""
+    """``engine.runs.part`` -> ``engine.runs``; ``engine.views`` -> itself; ``tui.app`` -> ``tui``."""
     parts = module.split(".")
     return ".".join(parts[:2]) if parts[0] == "engine" else parts[0]
 
@@ -399,7 +399,7 @@ def test_layer_vllm_and_size_checks_catch_a_violation(tmp_path: Path) -> None:
         "engine/flags/spec.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from engine.session import S\n",
         "engine/session.py": "from engine.flags import spec\n" + "x = 1\n" * 901,
         "engine/runs/__init__.py": "",
-        "engine/runs/live.py": "from engine import views\n",
+        "engine/runs/part.py": "from engine import views\n",
         "engine/runs/measure.py": "import importlib\nm = importlib.import_module('engine.tune.search')\n",
         "engine/tune/__init__.py": "",
         "engine/tune/search.py": "from engine.advise import advisor\nimport vllm\n",
@@ -407,7 +407,7 @@ def test_layer_vllm_and_size_checks_catch_a_violation(tmp_path: Path) -> None:
         "engine/advise/advisor.py": "",
         "engine/server/__init__.py": "",
         "engine/server/livehook/__init__.py": "from vllm import plugins\n",
-        "engine/views.py": "from engine.runs import live\n",
+        "engine/views.py": "from engine.runs import part\n",
         "loadgen/__init__.py": "def f():\n    import tui\n",
         "tui/__init__.py": "import engine.session\n",
     }
@@ -416,16 +416,16 @@ def test_layer_vllm_and_size_checks_catch_a_violation(tmp_path: Path) -> None:
     assert layer_violations(lines, tmp_path) == [
         "engine/flags/spec.py:3: engine.flags.spec imports engine.session: "
         "room engine.flags (floor 4) may not import engine.session (floor 12)",
-        "engine/runs/live.py:1: engine.runs.live imports engine.views: "
-        "room engine.runs (floor 9) may not import engine.views (floor 11)",
         "engine/runs/measure.py:2: engine.runs.measure imports engine.tune.search: "
         "room engine.runs (floor 9) may not import engine.tune (floor 10)",
+        "engine/runs/part.py:1: engine.runs.part imports engine.views: "
+        "room engine.runs (floor 9) may not import engine.views (floor 11)",
         "engine/tune/search.py:1: engine.tune.search imports engine.advise.advisor: "
         "room engine.tune (floor 10) may not import engine.advise (the same floor)",
         "loadgen/__init__.py:2: loadgen imports tui: room loadgen (floor 1) may not import tui (floor 13)"]
     rooms = room_graph(import_graph(tmp_path))
     assert import_circles(rooms) == [frozenset({"engine.flags", "engine.session"}), frozenset({"engine.runs", "engine.views"})]
     assert vllm_imports(tmp_path) == ["engine/tune/search.py:2: engine.tune.search imports vllm"]
-    assert room_of("engine.runs.live") == "engine.runs" and room_of("engine.views") == "engine.views"
+    assert room_of("engine.runs.part") == "engine.runs" and room_of("engine.views") == "engine.views"
     assert floor_of("engine.nothing_here") is None
     assert long_modules(tmp_path) == ["engine/session.py: 902 lines"]

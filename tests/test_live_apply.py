@@ -76,8 +76,8 @@ async def test_apply_is_live_under_load_on_the_server_the_session_started(tiny_m
         assert flag_changes_of(session.runs[-1].summary) == ()
         # A flag that needs a restart: the apply says which one (checked before restarting).
         session.set_flag_text("max-model-len", "1024")
-        live = await session._live_server._apply_live(session.flags)
-        assert live is None and session._live_server.live_refusal == "--max-model-len needs a restart"
+        live = await session._server_part._apply_live(session.flags)
+        assert live is None and session._server_part.live_refusal == "--max-model-len needs a restart"
         session.unset_flag("max-model-len")
         session.set_flag("max-model-len", SERVER_ARGS["max-model-len"])
     finally:

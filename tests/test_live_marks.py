@@ -20,10 +20,10 @@ def make_app() -> VtuiApp:
 
 
 def feed(app: VtuiApp, before: int, after: int) -> None:
-    telemetry = app.session._live_telemetry
+    telemetry = app.session._telemetry_part
     for i in range(before):
         telemetry.push("ttft_p50", 50.0 + i)
-    app.session._on_event(LimitsSetLive("max-num-seqs 128->4"))  # what LiveServer emits on a live apply
+    app.session._on_event(LimitsSetLive("max-num-seqs 128->4"))  # what ServerPart emits on a live apply
     for i in range(after):
         telemetry.push("ttft_p50", 20.0 + i)
 
@@ -54,7 +54,7 @@ async def test_a_live_change_is_marked_under_the_ttft_chart(size: tuple[int, int
 async def test_no_mark_without_a_change_and_old_ones_leave_with_their_points() -> None:
     app = make_app()
     async with app.run_test(size=(80, 24)) as pilot:
-        app.session._live_telemetry.push("ttft_p50", 10.0)
+        app.session._telemetry_part.push("ttft_p50", 10.0)
         app.refresh_now()
         await pilot.pause()
         assert not app.screen.query_one("#live-marks", Static).display

@@ -1,7 +1,7 @@
 """A long session: what finished runs keep (issue 35), what Live shows once a run ended
 (issue 32, item 3) and how runs are named (issue 33, item 7).
 
-The retention test feeds the session's load runs (``engine.runs.live.LiveRuns``, what the
+The retention test feeds the session's load runs (``engine.runs.part.RunsPart``, what the
 ``r`` key drives) many thousands of synthetic completed requests over several runs, through
 the same history recording ``engine.runs.measure.measure`` writes, and weighs what stays
 (tracemalloc): the load itself is not the subject, so ``measure`` is replaced by one that
@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 
 from engine.flags import FlagSet
-from engine.runs import live as live_runs
+from engine.runs import part as runs_part
 from engine.runs.history import History, Recording
-from engine.runs.live import FINISHED_WINDOWS, UNSTORED_REQUESTS, LiveRuns, RunGround, run_name
 from engine.runs.measure import MeasuredRun, RunPlan, Target
+from engine.runs.part import FINISHED_WINDOWS, UNSTORED_REQUESTS, RunGround, RunsPart, run_name
 from engine.runs.status import RunStatus
 from engine.runs.summary import RunSummary
 from engine.session import Session
@@ -132,15 +132,15 @@ def _ground(n: int) -> RunGround:
                      name_base="soak", preset_flags=FlagSet(model="tiny", values={}))
 
 
-def _live_runs(record_history: bool) -> LiveRuns:
-    return LiveRuns(emit=lambda event: None, clock=lambda: 0.0, store=SeriesStore(capacity=4),
+def _runs_part(record_history: bool) -> RunsPart:
+    return RunsPart(emit=lambda event: None, clock=lambda: 0.0, store=SeriesStore(capacity=4),
                     push=lambda name, value: None, clear_series=lambda names: None, record_history=record_history)
 
 
-def _retained(record_history: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[LiveRuns, list[int]]:
+def _retained(record_history: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[RunsPart, list[int]]:
     """Run RUNS synthetic runs of REQUESTS_PER_RUN; the bytes the session's runs hold after each."""
-    monkeypatch.setattr(live_runs, "measure", synthetic_measure(REQUESTS_PER_RUN))
-    runs = _live_runs(record_history)
+    monkeypatch.setattr(runs_part, "measure", synthetic_measure(REQUESTS_PER_RUN))
+    runs = _runs_part(record_history)
 
     async def go() -> list[int]:
         held = []
@@ -190,7 +190,7 @@ def test_a_long_runs_windows_are_thinned_once_it_ended() -> None:
     (its final state) among them; the history has every one."""
     import dataclasses
 
-    from engine.runs.live import finished_result
+    from engine.runs.part import finished_result
 
     windows = tuple(SlidingWindow(10.0).snapshot(float(t), run_start=0.0, slo=None, in_flight=0, totals=(t, 0, t),
                                                  client=(False, 0.0, 0.0)) for t in range(1, 7201))

@@ -444,7 +444,7 @@ def test_the_sessions_comparison_bootstraps_each_run_once_off_the_snapshot(
 
     monkeypatch.setattr(RunNoise, "replicates", counting)
     session = Session(FlagSet(model="m", values={}), telemetry=False)
-    live = session._live_runs
+    live = session._runs_part
     try:
         for run_id in ids[:2]:
             session.toggle_stored(run_id)
@@ -630,7 +630,7 @@ def test_the_runs_tab_reads_a_floor_learned_since_it_last_looked(tmp_path: Path,
     with History() as store:
         ids = [_store_made_run(store, f"r{k}", made_requests(k, n=120)) for k in range(2)]
     session = Session(FlagSet(model="m", values={}), telemetry=False)
-    live = session._live_runs
+    live = session._runs_part
     try:
         for run_id in ids:
             session.toggle_stored(run_id)

@@ -257,14 +257,14 @@ async def test_a_tune_is_refused_during_a_run_on_an_attached_server_or_with_bad_
     release = threading.Event()
     run = threading.Thread(target=release.wait, daemon=True)  # a load run's thread, alive
     run.start()
-    session._live_runs.thread = run
+    session._runs_part.thread = run
     try:
         with pytest.raises(SessionError, match="a load run is going"):
             await session.tune(request())
     finally:
         release.set()
         run.join()
-        session._live_runs.thread = None
+        session._runs_part.thread = None
 
     attached = make_session()
     attached.attach_server(SimpleNamespace(url="http://127.0.0.1:8000", flags=None))

@@ -102,14 +102,14 @@ def test_advise_last_run_reads_the_stored_run(tmp_path: Path) -> None:
         rec.add_sample("server", t, {"t": t, "stale": False, "running": 2.0, "waiting": 14.0,
                                      "kv_cache_usage": 0.03, "preemptions_total": 0.0})
     rec.finish("complete", {"load": {"completed": 100}, "telemetry": {"preemptions": 0.0}})
-    session._live_runs.history, session._live_runs.record_history = history, True
-    session._live_runs.runs.append(_record(1, rec.run_id))
+    session._runs_part.history, session._runs_part.record_history = history, True
+    session._runs_part.runs.append(_record(1, rec.run_id))
     findings = session.advise_last_run()
     assert [f.to_dict() for f in findings] == [f.to_dict() for f in advise(RunData.from_history(history, rec.run_id))]
     assert any(c.flag == "max-num-seqs" for f in findings for c in f.changes)
     assert session.flags.get("max-num-seqs") == 128  # advising changes nothing
 
-    session._live_runs.runs.append(_record(2, None))  # a run the history did not take
+    session._runs_part.runs.append(_record(2, None))  # a run the history did not take
     with pytest.raises(SessionError, match="not stored"):
         session.advise_last_run()
     history.close()

@@ -244,7 +244,7 @@ async def test_the_tune_screen_charts_ttft_against_load_per_configuration() -> N
 async def test_the_tune_screen_lists_every_running_trial_with_its_gpus() -> None:
     """Issue 19, item 5: what each slot measures now, beside the table of finished ones."""
     from engine.session import parse_tune_form
-    from engine.tune.search import LiveTrial, Measurement
+    from engine.tune.search import Measurement, RunningTrial
     from engine.views import DeviceView, TrialView
 
     app, session = make_app(RecordedMeasurer(LIMITS), publish=False)
@@ -260,8 +260,8 @@ async def test_the_tune_screen_lists_every_running_trial_with_its_gpus() -> None
         assert snap.tune is not None and snap.tune.running == ()  # over: nothing running
         gpu = DeviceView("GPU2", 70.5, 141.0, 69.9, 97.0, index=2)
         last = Measurement(4.0, True, requests=50, completed=50, ttft_ms=412.0, tpot_ms=31.5)
-        trials = (TrialView(LiveTrial(0, (0, 1), BEST, "starting", None), ()),
-                  TrialView(LiveTrial(1, (2,), "max-num-seqs=64,max-num-batched-tokens=512", "measuring", 6.0,
+        trials = (TrialView(RunningTrial(0, (0, 1), BEST, "starting", None), ()),
+                  TrialView(RunningTrial(1, (2,), "max-num-seqs=64,max-num-batched-tokens=512", "measuring", 6.0,
                                       steps=3, last=last), (gpu,)))
         app.show_snapshot(dataclasses.replace(snap, tune=dataclasses.replace(snap.tune, status="running",
                                                                                running=trials)))

@@ -134,7 +134,7 @@ async def test_gpus_the_session_cannot_give_are_refused_on_the_form(
     async def release() -> None:
         released.append(True)
 
-    session._live_tune._release = release
+    session._tune_part._release = release
     text = form(session, **fields)
     if space is not None:
         text["space"] = space
@@ -198,7 +198,7 @@ async def test_a_ray_request_the_cluster_cannot_take_is_refused_before_anything_
     async def release() -> None:
         released.append(True)
 
-    session._live_tune._release = release
+    session._tune_part._release = release
     with pytest.raises(TuneFormError) as info:
         await session.tune(TuneRequest(slo=SLO(ttft_ms=500.0), space=SPACE, budget_s=60.0, gpus="0", ray="auto"),
                            settings=SETTINGS)
@@ -243,14 +243,14 @@ async def test_two_slots_find_the_same_winner_as_the_sessions_one_server() -> No
     tables = SlotTables(hold=True)
     session = session_with(tables.factory, 2)
     released: list[bool] = []
-    release = session._live_tune._release
+    release = session._tune_part._release
     assert release is not None
 
     async def recording_release() -> None:
         released.append(True)
         await release()
 
-    session._live_tune._release = recording_release
+    session._tune_part._release = recording_release
     task = asyncio.ensure_future(session.tune(parse_tune_form(form(session)), settings=SETTINGS))
     for _ in range(500):  # both slots inside a step at once
         await asyncio.sleep(0.01)
@@ -523,7 +523,7 @@ async def test_the_tune_screen_names_each_ray_trials_actor() -> None:
 
     from engine.flags import builtin_schema
     from engine.presets import list_presets
-    from engine.tune.search import LiveTrial
+    from engine.tune.search import RunningTrial
     from engine.views import TrialView, TuneView
     from tui.app import VtuiApp
     from tui.widgets.tune import TuneScreen
@@ -535,7 +535,7 @@ async def test_the_tune_screen_names_each_ray_trials_actor() -> None:
         await pilot.pause()
         screen = app.screen
         assert isinstance(screen, TuneScreen)
-        trials = tuple(TrialView(LiveTrial(slot=i, gpus=(), key=f"max-num-seqs={64 * (i + 1)}", phase="measuring",
+        trials = tuple(TrialView(RunningTrial(slot=i, gpus=(), key=f"max-num-seqs={64 * (i + 1)}", phase="measuring",
                                            load=2.0, steps=i), (), where=f"trial slot {i} on node{i} GPU {i}")
                        for i in range(2))
         screen.view = TuneView(id="t1", status="running", mode="rate", slo_label="p99 TTFT <= 500 ms", elapsed_s=1.0,

@@ -200,16 +200,16 @@ async def test_x_stops_a_search_still_joining_its_cluster() -> None:
     async def release() -> None:
         released.append(True)
 
-    session._live_tune._release = release
+    session._tune_part._release = release
     ended: list[bool] = []
-    emit = session._live_tune._emit
+    emit = session._tune_part._emit
 
     def spy(event: SessionEvent) -> None:  # the search's end, as the session hears it
         if isinstance(event, TuneEnded):
             ended.append(True)
         emit(event)
 
-    session._live_tune._emit = spy
+    session._tune_part._emit = spy
     before = session.snapshot().server.state
     with listener(None) as port:
         request = parse_tune_form(form(session, ray=f"127.0.0.1:{port}"))
@@ -254,7 +254,7 @@ async def test_closing_the_session_while_its_search_joins_a_cluster_ends_the_sea
         task = asyncio.create_task(session.tune(parse_tune_form(form(session, ray=f"127.0.0.1:{port}"))))
         while session.snapshot().tune is None:
             await asyncio.sleep(0.01)
-        assert session.tune_active and session._live_tune.task is None
+        assert session.tune_active and session._tune_part.task is None
         t0 = time.monotonic()
         await asyncio.wait_for(session.close(stop_server=False), 2.0)
         result = await asyncio.wait_for(task, 1.0)
@@ -452,14 +452,14 @@ async def test_the_tune_screens_ray_field_runs_each_trial_on_an_actor_and_finds_
         for ray_field, parallel in (("", "1"), ("local", "2")):
             session = session_with(ServerTrials(urls), 0)
             released: list[bool] = []
-            release = session._live_tune._release
+            release = session._tune_part._release
             assert release is not None
 
             async def recording_release(release: Any = release, released: list[bool] = released) -> None:
                 released.append(True)
                 await release()
 
-            session._live_tune._release = recording_release
+            session._tune_part._release = recording_release
             text = form(session, parallel=parallel, mode="concurrency", start_load="8", ttft_ms="", e2el_ms="5000",
                         ray=ray_field)
             text["space"] = "max-num-seqs=16,32"

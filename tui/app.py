@@ -590,7 +590,7 @@ class VtuiApp(App[int]):
     async def _close_and_exit(self, *, stop_server: bool) -> None:
         if stop_server:
             self.notify("stopping the server…")
-        # Left running by choice: the session's LiveServer tells its supervisor (and reaper) so.
+        # Left running by choice: the session's ServerPart tells its supervisor (and reaper) so.
         await self.session.close(stop_server=stop_server)
         self.exit(self.exit_code)
 

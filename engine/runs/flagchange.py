@@ -10,7 +10,7 @@ floor learned or measured from repeats): docs/MEASUREMENT.md.
 
 Where the changes come from:
 
-- the session's own apply: ``engine.server.live.LiveServer`` reports each limit that moved (flag,
+- the session's own apply: ``engine.server.part.ServerPart`` reports each limit that moved (flag,
   old, new: ``engine.events.LimitsSetLive``) and the session hands it to the run in progress
   (``RunHandle.note_change``, a :class:`ChangeLog`): its time is known;
 - anything else (``vtui set`` from another terminal): the server's live limits, read at the run's

@@ -13,8 +13,8 @@ keeps the same order and the same rule for a spoiled run:
 
 Who calls it: ``vtui sweep`` (engine.tune.sweep.run_sweep, a server started here and restarted
 only when a preset's flags differ: engine.server.ready.ensure_server), ``vtui bench --repeat``,
-the TUI's ``r`` with repeats and its ``w`` sweep (engine.runs.live, the session loading each
-preset into the flag editor and restarting through its LiveServer), and the tuner's step
+the TUI's ``r`` with repeats and its ``w`` sweep (engine.runs.part, the session loading each
+preset into the flag editor and restarting through its ServerPart), and the tuner's step
 (engine.tune.measurer: its own test of a spoiled step, the same bounded retry).
 
 Repeats of one configuration are not retried when spoiled (``retry_spoiled=False``): each is a

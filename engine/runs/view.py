@@ -2,7 +2,7 @@
 measured (RunRecord), Live's figures (LiveFigures: the rolling window while a run goes, the
 stored run's own figures after), the history's runs as the Runs tab lists them (StoredRun) and
 the comparison formatted for display (ComparisonView, over engine.runs.compare). Frozen data and
-the pure functions that build it; engine.runs.live keeps the state.
+the pure functions that build it; engine.runs.part keeps the state.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A server running given flags: reuse it, restart it, or start one. The one readiness policy of
-every path that needs a server vtui starts: the TUI's start and apply (engine.server.live), vtui
+every path that needs a server vtui starts: the TUI's start and apply (engine.server.part), vtui
 bench, sweep and tune (engine.tune.measurer, engine.tune.sweep).
 
 :func:`ensure_server` takes the supervisor the caller has (or None) and the flags it wants; the

@@ -1,5 +1,5 @@
 """The server as the screen reads it: its state and facts (ServerView) and its log lines
-(LogLine). Plain frozen data that engine.server.live builds and engine.views' SessionSnapshot
+(LogLine). Plain frozen data that engine.server.part builds and engine.views' SessionSnapshot
 holds."""
 
 from __future__ import annotations

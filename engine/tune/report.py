@@ -13,7 +13,7 @@ from engine.flags import FlagSet
 from engine.runs.compare import pareto_frontier
 from engine.runs.status import SPOILED_TRIES
 from engine.tune.ranking import TIE_RULE, Decision, Rival
-from engine.tune.trial import CUT_SHORT, DONE, OBJECTIVE_UNITS, ConfigResult, LiveTrial, Measurement, config_score
+from engine.tune.trial import CUT_SHORT, DONE, OBJECTIVE_UNITS, ConfigResult, Measurement, RunningTrial, config_score
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class TuneResult:
     objective: str = "goodput"
     measurements: Mapping[str, tuple[Measurement, ...]] = dataclasses.field(default_factory=dict)
     """Every step of every configuration, in the order measured (the state file keeps them too)."""
-    running: tuple[LiveTrial, ...] = ()
+    running: tuple[RunningTrial, ...] = ()
     """The configurations being measured now, by slot (empty once the search ended)."""
     decision: Decision | None = None
     """Why the best is the best (engine.tune.ranking): the configurations tied with it within the

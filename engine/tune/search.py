@@ -94,9 +94,9 @@ from engine.tune.trial import (
     UNSTABLE,
     ConfigResult,
     EarlyStop,
-    LiveTrial,
     Measurement,
     Measurer,
+    RunningTrial,
     StartOutcome,
     StepRule,
     TuneSettings,
@@ -156,7 +156,7 @@ class Tuner(OneLoad):
         self._slots: tuple[Measurer, ...] = tuple(slots)
         # GPUs of each slot (the first measurer's, then ``slots``'), for the live view only.
         self._slot_gpus: tuple[tuple[int, ...], ...] = tuple(tuple(g) for g in slot_gpus)
-        self._live: dict[int, LiveTrial] = {}
+        self._live: dict[int, RunningTrial] = {}
         # Side by side: the trials being measured now (task -> configuration key, slot), and for
         # one that lost to a running neighbour (violated the SLO at a load that neighbour met),
         # that neighbour and the load.
@@ -781,7 +781,7 @@ class Tuner(OneLoad):
         slot = self._slot_of(measurer)
         old = self._live.get(slot)
         same = old is not None and old.key == key
-        self._live[slot] = LiveTrial(
+        self._live[slot] = RunningTrial(
             slot=slot, gpus=self._slot_gpus[slot] if slot < len(self._slot_gpus) else (), key=key, phase=phase,
             load=load, steps=(old.steps if same and old else 0) + (last is not None),
             last=last if last is not None else (old.last if same and old else None))
@@ -798,11 +798,55 @@ class Tuner(OneLoad):
 # The search's names, each defined in the module of its part (space, trial, state, report,
 # measurer) and named here too: callers import them from engine.tune.search.
 __all__ = [
-    "CUT_SHORT", "DEFAULT_SPACE", "DIED", "DOMINATED", "DONE", "INVALID", "MODES", "NOT_TRIED", "NO_LOAD",
-    "OBJECTIVES", "OBJECTIVE_UNITS", "SKIPPED", "START_FAILED", "TIE_RULE", "UNSTABLE", "BudgetExhausted",
-    "ConfigResult", "Decision", "EarlyStop", "FileStore", "HistoryStore", "LiveTrial", "Measurement", "Measurer",
-    "ParetoPoint", "SearchSpace", "ServerMeasurer", "StartOutcome", "StepPoint", "StepRule", "TuneError",
-    "TuneResult", "TuneSettings", "TuneState", "TuneStore", "Tuner", "allowed_failures", "best_config",
-    "config_score", "format_pareto", "format_table", "judge", "list_states", "load_state", "new_id",
-    "objective_value", "pareto_points", "state_path", "step_series", "tune_dir", "violation_count",
+    "CUT_SHORT",
+    "DEFAULT_SPACE",
+    "DIED",
+    "DOMINATED",
+    "DONE",
+    "INVALID",
+    "MODES",
+    "NOT_TRIED",
+    "NO_LOAD",
+    "OBJECTIVES",
+    "OBJECTIVE_UNITS",
+    "SKIPPED",
+    "START_FAILED",
+    "TIE_RULE",
+    "UNSTABLE",
+    "BudgetExhausted",
+    "ConfigResult",
+    "Decision",
+    "EarlyStop",
+    "FileStore",
+    "HistoryStore",
+    "Measurement",
+    "Measurer",
+    "ParetoPoint",
+    "RunningTrial",
+    "SearchSpace",
+    "ServerMeasurer",
+    "StartOutcome",
+    "StepPoint",
+    "StepRule",
+    "TuneError",
+    "TuneResult",
+    "TuneSettings",
+    "TuneState",
+    "TuneStore",
+    "Tuner",
+    "allowed_failures",
+    "best_config",
+    "config_score",
+    "format_pareto",
+    "format_table",
+    "judge",
+    "list_states",
+    "load_state",
+    "new_id",
+    "objective_value",
+    "pareto_points",
+    "state_path",
+    "step_series",
+    "tune_dir",
+    "violation_count",
 ]

@@ -1,4 +1,4 @@
-"""A flag search's setup, one for the TUI's Tune screen (engine.tune.live.LiveTune) and `vtui tune`
+"""A flag search's setup, one for the TUI's Tune screen (engine.tune.part.TunePart) and `vtui tune`
 (tui/commands/tune.py): how a trial's measurer is made and the :class:`Tuner` over the measurers,
 saved in the run history after every start and step, where `vtui tune --list/--resume` look.
 

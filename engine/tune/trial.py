@@ -455,7 +455,7 @@ def _started_with(value: object) -> dict[str, object] | None:
 
 
 @dataclass(frozen=True)
-class LiveTrial:
+class RunningTrial:
     """A configuration being measured now, in its slot: what the Tune screen shows of it.
 
     ``phase``: "starting" (its server), "measuring" (a step at ``load``), "alone" (the

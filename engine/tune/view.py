@@ -1,6 +1,6 @@
 """The flag search as the screen reads it: what a search is asked for (TuneRequest), what it
 shows while it goes and after (TuneView, a running trial with its devices: TrialView) and the
-pure functions that word its parts. Frozen data; engine.tune.live keeps the state."""
+pure functions that word its parts. Frozen data; engine.tune.part keeps the state."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     # For the annotations only.
     from engine.flags import FlagSet
     from engine.telemetry.view import DeviceView
-    from engine.tune.search import ConfigResult, LiveTrial, ParetoPoint, SearchSpace, StepPoint
+    from engine.tune.search import ConfigResult, ParetoPoint, RunningTrial, SearchSpace, StepPoint
     from loadgen.spec import SLO
 
 
@@ -34,12 +34,12 @@ class TuneRequest:
 
 @dataclass(frozen=True)
 class TrialView:
-    """A configuration being measured now (engine.tune.search.LiveTrial) with its slot's
+    """A configuration being measured now (engine.tune.search.RunningTrial) with its slot's
     devices as the resource table shows them: its GPUs, or the host where there are none.
     A trial on a Ray actor has no devices here (they are its node's, not the ones this
     session samples) and says where it runs in ``where``."""
 
-    trial: LiveTrial
+    trial: RunningTrial
     devices: tuple[DeviceView, ...]
     # A Ray trial's slot and its actor's node and GPUs ("trial slot 0 on node GPU 2",
     # engine.tune.ray.RayMeasurer.where); empty for a trial on this machine.

@@ -88,7 +88,7 @@ def main() -> None:
                     spread_pct={"median_tpot_ms": 15.0, "median_ttft_ms": 20.0}, label="made"))
             live.floor_checked = None  # read the floor at the next snapshot, not in 10 s
         steps.append(("a noise floor stored", store_floor))
-    live = session._live_runs
+    live = session._runs_part
     settle = getattr(live, "noise_settled", None)  # where the bootstrap runs on a thread of its own
     print(f"{a.runs} stored runs of {a.requests} requests; snapshot times in ms "
           f"({'bootstraps on the noise thread' if settle else 'bootstraps in the snapshot'})")

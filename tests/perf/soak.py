@@ -172,7 +172,7 @@ async def soak(url: str, args: argparse.Namespace) -> list[tuple[str, float, flo
             await asyncio.sleep(5.0)
             # The comparison's bootstrap of the run (the noise thread, asked for by the snapshot)
             # reads its requests back: measured once it is done, not in the middle of it.
-            await asyncio.to_thread(session._live_runs.noise_settled, 120.0)
+            await asyncio.to_thread(session._runs_part.noise_settled, 120.0)
             await asyncio.sleep(1.0)
             if args.tracemalloc:
                 gc.collect()

@@ -1,6 +1,6 @@
 """The session's server: the one started here (a Supervisor) or attached, its log and its view.
 
-A :class:`LiveServer` is owned by an ``engine.session.Session``. It starts, restarts and
+A :class:`ServerPart` is owned by an ``engine.session.Session``. It starts, restarts and
 stops the vLLM server vtui launches (``engine.server.supervisor.Supervisor``), attaches to
 one already running (``engine.server.attach``), keeps the server's log lines for the log
 pane, refuses a launch the planner shows cannot fit, and builds the snapshot's
@@ -56,7 +56,7 @@ def _float(value: float | None) -> float | None:
     return None if value is None else float(value)
 
 
-class LiveServer:
+class ServerPart:
     """The session's server (started here or attached), its state words and its log lines."""
 
     def __init__(

@@ -1,13 +1,13 @@
 """The session's load runs: the run in progress, the runs measured so far and the comparison.
 
-A :class:`LiveRuns` is owned by an ``engine.session.Session``. It runs the chosen workload
+A :class:`RunsPart` is owned by an ``engine.session.Session``. It runs the chosen workload
 against the session's server (``engine.runs.measure.measure``, the pipeline of `vtui bench`,
 sweep and tune) on a thread with its own event loop, keeps the runs this session measured,
 the baseline, the stored runs picked for the comparison and the history they are written
 to, and builds the snapshot's run views. What it needs of the session comes in explicitly:
 the session's state when a run starts (a :class:`RunGround`) and a few callables.
 
-Threads: a load run's thread calls :meth:`LiveRuns.on_window` and :meth:`LiveRuns.on_request`;
+Threads: a load run's thread calls :meth:`RunsPart.on_window` and :meth:`RunsPart.on_request`;
 both only assign or count (atomic under the GIL). The comparison's intervals bootstrap each
 compared run's requests (0.1-0.5 s a run) on a thread of their own, once a run: the snapshot,
 built on the screen's thread four times a second, only reads what is done.
@@ -152,7 +152,7 @@ def _ends_repeats(record: RunRecord) -> bool:
     return record.status in (RunStatus.CANCELLED, RunStatus.SERVER_DIED, RunStatus.FAILED)
 
 
-class LiveRuns:
+class RunsPart:
     """The session's load run in progress, its runs, the baseline, the comparison and the history."""
 
     def __init__(

@@ -1,6 +1,6 @@
 """A flag search run from the TUI: the Tune form, the search's state and its view.
 
-A :class:`LiveTune` is owned by an ``engine.session.Session``. It reads the Tune form
+A :class:`TunePart` is owned by an ``engine.session.Session``. It reads the Tune form
 (:func:`parse_tune_form`), runs ``engine.tune.search.Tuner`` on the session's workload,
 keeps the progress lines and the latest result, and builds the snapshot's
 :class:`~engine.tune.view.TuneView`. What it needs of the session comes in explicitly: the
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from engine.flags import FlagSet, Schema
     from engine.server.supervisor import Supervisor
     from engine.telemetry.sampler import TelemetrySnapshot
-    from engine.tune.search import LiveTrial, Measurer
+    from engine.tune.search import Measurer, RunningTrial
     from engine.tune.slots import Slot
     from loadgen.spec import ArrivalSpec, WorkloadSpec
 
@@ -102,9 +102,9 @@ def parse_tune_form(fields: Mapping[str, str], *, schema: Schema | None = None,
     limit is not judged, but one limit at least is needed. ``percentile``: used when the
     form has no ``percentile`` field ("99" or "90", "p" optional). Empty ``gpus`` and
     ``parallel``: every GPU the session sees, one trial per slot. Whether the GPUs are
-    visible and wide enough is :meth:`LiveTune.run`'s to say (it knows the session's).
+    visible and wide enough is :meth:`TunePart.run`'s to say (it knows the session's).
     ``ray`` (empty: no Ray): the request's ``ray``, checked by :func:`check_ray`; whether
-    a cluster answers there is :meth:`LiveTune.run`'s to say.
+    a cluster answers there is :meth:`TunePart.run`'s to say.
     """
     ptext = str(fields.get("percentile", "") or "").strip().lower().removeprefix("p")
     if ptext:
@@ -196,7 +196,7 @@ class TuneGround:
     measurer: Callable[..., Measurer] | None
 
 
-class LiveTune:
+class TunePart:
     """The session's flag search: the running task, its progress and its latest result."""
 
     def __init__(
@@ -600,7 +600,7 @@ class LiveTune:
                         configs_total=len(request.space.configs()),
                         lines=(f"joining the Ray cluster at {request.ray} (x stops)",), rows=())
 
-    def _trial_views(self, trials: tuple[LiveTrial, ...]) -> tuple[TrialView, ...]:
+    def _trial_views(self, trials: tuple[RunningTrial, ...]) -> tuple[TrialView, ...]:
         if self._ray:
             # On the cluster's nodes: each row says its actor, not this session's GPUs.
             return tuple(TrialView(t, (), where=self._ray[t.slot].where() if t.slot < len(self._ray) else "Ray actor")

@@ -1,6 +1,6 @@
 """The session's live telemetry: the sampler thread, the /metrics scrape and the sparklines.
 
-A :class:`LiveTelemetry` is owned by an ``engine.session.Session``. It starts and stops
+A :class:`TelemetryPart` is owned by an ``engine.session.Session``. It starts and stops
 the GPU/host sampler (a thread: NVML and psutil block) and the server's /metrics scrape
 (a task on the session's loop), keeps the latest sample of each, feeds the session's
 ``SeriesStore`` and keeps the short series the Live panel draws as sparklines.
@@ -45,7 +45,7 @@ SERIES_POINTS = 120
 MARKS_KEPT = 10  # live changes remembered for the charts' marks
 
 
-class LiveTelemetry:
+class TelemetryPart:
     """The sampler, the scrape, their latest samples and the sparkline series of one session."""
 
     def __init__(self, *, enabled: bool, emit: Emit,
