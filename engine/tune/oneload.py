@@ -16,7 +16,7 @@ from engine.tune.errors import BudgetExhausted
 from engine.tune.halving import (
     FINALISTS,
     FIRST_SHARE,
-    STEPS_FROM_KNOWN,
+    STEPS_FROM_NONE,
     Estimate,
     Screen,
     estimate,
@@ -146,7 +146,7 @@ class OneLoad:
         h = await halve(self.measurer, {k: self._flags(by_key[k]) for k in keys}, load,  # type: ignore[arg-type]
                         settings=s, group=name, split=self._split, remaining=self.remaining, say=self.say,
                         progress=progress, lifetime_s=lifetime, screen=self._screen(keys, by_key),
-                        bisect_s=STEPS_FROM_KNOWN * self._costs.step(load, s.step.min_requests))
+                        bisect_s=STEPS_FROM_NONE * self._costs.step(load, s.step.min_requests))
         for k, reason in h.skipped.items():
             order += 1
             st.configs[k] = ConfigResult(k, by_key[k], SKIPPED, reason=reason, order=order)
