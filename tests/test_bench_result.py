@@ -13,7 +13,7 @@ from test_telemetry_summary import build_store
 
 from engine.runs.summary import RunSummary
 from engine.telemetry.summary import summarize
-from tui.commands.bench import RESULT_PARTS, stored_parts
+from engine.runs.resultdoc import RESULT_PARTS, stored_parts
 from tui.commands.output import summary_lines
 
 GIB = 1024**3

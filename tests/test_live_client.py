@@ -86,12 +86,12 @@ def test_a_refused_read_is_unavailable_not_refused_so_no_caller_crashes(door: tu
 
 def test_bench_by_url_measures_a_server_whose_limits_cannot_be_read(door: tuple[Door, str]) -> None:
     from engine.runs.measure import Target
-    from tui.commands.bench import _with_live_limits
+    from engine.runs.measure import with_live_limits
 
     d, url = door
     d.status, d.body = 409, {"error": "refused"}
     target = Target(url)
-    assert asyncio.run(_with_live_limits(target)) == target
+    assert asyncio.run(with_live_limits(target)) == target
 
 
 def test_a_refused_change_is_refused_and_carries_the_servers_words(door: tuple[Door, str]) -> None:

@@ -675,6 +675,20 @@ def started_flags_of(summary: RunSummary) -> dict[str, object] | None:
     return dict(value) if isinstance(value, dict) else None
 
 
+async def with_live_limits(target: Target) -> Target:
+    """A server vtui started (``vtui serve``), measured by URL: its live limits are what the run
+    records as its flags, and the values it was started with beside them, so a run after
+    ``vtui set`` is told from one before it. Other servers: unchanged (their flags are not known)."""
+    from engine.server.livelimits import LiveUnavailable, read_live
+
+    try:
+        state = await read_live(target.base_url, target.api_key, timeout=5.0)
+    except LiveUnavailable:
+        return target
+    return dataclasses.replace(target, flags={**target.flags, **state.live}, started_flags=dict(state.started))
+
+
+
 __all__ = [
     "BOX_SHARE_KEY",
     "PREFIX_RESET_KEY",
@@ -693,4 +707,5 @@ __all__ = [
     "server_window",
     "started_flags_of",
     "wait_for",
+    "with_live_limits",
 ]

@@ -262,3 +262,15 @@ def _int(value: object) -> int | None:
         return int(str(value).replace(",", "")) if value is not None else None
     except ValueError:
         return None
+
+
+def listening_pid_of_url(url: str) -> int | None:
+    """The pid of the server listening on a loopback URL (its process tree is sampled:
+    GPU memory share, RSS), None when it is elsewhere or psutil may not say."""
+    parts = urlsplit(url)
+    if not (parts.hostname and is_loopback(parts.hostname) and parts.port):
+        return None
+    try:
+        return listening_pid(parts.port)
+    except Exception:  # noqa: BLE001 - psutil may refuse (permissions): samples without the tree
+        return None

@@ -17,15 +17,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tui.commands.output import (
+    ProgressLine,
     cross_check_line,
     print_floor,
     print_repeats,
@@ -35,14 +34,13 @@ from tui.commands.output import (
 from tui.commands.output import (
     err as _err,
 )
+from tui.commands.workload import add_workload_arguments, build_specs
 from tui.errors import UserError
 
 if TYPE_CHECKING:
-    from engine.runs.measure import MeasuredRun, Target
-    from engine.runs.summary import RunSummary
+    from engine.runs.measure import MeasuredRun
     from engine.server.supervisor import Supervisor
     from loadgen.spec import SLO, ArrivalSpec, WorkloadSpec
-    from loadgen.stats import StatsWindow
     from tui.commands import Subparsers
 
 
@@ -68,37 +66,7 @@ def add_parser(subparsers: Subparsers) -> None:
     g.add_argument("--server-timeout", type=float, default=600.0,
                    help="seconds to wait for a started server (default 600)")
     g.add_argument("--no-validate", action="store_true", help=argparse.SUPPRESS)
-    w = p.add_argument_group("workload")
-    w.add_argument("--preset", help="preset name or TOML file: workload, arrivals and SLO")
-    w.add_argument("--dataset-name", "--kind", dest="kind",
-                   choices=("random", "sharegpt", "jsonl", "trace", "chat"))
-    w.add_argument("--dataset", help="dataset file for sharegpt/jsonl/trace")
-    w.add_argument("--input-len", type=int)
-    w.add_argument("--output-len", type=int)
-    w.add_argument("--range-ratio", type=float, help="uniform lengths within +-ratio")
-    w.add_argument("--length-dist", choices=("fixed", "uniform", "normal"))
-    w.add_argument("--input-std", type=float)
-    w.add_argument("--output-std", type=float)
-    w.add_argument("--prefix-len", type=int, help="shared prefix tokens")
-    w.add_argument("--num-prefixes", type=int)
-    w.add_argument("--num-turns", type=int, help="chat: turns per session")
-    w.add_argument("--time-scale", type=float, help="trace: replay speed factor on gaps")
-    w.add_argument("--trace-block-size", type=int, metavar="TOKENS",
-                   help="trace: prompt tokens per hash id (default: the file's; Mooncake 512, Bailian 16, "
-                        "else inferred from input tokens per hash id)")
-    w.add_argument("--trace-time-unit", choices=("s", "ms", "us"),
-                   help="trace: the timestamps' unit (default: the format's: Mooncake ms, others s)")
-    w.add_argument("--seed", type=int)
-    a = p.add_argument_group("arrivals")
-    a.add_argument("--concurrency", type=int, help="closed loop slots, or in-flight cap with --rate")
-    a.add_argument("--rate", type=float, help="open loop requests/s ('inf' = all at once)")
-    a.add_argument("--burstiness", type=float, help="gamma shape; 1.0 = Poisson")
-    a.add_argument("--constant", action="store_true", help="equal gaps at --rate")
-    a.add_argument("--ramp-to", type=float, help="ramp linearly from --rate to this rate")
-    a.add_argument("--num-requests", "--num-prompts", dest="num_requests", type=int)
-    a.add_argument("--duration", type=float, help="stop sending after this many seconds")
-    a.add_argument("--warmup", type=int, help="warm-up requests, not measured")
-    a.add_argument("--workers", type=int, help="load generator processes (default: auto)")
+    add_workload_arguments(p)
     s = p.add_argument_group("SLO and output")
     s.add_argument("--slo-ttft-ms", type=float)
     s.add_argument("--slo-tpot-ms", type=float)
@@ -124,85 +92,6 @@ def add_parser(subparsers: Subparsers) -> None:
                         "(vtui compare, the Runs tab) then take it as their noise")
     s.add_argument("--transport", choices=("fast", "httpx"), default="fast", help=argparse.SUPPRESS)
     p.set_defaults(func=run, allow_extra=True)
-
-
-def build_specs(args: argparse.Namespace) -> tuple[WorkloadSpec, ArrivalSpec, SLO | None]:
-    """WorkloadSpec, ArrivalSpec, SLO from --preset and flags (flags win)."""
-    from loadgen import SLO, ArrivalSpec, SpecError, WorkloadSpec
-
-    wd: dict[str, object] = {}
-    ad: dict[str, object] = {}
-    slo_d: dict[str, object] = {}
-    if args.preset:
-        from engine.presets import PresetError, find_preset
-
-        try:
-            preset = find_preset(args.preset)
-        except PresetError as exc:
-            raise UserError(str(exc), "`vtui preset list` shows the presets") from None
-        if not args.url:
-            preset = preset.for_tiny_model() if not args.model else preset
-        if args.repeat is None and preset.repeats > 1:
-            if args.noise_floor or args.requests_file:
-                given = "--noise-floor" if args.noise_floor else "--requests-file"
-                _err(f"vtui: preset {preset.name} asks for {preset.repeats} repeats; "
-                     f"{given} measures its own runs: the preset's repeats are not run")
-            else:
-                args.repeat = preset.repeats
-                _err(f"vtui: preset {preset.name}: {preset.repeats} repeats (--repeat 1 for one run)")
-        wd.update(preset.workload)
-        ad.update(preset.arrivals)
-        if preset.slo is not None:
-            slo_d.update(preset.slo.to_dict())
-    for key in ("kind", "dataset", "input_len", "output_len", "range_ratio", "length_dist",
-                "input_std", "output_std", "prefix_len", "num_prefixes", "num_turns",
-                "time_scale", "seed", "endpoint", "trace_block_size", "trace_time_unit"):
-        v = getattr(args, key)
-        if v is not None:
-            wd[key] = v
-    if args.range_ratio and "length_dist" not in wd:
-        wd["length_dist"] = "uniform"
-    if wd.get("kind") == "chat":
-        wd.setdefault("endpoint", "chat")
-    if args.seed is not None:
-        ad["seed"] = args.seed
-    if args.concurrency is not None:
-        ad["concurrency"] = args.concurrency
-    if args.rate is not None:
-        ad["rate"] = args.rate
-        ad["mode"] = "constant" if args.constant else "poisson"
-        if args.concurrency is not None:
-            ad["max_in_flight"] = args.concurrency
-    if args.ramp_to is not None:
-        ad["mode"], ad["end_rate"] = "ramp", args.ramp_to
-    if wd.get("kind") == "trace":
-        # A trace replays at its recorded times; with --rate or --concurrency its requests are sent
-        # under that arrival model instead (a sweep over your own traffic's mix).
-        if args.rate is not None or args.concurrency is not None:
-            wd["trace_timing"] = False
-        elif wd.get("trace_timing", True):
-            ad["mode"] = "trace"
-    for flag, key in (("burstiness", "burstiness"), ("num_requests", "num_requests"),
-                      ("duration", "duration_s"), ("warmup", "warmup_requests"),
-                      ("workers", "workers")):
-        v = getattr(args, flag)
-        if v is not None:
-            ad[key] = v
-    if not ad.get("num_requests") and not ad.get("duration_s"):
-        ad["num_requests"] = 100 if wd.get("kind") != "trace" else 1_000_000
-    for key in ("ttft", "tpot", "e2el"):
-        v = getattr(args, f"slo_{key}_ms")
-        if v is not None:
-            slo_d[f"{key}_ms"] = v
-    try:
-        workload = WorkloadSpec.from_dict(wd, source="workload")
-        arrivals = ArrivalSpec.from_dict(ad, source="arrivals")
-        slo = SLO.from_dict(slo_d) if slo_d else None
-    except SpecError as exc:
-        flag = "--" + exc.key.replace("_s", "").replace("_", "-")
-        raise UserError(f"{flag}: {exc.reason}", f"from {exc.source}; see `vtui bench --help`"
-                        ) from None
-    return workload, arrivals, slo
 
 
 def run(args: argparse.Namespace) -> int:
@@ -265,30 +154,19 @@ async def _start_server(args: argparse.Namespace) -> Supervisor:
     return sup
 
 
-async def _with_live_limits(target: Target) -> Target:
-    """A server vtui started (``vtui serve``), measured by URL: its live limits are what the run
-    records as its flags, and the values it was started with beside them, so a run after
-    ``vtui set`` is told from one before it. Other servers: unchanged (their flags are not known)."""
-    from engine.server.livelimits import LiveUnavailable, read_live
-
-    try:
-        state = await read_live(target.base_url, target.api_key, timeout=5.0)
-    except LiveUnavailable:
-        return target
-    return dataclasses.replace(target, flags={**target.flags, **state.live}, started_flags=dict(state.started))
-
-
 async def _bench(args: argparse.Namespace, workload: WorkloadSpec, arrivals: ArrivalSpec, slo: SLO | None) -> int:
     from engine.runs.history import open_history
-    from engine.runs.measure import RunHandle, RunPlan, Target, measure
+    from engine.runs.measure import RunHandle, RunPlan, Target, measure, with_live_limits
+    from engine.runs.resultdoc import result_document
     from engine.runs.series import Slot, run_series
+    from engine.server.attach import listening_pid_of_url
 
     sup = None
     if args.url:
         target = Target(args.url, args.model, tokenizer=args.tokenizer,
                         api_key=args.api_key or os.environ.get("VLLM_API_KEY") or None,
-                        root_pid=_listening_pid(args.url), model_label=args.model or args.url)
-        target = await _with_live_limits(target)
+                        root_pid=listening_pid_of_url(args.url), model_label=args.model or args.url)
+        target = await with_live_limits(target)
     else:
         sup = await _start_server(args)
         target = Target.of(sup, api_key=args.api_key, tokenizer=args.tokenizer)
@@ -314,7 +192,7 @@ async def _bench(args: argparse.Namespace, workload: WorkloadSpec, arrivals: Arr
                                        tags=(*plan.tags, tag))
             _err(f"vtui: {what} run {slot.repeat} of {count}" if args.noise_floor
                  else f"vtui: repeat {slot.repeat} of {count}")
-        progress = _Progress(args.quiet)
+        progress = ProgressLine(args.quiet)
         handle = RunHandle()
         loop.add_signal_handler(signal.SIGINT, handle.cancel)
         try:
@@ -341,30 +219,16 @@ async def _bench(args: argparse.Namespace, workload: WorkloadSpec, arrivals: Arr
     if args.repeat > 1:
         spread = print_repeats(runs)
         if args.result_file:
-            _write_result(args.result_file, {"repeats": [_result(r) for r in runs], "spread": spread})
+            _write_result(args.result_file, {"repeats": [result_document(r) for r in runs], "spread": spread})
     if floor_doc is not None and args.result_file:
-        _write_result(args.result_file, {"runs": [_result(r) for r in runs], "noise_floor": floor_doc})
+        _write_result(args.result_file, {"runs": [result_document(r) for r in runs], "noise_floor": floor_doc})
     return code
 
 
-def _result(run: MeasuredRun) -> dict[str, object]:
-    """The run's result document: bench serve's keys, the stored parts, the telemetry and its series."""
-    assert run.result is not None  # _report refuses a run without one before any result is written
-    out: dict[str, object] = run.result.to_json()
-    parts = stored_parts(run.summary)
-    telemetry = parts.pop("telemetry")
-    out.update(parts)
-    out["telemetry"] = {"summary": telemetry,
-                        "series": run.store.to_dict(run.started, run.ended) if run.store is not None else {}}
-    out["status"] = run.status.value
-    return out
-
-
 def _write_result(name: str, doc: dict[str, object]) -> None:
-    path = Path(name).expanduser()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
-    _err(f"vtui: result written to {path}")
+    from engine.runs.resultdoc import write_result
+
+    _err(f"vtui: result written to {write_result(name, doc)}")
 
 
 def _report(args: argparse.Namespace, run: MeasuredRun) -> int:
@@ -372,11 +236,12 @@ def _report(args: argparse.Namespace, run: MeasuredRun) -> int:
     from engine.runs.crosscheck import CrossCheck
     from engine.runs.flagchange import TWO_CONFIGURATIONS, changes_text, flag_changes_of
     from engine.runs.measure import box_share_of
+    from engine.runs.resultdoc import result_document
     from engine.runs.status import RunStatus
 
     if run.result is None:  # refused before any load was sent
         raise UserError(run.error or "the run failed", run.hint or "check --url/--dataset")
-    out = _result(run)
+    out = result_document(run)
     check = run.summary.cross_check or CrossCheck.from_dict({})
     print_table(out)
     for line in summary_lines(run.summary):
@@ -417,76 +282,6 @@ def _report(args: argparse.Namespace, run: MeasuredRun) -> int:
              "or pass --allow-box-bound to accept it; exit 3")
         return 3
     return 0
-
-
-def _listening_pid(url: str) -> int | None:
-    """The pid of the server listening on a loopback URL (its process tree is sampled:
-    GPU memory share, RSS), None when it is elsewhere or psutil may not say."""
-    from urllib.parse import urlsplit
-
-    from engine.server.attach import listening_pid
-    from engine.server.supervisor import is_loopback
-
-    parts = urlsplit(url)
-    if not (parts.hostname and is_loopback(parts.hostname) and parts.port):
-        return None
-    try:
-        return listening_pid(parts.port)
-    except Exception:  # noqa: BLE001 - psutil may refuse (permissions): samples without the tree
-        return None
-
-
-# The parts of the run's stored document the result file carries beside the load figures.
-# box_cpu: who had the box's cores over the run (engine.runs.measure.BOX_SHARE_KEY)
-RESULT_PARTS = ("server", "cross_check", "stream", "slo_verdict", "energy", "box_cpu", "prefix_cache_reset",
-                "flag_changes")
-
-
-def stored_parts(summary: RunSummary) -> dict[str, object]:
-    """The run's parts for the result file, as the history keeps them (``summary.to_json()``:
-    a stored row's bytes): ``RESULT_PARTS`` where the run has them, and ``telemetry`` (the
-    telemetry document; empty without one), whose ``series`` the caller adds."""
-    stored = summary.to_json()
-    out: dict[str, object] = {k: stored[k] for k in RESULT_PARTS if k in stored}
-    out["telemetry"] = stored.get("telemetry") or {}
-    return out
-
-
-
-
-class _Progress:
-    """One live line on stderr (rewritten on a terminal, every 5 s otherwise)."""
-
-    def __init__(self, quiet: bool) -> None:
-        self.quiet = quiet
-        self.tty = sys.stderr.isatty()
-        self.last = 0.0
-        self.shown = False
-
-    def update(self, w: StatsWindow) -> None:
-        if self.quiet:
-            return
-        now = time.monotonic()
-        if not self.tty and now - self.last < 5.0:
-            return
-        self.last = now
-        bound = f" | CLIENT-BOUND (cpu {w.client_cpu:.0%} of a core, loop lag {w.client_lag_ms:.0f} ms)" \
-            if w.client_bound else ""
-        line = (f"[{w.elapsed_s:6.1f}s] done {w.total_completed} failed {w.total_failed} "
-                f"in flight {w.in_flight} | {w.req_s:.1f} req/s {w.output_tok_s:.0f} tok/s | "
-                f"TTFT p50 {w.ttft.p50:.0f} p99 {w.ttft.p99:.0f} ms | "
-                f"TPOT p50 {w.tpot.p50:.1f} ms{bound}")
-        if self.tty:
-            sys.stderr.write("\r\x1b[2K" + line)
-            sys.stderr.flush()
-            self.shown = True
-        else:
-            _err(line)
-
-    def end(self) -> None:
-        if self.shown:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
 
 
 __all__ = ["add_parser", "build_specs", "print_table", "run"]

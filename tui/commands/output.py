@@ -5,6 +5,7 @@ prints a run's figures calls these; none computes a figure (the engine's rooms d
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, cast
 
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
     from engine.runs.measure import MeasuredRun
     from engine.runs.summary import RunSummary, TelemetryFigures
     from engine.values import JSONValue
+    from loadgen.stats import StatsWindow
 
 METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2EL"))
 
@@ -237,3 +239,38 @@ def print_table(d: Mapping[str, object]) -> None:
         print(f"first request sent {first:.2f} s after the run began (prompts built, worker started)")
     print("TPOT = (E2EL - TTFT) / (output tokens - 1); ITL = gap between streamed chunks "
           "(vLLM's definitions)")
+
+
+class ProgressLine:
+    """One live line on stderr (rewritten on a terminal, every 5 s otherwise)."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.tty = sys.stderr.isatty()
+        self.last = 0.0
+        self.shown = False
+
+    def update(self, w: StatsWindow) -> None:
+        if self.quiet:
+            return
+        now = time.monotonic()
+        if not self.tty and now - self.last < 5.0:
+            return
+        self.last = now
+        bound = f" | CLIENT-BOUND (cpu {w.client_cpu:.0%} of a core, loop lag {w.client_lag_ms:.0f} ms)" \
+            if w.client_bound else ""
+        line = (f"[{w.elapsed_s:6.1f}s] done {w.total_completed} failed {w.total_failed} "
+                f"in flight {w.in_flight} | {w.req_s:.1f} req/s {w.output_tok_s:.0f} tok/s | "
+                f"TTFT p50 {w.ttft.p50:.0f} p99 {w.ttft.p99:.0f} ms | "
+                f"TPOT p50 {w.tpot.p50:.1f} ms{bound}")
+        if self.tty:
+            sys.stderr.write("\r\x1b[2K" + line)
+            sys.stderr.flush()
+            self.shown = True
+        else:
+            err(line)
+
+    def end(self) -> None:
+        if self.shown:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
