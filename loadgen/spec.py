@@ -303,6 +303,24 @@ class SLO:
     def empty(self) -> bool:
         return self.ttft_ms is None and self.tpot_ms is None and self.e2el_ms is None
 
+    @classmethod
+    def from_percentile_limits(cls, limits: Mapping[tuple[str, float], float | None]) -> SLO | None:
+        """From ``{("ttft", 99.0): 500.0, ("tpot", 90.0): None, ...}`` (metric, percentile -> ms; None:
+        not given): one percentile for all, one limit per metric. None where no limit is given;
+        SpecError naming what was wrong."""
+        given = {(m, p): v for (m, p), v in limits.items() if v is not None}
+        metrics = [m for m, _ in given]
+        twice = next((m for m in metrics if metrics.count(m) > 1), None)
+        if twice is not None:
+            raise SpecError("slo", twice, f"two limits for {twice.upper()}: give one percentile per metric")
+        pcts = {p for _, p in given}
+        if len(pcts) > 1:
+            raise SpecError("slo", "percentile", f"limits at both p{min(pcts):g} and p{max(pcts):g}: the SLO is judged"
+                            " at one percentile, use one of them")
+        if not given:
+            return None
+        return cls(percentile=pcts.pop(), **{f"{m}_ms": v for (m, _), v in given.items()})
+
     def is_good(self, ttft_s: float, tpot_s: float, e2el_s: float) -> bool:
         """vLLM's per-request test; tpot is 0 for one-token outputs."""
         if self.ttft_ms is not None and ttft_s * 1000 > self.ttft_ms:

@@ -315,7 +315,7 @@ class RunData:
             if gpu_memory_bytes else ()
         return cls(name=name, flags={_norm_flag(k): v for k, v in flags.items() if _norm_flag(k) != "model"},
                    model=model, status="failed", failure=failure_from_error(error), gpus=gpus,
-                   model_config=model_config if model_config is not None else _read_model_config(model))
+                   model_config=model_config if model_config is not None else config_json_or_none(model))
 
     @classmethod
     def from_history(cls, history: History, ref: str | int, *, max_requests: int = 400) -> RunData:
@@ -375,7 +375,7 @@ class RunData:
             load={} if summary.flat else summary.load_json(), telemetry={k: tel.get(k) for k in keep if k in tel},
             windows=tuple(windows), server=tuple(server), gpus=tuple(gpus), host=tuple(host),
             requests=tuple(requests), workload=dict(info.workload), failure=failure,
-            model_config=_read_model_config(info.model),
+            model_config=config_json_or_none(info.model),
             startup=dict(startup) if isinstance(startup, Mapping) else {},
             flag_changes=tuple(c.to_json() for c in flag_changes_of(summary)),
         )
@@ -412,10 +412,6 @@ def _server_row(t: float, d: Mapping[str, object]) -> dict[str, object]:
     return {"t": t, "stale": bool(d.get("stale")), "running": d.get("running"), "waiting": d.get("waiting"),
             "kv_cache_usage": d.get("kv_cache_usage"), "preemptions_total": d.get("preemptions_total"),
             "prefix_hit_rate": d.get("prefix_hit_rate")}
-
-
-def _read_model_config(model: str | None) -> dict[str, object] | None:
-    return config_json_or_none(model)
 
 
 def failure_from_line(line: str, hint: str = "") -> dict[str, object]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import PurePosixPath
 
 from engine.flags.flagset import _DOCKER_VALUE_OPTS, CommandLine, DockerRun, FlagSet
@@ -368,3 +368,55 @@ def _parse_serve_args(args: Sequence[str], sch: Schema, *, positional_model: boo
         else:
             values[spec.name] = typed
     return FlagSet(model or "", values, sch)
+
+
+def parse_flag_args(argv: Iterable[str]) -> dict[str, bool | int | float | str]:
+    """``["--max-num-seqs", "64", "--enable-chunked-prefill", "--no-x"]`` -> typed dict.
+
+    Without a schema a value is typed by its look: int, float, else string.
+    """
+    items = list(argv)
+    out: dict[str, bool | int | float | str] = {}
+    i = 0
+    while i < len(items):
+        token = items[i]
+        if not token.startswith("--"):
+            raise FlagError("", "expected a --flag", token=token)
+        name, eq, value = token[2:].partition("=")
+        if eq:
+            out[name] = _typed(value)
+            i += 1
+            continue
+        if i + 1 < len(items) and not items[i + 1].startswith("--"):
+            out[name] = _typed(items[i + 1])
+            i += 2
+            continue
+        if name.startswith("no-"):
+            out[name[3:]] = False
+        else:
+            out[name] = True
+        i += 1
+    return out
+
+
+def parse_assignment(item: str, option: str, *, bare: bool = True) -> tuple[str, bool | int | float | str]:
+    """``NAME=VALUE`` as given to ``option`` (``--flag``, ``--set``; with ``bare`` a lone ``NAME``
+    is a switch turned on): the flag's name without dashes and its value, typed as
+    :func:`parse_flag_args` types it. FlagError names the option and the item."""
+    name, eq, text = item.partition("=")
+    name = name.strip().lstrip("-")
+    if not name or not (eq or bare):
+        raise FlagError("", f"{option} {item!r}: expected FLAG=VALUE (e.g. {option} max-model-len=2048)", token=item)
+    return name, parse_flag_args([f"--{name}={text}"] if eq else [f"--{name}"])[name]
+
+
+def _typed(text: str) -> bool | int | float | str:
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text

@@ -35,11 +35,11 @@ import dataclasses
 import math
 import statistics
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from engine.tune.ranking import limit_difference
+from engine.tune.ranking import limit_difference, tie_load
 from engine.tune.trial import Measurement, TuneSettings, objective_value
 from engine.tune.windows import WindowResult, combined
 
@@ -56,9 +56,9 @@ MAX_ROUNDS = 6
 ROUND_GROWTH = 1.25
 # After a round in which every configuration met the SLO (goodput = the offered load for all).
 BLIND_GROWTH = 2.0
-# Windows per configuration in the first round: one (a round every configuration meets tells only
-# that; a drop after one window needs a difference beyond the run-to-run floor, 10%). Two after the
-# first round in which one missed (the least a repeats interval rests on), one more each round after.
+# Windows per configuration while the rounds look for the load where the limits part: one (a round
+# every configuration meets tells only that; one that missed where the best met is out). Two once the
+# best has met at one round's load and missed at another's (the least a repeats interval rests on).
 FIRST_WINDOWS = 1
 REPEAT_WINDOWS = 2
 # The first round's load, as a share of the group's burst throughput (where no --start-load is given).
@@ -89,12 +89,14 @@ class Dropped:
     words: str
 
 
-def drop_beyond_noise(figures: Mapping[str, Sequence[float]], objective: str, tolerance: float) -> tuple[
-        str, list[Dropped]]:
-    """The best of ``figures`` (each configuration's window figures at one load; the highest median)
-    and those beyond the noise below it (engine.tune.ranking.limit_difference's verdict)."""
+def drop_beyond_noise(figures: Mapping[str, Sequence[float]], objective: str, tolerance: float,
+                      among: Iterable[str] | None = None) -> tuple[str, list[Dropped]]:
+    """The best of ``figures`` (each configuration's window figures at one load; the highest median,
+    of ``among`` where given and any has a figure) and those beyond the noise below it
+    (engine.tune.ranking.limit_difference's verdict)."""
     have = {k: tuple(v) for k, v in figures.items() if v}
-    best = max(have, key=lambda k: (statistics.median(have[k]), -list(have).index(k)))
+    pool = [k for k in (among or ()) if k in have] or list(have)
+    best = max(pool, key=lambda k: (statistics.median(have[k]), -list(have).index(k)))
     top = statistics.median(have[best])
     out: list[Dropped] = []
     for k, runs in have.items():
@@ -300,7 +302,7 @@ def rounds_cost(n: int, window_s: float, lifetime_s: float | None = None) -> tup
     while left > FINALISTS and rounds < MAX_ROUNDS:
         seconds += left * windows * window_cost(window_s, lifetime_s)
         rounds += 1
-        windows = max(REPEAT_WINDOWS, windows + 1)
+        windows = REPEAT_WINDOWS
         left = max(FINALISTS, math.ceil(left / 2))
     return seconds, rounds
 
@@ -372,6 +374,7 @@ async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: 
     steer = LoadSteer(s.mode == "concurrency", s.max_load)
     windows = FIRST_WINDOWS
     best = next(iter(out.left))
+    missed_at: dict[str, float] = {}  # the lowest round load at which each missed the SLO
     for r in range(MAX_ROUNDS):
         keys = list(out.left)
         if len(keys) <= FINALISTS:
@@ -408,9 +411,20 @@ async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: 
             say(f"  {group}: round {r + 1} measured nothing ({fatal or 'no window had a figure'}); "
                 "the configurations left are measured one at a time")
             break
-        best, dropped = drop_beyond_noise(figures, s.objective, s.tolerance)
         met = {k for k in keys if out.steps.get(k) and out.steps[k][-1].load == load and out.steps[k][-1].ok}
-        if best not in met:
+        for k in set(keys) - met:
+            missed_at[k] = min(missed_at.get(k, math.inf), load)
+        best, dropped = drop_beyond_noise(figures, s.objective, s.tolerance, among=met)
+        if best in met:
+            top = max(out.left[best] or 0.0, load)  # the highest round load the best met
+            edge = tie_load(top, s.tolerance, integer=s.mode == "concurrency")
+            gone = {d.key for d in dropped}
+            # A miss at or below the noise's edge under the best's highest met load: that one's limit is
+            # beyond the noise below the best's (the per-configuration search's own tie rule).
+            dropped += [Dropped(k, f"missed the SLO at {missed_at[k]:.3g} {unit}, where {best} met it up to"
+                                   f" {top:.3g}: beyond the noise below (under {edge:.3g})")
+                        for k in keys if k != best and k not in gone and missed_at.get(k, math.inf) <= edge]
+        else:
             dropped = []  # past the best's limit too: goodput there is a collapse, not a limit's order
         for d in dropped:
             out.dropped[d.key] = f"at {load:.3g} {unit} under one load with the others (round {r + 1}): {d.words}"
@@ -422,9 +436,10 @@ async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: 
             out.left[joined] = None
         out.rounds.append(dataclasses.replace(record, dropped=tuple(d.key for d in dropped), seconds=spent))
         split.rounds.append(out.rounds[-1])
-        blind = not dropped and met == set(keys)
-        windows = windows if blind else max(REPEAT_WINDOWS, windows + 1)
         nxt = steer.after(load, best in met, met == set(keys))
+        # One window each while the load is still looking for where the limits part; two once the
+        # best has both met and missed (the rounds between: repeats give an interval).
+        windows = REPEAT_WINDOWS if steer.met is not None and steer.missed is not None else FIRST_WINDOWS
         say(f"  {group}: round {r + 1}: best {best} ({statistics.median(figures[best]):.3g} {unit} goodput);"
             + (f" dropped {', '.join(d.key for d in dropped)}" if dropped else " none beyond the noise")
             + (" (every one met the SLO)" if met == set(keys) else "")

@@ -8,12 +8,14 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from engine.flags import FlagSet
 from engine.runs.compare import pareto_frontier
 from engine.runs.status import SPOILED_TRIES
 from engine.tune.ranking import TIE_RULE, Decision, Rival
 from engine.tune.trial import CUT_SHORT, DONE, OBJECTIVE_UNITS, ConfigResult, Measurement, RunningTrial, config_score
+from engine.values import as_float
 
 
 @dataclass(frozen=True)
@@ -225,3 +227,43 @@ def format_pareto(result: TuneResult) -> str:
         lines.append(f"  {p.tokens_per_user:8.1f} tok/s/user  {p.tokens_per_gpu:9.1f} tok/s/GPU  "
                      f"{p.key} at {load}")
     return "\n".join(lines)
+
+
+def saved_search_rows(states: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per saved search (engine.tune.state.list_states): id, status, configurations done,
+    minutes, model and the best so far."""
+    rows: list[str] = []
+    for st in states:
+        if st["status"] == "unreadable":
+            rows.append(f"{st['id']}: unreadable ({st.get('error', '')})")
+            continue
+        best = ""
+        if st.get("best") and st.get("score") is not None:
+            objective = str(st.get("objective") or "goodput")
+            best = f"  best {st['best']} ({st['score']:.3g} {OBJECTIVE_UNITS.get(objective, '')})"
+        elif st.get("best") and st.get("goodput"):  # saved by a vtui before summaries had a score
+            best = f"  best {st['best']} ({st['goodput']:.3g} req/s)"
+        rows.append(f"{st['id']}  {st['status']:<11} {st.get('done', 0)}/{st.get('total', 0)} configs  "
+                    f"{as_float(st.get('elapsed_s') or 0) / 60:.1f} min  {st.get('model') or ''}{best}")
+    return rows
+
+
+def outcome_lines(result: TuneResult) -> list[str]:
+    """What `vtui tune` prints at its end: the table, the winner (its serve and docker lines and the
+    Pareto frontier), the status, where the time went and the rounds."""
+    out = [format_table(result), ""]
+    if result.best is not None and result.best_flags is not None:
+        lim = result.best.limit_load or 0.0
+        unit = "req/s" if result.mode == "rate" else "concurrent requests"
+        out.append(f"best: {result.best.key}: goodput {result.best.goodput or 0:.3g} req/s at "
+                   + ("any load" if math.isinf(lim) else f"{lim:.3g} {unit}"))
+        out += [result.best_flags.to_serve_line(), result.best_flags.to_docker_line(), "", format_pareto(result)]
+    else:
+        out.append("no configuration met the SLO")
+    out.append(f"\n{result.status}: {result.elapsed_s / 60:.1f} of {result.budget_s / 60:.1f} min, "
+               f"{result.starts} starts, {result.steps} steps; saved in the run history as {result.id}"
+               f" (`vtui tune --resume {result.id}`)")
+    if result.time_words:
+        out.append(result.time_words)
+    out += [f"  {line}" for line in result.round_words]
+    return out

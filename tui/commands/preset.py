@@ -119,7 +119,7 @@ def _parse_kv(items: list[str]) -> tuple[dict[str, object], dict[str, object]]:
     """KEY=VALUE items into ([workload], [arrivals]) by which loadgen spec knows the key."""
     import dataclasses
 
-    from engine.presets import parse_flag_args
+    from engine.flags.cmdline import parse_flag_args
     from loadgen.spec import ArrivalSpec, WorkloadSpec
     from tui.errors import UserError
 

@@ -70,7 +70,9 @@ def add_parser(subparsers: Subparsers) -> None:
 
 def resolve_presets(args: argparse.Namespace, tiny: bool) -> list[Preset]:
     """Load, scale for the tiny model, apply command-line overrides, validate."""
-    from engine.presets import PresetError, find_preset, parse_flag_args
+    from engine.flags import FlagError
+    from engine.flags.cmdline import parse_assignment
+    from engine.presets import PresetError, find_preset
     from loadgen.spec import SpecError
     from tui.errors import UserError
 
@@ -84,11 +86,11 @@ def resolve_presets(args: argparse.Namespace, tiny: bool) -> list[Preset]:
             preset = preset.for_tiny_model()
         flags = dict(preset.flags)
         for item in args.set:
-            name, eq, text = item.partition("=")
-            name = name.strip().lstrip("-")
-            if not name:
-                raise UserError(f"--set {item!r} is not FLAG=VALUE", "e.g. --set load-format=dummy")
-            flags[name] = parse_flag_args([f"--{name}={text}"] if eq else [f"--{name}"])[name]
+            try:
+                name, value = parse_assignment(item, "--set")
+            except FlagError as exc:
+                raise UserError(str(exc), "e.g. --set load-format=dummy") from None
+            flags[name] = value
         arrivals = dict(preset.arrivals)
         for key, value in (("num_requests", args.requests), ("concurrency", args.concurrency),
                            ("warmup_requests", args.warmup)):

@@ -1,16 +1,15 @@
 """``vtui tune``: find the flags that give the most goodput under an SLO, within a budget.
 
-Starts vLLM once per restart group (configurations that differ only in flags set live on a
-running server: max-num-seqs, max-num-batched-tokens, chunked prefill). A group's
-configurations are measured under one steady load, its limits switched between short windows
-in turn; those beyond noise below the best drop out after each round, the survivors meet a
-higher load, and the last two get their SLO limit (the highest request rate or concurrency
-meeting every limit) by bracketing and bisection; the winner is checked on a server started
-with exactly its flags. ``--no-live`` restarts for each configuration and searches each alone.
-It says at its start how long it expects to take, stops at the budget with the best so far,
-and splits its time into starts, settling, measuring and checks. Progress and every step go
-to stderr; the table, the winning flags (serve and docker lines) and the Pareto frontier to
-stdout. The search is saved after every step: ``--resume ID`` carries on where it stopped.
+Starts vLLM once per restart group (configurations that differ only in flags set live: max-num-seqs,
+max-num-batched-tokens, chunked prefill) and measures the group under one steady load, its limits
+switched between short windows: the lines through the seed's configuration first, then the
+combination of each line's best. The load doubles while every one meets the SLO and settles
+between the best's met and missed loads; those beyond noise below the best drop out, the last two
+get their limit by bisection, and the winner is checked on a server started with exactly its
+flags (--no-live: a restart and a search per configuration; --exhaustive: every configuration).
+It says how long it expects to take, stops at the budget with the best so far and splits its time
+into starts, settling, measuring and checks; the table, the winning flags and the Pareto frontier
+go to stdout. Saved after every step: ``--resume ID`` carries on.
 
   vtui tune --slo-ttft-p99-ms 500 --slo-tpot-p99-ms 50 --budget-min 30 \\
       --space max-num-seqs=64,128,256 --space enable-chunked-prefill=on,off
@@ -21,14 +20,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.values import as_float
 from tui.commands.compare import add_plot_argument, draw, plot_target
+from tui.commands.output import err as say
 
 if TYPE_CHECKING:
     from engine.flags import FlagSet
@@ -132,62 +129,38 @@ def _slo(args: argparse.Namespace) -> SLO | None:
     from loadgen.spec import SLO, SpecError
     from tui.errors import UserError
 
-    limits: dict[str, float] = {}
-    pcts = set()
-    for metric in SLO_METRICS:
-        for p in ("p99", "p90"):
-            v = getattr(args, f"slo_{metric}_{p}_ms")
-            if v is not None:
-                if f"{metric}_ms" in limits:
-                    raise UserError(f"two limits for {metric.upper()}", "give one percentile per metric")
-                limits[f"{metric}_ms"] = v
-                pcts.add(float(p[1:]))
-    if len(pcts) > 1:
-        raise UserError("limits at both p90 and p99", "the SLO is judged at one percentile: use one of them")
-    if not limits:
-        return None
     try:
-        return SLO(percentile=pcts.pop(), **limits)
+        return SLO.from_percentile_limits({(m, float(p[1:])): getattr(args, f"slo_{m}_{p}_ms")
+                                           for m in SLO_METRICS for p in ("p99", "p90")})
     except SpecError as exc:
-        raise UserError(str(exc), "limits are positive numbers of milliseconds") from None
+        raise UserError(str(exc), "limits are positive numbers of milliseconds, at one percentile") from None
 
 
 def _list() -> int:
     from engine.runs.history import HistoryError
-    from engine.tune.search import OBJECTIVE_UNITS, list_states
+    from engine.tune.report import saved_search_rows
+    from engine.tune.search import list_states
     from tui.errors import UserError
 
     try:
         states = list_states()
     except HistoryError as exc:
         raise UserError(str(exc), "the searches are saved in the run history file") from None
-    rows = []
-    for st in states:
-        if st["status"] == "unreadable":
-            rows.append(f"{st['id']}: unreadable ({st.get('error', '')})")
-            continue
-        best = ""
-        if st.get("best") and st.get("score") is not None:
-            objective = str(st.get("objective") or "goodput")
-            best = f"  best {st['best']} ({st['score']:.3g} {OBJECTIVE_UNITS.get(objective, '')})"
-        elif st.get("best") and st.get("goodput"):  # saved by a vtui before summaries had a score
-            best = f"  best {st['best']} ({st['goodput']:.3g} req/s)"
-        rows.append(f"{st['id']}  {st['status']:<11} {st.get('done', 0)}/{st.get('total', 0)} configs  "
-                    f"{as_float(st.get('elapsed_s') or 0) / 60:.1f} min  {st.get('model') or ''}{best}")
+    rows = saved_search_rows(states)
     print("\n".join(rows) if rows else "no saved searches")
     return 0
 
 
 def run(args: argparse.Namespace) -> int:
     from engine.flags import FlagError, FlagSet
+    from engine.flags.cmdline import parse_assignment
     from engine.runs.measure import local_tokenizer
+    from engine.tune.report import outcome_lines
     from engine.tune.search import (
         SearchSpace,
         StepRule,
         TuneError,
         TuneSettings,
-        format_pareto,
-        format_table,
         load_state,
     )
     from engine.tune.setup import measurer_factory, new_tuner
@@ -198,9 +171,6 @@ def run(args: argparse.Namespace) -> int:
 
     if args.list:
         return _list()
-
-    def say(text: str) -> None:
-        print(text, file=sys.stderr, flush=True)
 
     step = StepRule(min_requests=args.min_requests, min_step_s=args.min_step_s, max_requests=args.max_requests)
     state = None
@@ -256,10 +226,7 @@ def run(args: argparse.Namespace) -> int:
                 if base.get(name) is None:
                     base = base.set(name, value)
             for item in args.flag:
-                name, sep, value = item.partition("=")
-                if not sep:
-                    raise UserError(f"--flag {item!r}: expected FLAG=VALUE", "e.g. --flag max-model-len=2048")
-                base = base.set(name.strip().lstrip("-"), value)
+                base = base.set(*parse_assignment(item, "--flag", bare=False))
         except FlagError as exc:
             raise UserError(str(exc), "check the flag's name and value (`vtui export --help`)") from None
         try:
@@ -314,26 +281,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         say(f"interrupted: resume with `vtui tune --resume {tuner.state.id}`")
         return 130
-    print(format_table(result))
-    print()
-    if result.best is not None and result.best_flags is not None:
-        lim = result.best.limit_load or 0.0
-        unit = "req/s" if result.mode == "rate" else "concurrent requests"
-        print(f"best: {result.best.key}: goodput {result.best.goodput or 0:.3g} req/s at "
-              + ("any load" if math.isinf(lim) else f"{lim:.3g} {unit}"))
-        print(result.best_flags.to_serve_line())
-        print(result.best_flags.to_docker_line())
-        print()
-        print(format_pareto(result))
-    else:
-        print("no configuration met the SLO")
-    print(f"\n{result.status}: {result.elapsed_s / 60:.1f} of {result.budget_s / 60:.1f} min, "
-          f"{result.starts} starts, {result.steps} steps; saved in the run history as {result.id}"
-          f" (`vtui tune --resume {result.id}`)")
-    if result.time_words:
-        print(result.time_words)
-    for line in result.round_words:
-        print(f"  {line}")
+    print("\n".join(outcome_lines(result)))
     if args.json:
         args.json.write_text(json.dumps(result.to_json(), indent=1), encoding="utf-8")
     if plot is not None:
