@@ -131,8 +131,11 @@ class OneLoad:
             self._split.measuring_s += self.clock() - t
             load = max(s.min_load, FIRST_SHARE * m.request_throughput) if m.request_throughput > 0 else 1.0
             lifetime = m.e2el_ms / 1000 if m.e2el_ms else None
+        screen = self._screen(keys, by_key)
         how = "under one load, set live between windows" if len(keys) > FINALISTS else "set live, each to its limit"
-        self.say(f"{name}: {len(keys)} configurations {how}")
+        lines = "" if not screen.held else (f" ({len(screen.first)} on the lines through {screen.anchor} first,"
+                                            f" {len(screen.held)} held back)")
+        self.say(f"{name}: {len(keys)} configurations {how}{lines}")
 
         def progress(left: int, round_s: float = 0.0) -> str:
             eta = estimate([left, *later], start_s=self._costs.start(), step_s=self._costs.step(1.0, 1),
@@ -141,11 +144,11 @@ class OneLoad:
                     f" ({self.remaining() / 60:.1f} min of budget left)")
 
         if lifetime is not None:  # what a window costs on this server, now that a request's life is known
-            self.say(f"  {name}: {window_words(s.window_s, lifetime)}; {progress(len(keys))}")
+            self.say(f"  {name}: {window_words(s.window_s, lifetime)}; {progress(len(screen.first))}")
 
         h = await halve(self.measurer, {k: self._flags(by_key[k]) for k in keys}, load,  # type: ignore[arg-type]
                         settings=s, group=name, split=self._split, remaining=self.remaining, say=self.say,
-                        progress=progress, lifetime_s=lifetime, screen=self._screen(keys, by_key),
+                        progress=progress, lifetime_s=lifetime, screen=screen,
                         bisect_s=STEPS_FROM_NONE * self._costs.step(load, s.step.min_requests))
         for k, reason in h.skipped.items():
             order += 1
