@@ -16,10 +16,10 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import DataTable, Input, Static
-from textual_plotext import PlotextPlot
 
-from engine.runs.compare import LoadPoint, RunPoint, fmt_runs
+from engine.runs.compare import fmt_runs
 from engine.views import SessionSnapshot
+from tui.widgets.charts import LatencyLoadChart, ParetoChart
 
 
 def _n(value: float | None, fmt: str) -> str:
@@ -50,8 +50,8 @@ class RunsPanel(Vertical):
                      id="stored-help")
         yield Input(placeholder="filter: model, preset, date, status", id="stored-filter", compact=True)
         yield DataTable(id="stored-table", zebra_stripes=True, cursor_type="row")
-        yield PlotextPlot(id="runs-load")
-        yield PlotextPlot(id="runs-pareto")
+        yield LatencyLoadChart(id="runs-load")
+        yield ParetoChart(id="runs-pareto")
 
     class FilterChanged(Message):
         """The stored runs' filter was edited: the app hands it to the session."""
@@ -92,55 +92,10 @@ class RunsPanel(Vertical):
                               key=str(r.id))
         if snap.run_points is not self._pareto_shown:
             self._pareto_shown = snap.run_points
-            self._plot_pareto(snap.run_points)
+            self.query_one("#runs-pareto", ParetoChart).show(snap.run_points)
         if snap.load_points is not self._load_shown:
             self._load_shown = snap.load_points
-            self._plot_load(snap.load_points)
-
-    def _blank_plot(self, selector: str, points: int) -> PlotextPlot | None:
-        """The chart cleared for drawing, or None (and hidden) under two points: no empty axes."""
-        plot = self.query_one(selector, PlotextPlot)
-        plot.display = points >= 2
-        if not plot.display:
-            return None
-        plot.plt.clear_data()
-        plot.plt.clear_figure()
-        return plot
-
-    def _plot_load(self, points: tuple[LoadPoint, ...]) -> None:
-        """The compared runs' p99 TTFT and TPOT against the requests/s each achieved (a sweep
-        read as a curve; the core gives the points). Hidden under two runs."""
-        plot = self._blank_plot("#runs-load", len(points))
-        if plot is None:
-            return
-        plt = plot.plt
-        loads = [p.load for p in points]
-        for label, values, side in (("TTFT p99 ms", [p.ttft_p99_ms for p in points], "left"),
-                                    ("TPOT p99 ms (right)", [p.tpot_p99_ms for p in points], "right")):
-            pairs = [(x, y) for x, y in zip(loads, values, strict=True) if y is not None]
-            if pairs:
-                plt.plot([x for x, _ in pairs], [y for _, y in pairs], label=label, marker="dot", yside=side)
-        plt.title("compared runs: latency against load")
-        plt.xlabel("requests/s")
-        plot.refresh()
-
-    def _plot_pareto(self, points: tuple[RunPoint, ...]) -> None:
-        """The stored runs' tokens/s per user against tokens/s per GPU, frontier apart (the core
-        computes the points and the frontier; this only draws them). Hidden under two runs."""
-        plot = self._blank_plot("#runs-pareto", len(points))
-        if plot is None:
-            return
-        plt = plot.plt
-        groups = (("Pareto frontier", [p for p in points if p.frontier]),
-                  ("met the SLO or had none", [p for p in points if not p.frontier and p.slo_met is not False]),
-                  ("missed the SLO", [p for p in points if p.slo_met is False]))
-        for label, group in groups:
-            if group:
-                plt.scatter([p.tokens_per_gpu for p in group], [p.tokens_per_user for p in group], label=label)
-        plt.title("stored runs: output tokens/s per user against per GPU")
-        plt.xlabel("output tokens/s per GPU")
-        plt.ylabel("tok/s per user")
-        plot.refresh()
+            self.query_one("#runs-load", LatencyLoadChart).show(snap.load_points)
 
     @on(Input.Changed, "#stored-filter")
     def _filter(self, event: Input.Changed) -> None:

@@ -26,10 +26,10 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Input, Label, Select, Static, TextArea
-from textual_plotext import PlotextPlot
 
 from engine.session import TUNE_PERCENTILES, TuneFormError, parse_tune_form
 from engine.views import TuneRequest, TuneView
+from tui.widgets.charts import TuneLoadChart
 
 if TYPE_CHECKING:
     from engine.flags.schema import Schema
@@ -145,12 +145,12 @@ class TuneScreen(Screen[None]):
                 with VerticalScroll(id="tune-details"):
                     yield Static("", id="tune-best")
                     yield Static("", id="tune-pareto")
-                    yield PlotextPlot(id="tune-chart")
+                    yield TuneLoadChart(id="tune-chart")
                     yield Static("", id="tune-log")
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
-        self._render_chart(None)  # hidden until a step is measured
+        self.query_one("#tune-chart", TuneLoadChart).show(None)  # hidden until a step is measured
         if not self.cursor_blink:
             for widget in self.query(Input):
                 widget.cursor_blink = False
@@ -332,31 +332,8 @@ class TuneScreen(Screen[None]):
                      Text(r.reason or (r.tie if tied else ""))]
             table.add_row(*cells, key=r.key)
 
-    def _render_chart(self, view: TuneView | None) -> None:
-        """TTFT against load for each configuration's steps (the best first, at most 6 lines):
-        where each one's latency turns up. The session gives the points; this draws them."""
-        chart = self.query_one("#tune-chart", PlotextPlot)
-        measured = [(k, [p for p in pts if p[1] is not None]) for k, pts in (view.step_series if view else ())]
-        series = [(k, pts) for k, pts in measured if pts]
-        chart.display = bool(series)
-        if not series:
-            return
-        assert view is not None
-        series.sort(key=lambda item: item[0] != view.best_key)
-        plt = chart.plt
-        plt.clear_data()
-        plt.clear_figure()
-        for key, pts in series[:6]:
-            plt.plot([p[0] for p in pts], [p[1] for p in pts], marker="braille",
-                     label=("★ " if key == view.best_key else "") + key[:40])
-        unit = "req/s" if view.mode == "rate" else "concurrent requests"
-        plt.title(f"TTFT against load ({view.slo_label})" if view.slo_label else "TTFT against load")
-        plt.xlabel(f"load ({unit})")
-        plt.ylabel("TTFT ms")
-        chart.refresh()
-
     def _render_results(self, view: TuneView | None) -> None:
-        self._render_chart(view)
+        self.query_one("#tune-chart", TuneLoadChart).show(view)
         best = self.query_one("#tune-best", Static)
         pareto = self.query_one("#tune-pareto", Static)
         log = self.query_one("#tune-log", Static)
