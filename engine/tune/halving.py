@@ -25,7 +25,8 @@ Where the load goes (:class:`LoadSteer`): the goodput of configurations that all
 the offered load, the same for all, so such a round tells nothing; the next doubles the load and
 adds no window. Once the best misses at some load, the next round goes below it (between the
 highest load the best met and the lowest it missed), so the rounds stay where the limits part.
-Rounds end when at most :data:`FINALISTS` are left or after :data:`MAX_ROUNDS`; the last ones left
+Rounds end when at most :data:`FINALISTS` are left, when the best's met and missed loads are within
+the noise of each other, or after :data:`MAX_ROUNDS`; the last ones left
 get their limit by bisection (engine.tune.bracket) from the highest round load each met.
 """
 
@@ -170,7 +171,7 @@ class Screen:
 @dataclass
 class LoadSteer:
     """The next round's load (see the module's text): ``met`` the highest load at which the best
-    met the SLO, ``missed`` the lowest at which it missed."""
+    met the SLO, ``missed`` the lowest at which it missed; between them, their geometric middle."""
 
     integer: bool
     max_load: float
@@ -191,6 +192,11 @@ class LoadSteer:
         if self.integer:
             nxt = float(max(1, round(nxt), load + 1 if self.missed is None else 1))
         return min(nxt, self.max_load)
+
+    def pinned(self, tolerance: float) -> bool:
+        """Whether the best's met and missed loads are within the noise of each other."""
+        return self.met is not None and self.missed is not None and tie_load(
+            self.missed, tolerance, integer=self.integer) <= self.met
 
 
 @dataclass(frozen=True)
@@ -447,6 +453,10 @@ async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: 
             + (f"; {joined} joins (each flag's best so far)" if joined else "")
             + f"; next at {nxt:.3g} {unit}; {progress(len(out.left), spent)}")
         load = nxt
+        if steer.pinned(s.tolerance):
+            say(f"  {group}: the best met {steer.met:.3g} and missed {steer.missed:.3g} {unit}, within the noise of"
+                f" each other: no round between can drop one more; {len(out.left)} left for bisection")
+            break
     if screen:
         out.skipped = {k: screen.skipped_reason(k, best) for k in screen.held}
     return out
