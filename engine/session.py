@@ -609,6 +609,11 @@ class Session:
         """The percentile the SLO is judged at (the session's SLO's, else 99)."""
         return self._tune_part.percentile(self._slo)
 
+    def tune_estimate(self, request: TuneRequest) -> str:
+        """What ``request`` is expected to cost on this box before it starts, and what to cut where
+        it would not finish within its budget (engine.tune.part.TunePart.estimate)."""
+        return self._tune_part.estimate(request, self._tune_ground())
+
     async def tune(self, request: TuneRequest, *, settings: TuneSettings | None = None) -> TuneResult:
         """Search the flags with the most goodput under ``request.slo`` on this session's
         server and workload (engine.tune.search.Tuner); returns the ``TuneResult``.

@@ -522,7 +522,8 @@ class VtuiApp(App[int]):
         """The Tune screen (one instance: what was typed stays when it is left and reopened)."""
         if self.tune_screen is None:
             self.tune_screen = TuneScreen(self.session.tune_form_defaults(), schema=self.schema,
-                                          percentile=self.session.tune_percentile(), cursor_blink=self.cursor_blink)
+                                          percentile=self.session.tune_percentile(), cursor_blink=self.cursor_blink,
+                                          estimate=self.session.tune_estimate)
             self.install_screen(self.tune_screen, name="tune")
         if self.screen is self.tune_screen:
             return

@@ -263,9 +263,11 @@ class Estimate:
     window_s: float
     lifetime_s: float | None = None
     """A request's lifetime measured on this server (the burst's p99 E2EL), None before one."""
+    held: int = 0
+    """Configurations off the lines through the seed: measured only where they combine the lines' best."""
 
     def to_dict(self) -> dict[str, object]:
-        return {"seconds": self.seconds, "configs": self.configs, "groups": self.groups,
+        return {"seconds": self.seconds, "configs": self.configs, "held": self.held, "groups": self.groups,
                 "one_load_groups": self.one_load_groups, "starts": self.starts, "start_s": self.start_s,
                 "step_s": self.step_s, "window_s": self.window_s, "lifetime_s": self.lifetime_s}
 
@@ -273,7 +275,8 @@ class Estimate:
         over = "" if self.seconds <= budget_s else (
             f"; more than the budget ({budget_s / 60:.1f} min): it stops at the budget with the best so far"
             " (cut the space or raise --budget-min)")
-        return (f"estimate: about {self.seconds / 60:.1f} min for {self.configs} configurations in {self.groups}"
+        held = f" ({self.held} off the lines through the seed held back)" if self.held else ""
+        return (f"estimate: about {self.seconds / 60:.1f} min for {self.configs} configurations{held} in {self.groups}"
                 f" restart groups ({self.one_load_groups} under one load), {self.starts} starts of ~{self.start_s:.0f} s,"
                 f" steps of ~{self.step_s:.0f} s, {self.window_words()}{over}")
 

@@ -6,6 +6,7 @@ under one load, one restart group's server started once and its rounds, what the
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -86,9 +87,11 @@ class OneLoad:
         seen = [last_start_seconds(start_key(self._group_launch(self._flags(by_key[g[0]])))) for g in groups]
         sizes = [min(len(g), len(self._screen(g, by_key).first) + 1) if self._one_load() and len(g) > FINALISTS
                  else len(g) for g in groups]
-        return estimate(sizes, start_s=max((x for x in seen if x), default=self._costs.start()),
-                        step_s=self._costs.step(1.0, math.ceil(self.settings.step.min_step_s)),
-                        window_s=self.settings.window_s, one_load=self._one_load())
+        est = estimate(sizes, start_s=max((x for x in seen if x), default=self._costs.start()),
+                       step_s=self._costs.step(1.0, math.ceil(self.settings.step.min_step_s)),
+                       window_s=self.settings.window_s, one_load=self._one_load())
+        total = sum(len(g) for g in groups)
+        return dataclasses.replace(est, configs=total, held=total - sum(sizes))
 
     def _screen(self, keys: Sequence[str], by_key: Mapping[str, Mapping[str, SpaceValue]]) -> Screen:
         """The group's lines through its configuration nearest the seed (every one with --exhaustive)."""

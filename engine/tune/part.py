@@ -46,7 +46,7 @@ from engine.tune.search import (
     TuneSettings,
     step_series,
 )
-from engine.tune.setup import measurer_factory, new_tuner
+from engine.tune.setup import estimate_search, measurer_factory, new_tuner
 from engine.tune.slots import SlotError, parse_gpus, search_slots, slot_measurers, too_wide, trial_needs
 from engine.tune.view import TrialView, TuneRequest, TuneView, frontier_points, slo_label, space_lines
 from loadgen.spec import SLO, SpecError
@@ -291,6 +291,24 @@ class TunePart:
         if ground.workload is None:
             raise SessionError("no workload chosen", "load a preset first")
         return ground.workload
+
+    def estimate(self, request: TuneRequest, ground: TuneGround) -> str:
+        """What the search ``request`` asks for is expected to cost here, in words (engine.tune.setup.
+        estimate_search, on the session's own server), and what to cut where it does not fit the
+        budget. Raises SessionError for a form that could not start."""
+        try:
+            settings = dataclasses.replace(TuneSettings(), mode=request.mode, budget_s=request.budget_s,
+                                           start_load=request.start_load)
+            est = estimate_search(base=ground.flags, space=request.space, slo=request.slo, settings=settings,
+                                  max_request_len=ground.max_request_len, schema=ground.schema)
+        except TuneError as exc:
+            raise SessionError(str(exc), "check the Tune form") from None
+        words = est.words(request.budget_s)
+        if est.seconds > request.budget_s:
+            widest = max(request.space.dims, key=lambda d: len(d[1]), default=None)
+            if widest is not None and len(widest[1]) > 1:
+                words += f"; e.g. fewer values of {widest[0]} ({len(widest[1])} now)"
+        return words
 
     async def run(self, request: TuneRequest, ground: TuneGround, *,
                   settings: TuneSettings | None = None) -> TuneResult:

@@ -234,6 +234,13 @@ class Tuner(OneLoad):
 
     # -- main loop ----------------------------------------------------------------------
 
+    def plan(self) -> Estimate:
+        """What this search is expected to cost before it starts (nothing measured or saved): the
+        configurations that pass the static checks and are not done yet, by restart group."""
+        by_key = {self.space.key(v): v for v in self.space.configs()}
+        valid = {k: v for k, v in by_key.items() if not self._static_problems(v)}
+        return self._estimate(self._groups(valid, self.space.seed(self.base.values)), valid)
+
     async def run(self) -> TuneResult:
         self._t0 = self.clock()
         st = self.state

@@ -16,8 +16,12 @@ from typing import TYPE_CHECKING
 from engine.tune.search import HistoryStore, Measurer, ServerMeasurer, Tuner, TuneResult, TuneSettings
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence as Seq
+
     from engine.flags import FlagSet, Schema
-    from engine.tune.search import SearchSpace, TuneState
+    from engine.tune.halving import Estimate
+    from engine.tune.search import Measurement, SearchSpace, StartOutcome, TuneState
+    from engine.tune.windows import WindowResult
     from loadgen.spec import SLO, ArrivalSpec, WorkloadSpec
 
 
@@ -48,4 +52,33 @@ def new_tuner(measurers: Sequence[Measurer], *, base: FlagSet, space: SearchSpac
         slots=measurers[1:], slot_gpus=slot_gpus, store=HistoryStore())
 
 
-__all__ = ["measurer_factory", "new_tuner"]
+class _NotStarted:
+    """The measurer of a search that is only estimated: what the Tune screen would run (a server
+    vtui starts, one trial at a time, set live where it can). It measures nothing."""
+
+    live = True
+
+    async def start(self, flags: FlagSet, *, timeout: float) -> StartOutcome:
+        raise RuntimeError("an estimate starts no server")
+
+    async def measure(self, load: float, *, requests: int, timeout: float, warmup: int) -> Measurement:
+        raise RuntimeError("an estimate measures nothing")
+
+    async def measure_windows(self, load: float, plan: Seq[tuple[str, FlagSet]], *, window_s: float,
+                              timeout: float) -> list[WindowResult]:
+        raise RuntimeError("an estimate measures nothing")
+
+    async def close(self) -> None:
+        return None
+
+
+def estimate_search(*, base: FlagSet, space: SearchSpace, slo: SLO, settings: TuneSettings,
+                    max_request_len: int | None = None, schema: Schema | None = None) -> Estimate:
+    """What a new search on one server vtui starts is expected to cost on this box, before it
+    starts (Tuner.plan: this box's last start of each group's flags, else a minute). Raises
+    TuneError for what could not start."""
+    return Tuner(_NotStarted(), base_flags=base, space=space, slo=slo, settings=settings,
+                 max_request_len=max_request_len, schema=schema).plan()
+
+
+__all__ = ["estimate_search", "measurer_factory", "new_tuner"]

@@ -12,7 +12,7 @@ the core (``Session.tune``) in an app worker; this screen only reads the form (t
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,7 +27,7 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Input, Label, Select, Static, TextArea
 
-from engine.session import TUNE_PERCENTILES, TuneFormError, parse_tune_form
+from engine.session import TUNE_PERCENTILES, SessionError, TuneFormError, parse_tune_form
 from engine.views import TuneRequest, TuneView
 from tui.widgets.charts import TuneLoadChart
 
@@ -95,9 +95,12 @@ class TuneScreen(Screen[None]):
     """The latest TuneView from the session's snapshot (None before any search)."""
 
     def __init__(self, defaults: Mapping[str, str], *, schema: Schema | None = None, percentile: float = 99.0,
-                 cursor_blink: bool = True) -> None:
+                 cursor_blink: bool = True, estimate: Callable[[TuneRequest], str] | None = None) -> None:
+        """``estimate``: what a request is expected to cost here, in words (Session.tune_estimate),
+        shown under the form as it is edited."""
         super().__init__()
         self.defaults = dict(defaults)
+        self.estimate = estimate
         self.schema = schema
         self.percentile = percentile
         self.cursor_blink = cursor_blink
@@ -133,6 +136,7 @@ class TuneScreen(Screen[None]):
                 yield TextArea(self.defaults.get("space", ""), id="tune-space", compact=True, soft_wrap=False,
                                highlight_cursor_line=False)
                 yield Static("", id="tune-error")
+                yield Static("", id="tune-estimate")
                 with Horizontal(classes="tune-buttons"):
                     yield Button("Start (g)", id="tune-start", variant="primary", compact=True)
                     yield Button("Stop (x)", id="tune-stop", variant="error", compact=True, disabled=True)
@@ -151,6 +155,7 @@ class TuneScreen(Screen[None]):
 
     def on_mount(self) -> None:
         self.query_one("#tune-chart", TuneLoadChart).show(None)  # hidden until a step is measured
+        self.call_after_refresh(self.show_estimate)
         if not self.cursor_blink:
             for widget in self.query(Input):
                 widget.cursor_blink = False
@@ -183,6 +188,29 @@ class TuneScreen(Screen[None]):
         if field:
             for widget in self.query(f"#tune-{field}"):
                 widget.add_class("-invalid")
+
+    @on(Input.Changed)
+    @on(TextArea.Changed)
+    @on(Select.Changed)
+    def _edited(self) -> None:
+        if self.estimate is not None and self.is_mounted:
+            timer = getattr(self, "_estimate_timer", None)
+            if timer is not None:
+                timer.stop()
+            self._estimate_timer = self.set_timer(0.3, self.show_estimate)
+
+    def show_estimate(self) -> None:
+        """What the form's search is expected to cost here (before it starts), or nothing while the
+        form does not read or a search runs (its own lines say it then)."""
+        line = self.query_one("#tune-estimate", Static)
+        if self.estimate is None or (self.view is not None and self.view.status in GOING):
+            line.update("")
+            return
+        try:
+            request = parse_tune_form(self.form_fields(), schema=self.schema, percentile=self.percentile)
+            line.update(self.estimate(request))
+        except (TuneFormError, SessionError):
+            line.update("")
 
     def read_form(self) -> TuneRequest | None:
         """The request the form describes, or None (the reason shown in place)."""
