@@ -174,9 +174,9 @@ def own_servers_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """
     import weakref
 
-    from engine.server import supervisor
+    from engine.server import children
 
-    monkeypatch.setattr(supervisor, "_LIVE", weakref.WeakSet())
+    monkeypatch.setattr(children, "OWNED", weakref.WeakSet())
 
 
 @pytest.fixture(scope="session")

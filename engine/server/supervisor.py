@@ -24,19 +24,14 @@ Their public names are importable from here too, as they were before the split.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import enum
 import json
 import os
 import secrets
 import shlex
-import signal
 import subprocess
-import sys
-import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,7 +41,8 @@ import httpx
 
 from engine import errors, paths
 from engine.flags import FlagsLike, background_held
-from engine.server import procs
+from engine.server import children, procs
+from engine.server.children import Child, cleanup_all, install_cleanup_hooks
 from engine.server.launch import (
     CLI_ENTRY,
     MODULE_ENTRY,
@@ -129,55 +125,6 @@ class RestartResult:
 
 
 # --------------------------------------------------------------------------------------------
-# Cleanup of live servers when the owning process ends
-
-
-_LIVE: weakref.WeakSet[Supervisor] = weakref.WeakSet()
-_HOOKS_LOCK = threading.Lock()
-_HOOKS_INSTALLED = False
-
-
-def cleanup_all() -> None:
-    """Stop (synchronously) every server this process started, except those left running."""
-    for sup in list(_LIVE):
-        sup._kill_sync()
-
-
-def _on_signal(signum: int, frame: object) -> None:
-    cleanup_all()
-    # Dying of the signal skips atexit: write what open history runs still queue (up to
-    # the last 0.25 s of requests) and mark them cut short now.
-    writer = sys.modules.get("engine.runs.writer")  # the run recorders History.start_run opened
-    if writer is not None:
-        with contextlib.suppress(Exception):
-            writer.finish_open_runs()
-    # Then die of the same signal, as the default action would have.
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-
-
-def install_cleanup_hooks() -> None:
-    """atexit + SIGTERM/SIGHUP handlers that stop our servers; idempotent.
-
-    A handler is only installed where none was (SIG_DFL), so an application's own handler
-    (which should call ``cleanup_all``) is never replaced. SIGINT raises KeyboardInterrupt,
-    which unwinds to the atexit hook.
-    """
-    global _HOOKS_INSTALLED
-    with _HOOKS_LOCK:
-        if _HOOKS_INSTALLED:
-            return
-        _HOOKS_INSTALLED = True
-        atexit.register(cleanup_all)
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            with contextlib.suppress(ValueError, OSError):
-                if signal.getsignal(sig) == signal.SIG_DFL:
-                    signal.signal(sig, _on_signal)
-
-
-# --------------------------------------------------------------------------------------------
 
 
 class Supervisor:
@@ -230,7 +177,7 @@ class Supervisor:
         self.model_id: str | None = None  # the id /v1/models serves
         self.tail: deque[str] = deque(maxlen=_TAIL_LINES)
 
-        self._proc: _Child | None = None  # the reaper, the server's parent
+        self._proc: Child | None = None  # the reaper, the server's parent
         self._reaper: procs.ProcRef | None = None
         self._root: procs.ProcRef | None = None  # the server (vLLM's API process), its group's leader
         self._known: set[procs.ProcRef] = set()
@@ -461,7 +408,7 @@ class Supervisor:
                 start_new_session=True,  # no terminal's Ctrl-C reaches it; vtui decides
                 pass_fds=(ctl_r, status_w),
             )
-            self._proc = _Child(popen)
+            self._proc = Child(popen)
         except OSError as exc:
             os.close(ctl_w)
             raise errors.ProcessExited(
@@ -489,7 +436,7 @@ class Supervisor:
             )
         self.pid = int(status.split()[1])
         self._root = procs.ProcRef.of(self.pid) or procs.ProcRef(self.pid, time.time())
-        _LIVE.add(self)
+        children.OWNED.add(self)
         self._write_registry()
         self._reader = asyncio.create_task(self._follow_log(self._proc, self.log_path))
 
@@ -520,7 +467,7 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 os.close(ctl)
 
-    async def _follow_log(self, proc: _Child, path: Path) -> None:
+    async def _follow_log(self, proc: Child, path: Path) -> None:
         """Every line the server writes to its log file, as it comes (polled every 50 ms)."""
         with open(path, encoding="utf-8", errors="replace", newline="\n") as handle:
             handle.readline()  # our "# vtui launched" header
@@ -745,9 +692,9 @@ class Supervisor:
         self._proc = None
         self._root = None
         self._reaper = None
-        _LIVE.discard(self)
+        children.OWNED.discard(self)
 
-    def _kill_sync(self) -> None:
+    def kill_sync(self) -> None:
         """Blocking stop for atexit / signal handlers (no event loop needed)."""
         if self.leave_running or self._root is None:
             return
@@ -789,49 +736,6 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 self._registry_path.unlink()
             self._registry_path = None
-
-
-class _Child:
-    """A child process the event loop can wait for, with the part of asyncio's Process we use.
-
-    Its exit is seen at once through a pidfd (Linux 5.3+), else by polling every 50 ms.
-    """
-
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
-        self._popen = popen
-        self.pid = popen.pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self._popen.poll()
-
-    async def wait(self) -> int:
-        rc = self._popen.poll()
-        if rc is not None:
-            return rc
-        try:
-            pidfd = os.pidfd_open(self.pid)
-        except (AttributeError, OSError):
-            pidfd = None
-        if pidfd is None:
-            while (rc := self._popen.poll()) is None:
-                await asyncio.sleep(0.05)
-            return rc
-        loop = asyncio.get_running_loop()
-        exited = asyncio.Event()
-        loop.add_reader(pidfd, exited.set)
-        try:
-            while (rc := self._popen.poll()) is None:
-                await exited.wait()
-                exited.clear()
-            return rc
-        finally:
-            loop.remove_reader(pidfd)
-            os.close(pidfd)
-
-    def kill(self) -> None:
-        if self._popen.poll() is None:  # never a signal to a pid that was reaped and reused
-            self._popen.kill()
 
 
 def _client() -> httpx.AsyncClient:
