@@ -58,8 +58,9 @@ ROUND_GROWTH = 1.25
 # After a round in which every configuration met the SLO (goodput = the offered load for all).
 BLIND_GROWTH = 2.0
 # Windows per configuration while the rounds look for the load where the limits part: one (a round
-# every configuration meets tells only that; one that missed where the best met is out). Two once the
-# best has met at one round's load and missed at another's (the least a repeats interval rests on).
+# every configuration meets tells only that; one that missed well below the best's met load is out by
+# the tie rule). Two once the best has met at one round's load and missed at another's: a drop by
+# goodput rests on a repeats interval, never on one window against one (the 10% floor alone).
 FIRST_WINDOWS = 1
 REPEAT_WINDOWS = 2
 # The first round's load, as a share of the group's burst throughput (where no --start-load is given).
@@ -424,6 +425,8 @@ async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: 
         for k in set(keys) - met:
             missed_at[k] = min(missed_at.get(k, math.inf), load)
         best, dropped = drop_beyond_noise(figures, s.objective, s.tolerance, among=met)
+        if windows < REPEAT_WINDOWS:
+            dropped = []  # one window each: a goodput gap rests on the floor alone, too thin to drop on
         if best in met:
             top = max(out.left[best] or 0.0, load)  # the highest round load the best met
             edge = tie_load(top, s.tolerance, integer=s.mode == "concurrency")
@@ -440,7 +443,8 @@ async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: 
             del out.left[d.key]
         for k in set(out.left) & met:
             out.left[k] = max(out.left[k] or 0.0, load)
-        joined = screen.combination(figures, list(out.left), s.objective, s.tolerance) if screen else None
+        joined = screen.combination(figures, list(out.left), s.objective, s.tolerance) if (
+            screen and best in met) else None  # past the best's limit the figures order nothing
         if joined is not None:
             out.left[joined] = None
         out.rounds.append(dataclasses.replace(record, dropped=tuple(d.key for d in dropped), seconds=spent))
