@@ -303,11 +303,11 @@ class TunePart:
                                   max_request_len=ground.max_request_len, schema=ground.schema)
         except TuneError as exc:
             raise SessionError(str(exc), "check the Tune form") from None
-        words = est.words(request.budget_s)
+        words = est.short_words(request.budget_s)
         if est.seconds > request.budget_s:
             widest = max(request.space.dims, key=lambda d: len(d[1]), default=None)
             if widest is not None and len(widest[1]) > 1:
-                words += f"; e.g. fewer values of {widest[0]} ({len(widest[1])} now)"
+                words += f": cut {widest[0]} ({len(widest[1])} values) or raise the budget"
         return words
 
     async def run(self, request: TuneRequest, ground: TuneGround, *,

@@ -50,6 +50,27 @@ def text_of(screen: TuneScreen, selector: str) -> str:
     return str(screen.query_one(selector, Static).render())
 
 
+async def test_the_form_says_what_the_search_will_cost_and_what_to_cut_before_it_starts() -> None:
+    app, _ = make_app(RecordedMeasurer(LIMITS))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("u")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, TuneScreen)
+        screen.query_one("#tune-space", TextArea).text = SPACE
+        screen.query_one("#tune-budget_min", Input).value = "30"
+        await pilot.pause(0.5)
+        said = text_of(screen, "#tune-estimate")
+        assert "4 configurations" in said and "over the" not in said, said
+        screen.query_one("#tune-budget_min", Input).value = "1"
+        await pilot.pause(0.5)
+        said = text_of(screen, "#tune-estimate")
+        assert "over the 1 min budget: cut max-num-seqs (2 values) or raise the budget" in said, said
+        screen.query_one("#tune-space", TextArea).text = "max-num-seqs=64,lots"
+        await pilot.pause(0.5)
+        assert text_of(screen, "#tune-estimate") == ""  # a form that does not read has no estimate
+
+
 async def test_form_refuses_bad_input_then_runs_shows_rows_and_best_and_stops() -> None:
     m = RecordedMeasurer(LIMITS, hold=True)
     app, session = make_app(m)

@@ -136,13 +136,13 @@ class TuneScreen(Screen[None]):
                 yield TextArea(self.defaults.get("space", ""), id="tune-space", compact=True, soft_wrap=False,
                                highlight_cursor_line=False)
                 yield Static("", id="tune-error")
-                yield Static("", id="tune-estimate")
                 with Horizontal(classes="tune-buttons"):
                     yield Button("Start (g)", id="tune-start", variant="primary", compact=True)
                     yield Button("Stop (x)", id="tune-stop", variant="error", compact=True, disabled=True)
                 with Horizontal(classes="tune-buttons"):
                     yield Button("Load best (l)", id="tune-load", compact=True, disabled=True)
                     yield Button("Export (e)", id="tune-export", compact=True, disabled=True)
+                yield Static("", id="tune-estimate")
             with Vertical(id="tune-results"):
                 yield Static("", id="tune-running")
                 yield DataTable(id="tune-table", zebra_stripes=True, cursor_type="row")

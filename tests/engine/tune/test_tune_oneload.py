@@ -21,7 +21,7 @@ from engine.tune.halving import (
     rounds_cost,
     window_cost,
 )
-from engine.tune.search import Measurement, StartOutcome, StepRule, Tuner, TuneSettings
+from engine.tune.search import Measurement, SearchSpace, StartOutcome, StepRule, Tuner, TuneResult, TuneSettings
 from engine.tune.windows import WindowBook, WindowResult
 from loadgen.records import RequestResult
 from tests.engine.tune.test_tune import BASE, SCHEMA, SLO_TTFT, FakeClock, TableMeasurer, keys, space_of
@@ -66,6 +66,20 @@ class WindowTable(TableMeasurer):
         return out
 
 
+async def tune_table(space: SearchSpace, table: dict[str, float], start_load: float,
+                     budget_s: float = 10_000) -> tuple[TuneResult, WindowTable, str]:
+    """A tune over ``space`` with windows from ``table`` (limit per configuration) from ``start_load``:
+    its result, the measurer (its windows and starts) and every line it said."""
+    clock = FakeClock()
+    m = WindowTable(space, table, clock)
+    settings = TuneSettings(budget_s=budget_s, step=StepRule(min_requests=50), start_load=start_load, window_s=5.0)
+    lines: list[str] = []
+    tuner = Tuner(m, base_flags=BASE, space=space, slo=SLO_TTFT, settings=settings, schema=SCHEMA, clock=clock,
+                  max_request_len=192, say=lines.append)
+    res = await tuner.run()
+    return res, m, "\n".join(lines)
+
+
 def test_interleave_rotates_each_pass() -> None:
     assert interleave(["a", "b", "c"], 2) == ["a", "b", "c", "b", "c", "a"]
 
@@ -95,22 +109,17 @@ def test_a_request_straddling_a_change_belongs_to_no_window() -> None:
 async def test_one_restart_group_under_one_load_interleaves_drops_and_bisects_the_rest() -> None:
     space = space_of(max_num_seqs=(4, 16, 32, 64))
     k4, k16, k32, k64 = keys(space)
-    clock = FakeClock()
-    m = WindowTable(space, {k4: 2.0, k16: 8.0, k32: 9.6, k64: 10.0}, clock)
-    settings = TuneSettings(budget_s=10_000, step=StepRule(min_requests=50), start_load=4.0, window_s=5.0)
-    lines: list[str] = []
-    tuner = Tuner(m, base_flags=BASE, space=space, slo=SLO_TTFT, settings=settings, schema=SCHEMA, clock=clock,
-                  max_request_len=192, say=lines.append)
-    res = await tuner.run()
-    text = "\n".join(lines)
+    res, m, text = await tune_table(space, {k4: 2.0, k16: 8.0, k32: 9.6, k64: 10.0}, 4.0)
     by_key = {c.key: c for c in res.configs}
-    # Round 1: all four under one load, a window each; k4 out; the next round over the three left.
+    # Round 1: all four under one load, a window each. k4 missed at 4 req/s where the others met:
+    # one window is no ground for a goodput verdict, and 4 is not beyond the noise below 4 (the tie
+    # rule), so it stays; at 5 req/s, met by the best, its miss at 4 is beyond the noise: out.
     first = [k for k, load in m.windows if load == 4.0]
     assert first == [k4, k16, k32, k64], text
     second = [k for k, load in m.windows if load == 5.0]
-    assert second == [k16, k32, k64], text  # one window each until the best has met and missed
-    # k4 (2 req/s at 4 offered) is beyond the noise below the best: out after round 1.
+    assert second == [k4, k16, k32, k64], text  # one window each until the best has met and missed
     assert by_key[k4].status == "dominated" and "under one load" in by_key[k4].reason, text
+    assert "missed the SLO at 4 req/s" in by_key[k4].reason and "beyond the noise below" in by_key[k4].reason
     assert by_key[k4].live and by_key[k4].steps >= 1
     # One server for the whole group (and the winner's check on its own start).
     assert m.restarts == 1 + len(m.exact_starts) and res.starts == m.restarts, text
@@ -120,7 +129,8 @@ async def test_one_restart_group_under_one_load_interleaves_drops_and_bisects_th
     assert isinstance(t, dict) and t["windows"] == len(m.windows) and t["starts_s"] > 0 and t["measuring_s"] > 0
     assert t["settling_s"] > 0 and t["checks_s"] > 0
     rounds = t["rounds"]
-    assert isinstance(rounds, list) and rounds[0]["dropped"] == [k4] and rounds[0]["windows"] == 4
+    assert isinstance(rounds, list) and rounds[0]["dropped"] == [] and rounds[0]["windows"] == 4
+    assert rounds[1]["dropped"] == [k4]
     est = res.to_json()["estimate"]
     assert isinstance(est, dict) and est["one_load_groups"] == 1 and est["seconds"] > 0
     assert "estimate: about" in text and "configurations left" in text
@@ -147,6 +157,9 @@ def test_the_load_doubles_while_every_one_meets_and_goes_between_once_the_best_m
     assert steer.after(4.0, best_ok=True, all_ok=True) == 8.0  # nothing told apart: double
     assert steer.after(8.0, best_ok=True, all_ok=False) == pytest.approx(10.0)  # someone missed: a smaller step
     assert steer.after(10.0, best_ok=False, all_ok=False) == pytest.approx((8.0 * 10.0) ** 0.5)  # between
+    assert not steer.pinned(0.05)  # 8 met, 10 missed: 20% apart
+    steer.after(8.8, best_ok=False, all_ok=False)
+    assert steer.pinned(0.05)  # 8 met, 8.8 missed: within the 10% noise
     down = LoadSteer(integer=False, max_load=100.0)
     assert down.after(10.0, best_ok=False, all_ok=False) == 5.0  # the first round was past every limit
     assert LoadSteer(integer=True, max_load=100.0).after(2.0, best_ok=True, all_ok=False) == 3.0
@@ -155,19 +168,22 @@ def test_the_load_doubles_while_every_one_meets_and_goes_between_once_the_best_m
 async def test_a_round_past_the_best_limit_drops_none_and_the_next_goes_below() -> None:
     space = space_of(max_num_seqs=(4, 16, 32, 64))
     k4, k16, k32, k64 = keys(space)
-    clock = FakeClock()
-    m = WindowTable(space, {k4: 2.0, k16: 8.0, k32: 9.6, k64: 10.0}, clock)
-    settings = TuneSettings(budget_s=10_000, step=StepRule(min_requests=50), start_load=20.0, window_s=5.0)
-    lines: list[str] = []
-    tuner = Tuner(m, base_flags=BASE, space=space, slo=SLO_TTFT, settings=settings, schema=SCHEMA, clock=clock,
-                  max_request_len=192, say=lines.append)
-    res = await tuner.run()
-    text = "\n".join(lines)
+    res, m, text = await tune_table(space, {k4: 2.0, k16: 8.0, k32: 9.6, k64: 10.0}, 20.0)
     rounds = res.to_json()["time"]["rounds"]  # type: ignore[index]
     assert rounds[0]["load"] == 20.0 and rounds[0]["dropped"] == [], text
     assert len(rounds) > 1, text
     assert "the best missed the SLO: none dropped" in text and rounds[1]["load"] == 10.0, text
     assert res.best is not None and res.best.key in (k32, k64), text  # within 5% of each other: a tie
+
+
+async def test_rounds_stop_once_the_best_met_and_missed_within_the_noise() -> None:
+    space = space_of(max_num_seqs=(16, 32, 64))
+    k16, k32, k64 = keys(space)
+    res, _, text = await tune_table(space, {k16: 8.0, k32: 8.2, k64: 8.4}, 6.0)
+    assert "within the noise of each other: no round between can drop one more" in text, text
+    rounds = res.to_json()["time"]["rounds"]  # type: ignore[index]
+    # 6 met, 12 missed, 8.49 missed, 7.14 met, 7.78 met: 7.78 and 8.49 are within the 10% noise
+    assert [round(r["load"], 2) for r in rounds] == [6.0, 12.0, 8.49, 7.14, 7.78], text
 
 
 def test_the_first_round_measures_the_lines_through_the_anchor_and_their_best_combination_joins() -> None:
@@ -194,14 +210,7 @@ async def test_a_two_flag_group_skips_off_line_configurations_and_finds_the_comb
     part = {4: 2.0, 16: 6.0, 64: 8.0, 512: 0.0, 2048: 1.0, 8192: 3.0}
     table = {space.key(v): part[v["max-num-seqs"]] + part[v["max-num-batched-tokens"]]  # type: ignore[index]
              for v in space.configs()}
-    clock = FakeClock()
-    m = WindowTable(space, table, clock)
-    settings = TuneSettings(budget_s=100_000, step=StepRule(min_requests=50), start_load=4.0, window_s=5.0)
-    lines: list[str] = []
-    tuner = Tuner(m, base_flags=BASE, space=space, slo=SLO_TTFT, settings=settings, schema=SCHEMA, clock=clock,
-                  max_request_len=192, say=lines.append)
-    res = await tuner.run()
-    text = "\n".join(lines)
+    res, m, text = await tune_table(space, table, 4.0, budget_s=100_000)
     best = space.key({"max-num-seqs": 64, "max-num-batched-tokens": 8192})
     assert res.best is not None and res.best.key == best, text
     first = {key for key, load in m.windows if load == 4.0}
@@ -209,9 +218,9 @@ async def test_a_two_flag_group_skips_off_line_configurations_and_finds_the_comb
     assert f"{best} joins" in text, text
     skipped = [c for c in res.configs if c.status == "skipped"]
     assert len(skipped) == 3 and all("--exhaustive" in c.reason for c in skipped), text
-    loads = sorted({load for _, load in m.windows})
-    assert 10.0 in loads and "every one met the SLO); next at 10 req/s" in text, text  # 5 met by all: double
-    assert "round 4: 5 configurations at 7.07 req/s, 2 windows each" in text, text  # between met and missed: two
+    # Each drop by the tie rule: a miss beyond the noise below the load the round's best met.
+    dropped = [c for c in res.configs if c.status == "dominated" and "under one load" in c.reason]
+    assert dropped and all("beyond the noise below" in c.reason for c in dropped), text
 
 
 def test_a_window_costs_its_span_and_two_request_lifetimes_once_one_is_known() -> None:
