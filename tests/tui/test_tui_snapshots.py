@@ -180,7 +180,10 @@ CASES: list[tuple[str, Setup]] = [
 
 @pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
 @pytest.mark.parametrize("name,setup", CASES, ids=[c[0] for c in CASES])
-def test_screen(snap_compare: Callable[..., bool], size: tuple[int, int], name: str, setup: Setup) -> None:
+def test_screen(snap_compare: Callable[..., bool], size: tuple[int, int], name: str, setup: Setup,
+                monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    if name == "tune-form":  # its estimate reads this box's last start of the flags: a data folder of its own
+        monkeypatch.setenv("VTUI_HOME", str(tmp_path))
     session = tui_data.make_session()
     app = _app(session)
 
@@ -191,8 +194,11 @@ def test_screen(snap_compare: Callable[..., bool], size: tuple[int, int], name: 
 
 
 @pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
-def test_finished_tune(snap_compare: Callable[..., bool], size: tuple[int, int]) -> None:
-    """The Tune screen after a search on recorded measurements, the id and clock fixed."""
+def test_finished_tune(snap_compare: Callable[..., bool], size: tuple[int, int], monkeypatch: pytest.MonkeyPatch,
+                       tmp_path: Path) -> None:
+    """The Tune screen after a search on recorded measurements, the id and clock fixed (a data folder
+    of its own: the form's estimate reads this box's last start of the flags)."""
+    monkeypatch.setenv("VTUI_HOME", str(tmp_path))
     from test_tui_tune import LIMITS, SPACE, RecordedMeasurer, make_app
 
     app, session = make_app(RecordedMeasurer(LIMITS), publish=False)

@@ -14,8 +14,10 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import pytest
 import tui_data
 from textual.widgets import DataTable, Input, Static, TextArea
 
@@ -202,8 +204,11 @@ async def test_the_best_line_says_a_tie_within_the_noise() -> None:
         assert str(table.get_row(TIED_BEST)[0]) == "★"
 
 
-def test_finished_tune_snapshot(snap_compare: Callable[..., bool]) -> None:
-    """A finished search on recorded measurements, with the id and the clock fixed."""
+def test_finished_tune_snapshot(snap_compare: Callable[..., bool], monkeypatch: pytest.MonkeyPatch,
+                                tmp_path: Path) -> None:
+    """A finished search on recorded measurements, with the id and the clock fixed (and a data
+    folder of its own: the form's estimate reads this box's last start of the flags)."""
+    monkeypatch.setenv("VTUI_HOME", str(tmp_path))
     app, session = make_app(RecordedMeasurer(LIMITS), publish=False)
 
     async def before(pilot: object) -> None:

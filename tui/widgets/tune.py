@@ -201,14 +201,15 @@ class TuneScreen(Screen[None]):
 
     def show_estimate(self) -> None:
         """What the form's search is expected to cost here (before it starts), or nothing while the
-        form does not read or a search runs (its own lines say it then)."""
+        form does not read, a search runs, or the form is the search last started (its own lines
+        said it)."""
         line = self.query_one("#tune-estimate", Static)
         if self.estimate is None or (self.view is not None and self.view.status in GOING):
             line.update("")
             return
         try:
             request = parse_tune_form(self.form_fields(), schema=self.schema, percentile=self.percentile)
-            line.update(self.estimate(request))
+            line.update("" if request == getattr(self, "_started", None) else self.estimate(request))
         except (TuneFormError, SessionError):
             line.update("")
 
@@ -243,6 +244,8 @@ class TuneScreen(Screen[None]):
             return
         request = self.read_form()
         if request is not None:
+            self._started = request  # its own lines say what it costs from here; a changed form shows it again
+            self.query_one("#tune-estimate", Static).update("")
             self.post_message(self.StartRequested(request))
 
     def action_stop(self) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,11 @@ from engine.flags import schema as flags
 
 
 @pytest.fixture
-def slow_extract(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> threading.Event:
-    """A fresh data folder and vLLM version, and an extraction that waits for ``release``."""
+def slow_extract(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[threading.Event]:
+    """A fresh data folder and vLLM version, and an extraction that waits for ``release``. At the end
+    every background read is released and joined while the stand-ins are still in place: a read that
+    outlived its test would cache the stand-in schema for the real vLLM version (every later preset
+    check then read "unknown flag for vLLM 9.9.9-test")."""
     monkeypatch.setenv("VTUI_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(flags, "installed_vllm_version", lambda: "9.9.9-test")
     monkeypatch.setattr(flags, "_SCHEMAS", {})
@@ -33,7 +37,10 @@ def slow_extract(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> threading.E
              "action": "_StoreAction", "nargs": None, "choices": None}]}
 
     monkeypatch.setattr(flags, "_extract_vllm_schema", extract)
-    return release
+    yield release
+    release.set()
+    for thread in list(flags._BACKGROUND.values()):
+        thread.join(10)
 
 
 def test_a_first_start_does_not_wait_for_the_schema(slow_extract: threading.Event) -> None:
