@@ -194,10 +194,14 @@ class LoadSteer:
             nxt = float(max(1, round(nxt), load + 1 if self.missed is None else 1))
         return min(nxt, self.max_load)
 
+    @property
+    def bracketed(self) -> bool:
+        """Whether the best has both met and missed the SLO at some round's load."""
+        return self.met is not None and self.missed is not None
+
     def pinned(self, tolerance: float) -> bool:
         """Whether the best's met and missed loads are within the noise of each other."""
-        return self.met is not None and self.missed is not None and tie_load(
-            self.missed, tolerance, integer=self.integer) <= self.met
+        return self.bracketed and tie_load(self.missed or 0.0, tolerance, integer=self.integer) <= (self.met or 0.0)
 
 
 @dataclass(frozen=True)
@@ -436,7 +440,7 @@ async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: 
             dropped = []  # one window each: a goodput gap rests on the floor alone, too thin to drop on
         if best in met:
             top = max(out.left[best] or 0.0, load)  # the highest round load the best met
-            edge = tie_load(top, s.tolerance, integer=s.mode == "concurrency")
+            edge = tie_load(top, s.tolerance, integer=steer.integer)
             gone = {d.key for d in dropped}
             # A miss at or below the noise's edge under the best's highest met load: that one's limit is
             # beyond the noise below the best's (the per-configuration search's own tie rule).
@@ -459,7 +463,7 @@ async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: 
         nxt = steer.after(load, best in met, met == set(keys))
         # One window each while the load is still looking for where the limits part; two once the
         # best has both met and missed (the rounds between: repeats give an interval).
-        windows = REPEAT_WINDOWS if steer.met is not None and steer.missed is not None else FIRST_WINDOWS
+        windows = REPEAT_WINDOWS if steer.bracketed else FIRST_WINDOWS
         say(f"  {group}: round {r + 1}: best {best} ({statistics.median(figures[best]):.3g} {unit} goodput);"
             + (f" dropped {', '.join(d.key for d in dropped)}" if dropped else " none beyond the noise")
             + (" (every one met the SLO)" if met == set(keys) else "")

@@ -25,6 +25,7 @@ from textual.css.query import NoMatches
 from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
+from textual.timer import Timer
 from textual.widgets import Button, DataTable, Footer, Input, Label, Select, Static, TextArea
 
 from engine.session import TUNE_PERCENTILES, SessionError, TuneFormError, parse_tune_form
@@ -101,6 +102,8 @@ class TuneScreen(Screen[None]):
         super().__init__()
         self.defaults = dict(defaults)
         self.estimate = estimate
+        self._estimate_timer: Timer | None = None  # the estimate's redraw, 0.3 s after the last edit
+        self._started: TuneRequest | None = None  # the search last started from this form
         self.schema = schema
         self.percentile = percentile
         self.cursor_blink = cursor_blink
@@ -194,9 +197,8 @@ class TuneScreen(Screen[None]):
     @on(Select.Changed)
     def _edited(self) -> None:
         if self.estimate is not None and self.is_mounted:
-            timer = getattr(self, "_estimate_timer", None)
-            if timer is not None:
-                timer.stop()
+            if self._estimate_timer is not None:
+                self._estimate_timer.stop()
             self._estimate_timer = self.set_timer(0.3, self.show_estimate)
 
     def show_estimate(self) -> None:
@@ -209,7 +211,7 @@ class TuneScreen(Screen[None]):
             return
         try:
             request = parse_tune_form(self.form_fields(), schema=self.schema, percentile=self.percentile)
-            line.update("" if request == getattr(self, "_started", None) else self.estimate(request))
+            line.update("" if request == self._started else self.estimate(request))
         except (TuneFormError, SessionError):
             line.update("")
 
