@@ -223,6 +223,8 @@ def test_finished_tune(snap_compare: Callable[..., bool], size: tuple[int, int],
         screen.query_one("#tune-budget_min", Input).value = "10"
         app.show_snapshot(dataclasses.replace(snap, tune=view))
         await pilot.pause()
+        await pilot.pause(0.5)  # the estimate redraws 0.3 s after the last edit: wait for it
+        await pilot.pause()
         if size[0] < 110:
             await pilot.press("f")  # the form hidden: the results take the width
             await pilot.pause()

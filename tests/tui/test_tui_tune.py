@@ -232,6 +232,8 @@ def test_finished_tune_snapshot(snap_compare: Callable[..., bool], monkeypatch: 
         screen.query_one("#tune-budget_min", Input).value = "10"
         app.show_snapshot(dataclasses.replace(snap, tune=view))
         await pilot.pause()  # type: ignore[attr-defined]
+        await pilot.pause(0.5)  # type: ignore[attr-defined]  # the estimate redraws 0.3 s after the last edit: wait for it
+        await pilot.pause()  # type: ignore[attr-defined]
 
     assert snap_compare(app, terminal_size=(120, 40), run_before=before)
 
