@@ -6,11 +6,11 @@ outputs and the recorded gaps."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -122,9 +122,13 @@ def test_the_recording_replays(server: str, recording: Path, tmp_path: Path) -> 
     assert len(got) == len(tf.rows) == 13
     # (the chat turns ride in their sessions, with the replayed answers: the lengths are the recorded ones)
     assert [(r["input_tokens"], r["output_tokens"]) for r in got] == [(r.input_len, r.output_len) for r in tf.rows]
-    gaps = [b["t_start"] - a["t_start"] for a, b in itertools.pairwise(got)]
-    want = [b.at_s - a.at_s for a, b in itertools.pairwise(tf.rows)]
-    assert gaps == pytest.approx(want, abs=0.005)
+    # Each send at its recorded offset from the first: never early, none late by more than an event-loop
+    # hiccup on a busy box (6.5 ms was seen on CI's 2 cores), and no drift (the median within 5 ms).
+    offsets = [r["t_start"] - got[0]["t_start"] for r in got]
+    want = [r.at_s - tf.rows[0].at_s for r in tf.rows]
+    late = [o - w for o, w in zip(offsets, want, strict=True)]
+    assert min(late) > -0.002 and max(late) < 0.05, late
+    assert statistics.median(abs(x) for x in late) < 0.005, late
 
 
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
