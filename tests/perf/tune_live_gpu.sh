@@ -7,7 +7,7 @@
 # On the GPU machine, vLLM staged per ../shared/gpu/README.md in /tmp/site:
 #   tests/perf/tune_live_gpu.sh setup OUTDIR    (vtui's own wheels from .gpuwheels/ into /tmp/site, and its
 #                                                vllm.general_plugins entry point, so the servers it starts load the hook)
-#   tests/perf/tune_live_gpu.sh live OUTDIR     (the seed space, --budget-min 10)
+#   tests/perf/tune_live_gpu.sh live OUTDIR     (the seed space, --budget-min 10, or $BUDGET_MIN)
 #   tests/perf/tune_live_gpu.sh grid OUTDIR     (6 configurations, one start each; run again to --resume)
 # Both arms: --enforce-eager (starts of ~40 s instead of ~80 s: the grid's six starts fit one call),
 # max-model-len 2048 (so chunked prefill off is valid with budgets 2048 and 8192), SLO p99 TTFT
@@ -27,7 +27,7 @@ setup)
     ;;
 live)
     start=$(date +%s)
-    vtui tune "${common[@]}" --budget-min 10 --json "$out/live.json" \
+    vtui tune "${common[@]}" --budget-min "${BUDGET_MIN:-10}" --json "$out/live.json" \
         2> >(tee "$out/live.err.txt" >&2) | tee "$out/live.out.txt"
     echo "command to winner: $(( $(date +%s) - start )) s" | tee -a "$out/live.out.txt"
     ;;
