@@ -37,6 +37,19 @@ TEST_CACHE = Path(os.environ.get("VTUI_TEST_CACHE", Path.home() / ".cache" / "vt
 from tests.vllm_args import SERVER_ARGS  # noqa: E402  (one place for the test servers' flags)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """vtui's own bytecode, written where it is missing or stale. These machines set
+    PYTHONDONTWRITEBYTECODE, so every `vtui` subprocess a test runs (hundreds: the CLI as typed, the
+    pty sessions, the live hook inside each vLLM start) compiled the sources again: 0.25 s of the
+    0.9 s an import of the TUI took here. Python still reads a .pyc it did not write, and checks
+    it against the source's time stamp."""
+    import compileall
+
+    root = Path(__file__).resolve().parents[1]
+    for package in ("engine", "tui", "loadgen"):
+        compileall.compile_dir(root / package, quiet=1)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``runs_last`` run after all others, in their order.
 

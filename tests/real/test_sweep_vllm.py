@@ -14,12 +14,13 @@ from tui.cli import main
 
 @pytest.mark.vllm
 def test_sweep_two_presets_on_vllm_cpu(tiny_model: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    """The first seed article's enable-256 vs enable-2048 rows on the tiny model: two servers
-    (the flags differ, so one restart), every run stored, the comparison shows the flag row,
-    and the latency-against-load chart of the two runs is drawn (--plot)."""
+    """The first seed article's enable-2048 vs enable-256 rows on the tiny model: one server (the
+    second preset lowers a live flag, so it is set live, not restarted: a sweep's restart between
+    presets is tests/real/test_advisor_e2e.py's), every run stored, the comparison shows the flag
+    row, and the latency-against-load chart of the two runs is drawn (--plot)."""
     chart = tmp_path / "sweep.png"
     code = main([
-        "sweep", "chunked-enable-256", "chunked-enable-2048", "--model", str(tiny_model),
+        "sweep", "chunked-enable-2048", "chunked-enable-256", "--model", str(tiny_model),
         # 64 requests: a run of a few seconds, so the 1 Hz telemetry catches the KV gauge inside it
         # even on a starved box (24 finished within one sample period beside a CPU hog: peak KV n/a).
         "--requests", "64", "--warmup", "2", "--format", "json",
@@ -29,14 +30,15 @@ def test_sweep_two_presets_on_vllm_cpu(tiny_model: Path, capsys: pytest.CaptureF
     out, err = capsys.readouterr()
     assert code == 0, err
     assert f"wrote {chart}" in err and chart.read_bytes()[:4] == b"\x89PNG"
-    assert "restarting vLLM with" in err and "--max-num-batched-tokens 2048" in err
+    assert "chunked-enable-256: set live in" in err and "max-num-batched-tokens 2048->256" in err, err
+    assert "restarting vLLM with" not in err
     from engine.server.tinymodel import TINY_CPU_DEFAULTS
 
     assert f"--kv-cache-memory-bytes (unset) -> {TINY_CPU_DEFAULTS['kv-cache-memory-bytes']}" in err  # said, not silent
     table = json.loads(out)
-    assert [r["name"] for r in table["runs"]] == ["chunked-enable-256", "chunked-enable-2048"]
+    assert [r["name"] for r in table["runs"]] == ["chunked-enable-2048", "chunked-enable-256"]
     rows = {r["key"]: r for r in table["rows"]}
-    assert rows["max-num-batched-tokens"]["values"] == ["256", "2048"]
+    assert rows["max-num-batched-tokens"]["values"] == ["2048", "256"]
     for key in ("ttft_p50", "tpot_p50", "e2el_p99", "request_throughput", "output_throughput", "peak_kv_usage"):
         assert all(v is not None and v >= 0 for v in rows[key]["values"]), key
     assert all(v > 0 for v in rows["request_throughput"]["values"])
