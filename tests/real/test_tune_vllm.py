@@ -16,17 +16,16 @@ from tests.vllm_args import SERVER_ARGS
 
 @pytest.mark.vllm
 def test_vtui_tune_end_to_end_on_vllm_cpu(tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Two configurations far apart on a real vllm-cpu (one request at a time against 16: 4 and 16
-    were often a tie here, and a tie costs a start to check), the CLI as typed: both rows come
-    back, set live on one server started at the space's maxima; the winner is checked on a server
-    started with exactly its flags (the only other start); the JSON is written, the state is saved
-    for --resume, and no server is left running."""
+    """Two configurations on a real vllm-cpu, the CLI as typed: both rows come back, set live on
+    one server started at the space's maxima; the winner is checked on a server started with
+    exactly its flags (the only other start); the JSON is written, the state is saved for
+    --resume, and no server is left running."""
     from engine.server.supervisor import list_registered
     from engine.tune.search import list_states, load_state
 
     out = tmp_path / "tune.json"
     rc = run_cli(["tune", "--model", str(tiny_model), "--slo-e2el-p99-ms", "1500", "--input-len", "32",
-                  "--output-len", "16", "--space", "max-num-seqs=1,16", "--budget-min", "6",
+                  "--output-len", "16", "--space", "max-num-seqs=4,16", "--budget-min", "6",
                   # a coarse bisection (30%) of short steps: what is tested is the path, not the limit
                   "--min-requests", "20", "--min-step-s", "1", "--tolerance", "0.3", "--flag",
                   f"kv-cache-memory-bytes={SERVER_ARGS['kv-cache-memory-bytes']}",
@@ -45,7 +44,7 @@ def test_vtui_tune_end_to_end_on_vllm_cpu(tiny_model: Path, tmp_path: Path, caps
     else:
         svg = chart.read_text()
         assert f"wrote {chart}" in captured.err and svg.lstrip().startswith("<?xml") and "latency against load" in svg
-    assert {c["key"] for c in data["configs"]} == {"max-num-seqs=1", "max-num-seqs=16"}
+    assert {c["key"] for c in data["configs"]} == {"max-num-seqs=4", "max-num-seqs=16"}
     assert data["starts"] >= 1 and data["steps"] >= 1
     first = min(data["configs"], key=lambda c: c["order"] or 99)
     assert first["status"] in (DONE, CUT_SHORT, NO_LOAD, DOMINATED), first  # dropped under one load: ordered first
@@ -56,7 +55,7 @@ def test_vtui_tune_end_to_end_on_vllm_cpu(tiny_model: Path, tmp_path: Path, caps
     assert all((c["started_with"] or {}).get("max-num-seqs") == 16 for c in measured), measured
     assert "set live in" in captured.err and "no restart" in captured.err
     # Every configuration set live: the only other starts are the checks of the winner (and of one
-    # tied with it, which one request at a time seldom is), where the budget left room for them.
+    # tied with it, on this busy box often within noise), where the budget left room for them.
     checked = [c for c in data["configs"] if c["start_check"]]
     assert data["starts"] <= 3, captured.err
     if data["status"] == "done" and data["best"] and data["best"]["limit_load"] not in (None, "inf") \
