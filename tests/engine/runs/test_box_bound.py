@@ -33,6 +33,8 @@ from loadgen import ArrivalSpec, WorkloadSpec
 from loadgen.run import BOX_DELAY_LIMIT_MS
 from loadgen.testserver import ServerConfig, serve_in_processes
 
+pytestmark = pytest.mark.serial  # they crowd the box on purpose and read what others took: run alone
+
 
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:

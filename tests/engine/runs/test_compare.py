@@ -16,6 +16,8 @@ from engine.runs.summary import RunSummary
 from engine.telemetry.summary import summarize
 from tests.engine.telemetry.test_telemetry_summary import build_store
 
+pytestmark = pytest.mark.serial  # identical runs judged within noise, which a neighbour widens: run alone
+
 GIB = 1024**3
 
 

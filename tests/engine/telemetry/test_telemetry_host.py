@@ -14,6 +14,8 @@ from strangers import spawn_stranger
 
 from engine.telemetry.host import HostSampler
 
+pytestmark = pytest.mark.serial  # CPU shares of processes, read against what else runs: run alone (scripts/test.sh)
+
 BUSY = "import time\nend = time.time() + 30\nwhile time.time() < end: pass\n"
 
 
