@@ -294,7 +294,7 @@ async def test_scraper_windows_errors_and_recovers(metrics_server: tuple[str, li
     url, answers = metrics_server
 
     async def slow() -> web.Response:
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(3.0)  # past the scraper's timeout
         return web.Response(text="")
 
     answers.extend([
@@ -305,7 +305,7 @@ async def test_scraper_windows_errors_and_recovers(metrics_server: tuple[str, li
         lambda: web.Response(text=page(prompt=50)),  # restarted server
         lambda: web.Response(text="garbage {\n" + page(prompt=60)),
     ])
-    scraper = MetricsScraper(url, timeout_s=0.3)
+    scraper = MetricsScraper(url, timeout_s=2.0)  # 0.3 s missed a fast answer beside another test process
     first = await scraper.scrape()
     assert not first.stale and first.window_s is None and first.prompt_tokens_total == 100
     second = await scraper.scrape()
@@ -315,7 +315,7 @@ async def test_scraper_windows_errors_and_recovers(metrics_server: tuple[str, li
     err = await scraper.scrape()
     assert err.stale and "HTTP 500" in (err.reason or "") and err.running is None
     timeout = await scraper.scrape()
-    assert timeout.stale and "did not answer within 0.3 s" in (timeout.reason or "")
+    assert timeout.stale and "did not answer within 2 s" in (timeout.reason or "")
     back = await scraper.scrape()
     assert not back.stale and back.reset and back.prompt_tok_s is not None and back.prompt_tok_s > 0
     bad = await scraper.scrape()
