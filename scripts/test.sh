@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole suite, as `make test` (the README's command, and CI's) runs it on a 2-core box:
 #   1. the tests that need neither a real vLLM nor a quiet box, in two processes side by side
-#      (VTUI_TEST_SHARD=1/2 and 2/2: whole files, balanced by tests/durations.json);
+#      (VTUI_TEST_SHARD=1/2 and 2/2: whole files, balanced by tests/durations.json, which
+#      scripts/durations.py writes from a run with --durations=0);
 #   2. then, alone, those marked serial: every test under tests/real (a real vLLM server) and
 #      those that time the box.
 # Arguments go to every pytest call (e.g. -x, --durations=20). `python -m pytest` alone still runs
