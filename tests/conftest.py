@@ -68,10 +68,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.serial)
     shard = os.environ.get("VTUI_TEST_SHARD")
     if shard:
-        mine = shard_files(sorted({item.nodeid.split("::")[0] for item in items}), shard)
-        kept = [item for item in items if item.nodeid.split("::")[0] in mine]
-        config.hook.pytest_deselected(items=[item for item in items if item.nodeid.split("::")[0] not in mine])
-        items[:] = kept
+        file_of = {id(item): item.nodeid.split("::")[0] for item in items}
+        mine = shard_files(sorted(set(file_of.values())), shard)
+        config.hook.pytest_deselected(items=[item for item in items if file_of[id(item)] not in mine])
+        items[:] = [item for item in items if file_of[id(item)] in mine]
     last = [item for item in items if item.get_closest_marker("runs_last")]
     if last:
         keep = set(map(id, last))

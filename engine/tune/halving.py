@@ -201,7 +201,8 @@ class LoadSteer:
 
     def pinned(self, tolerance: float) -> bool:
         """Whether the best's met and missed loads are within the noise of each other."""
-        return self.bracketed and tie_load(self.missed or 0.0, tolerance, integer=self.integer) <= (self.met or 0.0)
+        met, missed = self.met, self.missed
+        return met is not None and missed is not None and tie_load(missed, tolerance, integer=self.integer) <= met
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ def metrics(url: str) -> Any:
 
 class Streams:
     """``n`` clients each sending one streaming completion after another, until stopped: a prompt
-    of ``prompt_tokens`` ids (two random first: no prefix-cache hit) and ``max_tokens`` tokens back,
+    of ``prompt_tokens`` ids (unshared_prompt: no prefix-cache hit) and ``max_tokens`` tokens back,
     so that a request's time is the engine's (a prefill) more than the API server's streaming.
 
     ``errors``: a status other than 200, or a stream cut after its answer began (what a live
@@ -67,8 +67,7 @@ class Streams:
 
     async def _one(self, client: httpx.AsyncClient) -> None:
         while not self.stop.is_set():
-            head = [random.randrange(VOCAB_SIZE), random.randrange(VOCAB_SIZE)]  # no prefix-cache hit
-            body = {"model": self.server.model, "prompt": head + [11] * (self.prompt_tokens - 2),
+            body = {"model": self.server.model, "prompt": unshared_prompt(self.prompt_tokens),
                     "max_tokens": self.max_tokens, "ignore_eos": True, "stream": True}
             answered = False
             try:
@@ -175,11 +174,15 @@ def test_max_num_seqs_caps_running_requests_live_on_the_same_process(vllm_server
     assert metrics(url).value(START_TIME) == pid_start  # the same server process: no restart
 
 
+def unshared_prompt(n: int) -> list[int]:
+    """``n`` token ids that no earlier prompt shares a block with (two random tokens first: no
+    prefix-cache hit, so every token is scheduled)."""
+    return [random.randrange(VOCAB_SIZE), random.randrange(VOCAB_SIZE)] + [11] * (n - 2)
+
+
 def one_prompt(server: VllmServer, n: int = 1200) -> None:
-    """One prompt of ``n`` tokens that no earlier prompt shares a block with (two random tokens
-    first: no prefix-cache hit, so every token is scheduled), one token generated."""
-    head = [random.randrange(VOCAB_SIZE), random.randrange(VOCAB_SIZE)]
-    body = {"model": server.model, "prompt": head + [11] * (n - 2), "max_tokens": 1}
+    """One prompt of ``n`` tokens (unshared_prompt), one token generated."""
+    body = {"model": server.model, "prompt": unshared_prompt(n), "max_tokens": 1}
     resp = httpx.post(server.base_url + "/v1/completions", json=body, timeout=120)
     assert resp.status_code == 200, resp.text
 
