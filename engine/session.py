@@ -7,13 +7,14 @@ async method; the state is published as ONE immutable :class:`SessionSnapshot`
 a few times a second (:mod:`engine.views` defines it, its parts and the functions
 that build them). Nothing here imports Textual, so the same object can be
 driven from a script or a test. The session is a thin facade: what it does is in objects
-of their own that it owns and hands what they need: the server started here or attached
+of their own that it owns and hands what they need: the flags being edited and their checks
+(:class:`engine.flags.editor.FlagEditor`), the server started here or attached
 and its log (:class:`engine.server.part.ServerPart`), the load runs, the comparison and the
 history (:class:`engine.runs.part.RunsPart`), the live telemetry and its sparklines
 (:class:`engine.telemetry.part.TelemetryPart`) and the flag search run from the Tune screen
 (:class:`engine.tune.part.TunePart`); the presets and the exports are functions of
-:mod:`engine.presets` and :mod:`engine.runs.export`. The session keeps the flags being
-edited, the workload and the notice line.
+:mod:`engine.presets` and :mod:`engine.runs.export`. The session keeps the workload
+and the notice line.
 
 Threads: the telemetry sampler is a thread of its own (NVML and psutil block), and
 a load run gets a thread with its own event loop, so that hundreds of requests per
@@ -32,7 +33,8 @@ from typing import TYPE_CHECKING
 
 from engine.advise.advisor import RunData, advise, not_advised
 from engine.errors import SessionError
-from engine.flags import FlagError, FlagSet, FlagValue, load_schema, schema_pending, validate, validation_warnings
+from engine.flags import FlagSet, FlagValue
+from engine.flags.editor import FlagEditor, flags_differ
 from engine.presets import Preset, PresetError, check_repeats, find_preset, list_presets, load_for_session, save_from_session
 from engine.runs.export import EXPORT_KINDS, export_text, write_export
 from engine.runs.history import HistoryError
@@ -149,13 +151,6 @@ class Session:
         # Flags that come with the model, kept under every preset's flags (a shipped
         # architecture needs load-format = dummy whatever the scenario).
         self._model_flags: dict[str, object] = dict(model_flags or {})
-        self._schema_obj = schema
-        self._flags = flags
-        self._loaded_flags = flags  # what "dirty" compares against (moves with each start/apply)
-        self._preset_flags = flags  # what run names compare against: the preset as loaded or saved
-        self._flag_text_errors: dict[str, str] = {}
-        self._flag_errors: dict[str, str] = {}
-        self._flag_warnings: dict[str, str] = {}
         self._workload = workload
         self._arrivals = arrivals
         self._slo = slo
@@ -163,10 +158,9 @@ class Session:
         self._preset_name = preset_name
         self._repeats = 1  # how many runs `r` makes of the workload (a preset's ``repeats``, or set_repeats)
         self._stored_filter = ""  # the Runs tab's filter of the stored runs
-        self._stored_epoch = 0  # grows when the stored runs must be read again
-        self._stored_cache: tuple[tuple[object, ...], tuple[tuple[StoredRun, ...], tuple[LoadPoint, ...],
-                                                            tuple[RunPoint, ...]]] | None = None
 
+        # The flags being edited, checked as they change (engine.flags.editor).
+        self._editor = FlagEditor(flags, schema=schema, max_request_len=self._max_request_len)
         self._seq = 0
         self._subscribers: list[Callable[[SessionSnapshot], None]] = []
         self._notice: str | None = None
@@ -182,7 +176,7 @@ class Session:
                                    clear_series=self._clear_series, record_history=record_history)
         # The server started here or attached, its log lines and its view (engine.server.part).
         self._server_part = ServerPart(
-            emit=self._on_event, clock=clock, launcher=launcher, port=port, edited=lambda: self._flags,
+            emit=self._on_event, clock=clock, launcher=launcher, port=port, edited=lambda: self._editor.flags,
             start_telemetry=self._start_telemetry, halt_telemetry=self._halt_telemetry,
             telemetry=lambda: self._telemetry_part.latest, tune_active=lambda: self.tune_active,
             run_active=lambda: self.run_active, stop_run=self.stop_workload)
@@ -191,14 +185,13 @@ class Session:
         # The flag search, its progress and its result (engine.tune.part).
         self._tune_part = TunePart(emit=self._on_event, server=self._tune_server,
                                    telemetry=lambda: self._telemetry_part.latest, release=self._tune_release)
-        self._revalidate()
 
     # ------------------------------------------------------------------ state access
 
     @property
     def flags(self) -> FlagSet:
         """The edited FlagSet."""
-        return self._flags
+        return self._editor.flags
 
     @property
     def store(self) -> SeriesStore:
@@ -264,14 +257,7 @@ class Session:
     def schema(self) -> Schema:
         """The flag schema the editor and the checks use: the installed vLLM's once read (in
         the background), the built-in one until then."""
-        # Never wait for the installed vLLM's schema (about 10 s the first time on a data
-        # folder): the built-in one answers until the background read is done.
-        if self._schema_obj is None or (not self._schema_obj.complete and not schema_pending()
-                                        and "background" in self._schema_obj.source):
-            self._schema_obj = load_schema(wait=False)
-        return self._schema_obj
-
-    _schema_obj: Schema | None = None
+        return self._editor.schema()
 
     def set_flag_text(self, name: str, text: str) -> str | None:
         """Set a flag from what the user typed; returns the reason it is invalid, or None.
@@ -281,39 +267,16 @@ class Session:
         the reason is shown under the flag.
         """
         self.changed()
-        text = text.strip()
-        self._flag_text_errors.pop(name, None)
-        try:
-            self._flags = self._flags.set(name, text) if text else self._flags.unset(name)
-        except FlagError as exc:
-            self._flag_text_errors[name] = exc.reason
-        self._revalidate()
-        return self._flag_errors.get(name)
+        return self._editor.set_text(name, text)
 
     def set_flag(self, name: str, value: object) -> str | None:
         """Set a typed flag value; returns the reason it is invalid, or None."""
         self.changed()
-        self._flag_text_errors.pop(name, None)
-        try:
-            self._flags = self._flags.set(name, value)
-        except FlagError as exc:
-            self._flag_text_errors[name] = exc.reason
-        self._revalidate()
-        return self._flag_errors.get(name)
+        return self._editor.set(name, value)
 
     def unset_flag(self, name: str) -> None:
         self.changed()
-        self._flag_text_errors.pop(name, None)
-        self._flags = self._flags.unset(name)
-        self._revalidate()
-
-    def _revalidate(self) -> None:
-        errors: dict[str, str] = {}
-        for err in validate(self._flags, self.schema(), max_request_len=self._max_request_len()):
-            errors.setdefault(err.flag or "model", err.reason)
-        errors.update(self._flag_text_errors)
-        self._flag_errors = errors
-        self._flag_warnings = {w.flag or "model": w.reason for w in validation_warnings(self._flags)}
+        self._editor.unset(name)
 
     def _max_request_len(self) -> int | None:
         """Longest prompt + output the workload asks for (synthetic kinds), for validate()."""
@@ -323,31 +286,26 @@ class Session:
         return int(wl.max_request_len())
 
     def flag_errors(self) -> dict[str, str]:
-        return dict(self._flag_errors)
+        return dict(self._editor.errors)
 
     def launch_argv(self) -> list[str]:
         """The argv after the model that a start or apply would launch with, as it may be
         shown: secrets as ``$VLLM_API_KEY`` references (they reach vLLM by its environment)."""
-        return list(self._flags.display_argv())
+        return list(self._editor.flags.display_argv())
 
     def flags_diff(self) -> list[tuple[str, object, object]]:
         """(flag, running value, edited value) for every flag an apply would change (values
         as FlagSet holds them: typed per flag, None when unset)."""
-        running = self._server_part.running_flags
-        if running is None:
-            return []
-        return _diff_rows(running, self._flags)
+        return self._editor.diff(self._server_part.running_flags)
 
     def revert_flags(self) -> None:
         """Throw the edits away: back to the running server's flags or the loaded ones."""
         self.changed()
-        self._flags = self._server_part.running_flags or self._loaded_flags
-        self._flag_text_errors.clear()
-        self._revalidate()
+        self._editor.take(self._server_part.running_flags or self._editor.loaded)
 
     @property
     def dirty(self) -> bool:
-        return bool(self._flag_text_errors) or _flags_differ(self._flags, self._loaded_flags)
+        return self._editor.dirty
 
     # ------------------------------------------------------------------ presets
 
@@ -360,29 +318,25 @@ class Session:
         On the tiny model the preset's explicit ``[tiny]`` scaling applies; what it
         changed is in the notice. Returns the preset as applied.
         """
-        loaded = load_for_session(preset, model=self._flags.model, model_flags=self._model_flags, tiny=self._tiny)
+        loaded = load_for_session(preset, model=self._editor.flags.model, model_flags=self._model_flags,
+                                  tiny=self._tiny)
         self.changed()
-        self._flags = loaded.flags
-        self._loaded_flags = loaded.flags
-        self._preset_flags = loaded.flags
         self._workload = loaded.workload
         self._arrivals = loaded.arrivals
         self._slo = loaded.preset.slo
         self._preset_name = loaded.preset.name
         self._workload_label = loaded.preset.name
         self._repeats = loaded.preset.repeats
-        self._flag_text_errors.clear()
-        self._revalidate()
+        self._editor.take(loaded.flags, loaded=True, preset=True)  # checked against the new workload
         self._notice = loaded.notice
         return loaded.preset
 
     def save_preset(self, name: str, description: str = "") -> Path:
         """Save the edited flags and the workload as a user preset."""
-        path = save_from_session(name, self._flags, self._workload, self._arrivals, self._slo,
+        path = save_from_session(name, self._editor.flags, self._workload, self._arrivals, self._slo,
                                  description=description, repeats=self._repeats)
         self.changed()
-        self._loaded_flags = self._flags
-        self._preset_flags = self._flags
+        self._editor.saved()
         self._preset_name = name
         self._workload_label = name
         self._notice = f"saved preset {name} to {path}"
@@ -431,9 +385,9 @@ class Session:
         return await self._server_part.apply(timeout, force=force)
 
     def _refuse_flag_errors(self, hint: str) -> None:
-        if self._flag_errors:
-            name, reason = next(iter(self._flag_errors.items()))
-            raise SessionError(f"--{name}: {reason}", hint)
+        first = self._editor.first_error()
+        if first is not None:
+            raise SessionError(f"--{first[0]}: {first[1]}", hint)
 
     def _on_event(self, event: SessionEvent) -> None:
         """What the session's parts report (engine.views.SessionEvent), acted on in one place."""
@@ -444,17 +398,13 @@ class Session:
                 self._notice = text
             case ServerTookFlags(flags):
                 # a start or an apply: "dirty" compares against what the server runs now
-                self._loaded_flags = flags
+                self._editor.loaded = flags
             case FlagsRecovered(flags):
                 # an attached server's flags read back from its command line: into the editor
-                self._flags = flags
-                self._loaded_flags = flags
-                self._revalidate()
+                self._editor.take(flags, loaded=True)
             case TuneTookFlags(flags):
                 # the tune's winner into the editor, the typed-text errors dropped
-                self._flags = flags
-                self._flag_text_errors.clear()
-                self._revalidate()
+                self._editor.take(flags)
             case LimitsSetLive(words, moved):
                 self._telemetry_part.mark(words)
                 self._runs_part.limits_moved(moved)  # a run going on measured two configurations
@@ -548,9 +498,10 @@ class Session:
         return RunGround(
             base_url=server.base_url(), ready=server.state_name() in ("READY", "ATTACHED"), workload=self._workload,
             arrivals=self._arrivals, slo=self._slo, preset_name=self._preset_name,
-            flags=server.running_flags or self._flags, supervisor=server.supervisor, model=server.served_model(),
+            flags=server.running_flags or self._editor.flags, supervisor=server.supervisor,
+            model=server.served_model(),
             pid=server.pid(), version=server.version(), name_base=self._workload_label or "run",
-            preset_flags=self._preset_flags)
+            preset_flags=self._editor.preset)
 
     def _next_run_label(self) -> str:
         """The next run's name: the preset and the flags changed since it (see run_name)."""
@@ -595,7 +546,7 @@ class Session:
     def _flags_to_apply(self) -> bool:
         """True when the server runs nothing known, or other flags than the edited ones."""
         running = self._server_part.running_flags
-        return running is None or _flags_differ(self._flags, running)
+        return running is None or flags_differ(self._editor.flags, running)
 
     # ------------------------------------------------------------------ flag search (tune)
     # The search's state, progress and view are engine.tune.part's; these hand it the session.
@@ -637,7 +588,8 @@ class Session:
         """What the tune starts from and what may refuse it, read now."""
         snap = self._telemetry_part.latest
         return TuneGround(
-            flags=self._flags, flag_errors=dict(self._flag_errors), workload=self._workload, arrivals=self._arrivals,
+            flags=self._editor.flags, flag_errors=dict(self._editor.errors), workload=self._workload,
+            arrivals=self._arrivals,
             loading=self.run_active or self._runs_part.sweeping, busy=self._server_part.busy,
             attached=self._server_part.attached_only,
             max_request_len=self._max_request_len(), schema=self.schema(),
@@ -663,7 +615,7 @@ class Session:
         """Put the search's winning values into the flag editor (the rest of the edits stay);
         nothing restarts until apply. Returns (flag, old, new) for what changed (values as
         FlagSet holds them: typed per flag, None when unset)."""
-        return self._tune_part.load_flags(self._flags)
+        return self._tune_part.load_flags(self._editor.flags)
 
     def export_tune(self, kind: str) -> str:
         """An export of the search's winner: "docker", "serve", or "results" (the whole
@@ -706,7 +658,7 @@ class Session:
     def export(self, kind: str, run_index: int | None = None) -> str:
         """Text for an export: "docker", "serve", "k8s" (Deployment + Service), "compose",
         "results" (JSON) or "perfetto" (JSON); see engine.runs.export.export_text."""
-        return export_text(kind, self._flags, name=self._workload_label, version=self._server_part.version(),
+        return export_text(kind, self._editor.flags, name=self._workload_label, version=self._server_part.version(),
                            runs=self._runs_part.runs,
                            run_index=run_index, history=self._get_history)
 
@@ -759,9 +711,7 @@ class Session:
 
     def toggle_stored(self, run_id: int) -> bool:
         """Put a stored run into the comparison, or take it out; True when it is in now."""
-        inside = self._runs_part.toggle_stored(run_id)
-        self._stored_epoch += 1
-        return inside
+        return self._runs_part.toggle_stored(run_id)
 
     def set_stored_filter(self, text: str) -> None:
         """Filter the Runs tab's stored runs: every word must appear (see :meth:`stored_runs`)."""
@@ -770,30 +720,21 @@ class Session:
 
     def refresh_stored(self) -> None:
         """Read the history again for the next snapshot (runs written by another process)."""
-        self._stored_epoch += 1
+        self._runs_part.refresh_stored()
         self.changed()
-
-    def _stored_views(self) -> tuple[tuple[StoredRun, ...], tuple[LoadPoint, ...], tuple[RunPoint, ...]]:
-        """The Runs tab's lists for the snapshot, read again only when what they show can have
-        changed: a run ended or was set aside, the filter, a stored run compared, or asked."""
-        runs = self._runs_part.runs
-        key = (len(runs), sum(r.superseded for r in runs), self._stored_filter, self._stored_epoch)
-        if self._stored_cache is None or self._stored_cache[0] != key:
-            self._stored_cache = (key, (self.stored_runs(self._stored_filter), self.load_points(), self.run_points()))
-        return self._stored_cache[1]
 
     def snapshot(self) -> SessionSnapshot:
         """The current state, frozen."""
         devices, unavailable = devices_view(self._telemetry_part.latest)
-        stored, load_pts, run_pts = self._stored_views()
+        stored, load_pts, run_pts = self._runs_part.stored_views(self._stored_filter)
         return SessionSnapshot(
             t=self._clock(),
             seq=self._seq,
-            model=str(self._flags.model),
-            flags=self._flags,
+            model=str(self._editor.flags.model),
+            flags=self._editor.flags,
             running_flags=self._server_part.running_flags,
-            flag_errors=dict(self._flag_errors),
-            flag_warnings=dict(self._flag_warnings),
+            flag_errors=dict(self._editor.errors),
+            flag_warnings=dict(self._editor.warnings),
             dirty=self.dirty,
             workload_label=self._workload_label,
             repeats=self._repeats,
@@ -830,24 +771,5 @@ class Session:
         return server_values({CACHE_CONFIG: labels}, self.schema()) if labels else {}
 
 
-# --------------------------------------------------------------------------- adapters
-# These translate the other core modules' objects into the snapshot's views; a figure the
-# object does not have (None) shows as "-".
-
-
 def _never() -> bool:
     return False
-
-
-def _flags_differ(a: FlagSet | None, b: FlagSet | None) -> bool:
-    if a is b:
-        return False
-    if a is None or b is None:
-        return True
-    return not a.same_launch(b)
-
-
-def _diff_rows(old: FlagSet, new: FlagSet) -> list[tuple[str, object, object]]:
-    """FlagSet.diff as rows of (name, old value, new value); values typed per flag."""
-    return [(str(name), a, b) for name, (a, b) in old.diff(new).items()]
-

@@ -45,6 +45,8 @@ if TYPE_CHECKING:
     from loadgen.spec import SLO, ArrivalSpec, WorkloadSpec
     from loadgen.stats import StatsWindow
 
+# The Runs tab's lists: the stored runs, the compared runs by load, the stored runs' plane.
+StoredViews = tuple[tuple[StoredRun, ...], tuple[LoadPoint, ...], tuple[RunPoint, ...]]
 RUN_SERIES = ("req_s", "tok_s", "ttft_p50", "tpot_p50")  # a new run starts these afresh
 FLOOR_READ_S = 10.0  # the box's noise floor is read again this often (one measured elsewhere shows up)
 KEPT_NOISES = 32  # bootstrapped runs kept after they left the comparison
@@ -186,6 +188,8 @@ class RunsPart:
         self.window: StatsWindow | None = None  # the latest stats window
         self._handle: RunHandle | None = None
         self._pinned: tuple[RunInfo, ...] = ()  # the stored runs in the comparison
+        self._stored_epoch = 0  # grows when the stored runs must be read again
+        self._stored_cache: tuple[tuple[object, ...], StoredViews] | None = None
         # ((runs, baseline, stored ids, floor id, runs bootstrapped), the view)
         self._comparison_cache: tuple[tuple[object, ...], ComparisonView | None] | None = None
         # History run id -> its requests bootstrapped (engine.runs.noise), by the noise thread; kept
@@ -616,8 +620,22 @@ class RunsPart:
         except Exception:  # noqa: BLE001 - a history that cannot be read plots nothing
             return ()
 
+    def stored_views(self, text: str) -> StoredViews:
+        """The Runs tab's lists (stored runs filtered by ``text``, load points, run points), read
+        again only when what they show can have changed: a run ended or was set aside, the
+        filter, a stored run compared, or :meth:`refresh_stored` asked."""
+        key = (len(self.runs), sum(r.superseded for r in self.runs), text, self._stored_epoch)
+        if self._stored_cache is None or self._stored_cache[0] != key:
+            self._stored_cache = (key, (self.stored_runs(text), self.load_points(), self.run_points()))
+        return self._stored_cache[1]
+
+    def refresh_stored(self) -> None:
+        """Read the history again at the next :meth:`stored_views` (runs written by another process)."""
+        self._stored_epoch += 1
+
     def toggle_stored(self, run_id: int) -> bool:
         """Put a stored run into the comparison, or take it out; True when it is in now."""
+        self._stored_epoch += 1
         if any(i.id == run_id for i in self._pinned):
             self._pinned = tuple(i for i in self._pinned if i.id != run_id)
             self._changed()

@@ -488,7 +488,7 @@ async def test_runs_tab_plots_the_stored_runs_pareto_chart() -> None:
     points = [RunPoint(1, "a", 100.0, 800.0, None, True), RunPoint(2, "b", 50.0, 800.0, None, False),
               RunPoint(3, "c", 20.0, 2000.0, True, True), RunPoint(4, "d", 200.0, 3000.0, False, False)]
     shown: list[tuple[object, ...]] = [()]
-    app.session.run_points = lambda limit=200: shown[0]  # type: ignore[method-assign]
+    app.session._runs_part.run_points = lambda limit=200: shown[0]  # type: ignore[method-assign]
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("5")
         await pilot.pause()
