@@ -42,9 +42,11 @@ async def bracket(probe: Probe, finish: Finish, *, settings: TuneSettings, best:
                   best_now: Callable[[], ConfigResult | None], must_meet: Callable[[ConfigResult], float],
                   neighbour_pass: Callable[[Iterable[str]], tuple[float, str] | None],
                   measurements: Mapping[str, Sequence[Measurement]],
-                  lost_beside: MutableMapping[str, tuple[str, float]]) -> ConfigResult:
+                  lost_beside: MutableMapping[str, tuple[str, float]],
+                  known: Sequence[Measurement] = ()) -> ConfigResult:
     """The highest load at which configuration ``key`` meets the SLO: bracketing (multiply by
-    ``growth`` until violated), then bisection until the bracket is within ``tolerance``; the
+    ``growth`` until violated; from the loads met and missed in ``known``, where given), then
+    bisection until the bracket is within ``tolerance``; the
     result through ``finish`` (DONE, DOMINATED, NO_LOAD). Each step through ``probe``; Fatal when
     the server died under load (ConfigBudget, from ``probe``, when the next step does not fit).
 
@@ -73,6 +75,13 @@ async def bracket(probe: Probe, finish: Finish, *, settings: TuneSettings, best:
         else:
             hi = load if hi is None else min(hi, load)
         return m
+
+    # What this configuration was measured at before (``known``: its windows under one load with the
+    # others) starts the bracket: the highest load met there and the lowest above it missed, as if
+    # bracketed so far by steps (a miss below a pass is noise: the pass is trusted).
+    before = [m for m in known if math.isfinite(m.load) and not m.fatal]
+    lo = max((m.load for m in before if m.ok), default=None)
+    hi = min((m.load for m in before if not m.ok and (lo is None or m.load > lo)), default=None)
 
     prunes = s.prune and s.objective == "goodput"
 

@@ -666,7 +666,8 @@ class Tuner(OneLoad):
     async def _tune_config(self, key: str, values: Mapping[str, SpaceValue], best: ConfigResult | None,
                            order: int, measurer: Measurer | None = None, start_load: float | None = None) -> ConfigResult:
         """One configuration's limit (engine.tune.bracket); ``start_load``: a load it met under one
-        load with others, where its bracket starts (that step is reused, not measured again)."""
+        load with others, where its bracket starts from what those windows met and missed (their
+        steps are reused, not measured again)."""
         st = self.state
         s = self.settings if start_load is None else dataclasses.replace(self.settings, start_load=start_load)
         measurer = measurer or self.measurer
@@ -728,7 +729,8 @@ class Tuner(OneLoad):
                 probe, finish, settings=s, best=best, key=key, best_now=lambda: self.best(exclude=key),
                 must_meet=lambda rival: self._must_meet(values, rival),
                 neighbour_pass=lambda skip: self._neighbour_pass(key, skip=skip),
-                measurements=self.state.measurements, lost_beside=self._lost_beside)
+                measurements=self.state.measurements, lost_beside=self._lost_beside,
+                known=tuple(ms) if start_load is not None else ())
             if (s.confirm and result.status == DONE and self.score(result) is not None and result.at is not None
                     and (best is None
                          or (self.score(result) or 0.0) >= (1 - s.confirm_margin) * (self.score(best) or 0.0))):

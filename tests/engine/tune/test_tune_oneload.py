@@ -237,3 +237,20 @@ def test_a_window_costs_its_span_and_two_request_lifetimes_once_one_is_known() -
     assert after.seconds - before.seconds == pytest.approx(known - unknown)
     assert "a request lives ~4.5 s here" in after.words(600.0) and "more than the budget" in after.words(600.0)
     assert after.to_dict()["lifetime_s"] == 4.5 and "lives" not in before.words(1e9)
+
+
+async def test_the_finalists_bisection_starts_from_what_the_rounds_met_and_missed() -> None:
+    space = space_of(max_num_seqs=(4, 16, 32, 64))
+    k4, k16, k32, k64 = keys(space)
+    res, m, text = await tune_table(space, {k4: 2.0, k16: 8.0, k32: 9.6, k64: 10.0}, 4.0)
+    rounds = res.to_json()["time"]["rounds"]  # type: ignore[index]
+    loads = [r["load"] for r in rounds]
+    for k in {c.key for c in res.configs if c.status == "done"}:
+        windows = [load for key, load in m.windows if key == k]
+        met = max(x for x in windows if x <= float(m.table[k]))
+        missed = min((x for x in windows if x > float(m.table[k])), default=None)
+        assert missed is not None, (k, loads, text)
+        steps = [load for key, load in m.steps if key == k and load not in windows]
+        # No step re-walks the bracket the rounds found: every step lies between the load the
+        # rounds met and the lowest they missed (the winner's check on its own start aside).
+        assert steps and all(met < x < missed for x in steps[:-1] or steps), (k, met, missed, steps, text)
