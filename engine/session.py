@@ -8,7 +8,7 @@ a few times a second (:mod:`engine.views` defines it, its parts and the function
 that build them). Nothing here imports Textual, so the same object can be
 driven from a script or a test. The session is a thin facade: what it does is in objects
 of their own that it owns and hands what they need: the flags being edited and their checks
-(:class:`engine.flags.editor.FlagEditor`), the server started here or attached
+(:class:`engine.flags.edited.EditedFlags`), the server started here or attached
 and its log (:class:`engine.server.part.ServerPart`), the load runs, the comparison and the
 history (:class:`engine.runs.part.RunsPart`), the live telemetry and its sparklines
 (:class:`engine.telemetry.part.TelemetryPart`) and the flag search run from the Tune screen
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from engine.advise.advisor import RunData, advise, not_advised
 from engine.errors import SessionError
 from engine.flags import FlagSet, FlagValue
-from engine.flags.editor import FlagEditor, flags_differ
+from engine.flags.edited import EditedFlags, flags_differ
 from engine.presets import Preset, PresetError, check_repeats, find_preset, list_presets, load_for_session, save_from_session
 from engine.runs.export import EXPORT_KINDS, export_text, write_export
 from engine.runs.history import HistoryError
@@ -159,8 +159,8 @@ class Session:
         self._repeats = 1  # how many runs `r` makes of the workload (a preset's ``repeats``, or set_repeats)
         self._stored_filter = ""  # the Runs tab's filter of the stored runs
 
-        # The flags being edited, checked as they change (engine.flags.editor).
-        self._editor = FlagEditor(flags, schema=schema, max_request_len=self._max_request_len)
+        # The flags being edited, checked as they change (engine.flags.edited).
+        self._edited = EditedFlags(flags, schema=schema, max_request_len=self._max_request_len)
         self._seq = 0
         self._subscribers: list[Callable[[SessionSnapshot], None]] = []
         self._notice: str | None = None
@@ -176,7 +176,7 @@ class Session:
                                    clear_series=self._clear_series, record_history=record_history)
         # The server started here or attached, its log lines and its view (engine.server.part).
         self._server_part = ServerPart(
-            emit=self._on_event, clock=clock, launcher=launcher, port=port, edited=lambda: self._editor.flags,
+            emit=self._on_event, clock=clock, launcher=launcher, port=port, edited=lambda: self._edited.flags,
             start_telemetry=self._start_telemetry, halt_telemetry=self._halt_telemetry,
             telemetry=lambda: self._telemetry_part.latest, tune_active=lambda: self.tune_active,
             run_active=lambda: self.run_active, stop_run=self.stop_workload)
@@ -191,7 +191,7 @@ class Session:
     @property
     def flags(self) -> FlagSet:
         """The edited FlagSet."""
-        return self._editor.flags
+        return self._edited.flags
 
     @property
     def store(self) -> SeriesStore:
@@ -257,7 +257,7 @@ class Session:
     def schema(self) -> Schema:
         """The flag schema the editor and the checks use: the installed vLLM's once read (in
         the background), the built-in one until then."""
-        return self._editor.schema()
+        return self._edited.schema()
 
     def set_flag_text(self, name: str, text: str) -> str | None:
         """Set a flag from what the user typed; returns the reason it is invalid, or None.
@@ -267,16 +267,16 @@ class Session:
         the reason is shown under the flag.
         """
         self.changed()
-        return self._editor.set_text(name, text)
+        return self._edited.set_text(name, text)
 
     def set_flag(self, name: str, value: object) -> str | None:
         """Set a typed flag value; returns the reason it is invalid, or None."""
         self.changed()
-        return self._editor.set(name, value)
+        return self._edited.set(name, value)
 
     def unset_flag(self, name: str) -> None:
         self.changed()
-        self._editor.unset(name)
+        self._edited.unset(name)
 
     def _max_request_len(self) -> int | None:
         """Longest prompt + output the workload asks for (synthetic kinds), for validate()."""
@@ -286,26 +286,26 @@ class Session:
         return int(wl.max_request_len())
 
     def flag_errors(self) -> dict[str, str]:
-        return dict(self._editor.errors)
+        return dict(self._edited.errors)
 
     def launch_argv(self) -> list[str]:
         """The argv after the model that a start or apply would launch with, as it may be
         shown: secrets as ``$VLLM_API_KEY`` references (they reach vLLM by its environment)."""
-        return list(self._editor.flags.display_argv())
+        return list(self._edited.flags.display_argv())
 
     def flags_diff(self) -> list[tuple[str, object, object]]:
         """(flag, running value, edited value) for every flag an apply would change (values
         as FlagSet holds them: typed per flag, None when unset)."""
-        return self._editor.diff(self._server_part.running_flags)
+        return self._edited.diff(self._server_part.running_flags)
 
     def revert_flags(self) -> None:
         """Throw the edits away: back to the running server's flags or the loaded ones."""
         self.changed()
-        self._editor.take(self._server_part.running_flags or self._editor.loaded)
+        self._edited.take(self._server_part.running_flags or self._edited.loaded)
 
     @property
     def dirty(self) -> bool:
-        return self._editor.dirty
+        return self._edited.dirty
 
     # ------------------------------------------------------------------ presets
 
@@ -318,7 +318,7 @@ class Session:
         On the tiny model the preset's explicit ``[tiny]`` scaling applies; what it
         changed is in the notice. Returns the preset as applied.
         """
-        loaded = load_for_session(preset, model=self._editor.flags.model, model_flags=self._model_flags,
+        loaded = load_for_session(preset, model=self._edited.flags.model, model_flags=self._model_flags,
                                   tiny=self._tiny)
         self.changed()
         self._workload = loaded.workload
@@ -327,16 +327,16 @@ class Session:
         self._preset_name = loaded.preset.name
         self._workload_label = loaded.preset.name
         self._repeats = loaded.preset.repeats
-        self._editor.take(loaded.flags, loaded=True, preset=True)  # checked against the new workload
+        self._edited.take(loaded.flags, loaded=True, preset=True)  # checked against the new workload
         self._notice = loaded.notice
         return loaded.preset
 
     def save_preset(self, name: str, description: str = "") -> Path:
         """Save the edited flags and the workload as a user preset."""
-        path = save_from_session(name, self._editor.flags, self._workload, self._arrivals, self._slo,
+        path = save_from_session(name, self._edited.flags, self._workload, self._arrivals, self._slo,
                                  description=description, repeats=self._repeats)
         self.changed()
-        self._editor.saved()
+        self._edited.saved()
         self._preset_name = name
         self._workload_label = name
         self._notice = f"saved preset {name} to {path}"
@@ -385,7 +385,7 @@ class Session:
         return await self._server_part.apply(timeout, force=force)
 
     def _refuse_flag_errors(self, hint: str) -> None:
-        first = self._editor.first_error()
+        first = self._edited.first_error()
         if first is not None:
             raise SessionError(f"--{first[0]}: {first[1]}", hint)
 
@@ -398,13 +398,13 @@ class Session:
                 self._notice = text
             case ServerTookFlags(flags):
                 # a start or an apply: "dirty" compares against what the server runs now
-                self._editor.loaded = flags
+                self._edited.loaded = flags
             case FlagsRecovered(flags):
                 # an attached server's flags read back from its command line: into the editor
-                self._editor.take(flags, loaded=True)
+                self._edited.take(flags, loaded=True)
             case TuneTookFlags(flags):
                 # the tune's winner into the editor, the typed-text errors dropped
-                self._editor.take(flags)
+                self._edited.take(flags)
             case LimitsSetLive(words, moved):
                 self._telemetry_part.mark(words)
                 self._runs_part.limits_moved(moved)  # a run going on measured two configurations
@@ -498,10 +498,10 @@ class Session:
         return RunGround(
             base_url=server.base_url(), ready=server.state_name() in ("READY", "ATTACHED"), workload=self._workload,
             arrivals=self._arrivals, slo=self._slo, preset_name=self._preset_name,
-            flags=server.running_flags or self._editor.flags, supervisor=server.supervisor,
+            flags=server.running_flags or self._edited.flags, supervisor=server.supervisor,
             model=server.served_model(),
             pid=server.pid(), version=server.version(), name_base=self._workload_label or "run",
-            preset_flags=self._editor.preset)
+            preset_flags=self._edited.preset)
 
     def _next_run_label(self) -> str:
         """The next run's name: the preset and the flags changed since it (see run_name)."""
@@ -546,7 +546,7 @@ class Session:
     def _flags_to_apply(self) -> bool:
         """True when the server runs nothing known, or other flags than the edited ones."""
         running = self._server_part.running_flags
-        return running is None or flags_differ(self._editor.flags, running)
+        return running is None or flags_differ(self._edited.flags, running)
 
     # ------------------------------------------------------------------ flag search (tune)
     # The search's state, progress and view are engine.tune.part's; these hand it the session.
@@ -588,7 +588,7 @@ class Session:
         """What the tune starts from and what may refuse it, read now."""
         snap = self._telemetry_part.latest
         return TuneGround(
-            flags=self._editor.flags, flag_errors=dict(self._editor.errors), workload=self._workload,
+            flags=self._edited.flags, flag_errors=dict(self._edited.errors), workload=self._workload,
             arrivals=self._arrivals,
             loading=self.run_active or self._runs_part.sweeping, busy=self._server_part.busy,
             attached=self._server_part.attached_only,
@@ -615,7 +615,7 @@ class Session:
         """Put the search's winning values into the flag editor (the rest of the edits stay);
         nothing restarts until apply. Returns (flag, old, new) for what changed (values as
         FlagSet holds them: typed per flag, None when unset)."""
-        return self._tune_part.load_flags(self._editor.flags)
+        return self._tune_part.load_flags(self._edited.flags)
 
     def export_tune(self, kind: str) -> str:
         """An export of the search's winner: "docker", "serve", or "results" (the whole
@@ -658,7 +658,7 @@ class Session:
     def export(self, kind: str, run_index: int | None = None) -> str:
         """Text for an export: "docker", "serve", "k8s" (Deployment + Service), "compose",
         "results" (JSON) or "perfetto" (JSON); see engine.runs.export.export_text."""
-        return export_text(kind, self._editor.flags, name=self._workload_label, version=self._server_part.version(),
+        return export_text(kind, self._edited.flags, name=self._workload_label, version=self._server_part.version(),
                            runs=self._runs_part.runs,
                            run_index=run_index, history=self._get_history)
 
@@ -730,11 +730,11 @@ class Session:
         return SessionSnapshot(
             t=self._clock(),
             seq=self._seq,
-            model=str(self._editor.flags.model),
-            flags=self._editor.flags,
+            model=str(self._edited.flags.model),
+            flags=self._edited.flags,
             running_flags=self._server_part.running_flags,
-            flag_errors=dict(self._editor.errors),
-            flag_warnings=dict(self._editor.warnings),
+            flag_errors=dict(self._edited.errors),
+            flag_warnings=dict(self._edited.warnings),
             dirty=self.dirty,
             workload_label=self._workload_label,
             repeats=self._repeats,

@@ -1,21 +1,21 @@
-"""The flags being edited (engine.flags.editor.FlagEditor), on the built-in schema: each edit
+"""The flags being edited (engine.flags.edited.EditedFlags), on the built-in schema: each edit
 is checked at once, bad text keeps the last good value, and "dirty" and the diff compare with
 the right FlagSet."""
 
 from __future__ import annotations
 
 from engine.flags import FlagSet, builtin_schema
-from engine.flags.editor import FlagEditor, flags_differ
+from engine.flags.edited import EditedFlags, flags_differ
 
 BASE = FlagSet(model="m", values={"max-num-seqs": 8, "max-num-batched-tokens": 512})
 
 
-def editor(**kw: object) -> FlagEditor:
-    return FlagEditor(BASE, schema=builtin_schema(), **kw)  # type: ignore[arg-type]
+def edited(**kw: object) -> EditedFlags:
+    return EditedFlags(BASE, schema=builtin_schema(), **kw)  # type: ignore[arg-type]
 
 
 def test_text_that_does_not_parse_keeps_the_last_good_value_until_typed_again() -> None:
-    ed = editor()
+    ed = edited()
     reason = ed.set_text("max-num-seqs", "many")
     assert reason and "many" in reason
     assert ed.flags.get("max-num-seqs") == 8 and ed.errors["max-num-seqs"] == reason
@@ -25,7 +25,7 @@ def test_text_that_does_not_parse_keeps_the_last_good_value_until_typed_again() 
 
 
 def test_empty_text_unsets_and_a_rule_across_flags_is_checked_at_once() -> None:
-    ed = editor()
+    ed = edited()
     ed.set_text("max-num-batched-tokens", "")
     assert ed.flags.get("max-num-batched-tokens") is None
     reason = ed.set("max-num-batched-tokens", 4)  # below max-num-seqs 8: vLLM refuses it at start
@@ -35,7 +35,7 @@ def test_empty_text_unsets_and_a_rule_across_flags_is_checked_at_once() -> None:
 
 def test_the_workloads_longest_request_is_read_at_each_check() -> None:
     longest: list[int | None] = [None]
-    ed = editor(max_request_len=lambda: longest[0])
+    ed = edited(max_request_len=lambda: longest[0])
     ed.set("max-model-len", 256)
     assert "max-model-len" not in ed.errors
     longest[0] = 4096
@@ -44,7 +44,7 @@ def test_the_workloads_longest_request_is_read_at_each_check() -> None:
 
 
 def test_dirty_and_the_diff_follow_what_was_loaded_and_what_runs() -> None:
-    ed = editor()
+    ed = edited()
     assert not ed.dirty and ed.diff(None) == []
     ed.set("max-num-seqs", 4)
     assert ed.dirty

@@ -1,6 +1,6 @@
 """The flags being edited, checked as they change.
 
-A :class:`FlagEditor` holds one FlagSet under edit and the two it is compared with: the
+:class:`EditedFlags` holds one FlagSet under edit and the two it is compared with: the
 flags the server took last (``loaded``: what "dirty" means) and the preset as loaded or
 saved (``preset``: what run names count changes from). Every edit is checked at once
 against the flag schema (engine.flags.validate); text that does not parse keeps the
@@ -17,7 +17,7 @@ from engine.flags.spec import FlagError
 from engine.flags.validate import validate, validation_warnings
 
 
-class FlagEditor:
+class EditedFlags:
     """The edited flags, their errors and warnings; ``max_request_len()`` is the longest
     prompt plus output the workload asks for (None when unknown), for the checks."""
 
