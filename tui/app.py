@@ -8,6 +8,9 @@ the screen renders it in one ``batch_update``.
 from __future__ import annotations
 
 import argparse
+import os
+import select
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -201,6 +204,19 @@ class VtuiApp(App[int]):
             self.run_worker(self.session.publish_forever(4.0), group="publish", exit_on_error=False)
         if self.start_on_mount:
             self.call_after_refresh(self.action_start_server)
+        fd = _terminal_fd()
+        if fd is not None:
+            self.set_interval(1.0, lambda: self._check_terminal(fd), name="terminal-watch")
+
+    def _check_terminal(self, fd: int) -> None:
+        """The terminal hung up (its window closed, `tmux kill-session`, SSH dropped) while another
+        process leads its session (`make run`): no SIGHUP reaches vtui then, so it looks. It quits
+        as if asked to stop the server: nobody chose to leave it running."""
+        if terminal_hung_up(fd) and not self._hung_up:
+            self._hung_up = True
+            self._quit_worker(True)
+
+    _hung_up = False
 
     def _publish(self, snap: SessionSnapshot) -> None:
         # Called on this loop by the session's publisher; a message keeps the order.
@@ -707,3 +723,23 @@ def run_app(args: argparse.Namespace) -> int:
         app.call_later(app._attach_url, url)
     result = app.run()
     return int(result or 0)
+
+
+def _terminal_fd() -> int | None:
+    """The terminal vtui draws on (its standard output), or None without one (tests, a pipe)."""
+    try:
+        fd = sys.__stdout__.fileno() if sys.__stdout__ is not None else -1
+    except (OSError, ValueError):
+        return None
+    return fd if fd >= 0 and os.isatty(fd) else None
+
+
+def terminal_hung_up(fd: int) -> bool:
+    """Whether the terminal on ``fd`` hung up (poll says HUP or ERR, or the descriptor is gone)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLHUP | select.POLLERR)
+    try:
+        events = poller.poll(0)
+    except OSError:
+        return True
+    return any(ev & (select.POLLHUP | select.POLLERR | select.POLLNVAL) for _, ev in events)

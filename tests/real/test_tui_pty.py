@@ -171,3 +171,25 @@ def test_first_hour_at_80x24_by_keys_against_vllm_cpu(tiny_model: Path, tmp_path
     left = [p for p in pids if psutil.pid_exists(p)]
     assert not left, f"server processes left after quitting: {left}"
     assert not _ours(app.proc.pid)
+
+
+@pytest.mark.vllm
+def test_vtui_quits_when_its_terminal_hangs_up_under_another_session_leader(tiny_model: Path) -> None:
+    # `make run` in tmux: make leads the terminal's session, so when the window is killed only make
+    # gets SIGHUP, and make waits for its child. vtui must see the hang-up itself and quit (stopping
+    # what it started, as on q). The leader here does what make does: catches SIGHUP and waits.
+    leader = ("import signal, subprocess, sys; signal.signal(signal.SIGHUP, lambda *a: None);"
+              " sys.exit(subprocess.call(sys.argv[1:]))")
+    app = PtyApp([sys.executable, "-c", leader, sys.executable, "-m", "tui.cli", "--model", str(tiny_model),
+                  "--no-start"], cols=80, rows=24, cwd=str(ROOT), env={"PYTHONPATH": str(ROOT)})
+    try:
+        app.wait_for(r"STOPPED", 60)
+        vtui = psutil.Process(app.proc.pid).children()
+        assert len(vtui) == 1, vtui
+        os.close(app.master)  # the window is gone
+        app.master = -1
+        assert app.proc.wait(30) == 0  # vtui quit by itself, so its leader ended too
+        assert not vtui[0].is_running()
+    finally:
+        if app.proc.poll() is None:
+            os.killpg(app.proc.pid, 9)
