@@ -188,6 +188,7 @@ class Tuner(OneLoad):
         self._save_error = ""
         self._t0 = 0.0
         self._elapsed0 = self.state.elapsed_s
+        self._check_held = True  # the winner's check on its own start is kept out of the search's budget
         self._costs = Costs()  # what starts and steps cost here: the estimates for the next ones
         self._last_group: tuple[object, ...] | None = None  # restart group of the server last started (slot 0)
         self._split = TimeSplit()  # where this run's wall time went (a resumed search counts anew)
@@ -216,7 +217,15 @@ class Tuner(OneLoad):
         return self._elapsed0 + (self.clock() - self._t0)
 
     def remaining(self) -> float:
-        return self.settings.budget_s - self.elapsed()
+        """Budget seconds left. A search measured live keeps back what checking its winner on a
+        server started with exactly its flags costs (a start and a step, as measured here) until
+        that check begins, so the budget ends with the winner checked, not measured live only."""
+        return self.settings.budget_s - self.elapsed() - self._held_for_check()
+
+    def _held_for_check(self) -> float:
+        if not (self._check_held and self._live_measuring()):
+            return 0.0
+        return self._costs.start() + self._costs.step(1.0, math.ceil(self.settings.step.min_step_s))
 
     def _persist(self) -> None:
         self.state.elapsed_s = self.elapsed()
@@ -269,14 +278,11 @@ class Tuner(OneLoad):
                         order = await self._halve_group(keys, by_key, order, [len(g) for g in groups[i + 1:]])
             s_exhaustive = self.settings.exhaustive or not self.settings.prune
             await self._run_slots(by_key, seed, s_exhaustive, order)
-            t = self.clock()
-            try:
-                await self._check_live_winners()
-            finally:
-                self._split.checks_s += self.clock() - t
+            await self._checks()
         except BudgetExhausted:
             status = "budget"
             self.say(f"budget of {self.settings.budget_s / 60:.1f} min reached after {self.elapsed() / 60:.1f} min")
+            await self._checks()  # in the time kept back for them
             best = self.best()
             if best is not None and best.live and not best.start_check:
                 self.say(f"{best.key}: measured live only, not checked on a server started with exactly its flags"
@@ -436,6 +442,15 @@ class Tuner(OneLoad):
         if launch is not flags and self._static_problems({n: launch.get(n) for n, _ in self.space.dims}):
             return flags
         return launch
+
+    async def _checks(self) -> None:
+        """The winners measured live checked on their own start (the time kept back is theirs now)."""
+        self._check_held = False
+        t = self.clock()
+        try:
+            await self._check_live_winners()
+        finally:
+            self._split.checks_s += self.clock() - t
 
     async def _check_live_winners(self) -> None:
         """A winner measured live, and a rival tied with it, measured once more on a server started
