@@ -28,8 +28,8 @@ Where the load goes (:class:`LoadSteer`): the goodput of configurations that all
 the offered load, the same for all, so such a round tells nothing; nor does one where all miss. So
 the load is first found by the anchor alone (*scouting*: one window a round, the load doubled while
 it meets and halved while it misses, then between the two, at most :data:`MAX_SCOUTS`, until its
-met and missed loads are within :data:`ROUND_GROWTH`); the rounds of every configuration begin at
-the load the anchor missed, where those better than it meet. Once the best misses
+met and missed loads are within :data:`ROUND_GROWTH`); the rounds of every configuration begin
+between the loads the anchor met and missed, and go on from there as below. Once the best misses
 at some load, the next round goes below it (between the highest load the best met and the lowest
 it missed), so the rounds stay where the limits part.
 Rounds end when at most :data:`FINALISTS` are left, when the best's met and missed loads are within
@@ -165,6 +165,8 @@ class LoadSteer:
     max_load: float
     met: float | None = None
     missed: float | None = None
+    blind: float = BLIND_GROWTH
+    """The growth after a round every configuration met (ROUND_GROWTH once the anchor has scouted)."""
 
     def after(self, load: float, best_ok: bool, all_ok: bool) -> float:
         if best_ok:
@@ -172,7 +174,7 @@ class LoadSteer:
         else:
             self.missed = min(self.missed or math.inf, load)
         if self.missed is None:
-            nxt = load * (BLIND_GROWTH if all_ok else ROUND_GROWTH)
+            nxt = load * (self.blind if all_ok else ROUND_GROWTH)
         elif self.met is None:
             nxt = load / BLIND_GROWTH
         else:
@@ -395,10 +397,12 @@ async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: 
         if scouting:
             keys = [anchor]
         else:
-            if full == 0 and steer.missed is not None:
-                # The first round at the load the anchor missed: those better than it meet there. That miss
-                # was the anchor's, not the round's best's: the load steers from this round on.
-                load, steer.missed = steer.missed, None
+            if full == 0 and steer.bracketed:
+                # The first round between the loads the anchor met and missed (where the scouting's steer
+                # goes next: at the missed load itself, up to 1.4x past the anchor's limit, the first round
+                # on an H100 found every one past its limit). That miss was the anchor's, not the round's
+                # best's: the load steers from here on, up by ROUND_GROWTH at most while all meet.
+                steer.missed, steer.blind = None, ROUND_GROWTH
             full += 1
         turned = keys[r % len(keys):] + keys[:r % len(keys)]  # none always first after a change
         plan = [(k, members[k]) for k in interleave(turned, ROUND_WINDOWS)]
