@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from engine.flags import FlagSet
-from engine.tune.search import StepRule, Tuner, TuneSettings
+from engine.tune.search import StartOutcome, StepRule, Tuner, TuneSettings
 from engine.tune.windows import WindowResult
 from tests.conftest import VllmServer
 from tests.engine.tune.test_tune import SCHEMA
@@ -24,7 +24,8 @@ def test_a_live_only_space_runs_on_one_vllm_server_under_one_load(vllm_server: V
     max-num-seqs values under one load. One server (its process_start_time_seconds never changes),
     the limits switched between windows (in each measured span the engine's running count, read
     at one moment with its live limits, stays within that window's max-num-seqs), the time split.
-    The budget ends the search before the winner's check start: the shared server is not restarted."""
+    The winner's check on its own start is refused by the measurer here: the shared server is not
+    restarted."""
     from engine.server.livelimits import change_live, read_live
     from engine.tune.measurer import ServerMeasurer
     from engine.tune.space import SearchSpace
@@ -34,6 +35,11 @@ def test_a_live_only_space_runs_on_one_vllm_server_under_one_load(vllm_server: V
     spans: list[tuple[float, float, int | None]] = []
 
     class Watched(ServerMeasurer):
+        async def start(self, flags: FlagSet, *, timeout: float, exact: bool = False) -> StartOutcome:
+            if exact:  # the winner's check would restart the suite's shared server
+                return StartOutcome(False, reason="not restarted in this test")
+            return await super().start(flags, timeout=timeout, exact=exact)
+
         async def measure_windows(self, load: float, plan: Sequence[tuple[str, FlagSet]], *, window_s: float,
                                   timeout: float) -> list[WindowResult]:
             assert self.sup is not None
@@ -68,7 +74,8 @@ def test_a_live_only_space_runs_on_one_vllm_server_under_one_load(vllm_server: V
 
     async def tune() -> Any:
         m = Watched(WorkloadSpec(input_len=64, output_len=16), slo, live=True, warmup_burst=4, supervisor=sup)
-        settings = TuneSettings(budget_s=45, step=StepRule(min_requests=20, min_step_s=3.0), window_s=3.0,
+        # 45 s for the search, beside what it keeps back for the winner's check (a start and a step)
+        settings = TuneSettings(budget_s=45 + 60 + 10, step=StepRule(min_requests=20, min_step_s=3.0), window_s=3.0,
                                 start_load=2.0, confirm=False)
         tuner = Tuner(m, base_flags=base, space=space, slo=slo, settings=settings, schema=SCHEMA,
                       max_request_len=80, say=lines.append)
