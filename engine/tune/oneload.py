@@ -164,7 +164,8 @@ class OneLoad:
                                          started_with=outcome.started_with, steps=len(st.measurements.get(k, ())))
             self._report(st.configs[k])
         self._persist()
-        for k in sorted(h.left, key=lambda k: -(h.steps[k][-1].goodput if h.steps.get(k) else 0.0)):
+        finalists = sorted(h.left, key=lambda k: -(h.steps[k][-1].goodput if h.steps.get(k) else 0.0))
+        for i, k in enumerate(finalists):
             order += 1
             result = await self._tune_config(k, by_key[k], self.best(exclude=k), order, start_load=h.left[k] or load)
             self._end_live(self.measurer)
@@ -172,5 +173,21 @@ class OneLoad:
             self._persist()
             self._report(result)
             if result.status == CUT_SHORT:
+                for rest in finalists[i + 1:]:  # what their windows met stands, cut short as this one
+                    order += 1
+                    st.configs[rest] = self._windows_only(rest, by_key[rest], order, outcome)
+                    self._report(st.configs[rest])
+                self._persist()
                 raise BudgetExhausted
         return order
+
+    def _windows_only(self, key: str, values: Mapping[str, SpaceValue], order: int,
+                      outcome: StartOutcome) -> ConfigResult:
+        """A finalist the budget reached before its bisection: CUT_SHORT, its limit the highest load it
+        met in a window (None where it met none)."""
+        ms = self.state.measurements.get(key, [])
+        top = max((m for m in ms if m.ok), key=lambda m: m.load, default=None)
+        return ConfigResult(key, values, CUT_SHORT, reason="budget reached before its bisection; measured in"
+                            " windows under one load only", limit_load=top.load if top else None,
+                            goodput=top.goodput if top else None, at=top, steps=len(ms), order=order, live=True,
+                            started_with=outcome.started_with)

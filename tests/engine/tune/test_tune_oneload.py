@@ -278,3 +278,21 @@ async def test_a_live_search_keeps_back_the_time_to_check_its_winner_on_its_own_
     assert res.status == "budget" and res.elapsed_s <= budget + 1e-6, text
     assert res.best is not None and res.best.start_check.startswith("met"), text
     assert m.exact_starts == [res.best.key], text
+
+
+async def test_finalists_the_budget_reaches_before_their_bisection_keep_what_their_windows_met() -> None:
+    space = space_of(max_num_seqs=(4, 16, 32, 64))
+    k4, k16, k32, k64 = keys(space)
+    table = {k4: 9.0, k16: 9.2, k32: 9.6, k64: 10.0}  # all within the noise of each other: all finalists
+    windows_only = 0
+    for budget in range(250, 700, 25):
+        res, _, text = await tune_table(space, table, 4.0, budget_s=float(budget))
+        for c in res.configs:
+            met = [x for x in res.measurements.get(c.key, ()) if x.ok]
+            # One that met the SLO in a window is never "not tried", and its limit is what it met.
+            assert not (met and c.status == "not_tried"), (budget, c, text)
+            if "windows under one load only" in c.reason:
+                windows_only += 1
+                assert c.status == "cut_short" and c.limit_load == max((x.load for x in met), default=None), (
+                    budget, c, text)
+    assert windows_only, "no budget ended between the rounds and the last bisection"
