@@ -43,6 +43,7 @@ from engine.tune.search import (
     StepRule,
     TuneError,
     Tuner,
+    TuneResult,
     TuneSettings,
     TuneState,
     allowed_failures,
@@ -1121,22 +1122,28 @@ class LiveTableMeasurer(TableMeasurer):
                            ttft_ms=50.0, tpot_ms=5.0, e2el_ms=500.0, goodput=min(load, limit), completed=requests)
 
 
-async def test_a_live_winner_that_misses_on_its_own_start_falls_and_the_next_best_is_checked() -> None:
-    space = space_of(max_num_seqs=(16, 64, 256))
-    k16, k64, k256 = keys(space)
+async def live_tune(space: SearchSpace, table: dict[str, float], exact_table: dict[str, float],
+                    budget_s: float = 10_000) -> tuple[TuneResult, LiveTableMeasurer, str]:
+    """A tune (no pruning) where every configuration is set live from ``table`` and its check on its
+    own start meets ``exact_table``'s limit: the result, the measurer and every line it said."""
     clock = FakeClock()
-    m = LiveTableMeasurer(space, {k16: 4.0, k64: 10.0, k256: 20.0}, clock,
-                          exact_table={k256: 12.0, k64: 11.0, k16: 4.0})
-    settings = TuneSettings(budget_s=10_000, step=StepRule(min_requests=50), prune=False)
+    m = LiveTableMeasurer(space, dict(table), clock, exact_table=exact_table)
+    settings = TuneSettings(budget_s=budget_s, step=StepRule(min_requests=50), prune=False)
     lines: list[str] = []
     tuner = Tuner(m, base_flags=BASE, space=space, slo=SLO_TTFT, settings=settings, schema=SCHEMA, clock=clock,
                   max_request_len=192, say=lines.append)
-    res = await tuner.run()
+    return await tuner.run(), m, "\n".join(lines)
+
+
+async def test_a_live_winner_that_misses_on_its_own_start_falls_and_the_next_best_is_checked() -> None:
+    space = space_of(max_num_seqs=(16, 64, 256))
+    k16, k64, k256 = keys(space)
+    res, m, text = await live_tune(space, {k16: 4.0, k64: 10.0, k256: 20.0}, {k256: 12.0, k64: 11.0, k16: 4.0})
     by_key = {c.key: c for c in res.configs}
     assert all(c.live and c.started_with == {"max-num-seqs": 256} for c in res.configs)
     # 256 met ~20 live but misses it on its own start: unstable; 64 is then checked, and holds.
     assert by_key[k256].status == "unstable" and "missed" in by_key[k256].start_check
-    assert by_key[k64].start_check.startswith("met "), "\n".join(lines)
+    assert by_key[k64].start_check.startswith("met "), text
     assert res.best is not None and res.best.key == k64
     assert m.exact_starts == [k256, k64] and res.starts == 2  # live settings are not starts
     assert "live, start-checked" in format_table(res)
@@ -1145,14 +1152,7 @@ async def test_a_live_winner_that_misses_on_its_own_start_falls_and_the_next_bes
 async def test_of_many_live_winners_tied_the_best_and_one_tie_are_checked_on_their_own_start() -> None:
     space = space_of(max_num_seqs=(16, 32, 64, 128))
     ks = keys(space)
-    clock = FakeClock()
-    m = LiveTableMeasurer(space, dict.fromkeys(ks, 10.0), clock, exact_table=dict.fromkeys(ks, 10.0))
-    settings = TuneSettings(budget_s=10_000, step=StepRule(min_requests=50), prune=False)
-    lines: list[str] = []
-    tuner = Tuner(m, base_flags=BASE, space=space, slo=SLO_TTFT, settings=settings, schema=SCHEMA, clock=clock,
-                  max_request_len=192, say=lines.append)
-    res = await tuner.run()
-    text = "\n".join(lines)
+    res, m, text = await live_tune(space, dict.fromkeys(ks, 10.0), dict.fromkeys(ks, 10.0))
     assert res.best is not None and res.decision is not None and len(res.decision.tied) == 3, text
     # Each check is a start: the best (the cheapest by the rule) and the first tie, not all four.
     assert len(m.exact_starts) == 2 and m.exact_starts[0] == res.best.key, text
@@ -1162,14 +1162,8 @@ async def test_of_many_live_winners_tied_the_best_and_one_tie_are_checked_on_the
 async def test_a_live_tune_stopped_by_its_budget_checks_its_winner_in_the_time_kept_back() -> None:
     space = space_of(max_num_seqs=(16, 64, 256))
     k16, k64, k256 = keys(space)
-    clock = FakeClock()
-    m = LiveTableMeasurer(space, {k16: 4.0, k64: 10.0, k256: 20.0}, clock, exact_table={k256: 20.0, k64: 10.0, k16: 4.0})
-    settings = TuneSettings(budget_s=200, step=StepRule(min_requests=50), prune=False)
-    lines: list[str] = []
-    tuner = Tuner(m, base_flags=BASE, space=space, slo=SLO_TTFT, settings=settings, schema=SCHEMA, clock=clock,
-                  max_request_len=192, say=lines.append)
-    res = await tuner.run()
-    text = "\n".join(lines)
+    table = {k16: 4.0, k64: 10.0, k256: 20.0}
+    res, m, text = await live_tune(space, table, table, budget_s=200)
     assert res.status == "budget" and res.elapsed_s <= 200, text
     assert res.best is not None and m.exact_starts == [res.best.key], text
     assert res.best.start_check.startswith("met") and "not checked" not in text, text
