@@ -14,9 +14,9 @@ written as references to environment variables.
 
 The package's rooms: ``spec`` (one flag: FlagSpec, the tuning and secret flags), ``schema``
 (the flags of the installed vLLM, cached per version), ``flagset`` (FlagSet and the lines
-written from it), ``cmdline`` (lines read back), ``validate`` (checks across flags), ``edited`` (the flags being edited,
-checked as they change). Import
-from ``engine.flags``; the submodules are for the package itself and its tests.
+written from it), ``cmdline`` (lines read back), ``validate`` (checks across flags), ``edited``
+(the flags being edited, checked as they change). Import from ``engine.flags``; the submodules
+are for the package itself and its tests.
 """
 
 from __future__ import annotations

@@ -54,6 +54,7 @@ class OneLoad:
         _last_group: tuple[object, ...] | None
 
         def remaining(self) -> float: ...
+        def _step_s(self) -> float: ...
         def best(self, exclude: str | None = None) -> ConfigResult | None: ...
         def _persist(self) -> None: ...
         def _report(self, c: ConfigResult) -> None: ...
@@ -88,7 +89,7 @@ class OneLoad:
         sizes = [min(len(g), len(self._screen(g, by_key).first) + 1) if self._one_load() and len(g) > FINALISTS
                  else len(g) for g in groups]
         est = estimate(sizes, start_s=max((x for x in seen if x), default=self._costs.start()),
-                       step_s=self._costs.step(1.0, math.ceil(self.settings.step.min_step_s)),
+                       step_s=self._step_s(),
                        window_s=self.settings.window_s, one_load=self._one_load())
         total = sum(len(g) for g in groups)
         return dataclasses.replace(est, configs=total, held=total - sum(sizes))
@@ -185,9 +186,7 @@ class OneLoad:
                       outcome: StartOutcome) -> ConfigResult:
         """A finalist the budget reached before its bisection: CUT_SHORT, its limit the highest load it
         met in a window (None where it met none)."""
-        ms = self.state.measurements.get(key, [])
-        top = max((m for m in ms if m.ok), key=lambda m: m.load, default=None)
-        return ConfigResult(key, values, CUT_SHORT, reason="budget reached before its bisection; measured in"
-                            " windows under one load only", limit_load=top.load if top else None,
-                            goodput=top.goodput if top else None, at=top, steps=len(ms), order=order, live=True,
-                            started_with=outcome.started_with)
+        return ConfigResult.at_highest_met(
+            key, values, CUT_SHORT, self.state.measurements.get(key, []), order=order, live=True,
+            started_with=outcome.started_with,
+            reason="budget reached before its bisection; measured in windows under one load only")

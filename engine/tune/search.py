@@ -228,7 +228,11 @@ class Tuner(OneLoad):
     def _held_for_check(self) -> float:
         if not (self._check_held and self._live_measuring()):
             return 0.0
-        return self._costs.start() + self._costs.step(1.0, math.ceil(self.settings.step.min_step_s))
+        return self._costs.start() + self._step_s()
+
+    def _step_s(self) -> float:
+        """What a step of the shortest kind costs here (the estimates' step)."""
+        return self._costs.step(1.0, math.ceil(self.settings.step.min_step_s))
 
     def _persist(self) -> None:
         self.state.elapsed_s = self.elapsed()
@@ -457,8 +461,8 @@ class Tuner(OneLoad):
 
     async def _check_live_winners(self) -> None:
         """A winner measured live, and the first :data:`TIE_CHECKS` rivals tied with it, measured once
-        more on a server started with exactly its flags (the KV cache and CUDA graphs were sized for the started maxima):
-        met there, it stands (``start_check`` says so); missed, it is UNSTABLE and the search decides
+        more on a server started with exactly its flags (the KV cache and CUDA graphs were sized for
+        the started maxima): met there, it stands (``start_check`` says so); missed, it is UNSTABLE and the search decides
         again, checking the next best, until a best holds on its own start or the budget ends."""
         if not self._live_measuring():
             return
@@ -739,12 +743,8 @@ class Tuner(OneLoad):
             return m
 
         def finish(status: str, reason: str = "") -> ConfigResult:
-            passing = [m for m in ms if m.ok]
-            top = max(passing, key=lambda m: m.load) if passing else None
-            return ConfigResult(
-                key, values, status, reason=reason, limit_load=top.load if top else None,
-                goodput=top.goodput if top else None, at=top, start_s=start_s, steps=len(ms), order=order,
-                live=outcome.live, started_with=outcome.started_with)
+            return ConfigResult.at_highest_met(key, values, status, ms, reason=reason, start_s=start_s, order=order,
+                                               live=outcome.live, started_with=outcome.started_with)
 
         try:
             result = await bracket(

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.flags import FlagSet
 from engine.tune.errors import TuneError
@@ -405,6 +405,15 @@ class ConfigResult:
     started_with: Mapping[str, object] | None = None
     start_check: str = ""
     """A live winner measured again on a server started with exactly its flags: what that found."""
+
+    @classmethod
+    def at_highest_met(cls, key: str, values: Mapping[str, SpaceValue], status: str, steps: Sequence[Measurement],
+                       **kw: Any) -> ConfigResult:
+        """A row from its steps: its limit and goodput those of the highest load that met the SLO
+        (none where none met); ``kw``: the other fields."""
+        top = max((m for m in steps if m.ok), key=lambda m: m.load, default=None)
+        return cls(key, values, status, limit_load=top.load if top else None, goodput=top.goodput if top else None,
+                   at=top, steps=len(steps), **kw)
 
     def to_dict(self) -> dict[str, object]:
         return {
