@@ -54,6 +54,7 @@ from engine.tune.windows import WindowResult, combined
 
 if TYPE_CHECKING:
     from engine.flags import FlagSet
+    from loadgen.spec import SLO
 
 # The configurations left when the rounds stop: each then gets its limit by bisection.
 FINALISTS = 2
@@ -257,14 +258,17 @@ class Estimate:
     step_s: float
     window_s: float
     lifetime_s: float | None = None
-    """A request's lifetime measured on this server (the burst's p99 E2EL), None before one."""
+    """A request's lifetime: measured on this server (the burst's p99 E2EL), or before one the SLO's
+    edge (``at_slo``, :func:`slo_lifetime`); None where neither is known."""
+    at_slo: bool = False
     held: int = 0
     """Configurations off the lines through the seed: measured only where they combine the lines' best."""
 
     def to_dict(self) -> dict[str, object]:
         return {"seconds": self.seconds, "configs": self.configs, "held": self.held, "groups": self.groups,
                 "one_load_groups": self.one_load_groups, "starts": self.starts, "start_s": self.start_s,
-                "step_s": self.step_s, "window_s": self.window_s, "lifetime_s": self.lifetime_s}
+                "step_s": self.step_s, "window_s": self.window_s, "lifetime_s": self.lifetime_s,
+                "lifetime_at_slo": self.at_slo}
 
     def words(self, budget_s: float) -> str:
         over = "" if self.seconds <= budget_s else (
@@ -283,7 +287,7 @@ class Estimate:
                 f" {self.starts} starts of ~{self.start_s:.0f} s{over}")
 
     def window_words(self) -> str:
-        return window_words(self.window_s, self.lifetime_s)
+        return window_words(self.window_s, self.lifetime_s, at_slo=self.at_slo)
 
 
 # Steps a bisection takes from a known load (bracket up, then halve to the tolerance), and from none.
@@ -298,12 +302,26 @@ def window_cost(window_s: float, lifetime_s: float | None = None) -> float:
     return window_s + (2 * lifetime_s if lifetime_s is not None else window_s)
 
 
-def window_words(window_s: float, lifetime_s: float | None = None) -> str:
-    """What a window costs, in words (with the lifetime where it is known)."""
+def slo_lifetime(slo: SLO, output_len: float | None) -> float | None:
+    """A request's lifetime at the SLO's edge, in seconds: its E2EL limit, else its TTFT limit and
+    ``output_len - 1`` tokens at its TPOT limit (``output_len``: the workload's mean output tokens).
+    What a window is taken to wait for before a burst on the server has measured a lifetime (near
+    the limit a request lives about that long); None where neither says."""
+    if slo.e2el_ms is not None:
+        return slo.e2el_ms / 1000
+    if slo.ttft_ms is None or slo.tpot_ms is None or not output_len:
+        return None
+    return (slo.ttft_ms + max(0.0, output_len - 1) * slo.tpot_ms) / 1000
+
+
+def window_words(window_s: float, lifetime_s: float | None = None, *, at_slo: bool = False) -> str:
+    """What a window costs, in words (with the lifetime where it is known: measured here, or
+    ``at_slo``, :func:`slo_lifetime`'s)."""
     if lifetime_s is None:
         return f"windows of {window_s:g} s"
+    where = "at the SLO's edge" if at_slo else "here"
     return (f"windows of {window_s:g} s taking ~{window_cost(window_s, lifetime_s):.0f} s each"
-            f" (a request lives ~{lifetime_s:.1f} s here: each window waits for two lifetimes)")
+            f" (a request lives ~{lifetime_s:.1f} s {where}: each window waits for two lifetimes)")
 
 
 def rounds_cost(n: int, window_s: float, lifetime_s: float | None = None) -> tuple[float, int]:
@@ -319,7 +337,7 @@ def rounds_cost(n: int, window_s: float, lifetime_s: float | None = None) -> tup
 
 
 def estimate(groups: Sequence[int], *, start_s: float, step_s: float, window_s: float, one_load: bool,
-             checks: int = 1, lifetime_s: float | None = None) -> Estimate:
+             checks: int = 1, lifetime_s: float | None = None, at_slo: bool = False) -> Estimate:
     """The cost of a tune over restart groups of the given sizes: one start each; a group of two or
     more under one load (``one_load``) costs its rounds and :data:`FINALISTS` bisections from a known
     load, else a bisection per configuration; ``checks`` winners checked on their own start."""
@@ -342,7 +360,7 @@ def estimate(groups: Sequence[int], *, start_s: float, step_s: float, window_s: 
         starts += checks
     return Estimate(seconds=seconds, configs=sum(groups), groups=len([n for n in groups if n > 0]),
                     one_load_groups=shared, starts=starts, start_s=start_s, step_s=step_s, window_s=window_s,
-                    lifetime_s=lifetime_s)
+                    lifetime_s=lifetime_s, at_slo=at_slo and lifetime_s is not None)
 
 
 
@@ -488,5 +506,5 @@ async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: 
 __all__ = [
     "FINALISTS", "MAX_ROUNDS", "ROUND_GROWTH", "ROUND_WINDOWS", "Dropped", "Estimate", "Halving", "LoadSteer",
     "RoundRecord", "Screen", "TimeSplit", "WindowMeasurer", "best_of", "estimate", "figures_of", "halve", "interleave",
-    "restart_groups", "rounds_cost", "window_cost", "window_words",
+    "restart_groups", "rounds_cost", "slo_lifetime", "window_cost", "window_words",
 ]

@@ -23,6 +23,7 @@ from engine.tune.halving import (
     estimate,
     halve,
     restart_groups,
+    slo_lifetime,
     window_words,
 )
 from engine.tune.trial import CUT_SHORT, DOMINATED, NOT_TRIED, SKIPPED, ConfigResult
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from engine.tune.space import SearchSpace, SpaceValue
     from engine.tune.state import TuneState
     from engine.tune.trial import Measurement, Measurer, StartOutcome, TuneSettings
+    from loadgen.spec import SLO
 
 
 class OneLoad:
@@ -44,6 +46,7 @@ class OneLoad:
     if TYPE_CHECKING:  # what it uses of the Tuner (engine.tune.search) it is a part of
         state: TuneState
         settings: TuneSettings
+        slo: SLO
         space: SearchSpace
         base: FlagSet
         measurer: Measurer
@@ -89,10 +92,18 @@ class OneLoad:
         sizes = [min(len(g), len(self._screen(g, by_key).first) + 1) if self._one_load() and len(g) > FINALISTS
                  else len(g) for g in groups]
         est = estimate(sizes, start_s=max((x for x in seen if x), default=self._costs.start()),
-                       step_s=self._step_s(),
-                       window_s=self.settings.window_s, one_load=self._one_load())
+                       step_s=self._step_s(), window_s=self.settings.window_s, one_load=self._one_load(),
+                       lifetime_s=self._slo_lifetime(), at_slo=True)
         total = sum(len(g) for g in groups)
         return dataclasses.replace(est, configs=total, held=total - sum(sizes))
+
+    def _slo_lifetime(self) -> float | None:
+        """A request's lifetime at the SLO's edge (engine.tune.halving.slo_lifetime) for the
+        workload's output length (synthetic lengths only: a dataset's or trace's is not read here)."""
+        w = self.state.inputs.get("workload")
+        spec = w.get("workload") if isinstance(w, Mapping) else None
+        out = spec.get("output_len") if isinstance(spec, Mapping) and spec.get("kind", "random") == "random" else None
+        return slo_lifetime(self.slo, float(out) if isinstance(out, int | float) else None)
 
     def _screen(self, keys: Sequence[str], by_key: Mapping[str, Mapping[str, SpaceValue]]) -> Screen:
         """The group's lines through its configuration nearest the seed (every one with --exhaustive)."""
@@ -135,6 +146,9 @@ class OneLoad:
             self._split.measuring_s += self.clock() - t
             load = max(s.min_load, FIRST_SHARE * m.request_throughput) if m.request_throughput > 0 else 1.0
             lifetime = m.e2el_ms / 1000 if m.e2el_ms else None
+        at_slo = lifetime is None
+        if at_slo:  # no burst (or no lifetime from it): the SLO's edge
+            lifetime = self._slo_lifetime()
         screen = self._screen(keys, by_key)
         how = "under one load, set live between windows" if len(keys) > FINALISTS else "set live, each to its limit"
         lines = "" if not screen.held else (f" ({len(screen.first)} on the lines through {screen.anchor} first,"
@@ -143,12 +157,13 @@ class OneLoad:
 
         def progress(left: int, round_s: float = 0.0) -> str:
             eta = estimate([left, *later], start_s=self._costs.start(), step_s=self._costs.step(1.0, 1),
-                           window_s=s.window_s, one_load=True, lifetime_s=lifetime).seconds - self._costs.start()
+                           window_s=s.window_s, one_load=True, lifetime_s=lifetime,
+                           at_slo=at_slo).seconds - self._costs.start()
             return (f"{left + sum(later)} configurations left, about {max(0.0, eta) / 60:.1f} min"
                     f" ({self.remaining() / 60:.1f} min of budget left)")
 
         if lifetime is not None:  # what a window costs on this server, now that a request's life is known
-            self.say(f"  {name}: {window_words(s.window_s, lifetime)}; {progress(len(screen.first))}")
+            self.say(f"  {name}: {window_words(s.window_s, lifetime, at_slo=at_slo)}; {progress(len(screen.first))}")
 
         h = await halve(self.measurer, {k: self._flags(by_key[k]) for k in keys}, load,  # type: ignore[arg-type]
                         settings=s, group=name, split=self._split, remaining=self.remaining, say=self.say,

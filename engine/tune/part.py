@@ -300,7 +300,8 @@ class TunePart:
             settings = dataclasses.replace(TuneSettings(), mode=request.mode, budget_s=request.budget_s,
                                            start_load=request.start_load)
             est = estimate_search(base=ground.flags, space=request.space, slo=request.slo, settings=settings,
-                                  max_request_len=ground.max_request_len, schema=ground.schema)
+                                  max_request_len=ground.max_request_len, schema=ground.schema,
+                                  workload=ground.workload)
         except TuneError as exc:
             raise SessionError(str(exc), "check the Tune form") from None
         words = est.short_words(request.budget_s)

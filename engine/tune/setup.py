@@ -73,11 +73,13 @@ class _NotStarted:
 
 
 def estimate_search(*, base: FlagSet, space: SearchSpace, slo: SLO, settings: TuneSettings,
-                    max_request_len: int | None = None, schema: Schema | None = None) -> Estimate:
+                    max_request_len: int | None = None, schema: Schema | None = None,
+                    workload: WorkloadSpec | None = None) -> Estimate:
     """What a new search on one server vtui starts is expected to cost on this box, before it
-    starts (Tuner.plan: this box's last start of each group's flags, else a minute). Raises
-    TuneError for what could not start."""
+    starts (Tuner.plan: this box's last start of each group's flags, else a minute; ``workload``'s
+    output length for what a window waits for). Raises TuneError for what could not start."""
     return Tuner(_NotStarted(), base_flags=base, space=space, slo=slo, settings=settings,
+                 workload={"workload": workload.to_dict()} if workload is not None else None,
                  max_request_len=max_request_len, schema=schema).plan()
 
 

@@ -19,11 +19,14 @@ from engine.tune.halving import (
     estimate,
     interleave,
     rounds_cost,
+    slo_lifetime,
     window_cost,
 )
 from engine.tune.search import Measurement, SearchSpace, StartOutcome, StepRule, Tuner, TuneResult, TuneSettings
 from engine.tune.windows import WindowBook, WindowResult
+from engine.tune.setup import estimate_search
 from loadgen.records import RequestResult
+from loadgen.spec import SLO, WorkloadSpec
 from tests.engine.tune.test_tune import BASE, SCHEMA, SLO_TTFT, FakeClock, TableMeasurer, keys, space_of
 
 
@@ -247,6 +250,35 @@ def test_a_window_costs_its_span_and_two_request_lifetimes_once_one_is_known() -
     assert after.seconds - before.seconds == pytest.approx(known - unknown)
     assert "a request lives ~4.5 s here" in after.words(300.0) and "more than the budget" in after.words(300.0)
     assert after.to_dict()["lifetime_s"] == 4.5 and "lives" not in before.words(1e9)
+
+
+def test_before_any_burst_the_estimate_takes_a_requests_lifetime_at_the_slos_edge() -> None:
+    """Before the start nothing on the server has lived: the estimate (`vtui tune`'s first line, the
+    Tune form's) takes the lifetime a request has at the SLO's edge, TTFT + (output - 1) x TPOT (or
+    the E2EL limit), so long outputs cost their windows before the burst says so (an H100 run: 1024/256
+    tokens at 500 ms / 40 ms lived 11.9 s; the estimate without it said 5.7 min, after the burst 8.0)."""
+    slo = SLO(ttft_ms=500.0, tpot_ms=40.0)
+    assert slo_lifetime(slo, 256) == pytest.approx(0.5 + 255 * 0.04)
+    assert slo_lifetime(SLO(ttft_ms=500.0, tpot_ms=40.0, e2el_ms=8000.0), 256) == 8.0
+    assert slo_lifetime(SLO_TTFT, 256) is None and slo_lifetime(slo, None) is None
+    space = space_of(max_num_seqs=(4, 16, 32, 64))
+    settings = TuneSettings(budget_s=600.0, step=StepRule(min_requests=50))
+
+    def planned(workload: WorkloadSpec | None) -> dict[str, object]:
+        return estimate_search(base=BASE, space=space, slo=slo, settings=settings, max_request_len=1280,
+                               schema=SCHEMA, workload=workload).to_dict()
+
+    long_out = planned(WorkloadSpec(input_len=1024, output_len=256))
+    short_out = planned(WorkloadSpec(input_len=1024, output_len=16))
+    unknown = planned(None)
+    assert long_out["lifetime_s"] == pytest.approx(10.7) and long_out["lifetime_at_slo"] is True
+    assert unknown["lifetime_s"] is None and unknown["lifetime_at_slo"] is False
+    # Two lifetimes a window beside its span: 10.7 s each here, against the span again (5 s) unknown.
+    seconds = [float(str(e["seconds"])) for e in (long_out, unknown, short_out)]
+    assert seconds == sorted(seconds, reverse=True) and seconds[0] > seconds[1] > seconds[2], seconds
+    words = estimate_search(base=BASE, space=space, slo=slo, settings=settings, max_request_len=1280, schema=SCHEMA,
+                            workload=WorkloadSpec(input_len=1024, output_len=256)).words(600.0)
+    assert "a request lives ~10.7 s at the SLO's edge" in words, words
 
 
 async def test_the_finalists_bisection_starts_from_what_the_rounds_met_and_missed() -> None:
