@@ -20,6 +20,10 @@ winners the same or tied by the tune's own decision, and the live winner against
 same, or tied with it by the grid's decision). Run under the lock on a quiet box:
 
     flock /tmp/vtui-vllm.lock .venv/bin/python tests/perf/tune_live.py --grid [--preset recorded-agent-sessions]
+
+The grid takes about an hour: run it once (``--only grid`` with a given SLO, ``--slo-ttft-p99-ms``
+and ``--slo-tpot-p99-ms``), and compare later arms with the same SLO against it (``--grid-from
+OUT/tune_live.json``).
 """
 
 from __future__ import annotations
@@ -168,6 +172,8 @@ def main() -> int:
     p.add_argument("--max-requests", type=int, default=300)
     p.add_argument("--only", choices=("live", "restart", "grid"))
     p.add_argument("--analyze", type=Path, metavar="JSON", help="no runs: the table again from a tune_live.json")
+    p.add_argument("--grid-from", type=Path, metavar="JSON",
+                   help="the grid arm of an earlier run's tune_live.json (the same SLO: give it with --slo-*)")
     p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "tune_live",
                    help="folder for each arm's stdout and stderr (default /tmp/tune_live)")
     a = p.parse_args()
@@ -198,6 +204,14 @@ def main() -> int:
         if a.grid or a.only == "grid":
             plan.append(("grid", ["--no-live", "--no-prune"], a.grid_budget_min))
         results = []
+        if a.grid_from:
+            earlier = json.loads(a.grid_from.read_text())
+            if earlier["slo"] != slo_words:
+                raise SystemExit(f"{a.grid_from}: its SLO ({earlier['slo']}) is not this run's ({slo_words})")
+            results += [dict(r, arm="grid") for r in earlier["arms"] if r["arm"] == "grid"][:1] or []
+            if not results:
+                raise SystemExit(f"{a.grid_from}: no grid arm in it")
+            say(f"grid: from {a.grid_from} ({results[0]['wall_s']:.0f} s)")
         for arm, extra, budget in plan:
             results.append(tune(arm, extra, budget, a, tok, slo, a.out))
             (a.out / "tune_live.json").write_text(
