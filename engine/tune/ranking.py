@@ -21,7 +21,10 @@ each other's noise (a pair is compared once, the better one as the base), so the
 the cheaper wins by :data:`TIE_RULE`: fewer GPUs, then less memory (the KV cache's bytes where
 set, then the fraction of GPU memory), then fewer ``max-num-seqs``; equal by the rule, the
 higher figure, then the earlier tried. So a configuration displaces the best only when its limit
-is beyond the noise, or when it is tied with it and cheaper.
+is beyond the noise, or when it is tied with it and cheaper. One exception, for a search measured
+live: where some of the tied held their figure on a server started with exactly their flags
+(``start_check``) and others were not checked (the budget ended first), the checked ones come first:
+an unchecked limit does not take the place of one that held.
 """
 
 from __future__ import annotations
@@ -155,6 +158,9 @@ class Rival:
     runs: tuple[int, int]
     cheaper: str = ""
     """For a tied rival: why the best is cheaper by the rule ("" when equal by it)."""
+    unchecked: bool = False
+    """For a tied rival: measured live and not checked on its own start, where the best held there
+    (the best then, whatever the rule says of their costs)."""
 
     @property
     def within_noise(self) -> bool:
@@ -195,7 +201,8 @@ class Decision:
         if not self.tied:
             return ""
         parts = [f"{r.key} ({WITHIN_NOISE}: {r.words(self.value)})" for r in self.tied]
-        why = "; ".join(f"{r.cheaper} than {r.key}" if r.cheaper else
+        why = "; ".join(f"held on its own start, {r.key} was not checked there" if r.unchecked else
+                        f"{r.cheaper} than {r.key}" if r.cheaper else
                         f"equal to {r.key} by it, so the higher figure" for r in self.tied)
         return f"tied with {', '.join(parts)}; chosen by the rule ({TIE_RULE}): {why}"
 
@@ -204,7 +211,8 @@ class Decision:
         r = next((r for r in self.tied if r.key == key), None)
         if r is None:
             return ""
-        why = (f"{self.best} is the cheaper: {r.cheaper}" if r.cheaper
+        why = (f"{self.best} held on a server started with exactly its flags, this was not checked there"
+               if r.unchecked else f"{self.best} is the cheaper: {r.cheaper}" if r.cheaper
                else f"equal by the rule ({TIE_RULE}), {self.best} has the higher figure")
         return f"tied with the best {self.best} ({WITHIN_NOISE}: {r.words(self.value)}); {why}"
 
@@ -244,7 +252,10 @@ def decide(configs: Iterable[ConfigResult], runs_of: Callable[[ConfigResult], tu
     left = [c for i, c in enumerate(order)
             if not any(not diff(d, c).within_noise and median[d.key] > median[c.key] for d in order[:i])]
     costs = {c.key: cost_of(c) for c in left} if len(left) > 1 else {}
-    best = min(left, key=lambda c: (costs.get(c.key, ()), -median[c.key], -(c.limit_load or 0.0), c.order))
+    held = {c.key for c in left if c.start_check.startswith("met")}  # checked on its own start, and held
+    unchecked = {c.key for c in left if c.live and not c.start_check} if held else set()
+    best = min(left, key=lambda c: (c.key in unchecked, costs.get(c.key, ()), -median[c.key],
+                                    -(c.limit_load or 0.0), c.order))
 
     def rival(c: ConfigResult) -> Rival:
         better, worse = (best, c) if ranked(best) >= ranked(c) else (c, best)
@@ -252,8 +263,9 @@ def decide(configs: Iterable[ConfigResult], runs_of: Callable[[ConfigResult], tu
         if better is not best:  # said as the rival's figure minus the best's
             d = dataclasses.replace(d, value=-d.value, interval=dataclasses.replace(
                 d.interval, low=-d.interval.high, high=-d.interval.low))
-        why = cheaper_by(costs[best.key], costs[c.key]) if c.key in costs else ""
-        return Rival(c.key, d, (len(runs[best.key]), len(runs[c.key])), why)
+        passed = c.key in unchecked and best.key not in unchecked
+        why = cheaper_by(costs[best.key], costs[c.key]) if c.key in costs and not passed else ""
+        return Rival(c.key, d, (len(runs[best.key]), len(runs[c.key])), why, unchecked=passed)
 
     tied = tuple(rival(c) for c in left if c is not best)
     runner = next((c for c in order if c is not best), None)

@@ -140,7 +140,7 @@ def _decision_json(d: Decision | None) -> dict[str, object] | None:
         iv = r.difference.interval
         return {"key": r.key, "figure": r.difference.figure, "difference": r.difference.value,
                 "low": iv.low, "high": iv.high, "kind": iv.kind, "verdict": r.difference.verdict,
-                "runs": list(r.runs), "cheaper": r.cheaper}
+                "runs": list(r.runs), "cheaper": r.cheaper, "unchecked": r.unchecked}
 
     return {"best": d.best, "value": d.value, "runs": d.runs, "rule": TIE_RULE, "tied": [rival(r) for r in d.tied],
             "runner_up": rival(d.runner_up) if d.runner_up is not None else None, "words": d.words()}

@@ -192,6 +192,7 @@ class Tuner(OneLoad):
         self._t0 = 0.0
         self._elapsed0 = self.state.elapsed_s
         self._check_held = True  # the winner's check on its own start is kept out of the search's budget
+        self._kept_for_check = False  # the first check's time was kept back (it runs even a little short)
         self._costs = Costs()  # what starts and steps cost here: the estimates for the next ones
         self._last_group: tuple[object, ...] | None = None  # restart group of the server last started (slot 0)
         self._split = TimeSplit()  # where this run's wall time went (a resumed search counts anew)
@@ -452,6 +453,7 @@ class Tuner(OneLoad):
 
     async def _checks(self) -> None:
         """The winners measured live checked on their own start (the time kept back is theirs now)."""
+        self._kept_for_check = self._held_for_check() > 0
         self._check_held = False
         t = self.clock()
         try:
@@ -504,14 +506,22 @@ class Tuner(OneLoad):
         load = c.limit_load
         assert load is not None
         n = s.step.requests(load, s.mode)
-        if self.remaining() < self._costs.start() + self._costs.step(load, n):
+        need = self._costs.start() + self._costs.step(load, n)
+        # The first check runs on the time kept back for it even where that falls a little short (it
+        # was kept for a step of the shortest kind, and the search's last step can overrun): a live
+        # winner is not left unchecked for seconds. Its start is never cut by the budget (a start cut
+        # short would read as one that failed).
+        kept, self._kept_for_check = self._kept_for_check, False
+        over = need - self.remaining()
+        if over > 0 and not kept:
             self.say(f"{c.key}: no budget left to check it on a server started with exactly its flags;"
                      " its figures were measured live")
             return None
-        self.say(f"{c.key}: measured live; checking {load:.3g} on a server started with exactly its flags")
+        self.say(f"{c.key}: measured live; checking {load:.3g} on a server started with exactly its flags"
+                 + (f" (in the time kept back for it, ~{over:.0f} s past the budget)" if over > 0 else ""))
         self._set_live(self.measurer, c.key, "starting", notify=True)
-        outcome = await self.measurer.start(self._flags(c.values), timeout=min(s.start_timeout_s, self.remaining()),
-                                            exact=True)  # type: ignore[call-arg]
+        timeout = min(s.start_timeout_s, max(self.remaining(), 2 * self._costs.start()) if kept else self.remaining())
+        outcome = await self.measurer.start(self._flags(c.values), timeout=timeout, exact=True)  # type: ignore[call-arg]
         self.state.starts += 1
         held = False
         if not outcome.ok:
@@ -519,7 +529,7 @@ class Tuner(OneLoad):
             new = dataclasses.replace(c, status=UNSTABLE, reason=f"measured live; does not start with exactly "
                                       f"its flags: {outcome.reason}")
         else:
-            m = await self._one_step(c.key, "measuring", load, n)
+            m = await self._one_step(c.key, "measuring", load, n, in_budget=not kept)
             held = m.ok
             if m.ok:
                 new = dataclasses.replace(c, start_check=f"met {load:.3g} again started with exactly its flags "
@@ -534,13 +544,14 @@ class Tuner(OneLoad):
         self._persist()
         return held
 
-    async def _one_step(self, key: str, phase: str, load: float, n: int) -> Measurement:
+    async def _one_step(self, key: str, phase: str, load: float, n: int, *, in_budget: bool = True) -> Measurement:
         """One step of ``key`` at ``load`` by the first slot's measurer (its server already runs the
-        configuration), shown live as ``phase``, counted and kept with the configuration's steps."""
+        configuration), shown live as ``phase``, counted and kept with the configuration's steps;
+        its timeout cut to the budget left unless not ``in_budget``."""
         s = self.settings
         self._set_live(self.measurer, key, phase, load, notify=True)
-        m = await self.measurer.measure(load, requests=n, timeout=min(s.step_timeout_s, max(5.0, self.remaining())),
-                                        warmup=s.step.warmup)
+        timeout = min(s.step_timeout_s, max(5.0, self.remaining())) if in_budget else s.step_timeout_s
+        m = await self.measurer.measure(load, requests=n, timeout=timeout, warmup=s.step.warmup)
         self._end_live(self.measurer)
         self.state.steps += 1
         self.state.measurements.setdefault(key, []).append(m)

@@ -328,3 +328,30 @@ async def test_finalists_the_budget_reaches_before_their_bisection_keep_what_the
                 assert c.status == "cut_short" and c.limit_load == max((x.load for x in met), default=None), (
                     budget, c, text)
     assert windows_only, "no budget ended between the rounds and the last bisection"
+
+
+async def test_a_budget_stopped_live_search_checks_its_winner_even_where_the_kept_time_falls_short() -> None:
+    """The time kept back is a start and a step of the shortest kind; a check at a low limit sends
+    its minimum of requests more slowly (50 at ~3 req/s: 17 s, not 10), and the search's last step
+    can overrun. The first check runs on the time kept back for it anyway, past the budget by that
+    much (said), rather than leave the winner measured live only."""
+    space = space_of(max_num_seqs=(4, 16, 32, 64))
+    k4, k16, k32, k64 = keys(space)
+    table = {k4: 2.0, k16: 2.6, k32: 3.0, k64: 3.2}
+    short = passed = 0
+    for budget in range(200, 700, 20):
+        res, m, text = await tune_table(space, table, 1.0, budget_s=float(budget))
+        if res.best is None or res.status != "budget":
+            continue
+        # Checked on its own start, never "measured live only"; a tie the budget left unchecked does not
+        # take its place by the cost rule.
+        assert res.best.start_check.startswith("met"), (budget, text)
+        assert f"{res.best.key}: measured live only" not in text, (budget, text)
+        unchecked = [r for r in res.decision.tied if r.unchecked] if res.decision else []
+        assert all(not any(c.key == r.key and c.start_check for c in res.configs) for r in unchecked), text
+        passed += bool(unchecked)
+        if "past the budget" in text:
+            short += 1
+            assert res.elapsed_s <= budget + 60 + 20, (budget, res.elapsed_s)  # by the check's start and step at most
+    assert short, "no budget left the kept time short of the check"
+    assert passed, "no cheaper tie was left unchecked by the budget"
