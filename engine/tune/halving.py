@@ -29,7 +29,9 @@ the offered load, the same for all, so such a round tells nothing; nor does one 
 the load is first found by the anchor alone (*scouting*: one window a round, the load doubled while
 it meets and halved while it misses, then between the two, at most :data:`MAX_SCOUTS`, until its
 met and missed loads are within :data:`ROUND_GROWTH`); the rounds of every configuration begin
-between the loads the anchor met and missed, and go on from there as below. Once the best misses
+between the loads the anchor met and missed, and go on from there by half that bracket's width
+(:data:`SCOUTED_GROWTH`) while the best meets (a full width overshot the best's limit in every run
+measured, and the drops came a round later at the half-step: tests/perf/results/live.md). Once the best misses
 at some load, the next round goes below it (between the highest load the best met and the lowest
 it missed), so the rounds stay where the limits part.
 Rounds end when at most :data:`FINALISTS` are left, when the best's met and missed loads are within
@@ -66,6 +68,9 @@ MAX_ROUNDS = 6
 ROUND_GROWTH = 1.25
 # After a round in which every configuration met the SLO (goodput = the offered load for all).
 BLIND_GROWTH = 2.0
+# A round's load over the last one's while the best meets, once the anchor has scouted: the middle
+# of its bracket is where the rounds begin, a half-step (in ratio) of ROUND_GROWTH further each time.
+SCOUTED_GROWTH = math.sqrt(ROUND_GROWTH)
 # Windows per configuration in a round (see the module's text for why not two).
 ROUND_WINDOWS = 1
 # Scouting windows at most (the anchor alone, until it has met and missed within ROUND_GROWTH).
@@ -167,7 +172,9 @@ class LoadSteer:
     met: float | None = None
     missed: float | None = None
     blind: float = BLIND_GROWTH
-    """The growth after a round every configuration met (ROUND_GROWTH once the anchor has scouted)."""
+    """The growth after a round every configuration met (SCOUTED_GROWTH once the anchor has scouted)."""
+    growth: float = ROUND_GROWTH
+    """The growth after a round the best met and another missed (SCOUTED_GROWTH once scouted)."""
 
     def after(self, load: float, best_ok: bool, all_ok: bool) -> float:
         if best_ok:
@@ -175,7 +182,7 @@ class LoadSteer:
         else:
             self.missed = min(self.missed or math.inf, load)
         if self.missed is None:
-            nxt = load * (self.blind if all_ok else ROUND_GROWTH)
+            nxt = load * (self.blind if all_ok else self.growth)
         elif self.met is None:
             nxt = load / BLIND_GROWTH
         else:
@@ -418,9 +425,9 @@ async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: 
             if full == 0 and steer.bracketed:
                 # The first round between the loads the anchor met and missed (where the scouting's steer
                 # goes next; the missed load itself can be past every limit). That miss was the anchor's,
-                # not the round's best's: the load steers from here on, up by ROUND_GROWTH at most while
-                # all meet.
-                steer.missed, steer.blind = None, ROUND_GROWTH
+                # not the round's best's: the load steers from here on, up by half the bracket's width
+                # while the best meets.
+                steer.missed, steer.blind, steer.growth = None, SCOUTED_GROWTH, SCOUTED_GROWTH
             full += 1
         turned = keys[r % len(keys):] + keys[:r % len(keys)]  # none always first after a change
         plan = [(k, members[k]) for k in interleave(turned, ROUND_WINDOWS)]
@@ -504,7 +511,7 @@ async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: 
 
 
 __all__ = [
-    "FINALISTS", "MAX_ROUNDS", "ROUND_GROWTH", "ROUND_WINDOWS", "Dropped", "Estimate", "Halving", "LoadSteer",
+    "FINALISTS", "MAX_ROUNDS", "ROUND_GROWTH", "ROUND_WINDOWS", "SCOUTED_GROWTH", "Dropped", "Estimate", "Halving", "LoadSteer",
     "RoundRecord", "Screen", "TimeSplit", "WindowMeasurer", "best_of", "estimate", "figures_of", "halve", "interleave",
     "restart_groups", "rounds_cost", "slo_lifetime", "window_cost", "window_words",
 ]
