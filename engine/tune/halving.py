@@ -485,6 +485,14 @@ async def halve(measurer: WindowMeasurer, members: Mapping[str, FlagSet], load: 
             dropped = [Dropped(k, f"missed the SLO at {missed_at[k]:.3g} {unit}, where {best} met it up to"
                                   f" {top:.3g}: beyond the noise below (under {edge:.3g})")
                        for k in keys if k != best and missed_at.get(k, math.inf) <= edge]
+            # Never fewer than FINALISTS left: the best's limit is measured again by bisection, and where
+            # it does not hold there (a limit that misses when measured again is UNSTABLE), the runner-up
+            # of this round is what the tune still has (the one that missed highest, then by goodput).
+            short = FINALISTS - (len(out.left) - len(dropped))
+            if short > 0:
+                spared = sorted(dropped, key=lambda d: (missed_at.get(d.key, 0.0), max(figures.get(d.key) or [0.0])),
+                                reverse=True)[:short]
+                dropped = [d for d in dropped if d not in spared]
         # (where the best missed too, none: past its limit goodput is a collapse, not a limit's order)
         for d in dropped:
             out.dropped[d.key] = f"at {load:.3g} {unit} under one load with the others (round {r + 1}): {d.words}"
