@@ -287,6 +287,17 @@ def _build(spec: WorkloadSpec, codec: Codec | None, n: int, max_model_len: int |
     raise AssertionError(f"unplanned kind {spec.kind}")  # trace is built above
 
 
+def has_sessions(spec: WorkloadSpec) -> bool:
+    """Whether ``spec``'s requests include multi-turn sessions (a later turn is sent when the answer
+    before it ends, not on its own arrival): ``chat``, or a trace whose rows chain into conversations
+    (``conversation_chains``). A trace that cannot be read raises DatasetError."""
+    if spec.kind == "chat":
+        return True
+    if spec.kind != "trace":
+        return False
+    return any(len(c) > 1 for c in conversation_chains(read_spec_trace(spec).rows))
+
+
 def read_spec_trace(spec: WorkloadSpec, limit: int | None = None) -> TraceFile:
     """The trace file ``spec`` names, read with its overrides (``trace_block_size``,
     ``trace_time_unit``); a bad file raises DatasetError naming the file and line.

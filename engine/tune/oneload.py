@@ -79,7 +79,12 @@ class OneLoad:
         objectives need a power reading per step, which a window has not)."""
         s = self.settings
         return (self._live_measuring() and s.prune and s.objective == "goodput"
-                and callable(getattr(self.measurer, "measure_windows", None)))
+                and callable(getattr(self.measurer, "measure_windows", None)) and not self._windows_refusal())
+
+    def _windows_refusal(self) -> str:
+        """Why the workload cannot be measured in windows ("" where it can: the measurer says)."""
+        refusal = getattr(self.measurer, "windows_refusal", "")
+        return refusal if isinstance(refusal, str) else ""
 
     def _groups(self, by_key: Mapping[str, Mapping[str, SpaceValue]], seed: Mapping[str, SpaceValue]) -> list[list[str]]:
         """The configurations still to measure by restart group, the seed's group first."""

@@ -280,6 +280,9 @@ class Tuner(OneLoad):
             groups = self._groups(by_key, seed)
             self.estimate = self._estimate(groups, by_key)
             self.say(self.estimate.words(self.remaining()))
+            if self._live_measuring() and self._windows_refusal():
+                self.say(f"each configuration measured on its own (set live, no restart), not under one load:"
+                         f" {self._windows_refusal()}")
             if self._one_load():
                 for i, keys in enumerate(groups):
                     if len(keys) > 1:

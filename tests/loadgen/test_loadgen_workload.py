@@ -338,3 +338,18 @@ def test_spec_round_trip() -> None:
     assert WorkloadSpec.from_dict(w.to_dict()) == w
     assert w.to_dict() == {"input_len": 256, "output_len": 64, "length_dist": "uniform",
                            "range_ratio": 0.1, "seed": 4}
+
+
+def test_multi_turn_sessions_are_known_before_a_run(tmp_path: Path) -> None:
+    """A later turn is sent when the answer before it ends, not on its own arrival: the tuner's
+    windows need one request per arrival, so they ask first (engine.tune.measurer.windows_refusal)."""
+    shipped = Path(__file__).resolve().parents[2] / "presets" / "traces" / "agent-sessions.jsonl"
+    assert workload.has_sessions(WorkloadSpec(kind="trace", dataset=str(shipped)))
+    assert workload.has_sessions(WorkloadSpec(kind="chat", num_turns=3))
+    assert not workload.has_sessions(WorkloadSpec(kind="random", input_len=64, output_len=8))
+    flat = tmp_path / "flat.jsonl"
+    flat.write_text("".join(json.dumps({"timestamp": t, "input_len": 32, "output_len": 8}) + "\n" for t in (0, 1, 2)))
+    assert not workload.has_sessions(WorkloadSpec(kind="trace", dataset=str(flat)))
+    (tmp_path / "bad.jsonl").write_text("{not json\n")
+    with pytest.raises(DatasetError, match=r"bad\.jsonl"):
+        workload.has_sessions(WorkloadSpec(kind="trace", dataset=str(tmp_path / "bad.jsonl")))

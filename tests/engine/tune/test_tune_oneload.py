@@ -387,3 +387,23 @@ async def test_a_round_never_leaves_fewer_than_the_finalists() -> None:
     assert in_rounds and len(res.configs) - len(in_rounds) == FINALISTS, text
     assert {key for key, _ in m.steps} >= {k64}, text  # its limit by bisection, the spared one after it
     assert res.best is not None and res.best.key == k64, text
+
+
+async def test_a_workload_the_measurer_cannot_window_is_measured_one_configuration_at_a_time() -> None:
+    """Multi-turn sessions (a recorded agent trace) send later turns when the answer before ends,
+    so a window's requests are not one per arrival: the measurer says so (windows_refusal), and the
+    tune measures each configuration on its own, set live, and says why."""
+    space = space_of(max_num_seqs=(4, 16, 32, 64))
+    k4, k16, k32, k64 = keys(space)
+    clock = FakeClock()
+    m = WindowTable(space, {k4: 2.0, k16: 8.0, k32: 9.6, k64: 10.0}, clock)
+    m.windows_refusal = "its requests include multi-turn sessions"  # type: ignore[attr-defined]
+    lines: list[str] = []
+    tuner = Tuner(m, base_flags=BASE, space=space, slo=SLO_TTFT, schema=SCHEMA, clock=clock, max_request_len=192,
+                  settings=TuneSettings(step=StepRule(min_requests=50), start_load=4.0), say=lines.append)
+    res = await tuner.run()
+    text = "\n".join(lines)
+    assert m.windows == [] and m.steps, text
+    assert "not under one load: its requests include multi-turn sessions" in text, text
+    assert m.restarts == 1 + len(m.exact_starts), text  # one start for the group, then the checks
+    assert res.best is not None and res.best.key in (k32, k64), text
