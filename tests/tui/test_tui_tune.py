@@ -52,6 +52,21 @@ def text_of(screen: TuneScreen, selector: str) -> str:
     return str(screen.query_one(selector, Static).render())
 
 
+async def test_the_estimate_is_on_screen_at_80x24() -> None:
+    """Over SSH at 80x24 the form's foot is cut off: the estimate sits under the screen's head."""
+    app, _ = make_app(RecordedMeasurer(LIMITS))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("u")
+        screen = app.screen
+        assert isinstance(screen, TuneScreen)
+        screen.query_one("#tune-space", TextArea).text = SPACE
+        await pilot.pause(0.5)
+        line = screen.query_one("#tune-estimate")
+        said = text_of(screen, "#tune-estimate")
+        assert said.startswith("the form's search: about") and "4 configurations" in said, said
+        assert line.region.height >= 1 and line.region.bottom <= 23, line.region  # above the footer
+
+
 async def test_the_form_says_what_the_search_will_cost_and_what_to_cut_before_it_starts() -> None:
     app, _ = make_app(RecordedMeasurer(LIMITS))
     async with app.run_test(size=(120, 40)) as pilot:

@@ -113,6 +113,7 @@ class TuneScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         yield Static("", id="tune-head")
+        yield Static("", id="tune-estimate")  # under the head: seen at 80x24, where the form's foot is cut
         with Horizontal(id="tune-body"):
             with Vertical(id="tune-form"):
                 yield Label("SLO limits, ms", classes="tune-section")
@@ -145,7 +146,6 @@ class TuneScreen(Screen[None]):
                 with Horizontal(classes="tune-buttons"):
                     yield Button("Load best (l)", id="tune-load", compact=True, disabled=True)
                     yield Button("Export (e)", id="tune-export", compact=True, disabled=True)
-                yield Static("", id="tune-estimate")
             with Vertical(id="tune-results"):
                 yield Static("", id="tune-running")
                 yield DataTable(id="tune-table", zebra_stripes=True, cursor_type="row")
@@ -211,7 +211,7 @@ class TuneScreen(Screen[None]):
             return
         try:
             request = parse_tune_form(self.form_fields(), schema=self.schema, percentile=self.percentile)
-            line.update("" if request == self._started else self.estimate(request))
+            line.update("" if request == self._started else f"the form's search: {self.estimate(request)}")
         except (TuneFormError, SessionError):
             line.update("")
 
@@ -298,7 +298,7 @@ class TuneScreen(Screen[None]):
         head = self.query_one("#tune-head", Static)
         if view is None:
             head.update("Tune: the flags with the most goodput under the SLO. Fill the form, g starts; "
-                        "the server restarts with each configuration.")
+                        "live flags change on the running server, the others restart it.")
             head.set_classes("")
             return
         done = sum(1 for r in view.rows if r.status not in ("not_tried", "cut_short"))
