@@ -26,7 +26,7 @@ from engine.tune.halving import (
     slo_lifetime,
     window_words,
 )
-from engine.tune.trial import CUT_SHORT, DOMINATED, NOT_TRIED, SKIPPED, ConfigResult
+from engine.tune.trial import CUT_SHORT, DOMINATED, DONE, NOT_TRIED, SKIPPED, UNSTABLE, ConfigResult
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -200,6 +200,18 @@ class OneLoad:
                     self._report(st.configs[rest])
                 self._persist()
                 raise BudgetExhausted
+        if finalists and all(st.configs[k].limit_load is None for k in finalists):
+            # No finalist's limit in steps held when measured again (UNSTABLE each, on a noisy box): what
+            # their windows met under one load stands for them, and the check on their own start says
+            # whether it holds, rather than a tune that ends with no configuration at all.
+            for k in finalists:
+                if st.configs[k].status == UNSTABLE and any(m.ok for m in h.steps.get(k, ())):
+                    c = st.configs[k]
+                    st.configs[k] = ConfigResult.at_highest_met(
+                        k, by_key[k], DONE, h.steps[k], order=c.order, live=True, started_with=c.started_with,
+                        reason=f"{c.reason}; its figure is the highest load it met in a window under one load")
+                    self.say(f"{k}: {st.configs[k].reason}")
+            self._persist()
         return order
 
     def _windows_only(self, key: str, values: Mapping[str, SpaceValue], order: int,

