@@ -28,7 +28,6 @@ from engine.tune.trial import EarlyStop, Measurement, StartOutcome
 from engine.tune.windows import WindowBook, WindowResult, window_measurement
 from loadgen import LoadRun, ServerError
 from loadgen.spec import ArrivalSpec
-from loadgen.workload import DatasetError, has_sessions
 
 if TYPE_CHECKING:
     from loadgen.records import RequestResult
@@ -252,18 +251,6 @@ class ServerMeasurer:
             box_bound=bool(result.box_bound) or (run is not None and run.status is RunStatus.BOX_BOUND),
             changed_live=changed,
         )
-
-    @functools.cached_property
-    def windows_refusal(self) -> str:
-        """Why this workload cannot be measured in windows under one load ("" where it can): a
-        window's requests are one per arrival, sent at their arrival (engine.tune.windows), and a
-        multi-turn session sends its later turns when the answer before ends."""
-        try:
-            sessions = has_sessions(self.workload)
-        except DatasetError:
-            return ""  # the load run says what is wrong with the file
-        return ("its requests include multi-turn sessions (a later turn waits for the answer before it), and a"
-                " window's requests are one per arrival") if sessions else ""
 
     async def measure_windows(self, load: float, plan: Sequence[tuple[str, FlagSet]], *, window_s: float,
                               timeout: float) -> list[WindowResult]:

@@ -27,6 +27,8 @@ from engine.tune.halving import (
     window_words,
 )
 from engine.tune.trial import CUT_SHORT, DOMINATED, DONE, NOT_TRIED, SKIPPED, UNSTABLE, ConfigResult
+from engine.tune.windows import windows_refusal
+from loadgen.spec import SpecError, WorkloadSpec
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -55,6 +57,7 @@ class OneLoad:
         _costs: Costs
         _split: TimeSplit
         _last_group: tuple[object, ...] | None
+        _refusal: str | None
 
         def remaining(self) -> float: ...
         def _step_s(self) -> float: ...
@@ -82,9 +85,23 @@ class OneLoad:
                 and callable(getattr(self.measurer, "measure_windows", None)) and not self._windows_refusal())
 
     def _windows_refusal(self) -> str:
-        """Why the workload cannot be measured in windows ("" where it can: the measurer says)."""
-        refusal = getattr(self.measurer, "windows_refusal", "")
-        return refusal if isinstance(refusal, str) else ""
+        """Why the search's workload cannot be measured in windows ("" where it can, or where the
+        search was given none: engine.tune.windows.windows_refusal), read once."""
+        if self._refusal is None:
+            spec = self._workload()
+            self._refusal = windows_refusal(spec) if spec is not None else ""
+        return self._refusal
+
+    def _workload(self) -> WorkloadSpec | None:
+        """The search's workload, as its inputs keep it (None where it was given none or does not read)."""
+        w = self.state.inputs.get("workload")
+        spec = w.get("workload") if isinstance(w, Mapping) else None
+        if not isinstance(spec, Mapping) or not spec:
+            return None
+        try:
+            return WorkloadSpec.from_dict(spec)
+        except SpecError:
+            return None
 
     def _groups(self, by_key: Mapping[str, Mapping[str, SpaceValue]], seed: Mapping[str, SpaceValue]) -> list[list[str]]:
         """The configurations still to measure by restart group, the seed's group first."""
@@ -105,10 +122,8 @@ class OneLoad:
     def _slo_lifetime(self) -> float | None:
         """A request's lifetime at the SLO's edge (engine.tune.halving.slo_lifetime) for the
         workload's output length (synthetic lengths only: a dataset's or trace's is not read here)."""
-        w = self.state.inputs.get("workload")
-        spec = w.get("workload") if isinstance(w, Mapping) else None
-        out = spec.get("output_len") if isinstance(spec, Mapping) and spec.get("kind", "random") == "random" else None
-        return slo_lifetime(self.slo, float(out) if isinstance(out, int | float) else None)
+        spec = self._workload()
+        return slo_lifetime(self.slo, spec.output_len if spec is not None and spec.kind == "random" else None)
 
     def _screen(self, keys: Sequence[str], by_key: Mapping[str, Mapping[str, SpaceValue]]) -> Screen:
         """The group's lines through its configuration nearest the seed (every one with --exhaustive)."""

@@ -193,6 +193,7 @@ class Tuner(OneLoad):
         self._elapsed0 = self.state.elapsed_s
         self._check_held = True  # the winner's check on its own start is kept out of the search's budget
         self._kept_for_check = False  # the first check's time was kept back (it runs even a little short)
+        self._refusal: str | None = None  # why the workload cannot be windowed (OneLoad._windows_refusal), once read
         self._costs = Costs()  # what starts and steps cost here: the estimates for the next ones
         self._last_group: tuple[object, ...] | None = None  # restart group of the server last started (slot 0)
         self._split = TimeSplit()  # where this run's wall time went (a resumed search counts anew)

@@ -34,10 +34,11 @@ from typing import TYPE_CHECKING
 
 from engine.tune.trial import Measurement
 from loadgen.stats import RunAggregator
+from loadgen.workload import DatasetError, has_sessions
 
 if TYPE_CHECKING:
     from loadgen.records import RequestResult
-    from loadgen.spec import SLO
+    from loadgen.spec import SLO, WorkloadSpec
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,19 @@ def window_measurement(load: float, results: Sequence[RequestResult], span_s: fl
     return dataclasses.replace(m, e2el_min_ms=fastest * 1000 if fastest is not None else None)
 
 
+def windows_refusal(workload: WorkloadSpec) -> str:
+    """Why ``workload`` cannot be measured in windows ("" where it can): a window's requests are one
+    per arrival, sent at their arrival (the ids above), and a multi-turn session sends its later turns
+    when the answer before ends. A dataset that cannot be read refuses nothing here: the load run says
+    what is wrong with it."""
+    try:
+        sessions = has_sessions(workload)
+    except DatasetError:
+        return ""
+    return ("its requests include multi-turn sessions (a later turn waits for the answer before it), and a"
+            " window's requests are one per arrival") if sessions else ""
+
+
 def combined(ms: Sequence[Measurement]) -> Measurement:
     """A configuration's windows at one load as one step: it meets the SLO where every window did;
     goodput and throughputs the mean over the windows; counts summed; latencies the worst window's
@@ -119,4 +133,4 @@ def combined(ms: Sequence[Measurement]) -> Measurement:
         e2el_min_ms=min((m.e2el_min_ms for m in ms if m.e2el_min_ms is not None), default=None))
 
 
-__all__ = ["WindowBook", "WindowResult", "combined", "window_measurement"]
+__all__ = ["WindowBook", "WindowResult", "combined", "window_measurement", "windows_refusal"]

@@ -394,18 +394,23 @@ async def test_a_round_never_leaves_fewer_than_the_finalists() -> None:
     assert res.best is not None and res.best.key == k64, text
 
 
-async def test_a_workload_the_measurer_cannot_window_is_measured_one_configuration_at_a_time() -> None:
+async def test_a_workload_of_sessions_is_measured_one_configuration_at_a_time() -> None:
     """Multi-turn sessions (a recorded agent trace) send later turns when the answer before ends,
-    so a window's requests are not one per arrival: the measurer says so (windows_refusal), and the
-    tune measures each configuration on its own, set live, and says why."""
+    so a window's requests are not one per arrival (engine.tune.windows.windows_refusal): the tune
+    measures each configuration on its own, set live, and says why; its estimate, the Tune form's
+    too, counts no group under one load."""
     space = space_of(max_num_seqs=(4, 16, 32, 64))
     k4, k16, k32, k64 = keys(space)
     clock = FakeClock()
     m = WindowTable(space, {k4: 2.0, k16: 8.0, k32: 9.6, k64: 10.0}, clock)
-    m.windows_refusal = "its requests include multi-turn sessions"  # type: ignore[attr-defined]
+    chat = WorkloadSpec(kind="chat", num_turns=3)
+    settings = TuneSettings(step=StepRule(min_requests=50), start_load=4.0)
+    planned = estimate_search(base=BASE, space=space, slo=SLO_TTFT, settings=settings, max_request_len=192,
+                              schema=SCHEMA, workload=chat)
+    assert planned.one_load_groups == 0, planned
     lines: list[str] = []
     tuner = Tuner(m, base_flags=BASE, space=space, slo=SLO_TTFT, schema=SCHEMA, clock=clock, max_request_len=192,
-                  settings=TuneSettings(step=StepRule(min_requests=50), start_load=4.0), say=lines.append)
+                  settings=settings, say=lines.append, workload={"workload": chat.to_dict()})
     res = await tuner.run()
     text = "\n".join(lines)
     assert m.windows == [] and m.steps, text
