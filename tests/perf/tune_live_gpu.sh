@@ -9,6 +9,8 @@
 #                                                vllm.general_plugins entry point, so the servers it starts load the hook)
 #   tests/perf/tune_live_gpu.sh live OUTDIR     (the seed space, --budget-min 10, or $BUDGET_MIN)
 #   tests/perf/tune_live_gpu.sh grid OUTDIR     (6 configurations, one start each; run again to --resume)
+#     GRID_BATCHED=2048 GRID_SEQS=64,256 narrow it (a fresh machine has no saved search to resume: the rest
+#     of a grid cut short on an earlier machine), GRID_TAG names its files (grid-TAG.*)
 # Both arms: --enforce-eager (starts of ~40 s instead of ~80 s: the grid's six starts fit one call),
 # max-model-len 2048 (so chunked prefill off is valid with budgets 2048 and 8192), SLO p99 TTFT
 # <= 500 ms and p99 TPOT <= 40 ms, steps of >= 100 requests and >= 5 s.
@@ -37,11 +39,12 @@ grid)
     export VTUI_HOME=$VTUI_HOME-grid
     saved=$(vtui tune --list 2>/dev/null | awk '$2 != "done" && NF > 3 {print $1; exit}')
     if [ -n "$saved" ]; then resume=(--resume "$saved"); else resume=(); fi
+    f=$out/grid${GRID_TAG:+-$GRID_TAG}
     start=$(date +%s)
     vtui tune "${common[@]}" --no-live --no-prune --space enable-chunked-prefill=on \
-        --space max-num-batched-tokens=2048,8192 --space max-num-seqs=64,128,256 --budget-min 9 \
-        "${resume[@]}" --json "$out/grid.json" 2> >(tee "$out/grid.err.txt" >&2) | tee "$out/grid.out.txt"
-    echo "grid call: $(( $(date +%s) - start )) s" | tee -a "$out/grid.out.txt"
+        --space "max-num-batched-tokens=${GRID_BATCHED:-2048,8192}" --space "max-num-seqs=${GRID_SEQS:-64,128,256}" \
+        --budget-min 9 "${resume[@]}" --json "$f.json" 2> >(tee "$f.err.txt" >&2) | tee "$f.out.txt"
+    echo "grid call: $(( $(date +%s) - start )) s" | tee -a "$f.out.txt"
     ;;
 *) echo "error: setup, live or grid, not $what" >&2; exit 2 ;;
 esac
