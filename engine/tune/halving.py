@@ -353,32 +353,32 @@ def rounds_cost(n: int, window_s: float, lifetime_s: float | None = None) -> tup
 
 
 def estimate(groups: Sequence[int], *, start_s: float, step_s: float, window_s: float, one_load: bool,
-             checks: int = 1, lifetime_s: float | None = None, at_slo: bool = False) -> Estimate:
-    """The cost of a tune over restart groups of the given sizes: one start each; a group of two or
-    more under one load (``one_load``) costs its rounds and :data:`FINALISTS` bisections from a known
-    load, else a bisection per configuration; ``checks`` winners checked on their own start."""
+             checks: int = 1, lifetime_s: float | None = None, at_slo: bool = False, live: bool = False) -> Estimate:
+    """The cost of a tune over restart groups of the given sizes: a group of two or more under one
+    load (``one_load``) costs one start, its rounds and :data:`FINALISTS` bisections from a known
+    load; else a bisection per configuration, on one start where they are set ``live`` (one per
+    configuration where not); ``checks`` winners measured live checked on their own start."""
+    shared_start = one_load or live
     seconds = 0.0
     starts = 0
     shared = 0
     for n in groups:
         if n <= 0:
             continue
-        starts += 1 if one_load or n == 1 else n
-        seconds += start_s * (1 if one_load or n == 1 else n)
+        starts += 1 if shared_start or n == 1 else n
+        seconds += start_s * (1 if shared_start or n == 1 else n)
         if one_load and n >= 2:
             shared += 1
             r_s, _ = rounds_cost(n, window_s, lifetime_s)
             seconds += r_s + min(n, FINALISTS) * STEPS_FROM_KNOWN * step_s
         else:
             seconds += n * STEPS_FROM_NONE * step_s
-    if one_load and checks:
+    if shared_start and checks:
         seconds += checks * (start_s + step_s)
         starts += checks
     return Estimate(seconds=seconds, configs=sum(groups), groups=len([n for n in groups if n > 0]),
                     one_load_groups=shared, starts=starts, start_s=start_s, step_s=step_s, window_s=window_s,
                     lifetime_s=lifetime_s, at_slo=at_slo and lifetime_s is not None)
-
-
 
 
 class WindowMeasurer(Protocol):

@@ -115,7 +115,7 @@ class OneLoad:
                  else len(g) for g in groups]
         est = estimate(sizes, start_s=max((x for x in seen if x), default=self._costs.start()),
                        step_s=self._step_s(), window_s=self.settings.window_s, one_load=self._one_load(),
-                       lifetime_s=self._slo_lifetime(), at_slo=True)
+                       live=self._live_measuring(), lifetime_s=self._slo_lifetime(), at_slo=True)
         total = sum(len(g) for g in groups)
         return dataclasses.replace(est, configs=total, held=total - sum(sizes))
 

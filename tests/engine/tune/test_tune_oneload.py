@@ -398,7 +398,7 @@ async def test_a_workload_of_sessions_is_measured_one_configuration_at_a_time() 
     """Multi-turn sessions (a recorded agent trace) send later turns when the answer before ends,
     so a window's requests are not one per arrival (engine.tune.windows.windows_refusal): the tune
     measures each configuration on its own, set live, and says why; its estimate, the Tune form's
-    too, counts no group under one load."""
+    too, counts no group under one load, and one start for the group (set live) and the check's."""
     space = space_of(max_num_seqs=(4, 16, 32, 64))
     k4, k16, k32, k64 = keys(space)
     clock = FakeClock()
@@ -408,6 +408,9 @@ async def test_a_workload_of_sessions_is_measured_one_configuration_at_a_time() 
     planned = estimate_search(base=BASE, space=space, slo=SLO_TTFT, settings=settings, max_request_len=192,
                               schema=SCHEMA, workload=chat)
     assert planned.one_load_groups == 0, planned
+    assert planned.starts == 2 and "2 starts" in planned.words(3600.0), planned.words(3600.0)
+    restarted = estimate([4], start_s=60.0, step_s=10.0, window_s=5.0, one_load=False)
+    assert restarted.starts == 4, restarted  # --no-live: a start per configuration, no check
     lines: list[str] = []
     tuner = Tuner(m, base_flags=BASE, space=space, slo=SLO_TTFT, schema=SCHEMA, clock=clock, max_request_len=192,
                   settings=settings, say=lines.append, workload={"workload": chat.to_dict()})
