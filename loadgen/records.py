@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# A stream with multi-turn sessions numbers its requests arrival x TURN_IDS + turn (loadgen.worker),
+# every one of them (a lone request is turn 0), so an id names its arrival and turn; else id = arrival.
+TURN_IDS = 1000
+
 # Failure reasons (RequestResult.error). Each is a key of RunResult.failures_by_reason.
 HTTP_ERROR = "http_error"  # detail: "HTTP 503: <body excerpt>"
 TIMEOUT = "timeout"
@@ -73,6 +77,9 @@ class RequestResult:
     # How long the first token waited in the socket before the client read it (fast transport on
     # Linux; -1 unknown): the client's own share of ttft_s (loadgen.client.first_read_delay).
     read_delay_s: float = -1.0
+    # Another turn of its session follows (id + 1), sent as this one ends (or at its recorded time where
+    # a trace keeps its own): what is in flight can be told before it comes back (engine.tune.windows).
+    follows: bool = False
 
     @property
     def tpot_s(self) -> float:

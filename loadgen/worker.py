@@ -32,7 +32,7 @@ from typing import IO, TYPE_CHECKING, Literal, TypeAlias
 from loadgen.aio import run_fast
 from loadgen.arrivals import iter_offsets
 from loadgen.client import ClientConfig, ClientPool, Pool, build_body, open_client, send
-from loadgen.records import CONNECT_REFUSED, PlannedRequest, RequestResult
+from loadgen.records import CONNECT_REFUSED, TURN_IDS, PlannedRequest, RequestResult
 from loadgen.spec import ArrivalSpec
 
 if TYPE_CHECKING:
@@ -112,6 +112,11 @@ class Worker:
         # VTUI_WORKER_TRACE (a folder): every lag tick (epoch s, lag s, s on a core, s waiting
         # for one), written by run_in_process at the end (tests/perf/worker_delay.py reads it)
         self.ticks: list[tuple[float, float, float, float]] | None = [] if TRACE_DIR else None
+        # Ids name arrival and turn (records.TURN_IDS) where any planned request is a session.
+        self._turn_ids = any(self._is_session(p) for p in plan.pool)
+
+    def _is_session(self, p: PlannedRequest) -> bool:
+        return p.session >= 0 and (self.plan.client.endpoint == "chat" or bool(p.next_turns))
 
     def _sink(self, r: RequestResult) -> None:
         self._pending.append(r)
@@ -128,6 +133,10 @@ class Worker:
         self._stop.set()
         for t in list(self._tasks):
             t.cancel()
+
+    def _sink_followed(self, r: RequestResult) -> None:
+        """A session's turn with another after it, which is sent as this one ends if it went well."""
+        self._sink(replace(r, follows=True) if r.ok and not r.cancelled and not self._stop.is_set() else r)
 
     def _flush(self, cpu: float, done: bool = False, warmup_done: bool = False) -> None:
         batch = Batch(self.plan.worker, tuple(self._pending), self._in_flight, self._sent,
@@ -176,11 +185,11 @@ class Worker:
         self._in_flight += 1
         self._sent += 1
         try:
-            if p.session >= 0 and (cfg.endpoint == "chat" or p.next_turns):
+            if self._is_session(p):
                 await self._session(client, p, rid)
             else:
-                await send(client, cfg, p, rid, self._sink, worker=self.plan.worker,
-                           body=build_body(cfg, p))
+                await send(client, cfg, p, rid * TURN_IDS if self._turn_ids else rid, self._sink,
+                           worker=self.plan.worker, body=build_body(cfg, p))
         finally:
             self._in_flight -= 1
 
@@ -216,8 +225,9 @@ class Worker:
                 q = replace(q, prompt=prompt)
             body = build_body(cfg, q, messages if chat else None)
             before = len(self._pending)
-            reply = await send(client, cfg, q, rid * 1000 + turn,
-                               self._sink, worker=self.plan.worker, body=body, want_text=True)
+            sink = self._sink if turn + 1 == len(turns) else self._sink_followed
+            reply = await send(client, cfg, q, rid * TURN_IDS + turn,
+                               sink, worker=self.plan.worker, body=body, want_text=True)
             if len(self._pending) > before and not self._pending[-1].ok:
                 return  # a failed turn ends the session
             if chat:

@@ -28,6 +28,7 @@ from engine.tune.trial import EarlyStop, Measurement, StartOutcome
 from engine.tune.windows import WindowBook, WindowResult, window_measurement
 from loadgen import LoadRun, ServerError
 from loadgen.spec import ArrivalSpec
+from loadgen.workload import DatasetError, has_sessions
 
 if TYPE_CHECKING:
     from loadgen.records import RequestResult
@@ -93,6 +94,7 @@ class ServerMeasurer:
         self.live_changes = 0  # configurations set live (a test and the tune's summary read it)
         self.live_refusal: str | None = None  # why the last configuration was not set live
         self._live_flags: FlagSet | None = None  # the flags set live on the running server, if any
+        self._sessions: bool | None = None  # whether the workload has multi-turn sessions, once read
 
     async def start(self, flags: FlagSet, *, timeout: float, exact: bool = False) -> StartOutcome:
         def make(f: FlagSet) -> Supervisor:
@@ -276,7 +278,12 @@ class ServerMeasurer:
                            percentiles=tuple(sorted({50.0, 90.0, 95.0, 99.0, float(p)})), tags=("tune",),
                            client_cpus=self.client_cpus)
         handle = RunHandle()
-        book = WindowBook()
+        if self._sessions is None:
+            try:
+                self._sessions = has_sessions(self.workload)
+            except DatasetError:
+                self._sessions = False  # the load run below says what is wrong with the dataset
+        book = WindowBook(sessions=self._sessions)
         target = Target.of(sup, tokenizer=self.tokenizer)
         task = asyncio.ensure_future(wait_for(measure_run(target, run_plan, handle=handle, on_request=book.add),
                                               handle, timeout))

@@ -27,7 +27,6 @@ from engine.tune.halving import (
     window_words,
 )
 from engine.tune.trial import CUT_SHORT, DOMINATED, DONE, NOT_TRIED, SKIPPED, UNSTABLE, ConfigResult
-from engine.tune.windows import windows_refusal
 from loadgen.spec import SpecError, WorkloadSpec
 
 if TYPE_CHECKING:
@@ -82,15 +81,7 @@ class OneLoad:
         objectives need a power reading per step, which a window has not)."""
         s = self.settings
         return (self._live_measuring() and s.prune and s.objective == "goodput"
-                and callable(getattr(self.measurer, "measure_windows", None)) and not self._windows_refusal())
-
-    def _windows_refusal(self) -> str:
-        """Why the search's workload cannot be measured in windows ("" where it can, or where the
-        search was given none: engine.tune.windows.windows_refusal), read once."""
-        if self._refusal is None:
-            spec = self._workload()
-            self._refusal = windows_refusal(spec) if spec is not None else ""
-        return self._refusal
+                and callable(getattr(self.measurer, "measure_windows", None)))
 
     def _workload(self) -> WorkloadSpec | None:
         """The search's workload, as its inputs keep it (None where it was given none or does not read)."""

@@ -193,7 +193,6 @@ class Tuner(OneLoad):
         self._elapsed0 = self.state.elapsed_s
         self._check_held = True  # the winner's check on its own start is kept out of the search's budget
         self._kept_for_check = False  # the first check's time was kept back (it runs even a little short)
-        self._refusal: str | None = None  # why the workload cannot be windowed (OneLoad._windows_refusal), once read
         self._costs = Costs()  # what starts and steps cost here: the estimates for the next ones
         self._last_group: tuple[object, ...] | None = None  # restart group of the server last started (slot 0)
         self._split = TimeSplit()  # where this run's wall time went (a resumed search counts anew)
@@ -281,9 +280,6 @@ class Tuner(OneLoad):
             groups = self._groups(by_key, seed)
             self.estimate = self._estimate(groups, by_key)
             self.say(self.estimate.words(self.remaining()))
-            if self._live_measuring() and self._windows_refusal():
-                self.say(f"each configuration measured on its own (set live, no restart), not under one load:"
-                         f" {self._windows_refusal()}")
             if self._one_load():
                 for i, keys in enumerate(groups):
                     if len(keys) > 1:

@@ -21,8 +21,12 @@ waited for (one that never comes back within the tail's time counts as failed). 
 not stop between windows, so the server is loaded as in a step of its own, without the drain and
 ramp of a run per configuration.
 
-The request's id is its arrival's index (loadgen.worker: ``k``, in send order), so "every request
-sent before t came back" is "the ids back without a gap reach one sent at or after t".
+A request's id names its arrival (loadgen.worker: ``k``, in send order) and, in a stream of
+multi-turn sessions, its turn (``k * TURN_IDS + turn``). So "every request sent before t came back"
+is: the arrivals back without a gap reach one sent at or after t, and no session's later turn that
+was sent before t (as the turn before it ended: ``RequestResult.follows``) is still out. A session
+spans windows turn by turn: each turn belongs to the window it was sent and served in, as a lone
+request does (its prompt carries the answers before it, whose lengths no configuration changes).
 """
 
 from __future__ import annotations
@@ -33,12 +37,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine.tune.trial import Measurement
+from loadgen.records import TURN_IDS
 from loadgen.stats import RunAggregator
-from loadgen.workload import DatasetError, has_sessions
 
 if TYPE_CHECKING:
     from loadgen.records import RequestResult
-    from loadgen.spec import SLO, WorkloadSpec
+    from loadgen.spec import SLO
 
 
 @dataclass(frozen=True)
@@ -58,31 +62,45 @@ class WindowResult:
 
 
 class WindowBook:
-    """The requests of one steady stream as they come back, by id (their arrival's index)."""
+    """The requests of one steady stream as they come back, by id: its arrival's index, times
+    TURN_IDS plus the turn where the stream has multi-turn ``sessions`` (see the module's text)."""
 
-    def __init__(self) -> None:
+    def __init__(self, sessions: bool = False) -> None:
         self.back: dict[int, RequestResult] = {}
-        self._low = 0  # the lowest id not back yet
+        self._per = TURN_IDS if sessions else 1
+        self._firsts: dict[int, RequestResult] = {}  # by arrival: its first (or only) request
+        self._low = 0  # the lowest arrival whose first request is not back yet
+        self._out: dict[int, float] = {}  # a later turn sent, not back: id -> when (the turn before it ended)
 
     def add(self, r: RequestResult) -> None:
         """One request back (completed, failed or cancelled)."""
         self.back[r.id] = r
-        while self._low in self.back:
-            self._low += 1
+        arrival, turn = divmod(r.id, self._per)
+        if turn == 0:
+            self._firsts[arrival] = r
+            while self._low in self._firsts:
+                self._low += 1
+        else:
+            self._out.pop(r.id, None)
+        if r.follows and r.id + 1 not in self.back:
+            self._out[r.id + 1] = r.t_end
 
     def settled(self, t: float) -> bool:
-        """Whether every request sent before ``t`` (epoch seconds) came back: ids go in send order, so
-        that is the last of the unbroken run of ids back having been sent at or after ``t``
-        (conservative: while the lowest id not back might have gone before ``t``, False)."""
-        return self._low > 0 and self.back[self._low - 1].t_start >= t
+        """Whether every request sent before ``t`` (epoch seconds) came back: arrivals go in send
+        order, so the last of the unbroken run of them back was sent at or after ``t``
+        (conservative: while the lowest one not back might have gone before ``t``, False), and no
+        later turn sent before ``t`` is out."""
+        return (self._low > 0 and self._firsts[self._low - 1].t_start >= t
+                and all(sent >= t for sent in self._out.values()))
 
     def between(self, t0: float, t1: float) -> tuple[list[RequestResult], int]:
-        """The requests sent in [t0, t1) that came back, and how many sent then did not (ids between
-        the first back and the last back in that span that are missing)."""
+        """The requests sent in [t0, t1) that came back, and how many sent then did not: arrivals
+        between the first and the last back in that span that are missing, and later turns sent
+        in it that are out."""
         inside = sorted((r for r in self.back.values() if t0 <= r.t_start < t1), key=lambda r: r.id)
-        if not inside:
-            return [], 0
-        return inside, inside[-1].id - inside[0].id + 1 - len(inside)
+        firsts = [r.id // self._per for r in inside if r.id % self._per == 0]
+        missing = firsts[-1] - firsts[0] + 1 - len(firsts) if firsts else 0
+        return inside, missing + sum(1 for sent in self._out.values() if t0 <= sent < t1)
 
 
 def window_measurement(load: float, results: Sequence[RequestResult], span_s: float, slo: SLO, *,
@@ -103,19 +121,6 @@ def window_measurement(load: float, results: Sequence[RequestResult], span_s: fl
     return dataclasses.replace(m, e2el_min_ms=fastest * 1000 if fastest is not None else None)
 
 
-def windows_refusal(workload: WorkloadSpec) -> str:
-    """Why ``workload`` cannot be measured in windows ("" where it can): a window's requests are one
-    per arrival, sent at their arrival (the ids above), and a multi-turn session sends its later turns
-    when the answer before ends. A dataset that cannot be read refuses nothing here: the load run says
-    what is wrong with it."""
-    try:
-        sessions = has_sessions(workload)
-    except DatasetError:
-        return ""
-    return ("its requests include multi-turn sessions (a later turn waits for the answer before it), and a"
-            " window's requests are one per arrival") if sessions else ""
-
-
 def combined(ms: Sequence[Measurement]) -> Measurement:
     """A configuration's windows at one load as one step: it meets the SLO where every window did;
     goodput and throughputs the mean over the windows; counts summed; latencies the worst window's
@@ -133,4 +138,4 @@ def combined(ms: Sequence[Measurement]) -> Measurement:
         e2el_min_ms=min((m.e2el_min_ms for m in ms if m.e2el_min_ms is not None), default=None))
 
 
-__all__ = ["WindowBook", "WindowResult", "combined", "window_measurement", "windows_refusal"]
+__all__ = ["WindowBook", "WindowResult", "combined", "window_measurement"]

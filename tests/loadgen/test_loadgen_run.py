@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from loadgen import SLO, ArrivalSpec, LoadRun, RunResult, ServerError, StatsWindow, WorkloadSpec
-from loadgen.records import RequestResult
+from loadgen.records import TURN_IDS, RequestResult
 from loadgen.testserver import ServerConfig, free_port, serve_in_thread
 
 
@@ -146,6 +146,23 @@ def test_chat_sessions_grow_the_conversation(url: str) -> None:
     by_turn = sorted(res.requests, key=lambda r: r.id)
     # Turn 0: prefix-free 10 bytes; turn 1: + reply "aaa" + 10 bytes; turn 2: + 13 more.
     assert [r.input_tokens for r in by_turn[:3]] == [10, 23, 36]
+    # Ids name arrival and turn; every turn but the last says another follows it.
+    assert [(r.id // TURN_IDS, r.id % TURN_IDS, r.follows) for r in by_turn] == [
+        (a, t, t < 2) for a in (0, 1) for t in range(3)]
+
+
+def test_a_trace_with_conversations_numbers_its_lone_requests_as_turn_zero(tmp_path: Path, url: str) -> None:
+    """A lone row's id in a stream with sessions is its arrival x TURN_IDS, so it can never be taken
+    for a conversation's later turn (arrival 1's turn 0 was id 1, a clash with arrival 0's turn 1)."""
+    f = tmp_path / "trace.jsonl"
+    rows = [{"timestamp": 0.0, "input_len": 5, "output_len": 2, "conversation": "c", "turn": 0},
+            {"timestamp": 0.1, "input_len": 5, "output_len": 2},
+            {"timestamp": 0.2, "input_len": 12, "output_len": 2, "conversation": "c", "turn": 1}]
+    f.write_text("\n".join(json.dumps(r) for r in rows))
+    run = LoadRun(url, None, WorkloadSpec(kind="trace", dataset=str(f)),
+                  ArrivalSpec(mode="trace", num_requests=3, workers=1))
+    res = asyncio.run(run.run())
+    assert sorted((r.id, r.follows) for r in res.requests) == [(0, True), (1, False), (TURN_IDS, False)]
 
 
 def test_trace_replay_timing(tmp_path: Path, url: str) -> None:

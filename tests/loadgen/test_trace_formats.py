@@ -184,7 +184,7 @@ def test_published_samples_replay(url: str, tmp_path: Path, name: str, scale: fl
     assert rc == 0
     err = capsys.readouterr().err
     assert f"{tf.format} trace, {len(tf.rows)} requests" in err
-    got = sorted((json.loads(x) for x in reqs.read_text().splitlines()), key=lambda r: r["id"])
+    got = sorted((json.loads(x) for x in reqs.read_text().splitlines()), key=lambda r: r["t_start"])  # rows go in time order
     assert [r["ok"] for r in got] == [True] * len(tf.rows)
     # The test server counts a prompt's UTF-8 bytes, its tokenizer's tokens.
     assert [(r["input_tokens"], r["output_tokens"]) for r in got] == [(r.input_len, r.output_len) for r in tf.rows]

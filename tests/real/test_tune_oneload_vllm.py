@@ -96,3 +96,36 @@ def test_a_live_only_space_runs_on_one_vllm_server_under_one_load(vllm_server: V
     t = res.to_json()["time"]
     assert isinstance(t, dict) and t["windows"] == len(spans) and t["measuring_s"] > 0, t
     assert res.time_words.startswith("time: ")
+
+
+@pytest.mark.vllm
+def test_multi_turn_sessions_are_windowed_turn_by_turn_on_vllm(vllm_server: VllmServer) -> None:
+    """Chat sessions of three turns under one load on the real server, two max-num-seqs windows: a
+    window settles once every turn sent before its change is back (not after waiting out its cap, as
+    when only one id per arrival was booked), holds later turns as well as first ones, and has none
+    left unfinished."""
+    from engine.server.livelimits import change_live, read_live
+    from engine.tune.measurer import ServerMeasurer
+    from loadgen.spec import SLO, WorkloadSpec
+
+    sup = vllm_server.supervisor
+    base = sup.flags
+    started = asyncio.run(read_live(sup.base_url, sup.api_key)).started
+    slo = SLO(e2el_ms=4000.0)
+    m = ServerMeasurer(WorkloadSpec(kind="chat", num_turns=3, input_len=32, output_len=8), slo, live=True,
+                       supervisor=sup)
+    plan = [(f"max-num-seqs={n}", base.set("max-num-seqs", str(n))) for n in (2, 8)]
+
+    async def windows() -> list[WindowResult]:
+        return await m.measure_windows(2.0, plan, window_s=3.0, timeout=120.0)
+
+    try:
+        got = vllm_server.call(windows, timeout=300)
+    finally:
+        asyncio.run(change_live(sup.base_url, started, sup.api_key))
+    cap_s = 10.0  # measure_windows' wait for a window's requests: max(10, 3 x window_s)
+    assert len(got) == 2, got
+    for w in got:
+        assert w.measurement.ok and w.measurement.requests >= 3, w
+        assert w.measurement.failed == 0, w  # nothing unfinished
+        assert w.settle_s < cap_s - 1 and w.measure_s < 3.0 + cap_s - 1, w

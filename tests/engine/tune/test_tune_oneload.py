@@ -28,7 +28,7 @@ from engine.tune.search import Measurement, SearchSpace, StartOutcome, StepRule,
 from engine.tune.setup import estimate_search
 from engine.tune.trial import UNSTABLE, ConfigResult, Measurer
 from engine.tune.windows import WindowBook, WindowResult
-from loadgen.records import RequestResult
+from loadgen.records import TURN_IDS, RequestResult
 from loadgen.spec import SLO, WorkloadSpec
 from tests.engine.tune.test_tune import BASE, SCHEMA, SLO_TTFT, FakeClock, TableMeasurer, keys, space_of
 
@@ -116,6 +116,30 @@ def test_a_request_straddling_a_change_belongs_to_no_window() -> None:
     assert book.settled(1.5)
     inside, missing = book.between(1.5, 3.0)
     assert [x.id for x in inside] == [2] and missing == 0
+
+
+def test_a_sessions_later_turn_sent_before_a_change_is_waited_for() -> None:
+    """Multi-turn sessions (a recorded agent trace): ids are arrival x TURN_IDS + turn, and a later
+    turn is sent as the turn before it ends. A settled server has every one of those back too, and
+    a turn belongs to the window it was sent in; one sent in the span and never back is unfinished."""
+    book = WindowBook(sessions=True)
+
+    def r(arrival: int, turn: int, t: float, e2el: float = 0.2, follows: bool = False) -> RequestResult:
+        return RequestResult(id=arrival * TURN_IDS + turn, t_start=t, ttft_s=0.1, itl_s=(), e2el_s=e2el,
+                             input_tokens=1, output_tokens=1, ok=True, follows=follows)
+
+    book.add(r(0, 0, 0.0, follows=True))  # its turn 1 went at 0.2
+    book.add(r(1, 0, 2.0))
+    assert not book.settled(1.5)  # arrival 0's turn 1 is out (the old book: settled, the ids 0 and 1000 back)
+    book.add(r(0, 1, 0.2, e2el=1.0, follows=True))  # back at 1.2; its turn 2 went then
+    assert not book.settled(1.5)
+    book.add(r(0, 2, 1.2, e2el=0.5))  # its last turn
+    assert book.settled(1.5) and not book.settled(2.5)  # arrival 2 might have gone before 2.5
+    book.add(r(1, 1, 2.6, follows=True))  # arrival 1's turn 1, in the span; its turn 2 goes at 2.8, not back
+    book.add(r(2, 0, 3.5))
+    inside, missing = book.between(2.5, 3.0)
+    assert [(x.id // TURN_IDS, x.id % TURN_IDS) for x in inside] == [(1, 1)] and missing == 1
+    assert not book.settled(3.0)
 
 
 async def test_one_restart_group_under_one_load_interleaves_drops_and_bisects_the_rest() -> None:
@@ -394,11 +418,10 @@ async def test_a_round_never_leaves_fewer_than_the_finalists() -> None:
     assert res.best is not None and res.best.key == k64, text
 
 
-async def test_a_workload_of_sessions_is_measured_one_configuration_at_a_time() -> None:
-    """Multi-turn sessions (a recorded agent trace) send later turns when the answer before ends,
-    so a window's requests are not one per arrival (engine.tune.windows.windows_refusal): the tune
-    measures each configuration on its own, set live, and says why; its estimate, the Tune form's
-    too, counts no group under one load, and one start for the group (set live) and the check's."""
+async def test_a_workload_of_sessions_is_measured_under_one_load() -> None:
+    """Multi-turn sessions (a recorded agent trace) are windowed as any stream is (their turns are
+    booked by arrival and turn: WindowBook(sessions=True)); the estimate, the Tune form's too, counts
+    the group under one load."""
     space = space_of(max_num_seqs=(4, 16, 32, 64))
     k4, k16, k32, k64 = keys(space)
     clock = FakeClock()
@@ -407,20 +430,25 @@ async def test_a_workload_of_sessions_is_measured_one_configuration_at_a_time() 
     settings = TuneSettings(step=StepRule(min_requests=50), start_load=4.0)
     planned = estimate_search(base=BASE, space=space, slo=SLO_TTFT, settings=settings, max_request_len=192,
                               schema=SCHEMA, workload=chat)
-    assert planned.one_load_groups == 0, planned
-    assert planned.starts == 2 and "2 starts" in planned.words(3600.0), planned.words(3600.0)
+    assert planned.one_load_groups == 1, planned
+    tuner = Tuner(m, base_flags=BASE, space=space, slo=SLO_TTFT, schema=SCHEMA, clock=clock, max_request_len=192,
+                  settings=settings, workload={"workload": chat.to_dict()})
+    res = await tuner.run()
+    assert m.windows and m.restarts == 1 + len(m.exact_starts)
+    assert res.best is not None and res.best.key in (k32, k64)
+
+
+def test_configurations_set_live_one_at_a_time_share_their_groups_start() -> None:
+    """Measured one configuration at a time on one server (--no-prune, an energy objective), a
+    restart group costs one start and the winner's check; --no-live a start per configuration."""
+    space = space_of(max_num_seqs=(4, 16, 32, 64))
+    settings = TuneSettings(step=StepRule(min_requests=50), start_load=4.0, prune=False)
+    planned = estimate_search(base=BASE, space=space, slo=SLO_TTFT, settings=settings, max_request_len=192,
+                              schema=SCHEMA)
+    assert planned.one_load_groups == 0 and planned.starts == 2, planned
+    assert "2 starts" in planned.words(3600.0), planned.words(3600.0)
     restarted = estimate([4], start_s=60.0, step_s=10.0, window_s=5.0, one_load=False)
     assert restarted.starts == 4, restarted  # --no-live: a start per configuration, no check
-    lines: list[str] = []
-    tuner = Tuner(m, base_flags=BASE, space=space, slo=SLO_TTFT, schema=SCHEMA, clock=clock, max_request_len=192,
-                  settings=settings, say=lines.append, workload={"workload": chat.to_dict()})
-    res = await tuner.run()
-    text = "\n".join(lines)
-    assert m.windows == [] and m.steps, text
-    assert "not under one load: its requests include multi-turn sessions" in text, text
-    assert m.restarts == 1 + len(m.exact_starts), text  # one start for the group, then the checks
-    assert res.best is not None and res.best.key in (k32, k64), text
-
 
 
 async def test_finalists_whose_bisection_does_not_hold_keep_what_their_windows_met() -> None:
