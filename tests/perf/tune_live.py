@@ -5,7 +5,8 @@ max-num-seqs, scaled to the tiny model on this 2-core box: max-num-seqs 4/16/64 
 64/128/256 (at a TTFT SLO this box holds far fewer than 64 requests in flight, so 64/128/256 would
 all be the same configuration), max-model-len 2048 (so chunked prefill off with 512 is refused by
 engine.flags.validate and pruned statically: 15 configurations are measured). The workload is
-prefill-heavy (1024 tokens in, 16 out), or a preset's (``--preset recorded-agent-sessions``).
+prefill-heavy (1024 tokens in, 16 out), or a preset's (``--preset recorded-agent-sessions
+--max-model-len 4096``: its replayed conversations outgrow 2048 on the tiny model, as its preset says).
 
 The SLO is scaled to the box: first a lone request's p99 TTFT and TPOT are measured (`vtui bench`
 at concurrency 1 on a server with the same flags), and the SLO is ``--slo-factor`` (3) times them.
@@ -54,10 +55,15 @@ def say(text: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
 
-def server_flags() -> list[str]:
+def served(a: argparse.Namespace) -> dict[str, object]:
+    """The arms' server flags: tests/vllm_args.py's, with --max-model-len where given."""
     from vllm_args import SERVER_ARGS
 
-    return [f"--flag={k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in SERVER_ARGS.items()]
+    return {**SERVER_ARGS, **({"max-model-len": a.max_model_len} if a.max_model_len else {})}
+
+
+def server_flags(a: argparse.Namespace) -> list[str]:
+    return [f"--flag={k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in served(a).items()]
 
 
 def workload(a: argparse.Namespace) -> list[str]:
@@ -68,11 +74,9 @@ def workload(a: argparse.Namespace) -> list[str]:
 
 def lone_request(a: argparse.Namespace, tok: Path, out: Path) -> tuple[float, float]:
     """p99 TTFT and TPOT (ms) of requests sent one at a time, on a server started with the arms' flags."""
-    from vllm_args import SERVER_ARGS
-
     home = Path(tempfile.mkdtemp(prefix="vtui-tunelive-lone-"))
     result = out / "tune_live.lone.json"
-    serve = [f"--{k}" if v is True else f"--{k}={v}" for k, v in SERVER_ARGS.items() if v is not False]
+    serve = [f"--{k}" if v is True else f"--{k}={v}" for k, v in served(a).items() if v is not False]
     argv = [VTUI, "bench", "--model", str(tok), *workload(a), "--concurrency", "1", "--num-prompts",
             str(a.lone_requests), "--warmup", "2", "--quiet", "--no-history", "--allow-box-bound",
             "--result-file", str(result), "--", *serve]
@@ -90,7 +94,7 @@ def tune(arm: str, extra: list[str], budget: float, a: argparse.Namespace, tok: 
          out: Path) -> dict[str, Any]:
     home = Path(tempfile.mkdtemp(prefix=f"vtui-tunelive-{arm}-"))
     env = {**os.environ, "VTUI_HOME": str(home)}
-    argv = [VTUI, "tune", "--model", str(tok), *(f"--space={s}" for s in SPACE), *server_flags(), *workload(a),
+    argv = [VTUI, "tune", "--model", str(tok), *(f"--space={s}" for s in SPACE), *server_flags(a), *workload(a),
             *slo, "--min-requests", str(a.min_requests), "--min-step-s", str(a.min_step_s),
             "--max-requests", str(a.max_requests), "--budget-min", str(budget), "--json", str(home / "tune.json"),
             *extra]
@@ -161,6 +165,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3, help="live arms (default 3)")
     p.add_argument("--grid", action="store_true", help="also run the exhaustive --no-live --no-prune grid")
     p.add_argument("--preset", help="the workload from this preset (e.g. recorded-agent-sessions)")
+    p.add_argument("--max-model-len", type=int, help="the servers' max-model-len (default tests/vllm_args.py's)")
     p.add_argument("--input-len", type=int, default=1024)
     p.add_argument("--output-len", type=int, default=16)
     p.add_argument("--slo-factor", type=float, default=3.0, help="SLO = this times a lone request's p99 (default 3)")
