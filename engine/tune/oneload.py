@@ -224,7 +224,8 @@ class OneLoad:
                       outcome: StartOutcome) -> ConfigResult:
         """A finalist the budget reached before its bisection: CUT_SHORT, its limit the highest load it
         met in a window (None where it met none)."""
+        steps = self.state.measurements.get(key, [])
         return ConfigResult.at_highest_met(
-            key, values, CUT_SHORT, self.state.measurements.get(key, []), order=order, live=True,
-            started_with=outcome.started_with,
-            reason="budget reached before its bisection; measured in windows under one load only")
+            key, values, CUT_SHORT, steps, order=order, live=True, started_with=outcome.started_with,
+            reason="budget reached before its bisection; " + ("measured in windows under one load only" if steps
+                                                              else "not measured (the rounds had no budget)"))

