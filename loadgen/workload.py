@@ -289,13 +289,21 @@ def _build(spec: WorkloadSpec, codec: Codec | None, n: int, max_model_len: int |
 
 def has_sessions(spec: WorkloadSpec) -> bool:
     """Whether ``spec``'s requests include multi-turn sessions (a later turn is sent when the answer
-    before it ends, not on its own arrival): ``chat``, or a trace whose rows chain into conversations
+    before it ends, not on its own arrival), which loadgen.worker numbers by arrival and turn: ``chat``
+    of several turns or on the chat endpoint, or a trace whose rows chain into conversations
     (``conversation_chains``). A trace that cannot be read raises DatasetError."""
+    return most_turns(spec) > 1 or (spec.kind == "chat" and spec.endpoint == "chat")
+
+
+def most_turns(spec: WorkloadSpec) -> int:
+    """The most requests one arrival sends: a chat session's turns, a trace's longest conversation,
+    else 1 (what n arrivals can send is at most n times this). A trace that cannot be read raises
+    DatasetError."""
     if spec.kind == "chat":
-        return True
+        return max(1, spec.num_turns)
     if spec.kind != "trace":
-        return False
-    return any(len(c) > 1 for c in conversation_chains(read_spec_trace(spec).rows))
+        return 1
+    return max((len(c) for c in conversation_chains(read_spec_trace(spec).rows)), default=1)
 
 
 def read_spec_trace(spec: WorkloadSpec, limit: int | None = None) -> TraceFile:

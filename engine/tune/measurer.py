@@ -28,7 +28,7 @@ from engine.tune.trial import EarlyStop, Measurement, StartOutcome
 from engine.tune.windows import WindowBook, WindowResult, window_measurement
 from loadgen import LoadRun, ServerError
 from loadgen.spec import ArrivalSpec
-from loadgen.workload import DatasetError, has_sessions
+from loadgen.workload import DatasetError, has_sessions, most_turns
 
 if TYPE_CHECKING:
     from loadgen.records import RequestResult
@@ -94,7 +94,7 @@ class ServerMeasurer:
         self.live_changes = 0  # configurations set live (a test and the tune's summary read it)
         self.live_refusal: str | None = None  # why the last configuration was not set live
         self._live_flags: FlagSet | None = None  # the flags set live on the running server, if any
-        self._sessions: bool | None = None  # whether the workload has multi-turn sessions, once read
+        self._turns: tuple[bool, int] | None = None  # the workload has sessions, the most turns of one (once read)
 
     async def start(self, flags: FlagSet, *, timeout: float, exact: bool = False) -> StartOutcome:
         def make(f: FlagSet) -> Supervisor:
@@ -178,6 +178,16 @@ class ServerMeasurer:
         return ArrivalSpec(mode="poisson", rate=load, burstiness=base.burstiness, num_requests=n,
                            warmup_requests=warmup, seed=base.seed, workers=base.workers)
 
+    def _sessions(self) -> tuple[bool, int]:
+        """Whether the workload has multi-turn sessions, and the most requests one arrival sends
+        (loadgen.workload), read once; a dataset that cannot be read is the load run's to report."""
+        if self._turns is None:
+            try:
+                self._turns = has_sessions(self.workload), most_turns(self.workload)
+            except DatasetError:
+                self._turns = False, 1
+        return self._turns
+
     async def measure(self, load: float, *, requests: int, timeout: float, warmup: int) -> Measurement:
         """One step; measured again when the load generator could not keep up (a busy host, or
         trials side by side sharing its cores: client-bound) or the box held its loop up
@@ -199,6 +209,7 @@ class ServerMeasurer:
         plan = RunPlan(f"tune step {load:g}", self.workload, self._arrivals(load, requests, warmup), self.slo,
                        percentiles=pcts, tags=("tune",), client_cpus=self.client_cpus)
         handle = RunHandle()
+        requests *= self._sessions()[1]  # a session's turns are requests too: at most this many
         stop = EarlyStop(self.slo, requests)
 
         fastest: list[float] = []
@@ -278,12 +289,7 @@ class ServerMeasurer:
                            percentiles=tuple(sorted({50.0, 90.0, 95.0, 99.0, float(p)})), tags=("tune",),
                            client_cpus=self.client_cpus)
         handle = RunHandle()
-        if self._sessions is None:
-            try:
-                self._sessions = has_sessions(self.workload)
-            except DatasetError:
-                self._sessions = False  # the load run below says what is wrong with the dataset
-        book = WindowBook(sessions=self._sessions)
+        book = WindowBook(sessions=self._sessions()[0])
         target = Target.of(sup, tokenizer=self.tokenizer)
         task = asyncio.ensure_future(wait_for(measure_run(target, run_plan, handle=handle, on_request=book.add),
                                               handle, timeout))

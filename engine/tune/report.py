@@ -124,7 +124,7 @@ def step_words(key: str, m: Measurement, mode: str, n: int, seconds: float, *, a
     shown = "all at once" if math.isinf(m.load) else f"{m.load:.3g} {unit}"
     return (f"  {key}: {shown}{' again' if again else ''}: "
             + ("meets SLO" if m.ok else f"violates ({m.reason})")
-            + f", goodput {m.goodput:.3g} req/s, {m.completed}/{n} done in {seconds:.0f} s"
+            + f", goodput {m.goodput:.3g} req/s, {m.completed}/{max(n, m.requests)} done in {seconds:.0f} s"
             + (" (stopped early)" if m.stopped_early else "")
             + (" (client- or box-bound at first: measured again)" if m.remeasured else "")
             + (" (client-bound: the load generator set this pace, not the server)" if m.client_bound else "")

@@ -341,12 +341,19 @@ def test_spec_round_trip() -> None:
 
 
 def test_multi_turn_sessions_are_known_before_a_run(tmp_path: Path) -> None:
-    """A later turn is sent when the answer before it ends, not on its own arrival: the tuner's
-    windows need one request per arrival, so they ask first (engine.tune.measurer.windows_refusal)."""
+    """A later turn is sent when the answer before it ends, not on its own arrival, and is numbered by
+    arrival and turn (loadgen.worker): the tuner's window book reads ids by it, and a step's early stop
+    counts an arrival's turns among the requests it plans (engine.tune.measurer)."""
     shipped = Path(__file__).resolve().parents[2] / "presets" / "traces" / "agent-sessions.jsonl"
-    assert workload.has_sessions(WorkloadSpec(kind="trace", dataset=str(shipped)))
+    agent = WorkloadSpec(kind="trace", dataset=str(shipped))
+    assert workload.has_sessions(agent) and workload.most_turns(agent) == 4
     assert workload.has_sessions(WorkloadSpec(kind="chat", num_turns=3))
-    assert not workload.has_sessions(WorkloadSpec(kind="random", input_len=64, output_len=8))
+    assert workload.most_turns(WorkloadSpec(kind="chat", num_turns=3)) == 3
+    # One turn: a session only on the chat endpoint, where the worker sends it as one (its id arrival x 1000).
+    assert workload.has_sessions(WorkloadSpec(kind="chat", num_turns=1, endpoint="chat"))
+    assert not workload.has_sessions(WorkloadSpec(kind="chat", num_turns=1))
+    random_ = WorkloadSpec(kind="random", input_len=64, output_len=8)
+    assert not workload.has_sessions(random_) and workload.most_turns(random_) == 1
     flat = tmp_path / "flat.jsonl"
     flat.write_text("".join(json.dumps({"timestamp": t, "input_len": 32, "output_len": 8}) + "\n" for t in (0, 1, 2)))
     assert not workload.has_sessions(WorkloadSpec(kind="trace", dataset=str(flat)))

@@ -102,8 +102,8 @@ def test_a_live_only_space_runs_on_one_vllm_server_under_one_load(vllm_server: V
 def test_multi_turn_sessions_are_windowed_turn_by_turn_on_vllm(vllm_server: VllmServer) -> None:
     """Chat sessions of three turns under one load on the real server, two max-num-seqs windows: a
     window settles once every turn sent before its change is back (not after waiting out its cap, as
-    when only one id per arrival was booked), holds later turns as well as first ones, and has none
-    left unfinished."""
+    when only one id per arrival was booked), and has none left unfinished. A step plans each
+    arrival's turns as requests."""
     from engine.server.livelimits import change_live, read_live
     from engine.tune.measurer import ServerMeasurer
     from loadgen.spec import SLO, WorkloadSpec
@@ -119,12 +119,18 @@ def test_multi_turn_sessions_are_windowed_turn_by_turn_on_vllm(vllm_server: Vllm
     async def windows() -> list[WindowResult]:
         return await m.measure_windows(2.0, plan, window_s=3.0, timeout=120.0)
 
+    async def step() -> Any:
+        return await m.measure(4.0, requests=6, timeout=120.0, warmup=0)
+
     try:
         got = vllm_server.call(windows, timeout=300)
+        # A step of 6 arrivals plans their 18 turns: its early stop counts 'for sure' among those.
+        stepped = vllm_server.call(step, timeout=200)
     finally:
         asyncio.run(change_live(sup.base_url, started, sup.api_key))
     cap_s = 10.0  # measure_windows' wait for a window's requests: max(10, 3 x window_s)
     assert len(got) == 2, got
+    assert stepped.requests == 18 and stepped.completed == 18, stepped
     for w in got:
         assert w.measurement.ok and w.measurement.requests >= 3, w
         assert w.measurement.failed == 0, w  # nothing unfinished
