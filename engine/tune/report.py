@@ -192,9 +192,7 @@ def format_table(result: TuneResult) -> str:
     tied = {r.key for r in result.decision.tied} if result.decision is not None else set()
     for c in result.configs:
         lim = "" if c.limit_load is None else ("any" if math.isinf(c.limit_load) else f"{c.limit_load:.3g}")
-        status = c.status + (" (checked)" if c.confirmed else "")
-        if c.live:  # measured with its flags set live; start-checked: met again on its own start
-            status += ", live" + (", start-checked" if c.start_check and c.status != "unstable" else "")
+        status = c.status_words(how=True)
         mark = "*" if c.key == best_key else "=" if c.key in tied else ""
         row: tuple[str, ...] = (mark, c.key, status, lim, "" if c.goodput is None else f"{c.goodput:.3g}",
                                 str(c.runs) if c.runs else "", str(c.steps), c.reason[:90])

@@ -126,6 +126,8 @@ class Measurement:
     failed: int = 0
     goodput: float = 0.0
     request_throughput: float = 0.0
+    """Arrivals per second that came back, on the axis a load is on (requests/s; over a session's mean
+    turns where the workload has multi-turn sessions: engine.tune.measurer)."""
     output_throughput: float = 0.0
     ttft_ms: float | None = None
     tpot_ms: float | None = None
@@ -405,6 +407,14 @@ class ConfigResult:
     started_with: Mapping[str, object] | None = None
     start_check: str = ""
     """A live winner measured again on a server started with exactly its flags: what that found."""
+
+    def status_words(self, *, how: bool = False) -> str:
+        """Its status as tables show it: "(met twice)" where its limit was confirmed; with ``how``,
+        ", live" where its flags were set live and ", start-checked" where it met again on its own start."""
+        words = self.status + (" (met twice)" if self.confirmed else "")
+        if how and self.live:
+            words += ", live" + (", start-checked" if self.start_check and self.status != "unstable" else "")
+        return words
 
     @classmethod
     def at_highest_met(cls, key: str, values: Mapping[str, SpaceValue], status: str, steps: Sequence[Measurement],

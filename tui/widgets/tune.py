@@ -355,7 +355,7 @@ class TuneScreen(Screen[None]):
         mode = view.mode if view is not None else "rate"
         for r in rows:
             is_best = r.key == best
-            status = r.status + (" (checked)" if r.confirmed else "")
+            status = r.status_words()
             # A row tied with the best within the noise (its ``tie`` from the core) is marked "=" and
             # says so where it has no other reason; the best's own words are under the table.
             tied = bool(r.tie) and not is_best
