@@ -292,18 +292,27 @@ def has_sessions(spec: WorkloadSpec) -> bool:
     before it ends, not on its own arrival), which loadgen.worker numbers by arrival and turn: ``chat``
     of several turns or on the chat endpoint, or a trace whose rows chain into conversations
     (``conversation_chains``). A trace that cannot be read raises DatasetError."""
-    return most_turns(spec) > 1 or (spec.kind == "chat" and spec.endpoint == "chat")
+    return session_turns(spec)[0] > 1 or (spec.kind == "chat" and spec.endpoint == "chat")
 
 
 def most_turns(spec: WorkloadSpec) -> int:
     """The most requests one arrival sends: a chat session's turns, a trace's longest conversation,
     else 1 (what n arrivals can send is at most n times this). A trace that cannot be read raises
     DatasetError."""
+    return session_turns(spec)[0]
+
+
+def session_turns(spec: WorkloadSpec) -> tuple[int, float]:
+    """The most and the mean requests one arrival sends (1, 1.0 without sessions): a chat session's
+    turns, a trace's conversations' (one read of the trace; a bad one raises DatasetError)."""
     if spec.kind == "chat":
-        return max(1, spec.num_turns)
+        return max(1, spec.num_turns), float(max(1, spec.num_turns))
     if spec.kind != "trace":
-        return 1
-    return max((len(c) for c in conversation_chains(read_spec_trace(spec).rows)), default=1)
+        return 1, 1.0
+    chains = conversation_chains(read_spec_trace(spec).rows)
+    if not chains:
+        return 1, 1.0
+    return max(len(c) for c in chains), sum(len(c) for c in chains) / len(chains)
 
 
 def read_spec_trace(spec: WorkloadSpec, limit: int | None = None) -> TraceFile:

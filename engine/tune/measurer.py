@@ -28,7 +28,7 @@ from engine.tune.trial import EarlyStop, Measurement, StartOutcome
 from engine.tune.windows import WindowBook, WindowResult, window_measurement
 from loadgen import LoadRun, ServerError
 from loadgen.spec import ArrivalSpec
-from loadgen.workload import DatasetError, has_sessions, most_turns
+from loadgen.workload import DatasetError, session_turns
 
 if TYPE_CHECKING:
     from loadgen.records import RequestResult
@@ -94,7 +94,7 @@ class ServerMeasurer:
         self.live_changes = 0  # configurations set live (a test and the tune's summary read it)
         self.live_refusal: str | None = None  # why the last configuration was not set live
         self._live_flags: FlagSet | None = None  # the flags set live on the running server, if any
-        self._turns: tuple[bool, int] | None = None  # the workload has sessions, the most turns of one (once read)
+        self._turns: tuple[bool, int, float] | None = None  # has sessions; most and mean turns of one (read once)
 
     async def start(self, flags: FlagSet, *, timeout: float, exact: bool = False) -> StartOutcome:
         def make(f: FlagSet) -> Supervisor:
@@ -178,15 +178,24 @@ class ServerMeasurer:
         return ArrivalSpec(mode="poisson", rate=load, burstiness=base.burstiness, num_requests=n,
                            warmup_requests=warmup, seed=base.seed, workers=base.workers)
 
-    def _sessions(self) -> tuple[bool, int]:
-        """Whether the workload has multi-turn sessions, and the most requests one arrival sends
-        (loadgen.workload), read once; a dataset that cannot be read is the load run's to report."""
+    def _sessions(self) -> tuple[bool, int, float]:
+        """Whether the workload has multi-turn sessions, and the most and mean requests one arrival
+        sends (loadgen.workload), read once; a dataset that cannot be read is the load run's to report."""
         if self._turns is None:
+            spec = self.workload
             try:
-                self._turns = has_sessions(self.workload), most_turns(self.workload)
+                most, mean = session_turns(spec)
+                self._turns = most > 1 or (spec.kind == "chat" and spec.endpoint == "chat"), most, mean
             except DatasetError:
-                self._turns = False, 1
+                self._turns = False, 1, 1.0
         return self._turns
+
+    def _per_arrival(self, m: Measurement) -> Measurement:
+        """``m`` with its request throughput in arrivals per second, the axis a load is on: a session
+        (an arrival) sends its turns as requests, so requests/s over its mean turns (goodput stays
+        requests/s: it compares configurations at one load)."""
+        mean = self._sessions()[2]
+        return m if mean == 1.0 else dataclasses.replace(m, request_throughput=m.request_throughput / mean)
 
     async def measure(self, load: float, *, requests: int, timeout: float, warmup: int) -> Measurement:
         """One step; measured again when the load generator could not keep up (a busy host, or
@@ -244,7 +253,7 @@ class ServerMeasurer:
         if result is None:
             return Measurement(load, False, f"step did not end within {timeout:.0f} s", requests=requests,
                                duration_s=dur, fatal=fatal)
-        m = Measurement.of_summary(load, result.summary, self.slo, requests=requests, duration_s=dur)
+        m = self._per_arrival(Measurement.of_summary(load, result.summary, self.slo, requests=requests, duration_s=dur))
         ok, reason = m.ok, m.reason
         if stop.reason:
             ok, reason = False, stop.reason
@@ -326,7 +335,7 @@ class ServerMeasurer:
                 t1 = time.time()
                 await until(functools.partial(book.settled, t1), cap_s)
                 results, missing = book.between(t0, t1)
-                m = window_measurement(load, results, t1 - t0, self.slo, unfinished=missing)
+                m = self._per_arrival(window_measurement(load, results, t1 - t0, self.slo, unfinished=missing))
                 seqs = flags.get(MAX_NUM_SEQS)
                 out.append(WindowResult(k, m, settle_s=m1 - m0, measure_s=time.monotonic() - m1,
                                         max_num_seqs=seqs if isinstance(seqs, int) else None, span=(t0, t1)))

@@ -503,6 +503,18 @@ async def test_a_workload_of_sessions_is_measured_under_one_load() -> None:
     assert res.best is not None and res.best.key in (k32, k64)
 
 
+def test_a_sessions_throughput_is_on_the_loads_axis() -> None:
+    """A load is arrivals per second; an arrival of a multi-turn session sends its turns as requests.
+    The burst's throughput sets the first load and a limit met with every request at once, so the
+    measurer gives it per arrival (an agent-trace tune read 36.2 requests/s as 36.2 sessions/s)."""
+    from engine.tune.measurer import ServerMeasurer
+
+    m = Measurement(1.0, True, request_throughput=9.0, goodput=9.0)
+    chat = ServerMeasurer(WorkloadSpec(kind="chat", num_turns=3), SLO_TTFT)._per_arrival(m)
+    assert chat.request_throughput == 3.0 and chat.goodput == 9.0  # goodput compares configurations: requests/s
+    assert ServerMeasurer(WorkloadSpec(input_len=8, output_len=4), SLO_TTFT)._per_arrival(m) is m
+
+
 def test_configurations_set_live_one_at_a_time_share_their_groups_start() -> None:
     """Measured one configuration at a time on one server (--no-prune, an energy objective), a
     restart group costs one start and the winner's check; --no-live a start per configuration."""
