@@ -287,24 +287,20 @@ def _build(spec: WorkloadSpec, codec: Codec | None, n: int, max_model_len: int |
     raise AssertionError(f"unplanned kind {spec.kind}")  # trace is built above
 
 
-def has_sessions(spec: WorkloadSpec) -> bool:
+def has_sessions(spec: WorkloadSpec, turns: tuple[int, float] | None = None) -> bool:
     """Whether ``spec``'s requests include multi-turn sessions (a later turn is sent when the answer
     before it ends, not on its own arrival), which loadgen.worker numbers by arrival and turn: ``chat``
     of several turns or on the chat endpoint, or a trace whose rows chain into conversations
-    (``conversation_chains``). A trace that cannot be read raises DatasetError."""
-    return session_turns(spec)[0] > 1 or (spec.kind == "chat" and spec.endpoint == "chat")
-
-
-def most_turns(spec: WorkloadSpec) -> int:
-    """The most requests one arrival sends: a chat session's turns, a trace's longest conversation,
-    else 1 (what n arrivals can send is at most n times this). A trace that cannot be read raises
-    DatasetError."""
-    return session_turns(spec)[0]
+    (``conversation_chains``). ``turns``: its :func:`session_turns`, where already read. A trace that
+    cannot be read raises DatasetError."""
+    most = (turns or session_turns(spec))[0]
+    return most > 1 or (spec.kind == "chat" and spec.endpoint == "chat")
 
 
 def session_turns(spec: WorkloadSpec) -> tuple[int, float]:
     """The most and the mean requests one arrival sends (1, 1.0 without sessions): a chat session's
-    turns, a trace's conversations' (one read of the trace; a bad one raises DatasetError)."""
+    turns, a trace's conversations' (one read of the trace; a bad one raises DatasetError). What n
+    arrivals can send is at most n times the first."""
     if spec.kind == "chat":
         return max(1, spec.num_turns), float(max(1, spec.num_turns))
     if spec.kind != "trace":

@@ -28,7 +28,7 @@ from engine.tune.trial import EarlyStop, Measurement, StartOutcome
 from engine.tune.windows import WindowBook, WindowResult, window_measurement
 from loadgen import LoadRun, ServerError
 from loadgen.spec import ArrivalSpec
-from loadgen.workload import DatasetError, session_turns
+from loadgen.workload import DatasetError, has_sessions, session_turns
 
 if TYPE_CHECKING:
     from loadgen.records import RequestResult
@@ -182,10 +182,9 @@ class ServerMeasurer:
         """Whether the workload has multi-turn sessions, and the most and mean requests one arrival
         sends (loadgen.workload), read once; a dataset that cannot be read is the load run's to report."""
         if self._turns is None:
-            spec = self.workload
             try:
-                most, mean = session_turns(spec)
-                self._turns = most > 1 or (spec.kind == "chat" and spec.endpoint == "chat"), most, mean
+                turns = session_turns(self.workload)
+                self._turns = has_sessions(self.workload, turns), *turns
             except DatasetError:
                 self._turns = False, 1, 1.0
         return self._turns

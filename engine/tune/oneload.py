@@ -56,7 +56,6 @@ class OneLoad:
         _costs: Costs
         _split: TimeSplit
         _last_group: tuple[object, ...] | None
-        _refusal: str | None
 
         def remaining(self) -> float: ...
         def _step_s(self) -> float: ...

@@ -346,14 +346,14 @@ def test_multi_turn_sessions_are_known_before_a_run(tmp_path: Path) -> None:
     counts an arrival's turns among the requests it plans (engine.tune.measurer)."""
     shipped = Path(__file__).resolve().parents[2] / "presets" / "traces" / "agent-sessions.jsonl"
     agent = WorkloadSpec(kind="trace", dataset=str(shipped))
-    assert workload.has_sessions(agent) and workload.most_turns(agent) == 4
+    assert workload.has_sessions(agent) and workload.session_turns(agent) == (4, 4.0)
     assert workload.has_sessions(WorkloadSpec(kind="chat", num_turns=3))
-    assert workload.most_turns(WorkloadSpec(kind="chat", num_turns=3)) == 3
+    assert workload.session_turns(WorkloadSpec(kind="chat", num_turns=3)) == (3, 3.0)
     # One turn: a session only on the chat endpoint, where the worker sends it as one (its id arrival x 1000).
     assert workload.has_sessions(WorkloadSpec(kind="chat", num_turns=1, endpoint="chat"))
     assert not workload.has_sessions(WorkloadSpec(kind="chat", num_turns=1))
     random_ = WorkloadSpec(kind="random", input_len=64, output_len=8)
-    assert not workload.has_sessions(random_) and workload.most_turns(random_) == 1
+    assert not workload.has_sessions(random_) and workload.session_turns(random_) == (1, 1.0)
     flat = tmp_path / "flat.jsonl"
     flat.write_text("".join(json.dumps({"timestamp": t, "input_len": 32, "output_len": 8}) + "\n" for t in (0, 1, 2)))
     assert not workload.has_sessions(WorkloadSpec(kind="trace", dataset=str(flat)))
