@@ -68,17 +68,14 @@ class WindowBook:
     def __init__(self, sessions: bool = False) -> None:
         self.back: dict[int, RequestResult] = {}
         self._per = TURN_IDS if sessions else 1
-        self._firsts: dict[int, RequestResult] = {}  # by arrival: its first (or only) request
-        self._low = 0  # the lowest arrival whose first request is not back yet
+        self._low = 0  # the lowest arrival whose first (or only) request is not back yet
         self._out: dict[int, float] = {}  # a later turn sent, not back: id -> when (the turn before it ended)
 
     def add(self, r: RequestResult) -> None:
         """One request back (completed, failed or cancelled)."""
         self.back[r.id] = r
-        arrival, turn = divmod(r.id, self._per)
-        if turn == 0:
-            self._firsts[arrival] = r
-            while self._low in self._firsts:
+        if r.id % self._per == 0:
+            while self._low * self._per in self.back:
                 self._low += 1
         else:
             self._out.pop(r.id, None)
@@ -90,7 +87,7 @@ class WindowBook:
         order, so the last of the unbroken run of them back was sent at or after ``t``
         (conservative: while the lowest one not back might have gone before ``t``, False), and no
         later turn sent before ``t`` is out."""
-        return (self._low > 0 and self._firsts[self._low - 1].t_start >= t
+        return (self._low > 0 and self.back[(self._low - 1) * self._per].t_start >= t
                 and all(sent >= t for sent in self._out.values()))
 
     def between(self, t0: float, t1: float) -> tuple[list[RequestResult], int]:
